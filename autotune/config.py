@@ -1,0 +1,164 @@
+"""The frozen records that cross every boundary: TrialConfig in, TrialResult out."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from autotune.errors import ConfigError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+FUSIONS = ("none", "foreach", "fused", "apex")
+COMPILES = ("off", "default", "max-autotune")
+
+# The tuned knobs: names are a contract shared with search spaces and exported YAML.
+KNOBS = (
+    "num_workers", "pin_memory", "batch_size", "precision", "optimizer_fusion",
+    "checkpoint_segments", "gpus", "channels_last", "cudnn_benchmark", "compile",
+    "persistent_workers", "prefetch_factor", "set_to_none", "num_threads",
+)
+# What a trial runs on and how long it measures: fixed for a whole study.
+WORKLOAD = (
+    "pipeline", "data_dir", "image_size", "warmup_steps", "timed_steps", "seconds",
+    "window", "seed", "lr", "profile",
+)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
+
+    # knobs
+    num_workers: int = 0
+    pin_memory: bool = False
+    batch_size: int = 8
+    precision: str = "fp32"
+    optimizer_fusion: str = "none"
+    checkpoint_segments: int = 0
+    gpus: int = 1
+    channels_last: bool = False
+    cudnn_benchmark: bool = False
+    compile: str = "off"
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    set_to_none: bool = True  # torch's own default since 2.0, so the baseline keeps it
+    num_threads: int = 0  # 0 = torch's default intra-op thread count
+    # workload
+    pipeline: str = "unet"
+    data_dir: str | None = None
+    image_size: int = 128
+    warmup_steps: int = 5
+    timed_steps: int = 20
+    seconds: float | None = None  # time-boxed measurement instead of timed_steps
+    window: int = 5  # steps per throughput window, reported for pruning
+    seed: int = 0
+    lr: float = 1e-3
+    profile: bool = False
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("int", "int | None") and v is not None:
+                need(isinstance(v, int) and not isinstance(v, bool), f"{f.name} must be an integer, got {v!r}")
+            if f.type == "bool":
+                need(isinstance(v, bool), f"{f.name} must be true or false, got {v!r}")
+        need(self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}")
+        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        need(self.precision in PRECISIONS, f"precision must be one of {'|'.join(PRECISIONS)}, got {self.precision!r}")
+        need(self.optimizer_fusion in FUSIONS, f"optimizer_fusion must be one of {'|'.join(FUSIONS)}, got {self.optimizer_fusion!r}")
+        need(self.compile in COMPILES, f"compile must be one of {'|'.join(COMPILES)}, got {self.compile!r}")
+        need(self.checkpoint_segments >= 0, f"checkpoint_segments must be >= 0, got {self.checkpoint_segments}")
+        need(self.gpus >= 1, f"gpus must be >= 1, got {self.gpus}")
+        need(self.num_threads >= 0, f"num_threads must be >= 0, got {self.num_threads}")
+        need(self.prefetch_factor is None or self.prefetch_factor >= 1, f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
+        need(self.num_workers > 0 or (self.prefetch_factor is None and not self.persistent_workers),
+             "prefetch_factor and persistent_workers need num_workers > 0")
+        need(isinstance(self.image_size, int) and self.image_size >= 32, f"image_size must be an integer >= 32, got {self.image_size!r}")
+        need(self.warmup_steps >= 0 and self.timed_steps >= 1, "warmup_steps must be >= 0 and timed_steps >= 1")
+        need(self.window >= 1, f"window must be >= 1, got {self.window}")
+        need(self.seconds is None or (isinstance(self.seconds, (int, float)) and self.seconds > 0), f"seconds must be > 0, got {self.seconds!r}")
+        need(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline must be a name or module:factory")
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in KNOBS}
+
+    def workload(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in WORKLOAD}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> TrialConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrialConfig:
+        """Build from a flat dict, or from an exported YAML's `config:` + `workload:` sections."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"a config must be a mapping, got {type(d).__name__}")
+        if "config" in d and isinstance(d["config"], Mapping):
+            d = {**(d.get("workload") or {}), **d["config"]}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s): {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
+        return cls(**dict(d))
+
+
+BASELINE = TrialConfig()
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured. `applied` records what was really in effect, knob by knob."""
+
+    status: str  # ok | oom | numerics | unsupported | error
+    samples_per_s: float | None = None
+    step_time_p50: float | None = None
+    step_time_p90: float | None = None
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    gpu_util: float | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    startup_s: float | None = None
+    timed_steps: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+    windows: tuple[float, ...] = ()
+    applied: Mapping[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def loss_finite(self) -> bool:
+        return _finite(self.loss_first) and _finite(self.loss_last)
+
+    def metrics(self) -> dict[str, Any]:
+        """Scalar figures, as stored in Optuna user attrs."""
+        keep = ("samples_per_s", "step_time_p50", "step_time_p90", "data_wait_fraction",
+                "peak_memory_bytes", "gpu_util", "loss_first", "loss_last", "startup_s",
+                "timed_steps", "world_size", "device")
+        return {k: getattr(self, k) for k in keep}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["windows"] = list(self.windows)
+        d["applied"] = dict(self.applied)
+        d["loss_finite"] = self.loss_finite
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrialResult:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["windows"] = tuple(kw.get("windows") or ())
+        return cls(**kw)

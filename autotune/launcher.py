@@ -1,0 +1,126 @@
+"""Turn a TrialConfig into an isolated process, wait for it with a timeout, classify the exit."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from autotune import errors
+from autotune.config import TrialConfig, TrialResult
+from autotune.trial import (EXIT_CONFIG, EXIT_NUMERICS, EXIT_OOM, EXIT_UNSUPPORTED, LAUNCH_TIME_ENV,
+                            die_with_parent, write_json_atomic)
+
+# Called with (steps so far, window samples/s); returning True stops the trial as pruned.
+OnWindow = Callable[[int, float], bool]
+
+BY_STATUS: dict[str, type[errors.TrialFailure]] = {
+    "oom": errors.TrialOOM, "numerics": errors.TrialNumerics, "unsupported": errors.TrialUnsupported,
+    "bad_config": errors.TrialBadConfig, "error": errors.TrialCrashed,
+}
+BY_CODE = {EXIT_OOM: "oom", EXIT_NUMERICS: "numerics", EXIT_UNSUPPORTED: "unsupported", EXIT_CONFIG: "bad_config"}
+
+
+def command(cfg: TrialConfig, trial_dir: Path) -> list[str]:
+    worker = ["-m", "autotune.trial", "--config", str(trial_dir / "config.json"),
+              "--out", str(trial_dir / "result.json"), "--progress", str(trial_dir / "progress.jsonl")]
+    if cfg.gpus > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(cfg.gpus), *worker]
+    return [sys.executable, *worker]
+
+
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM the trial's whole process group (torchrun ranks, loader workers), then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; stragglers in its group still get the next signal.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
+              on_window: OnWindow | None = None, poll_s: float = 0.25) -> TrialResult:
+    """Run one trial to completion. Returns its result or raises a classified TrialFailure."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (*trial_dir.glob("result.json*"), trial_dir / "progress.jsonl"):
+        stale.unlink(missing_ok=True)
+    write_json_atomic(trial_dir / "config.json", cfg.to_dict())
+    log_path = trial_dir / "trial.log"
+    env = {**os.environ, LAUNCH_TIME_ENV: repr(time.time()), "PYTHONUNBUFFERED": "1"}
+    windows: list[float] = []
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command(cfg, trial_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=die_with_parent)
+        try:
+            deadline = time.monotonic() + timeout_s
+            read = 0
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    kill_group(proc)
+                    raise errors.TrialTimeout(f"no result after {timeout_s:.0f} s; process group killed",
+                                              tail(log_path), {"windows": windows})
+                time.sleep(poll_s)
+                read, prune = _read_progress(trial_dir / "progress.jsonl", read, windows, on_window)
+                if prune:
+                    kill_group(proc, grace_s=1.0)
+                    raise errors.TrialPruned(f"pruned after {len(windows)} window(s)", "", {"windows": windows})
+            _read_progress(trial_dir / "progress.jsonl", read, windows, None)
+        finally:
+            kill_group(proc, grace_s=1.0)  # loader workers or ranks left behind by a dying leader
+    return _classify(proc.returncode, trial_dir, log_path, windows)
+
+
+def _read_progress(path: Path, offset: int, windows: list[float],
+                   on_window: OnWindow | None) -> tuple[int, bool]:
+    """Consume new throughput windows; returns the new offset and whether to prune."""
+    try:
+        with path.open() as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset, False
+    complete = chunk[: chunk.rfind("\n") + 1]  # a half-written line waits for the next poll
+    prune = False
+    for line in complete.splitlines():
+        rec = json.loads(line)
+        windows.append(rec["samples_per_s"])
+        if on_window is not None and on_window(rec["step"], rec["samples_per_s"]):
+            prune = True
+    return offset + len(complete), prune
+
+
+def _classify(code: int, trial_dir: Path, log_path: Path, windows: list[float]) -> TrialResult:
+    verdicts = [json.loads(p.read_text()) for p in sorted(trial_dir.glob("result.json*")) if p.is_file()]
+    ok = next((v for v in verdicts if v.get("status") == "ok"), None)
+    if code == 0 and ok is not None:
+        return TrialResult.from_dict(ok)
+    failed = next((v for v in verdicts if v.get("status") != "ok"), None)
+    status = failed["status"] if failed else BY_CODE.get(code, "error")
+    if code < 0:
+        message = f"killed by signal {signal.Signals(-code).name}"
+    elif failed:
+        message = failed.get("message", "")
+    else:
+        message = f"exited with code {code} and no result"
+    raise BY_STATUS.get(status, errors.TrialCrashed)(message, tail(log_path), {"windows": windows})

@@ -1,0 +1,71 @@
+"""The Pipeline protocol: what autotune needs from a training workload, and nothing more.
+
+autotune owns the loop and applies every knob around these three calls:
+
+    model   = pipeline.build_model()            # an nn.Module on the CPU, fp32
+    dataset = pipeline.build_dataset()          # items are (input, target) pairs
+    loss    = pipeline.loss(model(x), target)   # a scalar tensor
+
+Optional attributes:
+    stages:      dotted names of submodules, in forward order, that checkpoint_segments may wrap
+    unsupported: knob names this pipeline cannot honour (e.g. {"channels_last"} for token models)
+    metric(output, target) -> float, used by `autotune train` for validation
+
+A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+from autotune.errors import PipelineError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+    from autotune.config import TrialConfig
+
+BUILTIN = {"unet": "autotune.pipelines.unet:UnetPipeline"}
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+    def build_model(self) -> torch.nn.Module: ...
+
+    def build_dataset(self) -> Dataset[Any]: ...
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+
+def resolve_factory(spec: str) -> Callable[..., Any]:
+    """Import `module:callable` (or a built-in name); a clear PipelineError if it can't be done."""
+    target = BUILTIN.get(spec, spec)
+    mod_name, sep, attr = target.partition(":")
+    if not sep or not mod_name or not attr:
+        raise PipelineError(f"--pipeline {spec!r}: expected 'module.path:factory' or one of {', '.join(BUILTIN)}")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise PipelineError(f"--pipeline {spec!r}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise PipelineError(f"--pipeline {spec!r}: {mod_name} has no callable {attr!r}")
+    return factory
+
+
+def load_pipeline(cfg: TrialConfig) -> Pipeline:
+    pipeline = resolve_factory(cfg.pipeline)(cfg)
+    if not isinstance(pipeline, Pipeline):
+        raise PipelineError(
+            f"--pipeline {cfg.pipeline!r} returned {type(pipeline).__name__}, expected an object with "
+            "build_model(), build_dataset() and loss(output, target)")
+    return pipeline
+
+
+def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
+    return tuple(getattr(pipeline, "stages", ()) or ())
+
+
+def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
+    return frozenset(getattr(pipeline, "unsupported", ()) or ())

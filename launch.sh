@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One entry point: set up on first use, then run an autotune subcommand.
+#   ./launch.sh search --budget 10m     ./launch.sh test [pytest args]
+# AUTOTUNE_VENV picks the virtual environment (default .venv next to this file),
+# so CI can reuse one venv across fresh clones instead of installing 5.6 GB each time.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="${AUTOTUNE_VENV:-$here/.venv}"
+stamp="$venv/.autotune-installed"
+# The install is keyed by the files that define it; a change re-runs pip.
+want="$(cat "$here/pyproject.toml" "$here/launch.sh" | sha256sum | cut -c1-16)"
+
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "autotune: installing into $venv (first run only; torch is large)" >&2
+  "$venv/bin/pip" install -q --upgrade pip >&2
+  # torch/torchvision pinned: these exact wheels lie on this machine's disk.
+  "$venv/bin/pip" install -q "torch==2.14.1" "torchvision==0.29.1" >&2
+  "$venv/bin/pip" install -q -e "$here[test,postgres]" >&2
+  echo "$want" > "$stamp"
+fi
+
+export HF_HUB_OFFLINE=1
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  test)
+    cd "$here"
+    exec "$venv/bin/python" -m pytest "$@" ;;
+  "")
+    exec "$venv/bin/autotune" --help ;;
+  *)
+    exec "$venv/bin/autotune" "$cmd" "$@" ;;
+esac
