@@ -162,3 +162,55 @@ class TrialResult:
         kw = {k: v for k, v in d.items() if k in known}
         kw["windows"] = tuple(kw.get("windows") or ())
         return cls(**kw)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What `autotune search` was asked to do; validated before any study is touched."""
+
+    budget_s: float
+    study: str = "autotune"
+    storage: str | None = None  # None = JournalFile `studies.db` in the working directory
+    space: str = "search_spaces/default.yaml"
+    sampler: str = "tpe"
+    seed: int | None = None
+    trial_timeout_s: float | None = None  # None = derived from the budget
+    n_trials: int | None = None
+    force: bool = False
+    studies_dir: str = "studies"
+    base: TrialConfig = field(default_factory=TrialConfig)  # the workload every trial shares
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.budget_s, (int, float)) and math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise ConfigError(f"--budget must be positive, got {self.budget_s!r}")
+        if self.sampler not in ("tpe", "gp", "random"):
+            raise ConfigError(f"--sampler must be tpe, gp or random, got {self.sampler!r}")
+        if self.trial_timeout_s is not None and self.trial_timeout_s <= 0:
+            raise ConfigError(f"--trial-timeout must be positive, got {self.trial_timeout_s!r}")
+        if self.n_trials is not None and self.n_trials < 1:
+            raise ConfigError(f"--n-trials must be >= 1, got {self.n_trials!r}")
+        if not self.study or "/" in self.study:
+            raise ConfigError(f"--study must be a plain name, got {self.study!r}")
+
+    @property
+    def trial_timeout(self) -> float:
+        # A trial that needs more than a quarter of the budget can't be compared with others anyway.
+        return self.trial_timeout_s or max(120.0, self.budget_s / 4)
+
+
+def parse_duration(text: str) -> float:
+    """'2h', '90m', '1h30m', '45s' or plain seconds -> seconds."""
+    import re
+
+    s = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        value = float(s)
+    else:
+        m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", s)
+        if not s or not m or not any(m.groups()):
+            raise ConfigError(f"--budget {text!r}: use e.g. 2h, 90m, 1h30m, 45s or plain seconds")
+        h, mi, se = (float(g or 0) for g in m.groups())
+        value = h * 3600 + mi * 60 + se
+    if value <= 0:
+        raise ConfigError(f"--budget {text!r}: must be more than zero")
+    return value

@@ -1,0 +1,217 @@
+"""The search: open the study, enqueue baseline and warm start, then ask -> run -> tell until the budget."""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import launcher
+from autotune.config import BASELINE, KNOBS, SearchSettings, TrialConfig, TrialResult
+from autotune.errors import AutotuneError, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialUnsupported
+from autotune.fingerprint import differences
+from autotune.search_space import Choices, Hardware, SearchSpace, suggest
+
+INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported)  # the sampler should learn where these lie
+FEASIBLE_KEY = "infeasible"
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
+    # constant_liar keeps concurrent workers from proposing the same config.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6)
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    # Steps are throughput windows. Prune a trial in the slowest quarter at the same window,
+    # once a few trials exist to compare with; the first window is warm-up-noisy, so skip it.
+    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=4, n_warmup_steps=1)
+
+
+def warm_start(base: TrialConfig, hw: Hardware) -> TrialConfig:
+    """The published guides' recommendation: workers = cores, pinned, AMP, fused AdamW, cudnn.benchmark."""
+    bf16 = not hw.cuda or _bf16_supported()
+    return base.replace(num_workers=max(1, hw.cpu_count), pin_memory=hw.cuda, precision="bf16" if bf16 else "fp16",
+                        optimizer_fusion="fused", cudnn_benchmark=hw.cuda, persistent_workers=True,
+                        prefetch_factor=2, set_to_none=True)
+
+
+def _bf16_supported() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space: SearchSpace,
+               hw: Hardware) -> optuna.Study:
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    if settings.study in existing:
+        recorded = existing[settings.study].user_attrs.get("fingerprint", {})
+        diff = differences(recorded, fp)
+        if diff and not settings.force:
+            raise AutotuneError(f"study {settings.study!r} was measured on another setup ({'; '.join(diff)}); "
+                                "its timings are not comparable. Use --force to resume anyway, or a new --study")
+    study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
+                                sampler=make_sampler(settings.sampler, settings.seed), pruner=make_pruner(),
+                                load_if_exists=True)
+    if settings.study not in existing:
+        study.set_user_attr("fingerprint", fp)
+        study.set_user_attr("space", space.to_dict())
+        study.set_user_attr("workload", settings.base.workload())
+        # Trial 0 is the baseline, trial 1 the guides' warm start; skip_if_exists keeps them unique.
+        for role, cfg in (("baseline", settings.base.replace(**BASELINE.knobs())), ("warm_start", warm_start(settings.base, hw))):
+            study.enqueue_trial(_params(cfg, space), user_attrs={"role": role, "config": cfg.knobs()}, skip_if_exists=True)
+    return study
+
+
+def _params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
+    """Params for the knobs of `cfg` the space can express. Optuna refuses an enqueued choice
+    outside the list, so those are left to the sampler; the trial still runs `cfg` (user attr)."""
+    params: dict[str, Any] = {}
+    for knob in space.searched():
+        spec, value = space[knob], getattr(cfg, knob)
+        if isinstance(spec, Choices) and value not in spec.values:
+            continue
+        if knob in ("prefetch_factor", "persistent_workers") and cfg.num_workers == 0:
+            continue
+        params[knob] = value
+    return params
+
+
+def config_for(trial: optuna.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
+    cfg = suggest(trial, space, base)
+    fixed = trial.user_attrs.get("config")  # baseline / warm start run exactly as enqueued
+    return cfg.replace(**fixed) if fixed else cfg
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+def feasible(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and t.value is not None and all(v <= 0 for v in t.constraints.values())
+
+
+def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
+    return sorted((t for t in study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: -float(t.value or 0))
+
+
+def baseline_sps(study: optuna.Study) -> float | None:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("role") == "baseline" and feasible(t):
+            return float(t.value or 0)
+    return None
+
+
+# ---- the loop --------------------------------------------------------------------------------
+
+@dataclass
+class Events:
+    """Hooks for the live display; every one is optional."""
+
+    started: Callable[[int, str, TrialConfig], None] = lambda n, role, cfg: None
+    window: Callable[[float], None] = lambda sps: None
+    finished: Callable[[FrozenTrial], None] = lambda t: None
+
+
+def run_search(study: optuna.Study, space: SearchSpace, settings: SearchSettings, events: Events) -> int:
+    """ask -> run -> tell until the budget or --n-trials is spent. Returns the trials run."""
+    deadline = time.monotonic() + settings.budget_s
+    grace = max(30.0, 0.02 * settings.budget_s) - 10.0  # leave room to export inside the promise
+    durations: list[float] = []
+    ran = 0
+    while settings.n_trials is None or ran < settings.n_trials:
+        left = deadline - time.monotonic()
+        # Don't start what we don't expect to finish: the median trial so far is the estimate.
+        if left <= 0 or (durations and statistics.median(durations) > left + grace):
+            break
+        trial = study.ask()
+        cfg = config_for(trial, space, settings.base)
+        t0 = time.monotonic()
+        frozen = run_one(study, trial, cfg, settings, min(settings.trial_timeout, left + grace), events)
+        durations.append(time.monotonic() - t0)
+        events.finished(frozen)
+        ran += 1
+    return ran
+
+
+def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings: SearchSettings,
+            timeout_s: float, events: Events) -> FrozenTrial:
+    role = trial.user_attrs.get("role", "search")
+    events.started(trial.number, role, cfg)
+    trial_dir = Path(settings.studies_dir) / settings.study / f"trial-{trial.number}"
+    trial.set_user_attr("role", role)
+    trial.set_user_attr("config", cfg.knobs())
+    trial.set_user_attr("owner", {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+
+    def on_window(step: int, sps: float) -> bool:
+        trial.report(sps, step)
+        events.window(sps)
+        return role == "search" and trial.should_prune()
+
+    state, value = TrialState.COMPLETE, None
+    try:
+        result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window)
+    except TrialPruned as e:
+        _record_failure(trial, e)
+        state = TrialState.PRUNED
+    except INFEASIBLE as e:
+        # Recorded as complete but infeasible: Optuna's samplers steer away, and it is never "best".
+        _record_failure(trial, e)
+        trial.set_constraint(FEASIBLE_KEY, 1.0)
+        value = 0.0
+    except TrialFailure as e:
+        _record_failure(trial, e)
+        state = TrialState.FAIL
+    except BaseException:
+        trial.set_user_attr("reason", "interrupted")
+        _upload(study, trial, trial_dir)
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    else:
+        trial.set_constraint(FEASIBLE_KEY, 0.0)
+        _record_result(study, trial, result)
+        value = result.samples_per_s
+    _upload(study, trial, trial_dir)
+    return study.tell(trial, value, state=state if value is None else None)
+
+
+def _record_result(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
+    for k, v in result.metrics().items():
+        trial.set_user_attr(k, v)
+    trial.set_user_attr("applied", dict(result.applied))
+    trial.set_user_attr("windows", list(result.windows))
+    base = result.samples_per_s if trial.user_attrs.get("role") == "baseline" else baseline_sps(study)
+    if base and result.samples_per_s:
+        trial.set_user_attr("speedup", result.samples_per_s / base)
+
+
+def _record_failure(trial: optuna.Trial, e: TrialFailure) -> None:
+    trial.set_user_attr("reason", e.reason)
+    trial.set_user_attr("message", str(e)[:500])
+    trial.set_user_attr("windows", list(e.partial.get("windows", [])))
+    if e.log_tail:
+        trial.set_user_attr("log_tail", e.log_tail[-4000:])
+
+
+def artifact_dir(settings: SearchSettings) -> Path:
+    return Path(settings.studies_dir) / "artifacts"
+
+
+def _upload(study: optuna.Study, trial: optuna.Trial, trial_dir: Path) -> None:
+    """config, result and log as Optuna artifacts: `optuna-dashboard studies.db --artifact-dir studies/artifacts`."""
+    store_dir = trial_dir.parent.parent / "artifacts"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    store = FileSystemArtifactStore(str(store_dir))
+    for name in ("config.json", "result.json", "trial.log", "profile.txt"):
+        path = trial_dir / name
+        if path.is_file():
+            upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=trial)
