@@ -85,10 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # SIGTERM behaves like Ctrl-C: the current trial is killed and recorded, the best so far exported.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         return int(COMMANDS[args.command](args) or 0)
     except AutotuneError as e:
@@ -149,6 +151,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     console.print(f"autotune: study {study.study_name!r} in {_shown_storage(settings.storage)}, budget {args.budget}, "
                   f"{len(space.searched())} knobs searched: {', '.join(space.searched())}", highlight=False)
     interrupted = False
+    # SIGTERM behaves like Ctrl-C: the current trial is killed and recorded, the best so far exported.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         with LiveSearch(study, budget, console) as live:
             run_search(study, space, settings, live.events())

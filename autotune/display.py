@@ -55,6 +55,8 @@ class LiveSearch:
         state = "infeasible" if t.state == TrialState.COMPLETE and not feasible(t) else t.state.name.lower()
         figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{state}: {reason or ''} {t.user_attrs.get('message', '')[:80]}"
         speed = f"  x{t.user_attrs['speedup']:.2f}" if feasible(t) and "speedup" in t.user_attrs else ""
+        if t.user_attrs.get("contended"):
+            speed += "  [contended: another trial shared the CPU, timing suspect]"
         self.console.print(f"trial {t.number:3d} [{t.user_attrs.get('role', 'search'):10s}] {figure}{speed}  "
                            f"{knob_summary(t.user_attrs.get('config', {}))}", highlight=False)
         self.current = "choosing the next trial"

@@ -1,7 +1,9 @@
 """The search: open the study, enqueue baseline and warm start, then ask -> run -> tell until the budget."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import statistics
 import time
@@ -17,6 +19,7 @@ from autotune import launcher
 from autotune.config import BASELINE, KNOBS, SearchSettings, TrialConfig, TrialResult
 from autotune.errors import AutotuneError, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialUnsupported
 from autotune.fingerprint import differences
+from autotune.locks import Lease, device_lock
 from autotune.search_space import Choices, Hardware, SearchSpace, suggest
 
 INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported)  # the sampler should learn where these lie
@@ -54,24 +57,62 @@ def _bf16_supported() -> bool:
 
 def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space: SearchSpace,
                hw: Hardware) -> optuna.Study:
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    if settings.study in existing:
-        recorded = existing[settings.study].user_attrs.get("fingerprint", {})
-        diff = differences(recorded, fp)
+    """Create the study, or resume it if its fingerprint matches this machine (or --force)."""
+    sampler, pruner = make_sampler(settings.sampler, settings.seed), make_pruner()
+    try:
+        study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
+                                    sampler=sampler, pruner=pruner)
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler, pruner=pruner)
+        recorded = study.user_attrs.get("fingerprint")
+        diff = differences(recorded, fp) if recorded else []  # empty: its creator is still writing it
         if diff and not settings.force:
             raise AutotuneError(f"study {settings.study!r} was measured on another setup ({'; '.join(diff)}); "
                                 "its timings are not comparable. Use --force to resume anyway, or a new --study")
-    study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
-                                sampler=make_sampler(settings.sampler, settings.seed), pruner=make_pruner(),
-                                load_if_exists=True)
-    if settings.study not in existing:
-        study.set_user_attr("fingerprint", fp)
-        study.set_user_attr("space", space.to_dict())
-        study.set_user_attr("workload", settings.base.workload())
-        # Trial 0 is the baseline, trial 1 the guides' warm start; skip_if_exists keeps them unique.
-        for role, cfg in (("baseline", settings.base.replace(**BASELINE.knobs())), ("warm_start", warm_start(settings.base, hw))):
-            study.enqueue_trial(_params(cfg, space), user_attrs={"role": role, "config": cfg.knobs()}, skip_if_exists=True)
+        fail_stale(study, storage)
+        return study
+    # Only the process that created the study enqueues: concurrent starts can't duplicate the baseline.
+    study.set_user_attr("fingerprint", fp)
+    study.set_user_attr("space", space.to_dict())
+    study.set_user_attr("workload", settings.base.workload())
+    # Trial 0 is the baseline, trial 1 the guides' warm start.
+    for role, cfg in (("baseline", settings.base.replace(**BASELINE.knobs())), ("warm_start", warm_start(settings.base, hw))):
+        study.enqueue_trial(_params(cfg, space), user_attrs={"role": role, "config": cfg.knobs()}, skip_if_exists=True)
     return study
+
+
+STALE_AFTER_S = 600.0  # a trial on another host with no heartbeat for this long is presumed dead
+
+
+def _owner_alive(owner: dict[str, Any]) -> bool:
+    import psutil
+
+    if owner.get("host") != socket.gethostname():
+        return time.time() - float(owner.get("heartbeat", owner.get("started", 0))) < STALE_AFTER_S
+    try:  # same host: the owning controller is alive iff its pid exists and is not a reused pid
+        return psutil.Process(owner["pid"]).create_time() <= owner["started"] + 1
+    except (psutil.NoSuchProcess, KeyError):
+        return False
+
+
+def fail_stale(study: optuna.Study, storage: Any) -> list[int]:
+    """Trials left RUNNING by a controller that died: kill what is left of them, mark them FAIL (stale),
+    and re-enqueue a lost baseline or warm start so the study still gets one."""
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.user_attrs.get("owner")
+        if not owner or _owner_alive(owner):
+            continue
+        if owner.get("host") == socket.gethostname() and owner.get("pgid"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(owner["pgid"], signal.SIGKILL)  # reap an orphaned trial process group
+        storage.set_trial_user_attr(t._trial_id, "reason", "stale")
+        storage.set_trial_user_attr(t._trial_id, "message", f"controller pid {owner.get('pid')} on {owner.get('host')} died")
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if t.user_attrs.get("role") in ("baseline", "warm_start"):
+            study.enqueue_trial(t.params, user_attrs={"role": t.user_attrs["role"], "config": t.user_attrs["config"]})
+        failed.append(t.number)
+    return failed
 
 
 def _params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
@@ -152,14 +193,24 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
     trial.set_user_attr("config", cfg.knobs())
     trial.set_user_attr("owner", {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
 
+    beat = [time.time()]
+
     def on_window(step: int, sps: float) -> bool:
         trial.report(sps, step)
+        if time.time() - beat[0] > 30:  # heartbeat for searches on other hosts sharing the study
+            beat[0] = time.time()
+            trial.set_user_attr("owner", {**trial.user_attrs["owner"], "heartbeat": beat[0]})
         events.window(sps)
         return role == "search" and trial.should_prune()
 
+    def on_start(pgid: int) -> None:
+        trial.set_user_attr("owner", {**trial.user_attrs["owner"], "pgid": pgid})
+
     state, value = TrialState.COMPLETE, None
+    lease = Lease()
     try:
-        result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window)
+        with device_lock(cfg.gpus) as lease:
+            result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start)
     except TrialPruned as e:
         _record_failure(trial, e)
         state = TrialState.PRUNED
@@ -178,6 +229,8 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         raise
     else:
         trial.set_constraint(FEASIBLE_KEY, 0.0)
+        if lease.contended:  # another trial shared these cores: the figure is suspect
+            trial.set_user_attr("contended", True)
         _record_result(study, trial, result)
         value = result.samples_per_s
     _upload(study, trial, trial_dir)
