@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# gpu_check.sh: one prepared end-to-end check of autotune on a lent GPU machine.
+#
+# What it runs, each step under `timeout`, carrying on past failures:
+#   1. environment set-up (below), versions and nvidia-smi into the log
+#   2. autotune make-data (128 synthetic images)
+#   3. autotune trial at 256 px, 10 timed steps each, on: fp32 baseline; fp16 + GradScaler; bf16;
+#      pin_memory + num_workers 8; cudnn_benchmark + channels_last; fused AdamW; checkpoint_segments 5;
+#      nccl DDP gpus=2 (only with 2+ GPUs); a forced CUDA OOM (expects exit 3)
+#      and prints one table: exit code, samples/s, peak MiB, gpu_util, applied precision/pin/cudnn
+#   4. autotune search --budget 3m --study gpu-check --storage $OUT/gpu.db, then autotune show
+#   5. compile=default, optional: only if the time guard (GPU_CHECK_BUDGET_S) leaves room for it
+#   6. a summary: every step, its exit code, expected code and seconds
+# Exit code: 0 when every step ended as expected, 1 otherwise.
+#
+# Without a GPU (torch.cuda.is_available() is false) it runs only the CPU-safe parts: set-up,
+# make-data (16 images) and one fp32 smoke trial at 64 px, then prints "no GPU: GPU checks skipped"
+# and exits 0 when those passed. So `bash scripts/gpu_check.sh` is also a quick CPU self-test.
+#
+# Environment, in this order of preference:
+#   - $GPU_CHECK_PYTHON, if set.
+#   - the checkout's .venv, if its python runs here and imports torch, smp and optuna (a dev box).
+#   - otherwise the machine's python3 (the lent H200: /opt/torch/.venv, with torch, torchvision,
+#     timm, rich, pyyaml, psutil, nvidia-ml-py, but no segmentation-models-pytorch or optuna, and
+#     no package index). The missing packages travel as wheels in .whl/ (make them here, where pip
+#     reaches an index, with `bash scripts/gpu_check.sh --fetch-wheels`, then `carry: [".whl"]` in
+#     the device run); they are installed with --no-index --no-deps --target into $WORK/site.
+#     The project is NOT pip-installed there: with no index pip could not satisfy pyproject's
+#     torch==2.14.1 pin, and the machine's torch (2.11 when last seen) must stay. It runs from the
+#     checkout through PYTHONPATH and `python -m autotune`; the torch version is logged.
+#   - only if python3 has no torch at all (some other machine, with an index): a venv in $WORK
+#     gets torch==2.14.1 torchvision==0.29.1 and then `pip install -e .`, each briefly time-boxed.
+#   If a needed package is still missing after all this, the checks stop and the summary says why.
+#
+# Output: everything goes to the terminal and to $OUT/gpu_check.log ($WORK/gpu_check.log when OUT
+# is unset). With $OUT set, these come back too: gpu.db (the search's journal), best.yaml,
+# gpu_results.json (the trial table as data) and trial_logs.tar.gz (every trial's log).
+#
+# Knobs (environment): GPU_CHECK_BUDGET_S (default 480: the whole run's time guard; optional
+# steps are skipped when less is left), GPU_CHECK_WORK (default /tmp/gpu_check), GPU_CHECK_WHEELS
+# (default .whl), GPU_CHECK_BATCH (default 32), GPU_CHECK_SEARCH_BUDGET (default 3m).
+#
+# Device call, from the repo root here:
+#   bash scripts/gpu_check.sh --fetch-wheels        # once, here
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=600)
+set -uo pipefail # no -e: a failed step is recorded and the script goes on
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
+WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+BATCH=${GPU_CHECK_BATCH:-32}
+SEARCH_BUDGET=${GPU_CHECK_SEARCH_BUDGET:-3m}
+# Wheels the lent machine lacks; versions as tested in the checkout's .venv.
+WHEEL_SPECS=(segmentation-models-pytorch==0.6.0 optuna==5.0.0 alembic==1.20.1 sqlalchemy==2.1.9
+  colorlog==6.12.0 mako==1.4.3)
+
+# --fetch-wheels: run HERE (where pip reaches an index), not on the device.
+if [[ ${1:-} == --fetch-wheels ]]; then
+  mkdir -p "$WHEELS" || exit 1
+  py=python3
+  [[ -x $ROOT/.venv/bin/python ]] && py=$ROOT/.venv/bin/python
+  # The lent machine's python3 is 3.12 on x86-64; pure-python wheels come as py3-none-any.
+  "$py" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${WHEEL_SPECS[@]}" || exit 1
+  if [[ $WHEELS == "$ROOT/.whl" ]] && ! grep -qx '/.whl/' "$ROOT/.git/info/exclude" 2>/dev/null; then
+    echo '/.whl/' >>"$ROOT/.git/info/exclude" # keep the wheels out of git; `carry` takes them along
+  fi
+  du -sh "$WHEELS"
+  echo "now: run(command=\"bash scripts/gpu_check.sh\", carry=[\".whl\"], timeout_s=600)"
+  exit 0
+fi
+
+mkdir -p "$WORK" || exit 1
+LOG=${OUT:+$OUT/gpu_check.log}
+LOG=${LOG:-$WORK/gpu_check.log}
+: >"$LOG"
+exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
+export PYTHONUNBUFFERED=1
+
+START=$SECONDS
+SUMMARY=()
+FAILED=0
+
+left() { echo $((BUDGET_S - (SECONDS - START))); }
+
+# step NAME EXPECTED_RC LIMIT_S CMD...: run CMD under timeout, record rc and time, never abort.
+step() {
+  local name=$1 want=$2 limit=$3 rc t0=$SECONDS verdict
+  shift 3
+  echo
+  echo "=== [t+$((SECONDS - START))s] $name (limit ${limit}s, expect rc $want)"
+  echo "\$ $*"
+  timeout -k 15 "$limit" "$@"
+  rc=$?
+  verdict=ok
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    verdict="TIMED OUT"
+  elif [[ $rc -ne $want ]]; then
+    verdict=FAILED
+  fi
+  [[ $verdict == ok ]] || FAILED=$((FAILED + 1))
+  SUMMARY+=("$(printf '%-26s rc %-4s expect %-4s %5ss  %s' "$name" "$rc" "$want" "$((SECONDS - t0))" "$verdict")")
+  return "$rc"
+}
+
+skip() {
+  echo
+  echo "=== [t+$((SECONDS - START))s] $1: skipped ($2)"
+  SUMMARY+=("$(printf '%-26s %s' "$1" "skipped: $2")")
+}
+
+summary() {
+  echo
+  echo "=== summary (t+$((SECONDS - START))s, log $LOG)"
+  printf '  %s\n' "${SUMMARY[@]}"
+  if ((FAILED)); then
+    echo "gpu_check: $FAILED step(s) not as expected"
+  else
+    echo "gpu_check: all steps as expected"
+  fi
+}
+
+finish() { # finish EXIT_CODE: summary, files for $OUT, and let tee write the log's last line
+  summary
+  collect
+  exec 1>&- 2>&-
+  wait "$TEE_PID" 2>/dev/null
+  exit "$1"
+}
+
+collect() { # copy what should come back from the device into $OUT (at most 8 files, 2 levels)
+  [[ -n ${OUT:-} ]] || return 0
+  [[ -f $WORK/gpu_results.json ]] && cp "$WORK/gpu_results.json" "$OUT/"
+  [[ -f $WORK/studies/gpu-check/best.yaml ]] && cp "$WORK/studies/gpu-check/best.yaml" "$OUT/"
+  if [[ -d $WORK/trials || -d $WORK/studies ]]; then
+    (cd "$WORK" && find trials studies -name trial.log -print0 2>/dev/null |
+      tar --null -czf "$OUT/trial_logs.tar.gz" -T - 2>/dev/null)
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# 1. environment
+
+imports_ok() { "$PY" -c "import $1" >/dev/null 2>&1; }
+NEEDED="torch, torchvision, segmentation_models_pytorch, optuna, yaml, rich, psutil, autotune.cli"
+
+setup_env() {
+  export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+  if [[ -n ${GPU_CHECK_PYTHON:-} ]]; then
+    PY=$GPU_CHECK_PYTHON
+  elif [[ -x $ROOT/.venv/bin/python ]] && "$ROOT/.venv/bin/python" -c \
+    "import torch, segmentation_models_pytorch, optuna" >/dev/null 2>&1; then
+    PY=$ROOT/.venv/bin/python
+  else
+    PY=$(command -v python3) || {
+      echo "no python3 here"
+      return 1
+    }
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+      echo "installing carried wheels from $WHEELS into $WORK/site (no index, no deps)"
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$WORK/site" "$WHEELS"/*.whl || echo "wheel install failed (python $("$PY" -V 2>&1)?)"
+      export PYTHONPATH=$WORK/site:$PYTHONPATH
+    fi
+    if ! imports_ok "torch, torchvision"; then
+      # Not the lent H200 (it has torch): a machine that reaches an index gets its own venv.
+      echo "python3 has no torch: making a venv in $WORK/venv and asking the package index"
+      python3 -m venv "$WORK/venv" && PY=$WORK/venv/bin/python || return 1
+      timeout 300 "$PY" -m pip install -q --retries 0 --timeout 15 torch==2.14.1 torchvision==0.29.1 || return 1
+      timeout 180 "$PY" -m pip install -q --retries 0 --timeout 15 -e "$ROOT" || return 1
+    elif ! imports_ok "segmentation_models_pytorch, optuna"; then
+      # Keep the machine's torch: only the missing packages (--no-deps, or --target would pull a
+      # second torch into the folder), only if an index answers quickly.
+      echo "segmentation_models_pytorch/optuna missing and no wheels carried: trying the package index"
+      timeout 120 "$PY" -m pip install -q --retries 0 --timeout 10 --no-deps --target "$WORK/site" \
+        "${WHEEL_SPECS[@]}" && export PYTHONPATH=$WORK/site:$PYTHONPATH
+    fi
+  fi
+  echo "python: $PY"
+  "$PY" -c "import $NEEDED" || return 1
+  "$PY" - <<'EOF'
+import importlib.metadata as md, platform, torch
+def v(n):
+    try:
+        return md.version(n)
+    except md.PackageNotFoundError:
+        return "?"
+print(f"python {platform.python_version()}  torch {torch.__version__} (project pins 2.14.1)  "
+      f"cuda {torch.version.cuda}  cudnn {torch.backends.cudnn.version()}  "
+      f"smp {v('segmentation-models-pytorch')}  optuna {v('optuna')}  timm {v('timm')}")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"cuda:{i} {p.name} {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs")
+EOF
+}
+
+echo "gpu_check: $(date -u +%FT%TZ) on $(uname -n), $(nproc) CPUs, work dir $WORK, time guard ${BUDGET_S}s"
+echo "git: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed file(s)"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used,utilization.gpu --format=csv
+fi
+PY=python3
+echo
+echo "=== [t+0s] env-setup"
+if ! setup_env; then
+  SUMMARY+=("$(printf '%-26s %s' env-setup "FAILED: needs $NEEDED")")
+  FAILED=$((FAILED + 1))
+  finish 1
+fi
+SUMMARY+=("$(printf '%-26s rc %-4s expect %-4s %5ss  %s' env-setup 0 0 "$((SECONDS - START))" ok)")
+AT=("$PY" -m autotune) # the checkout's autotune, with whichever python set-up chose
+
+GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+echo "GPUs visible to torch: $GPUS"
+
+# ---------------------------------------------------------------------------------------------
+# 2. data
+
+DATA=$WORK/data
+rm -rf "$DATA" "$WORK/trials" "$WORK/studies"
+if ((GPUS == 0)); then
+  step make-data 0 120 "${AT[@]}" make-data "$DATA" --n 16 --size 160x120
+  mkdir -p "$WORK/trials/cpu-smoke"
+  echo '{"batch_size": 2}' >"$WORK/trials/cpu-smoke.json"
+  step cpu-smoke-trial 0 300 "${AT[@]}" trial --config "$WORK/trials/cpu-smoke.json" \
+    --out "$WORK/trials/cpu-smoke/result.json" --data "$DATA" --image-size 64 --steps 2 --timeout 240
+  echo
+  echo "no GPU: GPU checks skipped (set-up, make-data and a CPU smoke trial only)"
+  finish $((FAILED > 0))
+fi
+step make-data 0 180 "${AT[@]}" make-data "$DATA" --n 128
+
+# ---------------------------------------------------------------------------------------------
+# 3. one trial per knob, 256 px, 10 timed steps
+
+declare -A EXPECT=()
+NAMES=()
+add() { # add NAME EXPECTED_RC JSON
+  NAMES+=("$1")
+  EXPECT[$1]=$2
+  mkdir -p "$WORK/trials/$1"
+  echo "$3" >"$WORK/trials/$1.json"
+}
+add fp32-baseline 0 "{\"batch_size\": $BATCH}"
+add fp16-gradscaler 0 "{\"batch_size\": $BATCH, \"precision\": \"fp16\"}"
+add bf16 0 "{\"batch_size\": $BATCH, \"precision\": \"bf16\"}"
+add pin-workers8 0 "{\"batch_size\": $BATCH, \"pin_memory\": true, \"num_workers\": 8}"
+add cudnn-channels-last 0 "{\"batch_size\": $BATCH, \"cudnn_benchmark\": true, \"channels_last\": true}"
+add fused-adamw 0 "{\"batch_size\": $BATCH, \"optimizer_fusion\": \"fused\"}"
+add checkpoint-5 0 "{\"batch_size\": $BATCH, \"checkpoint_segments\": 5}"
+if ((GPUS >= 2)); then
+  add ddp-nccl-2 0 "{\"batch_size\": $BATCH, \"gpus\": 2}"
+fi
+# The OOM config: 64 x 1024 px needs ~500 GB of fp32 activations (Unet-r34 saves ~7.4 KB per pixel
+# per sample), far over 141 GB, while every single tensor stays under 2^31 elements, so the failure
+# is a plain allocation failure and not an indexing limit. It must fit the dataset (115 train images).
+add forced-oom 3 '{"batch_size": 64, "image_size": 1024}'
+
+run_trial() { # run_trial NAME [LIMIT]
+  local name=$1 limit=${2:-180} size=256
+  [[ $name == forced-oom ]] && size=1024
+  step "trial $name" "${EXPECT[$name]}" "$limit" "${AT[@]}" trial --config "$WORK/trials/$name.json" \
+    --out "$WORK/trials/$name/result.json" --data "$DATA" --image-size "$size" --steps 10 --timeout "$((limit - 20))"
+  echo "$?" >"$WORK/trials/$name/rc"
+}
+
+for name in "${NAMES[@]}"; do
+  if (($(left) < 60)); then
+    skip "trial $name" "time guard: $(left)s left"
+    continue
+  fi
+  run_trial "$name"
+done
+
+table() {
+  "$PY" - "$WORK" "$@" <<'EOF'
+import json, sys
+from pathlib import Path
+
+work, names = Path(sys.argv[1]), sys.argv[2:]
+rows, base = [], None
+for name in names:
+    d = work / "trials" / name
+    rc = (d / "rc").read_text().strip() if (d / "rc").exists() else "-"
+    try:
+        r = json.loads((d / "result.json").read_text())
+    except (OSError, ValueError):
+        r = {}
+    a = r.get("applied", {})
+    eff = lambda k: (a.get(k) or {}).get("in_effect", "-") if isinstance(a.get(k), dict) else a.get(k, "-")
+    sps = r.get("samples_per_s")
+    if name == "fp32-baseline" and sps:
+        base = sps
+    rows.append({"config": name, "rc": rc, "status": r.get("status", "-"), "samples_per_s": sps,
+                 "step_p50_ms": r["step_time_p50"] * 1e3 if r.get("step_time_p50") else None,
+                 "data_wait": r.get("data_wait_fraction"),
+                 "peak_mib": r["peak_memory_bytes"] / 2**20 if r.get("peak_memory_bytes") else None,
+                 "gpu_util": r.get("gpu_util"), "precision": eff("precision"), "grad_scaler": a.get("grad_scaler", "-"),
+                 "pin_memory": eff("pin_memory"), "cudnn_benchmark": eff("cudnn_benchmark"),
+                 "world_size": r.get("world_size"), "device": r.get("device"), "message": r.get("message", "")})
+def f(x, spec):  # a missing figure still fills its column
+    return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
+hdr = f"{'config':20s} {'rc':>3s} {'status':8s} {'samples/s':>9s} {'x base':>6s} {'p50 ms':>7s} {'wait':>5s} {'peak MiB':>8s} {'gpu%':>5s}  precision / scaler / pin / cudnn"
+print(hdr)
+print("-" * len(hdr))
+for w in rows:
+    speed = w["samples_per_s"] / base if base and w["samples_per_s"] else None
+    print(f"{w['config']:20s} {w['rc']:>3s} {w['status']:8s} {f(w['samples_per_s'], '9.1f')} {f(speed, '6.2f')} "
+          f"{f(w['step_p50_ms'], '7.1f')} {f(w['data_wait'], '5.0%')} {f(w['peak_mib'], '8.0f')} {f(w['gpu_util'], '5.0f')}  "
+          f"{w['precision']} / {w['grad_scaler']} / {w['pin_memory']} / {w['cudnn_benchmark']}"
+          + (f"  [{w['message'][:90]}]" if w["message"] else ""))
+if rows and rows[0].get("device"):
+    print(f"device: {rows[0]['device']}")
+out = work / "gpu_results.json"
+old = json.loads(out.read_text()) if out.exists() else []
+keep = [o for o in old if o["config"] not in names]
+out.write_text(json.dumps(keep + rows, indent=2))
+EOF
+}
+
+echo
+echo "=== trials at 256 px, batch $BATCH, 10 timed steps (forced-oom: 64 x 1024 px)"
+table "${NAMES[@]}"
+
+# ---------------------------------------------------------------------------------------------
+# 4. a short real search, then the leaderboard
+
+STORE=${OUT:-$WORK}/gpu.db
+rm -f "$STORE"
+if (($(left) < 230)); then
+  skip search "time guard: $(left)s left, a 3m search needs ~230s"
+else
+  # SIGTERM from timeout acts like Ctrl-C: the running trial is killed and the best so far exported.
+  step search 0 260 "${AT[@]}" search --budget "$SEARCH_BUDGET" --study gpu-check --storage "$STORE" \
+    --data "$DATA" --image-size 256 --trial-seconds 5 --warmup-steps 3 --trial-timeout 90 --seed 0 \
+    --studies-dir "$WORK/studies"
+  step show 0 60 "${AT[@]}" show --study gpu-check --storage "$STORE"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 5. optional: torch.compile, time-boxed by what is left
+
+NAMES=(compile-default)
+add compile-default 0 "{\"batch_size\": $BATCH, \"compile\": \"default\"}"
+if (($(left) < 90)); then
+  skip "trial compile-default" "optional; time guard: $(left)s left"
+else
+  lim=$(left)
+  ((lim > 200)) && lim=200
+  run_trial compile-default "$lim"
+  table compile-default
+fi
+
+finish $((FAILED > 0))
