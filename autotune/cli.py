@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup-steps", type=int, default=3, help="untimed steps before measuring (default 3)")
     s.add_argument("--n-trials", type=int, default=None, help="stop after this many trials")
     s.add_argument("--force", action="store_true", help="resume a study recorded on different hardware/software")
+    s.add_argument("--create-only", action="store_true",
+                   help="create the study (space, workload, fingerprint, baseline) and exit: workers then join it")
     s.add_argument("--studies-dir", default="studies", help="where trial logs, artifacts and exports go")
     _workload_args(s)
 
@@ -75,6 +77,25 @@ def build_parser() -> argparse.ArgumentParser:
 
             e.add_argument("-o", "--output", default=None, help="file to write (default: print)")
             e.add_argument("--format", default="yaml", choices=FORMATS, help="yaml (native), lightning, hf or accelerate")
+
+    w = sub.add_parser("worker", help="join an existing study and run trials (many machines, one study)",
+                       description="Join a study created by `autotune search` (usually on PostgreSQL) and run its "
+                       "trials until --budget or --n-trials is spent. The space, workload and fingerprint come from "
+                       "the study; a machine whose fingerprint differs is refused.")
+    w.add_argument("--storage", required=True, help="the study's storage URL (postgresql://…, grpc://host:port, …)")
+    w.add_argument("--study", required=True, help="study name")
+    w.add_argument("--budget", default=None, help="wall time for this worker (2h, 90m, …)")
+    w.add_argument("--n-trials", type=int, default=None, help="stop after this many trials")
+    w.add_argument("--data", default=None, metavar="DIR", help="this machine's copy of the dataset, if not at the study's path")
+    w.add_argument("--studies-dir", default="studies", help="where trial logs and artifacts go")
+    w.add_argument("--force", action="store_true", help="join although this machine's fingerprint differs")
+
+    p = sub.add_parser("storage-proxy", help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
+                       description="Run Optuna's gRPC storage proxy in front of one RDB storage, so a large fleet "
+                       "needs one database connection pool instead of one per worker. Workers use --storage grpc://HOST:PORT.")
+    p.add_argument("--storage", required=True, help="the RDB storage URL to serve")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
 
     m = sub.add_parser("make-data", help="write a synthetic person-segmentation dataset",
                        description="Write JPEG photos with person-like figures and PNG masks; deterministic per seed.")
@@ -142,24 +163,78 @@ def cmd_search(args: argparse.Namespace) -> int:
     space, notes = resolve(space, hw, stages=len(stages_of(pipeline)), unsupported=unsupported_of(pipeline))
     for note in notes:
         console.print(f"[dim]space: {note}[/dim]", highlight=False)
-    from autotune.display import LiveSearch
     from autotune.storage import open_storage
-    from autotune.study import open_study, run_search
+    from autotune.study import open_study
 
     storage = open_storage(settings.storage)
     study = open_study(settings, storage, fingerprint(base), space, hw)
-    console.print(f"autotune: study {study.study_name!r} in {_shown_storage(settings.storage)}, budget {args.budget}, "
-                  f"{len(space.searched())} knobs searched: {', '.join(space.searched())}", highlight=False)
+    if args.create_only:
+        console.print(f"autotune: study {study.study_name!r} ready in {_shown_storage(settings.storage)}; "
+                      f"join it with: autotune worker --storage URL --study {study.study_name}", highlight=False)
+        return 0
+    return _search_loop(study, space, settings, console)
+
+
+def _search_loop(study: Any, space: Any, settings: Any, console: Any) -> int:
+    from autotune.display import LiveSearch
+    from autotune.study import run_search
+
+    console.print(f"autotune: study {study.study_name!r} in {_shown_storage(settings.storage)}, budget "
+                  f"{settings.budget_s:.0f} s, {len(space.searched())} knobs searched: {', '.join(space.searched())}",
+                  highlight=False)
     interrupted = False
     # SIGTERM behaves like Ctrl-C: the current trial is killed and recorded, the best so far exported.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with LiveSearch(study, budget, console) as live:
+        with LiveSearch(study, settings.budget_s, console) as live:
             run_search(study, space, settings, live.events())
     except KeyboardInterrupt:
         interrupted = True
     _finish(study, settings, console)
     return EXIT_INTERRUPTED if interrupted else 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import optuna
+    from rich.console import Console
+
+    from autotune.config import SearchSettings, TrialConfig, parse_duration
+    from autotune.data import ensure_data
+    from autotune.fingerprint import differences, fingerprint
+    from autotune.search_space import SearchSpace
+
+    if not args.budget and not args.n_trials:
+        raise AutotuneError("worker needs --budget or --n-trials")
+    budget = parse_duration(args.budget) if args.budget else 365 * 86400.0
+    study = _load_study(args)
+    attrs = study.user_attrs
+    if "workload" not in attrs or "space" not in attrs:
+        raise AutotuneError(f"study {args.study!r} was not created by `autotune search` (no space/workload attrs)")
+    base = TrialConfig.from_dict(attrs["workload"])
+    if args.data:
+        base = base.replace(data_dir=str(Path(args.data).resolve()))
+    elif base.data_dir and not Path(base.data_dir).exists() and Path(base.data_dir).name.startswith("synthetic-"):
+        # The default data set is deterministic: regenerate this machine's identical copy.
+        base = base.replace(data_dir=str(ensure_data(Path(args.studies_dir) / "data", **DEFAULT_DATA).resolve()))  # type: ignore[arg-type]
+    diff = differences(attrs.get("fingerprint", {}), fingerprint(base))
+    if diff and not args.force:
+        raise AutotuneError(f"this machine differs from study {args.study!r}'s ({'; '.join(diff)}); "
+                            "its timings would not be comparable (--force to join anyway)")
+    settings = SearchSettings(budget_s=budget, study=args.study, storage=args.storage, n_trials=args.n_trials,
+                              studies_dir=args.studies_dir, base=base)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return _search_loop(study, SearchSpace.from_dict(attrs["space"]), settings, Console())
+
+
+def cmd_storage_proxy(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autotune.storage import open_storage
+
+    storage = open_storage(args.storage)
+    print(f"autotune: serving {_shown_storage(args.storage)} on grpc://{args.host}:{args.port}", flush=True)
+    optuna.storages.run_grpc_proxy_server(storage, host=args.host, port=args.port)
+    return 0
 
 
 def _shown_storage(url: str | None) -> str:
@@ -207,13 +282,15 @@ def _load_study(args: argparse.Namespace) -> Any:
     import optuna
 
     from autotune.storage import open_storage
+    from autotune.study import make_pruner, make_sampler
 
     storage = open_storage(args.storage)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
-    if args.study not in names:
+    summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    if args.study not in summaries:
         raise AutotuneError(f"no study {args.study!r} in {_shown_storage(args.storage)} "
-                            f"(studies there: {', '.join(names) or 'none'})")
-    return optuna.load_study(study_name=args.study, storage=storage)
+                            f"(studies there: {', '.join(summaries) or 'none'})")
+    sampler = make_sampler(summaries[args.study].user_attrs.get("sampler", "tpe"), None)
+    return optuna.load_study(study_name=args.study, storage=storage, sampler=sampler, pruner=make_pruner())
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -277,7 +354,7 @@ def cmd_make_data(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"search": cmd_search, "trial": cmd_trial, "show": cmd_show, "export": cmd_export,
-            "make-data": cmd_make_data}
+            "make-data": cmd_make_data, "worker": cmd_worker, "storage-proxy": cmd_storage_proxy}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,14 @@ def open_storage(url: str | None) -> Any:
                 raise StorageError(f"storage {shown}: expected grpc://host:port")
             return optuna.storages.GrpcStorageProxy(host=host, port=int(port))
         if is_rdb(url):
-            # Heartbeats let any process fail a trial whose owner died (RDB storages only).
-            return optuna.storages.RDBStorage(url, heartbeat_interval=30, grace_period=90)
+            # Heartbeats let any worker fail (and retry) a trial whose owner died: RDB storages only.
+            beat = float(os.environ.get("AUTOTUNE_HEARTBEAT_S", 30))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=max(1, int(beat)), grace_period=max(2, int(3 * beat)),
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+                    engine_kwargs={"pool_pre_ping": True})
     except StorageError:
         raise
     except Exception as e:  # sqlalchemy/driver errors: unreachable host, bad URL, missing driver

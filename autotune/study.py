@@ -7,11 +7,13 @@ import signal
 import socket
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import optuna
+from optuna.storages._heartbeat import get_heartbeat_thread, is_heartbeat_enabled  # what Study.optimize uses
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
@@ -21,6 +23,10 @@ from autotune.errors import AutotuneError, TrialFailure, TrialNumerics, TrialOOM
 from autotune.fingerprint import differences
 from autotune.locks import Lease, device_lock
 from autotune.search_space import Choices, Hardware, SearchSpace, suggest
+
+# We run ask/tell ourselves, with the heartbeat thread Study.optimize would start: the warning is moot.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported)  # the sampler should learn where these lie
 FEASIBLE_KEY = "infeasible"
@@ -75,6 +81,7 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
     study.set_user_attr("fingerprint", fp)
     study.set_user_attr("space", space.to_dict())
     study.set_user_attr("workload", settings.base.workload())
+    study.set_user_attr("sampler", settings.sampler)
     # Trial 0 is the baseline, trial 1 the guides' warm start.
     for role, cfg in (("baseline", settings.base.replace(**BASELINE.knobs())), ("warm_start", warm_start(settings.base, hw))):
         study.enqueue_trial(_params(cfg, space), user_attrs={"role": role, "config": cfg.knobs()}, skip_if_exists=True)
@@ -174,6 +181,10 @@ def run_search(study: optuna.Study, space: SearchSpace, settings: SearchSettings
         # Don't start what we don't expect to finish: the median trial so far is the estimate.
         if left <= 0 or (durations and statistics.median(durations) > left + grace):
             break
+        if is_heartbeat_enabled(study._storage):
+            optuna.storages.fail_stale_trials(study)  # a dead worker's trial: FAIL, then retried
+        else:
+            fail_stale(study, study._storage)  # journal: owner pid/host/heartbeat in user attrs
         trial = study.ask()
         cfg = config_for(trial, space, settings.base)
         t0 = time.monotonic()
@@ -209,7 +220,8 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
     state, value = TrialState.COMPLETE, None
     lease = Lease()
     try:
-        with device_lock(cfg.gpus) as lease:
+        # RDB storages: the heartbeat thread Study.optimize would run, so other workers see we're alive.
+        with get_heartbeat_thread(trial._trial_id, study._storage), device_lock(cfg.gpus) as lease:
             result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start)
     except TrialPruned as e:
         _record_failure(trial, e)
