@@ -12,6 +12,8 @@ from autotune.errors import AutotuneError
 
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)
+# Subcommands that live with their implementation: each module has register(subparsers).
+_APPLY: tuple[str, ...] = ()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
 
+    for module in _APPLY:
+        import importlib
+
+        importlib.import_module(module).register(sub)
+
     m = sub.add_parser("make-data", help="write a synthetic person-segmentation dataset",
                        description="Write JPEG photos with person-like figures and PNG masks; deterministic per seed.")
     m.add_argument("dir", help="output folder (must not exist or be empty)")
@@ -113,7 +120,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(COMMANDS[args.command](args) or 0)
+        handler = getattr(args, "func", None) or COMMANDS[args.command]
+        return int(handler(args) or 0)
     except AutotuneError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
