@@ -25,6 +25,10 @@ WORKLOAD = (
 )
 
 
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 @dataclass(frozen=True)
 class TrialConfig:
     """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
@@ -63,7 +67,8 @@ class TrialConfig:
 
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.type in ("int", "int | None") and v is not None:
+            # None is a value only where the type says so; elsewhere it would trip a comparison below.
+            if f.type == "int" or (f.type == "int | None" and v is not None):
                 need(isinstance(v, int) and not isinstance(v, bool), f"{f.name} must be an integer, got {v!r}")
             if f.type == "bool":
                 need(isinstance(v, bool), f"{f.name} must be true or false, got {v!r}")
@@ -81,7 +86,9 @@ class TrialConfig:
         need(isinstance(self.image_size, int) and self.image_size >= 32, f"image_size must be an integer >= 32, got {self.image_size!r}")
         need(self.warmup_steps >= 0 and self.timed_steps >= 1, "warmup_steps must be >= 0 and timed_steps >= 1")
         need(self.window >= 1, f"window must be >= 1, got {self.window}")
-        need(self.seconds is None or (isinstance(self.seconds, (int, float)) and self.seconds > 0), f"seconds must be > 0, got {self.seconds!r}")
+        need(self.seconds is None or (_number(self.seconds) and self.seconds > 0), f"seconds must be > 0, got {self.seconds!r}")
+        # Checked here so a bad lr is exit 2 up front, not a crash inside the trial's optimizer.
+        need(_number(self.lr) and math.isfinite(self.lr) and self.lr > 0, f"lr must be a number > 0, got {self.lr!r}")
         need(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline must be a name or module:factory")
 
     def knobs(self) -> dict[str, Any]:

@@ -17,6 +17,9 @@ from autotune.trial import (EXIT_CONFIG, EXIT_NUMERICS, EXIT_OOM, EXIT_UNSUPPORT
 
 # Called with (steps so far, window samples/s); returning True stops the trial as pruned.
 OnWindow = Callable[[int, float], bool]
+# Called once with the trial's process group id as soon as it exists (a study records it, so a later
+# run can kill the group if this one dies without cleaning up).
+OnStart = Callable[[int], None]
 
 BY_STATUS: dict[str, type[errors.TrialFailure]] = {
     "oom": errors.TrialOOM, "numerics": errors.TrialNumerics, "unsupported": errors.TrialUnsupported,
@@ -60,7 +63,8 @@ def tail(path: Path, lines: int = 40) -> str:
 
 
 def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
-              on_window: OnWindow | None = None, poll_s: float = 0.25) -> TrialResult:
+              on_window: OnWindow | None = None, poll_s: float = 0.25,
+              on_start: OnStart | None = None) -> TrialResult:
     """Run one trial to completion. Returns its result or raises a classified TrialFailure."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     for stale in (*trial_dir.glob("result.json*"), trial_dir / "progress.jsonl"):
@@ -73,6 +77,8 @@ def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
         proc = subprocess.Popen(command(cfg, trial_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, preexec_fn=die_with_parent)
         try:
+            if on_start is not None:
+                on_start(proc.pid)  # start_new_session: the leader's pid is the group id
             deadline = time.monotonic() + timeout_s
             read = 0
             while proc.poll() is None:
@@ -115,7 +121,10 @@ def _classify(code: int, trial_dir: Path, log_path: Path, windows: list[float]) 
     ok = next((v for v in verdicts if v.get("status") == "ok"), None)
     if code == 0 and ok is not None:
         return TrialResult.from_dict(ok)
-    failed = next((v for v in verdicts if v.get("status") != "ok"), None)
+    # Under DDP one rank's OOM leaves the others failing in a collective ("error", connection closed):
+    # a named failure on any rank is the cause, so it wins over a generic one.
+    failed = min((v for v in verdicts if v.get("status") != "ok"), key=lambda v: v.get("status") == "error",
+                 default=None)
     status = failed["status"] if failed else BY_CODE.get(code, "error")
     if code < 0:
         message = f"killed by signal {signal.Signals(-code).name}"

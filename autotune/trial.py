@@ -137,8 +137,8 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         elapsed, peak = float(t[0]), int(t[1])
         samples *= world
 
-    if profile_out is not None and rank == 0:
-        _profile(step, stream, profile_out)
+    if profile_out is not None:  # every rank steps (DDP's all-reduce needs them all); rank 0 writes
+        _profile(step, stream, profile_out if rank == 0 else None)
 
     return TrialResult(
         status="ok",
@@ -173,7 +173,7 @@ def _finished(cfg: Any, n: int, elapsed: float, world: int, device: Any) -> bool
     return done
 
 
-def _profile(step: Any, stream: Iterator[Any], out: Path) -> None:
+def _profile(step: Any, stream: Iterator[Any], out: Path | None) -> None:
     """A few extra steps under torch.profiler, after the timed region so it can't skew it."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -182,6 +182,8 @@ def _profile(step: Any, stream: Iterator[Any], out: Path) -> None:
     with profile(activities=activities) as prof:
         for _ in range(3):
             step(next(stream))
+    if out is None:
+        return
     key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     out.write_text(prof.key_averages().table(sort_by=key, row_limit=25))
 
@@ -243,6 +245,9 @@ def _shutdown() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # A rank that tears gloo down while a peer is still using the group can abort ("terminate
+        # called without an active exception"), failing a trial that succeeded: wait for everyone.
+        dist.barrier()
         dist.destroy_process_group()
 
 

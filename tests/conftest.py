@@ -1,0 +1,86 @@
+"""Shared fixtures: offline hub, one tiny synthetic dataset per session, a tiny TrialConfig,
+torch global state restored after every test, and helpers to find a trial's processes."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+# Before anything imports huggingface_hub (via smp): tests must never reach the network.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from autotune.config import TrialConfig  # noqa: E402
+from autotune.data import make_data  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 synthetic 160x120 photo/mask pairs, generated once for the whole session."""
+    return make_data(tmp_path_factory.mktemp("tiny") / "data", n=24, size=(160, 120), seed=0)
+
+
+@pytest.fixture
+def tiny_config(tiny_data: Path) -> TrialConfig:
+    """The Unet at 64 px, batch 2: one warm-up step, two timed steps, one step per window."""
+    return TrialConfig(image_size=64, batch_size=2, warmup_steps=1, timed_steps=2, window=1,
+                       data_dir=str(tiny_data))
+
+
+@pytest.fixture
+def repo_on_path(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Trial subprocesses run with the test's cwd; they need the repo root to import tests.fault_pipelines."""
+    old = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT) + (os.pathsep + old if old else ""))
+    monkeypatch.syspath_prepend(str(REPO_ROOT))  # and in-process runs, whatever pytest's import mode
+    return REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_globals() -> Iterator[None]:
+    """setup_process (and so trial.run) sets process-wide torch state; put it back after each test."""
+    threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
+    yield
+    torch.set_num_threads(threads)
+    torch.backends.cudnn.benchmark = benchmark
+
+
+@pytest.fixture
+def one_thread() -> None:
+    """Unet compute on one intra-op thread: on a shared 2-core machine two threads that contend with
+    other processes run a step 2-20x slower than one thread does. Restored by restore_torch_globals."""
+    torch.set_num_threads(1)
+
+
+def live_processes(marker: str) -> list[psutil.Process]:
+    """Processes (not zombies, not this one) whose command line mentions `marker`.
+
+    Forked loader workers keep their parent's command line, and torchrun ranks get the trial's
+    --config path, so the trial directory names every process a trial starts.
+    """
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(marker in part for part in (p.info["cmdline"] or ())):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def wait_until_gone(marker: str, timeout_s: float = 10.0) -> list[psutil.Process]:
+    """Survivors after up to timeout_s (orphans are reaped by init, which takes a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = live_processes(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
