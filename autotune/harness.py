@@ -47,13 +47,17 @@ class Harness:
         return value
 
     def batches(self) -> Iterator[Any]:
-        """Endless batches: a short dataset simply starts another epoch (reshuffled)."""
-        epoch = 0
-        while True:
-            if hasattr(self.loader.sampler, "set_epoch"):
-                self.loader.sampler.set_epoch(epoch)
-            yield from self.loader
-            epoch += 1
+        return batches(self.loader)
+
+
+def batches(loader: DataLoader[Any]) -> Iterator[Any]:
+    """Endless batches: a short dataset simply starts another epoch (reshuffled)."""
+    epoch = 0
+    while True:
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
 
 
 def build(cfg: TrialConfig) -> Harness:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import os
 import signal
 import sys
@@ -20,10 +19,6 @@ from typing import Any, Iterator
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_OOM, EXIT_NUMERICS, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4, 5
 LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
-
-
-class NonFiniteLoss(Exception):
-    pass
 
 
 def die_with_parent() -> None:
@@ -41,65 +36,18 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)  # readers see the whole result or none
 
 
-def batches(loader: Any) -> Iterator[Any]:
-    """Endless batches: a short dataset simply starts another epoch (reshuffled)."""
-    epoch = 0
-    while True:
-        if hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
 def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None) -> Any:
     import torch
     import torch.distributed as dist
 
-    from autotune import knobs, measure
-    from autotune.config import KNOBS, TrialConfig, TrialResult
-    from autotune.errors import TrialUnsupported
-    from autotune.pipelines import load_pipeline, stages_of, unsupported_of
+    from autotune import measure
+    from autotune.config import TrialResult
+    from autotune.harness import build
 
     launched = float(os.environ.get(LAUNCH_TIME_ENV, 0)) or _process_start_time()
-    rank, world, local_rank = knobs.dist_env()
-    device = knobs.pick_device(local_rank)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    applied: dict[str, Any] = knobs.setup_process(cfg, device)
-    torch.manual_seed(cfg.seed + rank)
-
-    pipeline = load_pipeline(cfg)
-    default = TrialConfig()
-    refused = [k for k in sorted(unsupported_of(pipeline) & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
-    if refused:
-        raise TrialUnsupported(f"the pipeline does not support: {', '.join(refused)}")
-    model = pipeline.build_model()
-    applied |= knobs.wrap_checkpoints(model, stages_of(pipeline), cfg.checkpoint_segments)
-    model, a = knobs.prepare_model(model, cfg, device, world)
-    applied |= a
-    model.train()
-    optimizer, a = knobs.build_optimizer(model.parameters(), cfg)
-    applied |= a
-    loader, a = knobs.build_loader(pipeline.build_dataset(), cfg, rank, world, device)
-    applied |= a
-    precision = knobs.Precision(cfg, device)
-    applied |= precision.applied
-    applied["set_to_none"] = {"requested": cfg.set_to_none, "in_effect": cfg.set_to_none}
-
-    def step(batch: Any) -> float:
-        x, y = (knobs.to_device(t, device, cfg) for t in batch)
-        with precision.autocast():
-            loss = pipeline.loss(model(x), y)
-        precision.scaler.scale(loss).backward()
-        precision.scaler.step(optimizer)
-        precision.scaler.update()
-        optimizer.zero_grad(set_to_none=cfg.set_to_none)
-        value = loss.item()  # a device sync too: the step is finished when this returns
-        if not math.isfinite(value):
-            raise NonFiniteLoss(f"loss became {value}")
-        return value
-
-    stream = batches(loader)
+    h = build(cfg)
+    step, device, rank, world = h.step, h.device, h.rank, h.world
+    stream = h.batches()
     startup_s = time.time() - launched
     losses: list[float] = []
     for _ in range(cfg.warmup_steps):  # warm-up: allocator, cudnn autotune, loader start-up, compile
@@ -155,7 +103,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         world_size=world,
         device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         windows=tuple(windows),
-        applied=applied,
+        applied=h.applied,
     )
 
 
@@ -206,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from autotune.errors import AutotuneError, TrialUnsupported
     from autotune.export import load_config
+    from autotune.harness import NonFiniteLoss
 
     rank = int(os.environ.get("RANK", 0))
     # Rank 0 owns result.json; another rank that fails leaves its own verdict beside it.

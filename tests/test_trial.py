@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from autotune import knobs, trial
+from autotune import harness, knobs, trial
 from autotune.config import KNOBS, TrialConfig, TrialResult
 from autotune.errors import PipelineError, TrialUnsupported
 from autotune.pipelines.unet import UnetPipeline
@@ -110,7 +110,7 @@ def test_not_a_pipeline(inproc: None) -> None:
 def test_batches_go_on_past_one_epoch_and_reshuffle() -> None:
     ds = torch.utils.data.TensorDataset(torch.arange(8.0))
     loader, _ = knobs.build_loader(ds, TrialConfig(batch_size=4), 0, 1, torch.device("cpu"))
-    stream = trial.batches(loader)
+    stream = harness.batches(loader)
     got = [next(stream)[0] for _ in range(6)]  # three epochs of two batches
     assert all(b.shape == (4,) for b in got)
     for epoch in range(3):
@@ -135,7 +135,7 @@ def test_unet_loss_falls(tiny_data: Path) -> None:
     opt, _ = knobs.build_optimizer(model.parameters(), cfg)
     loader, _ = knobs.build_loader(pipeline.build_dataset(), cfg, 0, 1, torch.device("cpu"))
     precision = knobs.Precision(cfg, torch.device("cpu"))
-    stream = trial.batches(loader)
+    stream = harness.batches(loader)
     losses = []
     for _ in range(30):  # a little over five epochs of the 22 training images
         x, y = next(stream)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,10 @@ from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
     from autotune.config import TrialConfig
+
+# torchvision 0.29 (pinned) deprecates its decoders in favour of TorchCodec; they still work, and
+# one warning per decoded image would drown the trial log.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
