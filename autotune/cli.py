@@ -13,7 +13,7 @@ from autotune.errors import AutotuneError
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)
 # Subcommands that live with their implementation: each module has register(subparsers).
-_APPLY: tuple[str, ...] = ()
+_APPLY = ("autotune.train", "autotune.ablate", "autotune.report")
 
 
 class _Parser(argparse.ArgumentParser):

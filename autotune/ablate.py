@@ -1,0 +1,201 @@
+"""`autotune ablate`: the seed's Figure 6, automated. Greedy: from the baseline, add the best config's
+techniques one at a time, each step keeping the one that helps most, every candidate a real measured trial."""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from autotune.config import BASELINE, KNOBS, TrialConfig
+from autotune.errors import AutotuneError, ConfigError, TrialFailure
+
+# prefetch_factor and persistent_workers mean nothing without workers: they travel with num_workers.
+LOADER_GROUP = ("num_workers", "persistent_workers", "prefetch_factor")
+
+Technique = dict[str, Any]  # knob -> value; one or more knobs switched together
+
+
+def techniques(base: TrialConfig, best: TrialConfig) -> list[Technique]:
+    """The best config's knobs that differ from the baseline, loader knobs grouped with num_workers."""
+    diff = {k: getattr(best, k) for k in KNOBS if getattr(best, k) != getattr(base, k)}
+    out: list[Technique] = []
+    if "num_workers" in diff:
+        out.append({k: getattr(best, k) for k in LOADER_GROUP if k == "num_workers" or k in diff})
+        diff = {k: v for k, v in diff.items() if k not in LOADER_GROUP}
+    out += [{k: v} for k, v in diff.items()]
+    return out
+
+
+def label(t: Technique) -> str:
+    first, *rest = t.items()
+    text = f"{first[0]}={first[1]}"
+    return text + (f" (+{', '.join(f'{k}={v}' for k, v in rest)})" if rest else "")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9=._-]+", "_", text)[:60].strip("_")
+
+
+Measure = Callable[[TrialConfig, str], float]  # (config, name) -> samples/s; raises TrialFailure
+
+
+def greedy(base: TrialConfig, todo: list[Technique], measure: Measure,
+           say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """Step 0 measures the baseline; each later step adds the remaining technique that helps most."""
+    sps0 = measure(base, "step-0-baseline")
+    steps = [{"step": 0, "technique": "baseline", "knobs": {}, "samples_per_s": sps0, "gain": 0.0,
+              "speedup": 1.0, "config": base.knobs(), "tried": []}]
+    say(f"step 0: baseline {sps0:.2f} samples/s")
+    current, prev, todo = base, sps0, list(todo)
+    while todo:
+        tried: list[dict[str, Any]] = []
+        best: tuple[float, Technique, TrialConfig] | None = None
+        for t in todo:
+            name = f"step-{len(steps)}-{_slug(label(t))}"
+            try:
+                cfg = current.replace(**t)
+            except ConfigError as e:  # an invalid combination here; it may become valid after another step
+                tried.append({"technique": label(t), "samples_per_s": None, "reason": f"invalid: {e}"})
+                continue
+            try:
+                sps = measure(cfg, name)
+            except TrialFailure as e:  # e.g. a batch size that only fits once checkpointing is on
+                tried.append({"technique": label(t), "samples_per_s": None, "reason": f"{e.reason}: {str(e)[:200]}"})
+                say(f"  + {label(t)}: {e.reason}")
+                continue
+            tried.append({"technique": label(t), "samples_per_s": sps})
+            say(f"  + {label(t)}: {sps:.2f} samples/s")
+            if best is None or sps > best[0]:
+                best = (sps, t, cfg)
+        if best is None:
+            say(f"step {len(steps)}: every remaining technique failed; stopping")
+            steps[-1]["unapplied"] = [label(t) for t in todo]
+            break
+        sps, t, current = best
+        steps.append({"step": len(steps), "technique": label(t), "knobs": dict(t), "samples_per_s": sps,
+                      "gain": sps - prev, "speedup": sps / sps0, "config": current.knobs(), "tried": tried})
+        say(f"step {len(steps) - 1}: kept {label(t)} -> {sps:.2f} samples/s, x{sps / sps0:.2f}")
+        prev = sps
+        todo.remove(t)
+    return steps
+
+
+def _configs(study: Any, args: argparse.Namespace) -> tuple[TrialConfig, TrialConfig]:
+    """(baseline, best) from the study, on its workload (with --data / --seconds applied)."""
+    from autotune.study import leaderboard
+
+    attrs = study.user_attrs
+    if "workload" not in attrs:
+        raise AutotuneError(f"study {study.study_name!r} was not made by `autotune search` (no workload attr)")
+    work = TrialConfig.from_dict(attrs["workload"])
+    if args.data:
+        work = work.replace(data_dir=str(Path(args.data).resolve()))
+    elif work.data_dir and not Path(work.data_dir).exists() and Path(work.data_dir).name.startswith("synthetic-"):
+        from autotune.cli import DEFAULT_DATA
+        from autotune.data import ensure_data
+
+        # The default data set is deterministic: regenerate this machine's identical copy (as `worker` does).
+        work = work.replace(data_dir=str(ensure_data(Path(args.studies_dir) / "data", **DEFAULT_DATA).resolve()))  # type: ignore[arg-type]
+    if work.data_dir and not Path(work.data_dir).exists():
+        raise AutotuneError(f"the study's data {work.data_dir} is not here; pass --data DIR")
+    if args.seconds:
+        work = work.replace(seconds=args.seconds)
+    board = leaderboard(study)
+    if not board:
+        raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to ablate")
+    role = [t for t in study.trials if t.user_attrs.get("role") == "baseline" and "config" in t.user_attrs]
+    base_knobs = role[0].user_attrs["config"] if role else BASELINE.knobs()
+    return work.replace(**base_knobs), work.replace(**board[0].user_attrs["config"])
+
+
+def run_ablation(study: Any, args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    from autotune import launcher
+    from autotune.fingerprint import differences, fingerprint
+    from autotune.locks import device_lock
+
+    base, best = _configs(study, args)
+    diff = differences(study.user_attrs.get("fingerprint") or {}, fingerprint(base))
+    if diff:  # every step is re-measured here, so the ablation is self-consistent; the study's figures are not
+        say(f"note: this machine differs from the study's ({'; '.join(diff)}); all steps are measured here")
+    todo = techniques(base, best)
+    if not todo:
+        raise AutotuneError(f"the best trial of {study.study_name!r} is the baseline config: nothing to ablate")
+    out_dir = Path(args.studies_dir) / study.study_name / "ablation"
+    timeout = args.trial_timeout or max(300.0, 20 * (base.seconds or 15))
+
+    def measure(cfg: TrialConfig, name: str) -> float:
+        with device_lock(cfg.gpus) as lease:
+            result = launcher.run_trial(cfg, out_dir / name, timeout)
+        if lease.contended:
+            say(f"  note: another trial shared the CPU during {name}; its timing is suspect")
+        return float(result.samples_per_s or 0.0)
+
+    n = len(todo)
+    say(f"ablating {n} technique(s): {'; '.join(label(t) for t in todo)} "
+        f"({1 + n * (n + 1) // 2} trials at most, {base.seconds or base.timed_steps} "
+        f"{'s' if base.seconds else 'steps'} measured each)")
+    steps = greedy(base, todo, measure, say)
+    study.set_user_attr("ablation", steps)
+    return steps
+
+
+def table(steps: list[dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title=title)
+    for col in ("step", "technique", "samples/s", "gain", "speedup"):
+        t.add_column(col, justify="left" if col == "technique" else "right")
+    for s in steps:
+        t.add_row(str(s["step"]), Text(s["technique"]), f"{s['samples_per_s']:.2f}",
+                  "-" if s["step"] == 0 else f"{s['gain']:+.2f}", f"x{s['speedup']:.2f}")
+    return t
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    import optuna
+    from rich.console import Console
+
+    from autotune.cli import _load_study
+    from autotune.report import waterfall_png
+
+    console = Console()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = _load_study(args)
+    steps = run_ablation(study, args, lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
+    console.print(table(steps, f"ablation of study {study.study_name}: greedy, each step measured"))
+    from autotune.study import baseline_sps, leaderboard
+
+    best, base = leaderboard(study)[0], baseline_sps(study)
+    console.print(f"the search measured its best config (trial {best.number}) at {best.value:.2f} samples/s"
+                  + (f", x{float(best.value or 0) / base:.2f} vs its baseline" if base else "")
+                  + f"; the ablation's last step: {steps[-1]['samples_per_s']:.2f} samples/s, x{steps[-1]['speedup']:.2f}",
+                  highlight=False, markup=False, soft_wrap=True)
+    png = waterfall_png(steps, Path(args.studies_dir) / study.study_name / "ablation.png",
+                        f"Ablation of study {study.study_name}: contribution of each technique")
+    console.print(f"autotune: waterfall written to {png}; stored in study attr 'ablation' "
+                  f"(autotune report --study {study.study_name} includes it)", highlight=False, soft_wrap=True)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "ablate", help="measure each technique's contribution to the best config (waterfall)",
+        description="The seed's Figure 6, automated. Start from the study's baseline config; the best trial's "
+        "knobs that differ from it are the techniques (num_workers travels with persistent_workers and "
+        "prefetch_factor, which need workers). Greedily, at each step every remaining technique is added to "
+        "the current config and measured as a real isolated trial on the study's workload; the one that helps "
+        "most is kept. A technique whose trial fails (e.g. out of memory) is retried at the next step. With k "
+        "techniques this runs up to 1 + k(k+1)/2 trials. The steps go to the study's user attr 'ablation', a "
+        "table is printed, and studies/<study>/ablation.png shows the waterfall; trial logs are under "
+        "studies/<study>/ablation/.")
+    p.add_argument("--study", default="autotune", help="study name (default autotune)")
+    p.add_argument("--storage", default=None, help="Optuna storage (default studies.db journal)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="measured seconds per trial (default: the study's own trial length)")
+    p.add_argument("--trial-timeout", type=float, default=None, metavar="S",
+                   help="kill a trial after this many seconds (default max(300, 20 x seconds))")
+    p.add_argument("--data", default=None, metavar="DIR", help="this machine's copy of the study's dataset")
+    p.add_argument("--studies-dir", default="studies", help="where trial logs and the PNG go (default studies)")
+    p.set_defaults(func=cmd_ablate)
