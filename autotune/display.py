@@ -58,7 +58,7 @@ class LiveSearch:
         if t.user_attrs.get("contended"):
             speed += "  [contended: another trial shared the CPU, timing suspect]"
         self.console.print(f"trial {t.number:3d} [{t.user_attrs.get('role', 'search'):10s}] {figure}{speed}  "
-                           f"{knob_summary(t.user_attrs.get('config', {}))}", highlight=False)
+                           f"{knob_summary(t.user_attrs.get('config', {}))}", highlight=False, markup=False)
         self.current = "choosing the next trial"
         self.live.update(self._render())
 

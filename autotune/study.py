@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import launcher
 from autotune.config import BASELINE, KNOBS, SearchSettings, TrialConfig, TrialResult
-from autotune.errors import AutotuneError, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialUnsupported
+from autotune.errors import AutotuneError, TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialUnsupported
 from autotune.fingerprint import differences
 from autotune.locks import Lease, device_lock
 from autotune.search_space import Choices, Hardware, SearchSpace, suggest
@@ -28,7 +28,8 @@ from autotune.search_space import Choices, Hardware, SearchSpace, suggest
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported)  # the sampler should learn where these lie
+# The sampler should learn where these lie: they are properties of the config, not accidents.
+INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported, TrialBadConfig)
 FEASIBLE_KEY = "infeasible"
 
 
@@ -263,8 +264,7 @@ def _record_failure(trial: optuna.Trial, e: TrialFailure) -> None:
     trial.set_user_attr("reason", e.reason)
     trial.set_user_attr("message", str(e)[:500])
     trial.set_user_attr("windows", list(e.partial.get("windows", [])))
-    if e.log_tail:
-        trial.set_user_attr("log_tail", e.log_tail[-4000:])
+    trial.set_user_attr("log_tail", e.log_tail[-4000:] or "(the trial printed nothing)")
 
 
 def artifact_dir(settings: SearchSettings) -> Path:

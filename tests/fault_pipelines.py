@@ -169,3 +169,49 @@ class OomOnRankOne(TinyPipeline):
 
 def oom_rank1(cfg: Any) -> OomOnRankOne:
     return OomOnRankOne(cfg)
+
+
+class FaultByBatchSize(TinyPipeline):
+    """One pipeline whose fault is chosen by the config, so one search meets every kind of failure:
+    batch 2 healthy, 3 out of memory, 5 NaN loss, 6 SIGKILL, 7 hang, 8 a killed DataLoader worker;
+    channels_last is declared unsupported."""
+
+    unsupported = frozenset({"channels_last"})
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg, n=64)
+        self.fault = cfg.batch_size
+
+    def build_dataset(self) -> Dataset[Any]:
+        data = super().build_dataset()
+        return _KillsItsWorker(data) if self.cfg.batch_size == 8 else data
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)  # a few windows per second, so the launcher sees progress
+        if self.fault == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated by a test)")
+        if self.fault == 6:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault == 7:
+            time.sleep(HANG_S)
+        loss = super().loss(output, target)
+        return loss * float("nan") if self.fault == 5 else loss
+
+
+class _KillsItsWorker(Dataset[Any]):
+    def __init__(self, inner: Dataset[Any]) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> Any:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None and i % 7 == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # the loader worker dies mid-epoch
+        return self.inner[i]
+
+
+def fault_by_batch_size(cfg: Any) -> FaultByBatchSize:
+    return FaultByBatchSize(cfg)
