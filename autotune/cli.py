@@ -265,7 +265,7 @@ def _finish(study: Any, settings: Any, console: Any) -> None:
     write_atomic(out, render("yaml", _export(study, settings.storage, out)))
     console.print(f"autotune: best config exported to {out}\n"
                   f"  apply it:  autotune trial --config {out}\n"
-                  f"  inspect:   optuna-dashboard {settings.storage or 'studies.db'} --artifact-dir "
+                  f"  inspect:   optuna-dashboard {_shown_storage(settings.storage)} --artifact-dir "
                   f"{Path(settings.studies_dir) / 'artifacts'}", highlight=False)
 
 

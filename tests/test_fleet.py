@@ -100,9 +100,10 @@ def test_killed_worker_trial_failed_by_others(fleet) -> None:
     finish([fleet.worker("--n-trials", "1", "--budget", "5m")], fleet)
     trials = fleet.study().trials
     assert trials[running.number].state == TrialState.FAIL
-    # RetryHeartbeatStaleTrialCallback queued it again, and the surviving worker ran it.
-    retried = [t for t in trials if t.system_attrs.get("failed_trial") == running._trial_id]
-    assert retried and retried[0].state == TrialState.COMPLETE
+    # RetryHeartbeatStaleTrialCallback queued it again (same config and role), and the survivor finished.
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == running.number]
+    assert len(retried) == 1 and retried[0].user_attrs["config"] == running.user_attrs["config"]
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 1
 
 
 def _free_port() -> int:
