@@ -22,8 +22,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", metavar="DIR", help="dataset folder with images/ and masks/ "
-                   "(default: a synthetic set generated once under studies/data)")
+    p.add_argument("--data", metavar="DIR", help="dataset folder, passed to the pipeline as data_dir: the unet "
+                   "reads DIR/images and DIR/masks (default: a synthetic set generated once under studies/data)")
     p.add_argument("--image-size", type=int, default=None, metavar="PX", help="training crop size (default 128)")
     p.add_argument("--pipeline", default=None, metavar="MODULE:FACTORY",
                    help="training pipeline: 'unet' (default) or an importable factory returning a Pipeline")
@@ -209,6 +209,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from autotune.config import SearchSettings, TrialConfig, parse_duration
     from autotune.data import ensure_data
     from autotune.fingerprint import differences, fingerprint
+    from autotune.pipelines import load_pipeline
     from autotune.search_space import SearchSpace
 
     if not args.budget and not args.n_trials:
@@ -224,6 +225,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     elif base.data_dir and not Path(base.data_dir).exists() and Path(base.data_dir).name.startswith("synthetic-"):
         # The default data set is deterministic: regenerate this machine's identical copy.
         base = base.replace(data_dir=str(ensure_data(Path(args.studies_dir) / "data", **DEFAULT_DATA).resolve()))  # type: ignore[arg-type]
+    load_pipeline(base)  # a module this machine can't import is bad input, not a run of failed trials
     diff = differences(attrs.get("fingerprint", {}), fingerprint(base))
     if diff and not args.force:
         raise AutotuneError(f"this machine differs from study {args.study!r}'s ({'; '.join(diff)}); "

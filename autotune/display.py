@@ -53,7 +53,8 @@ class LiveSearch:
     def finished(self, t: FrozenTrial) -> None:
         reason = t.user_attrs.get("reason")
         state = "infeasible" if t.state == TrialState.COMPLETE and not feasible(t) else t.state.name.lower()
-        figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{state}: {reason or ''} {t.user_attrs.get('message', '')[:80]}"
+        why = t.user_attrs.get("message", "")[:80] if reason in (None, state) else f"{reason}: {t.user_attrs.get('message', '')[:80]}"
+        figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{state}: {why}"
         speed = f"  x{t.user_attrs['speedup']:.2f}" if feasible(t) and "speedup" in t.user_attrs else ""
         if t.user_attrs.get("contended"):
             speed += "  [contended: another trial shared the CPU, timing suspect]"

@@ -48,6 +48,14 @@ class CheckpointedStage(nn.Module):
         super().__init__()
         self.inner = inner
 
+    def __getattr__(self, name: str) -> Any:
+        # Parents may read attributes of the stage they hold (nn.TransformerEncoder reads
+        # layers[0].self_attn): the wrapper must stay transparent.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # Non-reentrant: works with kwargs, with DDP, and with inputs that need no grad.
         return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)

@@ -9,13 +9,15 @@ autotune owns the loop and applies every knob around these three calls:
 Optional attributes:
     stages:      dotted names of submodules, in forward order, that checkpoint_segments may wrap
     unsupported: knob names this pipeline cannot honour (e.g. {"channels_last"} for token models)
-    metric(output, target) -> float, used by `autotune train` for validation
+    build_val_dataset() -> Dataset and metric(output, target) -> float: validation in `autotune train`
 
 A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from autotune.errors import PipelineError
@@ -44,6 +46,9 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     mod_name, sep, attr = target.partition(":")
     if not sep or not mod_name or not attr:
         raise PipelineError(f"--pipeline {spec!r}: expected 'module.path:factory' or one of {', '.join(BUILTIN)}")
+    # `python -m autotune` and trial processes see the working directory; the `autotune` script does not.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(mod_name)
     except ImportError as e:
