@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup-steps", type=int, default=3, help="untimed steps before measuring (default 3)")
     s.add_argument("--n-trials", type=int, default=None, help="stop after this many trials")
     s.add_argument("--force", action="store_true", help="resume a study recorded on different hardware/software")
+    s.add_argument("--cold-start", action="store_true",
+                   help="start every trial as a fresh interpreter instead of forking a warm one (slower start-up)")
     s.add_argument("--create-only", action="store_true",
                    help="create the study (space, workload, fingerprint, baseline) and exit: workers then join it")
     s.add_argument("--studies-dir", default="studies", help="where trial logs, artifacts and exports go")
@@ -91,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--data", default=None, metavar="DIR", help="this machine's copy of the dataset, if not at the study's path")
     w.add_argument("--studies-dir", default="studies", help="where trial logs and artifacts go")
     w.add_argument("--force", action="store_true", help="join although this machine's fingerprint differs")
+    w.add_argument("--cold-start", action="store_true", help="start every trial as a fresh interpreter")
 
     p = sub.add_parser("storage-proxy", help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
                        description="Run Optuna's gRPC storage proxy in front of one RDB storage, so a large fleet "
@@ -180,10 +183,23 @@ def cmd_search(args: argparse.Namespace) -> int:
         console.print(f"autotune: study {study.study_name!r} ready in {_shown_storage(settings.storage)}; "
                       f"join it with: autotune worker --storage URL --study {study.study_name}", highlight=False)
         return 0
-    return _search_loop(study, space, settings, console)
+    return _search_loop(study, space, settings, console, warm=not args.cold_start)
 
 
-def _search_loop(study: Any, space: Any, settings: Any, console: Any) -> int:
+def _warm_server(pipeline: str, console: Any) -> Any:
+    """A long-lived process with torch and the pipeline imported; trials fork from it (issue: start-up)."""
+    from autotune.pipelines import BUILTIN
+    from autotune.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
+
+    module = BUILTIN.get(pipeline, pipeline).partition(":")[0]
+    try:
+        return WarmServer.start(preload=(*DEFAULT_PRELOAD, module))
+    except WarmServerError as e:
+        console.print(f"autotune: warm start unavailable, trials start cold: {e}", markup=False)
+        return None
+
+
+def _search_loop(study: Any, space: Any, settings: Any, console: Any, warm: bool = True) -> int:
     from autotune.display import LiveSearch
     from autotune.study import run_search
 
@@ -193,11 +209,15 @@ def _search_loop(study: Any, space: Any, settings: Any, console: Any) -> int:
     interrupted = False
     # SIGTERM behaves like Ctrl-C: the current trial is killed and recorded, the best so far exported.
     signal.signal(signal.SIGTERM, _interrupt)
+    server = _warm_server(settings.base.pipeline, console) if warm else None
     try:
         with LiveSearch(study, settings.budget_s, console) as live:
-            run_search(study, space, settings, live.events())
+            run_search(study, space, settings, live.events(), server)
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        if server is not None:
+            server.close()
     _finish(study, settings, console)
     return EXIT_INTERRUPTED if interrupted else 0
 
@@ -233,7 +253,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = SearchSettings(budget_s=budget, study=args.study, storage=args.storage, n_trials=args.n_trials,
                               studies_dir=args.studies_dir, base=base)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return _search_loop(study, SearchSpace.from_dict(attrs["space"]), settings, Console())
+    return _search_loop(study, SearchSpace.from_dict(attrs["space"]), settings, Console(), warm=not args.cold_start)
 
 
 def cmd_storage_proxy(args: argparse.Namespace) -> int:

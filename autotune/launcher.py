@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from autotune import errors
 from autotune.config import TrialConfig, TrialResult
+from autotune.warm import WarmProcess, WarmServer, WarmServerError
 from autotune.trial import (EXIT_CONFIG, EXIT_NUMERICS, EXIT_OOM, EXIT_UNSUPPORTED, LAUNCH_TIME_ENV,
                             die_with_parent, write_json_atomic)
 
@@ -28,16 +29,21 @@ BY_STATUS: dict[str, type[errors.TrialFailure]] = {
 BY_CODE = {EXIT_OOM: "oom", EXIT_NUMERICS: "numerics", EXIT_UNSUPPORTED: "unsupported", EXIT_CONFIG: "bad_config"}
 
 
+def worker_args(trial_dir: Path) -> list[str]:
+    """The worker's own arguments: after `python -m autotune.trial`, or handed to a warm fork."""
+    return ["--config", str(trial_dir / "config.json"), "--out", str(trial_dir / "result.json"),
+            "--progress", str(trial_dir / "progress.jsonl")]
+
+
 def command(cfg: TrialConfig, trial_dir: Path) -> list[str]:
-    worker = ["-m", "autotune.trial", "--config", str(trial_dir / "config.json"),
-              "--out", str(trial_dir / "result.json"), "--progress", str(trial_dir / "progress.jsonl")]
+    worker = ["-m", "autotune.trial", *worker_args(trial_dir)]
     if cfg.gpus > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(cfg.gpus), *worker]
     return [sys.executable, *worker]
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+def kill_group(proc: subprocess.Popen[bytes] | WarmProcess, grace_s: float = 5.0) -> None:
     """SIGTERM the trial's whole process group (torchrun ranks, loader workers), then SIGKILL."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
@@ -64,7 +70,7 @@ def tail(path: Path, lines: int = 40) -> str:
 
 def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
               on_window: OnWindow | None = None, poll_s: float = 0.25,
-              on_start: OnStart | None = None) -> TrialResult:
+              on_start: OnStart | None = None, server: WarmServer | None = None) -> TrialResult:
     """Run one trial to completion. Returns its result or raises a classified TrialFailure."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     for stale in (*trial_dir.glob("result.json*"), trial_dir / "progress.jsonl"):
@@ -74,8 +80,7 @@ def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
     env = {**os.environ, LAUNCH_TIME_ENV: repr(time.time()), "PYTHONUNBUFFERED": "1"}
     windows: list[float] = []
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command(cfg, trial_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        proc = _start(cfg, trial_dir, env, log, log_path, server)
         try:
             if on_start is not None:
                 on_start(proc.pid)  # start_new_session: the leader's pid is the group id
@@ -95,6 +100,20 @@ def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
         finally:
             kill_group(proc, grace_s=1.0)  # loader workers or ranks left behind by a dying leader
     return _classify(proc.returncode, trial_dir, log_path, windows)
+
+
+def _start(cfg: TrialConfig, trial_dir: Path, env: dict[str, str], log: IO[bytes], log_path: Path,
+           server: WarmServer | None) -> subprocess.Popen[bytes] | WarmProcess:
+    """Fork single-process trials from the warm server (torch already imported); cold otherwise,
+    or when the server refuses. Either way: own process group, dies with its parent."""
+    if server is not None and cfg.gpus == 1:
+        try:
+            return server.spawn(worker_args(trial_dir), env, os.getcwd(), log_path)
+        except WarmServerError as e:
+            log.write(f"autotune: warm start unavailable, starting cold: {e}\n".encode())
+            log.flush()
+    return subprocess.Popen(command(cfg, trial_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, preexec_fn=die_with_parent)
 
 
 def _read_progress(path: Path, offset: int, windows: list[float],

@@ -22,6 +22,7 @@ from autotune.config import BASELINE, KNOBS, SearchSettings, TrialConfig, TrialR
 from autotune.errors import AutotuneError, TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialUnsupported
 from autotune.fingerprint import differences
 from autotune.locks import Lease, device_lock
+from autotune.warm import WarmServer
 from autotune.search_space import Choices, Hardware, SearchSpace, suggest
 
 # We run ask/tell ourselves, with the heartbeat thread Study.optimize would start: the warning is moot.
@@ -171,7 +172,8 @@ class Events:
     finished: Callable[[FrozenTrial], None] = lambda t: None
 
 
-def run_search(study: optuna.Study, space: SearchSpace, settings: SearchSettings, events: Events) -> int:
+def run_search(study: optuna.Study, space: SearchSpace, settings: SearchSettings, events: Events,
+               server: WarmServer | None = None) -> int:
     """ask -> run -> tell until the budget or --n-trials is spent. Returns the trials run."""
     deadline = time.monotonic() + settings.budget_s
     grace = max(30.0, 0.02 * settings.budget_s) - 10.0  # leave room to export inside the promise
@@ -189,7 +191,7 @@ def run_search(study: optuna.Study, space: SearchSpace, settings: SearchSettings
         trial = study.ask()
         cfg = config_for(trial, space, settings.base)
         t0 = time.monotonic()
-        frozen = run_one(study, trial, cfg, settings, min(settings.trial_timeout, left + grace), events)
+        frozen = run_one(study, trial, cfg, settings, min(settings.trial_timeout, left + grace), events, server)
         durations.append(time.monotonic() - t0)
         events.finished(frozen)
         ran += 1
@@ -197,7 +199,7 @@ def run_search(study: optuna.Study, space: SearchSpace, settings: SearchSettings
 
 
 def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings: SearchSettings,
-            timeout_s: float, events: Events) -> FrozenTrial:
+            timeout_s: float, events: Events, server: WarmServer | None = None) -> FrozenTrial:
     role = trial.user_attrs.get("role", "search")
     events.started(trial.number, role, cfg)
     trial_dir = Path(settings.studies_dir) / settings.study / f"trial-{trial.number}"
@@ -207,8 +209,13 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
 
     beat = [time.time()]
 
+    windows = [0]
+
     def on_window(step: int, sps: float) -> bool:
-        trial.report(sps, step)
+        # Report by window index, not step count: pruning compares trials at the same point in
+        # their measurement, whatever their batch size or window length.
+        trial.report(sps, windows[0])
+        windows[0] += 1
         if time.time() - beat[0] > 30:  # heartbeat for searches on other hosts sharing the study
             beat[0] = time.time()
             trial.set_user_attr("owner", {**trial.user_attrs["owner"], "heartbeat": beat[0]})
@@ -223,7 +230,7 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
     try:
         # RDB storages: the heartbeat thread Study.optimize would run, so other workers see we're alive.
         with get_heartbeat_thread(trial._trial_id, study._storage), device_lock(cfg.gpus) as lease:
-            result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start)
+            result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start, server=server)
     except TrialPruned as e:
         _record_failure(trial, e)
         state = TrialState.PRUNED
