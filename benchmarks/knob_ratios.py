@@ -11,6 +11,11 @@ taken within the round; the summary gives the median samples/s per config, the r
 and the median of the per-round ratios.
 
     .venv/bin/python benchmarks/knob_ratios.py --repeats 3 --seconds 15
+    .venv/bin/python benchmarks/knob_ratios.py --config studies/autotune/best.yaml   # best vs baseline
+
+With --config, the two configs are the exported one and the plain-PyTorch baseline on the same
+workload (its pipeline, data and image size), and the ratio is best/baseline: a search's speedup
+re-measured side by side.
 
 Exit code: 0 when every trial finished, 1 when any trial failed (the others are still reported).
 """
@@ -30,7 +35,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from autotune import errors, launcher  # noqa: E402
-from autotune.config import TrialConfig  # noqa: E402
+from autotune.config import BASELINE, TrialConfig  # noqa: E402
+from autotune.export import load_config  # noqa: E402
 from autotune.data import ensure_data  # noqa: E402
 
 # name -> the knobs that differ from TrialConfig's defaults (fp32, batch 8, num_workers 0)
@@ -54,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", metavar="DIR", help="dataset folder with images/ and masks/ "
                    "(default: the synthetic set under studies/data, generated on first use)")
     p.add_argument("--out-dir", metavar="DIR", help="where trial folders go (default: a fresh temp folder)")
+    p.add_argument("--config", metavar="FILE", help="compare this config (e.g. an exported best.yaml) with the baseline")
     p.add_argument("--timeout", type=float, default=None, help="seconds before a trial is killed (default seconds + 300)")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.seconds <= 0:
@@ -66,22 +73,28 @@ def main(argv: list[str] | None = None) -> int:
     shown = [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv]
     print("$ " + shlex.join(shown), flush=True)
 
-    data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **DEFAULT_DATA).resolve()
+    data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **DEFAULT_DATA).resolve()  # type: ignore[arg-type]
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="knob-ratios-"))
     timeout = args.timeout or args.seconds + 300
     base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,
                        warmup_steps=args.warmup_steps, window=3)
-    print(f"data {data}, image {args.image_size} px, {args.repeats} round(s) x {len(CONFIGS)} configs, "
+    configs, ratios = CONFIGS, RATIOS
+    if args.config:
+        best = load_config(args.config)
+        base = best.replace(**BASELINE.knobs(), seconds=args.seconds, warmup_steps=args.warmup_steps)
+        configs = {"baseline": BASELINE.knobs(), "best": best.knobs()}
+        ratios = {"best/baseline": ("best", "baseline")}
+    print(f"data {base.data_dir}, image {base.image_size} px, {args.repeats} round(s) x {len(configs)} configs, "
           f"{args.seconds:g} s measured per trial, trial folders under {out_dir}", flush=True)
 
-    names = list(CONFIGS)
+    names = list(configs)
     sps: dict[str, list[float | None]] = {n: [] for n in names}
     failures = 0
     t_all = time.monotonic()
     for r in range(args.repeats):
         order = names if r % 2 == 0 else names[::-1]
         for name in order:
-            cfg = base.replace(**CONFIGS[name])  # type: ignore[arg-type]
+            cfg = base.replace(**configs[name])  # type: ignore[arg-type]
             t0 = time.monotonic()
             try:
                 res = launcher.run_trial(cfg, out_dir / f"r{r}-{name}", timeout)
@@ -109,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:8s} median {med:>7s}   per round: {per}")
 
     print("\nratios")
-    for ratio, (num, den) in RATIOS.items():
+    for ratio, (num, den) in ratios.items():
         per_round = [a / b for a, b in zip(sps[num], sps[den]) if a is not None and b]
         mn, md = medians[num], medians[den]
         of_medians = f"{mn / md:.2f}x" if mn is not None and md else "-"
