@@ -83,22 +83,9 @@ def greedy(base: TrialConfig, todo: list[Technique], measure: Measure,
 
 def _configs(study: Any, args: argparse.Namespace) -> tuple[TrialConfig, TrialConfig]:
     """(baseline, best) from the study, on its workload (with --data / --seconds applied)."""
-    from autotune.study import leaderboard
+    from autotune.study import leaderboard, study_workload
 
-    attrs = study.user_attrs
-    if "workload" not in attrs:
-        raise AutotuneError(f"study {study.study_name!r} was not made by `autotune search` (no workload attr)")
-    work = TrialConfig.from_dict(attrs["workload"])
-    if args.data:
-        work = work.replace(data_dir=str(Path(args.data).resolve()))
-    elif work.data_dir and not Path(work.data_dir).exists() and Path(work.data_dir).name.startswith("synthetic-"):
-        from autotune.cli import DEFAULT_DATA
-        from autotune.data import ensure_data
-
-        # The default data set is deterministic: regenerate this machine's identical copy (as `worker` does).
-        work = work.replace(data_dir=str(ensure_data(Path(args.studies_dir) / "data", **DEFAULT_DATA).resolve()))  # type: ignore[arg-type]
-    if work.data_dir and not Path(work.data_dir).exists():
-        raise AutotuneError(f"the study's data {work.data_dir} is not here; pass --data DIR")
+    work = study_workload(study, args.data, args.studies_dir)
     if args.seconds:
         work = work.replace(seconds=args.seconds)
     board = leaderboard(study)

@@ -11,7 +11,6 @@ from typing import Any, Sequence
 from autotune.errors import AutotuneError
 
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
-DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)
 # Subcommands that live with their implementation: each module has register(subparsers).
 _APPLY = ("autotune.train", "autotune.ablate", "autotune.report")
 
@@ -135,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _base(args: argparse.Namespace, **extra: Any) -> Any:
     from autotune.config import TrialConfig
-    from autotune.data import ensure_data
+    from autotune.data import default_data
 
     cfg = TrialConfig(**extra)
     changes: dict[str, Any] = {}
@@ -146,8 +145,7 @@ def _base(args: argparse.Namespace, **extra: Any) -> Any:
     if args.data:
         changes["data_dir"] = str(Path(args.data).resolve())
     elif cfg.data_dir is None and (args.pipeline or cfg.pipeline) == "unet":
-        studies = Path(getattr(args, "studies_dir", "studies"))
-        changes["data_dir"] = str(ensure_data(studies / "data", **DEFAULT_DATA).resolve())  # type: ignore[arg-type]
+        changes["data_dir"] = str(default_data(getattr(args, "studies_dir", "studies")))
     return cfg.replace(**changes)
 
 
@@ -226,25 +224,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import optuna
     from rich.console import Console
 
-    from autotune.config import SearchSettings, TrialConfig, parse_duration
-    from autotune.data import ensure_data
+    from autotune.config import SearchSettings, parse_duration
     from autotune.fingerprint import differences, fingerprint
     from autotune.pipelines import load_pipeline
     from autotune.search_space import SearchSpace
+    from autotune.study import study_workload
 
     if not args.budget and not args.n_trials:
         raise AutotuneError("worker needs --budget or --n-trials")
     budget = parse_duration(args.budget) if args.budget else 365 * 86400.0
     study = _load_study(args)
     attrs = study.user_attrs
-    if "workload" not in attrs or "space" not in attrs:
-        raise AutotuneError(f"study {args.study!r} was not created by `autotune search` (no space/workload attrs)")
-    base = TrialConfig.from_dict(attrs["workload"])
-    if args.data:
-        base = base.replace(data_dir=str(Path(args.data).resolve()))
-    elif base.data_dir and not Path(base.data_dir).exists() and Path(base.data_dir).name.startswith("synthetic-"):
-        # The default data set is deterministic: regenerate this machine's identical copy.
-        base = base.replace(data_dir=str(ensure_data(Path(args.studies_dir) / "data", **DEFAULT_DATA).resolve()))  # type: ignore[arg-type]
+    if "space" not in attrs:
+        raise AutotuneError(f"study {args.study!r} was not created by `autotune search` (no space attr)")
+    base = study_workload(study, args.data, args.studies_dir)
     load_pipeline(base)  # a module this machine can't import is bad input, not a run of failed trials
     diff = differences(attrs.get("fingerprint", {}), fingerprint(base))
     if diff and not args.force:

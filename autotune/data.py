@@ -219,3 +219,13 @@ def ensure_data(root: str | os.PathLike[str], n: int, size: tuple[int, int], see
         if out.is_dir() and any(out.iterdir()):
             return out
         raise
+
+
+# The set every command uses when no --data is given: 256 photos at 640x480, seed 0.
+DEFAULT_SET = {"n": 256, "size": (640, 480), "seed": 0}
+
+
+def default_data(studies_dir: str | os.PathLike[str]) -> Path:
+    """The default synthetic set under `studies_dir/data`, generated on first use (deterministic,
+    so any machine regenerates the identical files)."""
+    return ensure_data(Path(studies_dir) / "data", **DEFAULT_SET).resolve()  # type: ignore[arg-type]

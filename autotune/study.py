@@ -144,6 +144,23 @@ def config_for(trial: optuna.Trial, space: SearchSpace, base: TrialConfig) -> Tr
     return cfg.replace(**fixed) if fixed else cfg
 
 
+def study_workload(study: optuna.Study, data: str | None, studies_dir: str) -> TrialConfig:
+    """The study's workload on this machine. --data wins; a missing default synthetic set is
+    regenerated (it is deterministic, so the files are identical); other missing data is bad input."""
+    from autotune.data import default_data
+
+    if "workload" not in study.user_attrs:
+        raise AutotuneError(f"study {study.study_name!r} was not made by `autotune search` (no workload attr)")
+    work = TrialConfig.from_dict(study.user_attrs["workload"])
+    if data:
+        return work.replace(data_dir=str(Path(data).resolve()))
+    if work.data_dir and not Path(work.data_dir).exists():
+        if not Path(work.data_dir).name.startswith("synthetic-"):
+            raise AutotuneError(f"the study's data {work.data_dir} is not on this machine; pass --data DIR")
+        work = work.replace(data_dir=str(default_data(studies_dir)))
+    return work
+
+
 # ---- results ---------------------------------------------------------------------------------
 
 def feasible(t: FrozenTrial) -> bool:

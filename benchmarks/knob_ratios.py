@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from autotune import errors, launcher  # noqa: E402
 from autotune.config import BASELINE, TrialConfig  # noqa: E402
 from autotune.export import load_config  # noqa: E402
-from autotune.data import ensure_data  # noqa: E402
+from autotune.data import default_data  # noqa: E402
 
 # name -> the knobs that differ from TrialConfig's defaults (fp32, batch 8, num_workers 0)
 CONFIGS: dict[str, dict[str, object]] = {
@@ -47,8 +47,6 @@ CONFIGS: dict[str, dict[str, object]] = {
 }
 # ratio name -> (numerator config, denominator config)
 RATIOS = {"bf16/fp32": ("bf16-w0", "fp32-w0"), "workers2/workers0": ("fp32-w2", "fp32-w0")}
-# Same synthetic set as the CLI's default (autotune.cli.DEFAULT_DATA), so it is generated once and shared.
-DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv]
     print("$ " + shlex.join(shown), flush=True)
 
-    data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **DEFAULT_DATA).resolve()  # type: ignore[arg-type]
+    data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="knob-ratios-"))
     timeout = args.timeout or args.seconds + 300
     base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,
