@@ -7,18 +7,24 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${AUTOTUNE_VENV:-$here/.venv}"
 stamp="$venv/.autotune-installed"
-# The install is keyed by the files that define it; a change re-runs pip.
-want="$(cat "$here/pyproject.toml" "$here/launch.sh" | sha256sum | cut -c1-16)"
+# The install is keyed by the files that define it, and by this checkout's path (the project is
+# installed editable, so a shared venv must be re-pointed at a new clone); a change re-runs pip.
+want="$( (cat "$here/pyproject.toml" "$here/launch.sh"; echo "$here") | sha256sum | cut -c1-16)"
 
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "autotune: installing into $venv (first run only; torch is large)" >&2
-  "$venv/bin/pip" install -q --upgrade pip >&2
+  log="$venv/install.log"
+  echo "autotune: installing into $venv (first run only, a few minutes: torch is large; log: $log)" >&2
   # torch/torchvision pinned: these exact wheels lie on this machine's disk.
-  "$venv/bin/pip" install -q "torch==2.14.1" "torchvision==0.29.1" >&2
-  "$venv/bin/pip" install -q -e "$here[test,postgres]" >&2
+  if ! { "$venv/bin/pip" install --upgrade pip \
+         && "$venv/bin/pip" install "torch==2.14.1" "torchvision==0.29.1" \
+         && "$venv/bin/pip" install -e "$here[test,postgres]"; } >"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "autotune: install failed; the whole log is in $log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 
