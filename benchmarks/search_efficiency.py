@@ -1,0 +1,565 @@
+"""How fast does each search strategy find the fastest config? Record a full grid once, replay strategies on it.
+
+    record   measure every config of a reduced space on this machine (real isolated trials through
+             `autotune.launcher.run_trial`, the path a search takes) and save the table as
+             benchmarks/data/grid-<host-kind>.csv: one row per config, every knob column, samples_per_s
+             (0 for a failed trial, with its status), and the 1-minute load average at the time.
+    replay   no torch, no trials: run each strategy against the table, many seeds, and print how many
+             trials it needs to reach 95% of the grid's best, and how close it gets in 10, 20, 40 trials.
+
+Strategies in replay:
+    tpe      autotune's default: `autotune.study.make_sampler('tpe', seed)`, with autotune's two enqueued
+             trials first (the plain-PyTorch baseline, then `study.warm_start` for the recorded host),
+             mapped into the reduced grid, and configs built by `autotune.search_space.suggest`
+    gp       the same with make_sampler('gp', seed) (needs scipy; skipped with a note when it is missing)
+    random   optuna RandomSampler(seed), nothing enqueued (it may repeat a config, as in a real search)
+    grid     optuna GridSampler(seed): the whole grid in a shuffled order, no repeats
+    greedy   one technique at a time: start from the baseline; for each knob in a fixed order try each of
+             its other values, keep the best. Deterministic, so all seeds agree; it stops when done.
+  and, with --improvements, cheap variants of the default that a real search could adopt:
+    tpe-dedup      tpe, but a config that was already measured is answered from the cache and does not
+                   count as a trial (autotune re-runs repeats today)
+    tpe-bs-line    tpe-dedup, plus a batch-size line search: after a new best, try the next larger batch
+                   size with the best's other knobs before asking the sampler again
+
+    .venv/bin/python benchmarks/search_efficiency.py record --image-size 64 --seconds 8
+    .venv/bin/python benchmarks/search_efficiency.py replay --seeds 20 --improvements
+
+Exit codes: record 1 if any trial failed (the table is still written, failures as 0); replay 1 if the
+default strategy misses the goal (95% of the best within a quarter of the grid's size, and in at most half
+of random's trials), 0 when it meets it, 2 for a bad table.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import os
+import random
+import shlex
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmarks (shared load meter)
+
+DATA_DIR = ROOT / "benchmarks" / "data"
+# The reduced space: 2 x 3 x 3 x 2 = 36 configs. Other knobs keep TrialConfig's (plain PyTorch) defaults.
+GRID: dict[str, tuple[Any, ...]] = {
+    "precision": ("fp32", "bf16"),
+    "num_workers": (0, 1, 2),
+    "batch_size": (4, 8, 16),
+    "channels_last": (False, True),
+}
+DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)  # the CLI's default set, shared with `autotune search`
+TARGET = 0.95
+CHECKPOINTS = (10, 20, 40)
+
+
+def shown_command(argv: list[str] | None) -> str:
+    shown = [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv]
+    return "$ " + shlex.join(shown)
+
+
+def host_kind() -> str:
+    import torch
+
+    cpus = os.cpu_count() or 1
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0).lower().replace("nvidia", "").strip().replace(" ", "-")
+        return f"{torch.cuda.device_count()}x{name}-cpu{cpus}"
+    return f"cpu{cpus}-nogpu"
+
+
+def _parse_value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("", "none"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+# ------------------------------------------------------------------------------------------ record
+
+def record(args: argparse.Namespace) -> int:
+    from autotune import errors, launcher
+    from autotune.config import KNOBS, TrialConfig
+    from autotune.data import ensure_data
+    from repeatability import OtherLoad, wait_for_quiet
+
+    data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **DEFAULT_DATA).resolve()
+    kind = args.host_kind or host_kind()
+    out = Path(args.out) if args.out else DATA_DIR / f"grid-{kind}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="search-eff-"))
+    base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,
+                       warmup_steps=args.warmup_steps)
+    combos = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
+    # Measured in a shuffled order, so that drift in the machine's load does not line up with one knob.
+    order = list(range(len(combos)))
+    random.Random(args.seed).shuffle(order)
+    partial = out.with_suffix(".csv.partial")  # every attempt, appended as it is measured
+    attempts: list[dict[str, Any]] = []
+    if args.resume and partial.is_file():
+        with partial.open() as f:
+            attempts = list(csv.DictReader(f))
+    fields = ["index", *KNOBS, "image_size", "seconds", "warmup_steps", "samples_per_s", "status",
+              "step_time_p50", "step_time_p90", "data_wait_fraction", "timed_steps", "startup_s", "wall_s",
+              "load1", "other_cpus", "attempt", "cpu_count", "host_kind", "measured_at"]
+    print(f"grid {' x '.join(f'{k} {list(v)}' for k, v in GRID.items())} = {len(combos)} configs, "
+          f"{args.image_size} px, {args.seconds:g} s measured per trial after {args.warmup_steps} warm-up steps; "
+          f"data {data}; table {out}; trial folders under {work}", flush=True)
+    if args.retries:
+        print(f"a config whose trial shared the machine with more than {args.retry_above:g} CPUs of other processes is "
+              f"measured again at the end of the pass, up to {args.retries} more time(s); the least contended "
+              "measurement is kept", flush=True)
+
+    def best_attempts() -> dict[int, dict[str, Any]]:
+        """Per config, the attempt that ran with the least other load (failures only if nothing else)."""
+        out_: dict[int, dict[str, Any]] = {}
+        for a in attempts:
+            i = int(a["index"])
+            key = (a["status"] != "ok", float(a["other_cpus"] or 0))
+            if i not in out_ or key < (out_[i]["status"] != "ok", float(out_[i]["other_cpus"] or 0)):
+                out_[i] = a
+        return out_
+
+    t_all = time.monotonic()
+    new = not (args.resume and partial.is_file())
+    with partial.open("w" if new else "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        for attempt in range(args.retries + 1):
+            have = best_attempts()
+            todo = [i for i in order if i not in have
+                    or (attempt > 0 and float(have[i]["other_cpus"] or 0) > args.retry_above)]
+            if attempt > 0 and todo:
+                print(f"\npass {attempt}: {len(todo)} contended config(s) measured again", flush=True)
+            for pos, i in enumerate(todo):
+                cfg = base.replace(**combos[i])
+                quiet = wait_for_quiet(args.quiet_below, args.quiet_wait)
+                t0 = time.monotonic()
+                row: dict[str, Any] = {"index": i, **cfg.knobs(), "image_size": cfg.image_size, "seconds": cfg.seconds,
+                                       "warmup_steps": cfg.warmup_steps, "cpu_count": os.cpu_count(), "host_kind": kind,
+                                       "attempt": attempt}
+                try:
+                    with OtherLoad() as other:
+                        res = launcher.run_trial(cfg, work / f"c{i:02d}-a{attempt}", args.timeout or args.seconds + 300)
+                except errors.TrialFailure as e:
+                    row.update(samples_per_s=0.0, status=e.reason)
+                    detail = f"FAILED ({e.reason}): {str(e)[:200]}"
+                else:
+                    row.update(samples_per_s=round(res.samples_per_s or 0.0, 4), status="ok",
+                               step_time_p50=round(res.step_time_p50 or 0, 4), step_time_p90=round(res.step_time_p90 or 0, 4),
+                               data_wait_fraction=round(res.data_wait_fraction or 0, 4), timed_steps=res.timed_steps,
+                               startup_s=round(res.startup_s or 0, 2))
+                    detail = (f"{res.samples_per_s:7.2f} samples/s  p50 {res.step_time_p50 * 1e3:5.0f} ms  "
+                              f"wait {res.data_wait_fraction:4.0%}  {res.timed_steps:3d} steps")
+                row.update(wall_s=round(time.monotonic() - t0, 1), load1=round(os.getloadavg()[0], 2),
+                           other_cpus=round(other.cpus, 2), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                writer.writerow(row)
+                f.flush()
+                attempts.append({k: str(v) for k, v in row.items()})
+                knobs = " ".join(f"{k}={combos[i][k]}" for k in GRID)
+                print(f"[{pos + 1:2d}/{len(todo)}] {knobs:55s} {detail}  trial {row['wall_s']:4.0f} s  "
+                      f"load {row['load1']:.1f}, others {other.cpus:.2f} CPUs" + (f"  [{quiet}]" if quiet else ""), flush=True)
+    rows = [best_attempts()[i] for i in sorted(best_attempts())]
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    partial.unlink()
+    sps = [float(r["samples_per_s"]) for r in rows]
+    best = max(range(len(rows)), key=lambda j: sps[j])
+    loads = [float(r["load1"]) for r in rows]
+    others = [float(r["other_cpus"]) for r in rows]
+    failures = sum(1 for r in rows if r["status"] != "ok")
+    print(f"\nwrote {out}: {len(rows)} configs ({len(attempts)} trials) in {time.monotonic() - t_all:.0f} s; best "
+          f"{sps[best]:.2f} samples/s ({' '.join(f'{k}={rows[best][k]}' for k in GRID)}), median {statistics.median(sps):.2f}, "
+          f"worst {min(sps):.2f}")
+    print(f"kept measurements: load average {min(loads):.1f}..{max(loads):.1f} (median {statistics.median(loads):.1f}), "
+          f"other processes {min(others):.2f}..{max(others):.2f} CPUs (median {statistics.median(others):.2f}; "
+          f"{sum(1 for o in others if o > args.retry_above)} above {args.retry_above:g}) on {os.cpu_count()} CPUs")
+    if failures:
+        print(f"{failures} config(s) failed (recorded as 0)", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ replay
+
+Config = tuple[Any, ...]  # values in GRID order
+
+
+class Table:
+    def __init__(self, path: Path) -> None:
+        with path.open() as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            raise ValueError(f"{path}: empty table")
+        self.path = path
+        self.values: dict[Config, float] = {}
+        for r in rows:
+            key = tuple(_parse_value(r[k]) for k in GRID)
+            self.values[key] = float(r["samples_per_s"] or 0.0)
+        expected = set(itertools.product(*GRID.values()))
+        missing = expected - set(self.values)
+        if missing:
+            raise ValueError(f"{path}: {len(missing)} grid config(s) missing, e.g. {sorted(missing, key=str)[0]}")
+        self.cpu_count = int(rows[0].get("cpu_count") or 1)
+        self.host = rows[0].get("host_kind", "?")
+        self.loads = [float(r["load1"]) for r in rows if r.get("load1")]
+        self.best = max(self.values.values())
+        self.best_config = max(self.values, key=lambda c: self.values[c])
+        self.size = len(self.values)
+
+    def __call__(self, c: Config) -> float:
+        return self.values[c]
+
+
+def _space() -> Any:
+    """The reduced grid as an autotune SearchSpace: num_workers as the int range the default space has."""
+    from autotune.search_space import Choices, IntRange, SearchSpace
+
+    return SearchSpace(knobs={
+        "num_workers": IntRange(min(GRID["num_workers"]), max(GRID["num_workers"])),
+        "batch_size": Choices(GRID["batch_size"]),
+        "precision": Choices(GRID["precision"]),
+        "channels_last": Choices(GRID["channels_last"]),
+    }, source="reduced grid")
+
+
+def _snap(cfg: Any) -> Config:
+    """A TrialConfig mapped into the reduced grid (nearest value for numbers, as is for the rest)."""
+    out = []
+    for k, vals in GRID.items():
+        v = getattr(cfg, k)
+        if v not in vals:
+            v = min(vals, key=lambda c: abs(c - v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else vals[0]
+        out.append(v)
+    return tuple(out)
+
+
+def _anchors(table: Table) -> list[Config]:
+    """autotune's two enqueued trials, as study.open_study enqueues them, for the recorded host."""
+    from autotune.config import BASELINE, TrialConfig
+    from autotune.search_space import Hardware
+    from autotune.study import warm_start
+
+    hw = Hardware(cuda=False, gpu_count=0, cpu_count=table.cpu_count, apex=False)
+    base = TrialConfig()
+    return [_snap(base.replace(**BASELINE.knobs())), _snap(warm_start(base, hw))]
+
+
+class Noise:
+    """Multiplicative measurement noise (lognormal with the given coefficient of variation), per seed."""
+
+    def __init__(self, cv: float, seed: int) -> None:
+        self.cv, self.rng = cv, random.Random(10_000 + seed)
+
+    def __call__(self, x: float) -> float:
+        if self.cv <= 0 or x <= 0:
+            return x
+        import math
+
+        sigma = math.sqrt(math.log(1 + self.cv ** 2))
+        return x * math.exp(self.rng.gauss(-sigma ** 2 / 2, sigma))
+
+
+Run = Callable[[Table, int, int, Noise], list[Config]]  # -> the configs in the order they were measured
+
+
+def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: bool = False,
+                bs_line: bool = False) -> Run:
+    def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
+        import optuna
+        from autotune.config import TrialConfig
+        from autotune.search_space import suggest
+        from autotune.study import _params
+
+        space = _space()
+        base = TrialConfig()
+        study = optuna.create_study(direction="maximize", sampler=sampler_factory(seed))
+        if enqueue:
+            from autotune.config import BASELINE
+            from autotune.search_space import Hardware
+            from autotune.study import warm_start
+
+            hw = Hardware(cuda=False, gpu_count=0, cpu_count=table.cpu_count, apex=False)
+            for cfg in (base.replace(**BASELINE.knobs()), warm_start(base, hw)):
+                # _params: what autotune's open_study enqueues (only the knobs this space can express).
+                snapped = base.replace(**dict(zip(GRID, _snap(cfg))))
+                study.enqueue_trial(_params(snapped, space))
+        measured: list[Config] = []
+        seen: dict[Config, float] = {}
+        best_seen = -1.0
+        pending: list[Config] = []
+        asks = 0
+        while len(measured) < n and asks < 50 * n:
+            asks += 1
+            if pending:
+                c = pending.pop(0)
+                study.enqueue_trial(_params(base.replace(**dict(zip(GRID, c))), space))
+            trial = study.ask()
+            cfg = suggest(trial, space, base)
+            c = tuple(getattr(cfg, k) for k in GRID)
+            if dedup and c in seen:
+                study.tell(trial, seen[c])  # answered from the cache: no trial run
+                if len(seen) == table.size:
+                    break
+                continue
+            value = noise(table(c))
+            seen.setdefault(c, value)
+            measured.append(c)
+            study.tell(trial, value)
+            if value > best_seen:
+                best_seen = value
+                if bs_line:
+                    bigger = [b for b in GRID["batch_size"] if b > cfg.batch_size]
+                    if bigger:
+                        nxt = tuple(bigger[0] if k == "batch_size" else getattr(cfg, k) for k in GRID)
+                        if nxt not in seen:
+                            pending.append(nxt)
+        return measured
+
+    return run
+
+
+def _tpe(seed: int) -> Any:
+    from autotune.study import make_sampler
+
+    return make_sampler("tpe", seed)
+
+
+def _gp(seed: int) -> Any:
+    from autotune.study import make_sampler
+
+    return make_sampler("gp", seed)
+
+
+def _random(seed: int) -> Any:
+    import optuna
+
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _grid_run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
+    import optuna
+
+    study = optuna.create_study(direction="maximize",
+                                sampler=optuna.samplers.GridSampler({k: list(v) for k, v in GRID.items()}, seed=seed))
+    measured: list[Config] = []
+
+    def objective(trial: Any) -> float:
+        c = tuple(trial.suggest_categorical(k, list(v)) for k, v in GRID.items())
+        measured.append(c)
+        return noise(table(c))
+
+    # optimize(), not ask/tell: GridSampler calls study.stop() after the last point, which only works there.
+    study.optimize(objective, n_trials=min(n, table.size))
+    return measured
+
+
+def _greedy_run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
+    """One technique at a time from the baseline, knobs in a fixed order; each config measured once."""
+    current = list(_anchors(table)[0])
+    measured: list[Config] = [tuple(current)]
+    best = noise(table(tuple(current)))
+    for i, (k, vals) in enumerate(GRID.items()):
+        keep = current[i]
+        for v in vals:
+            if v == keep:
+                continue
+            c = list(current)
+            c[i] = v
+            value = noise(table(tuple(c)))
+            measured.append(tuple(c))
+            if value > best:
+                best, current = value, c
+    return measured[:n]
+
+
+def _greedy_order() -> str:
+    return " -> ".join(GRID)
+
+
+def _trials_to(table: Table, measured: Sequence[Config]) -> tuple[int | None, list[float]]:
+    """Trials until the best-so-far is >= TARGET x the grid's best, and best-so-far fraction per trial.
+
+    The best so far is the config with the highest true table value among those measured (with noise, the
+    search would pick by its noisy figure; the replay keeps it simple and scores what was measured)."""
+    best, first, curve = 0.0, None, []
+    for i, c in enumerate(measured, 1):
+        best = max(best, table(c))
+        curve.append(best / table.best)
+        if first is None and best >= TARGET * table.best:
+            first = i
+    return first, curve
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
+
+
+def replay(args: argparse.Namespace) -> int:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="optuna")
+    path = Path(args.table) if args.table else None
+    if path is None:
+        found = sorted(DATA_DIR.glob("grid-*.csv"))
+        if not found:
+            print(f"no table: run `{Path(__file__).name} record` first (looked in {DATA_DIR})", file=sys.stderr)
+            return 2
+        path = found[0]
+    try:
+        table = Table(path)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"bad table: {e}", file=sys.stderr)
+        return 2
+    anchors = _anchors(table)
+    ranked = sorted(table.values, key=lambda c: -table(c))
+    within = sum(1 for c in ranked if table(c) >= TARGET * table.best)
+    print(f"table {path}: {table.size} configs on {table.host}; best {table.best:.2f} samples/s "
+          f"({' '.join(f'{k}={v}' for k, v in zip(GRID, table.best_config))}); {within} config(s) within {TARGET:.0%} of it; "
+          f"load average while recorded {min(table.loads):.1f}..{max(table.loads):.1f}")
+    for name, c in (("baseline", anchors[0]), ("warm start", anchors[1])):
+        rank = ranked.index(c) + 1
+        print(f"  {name:10s} {' '.join(f'{k}={v}' for k, v in zip(GRID, c)):55s} {table(c):7.2f} samples/s = "
+              f"{table(c) / table.best:4.0%} of best, rank {rank}/{table.size}")
+    print("  top 5: " + "; ".join(f"{table(c):.2f} ({'/'.join(str(v) for v in c)})" for c in ranked[:5]))
+
+    strategies: dict[str, Run] = {
+        "tpe (default)": _optuna_run(_tpe, enqueue=True),
+        "gp": _optuna_run(_gp, enqueue=True),
+        "random": _optuna_run(_random, enqueue=False),
+        "grid": _grid_run,
+        "greedy": _greedy_run,
+    }
+    if args.improvements:
+        strategies["tpe-dedup"] = _optuna_run(_tpe, enqueue=True, dedup=True)
+        strategies["tpe-bs-line"] = _optuna_run(_tpe, enqueue=True, dedup=True, bs_line=True)
+    if args.strategies:
+        wanted = [s.strip() for s in args.strategies.split(",")]
+        strategies = {k: v for k, v in strategies.items() if k.split()[0] in wanted}
+    n = args.max_trials or 2 * table.size
+    print(f"\n{args.seeds} seeds per strategy, up to {n} trials each, measurement noise CV {args.noise:.0%}; "
+          f"'trials to {TARGET:.0%}' counts every trial run (the enqueued baseline and warm start included); "
+          f"'never' = not within {n} trials; greedy order {_greedy_order()}\n")
+    header = (f"{'strategy':14s} {'trials to 95%: median':>22s} {'[q1, q3]':>12s} {'reached':>8s}   "
+              + "   ".join(f"best@{c:<2d} med (min)" for c in CHECKPOINTS) + "   seconds")
+    print(header)
+    summary: dict[str, float] = {}
+    for name, run in strategies.items():
+        t0 = time.monotonic()
+        firsts: list[float] = []
+        at: dict[int, list[float]] = {c: [] for c in CHECKPOINTS}
+        try:
+            for seed in range(args.seeds):
+                measured = run(table, seed, n, Noise(args.noise, seed))
+                first, curve = _trials_to(table, measured)
+                firsts.append(float(first) if first is not None else float("inf"))
+                for c in CHECKPOINTS:
+                    at[c].append(curve[min(c, len(curve)) - 1] if curve else 0.0)
+        except ImportError as e:
+            print(f"{name:14s} skipped: {e} (autotune's `--sampler {name}` fails the same way here)")
+            continue
+        q1, med, q3 = _quartiles(firsts)
+        summary[name] = med
+        reached = sum(1 for x in firsts if x != float("inf"))
+
+        def fmt(x: float) -> str:
+            return "never" if x == float("inf") else f"{x:g}"
+
+        print(f"{name:14s} {fmt(med):>22s} {'[' + fmt(q1) + ', ' + fmt(q3) + ']':>12s} {reached:>4d}/{args.seeds:<3d}   "
+              + "   ".join(f"{statistics.median(at[c]):6.1%} ({min(at[c]):4.0%})" for c in CHECKPOINTS)
+              + f"   {time.monotonic() - t0:6.1f}")
+
+    default = summary.get("tpe (default)")
+    rnd = summary.get("random")
+    if default is None or rnd is None:
+        return 1
+    quarter = table.size / 4
+    ok_quarter, ok_random = default <= quarter, default <= rnd / 2
+    print(f"\ngoal: default reaches {TARGET:.0%} in <= 1/4 of the grid ({quarter:g} trials): "
+          f"{'met' if ok_quarter else 'MISSED'} (median {default:g}); "
+          f"in <= 1/2 of random's trials ({rnd / 2:g}): {'met' if ok_random else 'MISSED'}")
+    for name in ("tpe-dedup", "tpe-bs-line"):
+        if name in summary:
+            v = summary[name]
+            print(f"  {name}: median {v:g} trials ({'meets' if v <= quarter and v <= rnd / 2 else 'misses'} both goals)")
+    return 0 if ok_quarter and ok_random else 1
+
+
+# -------------------------------------------------------------------------------------------- main
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("record", help="measure the full reduced grid on this machine and save it as a CSV")
+    r.add_argument("--image-size", type=int, default=64, help="training crop size in px (default 64)")
+    r.add_argument("--seconds", type=float, default=8.0, help="measured seconds per trial after warm-up (default 8)")
+    r.add_argument("--warmup-steps", type=int, default=3, help="untimed steps per trial (default 3, as `autotune search`)")
+    r.add_argument("--data", metavar="DIR", help="dataset (default: the CLI's synthetic set, 256 images 640x480)")
+    r.add_argument("--out", metavar="CSV", help="table path (default benchmarks/data/grid-<host-kind>.csv)")
+    r.add_argument("--host-kind", help="name for the table (default: cpuN-nogpu, or the GPU model)")
+    r.add_argument("--out-dir", metavar="DIR", help="trial folders (default: a fresh temp folder)")
+    r.add_argument("--timeout", type=float, default=None, help="seconds before a trial is killed (default seconds + 300)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the measuring order (default 0)")
+    r.add_argument("--quiet-below", type=float, default=None, metavar="CPUS",
+                   help="before each trial, wait until other processes use fewer CPUs than this (default: don't wait)")
+    r.add_argument("--quiet-wait", type=float, default=60.0, metavar="S", help="longest wait for quiet (default 60)")
+    r.add_argument("--retries", type=int, default=2, help="extra passes over contended configs (default 2)")
+    r.add_argument("--retry-above", type=float, default=0.3, metavar="CPUS",
+                   help="a trial that shared the machine with more than this many CPUs of other processes is "
+                   "contended (default 0.3)")
+    r.add_argument("--resume", action="store_true", help="continue an interrupted recording (<table>.csv.partial)")
+    r.set_defaults(func=record)
+    y = sub.add_parser("replay", help="replay search strategies against a recorded table (no torch)")
+    y.add_argument("--table", metavar="CSV", help="recorded grid (default: the first benchmarks/data/grid-*.csv)")
+    y.add_argument("--seeds", type=int, default=20, help="seeds per strategy (default 20)")
+    y.add_argument("--max-trials", type=int, default=None, help="trials per run (default twice the grid size)")
+    y.add_argument("--noise", type=float, default=0.0, metavar="CV",
+                   help="multiplicative measurement noise, as a coefficient of variation (default 0: the table as is)")
+    y.add_argument("--strategies", help="comma-separated subset: tpe,gp,random,grid,greedy,tpe-dedup,tpe-bs-line")
+    y.add_argument("--improvements", action="store_true", help="also replay the candidate improvements of the default")
+    y.set_defaults(func=replay)
+    args = p.parse_args(argv)
+    if args.command == "record" and (args.seconds <= 0 or args.image_size < 32):
+        p.error("--seconds must be > 0 and --image-size >= 32")
+    if args.command == "replay" and args.seeds < 1:
+        p.error("--seeds must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(shown_command(argv), flush=True)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
