@@ -38,7 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)  # the CLI's default set, shared with `autotune search`
 GOAL_CV = 0.03
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -163,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from autotune import errors, launcher
     from autotune.config import TrialConfig
-    from autotune.data import ensure_data
+    from autotune.data import default_data
 
-    data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **DEFAULT_DATA).resolve()
+    data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,
                        warmup_steps=args.warmup_steps, window=args.window)
     if args.config:

@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 
 from repeatability import OtherLoad, load_config, shown_command, wait_for_quiet  # noqa: E402
 
-DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)  # the CLI's default set, shared with `autotune search`
 GOAL = 0.9
 
 
@@ -70,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from autotune import measure
     from autotune.config import TrialConfig
-    from autotune.data import ensure_data
+    from autotune.data import default_data
     from autotune.harness import build
     from autotune.search_space import Hardware
     from autotune.study import warm_start
 
-    data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **DEFAULT_DATA).resolve()
+    data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     base = TrialConfig(data_dir=str(data), image_size=args.image_size)
     cfg = load_config(args.config, base) if args.config else warm_start(base, Hardware.detect())
     if cfg.gpus > 1:

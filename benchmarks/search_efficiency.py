@@ -18,16 +18,19 @@ Strategies in replay:
              its other values, keep the best. Deterministic, so all seeds agree; it stops when done.
   and, with --improvements, cheap variants of the default that a real search could adopt:
     tpe-dedup      tpe, but a config that was already measured is answered from the cache and does not
-                   count as a trial (autotune re-runs repeats today)
-    tpe-bs-line    tpe-dedup, plus a batch-size line search: after a new best, try the next larger batch
-                   size with the best's other knobs before asking the sampler again
+                   count as a trial (autotune re-runs repeats today); after 3 repeats in a row, an unseen
+                   config is tried instead
+    tpe-greedy     tpe-dedup, but after the baseline and the warm start it first runs one greedy pass (one
+                   knob at a time from the better of the two, keeping the best), then hands over to TPE,
+                   which has seen every result
 
     .venv/bin/python benchmarks/search_efficiency.py record --image-size 64 --seconds 8
     .venv/bin/python benchmarks/search_efficiency.py replay --seeds 20 --improvements
 
-Exit codes: record 1 if any trial failed (the table is still written, failures as 0); replay 1 if the
+Exit codes: record 1 if any config failed (the table is still written, failures as 0); replay 1 if the
 default strategy misses the goal (95% of the best within a quarter of the grid's size, and in at most half
-of random's trials), 0 when it meets it, 2 for a bad table.
+of random's trials: the exact median for uniform random draws, since a 20-seed sample of random is itself
+noisy), 0 when it meets it, 2 for a bad table.
 """
 from __future__ import annotations
 
@@ -59,7 +62,6 @@ GRID: dict[str, tuple[Any, ...]] = {
     "batch_size": (4, 8, 16),
     "channels_last": (False, True),
 }
-DEFAULT_DATA = dict(n=256, size=(640, 480), seed=0)  # the CLI's default set, shared with `autotune search`
 TARGET = 0.95
 CHECKPOINTS = (10, 20, 40)
 
@@ -100,10 +102,10 @@ def _parse_value(text: str) -> Any:
 def record(args: argparse.Namespace) -> int:
     from autotune import errors, launcher
     from autotune.config import KNOBS, TrialConfig
-    from autotune.data import ensure_data
+    from autotune.data import default_data
     from repeatability import OtherLoad, wait_for_quiet
 
-    data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **DEFAULT_DATA).resolve()
+    data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     kind = args.host_kind or host_kind()
     out = Path(args.out) if args.out else DATA_DIR / f"grid-{kind}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -287,56 +289,76 @@ Run = Callable[[Table, int, int, Noise], list[Config]]  # -> the configs in the 
 
 
 def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: bool = False,
-                bs_line: bool = False) -> Run:
+                greedy_first: bool = False) -> Run:
     def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
         import optuna
-        from autotune.config import TrialConfig
-        from autotune.search_space import suggest
-        from autotune.study import _params
+        from autotune.config import BASELINE, TrialConfig
+        from autotune.search_space import Hardware, suggest
+        from autotune.study import _params, warm_start
 
         space = _space()
         base = TrialConfig()
         study = optuna.create_study(direction="maximize", sampler=sampler_factory(seed))
-        if enqueue:
-            from autotune.config import BASELINE
-            from autotune.search_space import Hardware
-            from autotune.study import warm_start
 
+        def params(c: Config) -> dict[str, Any]:
+            # _params: what autotune's open_study enqueues (only the knobs this space can express).
+            return _params(base.replace(**dict(zip(GRID, c))), space)
+
+        anchors = 0
+        if enqueue:
             hw = Hardware(cuda=False, gpu_count=0, cpu_count=table.cpu_count, apex=False)
             for cfg in (base.replace(**BASELINE.knobs()), warm_start(base, hw)):
-                # _params: what autotune's open_study enqueues (only the knobs this space can express).
-                snapped = base.replace(**dict(zip(GRID, _snap(cfg))))
-                study.enqueue_trial(_params(snapped, space))
+                study.enqueue_trial(params(_snap(cfg)))
+                anchors += 1
         measured: list[Config] = []
         seen: dict[Config, float] = {}
-        best_seen = -1.0
-        pending: list[Config] = []
-        asks = 0
-        while len(measured) < n and asks < 50 * n:
-            asks += 1
-            if pending:
-                c = pending.pop(0)
-                study.enqueue_trial(_params(base.replace(**dict(zip(GRID, c))), space))
+
+        def step(forced: Config | None = None) -> tuple[Config, float]:
+            """One ask -> (run or cache) -> tell; `forced` is enqueued first, as autotune enqueues."""
+            if forced is not None:
+                study.enqueue_trial(params(forced))
             trial = study.ask()
             cfg = suggest(trial, space, base)
             c = tuple(getattr(cfg, k) for k in GRID)
             if dedup and c in seen:
                 study.tell(trial, seen[c])  # answered from the cache: no trial run
-                if len(seen) == table.size:
-                    break
-                continue
+                return c, seen[c]
             value = noise(table(c))
             seen.setdefault(c, value)
             measured.append(c)
             study.tell(trial, value)
-            if value > best_seen:
-                best_seen = value
-                if bs_line:
-                    bigger = [b for b in GRID["batch_size"] if b > cfg.batch_size]
-                    if bigger:
-                        nxt = tuple(bigger[0] if k == "batch_size" else getattr(cfg, k) for k in GRID)
-                        if nxt not in seen:
-                            pending.append(nxt)
+            return c, value
+
+        if greedy_first:
+            # The enqueued baseline and warm start, then one knob at a time from the better of the two.
+            for _ in range(anchors):
+                step()
+            current = list(max(seen, key=lambda c: seen[c])) if seen else list(_anchors(table)[0])
+            best = seen.get(tuple(current), -1.0)
+            for i, vals in enumerate(GRID.values()):
+                keep = current[i]
+                for v in vals:
+                    if v == keep or len(measured) >= n:
+                        continue
+                    cand = tuple(v if j == i else x for j, x in enumerate(current))
+                    value = seen[cand] if cand in seen else step(cand)[1]
+                    if value > best:
+                        best, current = value, list(cand)
+        asks = repeats = 0
+        pending: list[Config] = []
+        while len(measured) < n and asks < 50 * n and len(seen) < table.size + (0 if dedup else n):
+            asks += 1
+            before = len(measured)
+            step(pending.pop(0) if pending else None)
+            if len(measured) > before:
+                repeats = 0
+                continue
+            repeats += 1  # a repeat answered from the cache (dedup only)
+            if repeats >= 3 and not pending:  # the sampler is stuck on what it knows: try an unseen config
+                unseen = [u for u in itertools.product(*GRID.values()) if u not in seen]
+                if not unseen:
+                    break
+                pending.append(random.Random(seed * 1000 + len(measured)).choice(unseen))
         return measured
 
     return run
@@ -414,6 +436,24 @@ def _trials_to(table: Table, measured: Sequence[Config]) -> tuple[int | None, li
     return first, curve
 
 
+def _median_random(size: int, good: int) -> int:
+    """Smallest n with P(at least one of `good` configs among n uniform draws with replacement) >= 1/2."""
+    n, miss = 0, 1.0
+    while miss > 0.5:
+        n += 1
+        miss *= 1 - good / size
+    return n
+
+
+def _median_grid(size: int, good: int) -> int:
+    """The same without replacement (a shuffled grid)."""
+    n, miss = 0, 1.0
+    while miss > 0.5 and n < size:
+        miss *= (size - good - n) / (size - n)
+        n += 1
+    return n
+
+
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
     if len(xs) == 1:
         return xs[0], xs[0], xs[0]
@@ -449,6 +489,8 @@ def replay(args: argparse.Namespace) -> int:
         rank = ranked.index(c) + 1
         print(f"  {name:10s} {' '.join(f'{k}={v}' for k, v in zip(GRID, c)):55s} {table(c):7.2f} samples/s = "
               f"{table(c) / table.best:4.0%} of best, rank {rank}/{table.size}")
+    print(f"  analytic medians of trials to {TARGET:.0%} ({within} of {table.size} qualify): uniform random with repeats "
+          f"{_median_random(table.size, within)}, without repeats (shuffled grid) {_median_grid(table.size, within)}")
     print("  top 5: " + "; ".join(f"{table(c):.2f} ({'/'.join(str(v) for v in c)})" for c in ranked[:5]))
 
     strategies: dict[str, Run] = {
@@ -460,7 +502,7 @@ def replay(args: argparse.Namespace) -> int:
     }
     if args.improvements:
         strategies["tpe-dedup"] = _optuna_run(_tpe, enqueue=True, dedup=True)
-        strategies["tpe-bs-line"] = _optuna_run(_tpe, enqueue=True, dedup=True, bs_line=True)
+        strategies["tpe-greedy"] = _optuna_run(_tpe, enqueue=True, dedup=True, greedy_first=True)
     if args.strategies:
         wanted = [s.strip() for s in args.strategies.split(",")]
         strategies = {k: v for k, v in strategies.items() if k.split()[0] in wanted}
@@ -502,14 +544,20 @@ def replay(args: argparse.Namespace) -> int:
     if default is None or rnd is None:
         return 1
     quarter = table.size / 4
-    ok_quarter, ok_random = default <= quarter, default <= rnd / 2
+    # Random's sample median over few seeds is itself noisy (its quartiles are wide), so the goal is also
+    # checked against the exact median for uniform draws with repeats; the exit code uses that one.
+    exact = _median_random(table.size, within)
+    ok_quarter, ok_random = default <= quarter, default <= exact / 2
     print(f"\ngoal: default reaches {TARGET:.0%} in <= 1/4 of the grid ({quarter:g} trials): "
-          f"{'met' if ok_quarter else 'MISSED'} (median {default:g}); "
-          f"in <= 1/2 of random's trials ({rnd / 2:g}): {'met' if ok_random else 'MISSED'}")
-    for name in ("tpe-dedup", "tpe-bs-line"):
+          f"{'met' if ok_quarter else 'MISSED'} (median {default:g}); in <= 1/2 of random's trials: "
+          f"{'met' if default <= rnd / 2 else 'MISSED'} against the replayed random ({rnd:g} / 2 = {rnd / 2:g}), "
+          f"{'met' if ok_random else 'MISSED'} against random's exact median ({exact} / 2 = {exact / 2:g})")
+    for name in ("tpe-dedup", "tpe-greedy"):
         if name in summary:
             v = summary[name]
-            print(f"  {name}: median {v:g} trials ({'meets' if v <= quarter and v <= rnd / 2 else 'misses'} both goals)")
+            print(f"  {name}: median {v:g} trials: <= 1/4 of the grid {'met' if v <= quarter else 'MISSED'}, "
+                  f"<= 1/2 of random {'met' if v <= rnd / 2 else 'MISSED'} (replayed), "
+                  f"{'met' if v <= exact / 2 else 'MISSED'} (exact)")
     return 0 if ok_quarter and ok_random else 1
 
 
@@ -544,7 +592,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     y.add_argument("--max-trials", type=int, default=None, help="trials per run (default twice the grid size)")
     y.add_argument("--noise", type=float, default=0.0, metavar="CV",
                    help="multiplicative measurement noise, as a coefficient of variation (default 0: the table as is)")
-    y.add_argument("--strategies", help="comma-separated subset: tpe,gp,random,grid,greedy,tpe-dedup,tpe-bs-line")
+    y.add_argument("--strategies", help="comma-separated subset: tpe,gp,random,grid,greedy,tpe-dedup,tpe-greedy")
     y.add_argument("--improvements", action="store_true", help="also replay the candidate improvements of the default")
     y.set_defaults(func=replay)
     args = p.parse_args(argv)
