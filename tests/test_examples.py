@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from autotune import knobs
+from autotune import harness, knobs
 from autotune.cli import main
 from autotune.config import KNOBS, TrialConfig
 from autotune.pipelines import Pipeline, load_pipeline, stages_of, unsupported_of
@@ -101,21 +101,9 @@ def test_one_step_with_every_stage_checkpointed(workdir: Path, name: str, precis
 def test_loss_falls(workdir: Path, name: str, size: int) -> None:
     cfg = TrialConfig(pipeline=EXAMPLES[name], image_size=size, batch_size=16, lr=1e-3)
     torch.set_num_threads(1)  # on a busy 2-core machine two threads wait on each other for seconds (restored after)
-    torch.manual_seed(0)
-    pipeline = load_pipeline(cfg)
-    model = pipeline.build_model().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    loader = torch.utils.data.DataLoader(pipeline.build_dataset(), batch_size=cfg.batch_size, shuffle=True,
-                                         drop_last=True, generator=torch.Generator().manual_seed(0))
-    stream = iter(loader)
-    losses = []
-    for _ in range(30):
-        x, y = next(stream)
-        loss = pipeline.loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    h = harness.build(cfg)  # the product's own step, as a trial runs it
+    stream = h.batches()
+    losses = [h.step(next(stream)) for _ in range(30)]
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.8 * first, [round(v, 3) for v in losses]
 

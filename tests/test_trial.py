@@ -16,7 +16,6 @@ import torch
 from autotune import harness, knobs, trial
 from autotune.config import KNOBS, TrialConfig, TrialResult
 from autotune.errors import PipelineError, TrialUnsupported
-from autotune.pipelines.unet import UnetPipeline
 from tests.conftest import REPO_ROOT
 
 TINY = "tests.fault_pipelines:tiny"
@@ -129,22 +128,9 @@ def test_write_json_atomic(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("one_thread")
 def test_unet_loss_falls(tiny_data: Path) -> None:
     cfg = TrialConfig(data_dir=str(tiny_data), image_size=64, batch_size=4, lr=1e-3, precision="bf16")
-    torch.manual_seed(0)
-    pipeline = UnetPipeline(cfg)
-    model = pipeline.build_model().train()
-    opt, _ = knobs.build_optimizer(model.parameters(), cfg)
-    loader, _ = knobs.build_loader(pipeline.build_dataset(), cfg, 0, 1, torch.device("cpu"))
-    precision = knobs.Precision(cfg, torch.device("cpu"))
-    stream = harness.batches(loader)
-    losses = []
-    for _ in range(30):  # a little over five epochs of the 22 training images
-        x, y = next(stream)
-        with precision.autocast():
-            loss = pipeline.loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    h = harness.build(cfg)  # the product's own step: knobs, autocast, scaler, zero_grad
+    stream = h.batches()
+    losses = [h.step(next(stream)) for _ in range(30)]  # a little over five epochs of the 22 training images
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert all(math.isfinite(v) for v in losses)
     assert last < first, losses
