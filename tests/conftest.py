@@ -14,8 +14,8 @@ import psutil  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.data import make_data  # noqa: E402
+from autotune.core.config import TrialConfig  # noqa: E402
+from autotune.pipelines.unet.data import make_data  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,23 +12,30 @@ Optional attributes:
     build_val_dataset() -> Dataset and metric(output, target) -> float: validation in `autotune train`
 
 A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
+What is special about the built-in Unet (its default synthetic data, what a warm server preloads)
+is answered here, so no other layer needs to know it.
+
+May import: autotune.core (and torch, in the pipelines themselves).
 """
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
-from autotune.errors import PipelineError
+from autotune.core.errors import PipelineError
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
-    from autotune.config import TrialConfig
+    from autotune.core.config import TrialConfig
 
-BUILTIN = {"unet": "autotune.pipelines.unet:UnetPipeline"}
+BUILTIN = {"unet": "autotune.pipelines.unet.pipeline:UnetPipeline"}
+# Imported once by a warm fork server, so every trial forked from it starts with them loaded.
+_PRELOAD = {"unet": ("torchvision", "segmentation_models_pytorch")}
 
 
 @runtime_checkable
@@ -74,3 +81,47 @@ def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
 
 def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
     return frozenset(getattr(pipeline, "unsupported", ()) or ())
+
+
+def default_data(spec: str, studies_dir: str | os.PathLike[str]) -> str | None:
+    """The data a pipeline uses when no --data is given: the built-in Unet's deterministic synthetic
+    set (generated once under studies_dir/data); None for a pipeline that brings its own."""
+    if spec != "unet":
+        return None
+    from autotune.pipelines.unet.data import default_data as unet_default
+
+    return str(unet_default(studies_dir))
+
+
+def is_regenerable(data_dir: str) -> bool:
+    """A default synthetic set: identical on any machine, so a missing copy may be made afresh."""
+    from autotune.pipelines.unet.data import SYNTHETIC_PREFIX
+
+    return Path(data_dir).name.startswith(SYNTHETIC_PREFIX)
+
+
+def preload_modules(spec: str) -> tuple[str, ...]:
+    """What a warm server imports for this pipeline: its heavy libraries and its own module."""
+    module = BUILTIN.get(spec, spec).partition(":")[0]
+    return (*_PRELOAD.get(spec, ()), module)
+
+
+def workload(pipeline: str | None, image_size: int | None, data: str | None, studies_dir: str,
+             **extra: Any) -> TrialConfig:
+    """The workload every trial of a run shares: --pipeline, --image-size and --data over `extra`
+    (a config file's values, or the defaults); without any data, the pipeline's own default."""
+    from autotune.core.config import TrialConfig
+
+    cfg = TrialConfig(**extra)
+    changes: dict[str, Any] = {}
+    if pipeline:
+        changes["pipeline"] = pipeline
+    if image_size:
+        changes["image_size"] = image_size
+    if data:
+        changes["data_dir"] = str(Path(data).resolve())
+    elif cfg.data_dir is None:
+        default = default_data(pipeline or cfg.pipeline, studies_dir)
+        if default is not None:
+            changes["data_dir"] = default
+    return cfg.replace(**changes)

@@ -26,10 +26,10 @@ from torch import nn
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from autotune.errors import DataError
+from autotune.core.errors import DataError
 
 if TYPE_CHECKING:
-    from autotune.config import TrialConfig
+    from autotune.core.config import TrialConfig
 
 DEFAULT_DIR = Path("studies") / "data" / "classifier-synthetic"
 SYNTHETIC_N = 640  # enough for one global batch of 64 on 8 GPUs after the validation hold-out

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 if TYPE_CHECKING:
-    from autotune.config import TrialConfig
+    from autotune.core.config import TrialConfig
 
 VOCAB = 256
 D_MODEL = 128

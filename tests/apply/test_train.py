@@ -1,0 +1,106 @@
+"""autotune train: real epochs, validation IoU, checkpoints that load into the plain model, --compare-baseline."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from autotune.apply import train
+from autotune.cli import build_parser
+from autotune.core.config import TrialConfig
+from autotune.pipelines.unet.data import make_data
+from autotune.core.errors import AutotuneError
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("train") / "data", n=24, size=(128, 96), seed=0)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def write_config(path: Path, **knobs: object) -> Path:
+    # An exported best.yaml's shape: knobs under config:, the workload beside them.
+    path.write_text(yaml.safe_dump({"config": knobs, "workload": {"image_size": 64}}))
+    return path
+
+
+def plain_unet(data: Path) -> torch.nn.Module:
+    from autotune.pipelines.unet.pipeline import UnetPipeline
+
+    return UnetPipeline(TrialConfig(data_dir=str(data), image_size=64)).build_model()
+
+
+def test_help_is_honest_about_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse(["train", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for phrase in ("--compare-baseline", "fresh process", "torchrun", "validation IoU", "data loading included"):
+        assert phrase in text
+
+
+def test_plain_state_dict_strips_wrappers() -> None:
+    from autotune.trial.knobs import CheckpointedStage
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model[0] = CheckpointedStage(model[0])
+    keys = set(train.plain_state_dict(model))
+    assert keys == {"0.weight", "0.bias", "1.weight", "1.bias"}
+
+
+@pytest.mark.slow
+def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # bf16 + fused AdamW + one checkpointed stage + channels_last, batch 4: the baseline is fp32, batch 8.
+    cfg = write_config(tmp_path / "best.yaml", precision="bf16", optimizer_fusion="fused", batch_size=4,
+                       checkpoint_segments=1, channels_last=True)
+    out = tmp_path / "out"
+    args = parse(["train", "--config", str(cfg), "--epochs", "1", "--data", str(data), "--compare-baseline",
+                  "--out", str(out)])
+    assert args.func(args) == 0
+    text = capfd.readouterr().out
+    print(text)  # the measured figures, kept in the test log
+    assert "[config] epoch 1/1" in text and "[baseline] epoch 1/1" in text
+    assert "samples/s" in text and "speedup: x" in text
+    assert "final IoU: config" in text and "baseline" in text and "difference" in text
+
+    runs = json.loads((out / "train.json").read_text())
+    assert [r["name"] for r in runs] == ["config", "baseline"]
+    tuned, base = runs
+    assert tuned["config"]["precision"] == "bf16" and base["config"]["precision"] == "fp32"
+    assert base["config"]["batch_size"] == 8 and base["config"]["image_size"] == 64  # same workload
+    for r in runs:
+        (epoch,) = r["history"]
+        assert epoch["samples"] > 0 and epoch["seconds"] > 0 and 0.0 <= epoch["iou"] <= 1.0
+        assert epoch["samples"] == (22 // r["config"]["batch_size"]) * r["config"]["batch_size"]  # a full epoch
+        ckpt = torch.load(r["checkpoint"], map_location="cpu", weights_only=True)
+        assert ckpt["config"]["precision"] == r["config"]["precision"] and ckpt["epochs"] == 1
+        plain_unet(data).load_state_dict(ckpt["model"])  # strict: no checkpoint/DDP wrapper names left
+
+
+@pytest.mark.slow
+def test_bad_data_is_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    cfg = write_config(tmp_path / "c.yaml", batch_size=2)
+    args = parse(["train", "--config", str(cfg), "--epochs", "1", "--data", str(tmp_path / "empty"),
+                  "--out", str(tmp_path / "out")])
+    with pytest.raises(AutotuneError, match="images"):
+        args.func(args)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes(data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path / "ddp.yaml", gpus=2, batch_size=2)
+    out = tmp_path / "out"
+    args = parse(["train", "--config", str(cfg), "--epochs", "1", "--data", str(data), "--out", str(out)])
+    assert args.func(args) == 0
+    assert "DDP over 2 processes" in capfd.readouterr().out
+    (run,) = json.loads((out / "train.json").read_text())
+    assert run["world"] == 2 and run["history"][0]["samples"] == (22 // 4) * 4  # both ranks' samples
+    plain_unet(data).load_state_dict(torch.load(run["checkpoint"], weights_only=True)["model"])

@@ -1,0 +1,118 @@
+"""Bad input: exit 2, one line naming the problem, no traceback, nothing written to the study."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.pipelines.unet.data import make_data
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("cli") / "data", n=8, size=(96, 96), seed=1)
+
+
+@pytest.fixture(autouse=True)
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def bad(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert not Path("studies.db").exists() or Path("studies.db").stat().st_size == 0
+    return lines[0]
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "2x", "", "h"])
+def test_bad_budget(capsys: pytest.CaptureFixture[str], data: Path, budget: str) -> None:
+    assert "--budget" in bad(capsys, "search", "--budget", budget, "--data", str(data))
+
+
+@pytest.mark.parametrize("text, knob", [
+    ("knobs: [1, 2", ""),  # malformed YAML
+    ("- a\n- b\n", ""),  # not a mapping
+    ("knobs:\n  precison: [fp32]\n", "precison"),
+    ("knobs:\n  batch_size: [four]\n", "batch_size"),
+    ("knobs:\n  num_workers: {low: 4, high: 1}\n", "num_workers"),
+    ("knobs:\n  gpus: 4\n", "gpus"),  # more devices than present
+    ("knobs:\n  precision: fp16\n", "precision"),  # conflicts with a CPU-only machine
+])
+def test_bad_space(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, text: str, knob: str) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    line = bad(capsys, "search", "--budget", "1m", "--space", str(space), "--data", str(data))
+    assert "space.yaml" in line and knob in line
+
+
+def test_sqlite_file_given_bare(capsys: pytest.CaptureFixture[str], data: Path) -> None:
+    sqlite3.connect("x.db").execute("create table t (a)").connection.commit()
+    assert "sqlite:///" in bad(capsys, "search", "--budget", "1m", "--storage", "x.db", "--data", str(data))
+
+
+def test_text_file_storage(capsys: pytest.CaptureFixture[str], data: Path) -> None:
+    Path("notes.txt").write_text("hello\n")
+    assert "not an Optuna journal" in bad(capsys, "search", "--budget", "1m", "--storage", "notes.txt", "--data", str(data))
+    assert Path("notes.txt").read_text() == "hello\n"
+
+
+def test_unreachable_storage_masks_password(capsys: pytest.CaptureFixture[str], data: Path) -> None:
+    line = bad(capsys, "search", "--budget", "1m", "--storage", "postgresql://bob:s3cret@127.0.0.1:1/db", "--data", str(data))
+    assert "s3cret" not in line and "***" in line
+
+
+def test_unknown_storage_scheme(capsys: pytest.CaptureFixture[str], data: Path) -> None:
+    assert "scheme" in bad(capsys, "search", "--budget", "1m", "--storage", "ftp://x/y", "--data", str(data))
+
+
+def test_missing_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert "nope" in bad(capsys, "search", "--budget", "1m", "--data", str(tmp_path / "nope"))
+
+
+def test_empty_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "d" / "images").mkdir(parents=True)
+    (tmp_path / "d" / "masks").mkdir()
+    bad(capsys, "search", "--budget", "1m", "--data", str(tmp_path / "d"))
+
+
+def test_unmatched_masks(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path) -> None:
+    import shutil
+
+    d = tmp_path / "copy"
+    shutil.copytree(data, d)
+    next((d / "masks").iterdir()).unlink()
+    assert "without a mask" in bad(capsys, "search", "--budget", "1m", "--data", str(d))
+
+
+def test_bad_pipeline(capsys: pytest.CaptureFixture[str], data: Path) -> None:
+    assert "module" in bad(capsys, "search", "--budget", "1m", "--pipeline", "no_such_module:make", "--data", str(data))
+
+
+def test_trial_missing_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "nope.yaml" in bad(capsys, "trial", "--config", "nope.yaml")
+
+
+def test_show_unknown_study(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "no study" in bad(capsys, "show", "--study", "ghost")
+
+
+def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["search"])  # --budget is required
+    assert e.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd in ("search", "trial", "show", "export", "make-data"):
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        assert "usage" in capsys.readouterr().out

@@ -1,0 +1,76 @@
+"""The search session: it owns its signal handlers (installed for the run, restored after), stores the
+trial timeout for workers, names the objective, and runs without a budget when --n-trials bounds it."""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.errors import AutotuneError
+from autotune.search.records import StudyRecord
+from autotune.search.session import SearchSession
+from autotune.search.space import DEFAULT_SPACE
+from autotune.search.storage import open_storage
+
+TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
+
+
+def settings(tmp_path: Path, **kw: Any) -> SearchSettings:
+    base = dict(budget_s=120.0, storage=str(tmp_path / "studies.db"), space=str(DEFAULT_SPACE),
+                studies_dir=str(tmp_path / "studies"), base=TINY)
+    return SearchSettings(**{**base, **kw})
+
+
+def test_create_stores_timeout_and_names_the_objective(tmp_path: Path) -> None:
+    session = SearchSession.create(settings(tmp_path, trial_timeout_s=77.0), warm=False, say=lambda s: None)
+    assert session.study.metric_names == ["samples_per_s"]  # optuna-dashboard labels its plots with it
+    record = StudyRecord.of(session.study)
+    assert record.trial_timeout_s == 77.0 and record.space and record.workload["pipeline"] == TINY.pipeline
+    roles = [t.user_attrs["role"] for t in session.study.get_trials(deepcopy=False)]
+    assert roles == ["baseline", "warm_start"]  # enqueued, not run: create never runs a trial
+
+
+def test_create_needs_no_budget(tmp_path: Path) -> None:
+    s = settings(tmp_path, budget_s=None)
+    SearchSession.create(s, warm=False, say=lambda s: None)
+    assert s.trial_timeout == 600.0  # a default, not a quarter of "forever"
+
+
+def test_worker_without_budget_takes_the_studys_timeout(tmp_path: Path) -> None:
+    SearchSession.create(settings(tmp_path, trial_timeout_s=90.0), warm=False, say=lambda s: None)
+    joined = SearchSession.join(settings(tmp_path, budget_s=None, n_trials=3), None, warm=False)
+    assert joined.settings.trial_timeout == 90.0  # was 365 days / 4 before the study stored it
+    own = SearchSession.join(settings(tmp_path, budget_s=None, n_trials=3, trial_timeout_s=30.0), None, warm=False)
+    assert own.settings.trial_timeout == 30.0  # --trial-timeout on the worker wins
+
+
+def test_join_refuses_a_study_search_did_not_make(tmp_path: Path) -> None:
+    optuna.create_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+    with pytest.raises(AutotuneError, match="not created by `autotune search`"):
+        SearchSession.join(settings(tmp_path, n_trials=1), None, warm=False)
+
+
+@pytest.mark.slow
+def test_run_installs_and_restores_signal_handlers(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    session = SearchSession.create(settings(tmp_path, n_trials=1), warm=False, say=lambda s: None)
+
+    from autotune.search.runner import Events
+
+    events = Events(started=lambda n, role, cfg: seen.append((signal.getsignal(signal.SIGINT),
+                                                              signal.getsignal(signal.SIGTERM))))
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a shell's background job
+    old_term = signal.getsignal(signal.SIGTERM)
+    try:
+        outcome = session.run(events)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is old_term
+    finally:
+        signal.signal(signal.SIGINT, before)
+    during_int, during_term = seen[0]
+    assert during_int is during_term and callable(during_int)  # Ctrl-C works even though it was ignored
+    assert outcome.trials == 1 and not outcome.interrupted
+    assert outcome.best_yaml is not None and outcome.best_yaml.is_file()

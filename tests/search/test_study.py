@@ -1,0 +1,128 @@
+"""The study: baseline and warm start enqueued once, fingerprints enforced, and one real search end to end."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.core.config import BASELINE, SearchSettings, TrialConfig
+from autotune.core.errors import AutotuneError
+from autotune.search.space import Hardware, load_space, resolve
+from autotune.search.storage import open_storage
+from autotune.search.study import config_for, open_study, warm_start
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
+FP = {"gpu_names": [], "gpu_count": 0, "cpu_model": "test", "cpu_cores": 2, "torch": "x", "cuda": None,
+      "pipeline": "unet", "image_size": 64}
+
+
+@pytest.fixture(params=["journal", "sqlite"])
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return str(tmp_path / "studies.db") if request.param == "journal" else f"sqlite:///{tmp_path / 's.db'}"
+
+
+def space():
+    return resolve(load_space(ROOT / "search_spaces" / "default.yaml"), CPU, stages=10)[0]
+
+
+def test_baseline_and_warm_start_enqueued_once(storage_url: str) -> None:
+    settings = SearchSettings(budget_s=60, storage=storage_url, base=TrialConfig(image_size=64))
+    for _ in range(2):  # a resumed study must not enqueue them again
+        study = open_study(settings, open_storage(storage_url), FP, space(), CPU)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs["role"] for t in waiting] == ["baseline", "warm_start"]
+    first = study.ask()
+    cfg = config_for(first, space(), settings.base)
+    assert cfg.knobs() == BASELINE.knobs() and cfg.image_size == 64
+    second = config_for(study.ask(), space(), settings.base)
+    assert second == warm_start(settings.base, CPU)
+    assert second.num_workers == 2 and second.precision == "bf16" and second.optimizer_fusion == "fused"
+
+
+def test_fingerprint_mismatch_refused_unless_forced(storage_url: str) -> None:
+    settings = SearchSettings(budget_s=60, storage=storage_url)
+    open_study(settings, open_storage(storage_url), FP, space(), CPU)
+    other = {**FP, "gpu_count": 8, "gpu_names": ["H200"] * 8}
+    with pytest.raises(AutotuneError, match="gpu_count"):
+        open_study(settings, open_storage(storage_url), other, space(), CPU)
+    forced = SearchSettings(budget_s=60, storage=storage_url, force=True)
+    assert open_study(forced, open_storage(storage_url), other, space(), CPU).study_name == "autotune"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_search_end_to_end(tmp_path: Path) -> None:
+    from autotune.pipelines.unet.data import make_data
+
+    data = make_data(tmp_path / "data", n=24, size=(160, 120), seed=0)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "autotune", "search", "--budget", "150s", "--data", str(data), "--image-size", "64",
+           "--trial-seconds", "2", "--warmup-steps", "1", "--seed", "0"]
+    t0 = time.monotonic()
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    wall = time.monotonic() - t0
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert wall < 150 + 30 + 15, wall  # budget + max(30 s, 2%), plus interpreter start-up
+    assert "best config exported to" in run.stdout
+
+    study = optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+    trials = study.get_trials()
+    assert trials[0].user_attrs["role"] == "baseline" and trials[0].state.name == "COMPLETE"
+    assert trials[0].user_attrs["speedup"] == pytest.approx(1.0)
+    assert len(trials) >= 4
+    done = [t for t in trials if t.state.name == "COMPLETE" and t.value]
+    assert all("samples_per_s" in t.user_attrs and "speedup" in t.user_attrs for t in done)
+    assert study.user_attrs["fingerprint"]["cpu_cores"] == os.cpu_count()
+    assert any((tmp_path / "studies" / "artifacts").iterdir())
+
+    # best.yaml round-trips through `autotune trial` as it is.
+    best = tmp_path / "studies" / "autotune" / "best.yaml"
+    exported = yaml.safe_load(best.read_text())
+    assert exported["speedup"] > 0 and exported["baseline"]["samples_per_s"] > 0
+    out = tmp_path / "again" / "result.json"
+    again = subprocess.run([sys.executable, "-m", "autotune", "trial", "--config", str(best), "--out", str(out),
+                            "--steps", "2", "--seconds", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok"
+    assert {k: v["requested"] for k, v in result["applied"].items() if k in exported["config"]} == \
+        {k: v for k, v in exported["config"].items() if k in result["applied"]}
+
+    # `optuna-dashboard studies.db`, exactly as typed, lists the study and its trials.
+    port = _free_port()
+    dash = subprocess.Popen([str(Path(sys.executable).parent / "optuna-dashboard"), "studies.db", "--port", str(port),
+                             "--host", "127.0.0.1", "--quiet"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        body = None
+        for _ in range(60):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
+                    body = json.load(r)
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert body is not None, "optuna-dashboard did not answer"
+        (summary,) = body["study_summaries"]
+        assert summary["study_name"] == "autotune"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}", timeout=5) as r:
+            detail = json.load(r)
+        assert len(detail["trials"]) == len(trials)
+    finally:
+        dash.terminate()
+        dash.wait(timeout=10)

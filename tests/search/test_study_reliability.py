@@ -1,0 +1,177 @@
+"""A search survives every trial fault, a killed controller, Ctrl-C/SIGTERM and concurrent searches."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune.core.config import SearchSettings, TrialConfig
+from autotune.search.space import Hardware, load_space, resolve
+from autotune.search.storage import open_storage
+from autotune.search.results import feasible
+from autotune.search.runner import Events, run_one
+from autotune.search.study import open_study
+from tests.conftest import REPO_ROOT, live_processes, wait_until_gone
+
+CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
+FP = {"gpu_names": [], "gpu_count": 0, "cpu_model": "test", "cpu_cores": 2, "torch": "x", "cuda": None,
+      "pipeline": "tests.fault_pipelines:fault_by_batch_size", "image_size": 64}
+PIPELINE = "tests.fault_pipelines:fault_by_batch_size"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("repo_on_path")
+def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> None:
+    base = TrialConfig(pipeline=PIPELINE, warmup_steps=1, timed_steps=6, window=2)
+    settings = SearchSettings(budget_s=600, storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path / "studies"),
+                              base=base)
+    space = resolve(load_space(REPO_ROOT / "search_spaces" / "default.yaml"), CPU, stages=2)[0]
+    study = open_study(settings, open_storage(settings.storage), FP, space, CPU)
+    cases = [  # (knobs, expected state, reason)
+        (dict(batch_size=3), "infeasible", "oom"),
+        (dict(batch_size=5), "infeasible", "numerics"),
+        (dict(batch_size=2, channels_last=True), "infeasible", "unsupported"),
+        (dict(batch_size=6), TrialState.FAIL, "crash"),
+        (dict(batch_size=8, num_workers=1), TrialState.FAIL, "crash"),
+        (dict(batch_size=7), TrialState.FAIL, "timeout"),
+        (dict(batch_size=2), TrialState.COMPLETE, None),  # and the search goes on
+    ]
+    for knobs, expected, reason in cases:
+        trial = study.ask()
+        timeout = 8.0 if reason == "timeout" else 120.0
+        frozen = run_one(study, trial, base.replace(**knobs), settings, timeout, Events())
+        marker = str(tmp_path / "studies" / "autotune" / f"trial-{trial.number}")
+        assert wait_until_gone(marker) == [], f"trial {trial.number} left processes behind"
+        if expected == "infeasible":
+            assert frozen.state == TrialState.COMPLETE and not feasible(frozen)
+            assert frozen.constraints == {"infeasible": 1.0}
+        else:
+            assert frozen.state == expected
+        assert frozen.user_attrs.get("reason") == reason, frozen.user_attrs
+        if reason in ("crash", "timeout", "oom"):
+            assert frozen.user_attrs["log_tail"]
+    assert "signal" in study.trials[-4].user_attrs["message"] or "killed" in study.trials[-4].user_attrs["message"]
+    # An infeasible trial is never the best.
+    best = max((t for t in study.trials if feasible(t)), key=lambda t: t.value)
+    assert best.params.get("batch_size", 2) == 2 and best.user_attrs["config"]["batch_size"] == 2
+
+
+def _search(tmp_path: Path, *extra: str, sigint: Any = signal.SIG_DFL) -> subprocess.Popen[str]:
+    """`autotune search` in a subprocess. `sigint` is the SIGINT disposition it inherits: a shell's
+    background job starts with SIGINT ignored, and Ctrl-C must work however autotune was started."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks")}
+    cmd = [sys.executable, "-m", "autotune", "search", "--pipeline", "tests.fault_pipelines:slow",
+           "--trial-seconds", "3", "--warmup-steps", "1", *extra]
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+
+
+def group_gone(pgid: int, timeout_s: float = 15.0) -> bool:
+    """Trials fork from a warm server, so their command line doesn't name them: check the group."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def left_in(cwd: Path, timeout_s: float = 15.0) -> list[psutil.Process]:
+    """Processes still working in this test's folder: the controller, warm server and trials all do."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = []
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                if p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE and Path(p.cwd()) == cwd:
+                    left.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+
+
+def _wait_running(tmp_path: Path, completed: int, timeout_s: float = 120) -> optuna.trial.FrozenTrial:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if not (tmp_path / "studies.db").exists():
+            continue
+        trials = _study(tmp_path).get_trials()
+        done = sum(t.state.is_finished() for t in trials)
+        running = [t for t in trials if t.state == TrialState.RUNNING and "pgid" in t.user_attrs.get("owner", {})]
+        if done >= completed and running:
+            return running[0]
+    raise AssertionError("no trial started in time")
+
+
+@pytest.mark.slow
+def test_killed_controller_resumes_cleanly(tmp_path: Path) -> None:
+    search = _search(tmp_path, "--budget", "5m")
+    running = _wait_running(tmp_path, completed=1)
+    search.send_signal(signal.SIGKILL)
+    search.communicate(timeout=10)
+    assert group_gone(running.user_attrs["owner"]["pgid"]), "the trial outlived its killed controller"
+    assert left_in(tmp_path) == [], "the warm server or a trial outlived its killed controller"
+
+    again = _search(tmp_path, "--budget", "5m", "--n-trials", "1")
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    trials = _study(tmp_path).trials
+    stale = trials[running.number]
+    assert stale.state == TrialState.FAIL and stale.user_attrs["reason"] == "stale"
+    assert trials[0].state == TrialState.COMPLETE  # completed work survived
+    assert not any(t.state == TrialState.RUNNING for t in trials)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, inherited", [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL)],
+                         ids=["SIGINT-inherited-ignored", "SIGTERM"])
+def test_interrupt_records_exports_and_exits_130(tmp_path: Path, sig: signal.Signals, inherited: Any) -> None:
+    search = _search(tmp_path, "--budget", "5m", sigint=inherited)
+    running = _wait_running(tmp_path, completed=1)
+    t0 = time.monotonic()
+    search.send_signal(sig)
+    out, err = search.communicate(timeout=60)
+    assert search.returncode == 130, err[-3000:]
+    assert group_gone(running.user_attrs["owner"]["pgid"], timeout_s=10)
+    assert left_in(tmp_path) == []
+    assert time.monotonic() - t0 < 30
+    trial = _study(tmp_path).trials[running.number]
+    assert trial.state == TrialState.FAIL and trial.user_attrs["reason"] == "interrupted"
+    assert (tmp_path / "studies" / "autotune" / "best.yaml").exists()
+    assert "best config exported" in out
+
+
+@pytest.mark.slow
+def test_concurrent_searches_share_one_journal(tmp_path: Path) -> None:
+    searches = [_search(tmp_path, "--budget", "40s") for _ in range(2)]
+    outs = [s.communicate(timeout=300) for s in searches]
+    for s, (out, err) in zip(searches, outs):
+        assert s.returncode == 0, err[-3000:]
+        assert "Traceback" not in err and "lock" not in err.lower()
+    trials = _study(tmp_path).get_trials()
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers))
+    reported = sum(len(re.findall(r"^trial +\d+ \[", out, re.M)) for out, _ in outs)
+    assert reported == sum(t.state.is_finished() for t in trials) == len(trials)
+    roles = [t.user_attrs.get("role") for t in trials]
+    assert roles.count("baseline") == 1 and roles.count("warm_start") == 1
+    assert any(t.user_attrs.get("contended") for t in trials)  # CPU sharing is recorded, not hidden

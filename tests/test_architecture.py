@@ -1,0 +1,45 @@
+"""The package's shape is part of its contract: layers that import only downwards, small modules,
+and a docstring per subpackage saying what it owns and may import."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "autotune"
+LAYERS = ("core", "pipelines", "trial", "search", "apply", "cli")
+MAX_LINES = 400
+
+
+def test_import_linter_contracts_hold() -> None:
+    from importlinter.cli import lint_imports
+
+    # The contracts live in pyproject.toml; a backwards import (say, autotune.trial importing optuna or
+    # autotune.search importing autotune.apply) makes this fail and prints which import broke which rule.
+    assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0
+
+
+def test_contracts_name_every_layer() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    for layer in LAYERS:
+        assert f'"autotune.{layer}"' in text, f"autotune.{layer} is not in the layers contract"
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_says_what_it_owns_and_may_import(layer: str) -> None:
+    doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
+    assert doc and "May import" in doc, f"autotune/{layer}/__init__.py needs a docstring with 'May import:'"
+
+
+def test_no_module_over_the_size_limit() -> None:
+    sizes = {p.relative_to(ROOT): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 30  # the walk found the package
+    big = {str(p): n for p, n in sizes.items() if n > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_the_package_is_layered_not_flat() -> None:
+    flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert flat == [], f"modules outside a layer: {flat}"
