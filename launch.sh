@@ -17,7 +17,7 @@ fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log="$venv/install.log"
   echo "autotune: installing into $venv (first run only, a few minutes: torch is large; log: $log)" >&2
-  # torch/torchvision pinned: these exact wheels lie on this machine's disk.
+  # torch/torchvision pinned here, for a reproducible install; the package itself accepts the torch you have.
   if ! { "$venv/bin/pip" install --upgrade pip \
          && "$venv/bin/pip" install "torch==2.14.1" "torchvision==0.29.1" \
          && "$venv/bin/pip" install -e "$here[test,postgres]"; } >"$log" 2>&1; then

@@ -3,7 +3,7 @@
 For each of 10 diverse configs (precision, workers, batch size, channels_last, optimizer fusion,
 checkpointing, persistent workers, threads), in one run and interleaved:
 
-  trial   `autotune.launcher.run_trial`: the isolated measured trial a search runs (warm-up steps
+  trial   `autotune.trial.launcher.run_trial`: the isolated measured trial a search runs (warm-up steps
           excluded, --seconds measured)
   train   `python -m autotune train --config cfg.json --epochs 3 --out DIR` in its own process group,
           as a user would run it; its samples/s is read from DIR/train.json (what it prints per epoch:
@@ -141,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(shown_command(argv, __file__), flush=True)
 
-    from autotune import errors, launcher
-    from autotune.config import TrialConfig
-    from autotune.data import ensure_data
+    from autotune.core import errors
+    from autotune.trial import launcher
+    from autotune.core.config import TrialConfig
+    from autotune.pipelines.unet.data import ensure_data
 
     data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **SMALL_DATA).resolve()
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="fidelity-"))

@@ -1,6 +1,6 @@
 """How repeatable is one trial? The same config, N isolated trials, back to back: the spread of samples/s.
 
-Every trial is a real isolated trial process started by `autotune.launcher.run_trial`, the path a
+Every trial is a real isolated trial process started by `autotune.trial.launcher.run_trial`, the path a
 search takes. It prints each trial's samples/s with what can explain a spread:
 
   load      the 1-minute load average after the trial (the machines this runs on are shared)
@@ -105,7 +105,7 @@ def shown_command(argv: list[str] | None, file: str) -> str:
 
 def load_config(path: str, base: Any) -> Any:
     """The knobs of a config file (flat TrialConfig or an exported best.yaml) over the workload `base`."""
-    from autotune.export import load_config as _load
+    from autotune.core.configfile import load_config as _load
 
     return base.replace(**_load(path).knobs())
 
@@ -160,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(shown_command(argv, __file__), flush=True)
 
-    from autotune import errors, launcher
-    from autotune.config import TrialConfig
-    from autotune.data import default_data
+    from autotune.core import errors
+    from autotune.trial import launcher
+    from autotune.core.config import TrialConfig
+    from autotune.pipelines.unet.data import default_data
 
     data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,

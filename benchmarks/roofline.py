@@ -1,6 +1,6 @@
 """Is the input pipeline hidden? End-to-end samples/s divided by the same config fed pre-loaded tensors.
 
-One process, one model: `autotune.harness.build(cfg)` applies every knob exactly as a trial does. Then,
+One process, one model: `autotune.trial.harness.build(cfg)` applies every knob exactly as a trial does. Then,
 in rounds, alternating which goes first:
 
   end-to-end   h.step on batches from the config's DataLoader (decode, crop, workers: all of it)
@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="take the knobs from this config (e.g. an exported best.yaml); "
-                   "default: autotune.study.warm_start for this machine")
+                   "default: autotune.search.study.warm_start for this machine")
     p.add_argument("--image-size", type=int, default=128, help="training crop size in px (default 128)")
     p.add_argument("--rounds", type=int, default=6, help="rounds of (end-to-end, compute) (default 6)")
     p.add_argument("--seconds", type=float, default=8.0, help="timed seconds per phase (default 8)")
@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(shown_command(argv, __file__), flush=True)
 
-    from autotune import measure
-    from autotune.config import TrialConfig
-    from autotune.data import default_data
-    from autotune.harness import build
-    from autotune.search_space import Hardware
-    from autotune.study import warm_start
+    from autotune.trial import measure
+    from autotune.core.config import TrialConfig
+    from autotune.pipelines.unet.data import default_data
+    from autotune.trial.harness import build
+    from autotune.search.space import Hardware
+    from autotune.search.study import warm_start
 
     data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     base = TrialConfig(data_dir=str(data), image_size=args.image_size)

@@ -1,16 +1,16 @@
 """How fast does each search strategy find the fastest config? Record a full grid once, replay strategies on it.
 
     record   measure every config of a reduced space on this machine (real isolated trials through
-             `autotune.launcher.run_trial`, the path a search takes) and save the table as
+             `autotune.trial.launcher.run_trial`, the path a search takes) and save the table as
              benchmarks/data/grid-<host-kind>.csv: one row per config, every knob column, samples_per_s
              (0 for a failed trial, with its status), and the 1-minute load average at the time.
     replay   no torch, no trials: run each strategy against the table, many seeds, and print how many
              trials it needs to reach 95% of the grid's best, and how close it gets in 10, 20, 40 trials.
 
 Strategies in replay:
-    tpe      autotune's default: `autotune.study.make_sampler('tpe', seed)`, with autotune's two enqueued
+    tpe      autotune's default: `autotune.search.study.make_sampler('tpe', seed)`, with autotune's two enqueued
              trials first (the plain-PyTorch baseline, then `study.warm_start` for the recorded host),
-             mapped into the reduced grid, and configs built by `autotune.search_space.suggest`
+             mapped into the reduced grid, and configs built by `autotune.search.space.suggest`
     gp       the same with make_sampler('gp', seed) (needs scipy; skipped with a note when it is missing)
     random   optuna RandomSampler(seed), nothing enqueued (it may repeat a config, as in a real search)
     grid     optuna GridSampler(seed): the whole grid in a shuffled order, no repeats
@@ -100,9 +100,10 @@ def _parse_value(text: str) -> Any:
 # ------------------------------------------------------------------------------------------ record
 
 def record(args: argparse.Namespace) -> int:
-    from autotune import errors, launcher
-    from autotune.config import KNOBS, TrialConfig
-    from autotune.data import default_data
+    from autotune.core import errors
+    from autotune.trial import launcher
+    from autotune.core.config import KNOBS, TrialConfig
+    from autotune.pipelines.unet.data import default_data
     from repeatability import OtherLoad, wait_for_quiet
 
     data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
@@ -238,7 +239,7 @@ class Table:
 
 def _space() -> Any:
     """The reduced grid as an autotune SearchSpace: num_workers as the int range the default space has."""
-    from autotune.search_space import Choices, IntRange, SearchSpace
+    from autotune.search.space import Choices, IntRange, SearchSpace
 
     return SearchSpace(knobs={
         "num_workers": IntRange(min(GRID["num_workers"]), max(GRID["num_workers"])),
@@ -261,9 +262,9 @@ def _snap(cfg: Any) -> Config:
 
 def _anchors(table: Table) -> list[Config]:
     """autotune's two enqueued trials, as study.open_study enqueues them, for the recorded host."""
-    from autotune.config import BASELINE, TrialConfig
-    from autotune.search_space import Hardware
-    from autotune.study import warm_start
+    from autotune.core.config import BASELINE, TrialConfig
+    from autotune.search.space import Hardware
+    from autotune.search.study import warm_start
 
     hw = Hardware(cuda=False, gpu_count=0, cpu_count=table.cpu_count, apex=False)
     base = TrialConfig()
@@ -292,17 +293,18 @@ def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: boo
                 greedy_first: bool = False) -> Run:
     def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
         import optuna
-        from autotune.config import BASELINE, TrialConfig
-        from autotune.search_space import Hardware, suggest
-        from autotune.study import _params, warm_start
+        from autotune.core.config import BASELINE, TrialConfig
+        from autotune.search.space import Hardware, suggest
+        from autotune.search.space import config_params
+        from autotune.search.study import warm_start
 
         space = _space()
         base = TrialConfig()
         study = optuna.create_study(direction="maximize", sampler=sampler_factory(seed))
 
         def params(c: Config) -> dict[str, Any]:
-            # _params: what autotune's open_study enqueues (only the knobs this space can express).
-            return _params(base.replace(**dict(zip(GRID, c))), space)
+            # config_params: what autotune's open_study enqueues (only the knobs this space can express).
+            return config_params(base.replace(**dict(zip(GRID, c))), space)
 
         anchors = 0
         if enqueue:
@@ -365,13 +367,13 @@ def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: boo
 
 
 def _tpe(seed: int) -> Any:
-    from autotune.study import make_sampler
+    from autotune.search.study import make_sampler
 
     return make_sampler("tpe", seed)
 
 
 def _gp(seed: int) -> Any:
-    from autotune.study import make_sampler
+    from autotune.search.study import make_sampler
 
     return make_sampler("gp", seed)
 

@@ -1,5 +1,5 @@
 """Trial start-up, side by side in one run: cold `python -m autotune.trial`, a warm fork from
-`autotune.warm.WarmServer`, and cold `torchrun --nproc-per-node 2`.
+`autotune.trial.warm.WarmServer`, and cold `torchrun --nproc-per-node 2`.
 
 Every trial is the real Unet pipeline (64 px, 1 warm-up and 2 timed steps by default), started the
 way the launcher starts it, with AUTOTUNE_LAUNCH_TIME set at launch. The pipeline is named through
@@ -39,10 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from autotune import launcher  # noqa: E402
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.trial import LAUNCH_TIME_ENV, die_with_parent, write_json_atomic  # noqa: E402
-from autotune.warm import WarmServer  # noqa: E402
+from autotune.trial import launcher  # noqa: E402
+from autotune.core.config import TrialConfig  # noqa: E402
+from autotune.core.files import write_json_atomic  # noqa: E402
+from autotune.core.procs import die_with_parent  # noqa: E402
+from autotune.trial.worker import LAUNCH_TIME_ENV  # noqa: E402
+from autotune.trial.warm import WarmServer  # noqa: E402
 
 TIMES_ENV = "AUTOTUNE_BENCH_TIMES"
 MODES = ("cold", "warm", "torchrun-2")
@@ -57,7 +59,7 @@ def timed_unet(cfg: Any) -> Any:
     # imports the pipeline module; smp comes with the first UnetPipeline), so they count as start-up.
     import segmentation_models_pytorch  # noqa: F401
 
-    from autotune.pipelines.unet import UnetPipeline
+    from autotune.pipelines.unet.pipeline import UnetPipeline
 
     launched = float(os.environ[LAUNCH_TIME_ENV])
     t0 = time.time()
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.data:
         data = Path(args.data)
     else:
-        from autotune.data import make_data
+        from autotune.pipelines.unet.data import make_data
 
         data = make_data(out / "data", n=32, size=(160, 120), seed=0)
     cfg = TrialConfig(pipeline="benchmarks.startup:timed_unet", data_dir=str(data), image_size=args.image_size,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh: one prepared end-to-end check of autotune on a lent GPU machine.
+# gpu_check.sh: one prepared end-to-end check of autotune on a machine with NVIDIA GPUs.
 #
 # What it runs, each step under `timeout`, carrying on past failures:
 #   1. environment set-up (below), versions and nvidia-smi into the log
@@ -20,11 +20,11 @@
 # Environment, in this order of preference:
 #   - $GPU_CHECK_PYTHON, if set.
 #   - the checkout's .venv, if its python runs here and imports torch, smp and optuna (a dev box).
-#   - otherwise the machine's python3 (the lent H200: /opt/torch/.venv, with torch, torchvision,
-#     timm, rich, pyyaml, psutil, nvidia-ml-py, but no segmentation-models-pytorch or optuna, and
-#     no package index). The missing packages travel as wheels in .whl/ (make them here, where pip
-#     reaches an index, with `bash scripts/gpu_check.sh --fetch-wheels`, then `carry: [".whl"]` in
-#     the device run); they are installed with --no-index --no-deps --target into $WORK/site.
+#   - otherwise the machine's python3, when it already has torch (a GPU box whose CUDA torch must
+#     stay). Packages it lacks (segmentation-models-pytorch, optuna, ...) are installed from wheels
+#     in .whl/ with --no-index --no-deps --target into $WORK/site, so a GPU machine without a
+#     package index works too: make the wheels on a machine that has one with
+#     `bash scripts/gpu_check.sh --fetch-wheels`, and copy .whl/ along with the checkout.
 #     The project is NOT pip-installed there: with no index pip could not satisfy pyproject's
 #     torch==2.14.1 pin, and the machine's torch (2.11 when last seen) must stay. It runs from the
 #     checkout through PYTHONPATH and `python -m autotune`; the torch version is logged.
@@ -40,9 +40,9 @@
 # steps are skipped when less is left), GPU_CHECK_WORK (default /tmp/gpu_check), GPU_CHECK_WHEELS
 # (default .whl), GPU_CHECK_BATCH (default 32), GPU_CHECK_SEARCH_BUDGET (default 3m).
 #
-# Device call, from the repo root here:
-#   bash scripts/gpu_check.sh --fetch-wheels        # once, here
-#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=600)
+# Usage, from the repository root:
+#   bash scripts/gpu_check.sh --fetch-wheels   # only for a GPU machine without a package index: on one with it
+#   bash scripts/gpu_check.sh                  # on the GPU machine
 set -uo pipefail # no -e: a failed step is recorded and the script goes on
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -52,24 +52,24 @@ WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
 BATCH=${GPU_CHECK_BATCH:-32}
 SEARCH_BUDGET=${GPU_CHECK_SEARCH_BUDGET:-3m}
-# Wheels the lent machine lacks; versions as tested in the checkout's .venv.
+# Wheels a GPU machine's own python may lack; versions as tested in the checkout's .venv.
 WHEEL_SPECS=(segmentation-models-pytorch==0.6.0 optuna==5.0.0 alembic==1.20.1 sqlalchemy==2.1.9
   colorlog==6.12.0 mako==1.4.3)
 
-# --fetch-wheels: run HERE (where pip reaches an index), not on the device.
+# --fetch-wheels: run where pip reaches an index, then copy .whl/ to the GPU machine.
 if [[ ${1:-} == --fetch-wheels ]]; then
   mkdir -p "$WHEELS" || exit 1
   py=python3
   [[ -x $ROOT/.venv/bin/python ]] && py=$ROOT/.venv/bin/python
-  # The lent machine's python3 is 3.12 on x86-64; pure-python wheels come as py3-none-any.
+  # Pure-python wheels come as py3-none-any, so any CPython 3 on the GPU machine takes them.
   "$py" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${WHEEL_SPECS[@]}" || exit 1
   if [[ $WHEELS == "$ROOT/.whl" ]] && ! grep -qx '/.whl/' "$ROOT/.git/info/exclude" 2>/dev/null; then
-    echo '/.whl/' >>"$ROOT/.git/info/exclude" # keep the wheels out of git; `carry` takes them along
+    echo '/.whl/' >>"$ROOT/.git/info/exclude" # keep the wheels out of git
   fi
   du -sh "$WHEELS"
-  echo "now: run(command=\"bash scripts/gpu_check.sh\", carry=[\".whl\"], timeout_s=600)"
+  echo "now copy .whl/ with the checkout to the GPU machine and run: bash scripts/gpu_check.sh"
   exit 0
 fi
 
@@ -132,7 +132,7 @@ finish() { # finish EXIT_CODE: summary, files for $OUT, and let tee write the lo
   exit "$1"
 }
 
-collect() { # copy what should come back from the device into $OUT (at most 8 files, 2 levels)
+collect() { # copy the results worth keeping into $OUT (at most 8 files, 2 levels)
   [[ -n ${OUT:-} ]] || return 0
   [[ -f $WORK/gpu_results.json ]] && cp "$WORK/gpu_results.json" "$OUT/"
   [[ -f $WORK/studies/gpu-check/best.yaml ]] && cp "$WORK/studies/gpu-check/best.yaml" "$OUT/"
@@ -167,7 +167,7 @@ setup_env() {
       export PYTHONPATH=$WORK/site:$PYTHONPATH
     fi
     if ! imports_ok "torch, torchvision"; then
-      # Not the lent H200 (it has torch): a machine that reaches an index gets its own venv.
+      # A python without torch: a machine that reaches an index gets its own venv.
       echo "python3 has no torch: making a venv in $WORK/venv and asking the package index"
       python3 -m venv "$WORK/venv" && PY=$WORK/venv/bin/python || return 1
       timeout 300 "$PY" -m pip install -q --retries 0 --timeout 15 torch==2.14.1 torchvision==0.29.1 || return 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,9 @@ def _run(session: Any, console: Any) -> int:
                       f"  apply it:  autotune trial --config {outcome.best_yaml}\n"
                       f"  inspect:   optuna-dashboard {shown_storage(s.storage)} --artifact-dir "
                       f"{Path(s.studies_dir) / 'artifacts'}", highlight=False)
+    if outcome.error:
+        print(f"autotune: error: {outcome.error}", file=sys.stderr)
+        return ExitCode.ERROR
     return ExitCode.INTERRUPTED if outcome.interrupted else ExitCode.OK
 
 

@@ -2,6 +2,7 @@
 artifacts and constraint (infeasible configs are constraints, so the sampler steers away)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -19,6 +20,7 @@ from autotune.search import _optuna
 from autotune.search.locks import Lease, device_lock
 from autotune.search.records import TrialRecord, of_result, write
 from autotune.search.results import baseline_sps
+from autotune.search.storage import disk_error
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
@@ -80,6 +82,14 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
     except TrialFailure as e:
         _record_failure(trial, role, e)
         state = TrialState.FAIL
+    except OSError as e:
+        if not disk_error(e):
+            raise
+        # A full or read-only disk: record why if the journal still takes a write, then stop the search.
+        with contextlib.suppress(OSError):
+            write(trial, TrialRecord(role=role, reason="disk", message=f"{e.strerror or e}: {e.filename or ''}"))
+            study.tell(trial, state=TrialState.FAIL)
+        raise
     except BaseException:
         trial.set_user_attr("reason", "interrupted")
         _upload(trial, trial_dir)

@@ -13,7 +13,7 @@ import dataclasses
 import signal
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -30,7 +30,7 @@ from autotune.search.records import StudyRecord
 from autotune.search.results import best_export, leaderboard
 from autotune.search.runner import Events, run_one
 from autotune.search.space import Hardware, SearchSpace, load_space, resolve
-from autotune.search.storage import open_storage
+from autotune.search.storage import check_writable, disk_error, open_storage
 from autotune.search.study import config_for, fail_stale, load_study, open_study, study_workload
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
@@ -44,7 +44,7 @@ class Outcome:
     trials: int = 0
     interrupted: bool = False
     best_yaml: Path | None = None
-    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # why the run stopped early (a full or read-only disk), in one line
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -70,6 +70,7 @@ class SearchSession:
                                unsupported=pipelines.unsupported_of(pipeline))
         for note in notes:
             say(f"space: {note}")
+        check_writable(settings.storage, settings.studies_dir)  # a full disk stops here, before any trial
         storage = open_storage(settings.storage)
         study = open_study(settings, storage, fingerprint(settings.base), space, hw)
         return cls(study, space, settings, warm=warm, say=say)
@@ -77,6 +78,7 @@ class SearchSession:
     @classmethod
     def join(cls, settings: SearchSettings, data: str | None, *, warm: bool = True, say: Say = print) -> SearchSession:
         """Attach to a study made by `autotune search`: its space, workload and trial timeout come from it."""
+        check_writable(settings.storage, settings.studies_dir)
         study = load_study(settings.storage, settings.study)
         record = StudyRecord.of(study)
         if record.space is None:
@@ -104,10 +106,19 @@ class SearchSession:
                     outcome.trials += 1
         except KeyboardInterrupt:
             outcome.interrupted = True
+        except OSError as e:
+            if not disk_error(e):
+                raise
+            outcome.error = f"cannot write {e.filename or 'the study'}: {e.strerror or e}; the search stopped"
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        outcome.best_yaml = self.finish()
+        try:
+            outcome.best_yaml = self.finish()
+        except OSError as e:
+            if not disk_error(e):
+                raise
+            outcome.error = (outcome.error or "") + f"; best.yaml not written: {e.strerror or e}"
         return outcome
 
     def _trials(self, events: Events, server: WarmServer | None) -> Iterator[optuna.trial.FrozenTrial]:

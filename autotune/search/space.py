@@ -353,13 +353,11 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) ->
 
 
 def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
-    """The params for `study.enqueue_trial` that make suggest() return `cfg` (on the searched knobs).
-
-    Optuna 5 checks enqueued ("fixed") params only when the trial suggests them: an int outside the
-    IntDistribution gets a UserWarning and is recorded as given, but a categorical value that is not
-    among the choices raises ValueError inside suggest_categorical, mid-trial. So an out-of-choice
-    value is refused here, up front. Fixed knobs are not params; suggest() applies their fixed value
-    whatever `cfg` says.
+    """The params for `study.enqueue_trial` that make suggest() return `cfg` on the knobs the space
+    can express. Optuna raises inside suggest_categorical, mid-trial, for an enqueued choice that is
+    not in the list (and 1 == True would match the wrong one), so such a knob is left out: the sampler
+    picks it, and the enqueued trial still runs `cfg` exactly (its config user attr). Fixed knobs are
+    not params; suggest() applies their fixed value whatever `cfg` says.
     """
     params: dict[str, Any] = {}
     nw = _num_workers(space, cfg.num_workers)
@@ -368,8 +366,7 @@ def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
             continue
         spec, v = space.knobs[k], getattr(cfg, k)
         if isinstance(spec, Choices) and not any(type(v) is type(c) and v == c for c in spec.values):
-            raise SearchSpaceError(
-                f"{space.source}: knob {k!r}: cannot enqueue {k}={v!r}, not among the choices {list(spec.values)}")
+            continue
         params[k] = v
     return params
 

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import errno
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import StorageError
 from autotune.core.urls import mask_url
+from autotune.search import journal
 
 DEFAULT_STORAGE = "studies.db"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -52,7 +55,8 @@ def open_storage(url: str | None) -> Any:
     if "://" not in url:
         path = Path(url)
         check_journal_file(path)
-        return JournalStorage(JournalFileBackend(str(path)))
+        journal.check(path, say=lambda line: print(line, file=sys.stderr))  # never append after a torn record
+        return JournalStorage(JournalFileBackend(str(path), lock_obj=journal.journal_lock(path)))
     scheme = url.split("://", 1)[0]
     try:
         if scheme == "grpc":
@@ -75,3 +79,37 @@ def open_storage(url: str | None) -> Any:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise StorageError(f"cannot open storage {shown}: {first.replace(url, shown)}") from None
     raise StorageError(f"storage {shown}: unknown scheme {scheme!r} (use a path, sqlite:///, postgresql://, mysql:// or grpc://)")
+
+
+PROBE_BYTES = 1 << 20  # room for a trial's logs and a few journal records
+
+
+def check_writable(url: str | None, studies_dir: str) -> None:
+    """Before a search or worker starts a trial: the studies folder and a journal's folder must take a
+    real write (a full disk, a read-only mount and a missing permission all show here), or it is bad
+    input. Reading commands skip this, so a study on read-only media stays readable."""
+    places = [Path(studies_dir)]
+    url = url or DEFAULT_STORAGE
+    if "://" not in url:
+        places.append(Path(url).resolve().parent)  # the journal and Optuna's lock file live there
+    for folder in places:
+        probe = folder / f".autotune-probe-{os.getpid()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with probe.open("wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise StorageError(f"cannot write to {folder}: {e.strerror or e} "
+                               f"({errno.errorcode.get(e.errno or 0, 'error')}); free space or fix permissions, "
+                               "or point --studies-dir / --storage elsewhere") from None
+        finally:
+            probe.unlink(missing_ok=True)
+    if "://" not in url and Path(url).exists() and not os.access(url, os.W_OK):
+        raise StorageError(f"cannot write to {url}: permission denied; the study stays readable by show and export")
+
+
+def disk_error(e: OSError) -> bool:
+    """A write that failed because of the disk (full, read-only, no permission), not because of autotune."""
+    return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)

@@ -19,7 +19,7 @@ from autotune.search import _optuna
 from autotune.search.fingerprint import differences
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import shown_storage
-from autotune.search.space import Choices, Hardware, SearchSpace, suggest
+from autotune.search.space import Hardware, SearchSpace, config_params, suggest
 from autotune.search.storage import open_storage
 
 # We run ask/tell ourselves, with the heartbeat thread Study.optimize would start: the warning is moot.
@@ -83,11 +83,14 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
     # Trial 0 is the baseline, trial 1 the guides' warm start.
     for role, cfg in (("baseline", settings.base.replace(**BASELINE.knobs())), ("warm_start", warm_start(settings.base, hw))):
         record = TrialRecord(role=role, config=cfg.knobs())
-        study.enqueue_trial(_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
+        study.enqueue_trial(config_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
     return study
 
 
 STALE_AFTER_S = 600.0  # a trial on another host with no heartbeat for this long is presumed dead
+# A live controller records itself as a trial's owner within milliseconds of ask(); a RUNNING trial
+# with no owner after this long lost its controller in between (a SIGKILL, a power cut).
+OWNERLESS_STALE_S = 30.0
 
 
 def _owner_alive(owner: dict[str, Any]) -> bool:
@@ -101,37 +104,29 @@ def _owner_alive(owner: dict[str, Any]) -> bool:
         return False
 
 
-def fail_stale(study: optuna.Study) -> list[int]:
+def fail_stale(study: optuna.Study, ownerless_after_s: float = OWNERLESS_STALE_S) -> list[int]:
     """Trials left RUNNING by a controller that died: kill what is left of them, mark them FAIL (stale),
     and re-enqueue a lost baseline or warm start so the study still gets one."""
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         record = TrialRecord.from_frozen(t)
         owner = record.owner
-        if not owner or _owner_alive(owner):
-            continue
-        if owner.get("host") == socket.gethostname() and owner.get("pgid"):
-            signal_group(owner["pgid"])  # reap an orphaned trial process group
-        _optuna.fail_trial(study, t, {"reason": "stale",
-                                      "message": f"controller pid {owner.get('pid')} on {owner.get('host')} died"})
+        if owner is None:
+            started = t.datetime_start.timestamp() if t.datetime_start else 0.0
+            if time.time() - started <= ownerless_after_s:
+                continue
+            why = "its controller died before recording itself as the owner"
+        else:
+            if _owner_alive(owner):
+                continue
+            if owner.get("host") == socket.gethostname() and owner.get("pgid"):
+                signal_group(owner["pgid"])  # reap an orphaned trial process group
+            why = f"controller pid {owner.get('pid')} on {owner.get('host')} died"
+        _optuna.fail_trial(study, t, {"reason": "stale", "message": why})
         if record.role in ("baseline", "warm_start"):
             study.enqueue_trial(t.params, user_attrs=TrialRecord(role=record.role, config=record.config).to_attrs())
         failed.append(t.number)
     return failed
-
-
-def _params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
-    """Params for the knobs of `cfg` the space can express. Optuna refuses an enqueued choice
-    outside the list, so those are left to the sampler; the trial still runs `cfg` (user attr)."""
-    params: dict[str, Any] = {}
-    for knob in space.searched():
-        spec, value = space[knob], getattr(cfg, knob)
-        if isinstance(spec, Choices) and value not in spec.values:
-            continue
-        if knob in ("prefetch_factor", "persistent_workers") and cfg.num_workers == 0:
-            continue
-        params[knob] = value
-    return params
 
 
 def config_for(trial: optuna.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:

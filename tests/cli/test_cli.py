@@ -103,16 +103,50 @@ def test_show_unknown_study(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no study" in bad(capsys, "show", "--study", "ghost")
 
 
-def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("argv", [["worker", "--study", "x"],  # --storage is required
+                                  ["search", "--budget", "1m", "--no-such-flag"],
+                                  ["trial", "--config", "c.yaml", "--timeout", "soon"]])
+def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
-        main(["search"])  # --budget is required
+        main(argv)
     assert e.value.code == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
-def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for cmd in ("search", "trial", "show", "export", "make-data"):
-        with pytest.raises(SystemExit) as e:
-            main([cmd, "--help"])
-        assert e.value.code == 0
-        assert "usage" in capsys.readouterr().out
+def test_search_without_budget(capsys: pytest.CaptureFixture[str], data: Path) -> None:
+    assert "--budget" in bad(capsys, "search", "--data", str(data))  # required unless --create-only
+
+
+COMMANDS = ("search", "worker", "storage-proxy", "trial", "show", "export", "train", "ablate", "report", "make-data")
+
+
+def test_the_command_list_is_complete() -> None:
+    """A new command must join COMMANDS, so its --help is tested below."""
+    import argparse
+
+    from autotune.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str], cmd: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"usage: autotune {cmd} "), out[:200]
+    assert "-h, --help" in out and err == ""
+    assert not Path("studies.db").exists() and not Path("studies").exists()  # help runs nothing
+
+
+def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: autotune ") and "exit codes" in out
+    for cmd in COMMANDS:
+        assert cmd in out

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autotune.core.config import KNOBS, WORKLOAD, SearchSettings, TrialConfig, TrialResult, parse_duration
-from autotune.core.errors import AutotuneError, ConfigError
+from autotune.core.errors import ConfigError
 
 BAD_VALUES: list[dict[str, Any]] = [
     {"num_workers": -1},
@@ -62,8 +63,22 @@ def test_each_bad_value_is_a_config_error(bad: dict[str, Any]) -> None:
         TrialConfig.from_dict(bad)
 
 
-def test_config_error_is_bad_input() -> None:
-    assert issubclass(ConfigError, AutotuneError)  # the CLI turns these into exit 2
+@pytest.mark.parametrize("text, word", [("precision: fp8\n", "precision"), ("batch_size: 0\n", "batch_size"),
+                                        ("batch_sise: 4\n", "batch_sise")])
+def test_bad_config_file_is_exit_2_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            text: str, word: str) -> None:
+    """A ConfigError reaches the user as bad input: exit 2, one line naming the key, no traceback, no trial run."""
+    from autotune.cli import main
+
+    path = tmp_path / "file.yaml"
+    path.write_text(text)
+    code = main(["trial", "--config", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("autotune: error:") and word in lines[0]
+    assert not (tmp_path / "trial").exists()  # refused before any trial folder was made
 
 
 def test_defaults_are_valid_and_a_plain_script() -> None:

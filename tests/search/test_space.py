@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import optuna
 import pytest
@@ -249,8 +253,12 @@ def test_enqueued_config_comes_back(hw: Hardware, cfg: TrialConfig) -> None:
 
 def test_config_params_out_of_space() -> None:
     space, _ = resolve(load_space(DEFAULT), CPU)
-    with pytest.raises(SearchSpaceError, match="precision"):
-        config_params(BASELINE.replace(precision="fp16"), space)
+    # fp16 was dropped on CPU: left to the sampler instead of failing mid-trial inside suggest_categorical
+    params = config_params(BASELINE.replace(precision="fp16", batch_size=16), space)
+    assert "precision" not in params and params["batch_size"] == 16
+    study = optuna.create_study()
+    study.enqueue_trial(params)
+    assert suggest(study.ask(), space, BASELINE).batch_size == 16  # no ValueError from Optuna
     # an int outside the range is accepted: Optuna warns and records it as given
     cfg = BASELINE.replace(num_threads=7)
     study = optuna.create_study()
@@ -260,6 +268,63 @@ def test_config_params_out_of_space() -> None:
 
 
 def test_detect() -> None:
+    """What this machine is: compared to the truth, not just to plausible types."""
+    import torch
+
     hw = Hardware.detect()
-    assert hw.cpu_count >= 1 and hw.gpu_count >= 0 and isinstance(hw.apex, bool)
-    assert hw.cuda == (hw.gpu_count > 0)
+    assert hw.cpu_count == os.cpu_count()
+    assert hw.apex is False  # not installed here (tests/trial/test_knobs.py relies on it too)
+    if not torch.cuda.is_available():
+        assert (hw.cuda, hw.gpu_count) == (False, 0)
+    else:  # pragma: no cover - on a GPU machine
+        assert (hw.cuda, hw.gpu_count) == (True, torch.cuda.device_count())
+
+
+def test_detect_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another machine gives another answer: nothing is assumed."""
+    import torch
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 96)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert Hardware.detect() == Hardware(cuda=True, gpu_count=4, cpu_count=96, apex=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one core, not a crash
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False)
+
+
+@pytest.fixture
+def fake_apex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A Python-only apex build on sys.path: `apex.optimizers` imports, the compiled `amp_C` may be absent."""
+    import importlib
+
+    names = ("apex", "apex.optimizers", "amp_C")
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    pkg = tmp_path / "site" / "apex"
+    (pkg / "optimizers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "optimizers" / "__init__.py").write_text("class FusedAdam:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    yield tmp_path / "site"
+    for name in names:  # imported during the test: must not leak into the next one
+        sys.modules.pop(name, None)
+    importlib.invalidate_caches()
+
+
+def test_apex_without_its_cuda_extension_is_not_available(fake_apex: Path) -> None:
+    from autotune.trial.knobs import apex_available
+
+    assert importlib.util.find_spec("apex.optimizers") is not None  # the Python part is there
+    assert apex_available() is False  # but FusedAdam would fail at its first step without amp_C
+    assert Hardware.detect().apex is False
+
+
+def test_apex_with_its_cuda_extension_is_available(fake_apex: Path) -> None:
+    from autotune.trial.knobs import apex_available
+
+    (fake_apex / "amp_C.py").write_text("")  # stands for the compiled amp_C extension
+    importlib.invalidate_caches()
+    assert apex_available() is True
+    assert Hardware.detect().apex is True

@@ -21,7 +21,7 @@ from autotune.search.storage import open_storage
 from autotune.search.results import feasible
 from autotune.search.runner import Events, run_one
 from autotune.search.study import open_study
-from tests.conftest import REPO_ROOT, live_processes, wait_until_gone
+from tests.conftest import REPO_ROOT, wait_until_gone
 
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
 FP = {"gpu_names": [], "gpu_count": 0, "cpu_model": "test", "cpu_cores": 2, "torch": "x", "cuda": None,

@@ -1,8 +1,12 @@
-"""autotune/measure.py: percentiles, clocks, peak memory and the NVML sampler's no-op on CPU."""
+"""autotune/measure.py: percentiles, clocks, peak memory, and the NVML sampler: a no-op on CPU, sampling on a (fake) GPU."""
 from __future__ import annotations
 
 import math
+import sys
+import threading
 import time
+import types
+from typing import Callable
 
 import pytest
 import torch
@@ -63,3 +67,105 @@ def test_gpu_util_sampler_mean() -> None:
     util = measure.GpuUtilSampler(CPU)
     util.samples.extend([50.0, 100.0])
     assert util.mean == 75.0
+
+
+# --- the NVML sampler on a (fake) GPU -------------------------------------------------------------------
+
+class FakeNvml(types.ModuleType):
+    """What GpuUtilSampler calls of pynvml, recording what it was asked and what it answered."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, values: list[float], fail_after: int | None = None, init_fails: bool = False) -> None:
+        super().__init__("pynvml")
+        self.values, self.fail_after, self.init_fails = values, fail_after, init_fails
+        self.indices: list[int] = []
+        self.handles: list[object] = []
+        self.answered: list[float] = []
+        self.handle = object()
+
+    def nvmlInit(self) -> None:
+        if self.init_fails:
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        self.indices.append(index)
+        return self.handle
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> types.SimpleNamespace:
+        self.handles.append(handle)
+        if self.fail_after is not None and len(self.answered) >= self.fail_after:
+            raise self.NVMLError("GPU is lost")
+        value = self.values[len(self.answered) % len(self.values)]
+        self.answered.append(value)
+        return types.SimpleNamespace(gpu=value, memory=0)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_gpu_util_sampler_samples_nvml_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml([20, 50, 90, 100])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with measure.GpuUtilSampler(torch.device("cuda", 1), interval_s=0.005) as util:
+        assert util._thread is not None and util._thread.is_alive()
+        assert wait_for(lambda: len(util.samples) >= 6)  # the trial goes on meanwhile
+    assert util._thread is not None and not util._thread.is_alive()  # stopped and joined on exit
+    assert fake.indices == [1]  # the trial's own device
+    assert fake.handles and all(h is fake.handle for h in fake.handles)
+    assert util.samples == [float(v) for v in fake.answered]  # every answer kept, in order
+    assert util.mean == pytest.approx(sum(fake.answered) / len(fake.answered))
+    n = len(util.samples)
+    time.sleep(0.05)
+    assert len(util.samples) == n  # nothing sampled after the block
+
+
+def test_gpu_util_sampler_default_cuda_device_is_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml([40])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    with measure.GpuUtilSampler(torch.device("cuda"), interval_s=0.005) as util:
+        assert wait_for(lambda: len(util.samples) >= 2)
+    assert fake.indices == [3]
+    assert util.mean == 40.0
+
+
+def test_gpu_util_sampler_without_nvml_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml([40], init_fails=True)  # a GPU, but no driver library: utilisation unknown
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.005) as util:
+        time.sleep(0.03)
+        assert util._thread is None
+    assert util.mean is None and fake.answered == []
+
+
+def test_gpu_util_sampler_when_nvml_fails_mid_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Current behaviour: the sampling thread dies at the first NVML error (the exception escapes the
+    thread) and the mean is that of the samples taken before it; with no sample at all, None.
+    The trial itself is not disturbed."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+
+    fake = FakeNvml([30, 60], fail_after=0)  # fails at the first call
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.005) as util:
+        assert util._thread is not None
+        assert wait_for(lambda: not util._thread.is_alive())  # type: ignore[union-attr]
+    assert util.mean is None and util.samples == []
+    assert len(died) == 1 and isinstance(died[0], FakeNvml.NVMLError)
+
+    died.clear()
+    fake = FakeNvml([30, 60], fail_after=2)  # two answers, then the GPU is lost
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.005) as util:
+        assert wait_for(lambda: not util._thread.is_alive())  # type: ignore[union-attr]
+        time.sleep(0.03)
+    assert util.samples == [30.0, 60.0] and util.mean == 45.0  # sampling stopped for good at the error
+    assert len(died) == 1 and isinstance(died[0], FakeNvml.NVMLError)

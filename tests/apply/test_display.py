@@ -1,0 +1,216 @@
+"""autotune/apply/display.py: the leaderboard (rows, table) and the live view's per-trial lines,
+read from a real journal study written the way a search writes it."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console
+
+from autotune.apply.display import LEADERBOARD_COLUMNS, LiveSearch, knob_summary, leaderboard_rows, leaderboard_table
+from autotune.core.config import BASELINE, TrialResult
+from autotune.search.records import TrialRecord, of_result, write
+from autotune.search.runner import FEASIBLE_KEY
+from autotune.search.storage import open_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+FAST = BASELINE.replace(num_workers=2, precision="bf16")
+WARM = BASELINE.replace(num_workers=2, pin_memory=True, optimizer_fusion="fused")
+BIG = BASELINE.replace(batch_size=64)
+
+
+def ok(study: optuna.Study, role: str, knobs: dict[str, Any], sps: float, speedup: float | None,
+       peak: int | None, wait: float | None, contended: bool = False) -> FrozenTrial:
+    """As runner.run_one records a trial that finished: feasible constraint, record, value."""
+    trial = study.ask()
+    trial.set_user_attr("role", role)
+    trial.set_constraint(FEASIBLE_KEY, 0.0)
+    result = TrialResult(status="ok", samples_per_s=sps, peak_memory_bytes=peak, data_wait_fraction=wait,
+                         step_time_p50=0.1, step_time_p90=0.12, timed_steps=20)
+    write(trial, of_result(role, knobs, result, speedup, contended))
+    return study.tell(trial, sps)
+
+
+def failed(study: optuna.Study, knobs: dict[str, Any], reason: str, message: str, state: TrialState | None) -> FrozenTrial:
+    """As run_one records a failure: state None is an infeasible config (complete, constraint 1, value 0)."""
+    trial = study.ask()
+    write(trial, TrialRecord(role="search", config=knobs))
+    write(trial, TrialRecord(role="search", reason=reason, message=message, log_tail="..."))
+    if state is None:
+        trial.set_constraint(FEASIBLE_KEY, 1.0)
+        return study.tell(trial, 0.0)
+    return study.tell(trial, state=state)
+
+
+@pytest.fixture
+def search(tmp_path: Path) -> tuple[optuna.Study, dict[str, FrozenTrial]]:
+    study = optuna.create_study(study_name="disp", storage=open_storage(str(tmp_path / "studies.db")),
+                                direction="maximize")
+    t = {
+        "baseline": ok(study, "baseline", BASELINE.knobs(), 10.0, 1.0, 300 * 2**20, 0.25),
+        "fast": ok(study, "search", FAST.knobs(), 20.0, 2.0, 200 * 2**20, 0.05, contended=True),
+        "oom": failed(study, BIG.knobs(), "oom", "CUDA out of memory. Tried to allocate 20.00 GiB", None),
+        "crash": failed(study, BASELINE.replace(compile="default").knobs(), "crash", "worker died with signal 9",
+                        TrialState.FAIL),
+        "pruned": failed(study, BASELINE.replace(num_threads=1).knobs(), "pruned", "could not beat the best",
+                         TrialState.PRUNED),
+        "warm": ok(study, "warm_start", WARM.knobs(), 15.0, None, None, 0.0),
+    }
+    return study, t
+
+
+def console() -> Console:
+    return Console(record=True, width=200, file=io.StringIO(), color_system=None)
+
+
+# --- knob_summary -------------------------------------------------------------------------------------
+
+def test_knob_summary_shows_only_what_differs_from_the_baseline() -> None:
+    assert knob_summary(BASELINE.knobs()) == "(baseline)"
+    assert set(knob_summary(FAST.knobs()).split()) == {"num_workers=2", "precision=bf16"}
+    assert knob_summary(BASELINE.replace(set_to_none=False).knobs()) == "set_to_none=False"  # a default of True
+
+
+def test_knob_summary_ignores_what_is_not_a_knob() -> None:
+    assert knob_summary({**BASELINE.knobs(), "image_size": 64, "data_dir": "/d", "lr": 0.1}) == "(baseline)"
+    assert knob_summary({"batch_size": 16, "seed": 3}) == "batch_size=16"
+    assert knob_summary({}) == "(baseline)"
+
+
+# --- leaderboard_rows -----------------------------------------------------------------------------------
+
+def test_rows_are_the_feasible_trials_fastest_first(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    rows = leaderboard_rows(study, 10)
+    assert all(len(r) == len(LEADERBOARD_COLUMNS) for r in rows)
+    assert [r[1] for r in rows] == [str(t[k].number) for k in ("fast", "warm", "baseline")]  # no oom/crash/pruned
+    assert [r[0] for r in rows] == ["1", "2", "3"]
+    assert [r[3] for r in rows] == ["20.00", "15.00", "10.00"]
+
+
+def test_row_cells(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, _ = search
+    fast, warm, base = leaderboard_rows(study, 10)
+    cells = dict(zip(LEADERBOARD_COLUMNS, fast))
+    assert (cells["role"], cells["speedup"], cells["peak MiB"], cells["data wait"]) == ("search", "x2.00", "200", "5%")
+    assert set(cells["config"].split()) == {"num_workers=2", "precision=bf16"}
+    cells = dict(zip(LEADERBOARD_COLUMNS, base))
+    assert (cells["role"], cells["speedup"], cells["peak MiB"], cells["data wait"], cells["config"]) == (
+        "baseline", "x1.00", "300", "25%", "(baseline)")
+    cells = dict(zip(LEADERBOARD_COLUMNS, warm))
+    # no speedup or memory stored: a dash, not a made-up figure; a zero data wait is still a figure
+    assert (cells["role"], cells["speedup"], cells["peak MiB"], cells["data wait"]) == ("warm_start", "-", "-", "0%")
+    assert set(cells["config"].split()) == {"num_workers=2", "pin_memory=True", "optimizer_fusion=fused"}
+
+
+def test_speedup_is_the_stored_one(tmp_path: Path) -> None:
+    """The row shows the speedup the study recorded with the trial, not one recomputed from values."""
+    study = optuna.create_study(study_name="s", storage=open_storage(str(tmp_path / "j.db")), direction="maximize")
+    ok(study, "baseline", BASELINE.knobs(), 10.0, 1.0, None, None)
+    ok(study, "search", FAST.knobs(), 30.0, 2.5, None, None)  # measured against an earlier baseline figure
+    assert [r[4] for r in leaderboard_rows(study, 10)] == ["x2.50", "x1.00"]
+
+
+def test_top_limits_the_rows(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    assert [r[1] for r in leaderboard_rows(study, 1)] == [str(t["fast"].number)]
+    assert leaderboard_rows(study, 0) == []
+
+
+def test_a_study_without_a_finished_trial_has_no_rows(tmp_path: Path) -> None:
+    study = optuna.create_study(study_name="e", storage=open_storage(str(tmp_path / "j.db")), direction="maximize")
+    failed(study, BIG.knobs(), "oom", "out of memory", None)
+    assert leaderboard_rows(study, 10) == []
+
+
+# --- leaderboard_table ----------------------------------------------------------------------------------
+
+def test_table_renders_the_rows(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    c = console()
+    c.print(leaderboard_table(study, top=10))
+    text = c.export_text()
+    assert "study disp: top 10 of 6 trials" in text
+    for col in ("samples/s", "speedup", "peak MiB", "data wait", "config"):
+        assert col in text
+    lines = text.splitlines()
+    fast = next(i for i, line in enumerate(lines) if "x2.00" in line)
+    base = next(i for i, line in enumerate(lines) if "x1.00" in line)
+    assert fast < base
+    assert "20.00" in lines[fast] and "precision=bf16" in lines[fast] and "search" in lines[fast]
+    assert "10.00" in lines[base] and "(baseline)" in lines[base] and "baseline" in lines[base]
+    assert "batch_size=64" not in text and "compile=default" not in text and "num_threads=1" not in text
+    assert sum(("search" in line or "baseline" in line or "warm_start" in line) for line in lines) == 3
+
+
+# --- LiveSearch -----------------------------------------------------------------------------------------
+
+def finished_line(study: optuna.Study, trial: FrozenTrial) -> str:
+    c = console()
+    LiveSearch(study, None, c).finished(trial)
+    lines = c.export_text().strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_live_line_for_a_fast_contended_trial(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    line = finished_line(study, t["fast"])
+    assert f"trial {t['fast'].number:3d}" in line and "20.00 samples/s" in line and "x2.00" in line
+    assert "contended" in line and "timing suspect" in line
+    assert "precision=bf16" in line
+
+
+def test_live_line_for_a_clean_trial_has_no_contended_note(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    line = finished_line(study, t["baseline"])
+    assert "10.00 samples/s" in line and "x1.00" in line and "baseline" in line and "(baseline)" in line
+    assert "contended" not in line
+
+
+def test_live_line_for_a_pruned_trial_gives_its_reason(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    line = finished_line(study, t["pruned"])
+    assert "pruned: could not beat the best" in line
+    assert "samples/s" not in line and "num_threads=1" in line
+
+
+def test_live_line_for_a_failed_trial_gives_its_reason(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    line = finished_line(study, t["crash"])
+    assert "fail" in line and "crash: worker died with signal 9" in line
+    assert "samples/s" not in line
+
+
+def test_live_line_for_an_infeasible_trial(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    line = finished_line(study, t["oom"])  # complete in Optuna, but not a figure anyone may use
+    assert "infeasible" in line and "oom: CUDA out of memory" in line
+    assert "0.00 samples/s" not in line and "batch_size=64" in line
+
+
+def test_live_line_cuts_a_long_message(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, _ = search
+    t = failed(study, BASELINE.knobs(), "crash", "E" * 300 + "TAIL", TrialState.FAIL)
+    line = finished_line(study, t)
+    assert "E" * 80 in line and "E" * 81 not in line and "TAIL" not in line
+
+
+def test_live_panel_counts_and_best(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    c = console()
+    live = LiveSearch(study, 125, c)
+    live.started(7, "search", FAST)
+    live.window(12.5)
+    c.print(live._render())
+    text = c.export_text()
+    assert "trial 7 (search) running" in text and "precision=bf16" in text
+    assert "12.50 samples/s" in text
+    assert f"20.00 samples/s (trial {t['fast'].number}), x2.00 vs baseline" in text
+    assert "3 done, 2 failed, 1 pruned" in text  # the infeasible trial counts as failed
+    assert "2m0" in text and "no limit" not in text  # about 125 s left

@@ -1,0 +1,129 @@
+"""autotune/search/fingerprint.py: what this machine really is, and which differences make timings incomparable."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import types
+
+import pytest
+import torch
+
+from autotune.core.config import TrialConfig
+from autotune.search.fingerprint import COMPARED, differences, fingerprint
+
+CFG = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=96)
+
+
+def cpuinfo_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def test_fingerprint_of_this_machine() -> None:
+    fp = fingerprint(CFG)
+    assert set(COMPARED) <= set(fp)
+    assert fp["cpu_cores"] == os.cpu_count()
+    assert fp["torch"] == torch.__version__
+    assert fp["pipeline"] == "tests.fault_pipelines:tiny" and fp["image_size"] == 96
+    assert fp["host"] == platform.node()
+    model = cpuinfo_model()
+    assert isinstance(fp["cpu_model"], str) and fp["cpu_model"]
+    if model is not None:  # Linux: the kernel's own name for this CPU
+        assert fp["cpu_model"] == model
+    if not torch.cuda.is_available():
+        assert (fp["gpu_names"], fp["gpu_count"], fp["driver"], fp["cuda"]) == ([], 0, None, None)
+    else:  # pragma: no cover - on a GPU machine
+        assert fp["gpu_count"] == torch.cuda.device_count() == len(fp["gpu_names"])
+        assert fp["cuda"] == torch.version.cuda
+
+
+def test_fingerprint_survives_the_study_attrs() -> None:
+    """Stored as a study user attr (JSON) and compared later: a round trip must not change it."""
+    fp = fingerprint(CFG)
+    assert differences(json.loads(json.dumps(fp)), fingerprint(CFG)) == []
+
+
+def test_fingerprint_follows_the_workload() -> None:
+    a, b = fingerprint(CFG), fingerprint(CFG.replace(image_size=128, pipeline="unet"))
+    assert (b["pipeline"], b["image_size"]) == ("unet", 128)
+    diff = differences(a, b)
+    assert len(diff) == 2
+    assert any(d.startswith("pipeline:") and "'unet'" in d for d in diff)
+    assert any(d.startswith("image_size:") and "96" in d and "128" in d for d in diff)
+
+
+def test_fingerprint_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    fake.nvmlSystemGetDriverVersion = lambda: "550.54.15"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"NVIDIA H200 #{i}")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    fp = fingerprint(CFG)
+    assert fp["cpu_cores"] == 64
+    assert fp["gpu_names"] == ["NVIDIA H200 #0", "NVIDIA H200 #1"] and fp["gpu_count"] == 2
+    assert fp["cuda"] == "12.8"
+    assert fp["driver"] == "550.54.15"
+    json.dumps(fp)  # still storable
+
+
+def test_fingerprint_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pynvml")
+
+    def broken() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    fake.nvmlInit = broken  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "GPU")
+    fp = fingerprint(CFG)
+    assert fp["gpu_count"] == 1 and fp["driver"] is None  # unknown, not an error
+
+
+# --- differences ------------------------------------------------------------------------------------
+
+BASE = {"gpu_names": ["A100"], "gpu_count": 1, "driver": "535", "cpu_model": "EPYC", "cpu_cores": 32,
+        "torch": "2.5.0", "cuda": "12.4", "pipeline": "unet", "image_size": 128, "host": "node-1"}
+
+
+def test_identical_fingerprints_have_no_differences() -> None:
+    assert differences(BASE, dict(BASE)) == []
+
+
+@pytest.mark.parametrize("key, new", [
+    ("gpu_names", ["H100"]), ("gpu_count", 2), ("cpu_model", "Xeon"), ("cpu_cores", 16), ("torch", "2.6.0"),
+    ("cuda", "12.8"), ("pipeline", "pkg:make"), ("image_size", 256),
+])
+def test_each_compared_key_is_named(key: str, new: object) -> None:
+    diff = differences(BASE, {**BASE, key: new})
+    assert len(diff) == 1
+    assert diff[0].startswith(f"{key}:") and repr(BASE[key]) in diff[0] and repr(new) in diff[0]
+
+
+def test_several_changes_are_all_named() -> None:
+    diff = differences(BASE, {**BASE, "torch": "2.6.0", "cpu_cores": 8, "gpu_count": 0})
+    assert sorted(d.split(":", 1)[0] for d in diff) == ["cpu_cores", "gpu_count", "torch"]
+
+
+def test_informational_keys_are_ignored() -> None:
+    """Another host of the same model, a driver update: the timings still compare."""
+    assert differences(BASE, {**BASE, "host": "node-2", "driver": "550", "extra": 1}) == []
+
+
+def test_a_missing_compared_key_is_a_difference() -> None:
+    old = {k: v for k, v in BASE.items() if k != "image_size"}  # recorded before the key existed
+    diff = differences(old, BASE)
+    assert len(diff) == 1 and diff[0].startswith("image_size:") and "None" in diff[0]

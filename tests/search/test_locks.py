@@ -1,0 +1,205 @@
+"""autotune/search/locks.py: GPU trials take turns per physical device; CPU trials overlap, but know it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+
+from autotune.search import locks
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REAL_CUDA_DEVICES = locks._cuda_devices  # cached: cleared around every test
+
+
+@pytest.fixture(autouse=True)
+def lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test gets its own lock folder (two tests must never see each other's leases)."""
+    d = tmp_path / "nested" / "locks"
+    monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(d))
+    REAL_CUDA_DEVICES.cache_clear()
+    yield d
+    REAL_CUDA_DEVICES.cache_clear()  # a list read under a faked torch.cuda must not outlive the test
+
+
+def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(locks, "_cuda_devices", lambda: ())
+
+
+def gpus(monkeypatch: pytest.MonkeyPatch, *ids: str) -> None:
+    monkeypatch.setattr(locks, "_cuda_devices", lambda: tuple(ids))
+
+
+class Holder:
+    """device_lock held in another thread until released: a second search's trial on this machine."""
+
+    def __init__(self, n_gpus: int = 1) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.lease: locks.Lease | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(n_gpus,), daemon=True)
+        self.thread.start()
+
+    def _run(self, n_gpus: int) -> None:
+        try:
+            with locks.device_lock(n_gpus) as lease:
+                self.lease = lease
+                self.entered.set()
+                self.release.wait(30)
+        except BaseException as e:  # pragma: no cover - reported by the test
+            self.error = e
+            self.entered.set()
+
+    def finish(self) -> locks.Lease:
+        self.release.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive() and self.error is None, self.error
+        assert self.lease is not None
+        return self.lease
+
+
+# --- the lock folder ------------------------------------------------------------------------------
+
+def test_lock_dir_is_created_where_the_environment_says(lock_dir: Path) -> None:
+    assert not lock_dir.exists()
+    assert locks.lock_dir() == lock_dir
+    assert lock_dir.is_dir()
+    assert locks.lock_dir() == lock_dir  # a second call on an existing folder is fine
+
+
+def test_cpu_lease_uses_the_lock_folder(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(monkeypatch)
+    with locks.device_lock(1):
+        assert (lock_dir / "cpu.lock").is_file()
+
+
+# --- CPU: overlap is allowed, and flagged ---------------------------------------------------------
+
+def test_a_lone_cpu_lease_is_not_contended(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(monkeypatch)
+    with locks.device_lock(1) as lease:
+        assert lease.contended is False
+    assert lease.contended is False
+    with locks.device_lock(1) as again:  # one after the other: still alone
+        pass
+    assert again.contended is False
+
+
+def test_overlapping_cpu_leases_are_both_contended(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(monkeypatch)
+    first = Holder()
+    assert first.entered.wait(10)
+    assert first.lease is not None and first.lease.contended is False  # it started alone
+    t0 = time.monotonic()
+    with locks.device_lock(1) as second:
+        assert second.contended is True  # started while the other one ran
+        assert time.monotonic() - t0 < 5  # CPU trials are not serialized
+        lease = first.finish()  # the other one ends while this one runs
+    assert lease.contended is True  # it ended while this one ran
+    assert second.contended is True
+
+
+def test_cpu_lease_contended_at_its_end_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(monkeypatch)
+    with locks.device_lock(1) as lease:
+        assert lease.contended is False
+        other = Holder()  # another trial starts while this one runs, and outlives it
+        assert other.entered.wait(10)
+        assert other.lease is not None and other.lease.contended is True
+    assert lease.contended is True
+    other.finish()
+
+
+def test_cpu_lease_seen_across_processes(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two searches are two processes: the lease must be visible to another process, not just a thread."""
+    cpu_only(monkeypatch)
+    code = ("import sys\n"
+            "from autotune.search import locks\n"
+            "locks._cuda_devices = lambda: ()\n"
+            "with locks.device_lock(1) as lease:\n"
+            "    print('in', lease.contended, flush=True)\n"
+            "    sys.stdin.readline()\n"
+            "print('out', lease.contended, flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "AUTOTUNE_LOCK_DIR": str(lock_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().split() == ["in", "False"]
+        with locks.device_lock(1) as lease:
+            assert lease.contended is True
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().split() == ["out", "True"]  # it ended while this one ran
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with locks.device_lock(1) as alone:  # the other process is gone: alone again
+        pass
+    assert alone.contended is False
+
+
+# --- GPU: exclusive per physical device ------------------------------------------------------------
+
+def test_gpu_leases_on_the_same_device_take_turns(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus(monkeypatch, "0")
+    with locks.device_lock(1) as lease:
+        assert lease.contended is False  # a GPU is held exclusively: never shared
+        assert (lock_dir / "gpu-0.lock").is_file()
+        waiting = Holder()
+        assert not waiting.entered.wait(0.5)  # blocked while this trial holds the device
+    assert waiting.entered.wait(10)  # and it runs as soon as the device is free
+    assert waiting.finish().contended is False
+
+
+def test_gpu_leases_on_different_devices_run_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus(monkeypatch, "0")  # one search sees only physical GPU 0 ...
+    with locks.device_lock(1):
+        gpus(monkeypatch, "1")  # ... another only physical GPU 1
+        other = Holder()
+        assert other.entered.wait(5)
+        other.finish()
+
+
+def test_multi_gpu_lease_waits_for_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus(monkeypatch, "1")
+    with locks.device_lock(1):
+        gpus(monkeypatch, "0", "1")
+        both = Holder(n_gpus=2)  # needs GPU 1 too
+        assert not both.entered.wait(0.5)
+    assert both.entered.wait(10)
+    both.finish()
+
+
+def test_cuda_device_list_names_physical_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert locks._cuda_devices() == ("0", "1")
+    locks._cuda_devices.cache_clear()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")  # indices 0 and 1 of this process are GPUs 3 and 5
+    assert locks._cuda_devices() == ("3", "5")
+
+
+def test_visible_devices_of_two_searches_do_not_collide(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with locks.device_lock(1):
+        assert (lock_dir / "gpu-3.lock").is_file() and not (lock_dir / "gpu-0.lock").exists()
+
+
+def test_no_cuda_means_a_cpu_lease(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # set, but there is no device
+    with locks.device_lock(1):
+        assert [p.name for p in lock_dir.iterdir()] == ["cpu.lock"]

@@ -1,0 +1,127 @@
+"""autotune/trial/harness.py: build() applies every knob and says what it applied; step() really trains."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.errors import TrialUnsupported
+from autotune.trial import harness, knobs
+from autotune.trial.harness import NonFiniteLoss
+
+TINY = "tests.fault_pipelines:tiny"
+
+pytestmark = pytest.mark.usefixtures("repo_on_path", "one_thread")
+
+
+def cfg(**kw: Any) -> TrialConfig:
+    return TrialConfig(**{"pipeline": TINY, "batch_size": 4, **kw})
+
+
+def params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_step_returns_a_finite_loss_and_moves_the_weights() -> None:
+    h = harness.build(cfg())
+    stream = h.batches()
+    before = params(h.model)
+    loss = h.step(next(stream))
+    assert isinstance(loss, float) and math.isfinite(loss) and loss > 0  # BCE of random labels: about 0.69
+    after = params(h.model)
+    assert all(not torch.equal(a, b) for a, b in zip(before, after))  # every parameter took a step
+    assert all(p.grad is None for p in h.model.parameters())  # set_to_none=True: gradients dropped
+
+
+def test_step_keeps_zeroed_gradients_without_set_to_none() -> None:
+    h = harness.build(cfg(set_to_none=False))
+    h.step(next(h.batches()))
+    grads = [p.grad for p in h.model.parameters()]
+    assert all(g is not None and torch.count_nonzero(g) == 0 for g in grads)
+    assert h.applied["set_to_none"] == {"requested": False, "in_effect": False}
+
+
+def test_repeated_steps_fit_a_fixed_batch() -> None:
+    h = harness.build(cfg(lr=1e-2))
+    batch = next(h.batches())
+    losses = [h.step(batch) for _ in range(15)]
+    assert losses[-1] < losses[0], losses  # the optimizer really descends
+
+
+def test_same_seed_same_first_step_and_other_seed_differs() -> None:
+    a, b, c = (harness.build(cfg(seed=s)) for s in (0, 0, 1))
+    la, lb, lc = (h.step(next(h.batches())) for h in (a, b, c))
+    assert la == lb
+    assert lc != la
+    assert all(torch.equal(x, y) for x, y in zip(params(a.model), params(b.model)))
+
+
+def test_nan_loss_raises() -> None:
+    h = harness.build(cfg(pipeline="tests.fault_pipelines:nan"))
+    with pytest.raises(NonFiniteLoss, match="nan"):
+        h.step(next(h.batches()))
+
+
+def test_checkpointed_stages_still_train() -> None:
+    h = harness.build(cfg(checkpoint_segments=2))
+    assert all(isinstance(h.model.get_submodule(s), knobs.CheckpointedStage) for s in ("0", "2"))
+    assert h.applied["checkpoint_segments"] == {"requested": 2, "in_effect": ["0", "2"]}
+    before = params(h.model)
+    assert math.isfinite(h.step(next(h.batches())))
+    assert all(not torch.equal(a, b) for a, b in zip(before, params(h.model)))  # gradients reached every stage
+
+
+def test_more_segments_than_stages_is_unsupported() -> None:
+    with pytest.raises(TrialUnsupported, match="checkpoint_segments=3"):
+        harness.build(cfg(checkpoint_segments=3))
+
+
+def test_applied_records_every_knob_as_requested() -> None:
+    c = cfg(num_workers=1, pin_memory=True, precision="bf16", optimizer_fusion="foreach", checkpoint_segments=1,
+            channels_last=True, cudnn_benchmark=True, persistent_workers=True, prefetch_factor=3, num_threads=1,
+            set_to_none=False)
+    h = harness.build(c)
+    missing = set(KNOBS) - set(h.applied)
+    assert not missing, missing
+    for k in KNOBS:
+        assert h.applied[k]["requested"] == getattr(c, k), k
+        assert "in_effect" in h.applied[k], k
+
+
+def test_applied_says_what_really_took_effect_on_cpu() -> None:
+    c = cfg(num_workers=1, pin_memory=True, precision="bf16", optimizer_fusion="foreach", channels_last=True,
+            cudnn_benchmark=True, persistent_workers=True, prefetch_factor=3, num_threads=1)
+    h = harness.build(c)
+    a = h.applied
+    assert h.device == torch.device("cpu") and (h.rank, h.world) == (0, 1)
+    assert a["pin_memory"]["in_effect"] is False and "no CUDA" in a["pin_memory"]["why"]  # nothing to pin for
+    assert a["cudnn_benchmark"]["in_effect"] is False
+    assert a["num_threads"]["in_effect"] == 1 == torch.get_num_threads()
+    assert a["num_workers"]["in_effect"] == 1 == h.loader.num_workers
+    assert a["persistent_workers"]["in_effect"] is True and h.loader.persistent_workers
+    assert a["prefetch_factor"]["in_effect"] == 3 == h.loader.prefetch_factor
+    assert a["batch_size"]["in_effect"] == 4 == h.loader.batch_size
+    assert a["precision"]["in_effect"] == "autocast(cpu, bf16)" and a["grad_scaler"] is False
+    assert isinstance(h.optimizer, torch.optim.AdamW) and h.optimizer.defaults["foreach"] is True
+    assert "foreach" in a["optimizer_fusion"]["in_effect"]
+    weight = next(p for p in h.model.parameters() if p.dim() == 4)
+    assert weight.is_contiguous(memory_format=torch.channels_last)
+    assert a["gpus"]["in_effect"] == 1
+
+
+def test_baseline_applied_is_a_plain_script() -> None:
+    h = harness.build(cfg())
+    a = h.applied
+    assert a["precision"]["in_effect"] == "fp32" and a["grad_scaler"] is False and not h.precision.enabled
+    assert a["num_workers"]["in_effect"] == 0 and a["prefetch_factor"]["in_effect"] is None
+    assert a["optimizer_fusion"]["in_effect"] == "torch.optim.AdamW(foreach=False)"
+    assert a["checkpoint_segments"]["in_effect"] == [] and a["compile"]["in_effect"] == "off"
+
+
+def test_fp16_on_cpu_records_why() -> None:
+    h = harness.build(cfg(precision="fp16"))
+    assert "no CUDA device" in h.applied["precision"]["why"]
+    assert math.isfinite(h.step(next(h.batches())))
