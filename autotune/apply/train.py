@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from autotune.core.configfile import load_config
-    from autotune.core.errors import TrialUnsupported
+    from autotune.core.errors import DataItemError, TrialUnsupported
     from autotune.trial.harness import NonFiniteLoss
 
     p = argparse.ArgumentParser(prog="python -m autotune.apply.train", description="one run of autotune train")
@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrialUnsupported as e:
         print(f"autotune train: {args.name}: knob unsupported here: {e}", file=sys.stderr)
         return ExitCode.UNSUPPORTED
+    except DataItemError as e:  # an undecodable item: named, one line, like any bad input
+        write_atomic(args.out / f"{args.name}.error", e.summary)
+        return ExitCode.BAD_INPUT
     except NonFiniteLoss as e:
         print(f"autotune train: {args.name} diverged: {e}", file=sys.stderr)
         return ExitCode.NUMERICS

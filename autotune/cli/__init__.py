@@ -14,7 +14,7 @@ from autotune.cli import run, search, study
 from autotune.cli._common import Parser
 from autotune.core.errors import AutotuneError, ExitCode
 
-EXIT_CODES = ("exit codes: 0 ok, 2 bad input (one line, no traceback, nothing written), 130 interrupted, "
+EXIT_CODES = ("exit codes: 0 ok, 2 bad input or bad data (one line, no traceback, nothing written), 130 interrupted, "
               "1 unexpected; `trial` and `train` add 3 out of memory, 4 non-finite loss, 5 knob unsupported here")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from autotune.core.errors import ExitCode
 
@@ -29,3 +30,16 @@ def study_args(p: argparse.ArgumentParser, *, studies_dir: str | None = None) ->
     p.add_argument("--storage", default=None, help="Optuna storage (default: the studies.db journal)")
     if studies_dir:
         p.add_argument("--studies-dir", default="studies", help=studies_dir)
+
+
+def skip_bad_data_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--skip-bad-data", action="store_true", help="leave out data items that cannot be decoded "
+                   "(and say how many) instead of refusing the data (exit 2)")
+
+
+def apply_skip_bad_data(args: argparse.Namespace) -> None:
+    """Trial and training processes read this when they build their data."""
+    from autotune.pipelines import SKIP_BAD_DATA_ENV
+
+    if getattr(args, "skip_bad_data", False):
+        os.environ[SKIP_BAD_DATA_ENV] = "1"

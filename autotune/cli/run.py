@@ -7,21 +7,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._common import workload_args
+from autotune.cli._common import apply_skip_bad_data, skip_bad_data_arg, workload_args
 from autotune.core.errors import ExitCode
 
 
 def register(sub: Any) -> None:
     t = sub.add_parser("trial", help="run one measured trial of a config",
                        description="Run one trial in its own process group (under torchrun when gpus > 1) and "
-                       "write its result JSON. Exit codes: 0 ok, 2 bad config, 3 out of memory, 4 non-finite "
-                       "loss, 5 knob unsupported here, 1 crash.")
+                       "write its result JSON. Exit codes: 0 ok, 2 bad config or undecodable data (named), 3 out of "
+                       "memory, 4 non-finite loss, 5 knob unsupported here, 1 crash.")
     t.add_argument("--config", required=True, help="YAML/JSON TrialConfig, or an exported best.yaml as it is")
     t.add_argument("--out", default=None, help="result JSON (default: <config dir>/trial/result.json)")
     t.add_argument("--timeout", type=float, default=900.0, help="seconds before the trial is killed (default 900)")
     t.add_argument("--profile", action="store_true", help="write a torch.profiler summary (profile.txt) next to the result")
     t.add_argument("--steps", type=int, default=None, help="timed steps (default: the config's)")
     t.add_argument("--seconds", type=float, default=None, help="measure for this long instead of a step count")
+    skip_bad_data_arg(t)
     workload_args(t, inherited=True)
     t.set_defaults(func=cmd_trial)
 
@@ -43,6 +44,7 @@ def register(sub: Any) -> None:
                    help="also train the baseline config for the same epochs and compare speed and IoU")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="checkpoints and train.json (default studies/train/<timestamp>)")
+    skip_bad_data_arg(p)
     workload_args(p, inherited=True)
     p.set_defaults(func=cmd_train)
 
@@ -76,6 +78,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if args.profile:
         extra["profile"] = True
     cfg = _config(args, **extra)
+    apply_skip_bad_data(args)
     out = Path(args.out) if args.out else Path(args.config).resolve().parent / "trial" / "result.json"
     trial_dir = out.parent
     try:
@@ -104,6 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.epochs < 1:
         raise AutotuneError(f"--epochs must be >= 1, got {args.epochs}")
     out = Path(args.out) if args.out else Path("studies") / "train" / time.strftime("%Y%m%d-%H%M%S")
+    apply_skip_bad_data(args)
     console = Console()
     try:
         train(_config(args), args.epochs, out, args.compare_baseline,

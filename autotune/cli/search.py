@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from autotune.cli._common import workload_args
-from autotune.core.errors import ExitCode
+from autotune.cli._common import skip_bad_data_arg, workload_args
+
+LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
 
 
 def register(sub: Any) -> None:
@@ -37,6 +39,7 @@ def register(sub: Any) -> None:
     s.add_argument("--create-only", action="store_true",
                    help="create the study (space, workload, fingerprint, baseline) and exit: workers then join it")
     s.add_argument("--studies-dir", default="studies", help="where trial logs, artifacts and exports go")
+    skip_bad_data_arg(s)
     workload_args(s)
     s.set_defaults(func=cmd_search)
 
@@ -53,6 +56,7 @@ def register(sub: Any) -> None:
     w.add_argument("--studies-dir", default="studies", help="where trial logs and artifacts go")
     w.add_argument("--force", action="store_true", help="join although this machine's fingerprint differs")
     w.add_argument("--cold-start", action="store_true", help="start every trial as a fresh interpreter")
+    skip_bad_data_arg(w)
     w.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("storage-proxy", help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
@@ -76,7 +80,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     from autotune.pipelines import workload
     from autotune.search.results import shown_storage
     from autotune.search.session import SearchSession
-    from autotune.search.space import DEFAULT_SPACE
 
     if args.budget is None and not args.create_only:
         raise ConfigError("search needs --budget (e.g. --budget 10m)")
@@ -85,13 +88,17 @@ def cmd_search(args: argparse.Namespace) -> int:
                     seconds=args.trial_seconds, warmup_steps=args.warmup_steps, window=3)
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study,
-        storage=args.storage, space=args.space or str(DEFAULT_SPACE), sampler=args.sampler, seed=args.seed,
+        storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
-        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base)
-    session = SearchSession.create(settings, warm=not args.cold_start, say=_dim(console))
+        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base,
+        skip_bad_data=args.skip_bad_data)
+    with _data_progress(console) as progress:
+        session = SearchSession.create(settings, warm=not args.cold_start, say=_dim(console), defer=args.create_only,
+                                       progress=progress)
     if args.create_only:
-        console.print(f"autotune: study {args.study!r} ready in {shown_storage(args.storage)}; "
-                      f"join it with: autotune worker --storage URL --study {args.study}", highlight=False)
+        console.print(f"autotune: study {args.study!r} ready in {shown_storage(args.storage)}; the first worker "
+                      f"resolves its space on its own hardware. Join it with: autotune worker --storage URL "
+                      f"--study {args.study}", highlight=False)
         return 0
     return _run(session, console)
 
@@ -108,10 +115,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
-        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir)
+        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, skip_bad_data=args.skip_bad_data)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
-    return _run(SearchSession.join(settings, args.data, warm=not args.cold_start, say=_plain(console)), console)
+    with _data_progress(console) as progress:
+        session = SearchSession.join(settings, args.data, warm=not args.cold_start, say=_plain(console),
+                                     progress=progress)
+    return _run(session, console)
 
 
 def _run(session: Any, console: Any) -> int:
@@ -135,8 +145,31 @@ def _run(session: Any, console: Any) -> int:
                       f"{Path(s.studies_dir) / 'artifacts'}", highlight=False)
     if outcome.error:
         print(f"autotune: error: {outcome.error}", file=sys.stderr)
-        return ExitCode.ERROR
-    return ExitCode.INTERRUPTED if outcome.interrupted else ExitCode.OK
+    return outcome.code
+
+
+@contextlib.contextmanager
+def _data_progress(console: Any) -> Iterator[Any]:
+    """A progress bar for the up-front data check, shown only when the set is large enough to wait for."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("checking data"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if total < LARGE_DATA:
+            return
+        if task is None:
+            bar.start()
+            task = bar.add_task("data", total=total)
+        bar.update(task, completed=done)
+
+    try:
+        yield update
+    finally:
+        bar.stop()
 
 
 def _dim(console: Any) -> Any:

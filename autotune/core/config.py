@@ -181,7 +181,7 @@ class SearchSettings:
     budget_s: float | None = None  # None: no time limit (a worker bounded by n_trials, or --create-only)
     study: str = "autotune"
     storage: str | None = None  # None = JournalFile `studies.db` in the working directory
-    space: str = "search_spaces/default.yaml"
+    space: str | None = None  # None: the default space shipped with autotune
     sampler: str = "tpe"
     seed: int | None = None
     trial_timeout_s: float | None = None  # None = derived from the budget
@@ -189,6 +189,7 @@ class SearchSettings:
     force: bool = False
     studies_dir: str = "studies"
     base: TrialConfig = field(default_factory=TrialConfig)  # the workload every trial shares
+    skip_bad_data: bool = False  # drop undecodable data items (and say how many) instead of refusing
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not (

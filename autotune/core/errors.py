@@ -63,10 +63,41 @@ class TrialBadConfig(TrialFailure):
     reason = "bad_config"
 
 
+class TrialDataError(TrialFailure):
+    """A dataset item that could not be loaded: the data's fault, not the config's, so every config fails alike."""
+
+    reason = "data"
+
+
 class TrialPruned(TrialFailure):
     """Stopped early because it could not beat the best; its partial figures are kept."""
 
     reason = "pruned"
+
+
+class DataItemError(Exception):
+    """Raised by a pipeline's dataset for an item it cannot load, naming the file (`path`, relative to
+    the data folder) or the item (`index`). The trial worker reports it as status "data", exit code 2.
+
+    From a DataLoader worker process it reaches the trainer rebuilt from its message alone (torch's
+    ExceptionWrapper puts the worker's traceback in front and drops the attributes): `summary` is the
+    original one line either way."""
+
+    def __init__(self, message: str, *, path: str | None = None, index: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.index = index
+
+    @property
+    def summary(self) -> str:
+        text = str(self)
+        marker = f"{type(self).__name__}: "
+        if "Original Traceback" in text:
+            # The traceback ends with the original "<module>.DataItemError: <message>" line(s).
+            raised = [line for line in text.splitlines() if marker in line]
+            if raised:
+                return raised[-1].split(marker, 1)[1].strip()
+        return text.strip().splitlines()[0] if text.strip() else type(self).__name__
 
 
 class ExitCode(enum.IntEnum):
@@ -81,12 +112,13 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130
 
 
-# A trial failure's reason <-> the exit code its worker process ends with.
+# A trial failure's reason <-> the exit code its worker process ends with. Two reasons share
+# BAD_INPUT; an exit code without a result file reads back as the first of them, "bad_config".
 _CODE_BY_REASON = {"bad_config": ExitCode.BAD_INPUT, "oom": ExitCode.OOM, "numerics": ExitCode.NUMERICS,
-                   "unsupported": ExitCode.UNSUPPORTED}
+                   "unsupported": ExitCode.UNSUPPORTED, "data": ExitCode.BAD_INPUT}
 _FAILURES: dict[str, type[TrialFailure]] = {
     c.reason: c for c in (TrialOOM, TrialNumerics, TrialUnsupported, TrialTimeout, TrialCrashed, TrialBadConfig,
-                          TrialPruned)
+                          TrialDataError, TrialPruned)
 }
 
 

@@ -10,6 +10,11 @@ Optional attributes:
     stages:      dotted names of submodules, in forward order, that checkpoint_segments may wrap
     unsupported: knob names this pipeline cannot honour (e.g. {"channels_last"} for token models)
     build_val_dataset() -> Dataset and metric(output, target) -> float: validation in `autotune train`
+    validate_data(*, skip_bad, progress) -> str | None: check every item once, before the first trial
+        (a DataError naming bad ones; with skip_bad, a note on what was dropped instead)
+
+A dataset item that cannot be loaded should raise autotune.core.errors.DataItemError naming it; any
+other exception from an item is reported as the data's fault too, naming its index.
 
 A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
 What is special about the built-in Unet (its default synthetic data, what a warm server preloads)
@@ -32,6 +37,10 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
     from autotune.core.config import TrialConfig
+
+# Set (to "1") in a trial's environment under --skip-bad-data: a pipeline that validates its data then
+# leaves out in the trial the items its up-front validate_data(skip_bad=True) dropped.
+SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
 
 BUILTIN = {"unet": "autotune.pipelines.unet.pipeline:UnetPipeline"}
 # Imported once by a warm fork server, so every trial forked from it starts with them loaded.
@@ -75,6 +84,16 @@ def load_pipeline(cfg: TrialConfig) -> Pipeline:
     return pipeline
 
 
+def validate_data(pipeline: Pipeline, *, skip_bad: bool,
+                  progress: Callable[[int, int], None] | None = None) -> str | None:
+    """Check the pipeline's data up front, if it knows how (its optional validate_data). Raises
+    DataError for bad items unless skip_bad; returns a one-line note for the caller to print, or None."""
+    check = getattr(pipeline, "validate_data", None)
+    if not callable(check):
+        return None
+    return check(skip_bad=skip_bad, progress=progress)
+
+
 def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
     return tuple(getattr(pipeline, "stages", ()) or ())
 
@@ -106,10 +125,11 @@ def preload_modules(spec: str) -> tuple[str, ...]:
     return (*_PRELOAD.get(spec, ()), module)
 
 
-def workload(pipeline: str | None, image_size: int | None, data: str | None, studies_dir: str,
+def workload(pipeline: str | None, image_size: int | None, data: str | None, studies_dir: str, /,
              **extra: Any) -> TrialConfig:
     """The workload every trial of a run shares: --pipeline, --image-size and --data over `extra`
-    (a config file's values, or the defaults); without any data, the pipeline's own default."""
+    (a config file's values, or the defaults); without any data, the pipeline's own default.
+    Positional-only: a whole config file passed as `extra` has its own `pipeline` and `image_size`."""
     from autotune.core.config import TrialConfig
 
     cfg = TrialConfig(**extra)

@@ -84,6 +84,7 @@ class StudyRecord:
     workload: Mapping[str, Any] | None = None
     sampler: str = "tpe"
     trial_timeout_s: float | None = None
+    resolved: bool = True  # False: made by `search --create-only`; the first worker resolves the space
     ablation: list[Any] | None = None
 
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import statistics
 import time
@@ -22,19 +23,22 @@ import optuna
 from autotune import pipelines
 from autotune.core.config import SearchSettings
 from autotune.core.configfile import to_yaml
-from autotune.core.errors import AutotuneError
+from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
 from autotune.search import _optuna
 from autotune.search.fingerprint import differences, fingerprint
-from autotune.search.records import StudyRecord
+from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
 from autotune.search.runner import Events, run_one
-from autotune.search.space import Hardware, SearchSpace, load_space, resolve
+from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
 from autotune.search.storage import check_writable, disk_error, open_storage
-from autotune.search.study import config_for, fail_stale, load_study, open_study, study_workload
+from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 Say = Callable[[str], None]
+Progress = Callable[[int, int], None]
+# Trials that fail on the data in a row before the search stops: every config would fail the same way.
+DATA_FAILURES_TO_STOP = 3
 
 
 @dataclass
@@ -44,7 +48,8 @@ class Outcome:
     trials: int = 0
     interrupted: bool = False
     best_yaml: Path | None = None
-    error: str | None = None  # why the run stopped early (a full or read-only disk), in one line
+    error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
+    code: int = ExitCode.OK
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -56,27 +61,31 @@ class SearchSession:
                  warm: bool = True, say: Say = print) -> None:
         self.study, self.space, self.settings = study, space, settings
         self.warm, self.say = warm, say
+        self._data_failures = 0
+        self._stopped: str | None = None
 
     # ---- open -----------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, settings: SearchSettings, *, warm: bool = True, say: Say = print) -> SearchSession:
+    def create(cls, settings: SearchSettings, *, warm: bool = True, say: Say = print,
+               defer: bool = False, progress: Progress | None = None) -> SearchSession:
         """Validate the space, pipeline and storage, then create or resume the study. Anything wrong
-        is an AutotuneError (exit 2) raised before the study is touched."""
-        space = load_space(settings.space)
+        is an AutotuneError (exit 2) raised before the study is touched. defer (`--create-only`): the
+        space is resolved, and the study fingerprinted, by the first worker on its own hardware."""
+        space = load_space(settings.space or DEFAULT_SPACE)
         pipeline = pipelines.load_pipeline(settings.base)
-        hw = Hardware.detect()
-        space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
-                               unsupported=pipelines.unsupported_of(pipeline))
-        for note in notes:
-            say(f"space: {note}")
         check_writable(settings.storage, settings.studies_dir)  # a full disk stops here, before any trial
-        storage = open_storage(settings.storage)
-        study = open_study(settings, storage, fingerprint(settings.base), space, hw)
+        if defer:  # the database host may not hold the data: the workers check their own copies
+            study = open_study(settings, open_storage(settings.storage), {}, space, None)
+            return cls(study, space, settings, warm=warm, say=say)
+        _check_data(pipeline, settings, say, progress)
+        space, hw = _resolve(space, pipeline, say)
+        study = open_study(settings, open_storage(settings.storage), fingerprint(settings.base), space, hw)
         return cls(study, space, settings, warm=warm, say=say)
 
     @classmethod
-    def join(cls, settings: SearchSettings, data: str | None, *, warm: bool = True, say: Say = print) -> SearchSession:
+    def join(cls, settings: SearchSettings, data: str | None, *, warm: bool = True, say: Say = print,
+             progress: Progress | None = None) -> SearchSession:
         """Attach to a study made by `autotune search`: its space, workload and trial timeout come from it."""
         check_writable(settings.storage, settings.studies_dir)
         study = load_study(settings.storage, settings.study)
@@ -84,14 +93,21 @@ class SearchSession:
         if record.space is None:
             raise AutotuneError(f"study {settings.study!r} was not created by `autotune search` (no space attr)")
         base = study_workload(study, data, settings.studies_dir)
-        pipelines.load_pipeline(base)  # a module this machine can't import is bad input, not failed trials
+        pipeline = pipelines.load_pipeline(base)  # a module this machine can't import is bad input
+        _check_data(pipeline, settings, say, progress)
+        space = SearchSpace.from_dict(record.space)
+        if not record.resolved:  # the first worker of a `--create-only` study decides for the fleet
+            space, hw = _resolve(space, pipeline, say)
+            dataclasses.replace(record, space=space.to_dict(), fingerprint=fingerprint(base), resolved=True).write(study)
+            enqueue_starts(study, base, space, hw)
+            record = StudyRecord.of(study)
         diff = differences(record.fingerprint, fingerprint(base))
         if diff and not settings.force:
             raise AutotuneError(f"this machine differs from study {settings.study!r}'s ({'; '.join(diff)}); "
                                 "its timings would not be comparable (--force to join anyway)")
         timeout = settings.trial_timeout_s or record.trial_timeout_s
         settings = dataclasses.replace(settings, base=base, trial_timeout_s=timeout)
-        return cls(study, SearchSpace.from_dict(record.space), settings, warm=warm, say=say)
+        return cls(study, space, settings, warm=warm, say=say)
 
     # ---- run ------------------------------------------------------------------------------------
 
@@ -99,6 +115,8 @@ class SearchSession:
         """Trials until the budget or --n-trials is spent, then the best so far exported. Ctrl-C and
         SIGTERM stop the current trial (recorded FAIL, interrupted) and still export."""
         outcome = Outcome()
+        if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
+            os.environ[pipelines.SKIP_BAD_DATA_ENV] = "1"
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with self._warm_server() as server:
@@ -110,6 +128,7 @@ class SearchSession:
             if not disk_error(e):
                 raise
             outcome.error = f"cannot write {e.filename or 'the study'}: {e.strerror or e}; the search stopped"
+            outcome.code = ExitCode.ERROR
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -119,6 +138,11 @@ class SearchSession:
             if not disk_error(e):
                 raise
             outcome.error = (outcome.error or "") + f"; best.yaml not written: {e.strerror or e}"
+            outcome.code = ExitCode.ERROR
+        if self._stopped and not outcome.error:
+            outcome.error, outcome.code = self._stopped, ExitCode.BAD_INPUT
+        if outcome.interrupted and not outcome.error:
+            outcome.code = ExitCode.INTERRUPTED
         return outcome
 
     def _trials(self, events: Events, server: WarmServer | None) -> Iterator[optuna.trial.FrozenTrial]:
@@ -142,6 +166,18 @@ class SearchSession:
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
             yield frozen
+            if self._stop_for_data(frozen):
+                return
+
+    def _stop_for_data(self, frozen: optuna.trial.FrozenTrial) -> bool:
+        """Every config fails the same way on bad data: stop after a few in a row, and say why."""
+        record = TrialRecord.from_frozen(frozen)
+        self._data_failures = self._data_failures + 1 if record.reason == "data" else 0
+        if self._data_failures < DATA_FAILURES_TO_STOP:
+            return False
+        self._stopped = (f"{DATA_FAILURES_TO_STOP} trials in a row failed on the data ({record.message}); fix the "
+                         "data, or pass --skip-bad-data to leave undecodable items out")
+        return True
 
     def _warm_server(self) -> Any:
         """Trials fork from a process that imported torch and the pipeline once (fast start-up)."""
@@ -166,3 +202,20 @@ class SearchSession:
     @property
     def searched(self) -> tuple[str, ...]:
         return tuple(self.space.searched())
+
+
+def _resolve(space: SearchSpace, pipeline: Any, say: Say) -> tuple[SearchSpace, Hardware]:
+    """Narrow the space to this machine and this pipeline, saying what was dropped and why."""
+    hw = Hardware.detect()
+    space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
+                           unsupported=pipelines.unsupported_of(pipeline))
+    for note in notes:
+        say(f"space: {note}")
+    return space, hw
+
+
+def _check_data(pipeline: Any, settings: SearchSettings, say: Say, progress: Progress | None) -> None:
+    """Decode the data once before the first trial (if the pipeline can): bad items are bad input."""
+    note = pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress)
+    if note:
+        say(note)

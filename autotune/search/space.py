@@ -18,8 +18,9 @@ from autotune.core.errors import ConfigError, SearchSpaceError
 if TYPE_CHECKING:
     import optuna
 
-# search_spaces/default.yaml, documented there; `--space FILE` replaces it.
-DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
+# Shipped inside the package (a wheel install has it too); search_spaces/default.yaml in a checkout
+# links here. It documents the format; `--space FILE` replaces it.
+DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"
 _DEFAULTS = TrialConfig()
 _TYPES = {f.name: f.type for f in fields(TrialConfig) if f.name in KNOBS}
 INT_KNOBS = frozenset(k for k, t in _TYPES.items() if t in ("int", "int | None"))

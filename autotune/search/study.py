@@ -59,8 +59,12 @@ def _bf16_supported() -> bool:
 
 
 def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space: SearchSpace,
-               hw: Hardware) -> optuna.Study:
-    """Create the study, or resume it if its fingerprint matches this machine (or --force)."""
+               hw: Hardware | None) -> optuna.Study:
+    """Create the study, or resume it if its fingerprint matches this machine (or --force).
+
+    hw=None (`search --create-only`): the study is made on a host that may be unlike the workers (a
+    CPU-only database server), so the space is stored as written and the first worker resolves it
+    against its own hardware, records its fingerprint and enqueues the baseline and warm start."""
     sampler, pruner = make_sampler(settings.sampler, settings.seed), make_pruner()
     try:
         study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
@@ -78,13 +82,19 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
     with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([OBJECTIVE])
-    StudyRecord(fingerprint=fp, space=space.to_dict(), workload=settings.base.workload(), sampler=settings.sampler,
-                trial_timeout_s=settings.trial_timeout).write(study)
-    # Trial 0 is the baseline, trial 1 the guides' warm start.
-    for role, cfg in (("baseline", settings.base.replace(**BASELINE.knobs())), ("warm_start", warm_start(settings.base, hw))):
+    StudyRecord(fingerprint=fp if hw else {}, space=space.to_dict(), workload=settings.base.workload(),
+                sampler=settings.sampler, trial_timeout_s=settings.trial_timeout, resolved=hw is not None).write(study)
+    if hw is not None:
+        enqueue_starts(study, settings.base, space, hw)
+    return study
+
+
+def enqueue_starts(study: optuna.Study, base: TrialConfig, space: SearchSpace, hw: Hardware) -> None:
+    """Trial 0 is the baseline, trial 1 the guides' warm start. skip_if_exists: two first workers of a
+    deferred study that race here don't queue them twice."""
+    for role, cfg in (("baseline", base.replace(**BASELINE.knobs())), ("warm_start", warm_start(base, hw))):
         record = TrialRecord(role=role, config=cfg.knobs())
         study.enqueue_trial(config_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
-    return study
 
 
 STALE_AFTER_S = 600.0  # a trial on another host with no heartbeat for this long is presumed dead

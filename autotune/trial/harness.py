@@ -7,16 +7,65 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from autotune.trial import knobs
 from autotune.core.config import KNOBS, TrialConfig
-from autotune.core.errors import TrialUnsupported
+from autotune.core.errors import DataItemError, TrialUnsupported
 from autotune.pipelines import Pipeline, load_pipeline, stages_of, unsupported_of
 
 
 class NonFiniteLoss(Exception):
     pass
+
+
+# Not the data's fault: running out of memory is the config's (batch size, workers), and reported as such.
+_PASS_THROUGH = (DataItemError, MemoryError, torch.OutOfMemoryError)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+class CheckedItems(Dataset[Any]):
+    """The pipeline's dataset with an item that fails to load reported as the data's fault (a
+    DataItemError naming its index, the cause chained for the log) instead of a crash. A top-level
+    class so DataLoader workers can receive it pickled under any start method."""
+
+    def __init__(self, inner: Dataset[Any]) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.inner[index]
+        except _PASS_THROUGH:
+            raise
+        except Exception as e:
+            raise DataItemError(f"dataset item {index}: {_first_line(e)}", index=index) from e
+
+
+class CheckedBatches(CheckedItems):
+    """For a dataset that fetches a batch at once (__getitems__, as Subset and HF datasets do): the
+    DataLoader calls that instead of __getitem__, and a wrapper without it would change what is measured."""
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        try:
+            return self.inner.__getitems__(indices)  # type: ignore[attr-defined]
+        except _PASS_THROUGH:
+            raise
+        except Exception as e:
+            shown = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
+            raise DataItemError(f"dataset items {shown} (one batch): {_first_line(e)}") from e
+
+
+def checked(dataset: Dataset[Any]) -> Dataset[Any]:
+    if isinstance(dataset, IterableDataset):  # no items to name; build_loader refuses it anyway
+        return dataset
+    return CheckedBatches(dataset) if callable(getattr(dataset, "__getitems__", None)) else CheckedItems(dataset)
 
 
 @dataclass
@@ -83,7 +132,7 @@ def build(cfg: TrialConfig) -> Harness:
     model.train()
     optimizer, a = knobs.build_optimizer(model.parameters(), cfg)
     applied |= a
-    loader, a = knobs.build_loader(pipeline.build_dataset(), cfg, rank, world, device)
+    loader, a = knobs.build_loader(checked(pipeline.build_dataset()), cfg, rank, world, device)
     applied |= a
     precision = knobs.Precision(cfg, device)
     applied |= precision.applied

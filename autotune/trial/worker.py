@@ -1,8 +1,9 @@
 """The trial worker: one config, one isolated process (per rank), one honest measurement.
 
 Reads top to bottom: config -> pipeline -> knobs -> warm-up -> timed steps -> result.json.
-Never imports optuna. Exit codes: 0 ok, 2 bad config, 3 out of memory, 4 non-finite loss,
-5 knob unsupported here, 1 anything else (traceback in the log).
+Never imports optuna. Exit codes: 0 ok, 2 bad config or a dataset item that cannot be loaded
+(status "data"), 3 out of memory, 4 non-finite loss, 5 knob unsupported here, 1 anything else
+(traceback in the log).
 """
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
-    from autotune.core.errors import AutotuneError, TrialUnsupported
+    from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
     from autotune.core.configfile import load_config
     from autotune.trial.harness import NonFiniteLoss
 
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail("unsupported", str(e))
     except NonFiniteLoss as e:
         return fail("numerics", str(e))
+    except DataItemError as e:
+        traceback.print_exc()  # the item's own traceback (a loader worker's too) stays in the log
+        return fail("data", e.summary)
     except Exception as e:
         if "torch" in sys.modules and isinstance(e, sys.modules["torch"].OutOfMemoryError):
             traceback.print_exc()

@@ -8,7 +8,8 @@ import torch
 from PIL import Image
 from torchvision.io import decode_image
 
-from autotune.pipelines.unet.data import default_data_dir, ensure_data, make_data, parse_size, scan_folder
+from autotune.pipelines.unet.data import (default_data_dir, ensure_data, make_data, parse_size, scan_folder,
+                                          screen_pairs, validate_folder)
 from autotune.core.errors import ConfigError, DataError
 
 SIZE = (160, 120)
@@ -199,3 +200,132 @@ def test_default_and_ensure_data(tmp_path: Path) -> None:
     # A second call reuses the folder rather than regenerating (or refusing).
     assert ensure_data(tmp_path, 2, (64, 80), 3) == d
     assert _bytes(d) == first
+
+
+# --- validate_folder: every pair decoded once, up front ------------------------------------------
+
+def _stat_and_bytes(d: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(d)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(d.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture
+def six(tmp_path: Path) -> Path:
+    return make_data(tmp_path / "six", n=6, size=(96, 64))
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"this is not an image at all" * 4)
+
+
+def _truncate(path: Path, n: int = 10) -> None:
+    path.write_bytes(path.read_bytes()[:n])
+
+
+def test_validate_good_folder_returns_every_pair_with_progress(six: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    before = _stat_and_bytes(six)
+    pairs = validate_folder(six, progress=lambda done, total: calls.append((done, total)))
+    assert pairs == scan_folder(six) and len(pairs) == 6
+    assert [c[0] for c in calls] == [1, 2, 3, 4, 5, 6] and {c[1] for c in calls} == {6}
+    assert _stat_and_bytes(six) == before
+
+
+def test_validate_names_each_bad_file_and_the_count(six: Path) -> None:
+    _garbage(six / "images" / "00001.jpg")
+    _truncate(six / "masks" / "00004.png")
+    before = _stat_and_bytes(six)
+    with pytest.raises(DataError) as e:
+        validate_folder(six)
+    msg = str(e.value)
+    assert "2 of 6" in msg and "images/00001.jpg (" in msg and "masks/00004.png (" in msg
+    assert "00000" not in msg and str(six) in msg and "--skip-bad-data" in msg and "\n" not in msg
+    assert ".cpp" not in msg  # torchvision's source location is trimmed off the reason
+    assert _stat_and_bytes(six) == before  # reads only
+
+
+def test_validate_skip_bad_returns_the_good_pairs(six: Path) -> None:
+    _garbage(six / "images" / "00001.jpg")
+    _truncate(six / "masks" / "00004.png")
+    before = _stat_and_bytes(six)
+    good = validate_folder(six, skip_bad=True)
+    assert [i.stem for i, _ in good] == ["00000", "00002", "00003", "00005"]
+    assert _stat_and_bytes(six) == before
+
+
+def test_validate_names_five_of_many(tmp_path: Path) -> None:
+    d = make_data(tmp_path / "nine", n=9, size=(64, 64))
+    for i in range(7):
+        _garbage(d / "images" / f"{i:05d}.jpg")
+    with pytest.raises(DataError) as e:
+        validate_folder(d)
+    msg = str(e.value)
+    assert "7 of 9" in msg and "and 2 more" in msg
+    assert [f"images/{i:05d}.jpg" in msg for i in range(7)] == [True] * 5 + [False] * 2
+
+
+def test_validate_catches_a_cut_off_jpeg_and_a_size_mismatch(six: Path) -> None:
+    image = six / "images" / "00002.jpg"
+    image.write_bytes(image.read_bytes()[: image.stat().st_size // 2])  # an interrupted download
+    Image.new("L", (80, 64)).save(six / "masks" / "00003.png")
+    with pytest.raises(DataError) as e:
+        validate_folder(six)
+    msg = str(e.value)
+    assert "2 of 6" in msg and "images/00002.jpg" in msg
+    assert "images/00003.jpg (image is 96x64 but its mask is 80x64)" in msg
+
+
+def test_screen_pairs_drops_what_validation_drops(six: Path) -> None:
+    # The cheap header check a trial runs under --skip-bad-data: the common kinds of bad file.
+    _garbage(six / "images" / "00001.jpg")
+    _truncate(six / "masks" / "00004.png")
+    image = six / "images" / "00002.jpg"
+    image.write_bytes(image.read_bytes()[: image.stat().st_size // 2])
+    Image.new("L", (80, 64)).save(six / "masks" / "00003.png")
+    good, bad = screen_pairs(scan_folder(six))
+    assert good == validate_folder(six, skip_bad=True) and len(good) == 2
+    assert sorted(p.name for p, _ in bad) == ["00001.jpg", "00002.jpg", "00003.jpg", "00004.png"]
+    assert all(str(six) not in reason for _, reason in bad)
+
+
+def test_dataset_names_the_bad_file(six: Path) -> None:
+    from autotune.core.errors import DataItemError
+    from autotune.pipelines.unet.pipeline import SegmentationFolder
+
+    _garbage(six / "images" / "00001.jpg")
+    ds = SegmentationFolder(scan_folder(six), 64, root=six)
+    x, y = ds[0]
+    assert tuple(x.shape) == (3, 64, 64) and tuple(y.shape) == (1, 64, 64)
+    with pytest.raises(DataItemError) as e:
+        ds[1]
+    assert e.value.path == "images/00001.jpg" and e.value.index == 1
+    assert str(e.value) == f"cannot load images/00001.jpg in data folder {six} (Unsupported image file); fix or remove it"
+
+
+def test_unet_validate_data_hook(six: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.core.config import TrialConfig
+    from autotune.pipelines import SKIP_BAD_DATA_ENV, load_pipeline, validate_data
+
+    pipeline = load_pipeline(TrialConfig(image_size=64, data_dir=str(six)))
+    assert validate_data(pipeline, skip_bad=False, progress=None) is None
+    _garbage(six / "images" / "00001.jpg")
+    _truncate(six / "masks" / "00004.png")
+    with pytest.raises(DataError, match="2 of 6"):
+        validate_data(pipeline, skip_bad=False, progress=None)
+    assert validate_data(pipeline, skip_bad=True, progress=None) == "data: dropped 2 undecodable image/mask pairs of 6"
+    assert len(pipeline.build_dataset()) == 4  # type: ignore[arg-type]
+    # A trial rebuilds the pipeline from its config: the environment variable makes it drop them too.
+    fresh = load_pipeline(TrialConfig(image_size=64, data_dir=str(six)))
+    assert len(fresh.build_dataset()) == 6  # type: ignore[arg-type]
+    monkeypatch.setenv(SKIP_BAD_DATA_ENV, "1")
+    ds = fresh.build_dataset()
+    assert len(ds) == 4 and all(ds[i][0].shape == (3, 64, 64) for i in range(4))  # type: ignore[arg-type]
+
+
+def test_validate_data_without_the_hook_is_a_no_op() -> None:
+    from autotune.pipelines import validate_data
+
+    class Bare:
+        pass
+
+    assert validate_data(Bare(), skip_bad=False, progress=None) is None  # type: ignore[arg-type]

@@ -74,3 +74,51 @@ def test_run_installs_and_restores_signal_handlers(tmp_path: Path) -> None:
     assert during_int is during_term and callable(during_int)  # Ctrl-C works even though it was ignored
     assert outcome.trials == 1 and not outcome.interrupted
     assert outcome.best_yaml is not None and outcome.best_yaml.is_file()
+
+
+def test_create_only_defers_the_space_to_the_first_worker(tmp_path: Path) -> None:
+    """A CPU-only database host must not decide the space for GPU workers (fp16, pinning, gpus)."""
+    made = SearchSession.create(settings(tmp_path), warm=False, say=lambda s: None, defer=True)
+    record = StudyRecord.of(made.study)
+    assert not record.resolved and record.fingerprint == {} and made.study.trials == []
+    assert "fp16" in record.space["knobs"]["precision"]["choices"]  # stored as written
+    notes: list[str] = []
+    first = SearchSession.join(settings(tmp_path, n_trials=1), None, warm=False, say=notes.append)
+    record = StudyRecord.of(first.study)
+    assert record.resolved and record.fingerprint["cpu_cores"]
+    assert "fp16" not in str(record.space["knobs"]["precision"])
+    assert any("fp16" in n for n in notes)  # the worker says what its hardware dropped
+    roles = [t.user_attrs["role"] for t in first.study.get_trials(deepcopy=False)]
+    assert roles == ["baseline", "warm_start"]
+    SearchSession.join(settings(tmp_path, n_trials=1), None, warm=False)  # a second worker adds nothing
+    assert len(first.study.get_trials(deepcopy=False)) == 2
+
+
+@pytest.mark.slow
+def test_search_stops_after_consecutive_data_failures(tmp_path: Path) -> None:
+    """Bad data fails every config the same way: three in a row end the search, with the reason."""
+    base = TrialConfig(pipeline="tests.trial.data_fault_pipelines:make_large", image_size=64, batch_size=2,
+                       warmup_steps=1, timed_steps=4, window=1)
+    session = SearchSession.create(settings(tmp_path, n_trials=6, base=base), warm=False, say=lambda s: None)
+    outcome = session.run()
+    assert outcome.trials == 3 and outcome.code == 2
+    assert "3 trials in a row failed on the data" in outcome.error and "dataset item 3" in outcome.error
+    reasons = [t.user_attrs.get("reason") for t in session.study.trials]
+    assert reasons == ["data"] * 3 and outcome.best_yaml is None
+
+
+def test_bad_unet_data_is_refused_before_any_trial(tmp_path: Path) -> None:
+    from autotune.core.errors import DataError
+    from autotune.pipelines.unet.data import make_data
+
+    data = make_data(tmp_path / "data", n=12, size=(96, 64), seed=0)
+    bad = sorted((data / "images").iterdir())[2]
+    bad.write_bytes(b"not a jpeg")
+    unet = TrialConfig(image_size=64, data_dir=str(data))
+    with pytest.raises(DataError, match=bad.name):
+        SearchSession.create(settings(tmp_path, base=unet), warm=False, say=lambda s: None)
+    assert not (tmp_path / "studies.db").exists() or not optuna.get_all_study_summaries(
+        open_storage(str(tmp_path / "studies.db")))
+    notes: list[str] = []
+    SearchSession.create(settings(tmp_path, base=unet, skip_bad_data=True), warm=False, say=notes.append)
+    assert any("dropped 1" in n for n in notes)

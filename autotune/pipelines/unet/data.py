@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import colorsys
 import os
+import re
 import shutil
 import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -200,6 +204,115 @@ def scan_folder(data_dir: str | os.PathLike[str]) -> list[tuple[Path, Path]]:
     if no_image:
         raise DataError(_unmatched("mask(s) without an image in images/", no_image, root))
     return [(images[s], masks[s]) for s in sorted(images)]
+
+
+# ---------------------------------------------------------------------------------------------
+# checking every file decodes
+
+Pair = tuple[Path, Path]
+Progress = Callable[[int, int], None]
+# Decoding is C code that releases the GIL: a few threads overlap file reads and decodes, and
+# unlike processes they need no pickling and start instantly.
+CHECK_THREADS = 4
+SHOWN_BAD = 5
+_CPP_LOCATION = re.compile(r"^.*?\.(?:cpp|cc|h|hpp):\d+, ")
+
+
+def decode_reason(e: BaseException) -> str:
+    """A decoder's exception as a short reason: torchvision's messages start with a C++ source
+    location and run to several sentences; the first sentence is the one that says what is wrong."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    text = _CPP_LOCATION.sub("", text.splitlines()[0])
+    return text.split(". ")[0].rstrip(".")[:120]
+
+
+def _check_all(pairs: list[Pair], check: Callable[[Path, Path], tuple[Path, str] | None],
+               progress: Progress | None) -> list[tuple[Path, str] | None]:
+    """check(image, mask) for every pair on a few threads; its verdicts in the pairs' order."""
+    verdicts: list[tuple[Path, str] | None] = [None] * len(pairs)
+    done = 0
+    with ThreadPoolExecutor(max_workers=min(CHECK_THREADS, os.cpu_count() or 1, len(pairs) or 1)) as pool:
+        futures = {pool.submit(check, image, mask): i for i, (image, mask) in enumerate(pairs)}
+        for future in as_completed(futures):
+            verdicts[futures[future]] = future.result()
+            done += 1
+            if progress is not None:
+                progress(done, len(pairs))
+    return verdicts
+
+
+def _decodes(image: Path, mask: Path) -> tuple[Path, str] | None:
+    from autotune.pipelines.unet.pipeline import BadPairFile, decode_pair
+
+    try:
+        decode_pair(image, mask)
+    except BadPairFile as e:
+        return e.path, e.reason
+    return None
+
+
+def validate_folder(data_dir: str | os.PathLike[str], *, skip_bad: bool = False,
+                    progress: Progress | None = None) -> list[Pair]:
+    """Decode every image/mask pair once, exactly as training will (same decoder, same modes, sizes
+    must match), so one bad file is named up front instead of failing every trial. Returns the
+    pairs that decode; a DataError naming the bad ones unless skip_bad. Reads only: nothing in the
+    folder is written or changed."""
+    root = Path(data_dir)
+    pairs = scan_folder(root)
+    with warnings.catch_warnings():  # torchvision 0.29's decoder deprecation, once per file otherwise
+        warnings.filterwarnings("ignore", message="The image decoding", category=DeprecationWarning)
+        verdicts = _check_all(pairs, _decodes, progress)
+    bad = [v for v in verdicts if v is not None]
+    if bad and not skip_bad:
+        shown = ", ".join(f"{_relative(path, root)} ({reason})" for path, reason in bad[:SHOWN_BAD])
+        more = f", and {len(bad) - SHOWN_BAD} more" if len(bad) > SHOWN_BAD else ""
+        raise DataError(f"data {root}: {len(bad)} of {len(pairs)} image/mask pairs cannot be decoded: {shown}{more}; "
+                        "fix or remove them, or pass --skip-bad-data")
+    return [pair for pair, verdict in zip(pairs, verdicts) if verdict is None]
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _ends_like_jpeg(path: Path, window: int = 65536) -> bool:
+    # A JPEG ends with the EOI marker (FF D9), possibly followed by a camera's trailer; entropy-coded
+    # data never contains FF D9, so its absence near the end means a cut-off file (an interrupted
+    # download), which PIL's verify() does not notice.
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - window))
+        return b"\xff\xd9" in f.read()
+
+
+def _headers_ok(image: Path, mask: Path) -> tuple[Path, str] | None:
+    sizes = []
+    for path in (image, mask):
+        try:
+            with Image.open(path) as im:
+                sizes.append(im.size)
+                im.verify()
+            if im.format == "JPEG" and not _ends_like_jpeg(path):
+                return path, "truncated JPEG"
+        except Exception as e:  # PIL raises a zoo of types for a bad file; MemoryError is not one
+            if isinstance(e, MemoryError):
+                raise
+            return path, decode_reason(e).replace(f" '{path}'", "")  # PIL quotes the path; it is named already
+    if sizes[0] != sizes[1]:
+        return image, f"image is {sizes[0][0]}x{sizes[0][1]} but its mask is {sizes[1][0]}x{sizes[1][1]}"
+    return None
+
+
+def screen_pairs(pairs: list[Pair]) -> tuple[list[Pair], list[tuple[Path, str]]]:
+    """A cheap check of every pair (headers, checksums, sizes; no decoding), for trial processes to
+    drop the files validate_folder(skip_bad=True) dropped up front: (good pairs, bad files)."""
+    verdicts = _check_all(pairs, _headers_ok, None)
+    return ([pair for pair, verdict in zip(pairs, verdicts) if verdict is None],
+            [verdict for verdict in verdicts if verdict is not None])
 
 
 def default_data_dir(root: str | os.PathLike[str], n: int, size: tuple[int, int], seed: int) -> Path:

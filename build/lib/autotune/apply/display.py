@@ -1,0 +1,108 @@
+"""The live view of a running search (rich), and the leaderboard table."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from autotune.core.config import BASELINE, TrialConfig
+from autotune.search.records import TrialRecord
+from autotune.search.results import feasible, leaderboard
+from autotune.search.runner import Events
+
+
+def knob_summary(config: dict[str, Any]) -> str:
+    """Only what differs from the plain-PyTorch baseline: that is what the reader needs to apply."""
+    changed = {k: v for k, v in config.items() if k in BASELINE.knobs() and v != getattr(BASELINE, k)}
+    return " ".join(f"{k}={v}" for k, v in changed.items()) or "(baseline)"
+
+
+class LiveSearch:
+    """One status panel that updates per throughput window, plus one printed line per finished trial."""
+
+    def __init__(self, study: optuna.Study, budget_s: float | None, console: Console) -> None:
+        self.study, self.console = study, console
+        self.deadline = None if budget_s is None else time.monotonic() + budget_s
+        self.current = "starting"
+        self.current_sps: float | None = None
+        self.live = Live(self._render(), console=console, refresh_per_second=2, transient=True)
+
+    def events(self) -> Events:
+        return Events(started=self.started, window=self.window, finished=self.finished)
+
+    def __enter__(self) -> LiveSearch:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(*exc)
+
+    def started(self, number: int, role: str, cfg: TrialConfig) -> None:
+        self.current, self.current_sps = f"trial {number} ({role}) running: {knob_summary(cfg.knobs())}", None
+        self.live.update(self._render())
+
+    def window(self, sps: float) -> None:
+        self.current_sps = sps
+        self.live.update(self._render())
+
+    def finished(self, t: FrozenTrial) -> None:
+        r = TrialRecord.from_frozen(t)
+        state = "infeasible" if t.state == TrialState.COMPLETE and not feasible(t) else t.state.name.lower()
+        why = r.message[:80] if r.reason in (None, state) else f"{r.reason}: {r.message[:80]}"
+        figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{state}: {why}"
+        speed = f"  x{r.speedup:.2f}" if feasible(t) and r.speedup else ""
+        if r.contended:
+            speed += "  [contended: another trial shared the CPU, timing suspect]"
+        self.console.print(f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",
+                           highlight=False, markup=False)
+        self.current = "choosing the next trial"
+        self.live.update(self._render())
+
+    def _render(self) -> Table:
+        trials = self.study.get_trials(deepcopy=False)
+        done = sum(feasible(t) for t in trials)
+        failed = sum(t.state == TrialState.FAIL or (t.state == TrialState.COMPLETE and not feasible(t)) for t in trials)
+        pruned = sum(t.state == TrialState.PRUNED for t in trials)
+        board = leaderboard(self.study)
+        best = f"{board[0].value:.2f} samples/s (trial {board[0].number})" if board else "-"
+        speedup = TrialRecord.from_frozen(board[0]).speedup if board else None
+        if speedup:
+            best += f", x{speedup:.2f} vs baseline"
+        left = None if self.deadline is None else max(0, int(self.deadline - time.monotonic()))
+        grid = Table.grid(padding=(0, 2))
+        grid.add_row(Text("now", style="bold"), self.current)
+        grid.add_row(Text("current", style="bold"), f"{self.current_sps:.2f} samples/s" if self.current_sps else "-")
+        grid.add_row(Text("best", style="bold"), best)
+        grid.add_row(Text("trials", style="bold"), f"{done} done, {failed} failed, {pruned} pruned")
+        grid.add_row(Text("time left", style="bold"), "no limit" if left is None else f"{left // 60}m{left % 60:02d}s")
+        return grid
+
+
+LEADERBOARD_COLUMNS = ("#", "trial", "role", "samples/s", "speedup", "peak MiB", "data wait", "config")
+
+
+def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
+    """The top feasible trials as text cells, one row each; the terminal and the HTML report show these."""
+    rows = []
+    for rank, t in enumerate(leaderboard(study)[:top], 1):
+        r = TrialRecord.from_frozen(t)
+        mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
+        rows.append((str(rank), str(t.number), r.role, f"{t.value:.2f}", f"x{r.speedup:.2f}" if r.speedup else "-",
+                     f"{mem / 2**20:.0f}" if mem else "-", f"{wait:.0%}" if wait is not None else "-",
+                     knob_summary(r.config)))
+    return rows
+
+
+def leaderboard_table(study: optuna.Study, top: int = 10) -> Table:
+    table = Table(title=f"study {study.study_name}: top {top} of {len(study.trials)} trials")
+    for col in LEADERBOARD_COLUMNS:
+        table.add_column(col, justify="left" if col in ("role", "config") else "right", no_wrap=col != "config")
+    for row in leaderboard_rows(study, top):
+        table.add_row(*row)
+    return table

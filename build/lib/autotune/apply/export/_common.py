@@ -1,0 +1,34 @@
+"""What every framework rendering shares: the per-knob table of where each tuned knob goes."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from autotune.core.config import KNOBS, TrialConfig
+
+
+def knob_table(cfg: TrialConfig, where: Mapping[str, str]) -> str:
+    """One comment line per knob, in KNOBS order. A knob missing from `where` is a KeyError, on purpose:
+    a new knob must be given a place in every target rather than vanish from it."""
+    width = max(len(k) for k in KNOBS)
+    rows = [f"#   {k:<{width}} = {_show(getattr(cfg, k)):<12} -> {where[k]}" for k in KNOBS]
+    return "\n".join(rows)
+
+
+def _show(v: Any) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+_ADAMW_KW = {"none": "foreach=False", "foreach": "foreach=True", "fused": "fused=True"}
+
+
+def accelerator(device: str | None) -> str:
+    """A trial records "cpu", or the GPU's name ("NVIDIA H200"): anything but cpu was measured on a GPU."""
+    if not device:
+        return "auto"
+    return "cpu" if device.startswith("cpu") else "gpu"
+
+
+def optimizer_expr(cfg: TrialConfig, params: str) -> str:
+    if cfg.optimizer_fusion == "apex":
+        return f"apex.optimizers.FusedAdam({params}, lr={cfg.lr!r}, adam_w_mode=True)"
+    return f"torch.optim.AdamW({params}, lr={cfg.lr!r}, {_ADAMW_KW[cfg.optimizer_fusion]})"

@@ -1,0 +1,70 @@
+"""An `accelerate launch --config_file` YAML, with comments for the knobs accelerate does not hold."""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from autotune.apply.export._common import knob_table, optimizer_expr
+from autotune.core.config import TrialConfig
+
+_ACC_PRECISION = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}
+
+
+def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
+    """An `accelerate launch --config_file` YAML, with comments for the knobs accelerate does not hold."""
+    on_cpu = device is not None and device.startswith("cpu")
+    n = cfg.gpus
+    dist = ("MULTI_CPU" if on_cpu else "MULTI_GPU") if n > 1 else "NO"
+    conf: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": dist,  # safe_dump quotes 'NO', which YAML 1.1 would read as false
+        "downcast_bf16": "no",
+        "gpu_ids": "all",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": _ACC_PRECISION[cfg.precision],
+        "num_machines": 1,
+        "num_processes": n,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": on_cpu,
+    }
+    if cfg.compile != "off":
+        conf["dynamo_config"] = {
+            "dynamo_backend": "INDUCTOR",
+            "dynamo_mode": cfg.compile,
+            "dynamo_use_dynamic": False,
+            "dynamo_use_fullgraph": False,
+        }
+    in_script = "not an accelerate setting: in your script"
+    where = {
+        "num_workers": f"{in_script}, DataLoader(num_workers=...)",
+        "pin_memory": f"{in_script}, DataLoader(pin_memory=...)",
+        "batch_size": f"{in_script}, DataLoader(batch_size=...) per process",
+        "precision": f"mixed_precision: {_ACC_PRECISION[cfg.precision]}",
+        "optimizer_fusion": f"{in_script}, {optimizer_expr(cfg, 'model.parameters()')}",
+        "checkpoint_segments": f"{in_script}, torch.utils.checkpoint on the first k blocks"
+        if cfg.checkpoint_segments else "off, nothing to do",
+        "gpus": f"num_processes: {n}, distributed_type: {dist}",
+        "channels_last": f"{in_script}, model.to(memory_format=torch.channels_last) + 4-D inputs"
+        if cfg.channels_last else "off, nothing to do",
+        "cudnn_benchmark": f"{in_script}, torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark}",
+        "compile": "dynamo_config (backend INDUCTOR, dynamo_mode)" if cfg.compile != "off"
+        else "off: no dynamo_config",
+        "persistent_workers": f"{in_script}, DataLoader(persistent_workers=...)",
+        "prefetch_factor": f"{in_script}, DataLoader(prefetch_factor=...)",
+        "set_to_none": f"{in_script}, optimizer.zero_grad(set_to_none={cfg.set_to_none})",
+        "num_threads": f"{in_script}, torch.set_num_threads({cfg.num_threads})" if cfg.num_threads
+        else "0 = torch's default; nothing to set",
+    }
+    header = [
+        "# accelerate config for the configuration autotune measured.",
+        "# Use: accelerate launch --config_file accelerate.yaml train.py",
+        "# accelerate holds the process layout, mixed precision and torch.compile; the DataLoader and",
+        "# optimizer knobs stay in your script. Every tuned knob, and where it goes:",
+        knob_table(cfg, where),
+        "",
+    ]
+    return "\n".join(header) + yaml.safe_dump(conf, sort_keys=True, default_flow_style=False)

@@ -1,0 +1,99 @@
+"""Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and hooks for the rest."""
+from __future__ import annotations
+
+from autotune.apply.export._common import accelerator, knob_table, optimizer_expr
+from autotune.core.config import TrialConfig
+
+_LIGHTNING_PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
+    """Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and the hooks for the rest."""
+    multi = cfg.gpus > 1
+    where = {
+        "num_workers": "dataloader_kwargs['num_workers']",
+        "pin_memory": "dataloader_kwargs['pin_memory']",
+        "batch_size": "dataloader_kwargs['batch_size'] (per process)",
+        "precision": f"trainer_kwargs['precision'] = {_LIGHTNING_PRECISION[cfg.precision]!r}",
+        "optimizer_fusion": "AutotuneHooks.configure_optimizers",
+        "checkpoint_segments": "no Trainer flag: wrap the first k blocks yourself (see below)",
+        "gpus": "trainer_kwargs['devices']" + (" + strategy='ddp'" if multi else ""),
+        "channels_last": "no Trainer flag: AutotuneHooks converts model and batches" if cfg.channels_last
+        else "no Trainer flag; off, nothing to do",
+        "cudnn_benchmark": "trainer_kwargs['benchmark'] (sets torch.backends.cudnn.benchmark)",
+        "compile": "no Trainer flag: torch.compile(model) before trainer.fit (see below)",
+        "persistent_workers": "dataloader_kwargs['persistent_workers']",
+        "prefetch_factor": "dataloader_kwargs['prefetch_factor']",
+        "set_to_none": "AutotuneHooks.optimizer_zero_grad",
+        "num_threads": "torch.set_num_threads (see below)" if cfg.num_threads else "0 = torch's default; nothing to set",
+    }
+    trainer = [
+        f"    accelerator={accelerator(device)!r},",
+        f"    devices={cfg.gpus!r},",
+    ]
+    if multi:
+        trainer.append("    strategy='ddp',  # one process per device, as autotune measured it")
+    trainer += [
+        f"    precision={_LIGHTNING_PRECISION[cfg.precision]!r},",
+        f"    benchmark={cfg.cudnn_benchmark!r},  # cudnn_benchmark",
+    ]
+    loader = [
+        f"    batch_size={cfg.batch_size!r},  # per process",
+        f"    num_workers={cfg.num_workers!r},",
+        f"    pin_memory={cfg.pin_memory!r},",
+        f"    persistent_workers={cfg.persistent_workers!r},",
+        f"    prefetch_factor={cfg.prefetch_factor!r},",
+    ]
+    hooks = [
+        "class AutotuneHooks:",
+        '    """Mix into your module: class MyModule(AutotuneHooks, lightning.pytorch.LightningModule)."""',
+        "",
+        "    def configure_optimizers(self):",
+        f"        # optimizer_fusion={cfg.optimizer_fusion}; lr is the one autotune measured with, use your own",
+        f"        return {optimizer_expr(cfg, 'self.parameters()')}",
+        "",
+        "    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):",
+        f"        optimizer.zero_grad(set_to_none={cfg.set_to_none!r})  # set_to_none",
+    ]
+    if cfg.channels_last:
+        hooks += [
+            "",
+            "    def on_fit_start(self):",
+            "        self.to(memory_format=torch.channels_last)  # channels_last: the weights",
+            "",
+            "    def on_after_batch_transfer(self, batch, dataloader_idx):",
+            "        # channels_last: the 4-D inputs (images); other tensors pass through",
+            "        def cl(x):",
+            "            return x.contiguous(memory_format=torch.channels_last) "
+            "if torch.is_tensor(x) and x.dim() == 4 else x",
+            "        return [cl(x) for x in batch] if isinstance(batch, (list, tuple)) else cl(batch)",
+        ]
+    extra = []
+    if cfg.num_threads:
+        extra.append(f"torch.set_num_threads({cfg.num_threads!r})  # num_threads, before building the DataLoader")
+    extra.append(f"# compile={cfg.compile}: "
+                 + ("no change" if cfg.compile == "off"
+                    else f"model = torch.compile(model, mode={cfg.compile!r}) before trainer.fit(model)"))
+    extra.append(f"# checkpoint_segments={cfg.checkpoint_segments}: "
+                 + ("off" if cfg.checkpoint_segments == 0 else
+                    f"in forward(), run the first {cfg.checkpoint_segments} encoder stages through "
+                    "torch.utils.checkpoint.checkpoint(stage, x, use_reentrant=False)"))
+    parts = [
+        "# Lightning (lightning.pytorch) settings for the configuration autotune measured.",
+        "# Every tuned knob, and where it goes:",
+        knob_table(cfg, where),
+        "import torch",
+        *(["import apex.optimizers  # optimizer_fusion=apex needs NVIDIA apex"] if cfg.optimizer_fusion == "apex" else []),
+        "",
+        "trainer_kwargs = dict(", *trainer, ")",
+        "",
+        "dataloader_kwargs = dict(", *loader, ")",
+        "",
+        *hooks,
+        "",
+        *extra,
+        "",
+        "# trainer = lightning.pytorch.Trainer(**trainer_kwargs)",
+        "# trainer.fit(model, torch.utils.data.DataLoader(dataset, shuffle=True, **dataloader_kwargs))",
+    ]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,227 @@
+"""`autotune train`: apply a config for real. Full epochs, validation IoU per epoch, a checkpoint at the end,
+and optionally the baseline trained the same way in the same run, so the speedup and the accuracy cost
+(if any) are both on one screen."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from autotune.core.config import BASELINE, TrialConfig
+from autotune.core.errors import AutotuneError, ExitCode
+from autotune.core.files import write_atomic, write_json_atomic
+from autotune.core.procs import die_with_parent
+from autotune.trial.launcher import python_for
+
+Say = Callable[[str], None]
+
+
+class TrainFailed(Exception):
+    """A training process failed on its own (crash, out of memory, divergence): its output says why."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    model = getattr(model, "_orig_mod", model)  # torch.compile wraps outermost
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights as the pipeline's own build_model() names them: no DDP/compile/checkpoint wrappers."""
+    from autotune.trial.knobs import CheckpointedStage
+
+    model = _unwrap(model)
+    wrapped = [f"{n}.inner." for n, m in model.named_modules() if isinstance(m, CheckpointedStage)]
+    out = {}
+    for key, value in model.state_dict().items():
+        for prefix in wrapped:
+            if key.startswith(prefix):
+                key = prefix[: -len("inner.")] + key[len(prefix):]
+                break
+        out[key] = value.detach().cpu().contiguous()
+    return out
+
+
+def _val_loader(h: Any) -> tuple[Any | None, str]:
+    from torch.utils.data import DataLoader
+
+    if not (hasattr(h.pipeline, "build_val_dataset") and hasattr(h.pipeline, "metric")):
+        return None, "the pipeline has no build_val_dataset()/metric(): validation skipped"
+    ds = h.pipeline.build_val_dataset()
+    if len(ds) == 0:
+        return None, "the validation set is empty (fewer than 10 samples?): validation skipped"
+    return DataLoader(ds, batch_size=h.cfg.batch_size, num_workers=h.cfg.num_workers), ""
+
+
+def validate(h: Any, loader: Any) -> float:
+    """Mean per-batch metric (IoU for the Unet), weighted by batch size. In fp32, so that the
+    comparison is about what training produced, not about inference precision."""
+    from autotune.trial import knobs
+
+    model = _unwrap(h.model)  # eager: a compiled model would recompile for eval mode
+    model.eval()
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            out = model(knobs.to_device(x, h.device, h.cfg))
+            total += float(h.pipeline.metric(out, y.to(h.device))) * len(x)
+            n += len(x)
+    model.train()
+    return total / n
+
+
+def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
+    """Train `cfg` for `epochs` epochs over the whole loader; rank 0 reports, validates and saves."""
+    import torch.distributed as dist
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autotune.trial import harness, measure
+
+    h = harness.build(cfg)
+    lead = h.rank == 0
+    val, note = _val_loader(h) if lead else (None, "")
+    if note:
+        say(f"[{name}] {note}")
+    history: list[dict[str, Any]] = []
+    for epoch in range(1, epochs + 1):
+        if hasattr(h.loader.sampler, "set_epoch"):
+            h.loader.sampler.set_epoch(epoch)
+        losses: list[float] = []
+        columns = (TextColumn(f"[{name}] epoch {epoch}/{epochs}", markup=False), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("loss {task.fields[loss]}", markup=False))
+        with Progress(*columns, transient=True, disable=not (lead and sys.stdout.isatty())) as bar:
+            task = bar.add_task("train", total=len(h.loader), loss="-")
+            t0 = measure.now(h.device)  # synchronized; data loading (and worker start-up) is inside
+            for batch in h.loader:
+                losses.append(h.step(batch))  # .item() in step: the step is finished on the device
+                bar.update(task, advance=1, loss=f"{losses[-1]:.4f}")
+            elapsed = measure.now(h.device) - t0
+        stats = torch.tensor([elapsed, sum(losses) / max(1, len(losses))], dtype=torch.float64, device=h.device)
+        if h.world > 1:  # the slowest rank's time; the mean loss over ranks
+            dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
+            dist.all_reduce(stats[1:], op=dist.ReduceOp.SUM)
+            stats[1] /= h.world
+        elapsed, loss = float(stats[0]), float(stats[1])
+        samples = len(losses) * cfg.batch_size * h.world
+        iou, t_val = None, time.perf_counter()
+        if lead and val is not None:
+            iou = validate(h, val)
+        t_val = time.perf_counter() - t_val
+        if h.world > 1:
+            dist.barrier()  # the other ranks wait for rank 0's validation
+        rec = {"epoch": epoch, "seconds": elapsed, "samples": samples, "samples_per_s": samples / elapsed,
+               "loss": loss, "iou": iou, "val_seconds": t_val}
+        history.append(rec)
+        say(f"[{name}] epoch {epoch}/{epochs}  {elapsed:7.2f} s  {rec['samples_per_s']:8.2f} samples/s  "
+            f"loss {loss:.4f}  IoU {'-' if iou is None else f'{iou:.4f}'}"
+            + (f"  (validation {t_val:.1f} s, not timed)" if iou is not None else ""))
+
+    total_s = sum(r["seconds"] for r in history)
+    summary = {"name": name, "config": cfg.to_dict(), "epochs": epochs, "world": h.world, "history": history,
+               "seconds": total_s, "samples_per_s": sum(r["samples"] for r in history) / total_s,
+               "iou": history[-1]["iou"] if history else None, "checkpoint": None}
+    if lead:
+        path = out / f"{name}.pt"
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")  # a crash mid-save leaves the old checkpoint whole
+        torch.save({"model": plain_state_dict(h.model), "config": cfg.to_dict(), "epochs": epochs,
+                    "history": history}, tmp)
+        os.replace(tmp, path)
+        summary["checkpoint"] = str(path)
+        say(f"[{name}] checkpoint: {path}")
+    return summary
+
+
+def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
+    """Each run in a fresh process, as a user's training script would be: neither run inherits the other's
+    warm state (threads, cudnn, allocator, kernel caches). gpus > 1: one process per device under torchrun."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus:
+        raise AutotuneError(f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s)")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path, summary_path, error_path = (out / f"{name}{ext}" for ext in (".config.json", ".json", ".error"))
+    for stale in (summary_path, error_path):
+        stale.unlink(missing_ok=True)
+    write_json_atomic(cfg_path, cfg.to_dict())
+    cmd = [*python_for(cfg.gpus), "-m", "autotune.apply.train", "--config", str(cfg_path), "--epochs", str(epochs), "--out", str(out),
+           "--name", name]
+    if cfg.gpus > 1:
+        say(f"[{name}] DDP over {cfg.gpus} processes: {' '.join(cmd[1:])}")
+    code = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent).returncode
+    if error_path.is_file():  # bad input found by the worker (e.g. no images in the data folder)
+        raise AutotuneError(error_path.read_text().strip())
+    if code != 0 or not summary_path.is_file():
+        raise TrainFailed(f"training {name} failed with exit code {code} (its output is above)", code or 1)
+    return dict(json.loads(summary_path.read_text()))
+
+
+def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say: Say) -> list[dict[str, Any]]:
+    """Train the config (and, to compare, the baseline after it), each in its own process; print the
+    speedup and both final metrics, and write train.json. Raises TrainFailed or AutotuneError."""
+    runs = [("config", cfg)] + ([("baseline", cfg.replace(**BASELINE.knobs()))] if compare_baseline else [])
+    # The config first: what the first run warms for the second (the OS page cache) favours the baseline.
+    results = [run_config(c, epochs, out, name, say) for name, c in runs]
+    write_json_atomic(out / "train.json", results)
+    if compare_baseline:
+        tuned, base = results
+        say(f"speedup: x{tuned['samples_per_s'] / base['samples_per_s']:.2f}  (config {tuned['samples_per_s']:.2f} "
+            f"vs baseline {base['samples_per_s']:.2f} samples/s over {epochs} epoch(s), data loading included)")
+        if tuned["iou"] is None or base["iou"] is None:
+            say("final IoU: not measured (no validation set or metric)")
+        else:
+            say(f"final IoU: config {tuned['iou']:.4f}, baseline {base['iou']:.4f}, "
+                f"difference {tuned['iou'] - base['iou']:+.4f}")
+    say(f"autotune: results in {out / 'train.json'}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The worker: one training run (one rank of it under torchrun), started by run_config."""
+    from rich.console import Console
+
+    from autotune.core.configfile import load_config
+    from autotune.core.errors import TrialUnsupported
+    from autotune.trial.harness import NonFiniteLoss
+
+    p = argparse.ArgumentParser(prog="python -m autotune.apply.train", description="one run of autotune train")
+    p.add_argument("--config", required=True)
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--name", required=True)
+    args = p.parse_args(argv)
+    die_with_parent()
+    rank = int(os.environ.get("RANK", 0))
+    console = Console()
+    say: Say = (lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)) if rank == 0 else (lambda s: None)
+    try:
+        summary = train_one(load_config(args.config), args.epochs, args.out, args.name, say)
+    except AutotuneError as e:  # bad input: the parent reports it as one line, exit 2
+        write_atomic(args.out / f"{args.name}.error", str(e))
+        return ExitCode.BAD_INPUT
+    except TrialUnsupported as e:
+        print(f"autotune train: {args.name}: knob unsupported here: {e}", file=sys.stderr)
+        return ExitCode.UNSUPPORTED
+    except NonFiniteLoss as e:
+        print(f"autotune train: {args.name} diverged: {e}", file=sys.stderr)
+        return ExitCode.NUMERICS
+    if rank == 0:
+        write_json_atomic(args.out / f"{args.name}.json", summary)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""`autotune` commands: thin ones. Each parses its arguments, calls one function of the layers below,
+and returns an exit code. This package is the only reader of argv and the only place an
+AutotuneError becomes exit code 2 (one line, no traceback).
+
+May import: everything in autotune.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from autotune.cli import run, search, study
+from autotune.cli._common import Parser
+from autotune.core.errors import AutotuneError, ExitCode
+
+EXIT_CODES = ("exit codes: 0 ok, 2 bad input (one line, no traceback, nothing written), 130 interrupted, "
+              "1 unexpected; `trial` and `train` add 3 out of memory, 4 non-finite loss, 5 knob unsupported here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="autotune", description="Find the fastest way to train a PyTorch model on this machine.",
+                    epilog=EXIT_CODES)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for module in (search, run, study):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AutotuneError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

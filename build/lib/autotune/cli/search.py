@@ -1,0 +1,159 @@
+"""`search`, `worker` and `storage-proxy`: start, join or serve a study."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.cli._common import workload_args
+from autotune.core.errors import ExitCode
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser("search", help="search the knobs jointly with Optuna within a time budget",
+                       description="Run a budgeted Optuna search. Trial 0 is the plain-PyTorch baseline, trial 1 "
+                       "the published guides' recommendation; every trial is a short measured run in its own "
+                       "process. Results go to an Optuna study (`optuna-dashboard studies.db`), the best config "
+                       "to studies/<study>/best.yaml. Re-running with the same --study resumes it; --budget then "
+                       "counts afresh for this run. Ctrl-C or SIGTERM stop the current trial, export the best so "
+                       "far and exit 130.")
+    s.add_argument("--budget", default=None, help="wall time for this run: 2h, 90m, 1h30m, 45s or seconds "
+                   "(required unless --create-only)")
+    s.add_argument("--study", default="autotune", help="study name; an existing study is resumed (default autotune)")
+    s.add_argument("--storage", default=None, help="Optuna storage: a journal file path (default studies.db), "
+                   "sqlite:///x.db, postgresql://user:pass@host/db or grpc://host:port")
+    s.add_argument("--space", default=None, metavar="FILE", help="search-space YAML (default search_spaces/default.yaml)")
+    s.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "random"), help="Optuna sampler (default tpe)")
+    s.add_argument("--seed", type=int, default=None, help="sampler seed")
+    s.add_argument("--trial-timeout", default=None, help="kill a trial after this long; stored in the study for "
+                   "its workers (default: max(2m, budget/4), or 10m without a budget)")
+    s.add_argument("--trial-seconds", type=float, default=15.0, help="measured seconds per trial, after warm-up (default 15)")
+    s.add_argument("--warmup-steps", type=int, default=3, help="untimed steps before measuring (default 3)")
+    s.add_argument("--n-trials", type=int, default=None, help="stop after this many trials")
+    s.add_argument("--force", action="store_true", help="resume a study recorded on different hardware/software")
+    s.add_argument("--cold-start", action="store_true",
+                   help="start every trial as a fresh interpreter instead of forking a warm one (slower start-up)")
+    s.add_argument("--create-only", action="store_true",
+                   help="create the study (space, workload, fingerprint, baseline) and exit: workers then join it")
+    s.add_argument("--studies-dir", default="studies", help="where trial logs, artifacts and exports go")
+    workload_args(s)
+    s.set_defaults(func=cmd_search)
+
+    w = sub.add_parser("worker", help="join an existing study and run trials (many machines, one study)",
+                       description="Join a study created by `autotune search` (usually on PostgreSQL) and run its "
+                       "trials until --budget or --n-trials is spent. The space, workload, trial timeout and "
+                       "fingerprint come from the study; a machine whose fingerprint differs is refused.")
+    w.add_argument("--storage", required=True, help="the study's storage URL (postgresql://…, grpc://host:port, …)")
+    w.add_argument("--study", required=True, help="study name")
+    w.add_argument("--budget", default=None, help="wall time for this worker (2h, 90m, …)")
+    w.add_argument("--n-trials", type=int, default=None, help="stop after this many trials")
+    w.add_argument("--trial-timeout", default=None, help="kill a trial after this long (default: the study's)")
+    w.add_argument("--data", default=None, metavar="DIR", help="this machine's copy of the dataset, if not at the study's path")
+    w.add_argument("--studies-dir", default="studies", help="where trial logs and artifacts go")
+    w.add_argument("--force", action="store_true", help="join although this machine's fingerprint differs")
+    w.add_argument("--cold-start", action="store_true", help="start every trial as a fresh interpreter")
+    w.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("storage-proxy", help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
+                       description="Run Optuna's gRPC storage proxy in front of one RDB storage, so a large fleet "
+                       "needs one database connection pool instead of one per worker. Workers use --storage grpc://HOST:PORT.")
+    p.add_argument("--storage", required=True, help="the RDB storage URL to serve")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
+    p.set_defaults(func=cmd_storage_proxy)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from autotune.core.config import SearchSettings, parse_duration
+    from autotune.core.errors import ConfigError
+    from autotune.pipelines import workload
+    from autotune.search.results import shown_storage
+    from autotune.search.session import SearchSession
+
+    if args.budget is None and not args.create_only:
+        raise ConfigError("search needs --budget (e.g. --budget 10m)")
+    console = _console()
+    base = workload(args.pipeline, args.image_size, args.data, args.studies_dir,
+                    seconds=args.trial_seconds, warmup_steps=args.warmup_steps, window=3)
+    settings = SearchSettings(
+        budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study,
+        storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,
+        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
+        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base)
+    session = SearchSession.create(settings, warm=not args.cold_start, say=_dim(console), defer=args.create_only)
+    if args.create_only:
+        console.print(f"autotune: study {args.study!r} ready in {shown_storage(args.storage)}; the first worker "
+                      f"resolves its space on its own hardware. Join it with: autotune worker --storage URL "
+                      f"--study {args.study}", highlight=False)
+        return 0
+    return _run(session, console)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autotune.core.config import SearchSettings, parse_duration
+    from autotune.core.errors import AutotuneError
+    from autotune.search.session import SearchSession
+
+    if args.budget is None and args.n_trials is None:
+        raise AutotuneError("worker needs --budget or --n-trials")
+    settings = SearchSettings(
+        budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,
+        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
+        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = _console()
+    return _run(SearchSession.join(settings, args.data, warm=not args.cold_start, say=_plain(console)), console)
+
+
+def _run(session: Any, console: Any) -> int:
+    """Run the session under the live display, then the leaderboard and where the best went."""
+    from autotune.apply.display import LiveSearch, leaderboard_table
+    from autotune.search.results import shown_storage
+
+    s = session.settings
+    budget = "no time limit" if s.budget_s is None else f"budget {s.budget_s:.0f} s"
+    console.print(f"autotune: study {s.study!r} in {shown_storage(s.storage)}, {budget}, "
+                  f"{len(session.searched)} knobs searched: {', '.join(session.searched)}", highlight=False)
+    with LiveSearch(session.study, s.budget_s, console) as live:
+        outcome = session.run(live.events())
+    console.print(leaderboard_table(session.study))
+    if outcome.best_yaml is None:
+        console.print("autotune: no trial finished, nothing to export")
+    else:
+        console.print(f"autotune: best config exported to {outcome.best_yaml}\n"
+                      f"  apply it:  autotune trial --config {outcome.best_yaml}\n"
+                      f"  inspect:   optuna-dashboard {shown_storage(s.storage)} --artifact-dir "
+                      f"{Path(s.studies_dir) / 'artifacts'}", highlight=False)
+    if outcome.error:
+        print(f"autotune: error: {outcome.error}", file=sys.stderr)
+        return ExitCode.ERROR
+    return ExitCode.INTERRUPTED if outcome.interrupted else ExitCode.OK
+
+
+def _dim(console: Any) -> Any:
+    return lambda text: console.print(f"[dim]{text}[/dim]", highlight=False)
+
+
+def _plain(console: Any) -> Any:
+    return lambda text: console.print(text, markup=False, highlight=False)
+
+
+def cmd_storage_proxy(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autotune.search.results import shown_storage
+    from autotune.search.storage import open_storage
+
+    storage = open_storage(args.storage)
+    print(f"autotune: serving {shown_storage(args.storage)} on grpc://{args.host}:{args.port}", flush=True)
+    optuna.storages.run_grpc_proxy_server(storage, host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,229 @@
+"""The frozen records that cross every boundary: TrialConfig in, TrialResult out."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from autotune.core.errors import ConfigError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+FUSIONS = ("none", "foreach", "fused", "apex")
+COMPILES = ("off", "default", "max-autotune")
+
+# The tuned knobs: names are a contract shared with search spaces and exported YAML.
+KNOBS = (
+    "num_workers", "pin_memory", "batch_size", "precision", "optimizer_fusion",
+    "checkpoint_segments", "gpus", "channels_last", "cudnn_benchmark", "compile",
+    "persistent_workers", "prefetch_factor", "set_to_none", "num_threads",
+)
+# What a trial runs on and how long it measures: fixed for a whole study.
+WORKLOAD = (
+    "pipeline", "data_dir", "image_size", "warmup_steps", "timed_steps", "seconds",
+    "window", "seed", "lr", "profile",
+)
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
+
+    # knobs
+    num_workers: int = 0
+    pin_memory: bool = False
+    batch_size: int = 8
+    precision: str = "fp32"
+    optimizer_fusion: str = "none"
+    checkpoint_segments: int = 0
+    gpus: int = 1
+    channels_last: bool = False
+    cudnn_benchmark: bool = False
+    compile: str = "off"
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    set_to_none: bool = True  # torch's own default since 2.0, so the baseline keeps it
+    num_threads: int = 0  # 0 = torch's default intra-op thread count
+    # workload
+    pipeline: str = "unet"
+    data_dir: str | None = None
+    image_size: int = 128
+    warmup_steps: int = 5
+    timed_steps: int = 20
+    seconds: float | None = None  # time-boxed measurement instead of timed_steps
+    window: int = 5  # steps per throughput window, reported for pruning
+    seed: int = 0
+    lr: float = 1e-3
+    profile: bool = False
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        for f in fields(self):
+            v = getattr(self, f.name)
+            # None is a value only where the type says so; elsewhere it would trip a comparison below.
+            if f.type == "int" or (f.type == "int | None" and v is not None):
+                need(isinstance(v, int) and not isinstance(v, bool), f"{f.name} must be an integer, got {v!r}")
+            if f.type == "bool":
+                need(isinstance(v, bool), f"{f.name} must be true or false, got {v!r}")
+        need(self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}")
+        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        need(self.precision in PRECISIONS, f"precision must be one of {'|'.join(PRECISIONS)}, got {self.precision!r}")
+        need(self.optimizer_fusion in FUSIONS, f"optimizer_fusion must be one of {'|'.join(FUSIONS)}, got {self.optimizer_fusion!r}")
+        need(self.compile in COMPILES, f"compile must be one of {'|'.join(COMPILES)}, got {self.compile!r}")
+        need(self.checkpoint_segments >= 0, f"checkpoint_segments must be >= 0, got {self.checkpoint_segments}")
+        need(self.gpus >= 1, f"gpus must be >= 1, got {self.gpus}")
+        need(self.num_threads >= 0, f"num_threads must be >= 0, got {self.num_threads}")
+        need(self.prefetch_factor is None or self.prefetch_factor >= 1, f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
+        need(self.num_workers > 0 or (self.prefetch_factor is None and not self.persistent_workers),
+             "prefetch_factor and persistent_workers need num_workers > 0")
+        need(isinstance(self.image_size, int) and self.image_size >= 32, f"image_size must be an integer >= 32, got {self.image_size!r}")
+        need(self.warmup_steps >= 0 and self.timed_steps >= 1, "warmup_steps must be >= 0 and timed_steps >= 1")
+        need(self.window >= 1, f"window must be >= 1, got {self.window}")
+        need(self.seconds is None or (_number(self.seconds) and self.seconds > 0), f"seconds must be > 0, got {self.seconds!r}")
+        # Checked here so a bad lr is exit 2 up front, not a crash inside the trial's optimizer.
+        need(_number(self.lr) and math.isfinite(self.lr) and self.lr > 0, f"lr must be a number > 0, got {self.lr!r}")
+        need(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline must be a name or module:factory")
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in KNOBS}
+
+    def workload(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in WORKLOAD}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> TrialConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrialConfig:
+        """Build from a flat dict, or from an exported YAML's `config:` + `workload:` sections."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"a config must be a mapping, got {type(d).__name__}")
+        if "config" in d and isinstance(d["config"], Mapping):
+            d = {**(d.get("workload") or {}), **d["config"]}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s): {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
+        return cls(**dict(d))
+
+
+BASELINE = TrialConfig()
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured. `applied` records what was really in effect, knob by knob."""
+
+    status: str  # ok | oom | numerics | unsupported | error
+    samples_per_s: float | None = None
+    step_time_p50: float | None = None
+    step_time_p90: float | None = None
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    gpu_util: float | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    startup_s: float | None = None
+    timed_steps: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+    windows: tuple[float, ...] = ()
+    applied: Mapping[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def loss_finite(self) -> bool:
+        return _finite(self.loss_first) and _finite(self.loss_last)
+
+    def metrics(self) -> dict[str, Any]:
+        """Scalar figures, as stored in Optuna user attrs."""
+        keep = ("samples_per_s", "step_time_p50", "step_time_p90", "data_wait_fraction",
+                "peak_memory_bytes", "gpu_util", "loss_first", "loss_last", "startup_s",
+                "timed_steps", "world_size", "device")
+        return {k: getattr(self, k) for k in keep}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["windows"] = list(self.windows)
+        d["applied"] = dict(self.applied)
+        d["loss_finite"] = self.loss_finite
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrialResult:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["windows"] = tuple(kw.get("windows") or ())
+        return cls(**kw)
+
+
+DEFAULT_TRIAL_TIMEOUT_S = 600.0  # with no budget to derive it from
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What `autotune search` (or `worker`) was asked to do; validated before any study is touched."""
+
+    budget_s: float | None = None  # None: no time limit (a worker bounded by n_trials, or --create-only)
+    study: str = "autotune"
+    storage: str | None = None  # None = JournalFile `studies.db` in the working directory
+    space: str | None = None  # None: the default space shipped with autotune
+    sampler: str = "tpe"
+    seed: int | None = None
+    trial_timeout_s: float | None = None  # None = derived from the budget
+    n_trials: int | None = None
+    force: bool = False
+    studies_dir: str = "studies"
+    base: TrialConfig = field(default_factory=TrialConfig)  # the workload every trial shares
+
+    def __post_init__(self) -> None:
+        if self.budget_s is not None and not (
+                isinstance(self.budget_s, (int, float)) and math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise ConfigError(f"--budget must be positive, got {self.budget_s!r}")
+        if self.sampler not in ("tpe", "gp", "random"):
+            raise ConfigError(f"--sampler must be tpe, gp or random, got {self.sampler!r}")
+        if self.trial_timeout_s is not None and self.trial_timeout_s <= 0:
+            raise ConfigError(f"--trial-timeout must be positive, got {self.trial_timeout_s!r}")
+        if self.n_trials is not None and self.n_trials < 1:
+            raise ConfigError(f"--n-trials must be >= 1, got {self.n_trials!r}")
+        if not self.study or "/" in self.study:
+            raise ConfigError(f"--study must be a plain name, got {self.study!r}")
+
+    @property
+    def trial_timeout(self) -> float:
+        # A trial that needs more than a quarter of the budget can't be compared with others anyway.
+        if self.trial_timeout_s:
+            return self.trial_timeout_s
+        return max(120.0, self.budget_s / 4) if self.budget_s else DEFAULT_TRIAL_TIMEOUT_S
+
+
+def parse_duration(text: str, flag: str = "--budget") -> float:
+    """'2h', '90m', '1h30m', '45s' or plain seconds -> seconds."""
+    import re
+
+    s = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        value = float(s)
+    else:
+        m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", s)
+        if not s or not m or not any(m.groups()):
+            raise ConfigError(f"{flag} {text!r}: use e.g. 2h, 90m, 1h30m, 45s or plain seconds")
+        h, mi, se = (float(g or 0) for g in m.groups())
+        value = h * 3600 + mi * 60 + se
+    if value <= 0:
+        raise ConfigError(f"{flag} {text!r}: must be more than zero")
+    return value

@@ -1,0 +1,162 @@
+"""The native config file: `Export` (everything best.yaml says about one config), its YAML
+rendering, and `load_config`, which reads a flat TrialConfig or an exported file back.
+
+Only `config:` and `workload:` are read back; the other sections record what was measured.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.errors import ConfigError
+from autotune.core.urls import mask_url
+
+# The headline figures, in the order a reader wants them; any other metric follows these.
+METRIC_KEYS = ("samples_per_s", "step_time_p50", "peak_memory_bytes", "data_wait_fraction")
+
+DEFAULT_REPRODUCE = "autotune trial --config best.yaml"
+
+
+@dataclass(frozen=True)
+class Export:
+    """Everything an exported file says about one configuration. Built once, rendered many ways."""
+
+    config: TrialConfig
+    metrics: dict[str, Any] = field(default_factory=dict)
+    baseline_samples_per_s: float | None = None
+    speedup: float | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    # name, trial number, storage. The caller masks the storage URL; to_yaml masks it again because
+    # a leaked password in a file people share is worse than masking twice.
+    study: dict[str, Any] = field(default_factory=dict)
+    reproduce: str = DEFAULT_REPRODUCE
+
+    @classmethod
+    def from_result(
+        cls,
+        config: TrialConfig,
+        result: TrialResult,
+        *,
+        baseline_samples_per_s: float | None = None,
+        environment: Mapping[str, Any] | None = None,
+        study: Mapping[str, Any] | None = None,
+        reproduce: str = DEFAULT_REPRODUCE,
+    ) -> Export:
+        """Build from a measured TrialResult; the speedup is only stated when both figures are real."""
+        metrics = {k: getattr(result, k) for k in METRIC_KEYS}
+        sps = result.samples_per_s
+        speedup = None
+        if _positive(sps) and _positive(baseline_samples_per_s):
+            speedup = float(sps) / float(baseline_samples_per_s)  # type: ignore[arg-type]
+        env = {"device": result.device, "world_size": result.world_size, **dict(environment or {})}
+        return cls(config, metrics, baseline_samples_per_s, speedup, env, dict(study or {}), reproduce)
+
+
+def _positive(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
+
+
+_YAML_HEADER = """\
+# autotune export: the fastest configuration measured for this pipeline on this machine.
+# Apply it:
+#   autotune trial --config best.yaml    # re-measure it here
+#   autotune train --config best.yaml    # train with it
+# Only `config:` and `workload:` are read back; the other sections record what was measured.
+# Framework settings: autotune export --format lightning | hf | accelerate
+"""
+
+
+def _plain(x: Any) -> Any:
+    """Reduce a value to what yaml.safe_dump can write (it refuses tuples, paths, numpy scalars)."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in x]
+    item = getattr(x, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return _plain(item())
+        except (TypeError, ValueError):
+            pass
+    return str(x)
+
+
+def _section(key: str, value: Any) -> str:
+    return yaml.safe_dump({key: _plain(value)}, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def to_yaml(e: Export) -> str:
+    """The native format. Sections are dumped one by one so the file reads with a blank line between them."""
+    metrics = {k: e.metrics.get(k) for k in METRIC_KEYS}
+    metrics.update({k: v for k, v in e.metrics.items() if k not in metrics})
+    study = dict(e.study)
+    if isinstance(study.get("storage"), str):
+        study["storage"] = mask_url(study["storage"])
+    sections = [
+        ("config", e.config.knobs()),  # KNOBS order: the contract shared with search spaces
+        ("workload", e.config.workload()),
+        ("metrics", metrics),
+        ("baseline", {"samples_per_s": e.baseline_samples_per_s}),
+        ("speedup", e.speedup),
+        ("environment", e.environment),
+        ("study", study),
+        ("reproduce", e.reproduce),
+    ]
+    return _YAML_HEADER + "\n" + "\n".join(_section(k, v) for k, v in sections)
+
+
+def load_config(path: str | os.PathLike[str]) -> TrialConfig:
+    """Read a flat TrialConfig (YAML or JSON) or an exported file. Every failure is one ConfigError line naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config: {getattr(exc, 'strerror', None) or exc}") from None
+    data: Any
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{p}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    else:
+        try:
+            data = yaml.safe_load(text)  # never yaml.load: a config file must not run code
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(exc)}") from None
+    if not isinstance(data, Mapping):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{p}: a config must be a mapping of knob: value, got {got}")
+    data = _fix_yaml_off(data)
+    try:
+        return TrialConfig.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+    except (TypeError, ValueError) as exc:  # a value of the wrong type that a comparison tripped on
+        raise ConfigError(f"{p}: bad config value: {exc}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1})" if mark is not None else str(problem)
+
+
+def _fix_yaml_off(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """YAML 1.1 reads a hand-written bare `compile: off` as False; that can only have meant 'off'."""
+    def fix(d: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {**d, "compile": "off"} if d.get("compile") is False else d
+
+    if isinstance(data.get("config"), Mapping):
+        return {**data, "config": fix(data["config"])}
+    return fix(data)

@@ -1,0 +1,147 @@
+"""The Pipeline protocol: what autotune needs from a training workload, and nothing more.
+
+autotune owns the loop and applies every knob around these three calls:
+
+    model   = pipeline.build_model()            # an nn.Module on the CPU, fp32
+    dataset = pipeline.build_dataset()          # items are (input, target) pairs
+    loss    = pipeline.loss(model(x), target)   # a scalar tensor
+
+Optional attributes:
+    stages:      dotted names of submodules, in forward order, that checkpoint_segments may wrap
+    unsupported: knob names this pipeline cannot honour (e.g. {"channels_last"} for token models)
+    build_val_dataset() -> Dataset and metric(output, target) -> float: validation in `autotune train`
+    validate_data(*, skip_bad, progress) -> str | None: check every item once, before the first trial
+        (a DataError naming bad ones; with skip_bad, a note on what was dropped instead)
+
+A dataset item that cannot be loaded should raise autotune.core.errors.DataItemError naming it; any
+other exception from an item is reported as the data's fault too, naming its index.
+
+A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
+What is special about the built-in Unet (its default synthetic data, what a warm server preloads)
+is answered here, so no other layer needs to know it.
+
+May import: autotune.core (and torch, in the pipelines themselves).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+from autotune.core.errors import PipelineError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+    from autotune.core.config import TrialConfig
+
+# Set (to "1") in a trial's environment under --skip-bad-data: a pipeline that validates its data then
+# leaves out in the trial the items its up-front validate_data(skip_bad=True) dropped.
+SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
+
+BUILTIN = {"unet": "autotune.pipelines.unet.pipeline:UnetPipeline"}
+# Imported once by a warm fork server, so every trial forked from it starts with them loaded.
+_PRELOAD = {"unet": ("torchvision", "segmentation_models_pytorch")}
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+    def build_model(self) -> torch.nn.Module: ...
+
+    def build_dataset(self) -> Dataset[Any]: ...
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+
+def resolve_factory(spec: str) -> Callable[..., Any]:
+    """Import `module:callable` (or a built-in name); a clear PipelineError if it can't be done."""
+    target = BUILTIN.get(spec, spec)
+    mod_name, sep, attr = target.partition(":")
+    if not sep or not mod_name or not attr:
+        raise PipelineError(f"--pipeline {spec!r}: expected 'module.path:factory' or one of {', '.join(BUILTIN)}")
+    # `python -m autotune` and trial processes see the working directory; the `autotune` script does not.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise PipelineError(f"--pipeline {spec!r}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise PipelineError(f"--pipeline {spec!r}: {mod_name} has no callable {attr!r}")
+    return factory
+
+
+def load_pipeline(cfg: TrialConfig) -> Pipeline:
+    pipeline = resolve_factory(cfg.pipeline)(cfg)
+    if not isinstance(pipeline, Pipeline):
+        raise PipelineError(
+            f"--pipeline {cfg.pipeline!r} returned {type(pipeline).__name__}, expected an object with "
+            "build_model(), build_dataset() and loss(output, target)")
+    return pipeline
+
+
+def validate_data(pipeline: Pipeline, *, skip_bad: bool,
+                  progress: Callable[[int, int], None] | None = None) -> str | None:
+    """Check the pipeline's data up front, if it knows how (its optional validate_data). Raises
+    DataError for bad items unless skip_bad; returns a one-line note for the caller to print, or None."""
+    check = getattr(pipeline, "validate_data", None)
+    if not callable(check):
+        return None
+    return check(skip_bad=skip_bad, progress=progress)
+
+
+def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
+    return tuple(getattr(pipeline, "stages", ()) or ())
+
+
+def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
+    return frozenset(getattr(pipeline, "unsupported", ()) or ())
+
+
+def default_data(spec: str, studies_dir: str | os.PathLike[str]) -> str | None:
+    """The data a pipeline uses when no --data is given: the built-in Unet's deterministic synthetic
+    set (generated once under studies_dir/data); None for a pipeline that brings its own."""
+    if spec != "unet":
+        return None
+    from autotune.pipelines.unet.data import default_data as unet_default
+
+    return str(unet_default(studies_dir))
+
+
+def is_regenerable(data_dir: str) -> bool:
+    """A default synthetic set: identical on any machine, so a missing copy may be made afresh."""
+    from autotune.pipelines.unet.data import SYNTHETIC_PREFIX
+
+    return Path(data_dir).name.startswith(SYNTHETIC_PREFIX)
+
+
+def preload_modules(spec: str) -> tuple[str, ...]:
+    """What a warm server imports for this pipeline: its heavy libraries and its own module."""
+    module = BUILTIN.get(spec, spec).partition(":")[0]
+    return (*_PRELOAD.get(spec, ()), module)
+
+
+def workload(pipeline: str | None, image_size: int | None, data: str | None, studies_dir: str, /,
+             **extra: Any) -> TrialConfig:
+    """The workload every trial of a run shares: --pipeline, --image-size and --data over `extra`
+    (a config file's values, or the defaults); without any data, the pipeline's own default.
+    Positional-only: a whole config file passed as `extra` has its own `pipeline` and `image_size`."""
+    from autotune.core.config import TrialConfig
+
+    cfg = TrialConfig(**extra)
+    changes: dict[str, Any] = {}
+    if pipeline:
+        changes["pipeline"] = pipeline
+    if image_size:
+        changes["image_size"] = image_size
+    if data:
+        changes["data_dir"] = str(Path(data).resolve())
+    elif cfg.data_dir is None:
+        default = default_data(pipeline or cfg.pipeline, studies_dir)
+        if default is not None:
+            changes["data_dir"] = default
+    return cfg.replace(**changes)

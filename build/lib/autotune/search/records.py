@@ -1,0 +1,99 @@
+"""One typed record for what the study stores about a trial, and one for the study itself.
+
+Optuna's user attrs are a loose JSON dict; every module that reads or writes them goes through these
+records, so a key is spelled in one place and a missing one has one default.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.core.config import TrialConfig, TrialResult
+
+ROLES = ("baseline", "warm_start", "search")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial's user attrs: who ran it and why, the config it ran, what it measured or why it failed."""
+
+    role: str = "search"
+    config: Mapping[str, Any] = field(default_factory=dict)  # the knobs it ran (TrialConfig.knobs())
+    owner: Mapping[str, Any] | None = None  # controller pid/host/started/heartbeat and the trial's pgid
+    reason: str | None = None  # a failure's reason (oom, numerics, crash, timeout, pruned, stale, ...)
+    message: str = ""
+    log_tail: str = ""
+    contended: bool = False  # another trial shared the CPU: the timing is suspect
+    speedup: float | None = None  # samples/s over the baseline's, when both are known
+    applied: Mapping[str, Any] = field(default_factory=dict)
+    windows: tuple[float, ...] = ()
+    metrics: Mapping[str, Any] = field(default_factory=dict)  # TrialResult.metrics(), flat in the attrs
+
+    @classmethod
+    def from_frozen(cls, t: FrozenTrial) -> TrialRecord:
+        return cls.from_attrs(t.user_attrs)
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
+        names = {f.name for f in dataclasses.fields(cls)} - {"metrics"}
+        kw = {k: v for k, v in attrs.items() if k in names}
+        kw["windows"] = tuple(kw.get("windows") or ())
+        metric_keys = set(TrialResult(status="ok").metrics())
+        return cls(**kw, metrics={k: v for k, v in attrs.items() if k in metric_keys})
+
+    def to_attrs(self) -> dict[str, Any]:
+        """Only what is set, so writing a record never erases what another writer stored."""
+        out: dict[str, Any] = {"role": self.role}
+        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied"):
+            value = getattr(self, key)
+            if value not in (None, "", False, {}):
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+        if self.windows:
+            out["windows"] = list(self.windows)
+        out.update(self.metrics)
+        return out
+
+    def result(self) -> TrialResult:
+        return TrialResult.from_dict({"status": "ok", **self.metrics, "applied": self.applied, "windows": self.windows})
+
+    def knobs(self, workload: TrialConfig) -> TrialConfig:
+        return workload.replace(**self.config)
+
+
+def write(trial: optuna.Trial, record: TrialRecord) -> None:
+    for key, value in record.to_attrs().items():
+        trial.set_user_attr(key, value)
+
+
+def of_result(role: str, config: Mapping[str, Any], result: TrialResult, speedup: float | None,
+              contended: bool) -> TrialRecord:
+    return TrialRecord(role=role, config=config, contended=contended, speedup=speedup, applied=result.applied,
+                       windows=result.windows, metrics=result.metrics())
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """A study's user attrs, written once by the process that creates it; workers read them."""
+
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    space: Mapping[str, Any] | None = None
+    workload: Mapping[str, Any] | None = None
+    sampler: str = "tpe"
+    trial_timeout_s: float | None = None
+    resolved: bool = True  # False: made by `search --create-only`; the first worker resolves the space
+    ablation: list[Any] | None = None
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyRecord:
+        attrs = study.user_attrs
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in attrs.items() if k in names})
+
+    def write(self, study: optuna.Study) -> None:
+        for key, value in dataclasses.asdict(self).items():
+            if value is not None:
+                study.set_user_attr(key, value)

@@ -1,0 +1,123 @@
+"""One trial of a search: launch it, classify how it ended, and tell the study, with its record,
+artifacts and constraint (infeasible configs are constraints, so the sampler steers away)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.errors import TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialUnsupported
+from autotune.search import _optuna
+from autotune.search.locks import Lease, device_lock
+from autotune.search.records import TrialRecord, of_result, write
+from autotune.search.results import baseline_sps
+from autotune.search.storage import disk_error
+from autotune.trial import launcher
+from autotune.trial.warm import WarmServer
+
+# The sampler should learn where these lie: they are properties of the config, not accidents.
+INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported, TrialBadConfig)
+FEASIBLE_KEY = "infeasible"
+
+
+@dataclass
+class Events:
+    """Hooks for the live display; every one is optional."""
+
+    started: Callable[[int, str, TrialConfig], None] = lambda n, role, cfg: None
+    window: Callable[[float], None] = lambda sps: None
+    finished: Callable[[FrozenTrial], None] = lambda t: None
+
+
+def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings: SearchSettings,
+            timeout_s: float, events: Events, server: WarmServer | None = None) -> FrozenTrial:
+    role = TrialRecord.from_attrs(trial.user_attrs).role
+    events.started(trial.number, role, cfg)
+    trial_dir = Path(settings.studies_dir) / settings.study / f"trial-{trial.number}"
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    write(trial, TrialRecord(role=role, config=cfg.knobs(), owner=owner))
+
+    beat = [time.time()]
+    windows = [0]
+
+    def on_window(step: int, sps: float) -> bool:
+        # Report by window index, not step count: pruning compares trials at the same point in
+        # their measurement, whatever their batch size or window length.
+        trial.report(sps, windows[0])
+        windows[0] += 1
+        if time.time() - beat[0] > 30:  # heartbeat for searches on other hosts sharing the study
+            beat[0] = time.time()
+            owner["heartbeat"] = beat[0]
+            trial.set_user_attr("owner", owner)
+        events.window(sps)
+        return role == "search" and trial.should_prune()
+
+    def on_start(pgid: int) -> None:
+        owner["pgid"] = pgid
+        trial.set_user_attr("owner", owner)
+
+    state, value = TrialState.COMPLETE, None
+    lease = Lease()
+    try:
+        # RDB storages: the heartbeat thread Study.optimize would run, so other workers see we're alive.
+        with _optuna.heartbeat_thread(study, trial), device_lock(cfg.gpus) as lease:
+            result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start, server=server)
+    except TrialPruned as e:
+        _record_failure(trial, role, e)
+        state = TrialState.PRUNED
+    except INFEASIBLE as e:
+        # Recorded as complete but infeasible: Optuna's samplers steer away, and it is never "best".
+        _record_failure(trial, role, e)
+        trial.set_constraint(FEASIBLE_KEY, 1.0)
+        value = 0.0
+    except TrialFailure as e:
+        _record_failure(trial, role, e)
+        state = TrialState.FAIL
+    except OSError as e:
+        if not disk_error(e):
+            raise
+        # A full or read-only disk: record why if the journal still takes a write, then stop the search.
+        with contextlib.suppress(OSError):
+            write(trial, TrialRecord(role=role, reason="disk", message=f"{e.strerror or e}: {e.filename or ''}"))
+            study.tell(trial, state=TrialState.FAIL)
+        raise
+    except BaseException:
+        trial.set_user_attr("reason", "interrupted")
+        _upload(trial, trial_dir)
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    else:
+        trial.set_constraint(FEASIBLE_KEY, 0.0)
+        base = result.samples_per_s if role == "baseline" else baseline_sps(study)
+        speedup = result.samples_per_s / base if base and result.samples_per_s else None
+        # lease.contended: another trial shared these cores, so the figure is suspect.
+        write(trial, of_result(role, cfg.knobs(), result, speedup, lease.contended))
+        value = result.samples_per_s
+    _upload(trial, trial_dir)
+    return study.tell(trial, value, state=state if value is None else None)
+
+
+def _record_failure(trial: optuna.Trial, role: str, e: TrialFailure) -> None:
+    write(trial, TrialRecord(role=role, reason=e.reason, message=str(e)[:500],
+                             windows=tuple(e.partial.get("windows", [])),
+                             log_tail=e.log_tail[-4000:] or "(the trial printed nothing)"))
+
+
+def _upload(trial: optuna.Trial, trial_dir: Path) -> None:
+    """config, result and log as Optuna artifacts: `optuna-dashboard studies.db --artifact-dir studies/artifacts`."""
+    store_dir = trial_dir.parent.parent / "artifacts"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    store = FileSystemArtifactStore(str(store_dir))
+    for name in ("config.json", "result.json", "trial.log", "profile.txt"):
+        path = trial_dir / name
+        if path.is_file():
+            upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=trial)

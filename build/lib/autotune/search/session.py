@@ -1,0 +1,184 @@
+"""A search session: open -> run -> finish, with its own signal handling.
+
+`autotune search` and `autotune worker` are two thin callers: `SearchSession.create` validates
+everything and creates (or resumes) the study; `SearchSession.join` attaches to one a search created.
+`run` installs SIGINT/SIGTERM handlers (both stop the current trial, which is recorded as
+interrupted), runs trials until the budget or --n-trials is spent, exports the best so far even
+after an interrupt, and restores the previous handlers in `finally`, however autotune was started.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import optuna
+
+from autotune import pipelines
+from autotune.core.config import SearchSettings
+from autotune.core.configfile import to_yaml
+from autotune.core.errors import AutotuneError
+from autotune.core.files import write_atomic
+from autotune.search import _optuna
+from autotune.search.fingerprint import differences, fingerprint
+from autotune.search.records import StudyRecord
+from autotune.search.results import best_export, leaderboard
+from autotune.search.runner import Events, run_one
+from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
+from autotune.search.storage import check_writable, disk_error, open_storage
+from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
+from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    """How a run ended: the trials it ran, whether it was interrupted, and the exported best."""
+
+    trials: int = 0
+    interrupted: bool = False
+    best_yaml: Path | None = None
+    error: str | None = None  # why the run stopped early (a full or read-only disk), in one line
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+class SearchSession:
+    def __init__(self, study: optuna.Study, space: SearchSpace, settings: SearchSettings, *,
+                 warm: bool = True, say: Say = print) -> None:
+        self.study, self.space, self.settings = study, space, settings
+        self.warm, self.say = warm, say
+
+    # ---- open -----------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, settings: SearchSettings, *, warm: bool = True, say: Say = print,
+               defer: bool = False) -> SearchSession:
+        """Validate the space, pipeline and storage, then create or resume the study. Anything wrong
+        is an AutotuneError (exit 2) raised before the study is touched. defer (`--create-only`): the
+        space is resolved, and the study fingerprinted, by the first worker on its own hardware."""
+        space = load_space(settings.space or DEFAULT_SPACE)
+        pipeline = pipelines.load_pipeline(settings.base)
+        check_writable(settings.storage, settings.studies_dir)  # a full disk stops here, before any trial
+        if defer:
+            study = open_study(settings, open_storage(settings.storage), {}, space, None)
+            return cls(study, space, settings, warm=warm, say=say)
+        space, hw = _resolve(space, pipeline, say)
+        study = open_study(settings, open_storage(settings.storage), fingerprint(settings.base), space, hw)
+        return cls(study, space, settings, warm=warm, say=say)
+
+    @classmethod
+    def join(cls, settings: SearchSettings, data: str | None, *, warm: bool = True, say: Say = print) -> SearchSession:
+        """Attach to a study made by `autotune search`: its space, workload and trial timeout come from it."""
+        check_writable(settings.storage, settings.studies_dir)
+        study = load_study(settings.storage, settings.study)
+        record = StudyRecord.of(study)
+        if record.space is None:
+            raise AutotuneError(f"study {settings.study!r} was not created by `autotune search` (no space attr)")
+        base = study_workload(study, data, settings.studies_dir)
+        pipeline = pipelines.load_pipeline(base)  # a module this machine can't import is bad input
+        space = SearchSpace.from_dict(record.space)
+        if not record.resolved:  # the first worker of a `--create-only` study decides for the fleet
+            space, hw = _resolve(space, pipeline, say)
+            dataclasses.replace(record, space=space.to_dict(), fingerprint=fingerprint(base), resolved=True).write(study)
+            enqueue_starts(study, base, space, hw)
+            record = StudyRecord.of(study)
+        diff = differences(record.fingerprint, fingerprint(base))
+        if diff and not settings.force:
+            raise AutotuneError(f"this machine differs from study {settings.study!r}'s ({'; '.join(diff)}); "
+                                "its timings would not be comparable (--force to join anyway)")
+        timeout = settings.trial_timeout_s or record.trial_timeout_s
+        settings = dataclasses.replace(settings, base=base, trial_timeout_s=timeout)
+        return cls(study, space, settings, warm=warm, say=say)
+
+    # ---- run ------------------------------------------------------------------------------------
+
+    def run(self, events: Events | None = None) -> Outcome:
+        """Trials until the budget or --n-trials is spent, then the best so far exported. Ctrl-C and
+        SIGTERM stop the current trial (recorded FAIL, interrupted) and still export."""
+        outcome = Outcome()
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with self._warm_server() as server:
+                for _ in self._trials(events or Events(), server):
+                    outcome.trials += 1
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+        except OSError as e:
+            if not disk_error(e):
+                raise
+            outcome.error = f"cannot write {e.filename or 'the study'}: {e.strerror or e}; the search stopped"
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        try:
+            outcome.best_yaml = self.finish()
+        except OSError as e:
+            if not disk_error(e):
+                raise
+            outcome.error = (outcome.error or "") + f"; best.yaml not written: {e.strerror or e}"
+        return outcome
+
+    def _trials(self, events: Events, server: WarmServer | None) -> Iterator[optuna.trial.FrozenTrial]:
+        """ask -> run -> tell, one trial at a time, while the median trial so far still fits."""
+        s = self.settings
+        deadline = None if s.budget_s is None else time.monotonic() + s.budget_s
+        grace = max(30.0, 0.02 * (s.budget_s or 0)) - 10.0  # leave room to export inside the promise
+        durations: list[float] = []
+        while s.n_trials is None or len(durations) < s.n_trials:
+            left = float("inf") if deadline is None else deadline - time.monotonic()
+            if left <= 0 or (durations and statistics.median(durations) > left + grace):
+                break
+            if _optuna.heartbeats(self.study):
+                optuna.storages.fail_stale_trials(self.study)  # a dead worker's trial: FAIL, then retried
+            else:
+                fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
+            trial = self.study.ask()
+            cfg = config_for(trial, self.space, s.base)
+            t0 = time.monotonic()
+            frozen = run_one(self.study, trial, cfg, s, min(s.trial_timeout, left + grace), events, server)
+            durations.append(time.monotonic() - t0)
+            events.finished(frozen)
+            yield frozen
+
+    def _warm_server(self) -> Any:
+        """Trials fork from a process that imported torch and the pipeline once (fast start-up)."""
+        if not self.warm:
+            return contextlib.nullcontext(None)
+        try:
+            return WarmServer.start(preload=(*DEFAULT_PRELOAD, *pipelines.preload_modules(self.settings.base.pipeline)))
+        except WarmServerError as e:
+            self.say(f"autotune: warm start unavailable, trials start cold: {e}")
+            return contextlib.nullcontext(None)
+
+    # ---- finish ---------------------------------------------------------------------------------
+
+    def finish(self) -> Path | None:
+        """Export the best feasible trial to studies/<study>/best.yaml; None if no trial finished."""
+        if not leaderboard(self.study):
+            return None
+        out = Path(self.settings.studies_dir) / self.study.study_name / "best.yaml"
+        write_atomic(out, to_yaml(best_export(self.study, self.settings.storage, out)))
+        return out
+
+    @property
+    def searched(self) -> tuple[str, ...]:
+        return tuple(self.space.searched())
+
+
+def _resolve(space: SearchSpace, pipeline: Any, say: Say) -> tuple[SearchSpace, Hardware]:
+    """Narrow the space to this machine and this pipeline, saying what was dropped and why."""
+    hw = Hardware.detect()
+    space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
+                           unsupported=pipelines.unsupported_of(pipeline))
+    for note in notes:
+        say(f"space: {note}")
+    return space, hw

@@ -1,0 +1,376 @@
+"""Load and validate search_spaces/*.yaml, resolve it against the hardware, and suggest configs.
+
+This module is the only caller of `trial.suggest_*`. Everything that can be wrong with a space file
+is found by `load_space` before a study is touched, and reported as one line naming file and knob.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Union
+
+import yaml
+
+from autotune.core.config import COMPILES, FUSIONS, KNOBS, PRECISIONS, TrialConfig
+from autotune.core.errors import ConfigError, SearchSpaceError
+
+if TYPE_CHECKING:
+    import optuna
+
+# Shipped inside the package (a wheel install has it too); search_spaces/default.yaml in a checkout
+# links here. It documents the format; `--space FILE` replaces it.
+DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"
+_DEFAULTS = TrialConfig()
+_TYPES = {f.name: f.type for f in fields(TrialConfig) if f.name in KNOBS}
+INT_KNOBS = frozenset(k for k, t in _TYPES.items() if t in ("int", "int | None"))
+BOOL_KNOBS = frozenset(k for k, t in _TYPES.items() if t == "bool")
+STR_KNOBS = {"precision": PRECISIONS, "optimizer_fusion": FUSIONS, "compile": COMPILES}
+# Only meaningful with worker processes: suggested only when num_workers > 0, else left inert.
+WORKER_KNOBS = {"prefetch_factor": None, "persistent_workers": False}
+_RANGE_KEYS = ("low", "high", "step", "log")
+
+
+@dataclass(frozen=True)
+class Choices:
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class IntRange:
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+
+    def values(self) -> range:
+        return range(self.low, self.high + 1, self.step)
+
+
+@dataclass(frozen=True)
+class Fixed:
+    value: Any
+
+
+Spec = Union[Choices, IntRange, Fixed]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """knob -> Choices | IntRange | Fixed. Knobs not listed keep the base config's value."""
+
+    knobs: Mapping[str, Spec]
+    source: str = "<memory>"
+
+    def __getitem__(self, knob: str) -> Spec:
+        return self.knobs[knob]
+
+    def __contains__(self, knob: object) -> bool:
+        return knob in self.knobs
+
+    def searched(self) -> list[str]:
+        """The knobs Optuna actually samples (not Fixed), in KNOBS order."""
+        return [k for k in KNOBS if k in self.knobs and not isinstance(self.knobs[k], Fixed)]
+
+    def grid_size(self) -> int:
+        n = 1
+        for spec in self.knobs.values():
+            n *= len(spec.values) if isinstance(spec, Choices) else len(spec.values()) if isinstance(spec, IntRange) else 1
+        return n
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, spec in self.knobs.items():
+            if isinstance(spec, Choices):
+                out[k] = {"choices": list(spec.values)}
+            elif isinstance(spec, IntRange):
+                out[k] = {"low": spec.low, "high": spec.high, "step": spec.step, "log": spec.log}
+            else:
+                out[k] = {"fixed": spec.value}
+        return {"source": self.source, "knobs": out}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SearchSpace:
+        knobs: dict[str, Spec] = {}
+        for k, s in d["knobs"].items():
+            if "choices" in s:
+                knobs[k] = Choices(tuple(s["choices"]))
+            elif "fixed" in s:
+                knobs[k] = Fixed(s["fixed"])
+            else:
+                knobs[k] = IntRange(int(s["low"]), int(s["high"]), int(s.get("step", 1)), bool(s.get("log", False)))
+        return cls(knobs=knobs, source=str(d.get("source", "<memory>")))
+
+
+# ---------------------------------------------------------------------------------------- loading
+
+def load_space(path: str | os.PathLike[str]) -> SearchSpace:
+    """Read and validate a space file. Every problem is a one-line SearchSpaceError."""
+    src = str(path)
+
+    def fail(msg: str) -> SearchSpaceError:
+        return SearchSpaceError(f"{src}: {msg}")
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise fail("search space file not found") from None
+    except OSError as e:
+        raise fail(f"cannot read the file ({e.strerror or e})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise fail(f"malformed YAML{where}: {problem}") from None
+    if not isinstance(doc, dict):
+        raise fail(f"the top level must be a mapping with a 'knobs:' mapping, got {type(doc).__name__}")
+    extra = sorted(str(k) for k in doc if k != "knobs")
+    if extra:
+        raise fail(f"unknown top-level key(s) {', '.join(extra)} (only 'knobs:' is read)")
+    raw = doc.get("knobs")
+    if not isinstance(raw, dict):
+        raise fail("'knobs:' must be a mapping of knob name -> choices, range or value")
+
+    knobs: dict[str, Spec] = {}
+    for name, value in raw.items():
+        if name not in KNOBS:
+            raise fail(f"knob {name!r}: unknown knob (known: {', '.join(KNOBS)})")
+        try:
+            knobs[name] = _parse_knob(name, value)
+        except _Bad as e:
+            raise fail(f"knob {name!r}: {e}") from None
+    nw = _singles(knobs).get("num_workers", Fixed(_DEFAULTS.num_workers))
+    for k, inert in WORKER_KNOBS.items():
+        if k in knobs and knobs[k] != Fixed(inert) and nw == Fixed(0):
+            raise fail(f"knob {k!r}: only applies with worker processes, but num_workers is fixed to 0")
+    return SearchSpace(knobs=knobs, source=src)
+
+
+class _Bad(Exception):
+    pass
+
+
+def _parse_knob(name: str, value: Any) -> Spec:
+    if isinstance(value, dict):
+        return _parse_range(name, value)
+    if isinstance(value, list):
+        if not value:
+            raise _Bad("empty choice list")
+        vals = tuple(_check_value(name, v) for v in value)
+        if len(set(vals)) != len(vals):
+            raise _Bad(f"duplicate choices in {list(value)}")
+        return Choices(vals)
+    return Fixed(_check_value(name, value))
+
+
+def _parse_range(name: str, d: dict[Any, Any]) -> IntRange:
+    if name not in INT_KNOBS:
+        raise _Bad("a range {low, high} needs an integer knob; give a list of choices or one value")
+    unknown = sorted(str(k) for k in d if k not in _RANGE_KEYS)
+    if unknown:
+        raise _Bad(f"unknown range key(s) {', '.join(unknown)} (allowed: {', '.join(_RANGE_KEYS)})")
+    if "low" not in d or "high" not in d:
+        raise _Bad("a range needs both low and high")
+    low, high = _check_value(name, d["low"]), _check_value(name, d["high"])
+    if low is None or high is None:
+        raise _Bad("range bounds must be integers")
+    step, log = d.get("step", 1), d.get("log", False)
+    if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+        raise _Bad(f"step must be a positive integer, got {step!r}")
+    if not isinstance(log, bool):
+        raise _Bad(f"log must be true or false, got {log!r}")
+    if low > high:
+        raise _Bad(f"empty range: low {low} > high {high}")
+    if log and low < 1:
+        raise _Bad(f"log: true needs low >= 1, got low {low}")
+    if log and step != 1:
+        raise _Bad("log: true cannot be combined with step")
+    if (high - low) % step:
+        raise _Bad(f"high - low ({high - low}) must be a multiple of step {step}")
+    return IntRange(low, high, step, log)
+
+
+def _check_value(name: str, v: Any) -> Any:
+    """Return v as TrialConfig would hold it, or raise _Bad. Validation is TrialConfig's own."""
+    if name == "compile" and v is False:
+        v = "off"  # YAML 1.1 reads a bare `off` as false
+    if name in STR_KNOBS and not isinstance(v, str):
+        raise _Bad(f"{v!r} is not one of {'|'.join(STR_KNOBS[name])}" + (" (quote it in YAML)" if isinstance(v, bool) else ""))
+    # Worker-only knobs are checked against a config that has workers, so the condition can't trip.
+    extra = {"num_workers": 1} if name in WORKER_KNOBS else {}
+    try:
+        TrialConfig(**extra, **{name: v})
+    except (ConfigError, TypeError) as e:
+        raise _Bad(str(e)) from None
+    return v
+
+
+# --------------------------------------------------------------------------------------- hardware
+
+@dataclass(frozen=True)
+class Hardware:
+    cuda: bool
+    gpu_count: int
+    cpu_count: int
+    apex: bool
+
+    @classmethod
+    def detect(cls) -> Hardware:
+        import torch  # lazy: loading a space file must stay cheap
+
+        from autotune.trial.knobs import apex_available
+
+        cuda = bool(torch.cuda.is_available())
+        return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0,
+                   cpu_count=os.cpu_count() or 1, apex=apex_available())
+
+
+def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
+            unsupported: frozenset[str] = frozenset()) -> tuple[SearchSpace, list[str]]:
+    """Narrow `space` to what can have an effect on `hw`; return it with one note per change."""
+    knobs = dict(space.knobs)
+    notes: list[str] = []
+
+    def fail(knob: str, msg: str) -> SearchSpaceError:
+        return SearchSpaceError(f"{space.source}: knob {knob!r}: {msg}")
+
+    def fix(knob: str, value: Any, why: str) -> None:
+        if knob in knobs and knobs[knob] != Fixed(value):
+            knobs[knob] = Fixed(value)
+            notes.append(f"{knob} fixed to {value!r}: {why}")
+
+    def keep(knob: str, ok: Any, why: str) -> None:
+        """Drop the values `ok` rejects; a space left with none is an error."""
+        spec = knobs.get(knob)
+        if spec is None:
+            return
+        vals = [spec.value] if isinstance(spec, Fixed) else list(spec.values)
+        kept = [v for v in vals if ok(v)]
+        if not kept:
+            raise fail(knob, f"choices conflict with the hardware: {why}")
+        if len(kept) < len(vals):
+            notes.append(f"{knob}: dropped {', '.join(map(str, [v for v in vals if not ok(v)]))} ({why})")
+            knobs[knob] = Choices(tuple(kept))
+
+    def clip(knob: str, top: int, why: str, strict: bool = False) -> None:
+        """Lower the maximum to `top`. strict: values above it are errors, not clipped."""
+        spec = knobs.get(knob)
+        if spec is None:
+            return
+        if isinstance(spec, Fixed):
+            if spec.value is not None and spec.value > top:
+                if strict:
+                    raise fail(knob, f"{knob}={spec.value} but {why}")
+                fix(knob, top, why)
+        elif isinstance(spec, IntRange):
+            if spec.high > top:
+                if spec.low > top:
+                    if strict:
+                        raise fail(knob, f"{knob}={spec.low} but {why}")
+                    fix(knob, top, why)
+                else:
+                    high = spec.low + (top - spec.low) // spec.step * spec.step
+                    if high == spec.low:
+                        fix(knob, high, why)
+                    else:
+                        knobs[knob] = IntRange(spec.low, high, spec.step, spec.log)
+                        notes.append(f"{knob}: range clipped to {spec.low}..{high} ({why})")
+        else:
+            if strict:
+                kept = tuple(v for v in spec.values if v <= top)
+            else:
+                kept = tuple(dict.fromkeys(v if v is None else min(v, top) for v in spec.values))
+            if not kept:
+                raise fail(knob, f"{knob}={min(spec.values)} but {why}")
+            if kept != spec.values:
+                knobs[knob] = Choices(kept)
+                notes.append(f"{knob}: choices limited to {list(kept)} ({why})")
+
+    for k in sorted(unsupported):
+        if k not in KNOBS:
+            raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
+        fix(k, getattr(_DEFAULTS, k), "not supported by this pipeline")
+    n_gpus = max(1, hw.gpu_count)
+    clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
+    if not hw.cuda:
+        keep("precision", lambda p: p != "fp16", "fp16 needs CUDA")
+        fix("pin_memory", False, "no CUDA, pinning memory is a no-op")
+        fix("cudnn_benchmark", False, "no CUDA, cudnn is not used")
+        fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")
+    clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
+    clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
+    if not hw.apex:
+        keep("optimizer_fusion", lambda f: f != "apex", "apex.optimizers is not installed")
+    if stages == 0:
+        fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
+    elif stages is not None:
+        clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
+    # No worker processes, no prefetching or persistent workers.
+    if _singles(knobs).get("num_workers") == Fixed(0):
+        for k, inert in WORKER_KNOBS.items():
+            fix(k, inert, "num_workers is 0")
+    return SearchSpace(knobs=_singles(knobs), source=space.source), notes
+
+
+def _singles(knobs: Mapping[str, Spec]) -> dict[str, Spec]:
+    """A range or choice list with one value becomes Fixed: Optuna would still record it as a param."""
+    out: dict[str, Spec] = {}
+    for k, s in knobs.items():
+        vals = list(s.values) if isinstance(s, Choices) else list(s.values()) if isinstance(s, IntRange) else None
+        out[k] = Fixed(vals[0]) if vals is not None and len(vals) == 1 else s
+    return out
+
+
+# ------------------------------------------------------------------------------------- suggesting
+
+def _num_workers(space: SearchSpace, value: int) -> int:
+    """num_workers as suggest() will see it when `value` is what was chosen or inherited."""
+    spec = space.knobs.get("num_workers")
+    return spec.value if isinstance(spec, Fixed) else value
+
+
+def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
+    """Ask `trial` for every searched knob (in KNOBS order) and return `base` with them applied."""
+    chosen: dict[str, Any] = {}
+    for k in KNOBS:
+        spec = space.knobs.get(k)
+        if spec is None:
+            continue
+        if k in WORKER_KNOBS and chosen.get("num_workers", base.num_workers) == 0:
+            continue  # conditional knob: not suggested, set inert below
+        if isinstance(spec, Fixed):
+            chosen[k] = spec.value
+        elif isinstance(spec, IntRange):
+            chosen[k] = trial.suggest_int(k, spec.low, spec.high, step=spec.step, log=spec.log)
+        else:
+            v = trial.suggest_categorical(k, spec.values)
+            # An enqueued 1 matches the choice True (1 == True) and comes back as 1: map it back.
+            chosen[k] = spec.values[spec.values.index(v)]
+    if chosen.get("num_workers", base.num_workers) == 0:
+        chosen.update(WORKER_KNOBS)
+    return base.replace(**chosen)
+
+
+def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
+    """The params for `study.enqueue_trial` that make suggest() return `cfg` on the knobs the space
+    can express. Optuna raises inside suggest_categorical, mid-trial, for an enqueued choice that is
+    not in the list (and 1 == True would match the wrong one), so such a knob is left out: the sampler
+    picks it, and the enqueued trial still runs `cfg` exactly (its config user attr). Fixed knobs are
+    not params; suggest() applies their fixed value whatever `cfg` says.
+    """
+    params: dict[str, Any] = {}
+    nw = _num_workers(space, cfg.num_workers)
+    for k in space.searched():
+        if k in WORKER_KNOBS and nw == 0:
+            continue
+        spec, v = space.knobs[k], getattr(cfg, k)
+        if isinstance(spec, Choices) and not any(type(v) is type(c) and v == c for c in spec.values):
+            continue
+        params[k] = v
+    return params
+
+
+__all__ = ["Choices", "Fixed", "Hardware", "IntRange", "SearchSpace", "Spec", "config_params", "load_space",
+           "resolve", "suggest"]

@@ -1,0 +1,172 @@
+"""The Optuna study: sampler and pruner, create or resume (baseline and warm start enqueued once),
+load, stale-trial cleanup, and a suggested trial -> TrialConfig."""
+from __future__ import annotations
+
+import socket
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import pipelines
+from autotune.core.config import BASELINE, SearchSettings, TrialConfig
+from autotune.core.errors import AutotuneError
+from autotune.core.procs import signal_group
+from autotune.search import _optuna
+from autotune.search.fingerprint import differences
+from autotune.search.records import StudyRecord, TrialRecord
+from autotune.search.results import shown_storage
+from autotune.search.space import Hardware, SearchSpace, config_params, suggest
+from autotune.search.storage import open_storage
+
+# We run ask/tell ourselves, with the heartbeat thread Study.optimize would start: the warning is moot.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+OBJECTIVE = "samples_per_s"  # what optuna-dashboard labels its plots with
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
+    # constant_liar keeps concurrent workers from proposing the same config.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6)
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    # Steps are throughput windows. Prune a trial in the slowest quarter at the same window,
+    # once a few trials exist to compare with; the first window is warm-up-noisy, so skip it.
+    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=4, n_warmup_steps=1)
+
+
+def warm_start(base: TrialConfig, hw: Hardware) -> TrialConfig:
+    """The published guides' recommendation: workers = cores, pinned, AMP, fused AdamW, cudnn.benchmark."""
+    bf16 = not hw.cuda or _bf16_supported()
+    return base.replace(num_workers=max(1, hw.cpu_count), pin_memory=hw.cuda, precision="bf16" if bf16 else "fp16",
+                        optimizer_fusion="fused", cudnn_benchmark=hw.cuda, persistent_workers=True,
+                        prefetch_factor=2, set_to_none=True)
+
+
+def _bf16_supported() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space: SearchSpace,
+               hw: Hardware | None) -> optuna.Study:
+    """Create the study, or resume it if its fingerprint matches this machine (or --force).
+
+    hw=None (`search --create-only`): the study is made on a host that may be unlike the workers (a
+    CPU-only database server), so the space is stored as written and the first worker resolves it
+    against its own hardware, records its fingerprint and enqueues the baseline and warm start."""
+    sampler, pruner = make_sampler(settings.sampler, settings.seed), make_pruner()
+    try:
+        study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
+                                    sampler=sampler, pruner=pruner)
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler, pruner=pruner)
+        recorded = StudyRecord.of(study).fingerprint
+        diff = differences(recorded, fp) if recorded else []  # empty: its creator is still writing it
+        if diff and not settings.force:
+            raise AutotuneError(f"study {settings.study!r} was measured on another setup ({'; '.join(diff)}); "
+                                "its timings are not comparable. Use --force to resume anyway, or a new --study")
+        fail_stale(study)
+        return study
+    # Only the process that created the study enqueues: concurrent starts can't duplicate the baseline.
+    with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([OBJECTIVE])
+    StudyRecord(fingerprint=fp if hw else {}, space=space.to_dict(), workload=settings.base.workload(),
+                sampler=settings.sampler, trial_timeout_s=settings.trial_timeout, resolved=hw is not None).write(study)
+    if hw is not None:
+        enqueue_starts(study, settings.base, space, hw)
+    return study
+
+
+def enqueue_starts(study: optuna.Study, base: TrialConfig, space: SearchSpace, hw: Hardware) -> None:
+    """Trial 0 is the baseline, trial 1 the guides' warm start. skip_if_exists: two first workers of a
+    deferred study that race here don't queue them twice."""
+    for role, cfg in (("baseline", base.replace(**BASELINE.knobs())), ("warm_start", warm_start(base, hw))):
+        record = TrialRecord(role=role, config=cfg.knobs())
+        study.enqueue_trial(config_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
+
+
+STALE_AFTER_S = 600.0  # a trial on another host with no heartbeat for this long is presumed dead
+# A live controller records itself as a trial's owner within milliseconds of ask(); a RUNNING trial
+# with no owner after this long lost its controller in between (a SIGKILL, a power cut).
+OWNERLESS_STALE_S = 30.0
+
+
+def _owner_alive(owner: dict[str, Any]) -> bool:
+    import psutil
+
+    if owner.get("host") != socket.gethostname():
+        return time.time() - float(owner.get("heartbeat", owner.get("started", 0))) < STALE_AFTER_S
+    try:  # same host: the owning controller is alive iff its pid exists and is not a reused pid
+        return psutil.Process(owner["pid"]).create_time() <= owner["started"] + 1
+    except (psutil.NoSuchProcess, KeyError):
+        return False
+
+
+def fail_stale(study: optuna.Study, ownerless_after_s: float = OWNERLESS_STALE_S) -> list[int]:
+    """Trials left RUNNING by a controller that died: kill what is left of them, mark them FAIL (stale),
+    and re-enqueue a lost baseline or warm start so the study still gets one."""
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        record = TrialRecord.from_frozen(t)
+        owner = record.owner
+        if owner is None:
+            started = t.datetime_start.timestamp() if t.datetime_start else 0.0
+            if time.time() - started <= ownerless_after_s:
+                continue
+            why = "its controller died before recording itself as the owner"
+        else:
+            if _owner_alive(owner):
+                continue
+            if owner.get("host") == socket.gethostname() and owner.get("pgid"):
+                signal_group(owner["pgid"])  # reap an orphaned trial process group
+            why = f"controller pid {owner.get('pid')} on {owner.get('host')} died"
+        _optuna.fail_trial(study, t, {"reason": "stale", "message": why})
+        if record.role in ("baseline", "warm_start"):
+            study.enqueue_trial(t.params, user_attrs=TrialRecord(role=record.role, config=record.config).to_attrs())
+        failed.append(t.number)
+    return failed
+
+
+def config_for(trial: optuna.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
+    cfg = suggest(trial, space, base)
+    fixed = TrialRecord.from_attrs(trial.user_attrs).config  # baseline / warm start run exactly as enqueued
+    return cfg.replace(**fixed) if fixed else cfg
+
+
+def study_workload(study: optuna.Study, data: str | None, studies_dir: str) -> TrialConfig:
+    """The study's workload on this machine. --data wins; a missing default synthetic set is
+    regenerated (it is deterministic, so the files are identical); other missing data is bad input."""
+    workload = StudyRecord.of(study).workload
+    if workload is None:
+        raise AutotuneError(f"study {study.study_name!r} was not made by `autotune search` (no workload attr)")
+    work = TrialConfig.from_dict(workload)
+    if data:
+        return work.replace(data_dir=str(Path(data).resolve()))
+    if work.data_dir and not Path(work.data_dir).exists():
+        if not pipelines.is_regenerable(work.data_dir):
+            raise AutotuneError(f"the study's data {work.data_dir} is not on this machine; pass --data DIR")
+        work = work.replace(data_dir=pipelines.default_data(work.pipeline, studies_dir))
+    return work
+
+
+def load_study(storage_url: str | None, name: str) -> optuna.Study:
+    """An existing study, with the sampler it was created with; a missing one is bad input naming those there."""
+    storage = open_storage(storage_url)
+    summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    if name not in summaries:
+        raise AutotuneError(f"no study {name!r} in {shown_storage(storage_url)} "
+                            f"(studies there: {', '.join(summaries) or 'none'})")
+    sampler = make_sampler(summaries[name].user_attrs.get("sampler", "tpe"), None)
+    return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner())

@@ -1,0 +1,140 @@
+"""A pipeline with every knob applied: the one training step that trials and `autotune train` share."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from autotune.trial import knobs
+from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.errors import DataItemError, TrialUnsupported
+from autotune.pipelines import Pipeline, load_pipeline, stages_of, unsupported_of
+
+
+class NonFiniteLoss(Exception):
+    pass
+
+
+# Not the data's fault: running out of memory is the config's (batch size, workers), and reported as such.
+_PASS_THROUGH = (DataItemError, MemoryError, torch.OutOfMemoryError)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+class CheckedItems(Dataset[Any]):
+    """The pipeline's dataset with an item that fails to load reported as the data's fault (a
+    DataItemError naming its index, the cause chained for the log) instead of a crash. A top-level
+    class so DataLoader workers can receive it pickled under any start method."""
+
+    def __init__(self, inner: Dataset[Any]) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.inner[index]
+        except _PASS_THROUGH:
+            raise
+        except Exception as e:
+            raise DataItemError(f"dataset item {index}: {_first_line(e)}", index=index) from e
+
+
+class CheckedBatches(CheckedItems):
+    """For a dataset that fetches a batch at once (__getitems__, as Subset and HF datasets do): the
+    DataLoader calls that instead of __getitem__, and a wrapper without it would change what is measured."""
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        try:
+            return self.inner.__getitems__(indices)  # type: ignore[attr-defined]
+        except _PASS_THROUGH:
+            raise
+        except Exception as e:
+            shown = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
+            raise DataItemError(f"dataset items {shown} (one batch): {_first_line(e)}") from e
+
+
+def checked(dataset: Dataset[Any]) -> Dataset[Any]:
+    if isinstance(dataset, IterableDataset):  # no items to name; build_loader refuses it anyway
+        return dataset
+    return CheckedBatches(dataset) if callable(getattr(dataset, "__getitems__", None)) else CheckedItems(dataset)
+
+
+@dataclass
+class Harness:
+    cfg: TrialConfig
+    device: torch.device
+    rank: int
+    world: int
+    pipeline: Pipeline
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: DataLoader[Any]
+    precision: knobs.Precision
+    applied: dict[str, Any]
+
+    def step(self, batch: Any) -> float:
+        """One optimizer step; returns the loss. Raises NonFiniteLoss on nan/inf."""
+        x, y = (knobs.to_device(t, self.device, self.cfg) for t in batch)
+        with self.precision.autocast():
+            loss = self.pipeline.loss(self.model(x), y)
+        self.precision.scaler.scale(loss).backward()
+        self.precision.scaler.step(self.optimizer)
+        self.precision.scaler.update()
+        self.optimizer.zero_grad(set_to_none=self.cfg.set_to_none)
+        value = loss.item()  # a device sync too: the step is finished when this returns
+        if not math.isfinite(value):
+            raise NonFiniteLoss(f"loss became {value}")
+        return value
+
+    def batches(self) -> Iterator[Any]:
+        return batches(self.loader)
+
+
+def batches(loader: DataLoader[Any]) -> Iterator[Any]:
+    """Endless batches: a short dataset simply starts another epoch (reshuffled)."""
+    epoch = 0
+    while True:
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def build(cfg: TrialConfig) -> Harness:
+    """Process setup, pipeline, and every knob, in the order they must be applied."""
+    import torch.distributed as dist
+
+    rank, world, local_rank = knobs.dist_env()
+    device = knobs.pick_device(local_rank)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    applied: dict[str, Any] = knobs.setup_process(cfg, device)
+    torch.manual_seed(cfg.seed + rank)
+
+    pipeline = load_pipeline(cfg)
+    default = TrialConfig()
+    refused = [k for k in sorted(unsupported_of(pipeline) & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
+    if refused:
+        raise TrialUnsupported(f"the pipeline does not support: {', '.join(refused)}")
+    model = pipeline.build_model()
+    applied |= knobs.wrap_checkpoints(model, stages_of(pipeline), cfg.checkpoint_segments)
+    model, a = knobs.prepare_model(model, cfg, device, world)
+    applied |= a
+    model.train()
+    optimizer, a = knobs.build_optimizer(model.parameters(), cfg)
+    applied |= a
+    loader, a = knobs.build_loader(checked(pipeline.build_dataset()), cfg, rank, world, device)
+    applied |= a
+    precision = knobs.Precision(cfg, device)
+    applied |= precision.applied
+    applied["set_to_none"] = {"requested": cfg.set_to_none, "in_effect": cfg.set_to_none}
+    return Harness(cfg, device, rank, world, pipeline, model, optimizer, loader, precision, applied)

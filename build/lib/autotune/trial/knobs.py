@@ -1,0 +1,177 @@
+"""Apply each knob to a pipeline. Every function returns what it really put in effect.
+
+Switches are built as no-ops where possible (GradScaler(enabled=...)), so the trial loop
+has one shape whatever the config.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+
+from autotune.core.config import TrialConfig
+from autotune.core.errors import ConfigError, TrialUnsupported
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
+    rec = {"requested": requested, "in_effect": in_effect}
+    if why:
+        rec["why"] = why
+    return rec
+
+
+def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
+    applied: dict[str, Any] = {}
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    applied["num_threads"] = _effect(cfg.num_threads, torch.get_num_threads(),
+                                     "" if cfg.num_threads else "0 = torch default")
+    cuda = device.type == "cuda"
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+    applied["cudnn_benchmark"] = _effect(cfg.cudnn_benchmark, cfg.cudnn_benchmark and cuda,
+                                         "" if cuda or not cfg.cudnn_benchmark else "no CUDA device: cudnn is unused")
+    return applied
+
+
+class CheckpointedStage(nn.Module):
+    """Recompute this stage's activations in backward instead of keeping them."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        # Parents may read attributes of the stage they hold (nn.TransformerEncoder reads
+        # layers[0].self_attn): the wrapper must stay transparent.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Non-reentrant: works with kwargs, with DDP, and with inputs that need no grad.
+        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+
+
+def wrap_checkpoints(model: nn.Module, stages: Iterable[str], k: int) -> dict[str, Any]:
+    stages = list(stages)
+    if k > len(stages):
+        raise TrialUnsupported(f"checkpoint_segments={k} but the pipeline declares {len(stages)} stages")
+    for name in stages[:k]:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, CheckpointedStage(getattr(parent, attr)))
+    return {"checkpoint_segments": _effect(k, stages[:k])}
+
+
+def prepare_model(model: nn.Module, cfg: TrialConfig, device: torch.device, world: int) -> tuple[nn.Module, dict[str, Any]]:
+    applied: dict[str, Any] = {}
+    model = model.to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    applied["channels_last"] = _effect(cfg.channels_last, cfg.channels_last)
+    if world > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    applied["gpus"] = _effect(cfg.gpus, world, f"{world} CPU processes over gloo" if world > 1 and device.type != "cuda" else "")
+    if cfg.compile != "off":
+        model = torch.compile(model, mode=cfg.compile)  # type: ignore[assignment]
+    applied["compile"] = _effect(cfg.compile, cfg.compile)
+    return model, applied
+
+
+def apex_available() -> bool:
+    """NVIDIA apex with its CUDA extension built: `apex.optimizers` alone imports without it (a
+    Python-only build), and then FusedAdam fails at its first step."""
+    try:
+        if importlib.util.find_spec("apex.optimizers") is None:
+            return False
+        importlib.import_module("amp_C")  # the compiled kernels FusedAdam calls
+    except (ImportError, ValueError, OSError):  # ValueError: a half-installed package without __spec__
+        return False
+    return True
+
+
+def build_optimizer(params: Iterable[nn.Parameter], cfg: TrialConfig) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+    params = [p for p in params if p.requires_grad]
+    if cfg.optimizer_fusion == "apex":
+        if not apex_available():
+            raise TrialUnsupported("optimizer_fusion=apex but NVIDIA apex (apex.optimizers) is not installed")
+        from apex.optimizers import FusedAdam  # type: ignore[import-not-found]
+
+        return FusedAdam(params, lr=cfg.lr, adam_w_mode=True), {"optimizer_fusion": _effect("apex", "apex.FusedAdam")}
+    # foreach=False forces the per-parameter for-loop: that is what "none" means.
+    kwargs = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_fusion]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, **kwargs)
+    return opt, {"optimizer_fusion": _effect(cfg.optimizer_fusion, f"torch.optim.AdamW({next(iter(kwargs))}=True)"
+                                             if cfg.optimizer_fusion != "none" else "torch.optim.AdamW(foreach=False)")}
+
+
+def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
+                 device: torch.device) -> tuple[DataLoader[Any], dict[str, Any]]:
+    if len(dataset) < cfg.batch_size * world:  # type: ignore[arg-type]
+        raise ConfigError(f"the dataset has {len(dataset)} samples, fewer than one global batch "  # type: ignore[arg-type]
+                          f"({cfg.batch_size} x {world}); generate more with `autotune make-data --n`")
+    sampler = (DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
+               if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed)))
+    pin = cfg.pin_memory and device.type == "cuda"
+    kwargs: dict[str, Any] = dict(batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.num_workers,
+                                  pin_memory=pin, drop_last=True)
+    if cfg.num_workers > 0:
+        kwargs["persistent_workers"] = cfg.persistent_workers
+        kwargs["prefetch_factor"] = cfg.prefetch_factor or 2
+    loader = DataLoader(dataset, **kwargs)
+    applied = {
+        "num_workers": _effect(cfg.num_workers, loader.num_workers),
+        "pin_memory": _effect(cfg.pin_memory, loader.pin_memory,
+                              "" if pin or not cfg.pin_memory else "no CUDA device: nothing to pin for"),
+        "persistent_workers": _effect(cfg.persistent_workers, loader.persistent_workers),
+        "prefetch_factor": _effect(cfg.prefetch_factor, loader.prefetch_factor if cfg.num_workers else None),
+        "batch_size": _effect(cfg.batch_size, loader.batch_size),
+    }
+    return loader, applied
+
+
+def to_device(t: torch.Tensor, device: torch.device, cfg: TrialConfig) -> torch.Tensor:
+    # non_blocking only overlaps the copy when the source is pinned; harmless otherwise.
+    fmt = torch.channels_last if cfg.channels_last and t.dim() == 4 else torch.contiguous_format
+    return t.to(device, non_blocking=cfg.pin_memory, memory_format=fmt)
+
+
+class Precision:
+    """autocast + GradScaler, both present on every path; fp32 disables them."""
+
+    def __init__(self, cfg: TrialConfig, device: torch.device) -> None:
+        self.device_type = device.type
+        self.dtype = DTYPES[cfg.precision]
+        self.enabled = cfg.precision != "fp32"
+        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        why = ""
+        if cfg.precision == "fp16" and device.type != "cuda":
+            why = "no CUDA device: fp16 autocast runs on CPU, without tensor cores"
+        self.applied = {"precision": _effect(cfg.precision, f"autocast({device.type}, {cfg.precision})"
+                                             if self.enabled else "fp32", why),
+                        "grad_scaler": self.scaler.is_enabled()}
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) as torchrun sets them; (0, 1, 0) for a plain process."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")

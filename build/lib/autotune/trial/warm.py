@@ -1,0 +1,214 @@
+"""Warm trial start: a long-lived server that imported torch and the pipeline once forks one trial per request.
+
+A cold `python -m autotune.trial` spends seconds importing torch, torchvision and smp before it does
+anything config-specific. The server pays that once; each trial is then a fork that runs
+`autotune.trial.worker.main(argv)` in a child which is, to the launcher, a trial process like any other:
+its own process group (killable with `os.killpg(pid, SIGKILL)`, loader workers included), its own
+log, env and cwd, and an exit code that means what a cold trial's exit code means.
+
+Fork is safe because the server never initialises CUDA (the child does, after the fork) and never
+runs a torch op, so no intra-op/OpenMP pool exists to be copied half-alive. (numpy's OpenBLAS starts
+its pool on import, as in every cold trial; OpenBLAS re-creates it in a forked child itself.)
+
+Protocol: one Unix-socket connection per trial, newline-delimited JSON.
+    controller -> server   {"argv": [...], "env": {...}, "cwd": "...", "log": "..."}
+    server -> controller   {"pid": N}            the child exists and leads its own process group
+                           {"error": "..."}      refused (the launcher starts this trial cold)
+    server -> controller   {"returncode": rc}    the child was reaped; rc < 0 is a signal, as in Popen
+A controller that closes the connection before the exit report has given up on the trial: the
+server kills the child's group rather than leave it running unwatched.
+
+The controller side (WarmServer, WarmProcess) imports nothing heavy; the server is `python -m autotune.trial.warm`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Mapping, Sequence
+
+from autotune.core.procs import die_with_parent
+
+# Pipeline-neutral; the caller adds what its pipeline needs (autotune.pipelines.preload_modules).
+DEFAULT_PRELOAD = ("torch", "autotune.trial.worker", "autotune.trial.harness", "autotune.core.configfile")
+# Read once, when a module is imported or a library loaded, so the server's value is the one every
+# child lives with. A trial that asks for a different value can't be forked honestly: it starts cold.
+IMPORT_TIME_ENV = ("HF_HUB_OFFLINE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                   "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDONTWRITEBYTECODE")
+
+
+class WarmServerError(RuntimeError):
+    """The warm server can't run this trial (dead, refused, unreachable): start it cold instead."""
+
+
+# --- controller side ------------------------------------------------------------------------------
+
+class WarmProcess:
+    """The part of subprocess.Popen the launcher uses, for a trial forked by the warm server."""
+
+    def __init__(self, pid: int, conn: socket.socket, args: list[str]) -> None:
+        self.pid = pid  # == its process group id: the child called setsid() before the server replied
+        self.args = args
+        self.returncode: int | None = None
+        self.server_lost = False  # the server died before reporting this child's exit
+        self._conn = conn
+        self._buf = b""
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._receive(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._receive(left)
+        return self.returncode
+
+    def _receive(self, timeout: float | None) -> None:
+        ready, _, _ = select.select([self._conn], [], [], timeout)
+        if not ready:
+            return
+        data = self._conn.recv(4096)
+        if not data:
+            # The server is gone without reporting: its death SIGKILLed the child (PR_SET_PDEATHSIG),
+            # and what a Popen would report for that is -SIGKILL.
+            self.server_lost = True
+            self._finish(-signal.SIGKILL)
+            return
+        self._buf += data
+        while b"\n" in self._buf and self.returncode is None:
+            line, self._buf = self._buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "returncode" in msg:
+                self._finish(int(msg["returncode"]))
+
+    def _finish(self, code: int) -> None:
+        self.returncode = code
+        self._conn.close()
+
+
+class WarmServer:
+    """A `python -m autotune.trial.warm_server` process, and the way to ask it for trials. Not thread-safe.
+
+    The server dies with the thread that started it (PR_SET_PDEATHSIG), so start it from the thread
+    that lives as long as the study (the main thread), and a killed controller leaves no server.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], folder: Path) -> None:
+        self._proc = proc
+        self._folder = folder  # private (0700): the socket and the server's own log
+        self.socket_path = folder / "server.sock"
+        self.log_path = folder / "server.log"
+
+    @classmethod
+    def start(cls, preload: Sequence[str] = DEFAULT_PRELOAD, *, env: Mapping[str, str] | None = None,
+              timeout_s: float = 180.0) -> WarmServer:
+        """Start the server and return once it has imported `preload` and listens. Raises WarmServerError."""
+        folder = Path(tempfile.mkdtemp(prefix="autotune-warm-"))
+        cmd = [sys.executable, "-m", "autotune.trial.warm_server", "--socket", str(folder / "server.sock"),
+               "--parent", str(os.getpid()), *(f"--preload={m}" for m in preload)]
+        with (folder / "server.log").open("wb") as log:
+            # Its own session, like a trial: a Ctrl-C at the terminal reaches the controller, which
+            # then closes the server, instead of killing both mid-trial.
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ if env is None else env), start_new_session=True,
+                                    preexec_fn=die_with_parent)
+        server = cls(proc, folder)
+        deadline = time.monotonic() + timeout_s
+        # The server binds only after its imports, so the first connect that succeeds means "ready".
+        while not server._can_connect():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = server._describe_death() if proc.poll() is not None else f"not ready after {timeout_s:.0f} s"
+                server.close()
+                raise WarmServerError(f"warm server did not start: {why}")
+            time.sleep(0.05)
+        return server
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def spawn(self, argv: list[str], env: Mapping[str, str], cwd: str | os.PathLike[str],
+              log_path: str | os.PathLike[str]) -> WarmProcess:
+        """Fork a child that runs `autotune.trial.worker.main(argv)` with this env and cwd, stdout and stderr
+        appended to log_path. Raises WarmServerError if the server can't (the caller starts it cold)."""
+        if not self.alive():
+            raise WarmServerError(f"warm server is not running: {self._describe_death()}")
+        request = {"argv": list(argv), "env": dict(env), "cwd": os.path.abspath(cwd), "log": os.path.abspath(log_path)}
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(30.0)  # a fork takes milliseconds; this only bounds a wedged server
+            conn.connect(str(self.socket_path))
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            reply = read_line(conn)
+        except OSError as e:
+            conn.close()
+            raise WarmServerError(f"warm server unreachable ({e}); {self._describe_death()}") from None
+        if reply is None or "pid" not in reply:
+            conn.close()
+            why = reply["error"] if reply else f"it closed the connection; {self._describe_death()}"
+            raise WarmServerError(f"warm server refused the trial: {why}")
+        conn.settimeout(None)
+        return WarmProcess(int(reply["pid"]), conn, ["autotune.trial.warm_server", *argv])
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the server; it SIGKILLs the process group of every child still running first."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()  # its children still die: PR_SET_PDEATHSIG
+                self._proc.wait()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def __enter__(self) -> WarmServer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _can_connect(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(str(self.socket_path))
+            except OSError:
+                return False
+        return True
+
+    def _describe_death(self) -> str:
+        code = self._proc.poll()
+        state = "still running" if code is None else f"exit code {code}"
+        try:
+            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-15:])
+        except OSError:
+            tail = ""
+        return f"server {state}" + (f"; its log ends:\n{tail}" if tail else "")
+
+
+def read_line(conn: socket.socket) -> dict[str, Any] | None:
+    buf = b""
+    while b"\n" not in buf:
+        data = conn.recv(4096)
+        if not data:
+            return None
+        buf += data
+    msg: dict[str, Any] = json.loads(buf.split(b"\n", 1)[0])
+    return msg

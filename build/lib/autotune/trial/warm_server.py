@@ -1,0 +1,326 @@
+"""The warm fork server: `python -m autotune.trial.warm_server`. It imports torch and the pipeline
+once, then forks one trial per request; see autotune.trial.warm for the protocol and the controller.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, Mapping, NoReturn, Sequence
+
+from autotune.core.procs import die_with_parent, signal_group
+from autotune.trial.warm import IMPORT_TIME_ENV
+
+
+def serve(sock_path: str, parent: int, preload: Sequence[str]) -> int:
+    import gc
+    import importlib
+    import selectors
+
+    die_with_parent()
+    if os.getppid() != parent:  # the controller died before PR_SET_PDEATHSIG took hold
+        return 1
+    # A fresh interpreter's handlers (SIGINT -> KeyboardInterrupt, SIGPIPE ignored): what each child
+    # gets back, because the server is about to install its own.
+    fresh: dict[int, Any] = {s: signal.getsignal(s)
+                             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE)}
+    t0 = time.perf_counter()
+    for name in preload:
+        importlib.import_module(name)
+    gc.freeze()  # the preloaded heap: the children's collector won't walk it, so it stays shared (copy-on-write)
+    import_env = {k: os.environ.get(k) for k in IMPORT_TIME_ENV}
+    base_path = _base_sys_path()
+
+    sel = selectors.DefaultSelector()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)  # SIGCHLD/SIGTERM wake the select below
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(16)
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    print(f"autotune warm server: pid {os.getpid()}, {len(preload)} module(s) in {time.perf_counter() - t0:.2f} s, "
+          f"{len(os.listdir('/proc/self/task'))} OS thread(s); listening on {sock_path}", flush=True)
+
+    pending: dict[socket.socket, bytes] = {}  # connections whose request is still arriving
+    children: dict[int, socket.socket | None] = {}  # pid -> its controller connection (None: gone)
+    owner: dict[socket.socket, int] = {}
+
+    def drop(conn: socket.socket) -> None:
+        sel.unregister(conn)
+        pending.pop(conn, None)
+        pid = owner.pop(conn, None)
+        if pid is not None and children.get(pid) is conn:
+            children[pid] = None
+        conn.close()
+
+    def reap() -> None:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = children.pop(pid, None)
+            if conn is not None:
+                _send(conn, {"returncode": os.waitstatus_to_exitcode(status)})
+                drop(conn)
+
+    stopping = False
+    while not stopping:
+        for key, _ in sel.select(timeout=1.0):  # the timeout: reap even if a SIGCHLD was coalesced away
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                pending[conn] = b""
+                sel.register(conn, selectors.EVENT_READ, "conn")
+            elif key.data == "wake":
+                try:
+                    stopping |= signal.SIGTERM in os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+            else:
+                assert isinstance(key.fileobj, socket.socket)
+                conn = key.fileobj
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    pid = owner.get(conn)
+                    if pid is not None and pid in children:  # the controller gave up on a running trial
+                        signal_group(pid)
+                    drop(conn)
+                elif conn in pending:
+                    pending[conn] += data
+                    if b"\n" in pending[conn]:
+                        request = pending.pop(conn).split(b"\n", 1)[0]
+                        keep = [listener, wake_r, wake_w, sel, conn, *pending, *owner]
+                        try:
+                            pid = _handle(request, import_env, keep, fresh, base_path)
+                        except _Refused as e:  # a bad request never takes the server (and its trials) down
+                            _send(conn, {"error": str(e)})
+                            drop(conn)
+                            continue
+                        children[pid] = conn
+                        owner[conn] = pid
+                        _send(conn, {"pid": pid})  # if the controller is gone, its EOF kills the child next
+        reap()
+
+    for pid in children:  # stopping: no trial outlives its server
+        signal_group(pid)
+    deadline = time.monotonic() + 10.0
+    while children and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.02)
+    listener.close()
+    os.unlink(sock_path)
+    return 0
+
+
+class _Refused(Exception):
+    pass
+
+
+def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
+    try:
+        conn.sendall(json.dumps(msg).encode() + b"\n")
+    except OSError:
+        pass  # the controller is gone; the connection's EOF is handled where it is read
+
+
+def _handle(raw: bytes, import_env: dict[str, str | None], keep: list[Any], fresh: dict[int, Any],
+            base_path: list[str]) -> int:
+    """Check one request and fork its child; raises _Refused with the reason it can't be served."""
+    import threading
+
+    try:
+        request = json.loads(raw)
+        ok = isinstance(request, dict) and all(isinstance(request.get(k), t) for k, t in
+                                               (("argv", list), ("env", dict), ("cwd", str), ("log", str)))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise _Refused("malformed request: expected JSON with argv, env, cwd and log")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise _Refused("the server has initialised CUDA; a forked child could not use it")
+    if threading.active_count() > 1:
+        raise _Refused(f"the server runs {threading.active_count()} Python threads; "
+                       "forking would copy their locks mid-use")
+    differ = [k for k, v in import_env.items() if request["env"].get(k) != v]
+    if differ:
+        raise _Refused(f"{', '.join(differ)} differ(s) from the server's, and is read at import time")
+    try:
+        return _fork(request, keep, fresh, base_path)
+    except OSError as e:  # EAGAIN/ENOMEM: the machine is short of processes or memory
+        raise _Refused(f"fork failed: {e}") from None
+
+
+def _fork(request: dict[str, Any], server_fds: list[Any], fresh: dict[int, Any], base_path: list[str]) -> int:
+    """Fork a child for this request; return its pid once it leads its own process group."""
+    torch = sys.modules.get("torch")
+    assert torch is None or not torch.cuda.is_initialized(), "CUDA must not be initialised before fork"
+    sys.stdout.flush()  # or the child would inherit, and later write, the server's unflushed output
+    sys.stderr.flush()
+    ready_r, ready_w = os.pipe()
+    server = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        _child(request, server, ready_w, server_fds, fresh, base_path)
+    os.close(ready_w)
+    # Reply only after the child's setsid(): a killpg(pid) sent as soon as the pid is known must find
+    # the group. EOF (the child died first) is fine too: its exit is reaped and reported.
+    os.read(ready_r, 1)
+    os.close(ready_r)
+    return pid
+
+
+def _child(request: dict[str, Any], server: int, ready_w: int, server_fds: list[Any],
+           fresh: dict[int, Any], base_path: list[str]) -> NoReturn:
+    """Become a trial process, as if started by `python -m autotune.trial argv`, run it, and exit.
+    Never returns: whatever happens, this process must not fall back into the server's loop."""
+    code = 1
+    try:
+        os.setsid()  # own session and group: killpg(pid) reaches this child and its loader workers
+        die_with_parent()
+        # Before the pid is announced (no one can signal us yet): a SIGTERM caught by the server's
+        # handler would write to the server's wake-up pipe and stop the server.
+        signal.set_wakeup_fd(-1)
+        for sig, handler in fresh.items():
+            signal.signal(sig, handler)
+        os.write(ready_w, b".")
+        os.close(ready_w)
+        if os.getppid() != server:  # the server died between fork and PR_SET_PDEATHSIG
+            os._exit(1)
+        for obj in server_fds:
+            obj.close() if hasattr(obj, "close") else os.close(obj)
+        _redirect(request["log"], unbuffered=bool(request["env"].get("PYTHONUNBUFFERED")))
+        _become(request, base_path)
+        code = _run_trial(request["argv"])
+    except BaseException:  # noqa: BLE001 - the child must reach os._exit
+        _print_exc()
+    finally:
+        _flush()
+        os._exit(code)
+
+
+def _redirect(log: str, unbuffered: bool) -> None:
+    import io
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # append: the caller may have written to it
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    # New text streams on fds 1/2, unbuffered when the env asks for it (PYTHONUNBUFFERED acts only at
+    # interpreter start, which this child never had).
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        raw = io.FileIO(fd, "w", closefd=False)
+        stream = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
+                                  errors="backslashreplace", write_through=unbuffered, line_buffering=not unbuffered)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _become(request: dict[str, Any], base_path: list[str]) -> None:
+    """Env, cwd, sys.path, argv and RNG state as a cold `python -m autotune.trial` would have them."""
+    import importlib
+    import random
+
+    import autotune.trial.worker
+
+    os.environ.clear()  # replaced, not merged: putenv/unsetenv reach C libraries too
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.path[:] = _child_sys_path(request["env"], base_path)
+    importlib.invalidate_caches()
+    sys.argv = [autotune.trial.worker.__file__, *request["argv"]]
+    # Forked children share the server's RNG states; a cold start seeds from the OS. (The trial then
+    # seeds torch from cfg.seed itself, so its measurements stay reproducible.)
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+
+
+def _run_trial(argv: list[str]) -> int:
+    import atexit
+
+    from autotune.trial.worker import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse errors, sys.exit() in user code
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        # A cold interpreter dies of an unhandled SIGINT by re-raising it: returncode -2.
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        raise
+    # What a cold interpreter does on its way out (torch's DataLoader and multiprocessing clean-up).
+    atexit._run_exitfuncs()
+    return code
+
+
+def _print_exc() -> None:
+    import traceback
+
+    try:
+        traceback.print_exc()
+    except BaseException:  # noqa: BLE001 - stderr may be gone
+        pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+
+
+def _base_sys_path() -> list[str]:
+    """The interpreter's own sys.path (stdlib, site-packages, .pth entries), without what this server's
+    cwd and $PYTHONPATH put in front of it: each child puts its own there."""
+    zipped = f"python{sys.version_info[0]}{sys.version_info[1]}.zip"  # always the first stdlib entry
+    first = next((i for i, p in enumerate(sys.path) if p.endswith(zipped)), None)
+    if first is not None:
+        return sys.path[first:]
+    own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)}
+    return [p for p in sys.path[1:] if os.path.abspath(p) not in own]
+
+
+def _child_sys_path(env: Mapping[str, str], base: list[str]) -> list[str]:
+    """`python -m` order: the cwd, then $PYTHONPATH (an empty entry is the cwd), then the rest, deduplicated."""
+    pythonpath = env.get("PYTHONPATH", "")
+    extra = [os.path.abspath(p) if p else os.getcwd() for p in pythonpath.split(os.pathsep)] if pythonpath else []
+    return list(dict.fromkeys((os.getcwd(), *extra, *base)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotune.trial.warm_server", description="Serve warm (forked) trial starts.")
+    parser.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    parser.add_argument("--parent", type=int, required=True, help="the controller's pid: exit if it is gone")
+    parser.add_argument("--preload", action="append", default=[], help="module to import once (repeatable)")
+    args = parser.parse_args(argv)
+    return serve(args.socket, args.parent, args.preload)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

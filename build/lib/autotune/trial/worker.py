@@ -1,0 +1,194 @@
+"""The trial worker: one config, one isolated process (per rank), one honest measurement.
+
+Reads top to bottom: config -> pipeline -> knobs -> warm-up -> timed steps -> result.json.
+Never imports optuna. Exit codes: 0 ok, 2 bad config or a dataset item that cannot be loaded
+(status "data"), 3 out of memory, 4 non-finite loss, 5 knob unsupported here, 1 anything else
+(traceback in the log).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterator
+
+from autotune.core.errors import ExitCode, exit_code_for
+from autotune.core.files import write_json_atomic
+from autotune.core.procs import die_with_parent
+
+LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
+
+
+def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from autotune.trial import measure
+    from autotune.core.config import TrialResult
+    from autotune.trial.harness import build
+
+    launched = float(os.environ.get(LAUNCH_TIME_ENV, 0)) or _process_start_time()
+    h = build(cfg)
+    step, device, rank, world = h.step, h.device, h.rank, h.world
+    stream = h.batches()
+    startup_s = time.time() - launched
+    losses: list[float] = []
+    for _ in range(cfg.warmup_steps):  # warm-up: allocator, cudnn autotune, loader start-up, compile
+        losses.append(step(next(stream)))
+
+    measure.reset_peak_memory(device)
+    step_times: list[float] = []
+    waits: list[float] = []
+    windows: list[float] = []
+    with measure.GpuUtilSampler(device) as util:
+        t_begin = window_start = measure.now(device)
+        while True:
+            t0 = measure.now(device)
+            batch = next(stream)  # end-to-end: time blocked on the loader is part of the step
+            waits.append(time.perf_counter() - t0)
+            losses.append(step(batch))
+            step_times.append(measure.now(device) - t0)
+            n = len(step_times)
+            if n % cfg.window == 0:
+                t = time.perf_counter()
+                windows.append(cfg.window * cfg.batch_size * world / (t - window_start))
+                window_start = t
+                if rank == 0 and progress is not None:
+                    with progress.open("a") as f:
+                        f.write(json.dumps({"step": n, "samples_per_s": windows[-1]}) + "\n")
+            if _finished(cfg, n, time.perf_counter() - t_begin, world, device):
+                break
+        elapsed = measure.now(device) - t_begin
+
+    samples = len(step_times) * cfg.batch_size
+    peak = measure.peak_memory_bytes(device)
+    if world > 1:  # global throughput: all ranks' samples over the slowest rank's time
+        t = torch.tensor([elapsed, float(peak)], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        elapsed, peak = float(t[0]), int(t[1])
+        samples *= world
+
+    if profile_out is not None:  # every rank steps (DDP's all-reduce needs them all); rank 0 writes
+        _profile(step, stream, profile_out if rank == 0 else None)
+
+    return TrialResult(
+        status="ok",
+        samples_per_s=samples / elapsed,
+        step_time_p50=measure.percentile(step_times, 0.5),
+        step_time_p90=measure.percentile(step_times, 0.9),
+        data_wait_fraction=sum(waits) / sum(step_times),
+        peak_memory_bytes=peak,
+        gpu_util=util.mean,
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        startup_s=startup_s,
+        timed_steps=len(step_times),
+        world_size=world,
+        device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        windows=tuple(windows),
+        applied=h.applied,
+    )
+
+
+def _finished(cfg: Any, n: int, elapsed: float, world: int, device: Any) -> bool:
+    if cfg.seconds is None:
+        return n >= cfg.timed_steps
+    done = n >= cfg.window and elapsed >= cfg.seconds
+    if world > 1:  # ranks must agree on the step count or the last all-reduce hangs
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([float(done)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        done = bool(flag.item())
+    return done
+
+
+def _profile(step: Any, stream: Iterator[Any], out: Path | None) -> None:
+    """A few extra steps under torch.profiler, after the timed region so it can't skew it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            step(next(stream))
+    if out is None:
+        return
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    out.write_text(prof.key_averages().table(sort_by=key, row_limit=25))
+
+
+def _process_start_time() -> float:
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotune.trial", description="Run one trial worker (one rank).")
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--progress", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
+    from autotune.core.configfile import load_config
+    from autotune.trial.harness import NonFiniteLoss
+
+    rank = int(os.environ.get("RANK", 0))
+    # Rank 0 owns result.json; another rank that fails leaves its own verdict beside it.
+    out = args.out if rank == 0 else args.out.with_name(f"{args.out.name}.rank{rank}")
+
+    def fail(status: str, message: str) -> int:
+        write_json_atomic(out, {"status": status, "message": message})
+        print(f"autotune trial: {status}: {message}", file=sys.stderr)
+        return exit_code_for(status)
+
+    try:
+        cfg = load_config(args.config)
+        if args.profile:
+            cfg = cfg.replace(profile=True)
+        result = run(cfg, args.progress, args.out.with_name("profile.txt") if cfg.profile else None)
+    except AutotuneError as e:
+        return fail("bad_config", str(e))
+    except TrialUnsupported as e:
+        return fail("unsupported", str(e))
+    except NonFiniteLoss as e:
+        return fail("numerics", str(e))
+    except DataItemError as e:
+        traceback.print_exc()  # the item's own traceback (a loader worker's too) stays in the log
+        return fail("data", e.summary)
+    except Exception as e:
+        if "torch" in sys.modules and isinstance(e, sys.modules["torch"].OutOfMemoryError):
+            traceback.print_exc()
+            return fail("oom", str(e).splitlines()[0] if str(e) else "out of memory")
+        traceback.print_exc()  # kept in the trial log
+        return fail("error", f"{type(e).__name__}: {e}")
+    if rank == 0:
+        write_json_atomic(args.out, result.to_dict())
+        print(f"autotune trial: {result.samples_per_s:.2f} samples/s, step p50 {result.step_time_p50 * 1000:.0f} ms, "
+              f"data wait {result.data_wait_fraction:.0%}, peak {result.peak_memory_bytes / 2**20:.0f} MiB")
+    _shutdown()
+    return ExitCode.OK
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # A rank that tears gloo down while a peer is still using the group can abort ("terminate
+        # called without an active exception"), failing a trial that succeeded: wait for everyone.
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
