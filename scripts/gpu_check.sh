@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # gpu_check.sh: one prepared end-to-end check of autotune on a machine with NVIDIA GPUs.
 #
-# What it runs, each step under `timeout`, carrying on past failures:
+# What it runs, each step under `timeout`, carrying on past failures (the plan: --dry-run prints it):
 #   1. environment set-up (below), versions and nvidia-smi into the log
 #   2. autotune make-data (128 synthetic images)
 #   3. autotune trial at 256 px, 10 timed steps each, on: fp32 baseline; fp16 + GradScaler; bf16;
 #      pin_memory + num_workers 8; cudnn_benchmark + channels_last; fused AdamW; checkpoint_segments 5;
-#      nccl DDP gpus=2 (only with 2+ GPUs); a forced CUDA OOM (expects exit 3)
-#      and prints one table: exit code, samples/s, peak MiB, gpu_util, applied precision/pin/cudnn
-#   4. autotune search --budget 3m --study gpu-check --storage $OUT/gpu.db, then autotune show
-#   5. compile=default, optional: only if the time guard (GPU_CHECK_BUDGET_S) leaves room for it
-#   6. a summary: every step, its exit code, expected code and seconds
-# Exit code: 0 when every step ended as expected, 1 otherwise.
+#      nccl DDP gpus=2 (skipped by name, with the reason, on one GPU); a forced CUDA OOM (must be OOM)
+#   4. compile=default, before the search, its warm-up (compile) time printed
+#   5. autotune search through the warm fork server, then the study is loaded and must hold at
+#      least GPU_CHECK_MIN_TRIALS complete feasible trials measured on the GPU
+#   6. one table: every check, PASS or MISS; exit 1 on any miss
+# Each trial's result JSON is asserted, not just its exit code: the device is the GPU; `applied`
+# shows the knob in effect (pin_memory, cudnn.benchmark, fp16/bf16, fused or apex, channels_last);
+# gpu_util is not null; the loss stayed finite. A step skipped for lack of time is a MISS, not a pass.
+# The whole run is meant to take at most 8 minutes on one H200.
 #
 # Without a GPU (torch.cuda.is_available() is false) it runs only the CPU-safe parts: set-up,
 # make-data (16 images) and one fp32 smoke trial at 64 px, then prints "no GPU: GPU checks skipped"
@@ -36,13 +39,15 @@
 # is unset). With $OUT set, these come back too: gpu.db (the search's journal), best.yaml,
 # gpu_results.json (the trial table as data) and trial_logs.tar.gz (every trial's log).
 #
-# Knobs (environment): GPU_CHECK_BUDGET_S (default 480: the whole run's time guard; optional
-# steps are skipped when less is left), GPU_CHECK_WORK (default /tmp/gpu_check), GPU_CHECK_WHEELS
-# (default .whl), GPU_CHECK_BATCH (default 32), GPU_CHECK_SEARCH_BUDGET (default 3m).
+# Knobs (environment): GPU_CHECK_BUDGET_S (default 480: the whole run's time guard; a step that
+# no longer fits is skipped and counted as a MISS), GPU_CHECK_WORK (default /tmp/gpu_check),
+# GPU_CHECK_WHEELS (default .whl), GPU_CHECK_BATCH (default 32), GPU_CHECK_SEARCH_BUDGET (default
+# 150s), GPU_CHECK_MIN_TRIALS (default 3).
 #
 # Usage, from the repository root:
 #   bash scripts/gpu_check.sh --fetch-wheels   # only for a GPU machine without a package index: on one with it
 #   bash scripts/gpu_check.sh                  # on the GPU machine
+#   bash scripts/gpu_check.sh --dry-run        # print the plan, run nothing
 set -uo pipefail # no -e: a failed step is recorded and the script goes on
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,7 +56,10 @@ WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
 BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
 BATCH=${GPU_CHECK_BATCH:-32}
-SEARCH_BUDGET=${GPU_CHECK_SEARCH_BUDGET:-3m}
+SEARCH_BUDGET=${GPU_CHECK_SEARCH_BUDGET:-150s}
+MIN_TRIALS=${GPU_CHECK_MIN_TRIALS:-3}
+DRY=0
+[[ ${1:-} == --dry-run ]] && DRY=1
 # Wheels a GPU machine's own python may lack; versions as tested in the checkout's .venv.
 WHEEL_SPECS=(segmentation-models-pytorch==0.6.0 optuna==5.0.0 alembic==1.20.1 sqlalchemy==2.1.9
   colorlog==6.12.0 mako==1.4.3)
@@ -70,6 +78,30 @@ if [[ ${1:-} == --fetch-wheels ]]; then
   fi
   du -sh "$WHEELS"
   echo "now copy .whl/ with the checkout to the GPU machine and run: bash scripts/gpu_check.sh"
+  exit 0
+fi
+
+if ((DRY)); then
+  cat <<PLAN
+gpu_check plan (time guard ${BUDGET_S}s, work dir $WORK; nothing is run with --dry-run)
+  1. env-setup            python with torch, smp, optuna (.venv, \$GPU_CHECK_PYTHON, or python3 + wheels in $WHEELS)
+  2. make-data            128 synthetic images (16 without a GPU)
+  3. trials, 256 px, batch $BATCH, 10 timed steps, each asserted from its result JSON:
+       fp32-baseline        device is the GPU, gpu_util set, loss finite
+       fp16-gradscaler      + precision fp16 in effect, GradScaler enabled
+       bf16                 + precision bf16 in effect
+       pin-workers8         + pin_memory in effect, 8 loader workers
+       cudnn-channels-last  + cudnn_benchmark and channels_last in effect
+       fused-adamw          + optimizer_fusion fused in effect
+       checkpoint-5         + 5 checkpointed segments in effect
+       ddp-nccl-2           + world size 2 over nccl (skipped by name on one GPU)
+       forced-oom           64 x 1024 px: exit 3, status oom
+  4. compile-default      torch.compile(mode=default): its warm-up (compile) time printed
+  5. search               --budget $SEARCH_BUDGET through the warm fork server; the study must hold
+                          >= $MIN_TRIALS complete feasible trials on the GPU; then show
+  6. one table of every check; exit 1 on any MISS (a step skipped for time is a MISS)
+Without a GPU: env-setup, make-data and one 64 px CPU smoke trial only.
+PLAN
   exit 0
 fi
 
@@ -107,10 +139,15 @@ step() {
   return "$rc"
 }
 
-skip() {
+skip() { # skip NAME WHY [na]: "na" = not applicable here (e.g. DDP on one GPU); otherwise a MISS
   echo
   echo "=== [t+$((SECONDS - START))s] $1: skipped ($2)"
-  SUMMARY+=("$(printf '%-26s %s' "$1" "skipped: $2")")
+  if [[ ${3:-} == na ]]; then
+    SUMMARY+=("$(printf '%-26s %s' "$1" "skipped, not applicable: $2")")
+  else
+    SUMMARY+=("$(printf '%-26s %s' "$1" "MISS, skipped: $2")")
+    FAILED=$((FAILED + 1))
+  fi
 }
 
 summary() {
@@ -254,6 +291,8 @@ add fused-adamw 0 "{\"batch_size\": $BATCH, \"optimizer_fusion\": \"fused\"}"
 add checkpoint-5 0 "{\"batch_size\": $BATCH, \"checkpoint_segments\": 5}"
 if ((GPUS >= 2)); then
   add ddp-nccl-2 0 "{\"batch_size\": $BATCH, \"gpus\": 2}"
+else
+  skip "trial ddp-nccl-2" "one GPU visible: DDP needs two" na
 fi
 # The OOM config: 64 x 1024 px needs ~500 GB of fp32 activations (Unet-r34 saves ~7.4 KB per pixel
 # per sample), far over 141 GB, while every single tensor stays under 2^31 elements, so the failure
@@ -276,13 +315,27 @@ for name in "${NAMES[@]}"; do
   run_trial "$name"
 done
 
-table() {
+check() { # check NAME...: assert each trial's result JSON; one row per trial; MISS rows fail the run
   "$PY" - "$WORK" "$@" <<'EOF'
 import json, sys
 from pathlib import Path
 
 work, names = Path(sys.argv[1]), sys.argv[2:]
-rows, base = [], None
+# What each config must show in `applied` (knob -> test of the value in effect), beyond what every
+# GPU trial must show. The worker records in_effect as it really happened, e.g. "autocast(cuda, fp16)".
+WANT = {
+    "fp16-gradscaler": {"precision": lambda v: "fp16" in str(v), "grad_scaler": lambda v: v is True},
+    "bf16": {"precision": lambda v: "bf16" in str(v)},
+    "pin-workers8": {"pin_memory": lambda v: v is True, "num_workers": lambda v: v == 8},
+    "cudnn-channels-last": {"cudnn_benchmark": lambda v: v is True, "channels_last": lambda v: v is True},
+    "fused-adamw": {"optimizer_fusion": lambda v: "fused=True" in str(v) or "apex" in str(v)},
+    "checkpoint-5": {"checkpoint_segments": lambda v: isinstance(v, list) and len(v) == 5},
+    "compile-default": {"compile": lambda v: "default" in str(v)},
+}
+def effect(applied, knob):
+    a = applied.get(knob)
+    return a.get("in_effect") if isinstance(a, dict) else a
+rows, misses, base = [], 0, None
 for name in names:
     d = work / "trials" / name
     rc = (d / "rc").read_text().strip() if (d / "rc").exists() else "-"
@@ -290,69 +343,104 @@ for name in names:
         r = json.loads((d / "result.json").read_text())
     except (OSError, ValueError):
         r = {}
-    a = r.get("applied", {})
-    eff = lambda k: (a.get(k) or {}).get("in_effect", "-") if isinstance(a.get(k), dict) else a.get(k, "-")
+    applied, problems = r.get("applied") or {}, []
+    if name == "forced-oom":
+        if rc != "3" or r.get("status") != "oom":
+            problems.append(f"expected exit 3 / status oom, got {rc} / {r.get('status')}")
+    else:
+        if r.get("status") != "ok":
+            problems.append(f"status {r.get('status')}: {r.get('message', '')[:80]}")
+        if str(r.get("device", "cpu")).startswith("cpu"):
+            problems.append(f"device {r.get('device')!r} is not the GPU")
+        if r.get("gpu_util") is None:
+            problems.append("gpu_util is null")
+        if not r.get("loss_finite", False):
+            problems.append("loss not finite")
+        for knob, ok in WANT.get(name, {}).items():
+            if not ok(effect(applied, knob)):
+                problems.append(f"{knob} in effect: {effect(applied, knob)!r}")
+        if name == "ddp-nccl-2" and r.get("world_size") != 2:
+            problems.append(f"world_size {r.get('world_size')}")
     sps = r.get("samples_per_s")
-    if name == "fp32-baseline" and sps:
-        base = sps
-    rows.append({"config": name, "rc": rc, "status": r.get("status", "-"), "samples_per_s": sps,
-                 "step_p50_ms": r["step_time_p50"] * 1e3 if r.get("step_time_p50") else None,
-                 "data_wait": r.get("data_wait_fraction"),
+    base = sps if name == "fp32-baseline" and sps else base
+    misses += bool(problems)
+    rows.append({"config": name, "rc": rc, "status": r.get("status"), "samples_per_s": sps,
+                 "x_base": sps / base if sps and base else None, "warmup_s": r.get("warmup_s"),
                  "peak_mib": r["peak_memory_bytes"] / 2**20 if r.get("peak_memory_bytes") else None,
-                 "gpu_util": r.get("gpu_util"), "precision": eff("precision"), "grad_scaler": a.get("grad_scaler", "-"),
-                 "pin_memory": eff("pin_memory"), "cudnn_benchmark": eff("cudnn_benchmark"),
-                 "world_size": r.get("world_size"), "device": r.get("device"), "message": r.get("message", "")})
-def f(x, spec):  # a missing figure still fills its column
-    return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
-hdr = f"{'config':20s} {'rc':>3s} {'status':8s} {'samples/s':>9s} {'x base':>6s} {'p50 ms':>7s} {'wait':>5s} {'peak MiB':>8s} {'gpu%':>5s}  precision / scaler / pin / cudnn"
-print(hdr)
-print("-" * len(hdr))
+                 "gpu_util": r.get("gpu_util"), "device": r.get("device"),
+                 "verdict": "MISS" if problems else "PASS", "problems": problems})
+fmt = lambda x, spec: format(x, spec) if x is not None else "-"
+print(f"{'config':20s} {'verdict':7s} {'rc':>3s} {'samples/s':>9s} {'x base':>6s} {'warmup s':>8s} "
+      f"{'peak MiB':>8s} {'gpu%':>5s}  problems")
 for w in rows:
-    speed = w["samples_per_s"] / base if base and w["samples_per_s"] else None
-    print(f"{w['config']:20s} {w['rc']:>3s} {w['status']:8s} {f(w['samples_per_s'], '9.1f')} {f(speed, '6.2f')} "
-          f"{f(w['step_p50_ms'], '7.1f')} {f(w['data_wait'], '5.0%')} {f(w['peak_mib'], '8.0f')} {f(w['gpu_util'], '5.0f')}  "
-          f"{w['precision']} / {w['grad_scaler']} / {w['pin_memory']} / {w['cudnn_benchmark']}"
-          + (f"  [{w['message'][:90]}]" if w["message"] else ""))
+    print(f"{w['config']:20s} {w['verdict']:7s} {w['rc']:>3s} {fmt(w['samples_per_s'], '9.1f'):>9s} "
+          f"{fmt(w['x_base'], '6.2f'):>6s} {fmt(w['warmup_s'], '8.1f'):>8s} {fmt(w['peak_mib'], '8.0f'):>8s} "
+          f"{fmt(w['gpu_util'], '5.0f'):>5s}  {'; '.join(w['problems'])}")
 if rows and rows[0].get("device"):
     print(f"device: {rows[0]['device']}")
 out = work / "gpu_results.json"
 old = json.loads(out.read_text()) if out.exists() else []
-keep = [o for o in old if o["config"] not in names]
-out.write_text(json.dumps(keep + rows, indent=2))
+out.write_text(json.dumps([o for o in old if o["config"] not in names] + rows, indent=2))
+sys.exit(1 if misses else 0)
 EOF
+}
+
+assert_step() { # assert_step NAME CMD...: a check of its own, PASS or MISS in the summary
+  local name=$1
+  shift
+  if "$@"; then
+    SUMMARY+=("$(printf '%-26s %s' "$name" "PASS")")
+  else
+    SUMMARY+=("$(printf '%-26s %s' "$name" "MISS")")
+    FAILED=$((FAILED + 1))
+  fi
 }
 
 echo
 echo "=== trials at 256 px, batch $BATCH, 10 timed steps (forced-oom: 64 x 1024 px)"
-table "${NAMES[@]}"
+assert_step "assert trial results" check "${NAMES[@]}"
 
 # ---------------------------------------------------------------------------------------------
-# 4. a short real search, then the leaderboard
-
-STORE=${OUT:-$WORK}/gpu.db
-rm -f "$STORE"
-if (($(left) < 230)); then
-  skip search "time guard: $(left)s left, a 3m search needs ~230s"
-else
-  # SIGTERM from timeout acts like Ctrl-C: the running trial is killed and the best so far exported.
-  step search 0 260 "${AT[@]}" search --budget "$SEARCH_BUDGET" --study gpu-check --storage "$STORE" \
-    --data "$DATA" --image-size 256 --trial-seconds 5 --warmup-steps 3 --trial-timeout 90 --seed 0 \
-    --studies-dir "$WORK/studies"
-  step show 0 60 "${AT[@]}" show --study gpu-check --storage "$STORE"
-fi
-
-# ---------------------------------------------------------------------------------------------
-# 5. optional: torch.compile, time-boxed by what is left
+# 4. torch.compile, before the search (its compile time is the warm-up time in the table)
 
 NAMES=(compile-default)
 add compile-default 0 "{\"batch_size\": $BATCH, \"compile\": \"default\"}"
-if (($(left) < 90)); then
-  skip "trial compile-default" "optional; time guard: $(left)s left"
+if (($(left) < 150 + 200)); then
+  skip "trial compile-default" "time guard: $(left)s left; compile and the search need ~350s"
 else
-  lim=$(left)
-  ((lim > 200)) && lim=200
-  run_trial compile-default "$lim"
-  table compile-default
+  t0=$SECONDS
+  run_trial compile-default 150
+  echo "compile-default: $((SECONDS - t0))s wall; its warm-up (compile) seconds are in the table"
+  assert_step "assert compile result" check compile-default
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 5. a short real search through the warm fork server, then the study is asserted
+
+STORE=${OUT:-$WORK}/gpu.db
+rm -f "$STORE"
+if (($(left) < 200)); then
+  skip search "time guard: $(left)s left, the search needs ~200s"
+else
+  # SIGTERM from timeout acts like Ctrl-C: the running trial is killed and the best so far exported.
+  step search 0 220 "${AT[@]}" search --budget "$SEARCH_BUDGET" --study gpu-check --storage "$STORE" \
+    --data "$DATA" --image-size 256 --trial-seconds 5 --warmup-steps 3 --trial-timeout 90 --seed 0 \
+    --studies-dir "$WORK/studies"
+  step show 0 60 "${AT[@]}" show --study gpu-check --storage "$STORE"
+  assert_step "assert search on the GPU" "$PY" - "$STORE" "$MIN_TRIALS" <<'EOF'
+import sys
+import optuna
+from autotune.search.records import TrialRecord
+from autotune.search.results import feasible
+from autotune.search.storage import open_storage
+
+store, need = sys.argv[1], int(sys.argv[2])
+study = optuna.load_study(study_name="gpu-check", storage=open_storage(store))
+on_gpu = [t for t in study.trials if feasible(t)
+          and not str(TrialRecord.from_frozen(t).metrics.get("device", "cpu")).startswith("cpu")]
+print(f"search: {len(study.trials)} trials, {len(on_gpu)} complete and feasible on the GPU (need {need})")
+sys.exit(0 if len(on_gpu) >= need else 1)
+EOF
 fi
 
 finish $((FAILED > 0))

@@ -15,7 +15,8 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import SearchSettings, TrialConfig
-from autotune.core.errors import TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialUnsupported
+from autotune.core.errors import (TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialTimeout,
+                                  TrialUnsupported)
 from autotune.search import _optuna
 from autotune.search.locks import Lease, device_lock
 from autotune.search.records import TrialRecord, of_result, write
@@ -79,6 +80,16 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         _record_failure(trial, role, e)
         trial.set_constraint(FEASIBLE_KEY, 1.0)
         value = 0.0
+    except TrialTimeout as e:
+        if not compiling(cfg, e):
+            _record_failure(trial, role, e)
+            state = TrialState.FAIL
+        else:  # still compiling at the timeout: a property of the config, so infeasible (a FAIL, TPE would retry it)
+            _record_failure(trial, role, TrialTimeout(f"torch.compile ({cfg.compile}) had not finished its warm-up "
+                                                      f"steps when the trial timed out: {e}", e.log_tail, e.partial))
+            trial.set_user_attr("reason", "compile_timeout")
+            trial.set_constraint(FEASIBLE_KEY, 1.0)
+            value = 0.0
     except TrialFailure as e:
         _record_failure(trial, role, e)
         state = TrialState.FAIL
@@ -104,6 +115,11 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         value = result.samples_per_s
     _upload(trial, trial_dir)
     return study.tell(trial, value, state=state if value is None else None)
+
+
+def compiling(cfg: TrialConfig, e: TrialTimeout) -> bool:
+    """A timeout before the first measured window of a compiled config: compilation ate the allowance."""
+    return cfg.compile != "off" and not e.partial.get("windows")
 
 
 def _record_failure(trial: optuna.Trial, role: str, e: TrialFailure) -> None:
