@@ -13,7 +13,7 @@ from rich.text import Text
 
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.search.records import TrialRecord
-from autotune.search.results import feasible, leaderboard
+from autotune.search.results import CONFIRMATION, feasible, leaderboard
 from autotune.search.runner import Events
 
 
@@ -59,6 +59,8 @@ class LiveSearch:
         speed = f"  x{r.speedup:.2f}" if feasible(t) and r.speedup else ""
         if r.contended:
             speed += "  [contended: another trial shared the CPU, timing suspect]"
+        if r.repeat_of is not None:
+            speed += f"  [same config as trial {r.repeat_of}: its figure reused, not run again]"
         self.console.print(f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",
                            highlight=False, markup=False)
         self.current = "choosing the next trial"
@@ -106,3 +108,30 @@ def leaderboard_table(study: optuna.Study, top: int = 10) -> Table:
     for row in leaderboard_rows(study, top):
         table.add_row(*row)
     return table
+
+
+def confirmation_table(study: optuna.Study) -> Table | None:
+    """The confirmation rounds (median, range, speedup over the baseline's median), or None."""
+    summary = study.user_attrs.get(CONFIRMATION)
+    if not summary:
+        return None
+    table = Table(title=f"confirmed: {summary['rounds']} interleaved round(s), each a fresh process; "
+                  f"the winner is trial {summary['winner']}")
+    for col in ("config", "search samples/s", "median", "min", "max", "speedup (median)", "speedup range"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for r in summary["rows"]:
+        fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+        spread = r["speedup_range"]
+        table.add_row(r["label"], fmt(r["search_samples_per_s"]), fmt(r["samples_per_s_median"]), fmt(r["min"]),
+                      fmt(r["max"]), "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}",
+                      "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}")
+    return table
+
+
+def order_note(study: optuna.Study) -> str | None:
+    """One line when confirmation reordered the search's top configs, else None."""
+    summary = study.user_attrs.get(CONFIRMATION)
+    if not summary or not summary.get("order_changed"):
+        return None
+    return (f"confirmation changed the order: the search ranked {', '.join(summary['search_order'])}; "
+            f"re-measured side by side: {', '.join(summary['confirmed_order'])}")

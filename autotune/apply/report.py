@@ -197,6 +197,24 @@ def leaderboard_html(study: Any, top: int = 20) -> str:
     return _table(LEADERBOARD_COLUMNS, rows)
 
 
+def confirmation_html(study: Any) -> str:
+    """The confirmation rounds the exported winner came out of, or a note that there were none."""
+    from autotune.apply.display import order_note
+    from autotune.search.results import CONFIRMATION
+
+    summary = study.user_attrs.get(CONFIRMATION)
+    head = '<section id="confirmation"><h2>Confirmation</h2>'
+    if not summary:
+        return head + "<p class=note>not confirmed: the figures are single measurements</p></section>"
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    rows = [(r["label"], fmt(r["search_samples_per_s"]), fmt(r["samples_per_s_median"]), fmt(r["min"]), fmt(r["max"]),
+             "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}") for r in summary["rows"]]
+    note = order_note(study)
+    return (head + f"<p>{summary['rounds']} interleaved round(s), each a fresh process; winner: trial "
+            f"{_e(summary['winner'])}</p>" + (f"<p>{_e(note)}</p>" if note else "")
+            + _table(("config", "search samples/s", "median", "min", "max", "speedup"), rows) + "</section>")
+
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f0f0f0}.note{color:#666;font-style:italic}section{margin:2em 0}"""
@@ -248,6 +266,7 @@ def write_report(study: Any, out: Path) -> list[Path]:
         f"<p class=note>generated {_e(_dt.datetime.now().isoformat(timespec='seconds'))}</p>",
         _table(("", ""), summary),
         '<section id="leaderboard"><h2>Leaderboard</h2>', leaderboard_html(study), "</section>",
+        confirmation_html(study),
         *parts,
         '<section id="fingerprint"><h2>Fingerprint</h2>',
         _table(("key", "value"), [(k, v) for k, v in fp.items()]) if fp else "<p class=note>none recorded</p>",

@@ -39,6 +39,10 @@ def register(sub: Any) -> None:
     s.add_argument("--create-only", action="store_true",
                    help="create the study (space, workload, fingerprint, baseline) and exit: workers then join it")
     s.add_argument("--studies-dir", default="studies", help="where trial logs, artifacts and exports go")
+    s.add_argument("--confirm-rounds", type=int, default=3, metavar="N",
+                   help="re-measure the top configs and the baseline in N interleaved rounds before exporting "
+                   "(part of the budget is kept for it; 0: off; default 3)")
+    s.add_argument("--confirm-top", type=int, default=3, metavar="K", help="how many top configs (default 3)")
     skip_bad_data_arg(s)
     workload_args(s)
     s.set_defaults(func=cmd_search)
@@ -91,7 +95,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
         n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base,
-        skip_bad_data=args.skip_bad_data)
+        skip_bad_data=args.skip_bad_data, confirm_rounds=args.confirm_rounds, confirm_top=args.confirm_top)
     with _data_progress(console) as progress:
         session = SearchSession.create(settings, warm=not args.cold_start, say=_dim(console), defer=args.create_only,
                                        progress=progress)
@@ -115,7 +119,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
-        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, skip_bad_data=args.skip_bad_data)
+        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, skip_bad_data=args.skip_bad_data,
+        confirm_rounds=0)  # many workers finish at different times: confirm with `autotune search` on the study
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
     with _data_progress(console) as progress:
@@ -126,7 +131,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
-    from autotune.apply.display import LiveSearch, leaderboard_table
+    from autotune.apply.display import LiveSearch, confirmation_table, leaderboard_table, order_note
     from autotune.search.results import shown_storage
 
     s = session.settings
@@ -136,6 +141,11 @@ def _run(session: Any, console: Any) -> int:
     with LiveSearch(session.study, s.budget_s, console) as live:
         outcome = session.run(live.events())
     console.print(leaderboard_table(session.study))
+    if outcome.confirmation:
+        console.print(confirmation_table(session.study))
+        note = order_note(session.study)
+        if note:
+            console.print(f"autotune: {note}", highlight=False)
     if outcome.best_yaml is None:
         console.print("autotune: no trial finished, nothing to export")
     else:

@@ -64,9 +64,16 @@ def _study(args: argparse.Namespace) -> Any:
 def cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from autotune.apply.display import leaderboard_table
+    from autotune.apply.display import confirmation_table, leaderboard_table, order_note
 
-    Console().print(leaderboard_table(_study(args), args.top))
+    console, study = Console(), _study(args)
+    console.print(leaderboard_table(study, args.top))
+    confirmed = confirmation_table(study)
+    if confirmed is not None:
+        console.print(confirmed)
+        note = order_note(study)
+        if note:
+            console.print(f"autotune: {note}", highlight=False)
     return ExitCode.OK
 
 

@@ -138,6 +138,7 @@ class TrialResult:
     loss_first: float | None = None
     loss_last: float | None = None
     startup_s: float | None = None
+    warmup_s: float | None = None  # the warm-up steps' wall time (torch.compile compiles there); not timed
     timed_steps: int = 0
     world_size: int = 1
     device: str = "cpu"
@@ -153,7 +154,7 @@ class TrialResult:
         """Scalar figures, as stored in Optuna user attrs."""
         keep = ("samples_per_s", "step_time_p50", "step_time_p90", "data_wait_fraction",
                 "peak_memory_bytes", "gpu_util", "loss_first", "loss_last", "startup_s",
-                "timed_steps", "world_size", "device")
+                "warmup_s", "timed_steps", "world_size", "device")
         return {k: getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,6 +191,8 @@ class SearchSettings:
     studies_dir: str = "studies"
     base: TrialConfig = field(default_factory=TrialConfig)  # the workload every trial shares
     skip_bad_data: bool = False  # drop undecodable data items (and say how many) instead of refusing
+    confirm_top: int = 3  # distinct top configs re-measured against the baseline before the export
+    confirm_rounds: int = 3  # interleaved rounds of that; 0 turns confirmation off
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not (
@@ -201,6 +204,9 @@ class SearchSettings:
             raise ConfigError(f"--trial-timeout must be positive, got {self.trial_timeout_s!r}")
         if self.n_trials is not None and self.n_trials < 1:
             raise ConfigError(f"--n-trials must be >= 1, got {self.n_trials!r}")
+        if self.confirm_rounds < 0 or self.confirm_top < 1:
+            raise ConfigError(f"--confirm-rounds must be >= 0 and --confirm-top >= 1, got "
+                              f"{self.confirm_rounds} and {self.confirm_top}")
         if not self.study or "/" in self.study:
             raise ConfigError(f"--study must be a plain name, got {self.study!r}")
 

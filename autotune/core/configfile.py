@@ -37,6 +37,9 @@ class Export:
     # a leaked password in a file people share is worse than masking twice.
     study: dict[str, Any] = field(default_factory=dict)
     reproduce: str = DEFAULT_REPRODUCE
+    # The confirmation rounds this winner came out of (medians, ranges, whether the order changed);
+    # None when the search was not confirmed, and then best.yaml has no `confirmed:` section.
+    confirmed: dict[str, Any] | None = None
 
     @classmethod
     def from_result(
@@ -107,6 +110,7 @@ def to_yaml(e: Export) -> str:
         ("metrics", metrics),
         ("baseline", {"samples_per_s": e.baseline_samples_per_s}),
         ("speedup", e.speedup),
+        *([("confirmed", e.confirmed)] if e.confirmed else []),
         ("environment", e.environment),
         ("study", study),
         ("reproduce", e.reproduce),

@@ -32,6 +32,7 @@ class TrialRecord:
     applied: Mapping[str, Any] = field(default_factory=dict)
     windows: tuple[float, ...] = ()
     metrics: Mapping[str, Any] = field(default_factory=dict)  # TrialResult.metrics(), flat in the attrs
+    repeat_of: int | None = None  # the sampler proposed a config already measured there: not run again
 
     @classmethod
     def from_frozen(cls, t: FrozenTrial) -> TrialRecord:
@@ -48,7 +49,7 @@ class TrialRecord:
     def to_attrs(self) -> dict[str, Any]:
         """Only what is set, so writing a record never erases what another writer stored."""
         out: dict[str, Any] = {"role": self.role}
-        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied"):
+        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of"):
             value = getattr(self, key)
             if value not in (None, "", False, {}):
                 out[key] = dict(value) if isinstance(value, Mapping) else value

@@ -1,7 +1,9 @@
 """Reading a study's outcome: which trials count, their order, the baseline, and the best as an Export."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -14,12 +16,17 @@ from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.storage import DEFAULT_STORAGE
 
 
+CONFIRMATION = "confirmation"  # the study user attr holding the last confirmation (search/confirm.py)
+
+
 def feasible(t: FrozenTrial) -> bool:
     return t.state == TrialState.COMPLETE and t.value is not None and all(v <= 0 for v in t.constraints.values())
 
 
 def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
-    return sorted((t for t in study.get_trials(deepcopy=False) if feasible(t)), key=lambda t: -float(t.value or 0))
+    """Feasible trials, fastest first; a config the sampler proposed again (reused, not re-run) once."""
+    return sorted((t for t in study.get_trials(deepcopy=False)
+                   if feasible(t) and TrialRecord.from_frozen(t).repeat_of is None), key=lambda t: -float(t.value or 0))
 
 
 def baseline_sps(study: optuna.Study) -> float | None:
@@ -34,15 +41,37 @@ def shown_storage(url: str | None) -> str:
     return mask_url(url or DEFAULT_STORAGE)
 
 
+def confirmed_winner(study: optuna.Study) -> tuple[FrozenTrial, dict[str, Any]] | None:
+    """The confirmed winner's trial and its figures over the rounds, when the study holds a
+    confirmation; None otherwise (the search's own best then stands, unconfirmed)."""
+    summary = study.user_attrs.get(CONFIRMATION)
+    if not summary or summary.get("winner") is None:
+        return None
+    trial = next((t for t in leaderboard(study) if t.number == summary["winner"]), None)
+    row = next((r for r in summary["rows"] if r["trial"] == summary["winner"]), None)
+    if trial is None or row is None:
+        return None
+    keep = ("samples_per_s_median", "min", "max", "speedup_median", "speedup_range")
+    return trial, {"rounds": summary["rounds"], **{k: row[k] for k in keep},
+                   "baseline_median": summary["baseline_median"], "order_changed": summary["order_changed"],
+                   "search_order": summary["search_order"], "confirmed_order": summary["confirmed_order"]}
+
+
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
-    """The best feasible trial as an Export; its speedup is the one the study stored with it."""
+    """The winner as an Export: the confirmed one, with the rounds' median speedup and its range,
+    when the study was confirmed; else the search's best with the speedup its one measurement gave."""
     board = leaderboard(study)
     if not board:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to export")
-    best = board[0]
+    confirmed = confirmed_winner(study)
+    best, rounds = confirmed if confirmed else (board[0], None)
     record, study_record = TrialRecord.from_frozen(best), StudyRecord.of(study)
     cfg = TrialConfig.from_dict({**(study_record.workload or {}), **record.config})
-    return Export.from_result(
+    export = Export.from_result(
         cfg, record.result(), baseline_samples_per_s=baseline_sps(study), environment=study_record.fingerprint,
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
         reproduce=f"autotune trial --config {out or 'best.yaml'}")
+    if rounds is None:
+        return export
+    return dataclasses.replace(export, speedup=rounds["speedup_median"], confirmed=rounds,
+                               baseline_samples_per_s=rounds["baseline_median"])

@@ -25,11 +25,11 @@ from autotune.core.config import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna
+from autotune.search import _optuna, confirm
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
-from autotune.search.runner import Events, run_one
+from autotune.search.runner import Events, measured, reuse, run_one
 from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
 from autotune.search.storage import check_writable, disk_error, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
@@ -39,6 +39,8 @@ Say = Callable[[str], None]
 Progress = Callable[[int, int], None]
 # Trials that fail on the data in a row before the search stops: every config would fail the same way.
 DATA_FAILURES_TO_STOP = 3
+# Proposals of already-measured configs in a row before the search ends: a small space is exhausted.
+REPEATS_TO_STOP = 25
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Outcome:
     best_yaml: Path | None = None
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
+    confirmation: dict[str, Any] | None = None  # search/confirm.py summarize(); None when not run
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -118,10 +121,19 @@ class SearchSession:
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
             os.environ[pipelines.SKIP_BAD_DATA_ENV] = "1"
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+        s = self.settings
+        reserve = confirm.reserve_s(s, s.confirm_top, s.confirm_rounds)
+        end = None if s.budget_s is None else time.monotonic() + s.budget_s
+        if reserve:
+            self.say(f"confirmation: {reserve:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
+                     f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off)")
         try:
             with self._warm_server() as server:
-                for _ in self._trials(events or Events(), server):
+                for _ in self._trials(events or Events(), server, reserve):
                     outcome.trials += 1
+                if s.confirm_rounds and not self._stopped:
+                    outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
+                                                       server=server, say=self.say, deadline=end)
         except KeyboardInterrupt:
             outcome.interrupted = True
         except OSError as e:
@@ -145,12 +157,15 @@ class SearchSession:
             outcome.code = ExitCode.INTERRUPTED
         return outcome
 
-    def _trials(self, events: Events, server: WarmServer | None) -> Iterator[optuna.trial.FrozenTrial]:
-        """ask -> run -> tell, one trial at a time, while the median trial so far still fits."""
+    def _trials(self, events: Events, server: WarmServer | None,
+                reserve_s: float = 0.0) -> Iterator[optuna.trial.FrozenTrial]:
+        """ask -> run -> tell, one trial at a time, while the median trial so far still fits in the
+        budget less what confirmation will need."""
         s = self.settings
-        deadline = None if s.budget_s is None else time.monotonic() + s.budget_s
+        deadline = None if s.budget_s is None else time.monotonic() + max(s.budget_s - reserve_s, s.budget_s / 2)
         grace = max(30.0, 0.02 * (s.budget_s or 0)) - 10.0  # leave room to export inside the promise
         durations: list[float] = []
+        repeats = 0
         while s.n_trials is None or len(durations) < s.n_trials:
             left = float("inf") if deadline is None else deadline - time.monotonic()
             if left <= 0 or (durations and statistics.median(durations) > left + grace):
@@ -161,6 +176,17 @@ class SearchSession:
                 fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
+            earlier = measured(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
+            if earlier is not None:
+                frozen = reuse(self.study, trial, earlier)
+                events.finished(frozen)
+                repeats += 1
+                if repeats >= REPEATS_TO_STOP:
+                    self.say(f"autotune: the sampler proposed only configs already measured, {repeats} times in "
+                             "a row: the space looks exhausted, so the search ends here")
+                    return
+                continue
+            repeats = 0
             t0 = time.monotonic()
             frozen = run_one(self.study, trial, cfg, s, min(s.trial_timeout, left + grace), events, server)
             durations.append(time.monotonic() - t0)

@@ -94,6 +94,11 @@ def test_search_end_to_end(tmp_path: Path) -> None:
     best = tmp_path / "studies" / "autotune" / "best.yaml"
     exported = yaml.safe_load(best.read_text())
     assert exported["speedup"] > 0 and exported["baseline"]["samples_per_s"] > 0
+    # Every search ends with a confirmation: the exported speedup is the rounds' median, with its range.
+    assert "confirmed:" in run.stdout and exported["confirmed"]["rounds"] >= 1, run.stdout[-3000:]
+    assert exported["speedup"] == pytest.approx(exported["confirmed"]["speedup_median"])
+    low, high = exported["confirmed"]["speedup_range"]
+    assert low <= exported["speedup"] <= high
     out = tmp_path / "again" / "result.json"
     again = subprocess.run([sys.executable, "-m", "autotune", "trial", "--config", str(best), "--out", str(out),
                             "--steps", "2", "--seconds", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,129 @@
+"""Confirmation: before a winner is exported, the top configs and the baseline are measured again,
+side by side, in interleaved rounds, each a fresh trial process.
+
+One short measurement per config, taken at different moments, is what a search ranks by; machine
+noise (another process, a thermal state, the page cache) moves single figures by several percent
+and a contended one by far more. Alternating the order each round spreads slow drift evenly, and the
+winner is the config with the best *median* over the rounds, with its spread stated beside it.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+
+from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.errors import TrialFailure
+from autotune.search.locks import device_lock
+from autotune.search.records import TrialRecord
+from autotune.search.results import CONFIRMATION, leaderboard
+from autotune.trial import launcher
+from autotune.trial.warm import WarmServer
+
+DEFAULT_TOP = 3
+DEFAULT_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str  # "trial 7" or "baseline"
+    trial: int
+    config: TrialConfig
+    search_sps: float
+
+
+def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Candidate]:
+    """The top `top` feasible trials with distinct configs, then the baseline (always measured: the
+    speedup is a ratio of figures taken side by side, never of figures taken at different moments)."""
+    seen: set[str] = set()
+    out: list[Candidate] = []
+    baseline: Candidate | None = None
+    for t in leaderboard(study):
+        record = TrialRecord.from_frozen(t)
+        key = repr(sorted(record.config.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        c = Candidate("baseline" if record.role == "baseline" else f"trial {t.number}", t.number,
+                      record.knobs(workload), float(t.value or 0))
+        if record.role == "baseline":
+            baseline = c
+        elif len(out) < top:
+            out.append(c)
+    return out + ([baseline] if baseline else [])
+
+
+def reserve_s(settings: SearchSettings, top: int, rounds: int) -> float:
+    """Budget to set aside up front: (top + baseline) x rounds trials of measured seconds plus start-up,
+    at most half the budget (the search needs trials to have something to confirm)."""
+    if rounds == 0 or settings.budget_s is None:
+        return 0.0
+    per_trial = (settings.base.seconds or 15.0) + 10.0  # warm-up and a forked start, measured ~5-10 s
+    return min((top + 1) * rounds * per_trial, settings.budget_s / 2)
+
+
+def run(study: optuna.Study, settings: SearchSettings, top: int, rounds: int, *,
+        server: WarmServer | None = None, say: Callable[[str], None] = print,
+        deadline: float | None = None) -> dict[str, Any] | None:
+    """Measure the candidates in up to `rounds` interleaved rounds, only whole rounds that fit before
+    `deadline` (time.monotonic()); store and return the summary. None if there is nothing to compare
+    (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
+    pool = candidates(study, settings.base, top)
+    if rounds == 0 or not any(c.label != "baseline" for c in pool):
+        return None
+    say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
+    samples: dict[str, list[float]] = {c.label: [] for c in pool}
+    folder = Path(settings.studies_dir) / study.study_name / "confirm"
+    done, round_s = 0, (settings.base.seconds or 15.0) * len(pool)  # a first guess, then measured
+    for r in range(rounds):
+        if deadline is not None and time.monotonic() + round_s > deadline:
+            say(f"confirmation: {done} of {rounds} round(s) fit in the budget")
+            break
+        t0 = time.monotonic()
+        for c in (pool if r % 2 == 0 else pool[::-1]):  # alternate the order: drift falls on everyone
+            sps = _measure(c, folder / f"round-{r}" / c.label.replace(" ", "-"), settings, server, say)
+            if sps is not None:
+                samples[c.label].append(sps)
+        done, round_s = done + 1, time.monotonic() - t0
+    if done == 0:
+        return None
+    summary = summarize(pool, samples, done)
+    study.set_user_attr(CONFIRMATION, summary)
+    return summary
+
+
+def _measure(c: Candidate, trial_dir: Path, settings: SearchSettings, server: WarmServer | None,
+             say: Callable[[str], None]) -> float | None:
+    try:
+        with device_lock(c.config.gpus):
+            result = launcher.run_trial(c.config, trial_dir, settings.trial_timeout, server=server)
+    except TrialFailure as e:  # a config that fails now is not confirmed; the others still are
+        say(f"  {c.label}: {e.reason}: {str(e)[:100]}")
+        return None
+    return float(result.samples_per_s or 0.0)
+
+
+def summarize(pool: list[Candidate], samples: dict[str, list[float]], rounds: int) -> dict[str, Any]:
+    """Medians, ranges and speedups over the rounds; the winner by median, and whether the order of
+    the search's figures held."""
+    base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
+    rows = []
+    for c in pool:
+        xs = samples[c.label]
+        med = statistics.median(xs) if xs else None
+        rows.append({"label": c.label, "trial": c.trial, "search_samples_per_s": c.search_sps, "samples": xs,
+                     "samples_per_s_median": med, "min": min(xs) if xs else None, "max": max(xs) if xs else None,
+                     "speedup_median": med / base if med and base else None,
+                     "speedup_range": [min(xs) / base, max(xs) / base] if xs and base else None})
+    ranked = sorted((r for r in rows if r["label"] != "baseline" and r["samples_per_s_median"]),
+                    key=lambda r: -r["samples_per_s_median"])
+    search_order = [c.label for c in pool if c.label != "baseline"]
+    confirmed_order = [r["label"] for r in ranked]
+    return {"rounds": rounds, "baseline_median": base, "rows": rows,
+            "winner": ranked[0]["trial"] if ranked else None,
+            "order_changed": confirmed_order != search_order[: len(confirmed_order)],
+            "search_order": search_order, "confirmed_order": confirmed_order}

@@ -1,0 +1,104 @@
+"""Confirmation: the winner is chosen by the median of interleaved re-measurements, side by side with
+the baseline; the speedup exported is that median, with its range; a reordering is said."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.core.config import SearchSettings, TrialConfig
+from autotune.search import confirm
+from autotune.search.records import TrialRecord, write
+from autotune.search.results import best_export, confirmed_winner
+from autotune.search.session import SearchSession
+from autotune.search.storage import open_storage
+from autotune.core.configfile import to_yaml
+
+TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
+
+
+def study_with(tmp_path: Path, rows: list[tuple[str, dict, float]]) -> optuna.Study:
+    study = optuna.create_study(study_name="c", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
+    for role, knobs, value in rows:
+        t = study.ask()
+        write(t, TrialRecord(role=role, config=TINY.replace(**knobs).knobs(), metrics={"samples_per_s": value}))
+        t.set_constraint("infeasible", 0.0)
+        study.tell(t, value)
+    return study
+
+
+def test_candidates_are_distinct_top_configs_then_the_baseline(tmp_path: Path) -> None:
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0),
+                                  ("search", {"batch_size": 4}, 29.0), ("search", {"batch_size": 16}, 20.0),
+                                  ("search", {"batch_size": 32}, 15.0)])
+    pool = confirm.candidates(study, TINY, top=2)
+    assert [c.label for c in pool] == ["trial 1", "trial 3", "baseline"]  # trial 2 repeats trial 1's config
+    assert pool[0].config.batch_size == 4 and pool[-1].config.batch_size == TINY.batch_size
+
+
+def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path) -> None:
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0),
+                                  ("search", {"batch_size": 16}, 20.0)])
+    pool = confirm.candidates(study, TINY, top=2)
+    # The search's best was one lucky measurement; side by side, trial 2 is faster in 2 of 3 rounds.
+    samples = {"trial 1": [19.0, 31.0, 18.0], "trial 2": [21.0, 20.0, 22.0], "baseline": [10.0, 9.0, 11.0]}
+    summary = confirm.summarize(pool, samples, rounds=3)
+    assert summary["winner"] == 2 and summary["order_changed"]
+    assert summary["confirmed_order"] == ["trial 2", "trial 1"] and summary["baseline_median"] == 10.0
+    row = next(r for r in summary["rows"] if r["trial"] == 2)
+    assert row["speedup_median"] == pytest.approx(2.1) and row["speedup_range"] == pytest.approx([2.0, 2.2])
+    study.set_user_attr("confirmation", summary)
+    trial, rounds = confirmed_winner(study)
+    assert trial.number == 2 and rounds["rounds"] == 3
+    exported = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert exported["study"]["trial"] == 2 and exported["speedup"] == pytest.approx(2.1)
+    assert exported["confirmed"]["speedup_range"] == pytest.approx([2.0, 2.2]) and exported["confirmed"]["order_changed"]
+    assert exported["baseline"]["samples_per_s"] == 10.0
+
+
+def test_without_confirmation_best_yaml_has_no_confirmed_section(tmp_path: Path) -> None:
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0)])
+    exported = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert "confirmed" not in exported and exported["speedup"] == pytest.approx(3.0)
+
+
+def test_reserve_is_bounded_by_half_the_budget() -> None:
+    s = SearchSettings(budget_s=100.0, base=TINY.replace(seconds=5.0))
+    assert confirm.reserve_s(s, 3, 3) == 50.0
+    assert confirm.reserve_s(SearchSettings(budget_s=10_000.0, base=TINY.replace(seconds=5.0)), 3, 3) == 4 * 3 * 15.0
+    assert confirm.reserve_s(s, 3, 0) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rounds", [2, 0])
+def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) -> None:
+    settings = SearchSettings(budget_s=600, n_trials=4, storage=str(tmp_path / "studies.db"),
+                              studies_dir=str(tmp_path / "studies"), base=TINY, confirm_rounds=rounds, confirm_top=2)
+    said: list[str] = []
+    outcome = SearchSession.create(settings, warm=True, say=said.append).run()
+    exported = yaml.safe_load(outcome.best_yaml.read_text())
+    if rounds == 0:
+        assert outcome.confirmation is None and "confirmed" not in exported
+        return
+    summary = outcome.confirmation
+    assert summary["rounds"] == 2 and [r["label"] for r in summary["rows"]][-1] == "baseline"
+    assert all(len(r["samples"]) == 2 for r in summary["rows"])  # every candidate measured in every round
+    assert exported["confirmed"]["rounds"] == 2 and exported["study"]["trial"] == summary["winner"]
+    assert any(s.startswith("confirmation:") for s in said)  # the reserve is announced up front
+    logs = sorted((tmp_path / "studies" / "autotune" / "confirm").rglob("trial.log"))
+    assert len(logs) == 2 * len(summary["rows"])  # each measurement a fresh trial process of its own
+
+
+def test_a_config_measured_before_is_reused_not_run(tmp_path: Path) -> None:
+    from autotune.search.runner import measured, reuse
+    from autotune.search.results import leaderboard
+
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0)])
+    again = TINY.replace(batch_size=4)
+    earlier = measured(study, again)
+    assert earlier is not None and earlier.number == 1 and measured(study, TINY.replace(batch_size=32)) is None
+    frozen = reuse(study, study.ask(), earlier)
+    assert frozen.value == 30.0 and frozen.user_attrs["repeat_of"] == 1 and frozen.constraints == {"infeasible": 0.0}
+    assert [t.number for t in leaderboard(study)] == [1, 0]  # shown once, not as a second row
