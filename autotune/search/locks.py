@@ -1,8 +1,17 @@
 """One machine, several searches: trials must not share a GPU, and CPU sharing must be known.
 
 A GPU trial takes an exclusive flock per device it uses (blocking), so concurrent searches on one
-machine take turns. CPU trials cannot be partitioned that way without starving a search, so they
-run, but a trial that overlapped another is flagged `contended`: its timing is suspect.
+machine take turns. CPUs cannot be partitioned that way without starving a search, so every trial
+(a GPU trial too: its data loaders and Python threads run on the CPUs) takes the shared CPU lease,
+and a trial whose lease overlapped another's is flagged `contended`: its timing is suspect.
+
+Overlap is seen from both sides, however the two nest:
+  * at acquisition: another lease is held now (flock: a crashed holder's lease goes with its process);
+  * at release: another lease began since ours did. Each acquisition appends one byte to cpu.lock,
+    so a lease remembers the file's size and compares at release. Acquisition and release each run
+    under cpu.mutex, so no lease can start between another's two checks; the file is emptied when
+    its last holder leaves, so it stays a few bytes long.
+The folder is shared by every user's searches, like /tmp: mode 1777, lock files 0666.
 """
 from __future__ import annotations
 
@@ -12,17 +21,54 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
+
+DEFAULT_LOCK_DIR = "/tmp/autotune-locks"
 
 
 def lock_dir() -> Path:
-    d = Path(os.environ.get("AUTOTUNE_LOCK_DIR", "/tmp/autotune-locks"))
-    d.mkdir(parents=True, exist_ok=True)
+    d = Path(os.environ.get("AUTOTUNE_LOCK_DIR", DEFAULT_LOCK_DIR))
+    if not d.is_dir():
+        d.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            d.mkdir()
+        except FileExistsError:
+            return d  # another search made it (and set its mode) in between
+        # Another user's search must add its own lock files here, and none may delete another's.
+        # chmod, because mkdir's mode is cut by the umask.
+        os.chmod(d, 0o1777)
+    elif str(d) == DEFAULT_LOCK_DIR and d.stat().st_uid == os.geteuid() and d.stat().st_mode & 0o1777 != 0o1777:
+        os.chmod(d, 0o1777)  # ours, made before the folder was shared: open it up (a private folder is left alone)
     return d
+
+
+def _open(name: str) -> int:
+    """A lock file in lock_dir() that every user can open and write (0666)."""
+    path = lock_dir() / name
+    while True:
+        try:
+            # Open an existing file without O_CREAT: with fs.protected_regular (systemd's default), an
+            # O_CREAT open of another user's file in a sticky world-writable folder fails, even for 0666.
+            return os.open(path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue  # another search created it in between: open theirs
+        os.fchmod(fd, 0o666)  # the umask cut open()'s mode
+        return fd
+
+
+def _file_name(device_id: str) -> str:
+    # Old-style MIG UUIDs ("MIG-GPU-<uuid>/<gi>/<ci>") contain slashes.
+    return "gpu-" + device_id.replace("/", "_") + ".lock"
 
 
 @functools.lru_cache(maxsize=1)
 def _cuda_devices() -> tuple[str, ...]:
+    """This process's CUDA devices, named so that every search names a physical device alike: by
+    UUID, whether CUDA_VISIBLE_DEVICES says "0" or "GPU-<uuid>" (or a prefix of it)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -30,42 +76,85 @@ def _cuda_devices() -> tuple[str, ...]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     # Lock physical devices: two searches with different CUDA_VISIBLE_DEVICES must not collide by index.
     ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(torch.cuda.device_count())]
-    return tuple(ids)
+    return tuple(_uuids(ids))
+
+
+def _uuids(ids: list[str]) -> list[str]:
+    """NVML's UUID for each id. Without NVML the ids stay as given: asking CUDA instead would
+    initialise it in the controller, which must not hold a context on the GPUs its trials measure.
+    Then "0" and "GPU-<uuid>" for one GPU do not exclude each other; searches that name their GPUs
+    alike (the usual case: all by index, or all by UUID) still do."""
+    from autotune.trial.measure import handle_for, nvml, text
+
+    pynvml = nvml()
+    if pynvml is None:
+        return ids
+    out = []
+    for i in ids:
+        try:
+            out.append(text(pynvml.nvmlDeviceGetUUID(handle_for(pynvml, i))))
+        except Exception:  # an id NVML does not know (not an index, an ambiguous prefix): keep it
+            out.append(i)
+    return out
 
 
 @dataclass
 class Lease:
-    contended: bool = False  # another trial ran on this CPU at the start or the end of this one
+    contended: bool = False  # another trial used this machine's CPUs while this one ran
 
 
-def _alone(f: IO[str]) -> bool:
+def _alone(fd: int) -> bool:
     try:  # an exclusive lock is only granted when no other trial holds its shared one
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
         return False
 
 
 @contextlib.contextmanager
+def _mutex() -> Iterator[None]:
+    fd = _open("cpu.mutex")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for microseconds: the checks below, never a trial
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+@contextlib.contextmanager
+def _cpu_lease(lease: Lease) -> Iterator[None]:
+    fd = _open("cpu.lock")
+    try:
+        with _mutex():
+            lease.contended = not _alone(fd)
+            fcntl.flock(fd, fcntl.LOCK_SH)  # seen by every lease that starts while this one runs
+            os.write(fd, b"+")  # O_APPEND: one byte per acquisition
+            mark = os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield
+    finally:
+        with _mutex():
+            lease.contended |= os.fstat(fd).st_size > mark  # another lease began while this one ran
+            if _alone(fd):  # the last holder: no mark is left to compare with
+                os.ftruncate(fd, 0)
+            os.close(fd)
+
+
+@contextlib.contextmanager
 def device_lock(gpus: int) -> Iterator[Lease]:
-    """Hold the devices a trial of `gpus` processes uses (GPUs), or share the CPU knowingly."""
+    """Hold the devices a trial of `gpus` processes uses (GPUs), and share the CPUs knowingly."""
     devices = _cuda_devices()
     lease = Lease()
-    files: list[IO[str]] = []
+    fds: list[int] = []
     try:
-        if devices:
-            for dev in sorted(devices[: max(1, gpus)]):  # sorted: no deadlock between searches
-                f = (lock_dir() / f"gpu-{dev}.lock").open("w")
-                fcntl.flock(f, fcntl.LOCK_EX)
-                files.append(f)
+        for dev in sorted(devices[: max(1, gpus)]) if devices else ():  # sorted: no deadlock between searches
+            fds.append(_open(_file_name(dev)))
+            fcntl.flock(fds[-1], fcntl.LOCK_EX)
+        with _cpu_lease(lease):  # after the GPUs: a trial waiting for its turn is not using the CPUs
             yield lease
-            return
-        f = (lock_dir() / "cpu.lock").open("w")
-        files.append(f)
-        lease.contended = not _alone(f)
-        fcntl.flock(f, fcntl.LOCK_SH)  # seen by any trial that starts or ends while this one runs
-        yield lease
-        lease.contended |= not _alone(f)
     finally:
-        for f in files:
-            f.close()  # closing releases the flock
+        for fd in fds:
+            os.close(fd)  # closing releases the flock

@@ -67,12 +67,17 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         owner["pgid"] = pgid
         trial.set_user_attr("owner", owner)
 
+    def on_groups(pgids: list[int]) -> None:  # torchrun's ranks lead their own groups: a resume kills those too
+        owner["pgids"] = pgids
+        trial.set_user_attr("owner", owner)
+
     state, value = TrialState.COMPLETE, None
     lease = Lease()
     try:
         # RDB storages: the heartbeat thread Study.optimize would run, so other workers see we're alive.
         with _optuna.heartbeat_thread(study, trial), device_lock(cfg.gpus) as lease:
-            result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start, server=server)
+            result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start, server=server,
+                                        on_groups=on_groups)
     except TrialPruned as e:
         _record_failure(trial, role, e)
         state = TrialState.PRUNED

@@ -209,11 +209,25 @@ def _check_value(name: str, v: Any) -> Any:
 
 # --------------------------------------------------------------------------------------- hardware
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2 quota: "max 100000" (none) or "<quota> <period>"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: os.cpu_count() counts the machine, not the affinity mask (taskset,
+    Slurm) nor the container's CPU quota, so workers sized by it oversubscribe."""
+    n = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        quota, period = CGROUP_CPU_MAX.read_text().split()[:2]
+        return n if quota == "max" else max(1, min(n, -(-int(quota) // int(period))))  # 1.5 CPUs: 2, as Go counts
+    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 quota here
+        return n
+
+
 @dataclass(frozen=True)
 class Hardware:
     cuda: bool
     gpu_count: int
-    cpu_count: int
+    cpu_count: int  # usable by this process (affinity, cgroup quota), not the machine's
     apex: bool
 
     @classmethod
@@ -224,7 +238,16 @@ class Hardware:
 
         cuda = bool(torch.cuda.is_available())
         return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0,
-                   cpu_count=os.cpu_count() or 1, apex=apex_available())
+                   cpu_count=usable_cpus(), apex=apex_available())
+
+    def workers_per_process(self, processes: int, space: SearchSpace | None = None) -> int:
+        """The usable CPUs shared by a trial's processes (one per GPU), as a num_workers `space` allows:
+        the largest not above the share, or its smallest when all are."""
+        n, spec = max(1, self.cpu_count // max(1, processes)), space.knobs.get("num_workers") if space else None
+        if spec is None or isinstance(spec, Fixed):
+            return n if spec is None else int(spec.value)
+        allowed = sorted(spec.values() if isinstance(spec, IntRange) else spec.values)
+        return max((v for v in allowed if v <= n), default=allowed[0])
 
 
 def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
@@ -373,4 +396,4 @@ def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
 
 
 __all__ = ["Choices", "Fixed", "Hardware", "IntRange", "SearchSpace", "Spec", "config_params", "load_space",
-           "resolve", "suggest"]
+           "resolve", "suggest", "usable_cpus"]

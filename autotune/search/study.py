@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from autotune import pipelines
 from autotune.core.config import BASELINE, SearchSettings, TrialConfig
 from autotune.core.errors import AutotuneError
-from autotune.core.procs import signal_group
+from autotune.core.procs import signal_groups
 from autotune.search import _optuna
 from autotune.search.fingerprint import differences
 from autotune.search.records import StudyRecord, TrialRecord
@@ -44,18 +44,40 @@ def make_pruner() -> optuna.pruners.BasePruner:
     return optuna.pruners.PercentilePruner(25.0, n_startup_trials=4, n_warmup_steps=1)
 
 
-def warm_start(base: TrialConfig, hw: Hardware) -> TrialConfig:
-    """The published guides' recommendation: workers = cores, pinned, AMP, fused AdamW, cudnn.benchmark."""
-    bf16 = not hw.cuda or _bf16_supported()
-    return base.replace(num_workers=max(1, hw.cpu_count), pin_memory=hw.cuda, precision="bf16" if bf16 else "fp16",
-                        optimizer_fusion="fused", cudnn_benchmark=hw.cuda, persistent_workers=True,
-                        prefetch_factor=2, set_to_none=True)
+def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None) -> TrialConfig:
+    """The published guides' recommendation: workers = cores, pinned, AMP, fused AdamW, cudnn.benchmark.
+
+    Cores are the usable ones (affinity, cgroup quota) shared by the trial's processes, one per GPU,
+    as a count the space allows: the warm start runs exactly as enqueued, in the space or not."""
+    bf16 = not hw.cuda or _bf16_supported(base.gpus)
+    workers = hw.workers_per_process(base.gpus, space)
+    return base.replace(num_workers=workers, pin_memory=hw.cuda, precision="bf16" if bf16 else "fp16",
+                        optimizer_fusion="fused", cudnn_benchmark=hw.cuda, persistent_workers=workers > 0,
+                        prefetch_factor=2 if workers else None, set_to_none=True)  # both need workers
 
 
-def _bf16_supported() -> bool:
-    import torch
+def _bf16_supported(gpus: int = 1) -> bool:
+    """torch.cuda.is_bf16_supported(including_emulation=False) for the trial's GPUs (compute capability
+    >= 8.0), asked of NVML: torch's answer would create a CUDA context in this controller process (it
+    reads the device properties), and its default also counts emulation, so says True on a V100 or T4,
+    where bf16 is emulated and slow. Without NVML: fp16, which autocast runs on every CUDA GPU."""
+    from autotune.trial.measure import nvml, visible_handles
 
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    pynvml = nvml()
+    if pynvml is None:
+        return False
+    try:
+        handles = visible_handles(pynvml)[: max(1, gpus)]
+        caps = []
+        for h in handles:
+            try:
+                caps.append(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)))
+            except pynvml.NVMLError:  # a MIG slice: its GPU's capability
+                caps.append(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(
+                    pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h))))
+    except Exception:
+        return False
+    return bool(caps) and min(caps) >= (8, 0)
 
 
 def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space: SearchSpace,
@@ -92,7 +114,7 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
 def enqueue_starts(study: optuna.Study, base: TrialConfig, space: SearchSpace, hw: Hardware) -> None:
     """Trial 0 is the baseline, trial 1 the guides' warm start. skip_if_exists: two first workers of a
     deferred study that race here don't queue them twice."""
-    for role, cfg in (("baseline", base.replace(**BASELINE.knobs())), ("warm_start", warm_start(base, hw))):
+    for role, cfg in (("baseline", base.replace(**BASELINE.knobs())), ("warm_start", warm_start(base, hw, space))):
         record = TrialRecord(role=role, config=cfg.knobs())
         study.enqueue_trial(config_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
 
@@ -129,8 +151,8 @@ def fail_stale(study: optuna.Study, ownerless_after_s: float = OWNERLESS_STALE_S
         else:
             if _owner_alive(owner):
                 continue
-            if owner.get("host") == socket.gethostname() and owner.get("pgid"):
-                signal_group(owner["pgid"])  # reap an orphaned trial process group
+            if owner.get("host") == socket.gethostname():  # reap the orphaned trial's groups: torchrun's, its ranks'
+                signal_groups([g for g in (owner.get("pgid"), *owner.get("pgids", ())) if g])
             why = f"controller pid {owner.get('pid')} on {owner.get('host')} died"
         _optuna.fail_trial(study, t, {"reason": "stale", "message": why})
         if record.role in ("baseline", "warm_start"):

@@ -22,6 +22,46 @@ class NonFiniteLoss(Exception):
 # Not the data's fault: running out of memory is the config's (batch size, workers), and reported as such.
 _PASS_THROUGH = (DataItemError, MemoryError, torch.OutOfMemoryError)
 
+# Exact strings that name a failed allocation, each from its library's own status names, so that
+# "memory" in some other error (an illegal memory access: a bug) is never taken for one.
+_OOM_MARKERS = (
+    "CUDA error: out of memory",  # cudaErrorMemoryAllocation outside the caching allocator: cudaHostAlloc
+    # for a pinned batch (in the DataLoader's pin-memory thread), a library's own cudaMalloc
+    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not allocate its handle or workspace
+    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN 8; a deprecated alias in cuDNN 9 for the two below
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED", "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+    # Not CUDNN_STATUS_NOT_ENOUGH_WORKSPACE: a plan given less workspace than it asked for is a sizing
+    # bug, not memory running out (torch allocates cuDNN workspaces from its caching allocator, so a
+    # real shortage there is already a torch.OutOfMemoryError).
+)
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Out of device (or pinned host) memory, however the library that ran out says so."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    if not isinstance(e, RuntimeError):
+        return False
+    text = str(e)
+    if any(m in text for m in _OOM_MARKERS):
+        return True
+    # NCCL reports a failed allocation as e.g. "Cuda failure 2 'out of memory'" or "Failed to CUDA
+    # calloc ... out of memory", raised as DistBackendError: "out of memory", in NCCL's errors only.
+    dist = getattr(torch, "distributed", None)
+    backend_error = getattr(dist, "DistBackendError", ()) if dist is not None and dist.is_available() else ()
+    return isinstance(e, backend_error) and "out of memory" in text.lower()
+
+
+def oom_message(e: BaseException) -> str:
+    """One line: the one that names the failed allocation (a re-raised error starts with "Caught ... in
+    pin memory thread", its cause further down), with the first line beside it when they differ."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return "out of memory"
+    hit = next((line for line in lines if any(m in line for m in _OOM_MARKERS) or "out of memory" in line.lower()),
+               lines[0])
+    return hit if hit == lines[0] else f"{hit} ({lines[0]})"
+
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
@@ -45,6 +85,8 @@ class CheckedItems(Dataset[Any]):
         except _PASS_THROUGH:
             raise
         except Exception as e:
+            if is_out_of_memory(e):
+                raise
             raise DataItemError(f"dataset item {index}: {_first_line(e)}", index=index) from e
 
 
@@ -58,6 +100,8 @@ class CheckedBatches(CheckedItems):
         except _PASS_THROUGH:
             raise
         except Exception as e:
+            if is_out_of_memory(e):
+                raise
             shown = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
             raise DataItemError(f"dataset items {shown} (one batch): {_first_line(e)}") from e
 
@@ -89,7 +133,7 @@ class Harness:
         self.precision.scaler.scale(loss).backward()
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()
-        self.optimizer.zero_grad(set_to_none=self.cfg.set_to_none)
+        knobs.zero_grad(self.optimizer, self.cfg)  # apex's zero_grad() takes no set_to_none
         value = loss.item()  # a device sync too: the step is finished when this returns
         if not math.isfinite(value):
             raise NonFiniteLoss(f"loss became {value}")
@@ -100,7 +144,11 @@ class Harness:
 
 
 def batches(loader: DataLoader[Any]) -> Iterator[Any]:
-    """Endless batches: a short dataset simply starts another epoch (reshuffled)."""
+    """Endless batches. An endless sampler: one iterator, never restarted. An epoch-sized loader (train's):
+    a short dataset simply starts another epoch (reshuffled), restarting the loader."""
+    if isinstance(loader.sampler, knobs.EndlessShuffle):
+        yield from loader
+        return
     epoch = 0
     while True:
         if hasattr(loader.sampler, "set_epoch"):
@@ -109,8 +157,11 @@ def batches(loader: DataLoader[Any]) -> Iterator[Any]:
         epoch += 1
 
 
-def build(cfg: TrialConfig) -> Harness:
-    """Process setup, pipeline, and every knob, in the order they must be applied."""
+def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
+    """Process setup, pipeline, and every knob, in the order they must be applied.
+
+    endless=True (a trial): the loader's sampler never ends, so one iterator serves the whole trial
+    and a batch may be larger than the dataset. False (`autotune train`): an epoch-sized, finite loader."""
     import torch.distributed as dist
 
     rank, world, local_rank = knobs.dist_env()
@@ -130,9 +181,9 @@ def build(cfg: TrialConfig) -> Harness:
     model, a = knobs.prepare_model(model, cfg, device, world)
     applied |= a
     model.train()
-    optimizer, a = knobs.build_optimizer(model.parameters(), cfg)
+    optimizer, a = knobs.build_optimizer(model.parameters(), cfg, device)
     applied |= a
-    loader, a = knobs.build_loader(checked(pipeline.build_dataset()), cfg, rank, world, device)
+    loader, a = knobs.build_loader(checked(pipeline.build_dataset()), cfg, rank, world, device, endless)
     applied |= a
     precision = knobs.Precision(cfg, device)
     applied |= precision.applied

@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
@@ -28,12 +28,28 @@ def _effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
     return rec
 
 
+def _ranks_on_this_node() -> int | None:
+    """How many torchrun ranks share this machine's cores; None for a plain process."""
+    n = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
+    return int(n) if n else None
+
+
 def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     applied: dict[str, Any] = {}
+    ranks = _ranks_on_this_node()
+    why = ""
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
-    applied["num_threads"] = _effect(cfg.num_threads, torch.get_num_threads(),
-                                     "" if cfg.num_threads else "0 = torch default")
+    elif ranks is not None:
+        # torchrun sets OMP_NUM_THREADS=1 in every rank when it is unset, so "torch's default" would
+        # mean all cores for gpus=1 but one thread per rank under DDP: a bias against DDP. Give the
+        # ranks on this node an equal share of the cores this process may run on instead.
+        cpus = len(os.sched_getaffinity(0))
+        torch.set_num_threads(max(1, cpus // ranks))
+        why = f"0 = the {cpus} usable cores shared by the {ranks} ranks on this node"
+    else:
+        why = "0 = torch default"
+    applied["num_threads"] = _effect(cfg.num_threads, torch.get_num_threads(), why)
     cuda = device.type == "cuda"
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     applied["cudnn_benchmark"] = _effect(cfg.cudnn_benchmark, cfg.cudnn_benchmark and cuda,
@@ -100,28 +116,88 @@ def apex_available() -> bool:
     return True
 
 
-def build_optimizer(params: Iterable[nn.Parameter], cfg: TrialConfig) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+# torch.optim.AdamW's own default; apex's FusedAdam defaults to 0, so it is passed to both explicitly:
+# apex vs torch must compare the same training.
+WEIGHT_DECAY = 0.01
+
+
+def apex_runs_on(device: torch.device) -> bool:
+    """apex's FusedAdam is GPU-only: its constructor and kernels need CUDA."""
+    return device.type == "cuda"
+
+
+def build_optimizer(params: Iterable[nn.Parameter], cfg: TrialConfig,
+                    device: torch.device | None = None) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     params = [p for p in params if p.requires_grad]
     if cfg.optimizer_fusion == "apex":
         if not apex_available():
             raise TrialUnsupported("optimizer_fusion=apex but NVIDIA apex (apex.optimizers) is not installed")
+        if device is not None and not apex_runs_on(device):
+            raise TrialUnsupported(f"optimizer_fusion=apex needs a CUDA device (apex's FusedAdam is GPU-only), not {device}")
         from apex.optimizers import FusedAdam  # type: ignore[import-not-found]
 
-        return FusedAdam(params, lr=cfg.lr, adam_w_mode=True), {"optimizer_fusion": _effect("apex", "apex.FusedAdam")}
+        # Its zero_grad() takes no argument: set_to_none is given here, as set_grad_none (see zero_grad).
+        opt = FusedAdam(params, lr=cfg.lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none)
+        return opt, {"optimizer_fusion": _effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})")}
     # foreach=False forces the per-parameter for-loop: that is what "none" means.
     kwargs = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_fusion]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, **kwargs)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=WEIGHT_DECAY, **kwargs)
     return opt, {"optimizer_fusion": _effect(cfg.optimizer_fusion, f"torch.optim.AdamW({next(iter(kwargs))}=True)"
                                              if cfg.optimizer_fusion != "none" else "torch.optim.AdamW(foreach=False)")}
 
 
+def zero_grad(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> None:
+    if cfg.optimizer_fusion != "apex":
+        optimizer.zero_grad(set_to_none=cfg.set_to_none)
+    elif cfg.set_to_none:
+        optimizer.zero_grad()  # apex's own: no argument, it reads set_grad_none
+    else:
+        # apex's zero_grad() with set_grad_none=False calls torch's Optimizer.zero_grad() with its
+        # default, set_to_none=True since torch 2.0: the request would silently not take effect.
+        torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)
+
+
+class EndlessShuffle(Sampler[int]):
+    """A fresh permutation of the dataset per epoch, forever, so that ONE loader iterator lasts a whole
+    trial: no loader restart (worker start-up) at epoch boundaries, and batches simply span epochs.
+    Under DDP each rank takes its own disjoint shard of each epoch's permutation, exactly what
+    DistributedSampler(shuffle=True, seed, drop_last=True) gives after set_epoch(epoch)."""
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1) -> None:
+        if n < world or n == 0:  # an empty shard would make the iterator spin without ever yielding
+            raise ConfigError(f"the dataset has {n} samples" + (f", fewer than the {world} ranks" if n else "")
+                              + "; generate more with `autotune make-data --n`")
+        self.n, self.seed, self.rank, self.world = n, seed, rank, world
+
+    def epoch(self, e: int) -> list[int]:
+        perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + e)).tolist()
+        usable = self.n - self.n % self.world  # the remainder is dropped so shards stay disjoint
+        return perm[self.rank:usable:self.world]
+
+    def __iter__(self) -> Iterator[int]:
+        e = 0
+        while True:
+            yield from self.epoch(e)
+            e += 1
+
+    def __repr__(self) -> str:
+        shard = f", rank {self.rank} of {self.world}" if self.world > 1 else ""
+        return f"EndlessShuffle(seed={self.seed}{shard})"
+
+
 def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
-                 device: torch.device) -> tuple[DataLoader[Any], dict[str, Any]]:
-    if len(dataset) < cfg.batch_size * world:  # type: ignore[arg-type]
-        raise ConfigError(f"the dataset has {len(dataset)} samples, fewer than one global batch "  # type: ignore[arg-type]
+                 device: torch.device, endless: bool = False) -> tuple[DataLoader[Any], dict[str, Any]]:
+    """endless=True (trials): one iterator for the whole trial. False (`autotune train`): epoch-sized."""
+    n = len(dataset)  # type: ignore[arg-type]
+    sampler: Sampler[int]
+    if endless:
+        sampler = EndlessShuffle(n, cfg.seed, rank, world)
+    elif n < cfg.batch_size * world:  # drop_last: not one whole batch per epoch
+        raise ConfigError(f"the dataset has {n} samples, fewer than one global batch "
                           f"({cfg.batch_size} x {world}); generate more with `autotune make-data --n`")
-    sampler = (DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
-               if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed)))
+    else:
+        sampler = (DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
+                   if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed)))
     pin = cfg.pin_memory and device.type == "cuda"
     kwargs: dict[str, Any] = dict(batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.num_workers,
                                   pin_memory=pin, drop_last=True)
@@ -133,9 +209,14 @@ def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
         "num_workers": _effect(cfg.num_workers, loader.num_workers),
         "pin_memory": _effect(cfg.pin_memory, loader.pin_memory,
                               "" if pin or not cfg.pin_memory else "no CUDA device: nothing to pin for"),
-        "persistent_workers": _effect(cfg.persistent_workers, loader.persistent_workers),
+        "persistent_workers": _effect(cfg.persistent_workers, loader.persistent_workers,
+                                      "one endless iterator: workers never restart, persistent or not"
+                                      if endless and cfg.persistent_workers else ""),
         "prefetch_factor": _effect(cfg.prefetch_factor, loader.prefetch_factor if cfg.num_workers else None),
         "batch_size": _effect(cfg.batch_size, loader.batch_size),
+        "sampler": {"in_effect": repr(sampler) if endless else type(sampler).__name__,
+                    "why": "one loader iterator for the whole trial: epochs follow on without a loader restart"
+                    if endless else "epoch-sized: the loader is iterated once per epoch"},
     }
     return loader, applied
 

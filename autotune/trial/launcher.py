@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -10,18 +11,26 @@ import time
 from pathlib import Path
 from typing import IO, Callable
 
+import psutil
+
 from autotune.core import errors
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.files import write_json_atomic
-from autotune.core.procs import die_with_parent, signal_group
-from autotune.trial.warm import WarmProcess, WarmServer, WarmServerError
+from autotune.core.procs import CONTROLLER_ENV, die_with_parent, process_identity, signal_groups
+from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, WarmProcess, WarmServer, WarmServerError
 from autotune.trial.worker import LAUNCH_TIME_ENV
 
 # Called with (steps so far, window samples/s); returning True stops the trial as pruned.
 OnWindow = Callable[[int, float], bool]
-# Called once with the trial's process group id as soon as it exists (a study records it, so a later
-# run can kill the group if this one dies without cleaning up).
+# Called with the trial's process group id as soon as it exists (a study records it, so a later run can
+# kill the group if this one dies without cleaning up); again if the trial is restarted cold.
 OnStart = Callable[[int], None]
+# Called with every other process group the trial's processes lead (torchrun's ranks), each time one
+# appears; a study records them beside the leader's group, for the same reason.
+OnGroups = Callable[[list[int]], None]
+
+GROUPS_FILE = "ranks.json"  # {"leader": pgid, "groups": [pgid, ...]}, kept current while the trial runs
+REFRESH_S = 1.0  # how often to look for new groups: psutil walks every process on the machine
 
 
 
@@ -42,17 +51,74 @@ def command(cfg: TrialConfig, trial_dir: Path) -> list[str]:
     return [*python_for(cfg.gpus), "-m", "autotune.trial", *worker_args(trial_dir)]
 
 
-def kill_group(proc: subprocess.Popen[bytes] | WarmProcess, grace_s: float = 5.0) -> None:
-    """SIGTERM the trial's whole process group (torchrun ranks, loader workers), then SIGKILL."""
+class TrialGroups:
+    """Every process group of one trial: the leader's (its loader workers) and those its descendants lead.
+
+    torchrun starts each rank in a new session (torch.distributed.elastic's SubprocessHandler:
+    start_new_session=True), so a signal to torchrun's group misses the ranks and their loader workers.
+    torchrun forwards a SIGTERM to each rank's group, but what that doesn't end (a loader worker stuck in
+    an uninterruptible read, code that traps SIGTERM) outlives torchrun, and nothing SIGKILLs it; and a
+    torchrun that dies without forwarding (SIGKILLed, OOM-killed) leaves the ranks to PR_SET_PDEATHSIG,
+    their loader workers orphaned. So the groups are looked up while the leader lives (afterwards its
+    descendants can't be found), recorded, and signalled with the leader's.
+    """
+
+    def __init__(self, leader: int, trial_dir: Path | None = None, on_groups: OnGroups | None = None) -> None:
+        self.leader = leader  # start_new_session / setsid: the leader's pid is its group id
+        self.others: set[int] = set()
+        self._path = None if trial_dir is None else trial_dir / GROUPS_FILE
+        self._on_groups = on_groups
+        self._checked = -math.inf
+        try:  # a handle, not a pid: psutil refuses to list the children of a reused pid
+            self._proc: psutil.Process | None = psutil.Process(leader)
+        except psutil.Error:
+            self._proc = None
+
+    def all(self) -> list[int]:
+        return [self.leader, *sorted(self.others)]
+
+    def refresh(self, force: bool = False) -> None:
+        """Add the groups the leader's descendants lead now (at most once per REFRESH_S unless forced)."""
+        if self._proc is None or (not force and time.monotonic() - self._checked < REFRESH_S):
+            return
+        self._checked = time.monotonic()
+        try:
+            children = self._proc.children(recursive=True)
+        except psutil.Error:  # the leader is gone (or its pid reused): nothing more to find
+            self._proc = None
+            return
+        found = set()
+        for child in children:
+            try:
+                found.add(os.getpgid(child.pid))
+            except OSError:  # exited meanwhile
+                continue
+        new = found - self.others - {self.leader, os.getpgid(0)}
+        if not new:
+            return
+        self.others |= new
+        if self._path is not None:
+            write_json_atomic(self._path, {"leader": self.leader, "groups": sorted(self.others)})
+        if self._on_groups is not None:
+            self._on_groups(sorted(self.others))
+
+
+def kill_group(proc: subprocess.Popen[bytes] | WarmProcess, grace_s: float = 5.0,
+               groups: TrialGroups | None = None) -> None:
+    """SIGTERM every process group of the trial (the leader's and, under torchrun, each rank's), wait up to
+    grace_s for the leader, then SIGKILL them all."""
+    groups = groups or TrialGroups(proc.pid)
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        if not signal_group(proc.pid, sig):
+        if proc.poll() is None:
+            groups.refresh(force=True)  # ranks started since the last look
+        if not signal_groups(groups.all(), sig):
             return
         try:
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
-        # The leader is gone; stragglers in its group still get the next signal.
-    signal_group(proc.pid, signal.SIGKILL)
+        # The leader is gone; stragglers in its group and the ranks' groups still get the next signal.
+    signal_groups(groups.all(), signal.SIGKILL)
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -64,36 +130,73 @@ def tail(path: Path, lines: int = 40) -> str:
 
 def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
               on_window: OnWindow | None = None, poll_s: float = 0.25,
-              on_start: OnStart | None = None, server: WarmServer | None = None) -> TrialResult:
+              on_start: OnStart | None = None, server: WarmServer | None = None,
+              on_groups: OnGroups | None = None) -> TrialResult:
     """Run one trial to completion. Returns its result or raises a classified TrialFailure."""
     trial_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (*trial_dir.glob("result.json*"), trial_dir / "progress.jsonl"):
-        stale.unlink(missing_ok=True)
     write_json_atomic(trial_dir / "config.json", cfg.to_dict())
     log_path = trial_dir / "trial.log"
-    env = {**os.environ, LAUNCH_TIME_ENV: repr(time.time()), "PYTHONUNBUFFERED": "1"}
-    windows: list[float] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    controller = process_identity(os.getpid())
+    if controller is not None:  # lets a rank that started after torchrun died notice (die_with_parent)
+        env[CONTROLLER_ENV] = controller
     with log_path.open("wb") as log:
-        proc = _start(cfg, trial_dir, env, log, log_path, server)
+        attempt = _Attempt(cfg, trial_dir, log, log_path, on_window, on_start, on_groups)
+        code = attempt.run(env, timeout_s, poll_s, server)
+        if server is not None and code != 0 and attempt.warm and _lost_cuda(trial_dir):
+            # Not the config's fault: the server's forks can't reach the GPU. Measure it cold, and
+            # start every later trial cold too (the server would fork the same broken state).
+            server.mark_cuda_lost()
+            log.seek(0, os.SEEK_END)  # after what the warm child appended
+            log.write(b"autotune: the warm fork lost CUDA; retrying this trial cold\n")
+            log.flush()
+            code = attempt.run(env, timeout_s, poll_s, None)
+    return _classify(code, trial_dir, log_path, attempt.windows)
+
+
+class _Attempt:
+    """One start of a trial's process and the wait for it (a warm fork that lost CUDA gets a second, cold one)."""
+
+    def __init__(self, cfg: TrialConfig, trial_dir: Path, log: IO[bytes], log_path: Path,
+                 on_window: OnWindow | None, on_start: OnStart | None, on_groups: OnGroups | None) -> None:
+        self.cfg, self.trial_dir, self.log, self.log_path = cfg, trial_dir, log, log_path
+        self.on_window, self.on_start, self.on_groups = on_window, on_start, on_groups
+        self.windows: list[float] = []
+        self.warm = False
+
+    def run(self, env: dict[str, str], timeout_s: float, poll_s: float, server: WarmServer | None) -> int:
+        """Start the trial, wait for it (raising TrialTimeout or TrialPruned), return its exit code."""
+        trial_dir, log_path, windows = self.trial_dir, self.log_path, self.windows
+        for stale in (*trial_dir.glob("result.json*"), trial_dir / "progress.jsonl", trial_dir / GROUPS_FILE):
+            stale.unlink(missing_ok=True)
+        windows.clear()
+        env = {**env, LAUNCH_TIME_ENV: repr(time.time())}
+        proc = _start(self.cfg, trial_dir, env, self.log, log_path, server)
+        self.warm = isinstance(proc, WarmProcess)
+        groups = TrialGroups(proc.pid, trial_dir, self.on_groups)
         try:
-            if on_start is not None:
-                on_start(proc.pid)  # start_new_session: the leader's pid is the group id
+            if self.on_start is not None:
+                self.on_start(proc.pid)  # start_new_session: the leader's pid is the group id
             deadline = time.monotonic() + timeout_s
             read = 0
             while proc.poll() is None:
                 if time.monotonic() > deadline:
-                    kill_group(proc)
+                    kill_group(proc, groups=groups)
                     raise errors.TrialTimeout(f"no result after {timeout_s:.0f} s; process group killed",
                                               tail(log_path), {"windows": windows})
                 time.sleep(poll_s)
-                read, prune = _read_progress(trial_dir / "progress.jsonl", read, windows, on_window)
+                groups.refresh()
+                read, prune = _read_progress(trial_dir / "progress.jsonl", read, windows, self.on_window)
                 if prune:
-                    kill_group(proc, grace_s=1.0)
+                    kill_group(proc, grace_s=1.0, groups=groups)
                     raise errors.TrialPruned(f"pruned after {len(windows)} window(s)", "", {"windows": windows})
             _read_progress(trial_dir / "progress.jsonl", read, windows, None)
         finally:
-            kill_group(proc, grace_s=1.0)  # loader workers or ranks left behind by a dying leader
-    return _classify(proc.returncode, trial_dir, log_path, windows)
+            # Loader workers or ranks left behind by a dying leader; on an interrupt (Ctrl-C, an error in
+            # a callback) the whole trial, ranks included.
+            kill_group(proc, grace_s=1.0, groups=groups)
+        assert proc.returncode is not None
+        return proc.returncode
 
 
 def _start(cfg: TrialConfig, trial_dir: Path, env: dict[str, str], log: IO[bytes], log_path: Path,
@@ -102,12 +205,33 @@ def _start(cfg: TrialConfig, trial_dir: Path, env: dict[str, str], log: IO[bytes
     or when the server refuses. Either way: own process group, dies with its parent."""
     if server is not None and cfg.gpus == 1:
         try:
-            return server.spawn(worker_args(trial_dir), env, os.getcwd(), log_path)
+            return server.spawn(worker_args(trial_dir), _with_cuda_expectation(env), os.getcwd(), log_path)
         except WarmServerError as e:
             log.write(f"autotune: warm start unavailable, starting cold: {e}\n".encode())
             log.flush()
     return subprocess.Popen(command(cfg, trial_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, preexec_fn=die_with_parent)
+
+
+def _with_cuda_expectation(env: dict[str, str]) -> dict[str, str]:
+    """Tell a warm fork to fail, rather than fall back to the CPU, if it can't see the GPU this controller sees.
+
+    Asked of the controller's torch only if already imported (a search imports it to detect the hardware):
+    importing it here would cost seconds. An explicit EXPECT_CUDA_ENV in the env wins (0 turns the check off).
+    """
+    torch = sys.modules.get("torch")
+    if EXPECT_CUDA_ENV in env or torch is None:
+        return env
+    if env.get("CUDA_VISIBLE_DEVICES") != os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return env  # the trial is meant to see other devices than this process does: no opinion
+    return {**env, EXPECT_CUDA_ENV: "1"} if torch.cuda.is_available() else env
+
+
+def _lost_cuda(trial_dir: Path) -> bool:
+    try:
+        return json.loads((trial_dir / "result.json").read_text()).get("cause") == CUDA_LOST_CAUSE
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _read_progress(path: Path, offset: int, windows: list[float],

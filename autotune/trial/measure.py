@@ -1,10 +1,12 @@
-"""Honest clocks: synchronize before reading, account data waits, sample GPU utilisation."""
+"""Honest clocks: synchronize before reading, account data waits, sample GPU utilisation (NVML)."""
 from __future__ import annotations
 
+import os
+import re
 import resource
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -41,31 +43,137 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+# ------------------------------------------------------------------------------------------ NVML
+# NVML numbers GPUs in PCI order, whatever CUDA_VISIBLE_DEVICES says; CUDA numbers the visible ones
+# from 0. Everything below maps a CUDA device to its NVML handle, by UUID where possible. The search
+# side (locks, fingerprint, warm start) uses these too, and must do it without initialising CUDA.
+
+def nvml() -> Any:
+    """pynvml, initialised; None without it or without a driver (no GPU, a container without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def text(value: Any) -> str:
+    """NVML strings: nvidia-ml-py decodes them, older pynvml returned bytes (str() would give "b'...'")."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it (torch.cuda._parse_visible_devices): indices, or UUIDs
+    (GPU-/MIG-, prefixes allowed); it stops at the first entry it cannot read, and a repeated entry
+    hides every device. None: unset, every device is visible."""
+    var = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if var is None:
+        return None
+    out: list[str] = []
+    uuids = var.strip().startswith(("GPU-", "MIG-"))
+    for entry in (e.strip() for e in var.split(",")):
+        if uuids != entry.startswith(("GPU-", "MIG-")):
+            break
+        if not uuids:
+            digits = re.match(r"\+?\d+", entry)  # strtoul: "1gpu" is 1
+            if digits is None:
+                break
+            entry = str(int(digits.group()))
+        if entry in out:
+            return []
+        out.append(entry)
+    return out
+
+
+def handle_for(pynvml: Any, entry: str) -> Any:
+    """The NVML handle of one CUDA_VISIBLE_DEVICES entry. An index is taken as NVML's index, as torch
+    does (torch.cuda._get_nvml_device_index): CUDA's default order is fastest-first, NVML's is PCI,
+    and the two agree unless the GPUs differ in speed (CUDA_DEVICE_ORDER=PCI_BUS_ID makes it exact)."""
+    if not entry.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(entry)
+    except pynvml.NVMLError:
+        if entry.startswith("MIG-"):
+            raise
+    # CUDA also takes an unambiguous UUID prefix ("GPU-8932f937"): find the one GPU it names.
+    found = [h for h in map(pynvml.nvmlDeviceGetHandleByIndex, range(pynvml.nvmlDeviceGetCount()))
+             if text(pynvml.nvmlDeviceGetUUID(h)).startswith(entry)]
+    if len(found) != 1:
+        raise LookupError(f"CUDA_VISIBLE_DEVICES entry {entry} names {len(found)} GPUs")
+    return found[0]
+
+
+def visible_handles(pynvml: Any) -> list[Any]:
+    """NVML handles of this process's CUDA devices, in CUDA's order, without initialising CUDA."""
+    entries = visible_devices()
+    if entries is None:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    return [handle_for(pynvml, e) for e in entries]
+
+
+def device_handle(pynvml: Any, index: int) -> Any:
+    """The NVML handle of torch's cuda:`index`. Its UUID is exact (any order, MIG slices too); the
+    CUDA_VISIBLE_DEVICES mapping is the fallback. A trial process has initialised CUDA already."""
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)  # "58b2e1b9-...", no prefix
+    except Exception:  # a torch without .uuid, or CUDA not usable here
+        uuid = ""
+    if uuid:
+        for name in [uuid] if uuid.startswith(("GPU-", "MIG-")) else ["GPU-" + uuid, "MIG-" + uuid]:
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(name)
+            except pynvml.NVMLError:  # NOT_FOUND: the other prefix, or a driver that can't look it up
+                continue
+    entries = visible_devices()
+    return pynvml.nvmlDeviceGetHandleByIndex(index) if entries is None else handle_for(pynvml, entries[index])
+
+
 class GpuUtilSampler:
-    """Background NVML sampling of GPU utilisation; a no-op (mean None) without a GPU."""
+    """Background NVML sampling of this process's GPU; a no-op (mean None) without a GPU.
+
+    Each rank of a multi-GPU trial samples its own device in its own process. An NVML error costs
+    that sample only: `errors` counts them and `first_error` says what went wrong (also why nothing
+    was sampled at all, when the device has no NVML handle)."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.1) -> None:
         self.samples: list[float] = []
+        self.errors = 0
+        self.first_error: str | None = None
         self._interval = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle = None
         if device.type != "cuda":
             return
+        pynvml = nvml()
+        if pynvml is None:  # no driver / no NVML: utilisation is simply unknown
+            self.first_error = "NVML unavailable"
+            return
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
             index = device.index if device.index is not None else torch.cuda.current_device()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception:  # no driver / no NVML: utilisation is simply unknown
-            self._handle = None
+            self._handle = device_handle(pynvml, index)
+        except Exception as e:
+            self.first_error = f"no NVML handle for {device}: {e}"
 
     def _run(self) -> None:
         import pynvml
 
         while not self._stop.wait(self._interval):
-            self.samples.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+            try:
+                self.samples.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+            except pynvml.NVMLError as e:  # a transient failure (or a lost GPU) costs this sample only
+                self._error(e)
+            except Exception as e:  # anything else is not NVML's answer: record it, stop, stay quiet
+                self._error(e)
+                return
+
+    def _error(self, e: Exception) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = f"{type(e).__name__}: {e}"
 
     def __enter__(self) -> GpuUtilSampler:
         if self._handle is not None:

@@ -9,6 +9,12 @@ log, env and cwd, and an exit code that means what a cold trial's exit code mean
 Fork is safe because the server never initialises CUDA (the child does, after the fork) and never
 runs a torch op, so no intra-op/OpenMP pool exists to be copied half-alive. (numpy's OpenBLAS starts
 its pool on import, as in every cold trial; OpenBLAS re-creates it in a forked child itself.)
+A pipeline module may still ask `torch.cuda.is_available()` at import time, which by default calls
+cuInit without marking torch's CUDA initialised, so the server's guard can't see it and its children may
+find CUDA broken and quietly train on the CPU. Hence the server runs with PYTORCH_NVML_BASED_CUDA_CHECK=1
+(torch then answers from NVML, without cuInit), and a child told that CUDA is expected
+(EXPECT_CUDA_ENV=1, set by the launcher when the controller sees a GPU) that can't see it fails loudly
+instead, with CUDA_LOST_CAUSE in its verdict: the launcher then runs the trial, and every later one, cold.
 
 Protocol: one Unix-socket connection per trial, newline-delimited JSON.
     controller -> server   {"argv": [...], "env": {...}, "cwd": "...", "log": "..."}
@@ -44,6 +50,12 @@ DEFAULT_PRELOAD = ("torch", "autotune.trial.worker", "autotune.trial.harness", "
 # child lives with. A trial that asks for a different value can't be forked honestly: it starts cold.
 IMPORT_TIME_ENV = ("HF_HUB_OFFLINE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                    "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDONTWRITEBYTECODE")
+# torch.cuda.is_available() answers from NVML, without initialising the CUDA driver (torch/cuda/__init__.py,
+# _nvml_based_avail): set for the server, unless the user chose a value, so an import-time check is harmless.
+# (Where NVML itself fails torch falls back to cuInit: the child's EXPECT_CUDA_ENV check catches that.)
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+EXPECT_CUDA_ENV = "AUTOTUNE_EXPECT_CUDA"  # "1" in a request: the child must see a GPU or fail
+CUDA_LOST_CAUSE = "warm_cuda_lost"  # the "cause" in the verdict of a child that could not
 
 
 class WarmServerError(RuntimeError):
@@ -112,6 +124,7 @@ class WarmServer:
         self._folder = folder  # private (0700): the socket and the server's own log
         self.socket_path = folder / "server.sock"
         self.log_path = folder / "server.log"
+        self.cuda_lost = False  # a child found CUDA broken: its siblings would too, so spawn no more
 
     @classmethod
     def start(cls, preload: Sequence[str] = DEFAULT_PRELOAD, *, env: Mapping[str, str] | None = None,
@@ -120,11 +133,13 @@ class WarmServer:
         folder = Path(tempfile.mkdtemp(prefix="autotune-warm-"))
         cmd = [sys.executable, "-m", "autotune.trial.warm_server", "--socket", str(folder / "server.sock"),
                "--parent", str(os.getpid()), *(f"--preload={m}" for m in preload)]
+        server_env = dict(os.environ if env is None else env)
+        server_env.setdefault(NVML_CHECK_ENV, "1")  # a child's env is its request's: it won't inherit this
         with (folder / "server.log").open("wb") as log:
             # Its own session, like a trial: a Ctrl-C at the terminal reaches the controller, which
             # then closes the server, instead of killing both mid-trial.
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=dict(os.environ if env is None else env), start_new_session=True,
+                                    env=server_env, start_new_session=True,
                                     preexec_fn=die_with_parent)
         server = cls(proc, folder)
         deadline = time.monotonic() + timeout_s
@@ -150,6 +165,8 @@ class WarmServer:
         appended to log_path. Raises WarmServerError if the server can't (the caller starts it cold)."""
         if not self.alive():
             raise WarmServerError(f"warm server is not running: {self._describe_death()}")
+        if self.cuda_lost:
+            raise WarmServerError("an earlier warm fork lost CUDA (see its trial log); trials start cold")
         request = {"argv": list(argv), "env": dict(env), "cwd": os.path.abspath(cwd), "log": os.path.abspath(log_path)}
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -166,6 +183,10 @@ class WarmServer:
             raise WarmServerError(f"warm server refused the trial: {why}")
         conn.settimeout(None)
         return WarmProcess(int(reply["pid"]), conn, ["autotune.trial.warm_server", *argv])
+
+    def mark_cuda_lost(self) -> None:
+        """A child of this server reported CUDA_LOST_CAUSE: refuse further spawns (the caller starts them cold)."""
+        self.cuda_lost = True
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the server; it SIGKILLs the process group of every child still running first."""

@@ -13,7 +13,7 @@ import time
 from typing import Any, Mapping, NoReturn, Sequence
 
 from autotune.core.procs import die_with_parent, signal_group
-from autotune.trial.warm import IMPORT_TIME_ENV
+from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, IMPORT_TIME_ENV
 
 
 def serve(sock_path: str, parent: int, preload: Sequence[str]) -> int:
@@ -206,7 +206,8 @@ def _child(request: dict[str, Any], server: int, ready_w: int, server_fds: list[
             obj.close() if hasattr(obj, "close") else os.close(obj)
         _redirect(request["log"], unbuffered=bool(request["env"].get("PYTHONUNBUFFERED")))
         _become(request, base_path)
-        code = _run_trial(request["argv"])
+        lost = _cuda_lost() if request["env"].get(EXPECT_CUDA_ENV) == "1" else None
+        code = _fail_cuda_lost(request["argv"], lost) if lost else _run_trial(request["argv"])
     except BaseException:  # noqa: BLE001 - the child must reach os._exit
         _print_exc()
     finally:
@@ -254,6 +255,40 @@ def _become(request: dict[str, Any], base_path: list[str]) -> None:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
         sys.modules["torch"].seed()
+
+
+def _cuda_lost() -> str | None:
+    """Why this child can't use the CUDA its controller sees, or None if it can.
+
+    Something in the server (a pipeline module asking torch.cuda.is_available() at import, without the
+    server's NVML check, say) initialised the driver before the fork; the worker would find no GPU and
+    train on the CPU, a valid-looking result for the wrong device."""
+    try:
+        import torch
+
+        available = torch.cuda.is_available()
+        count = torch.cuda.device_count() if available else 0
+        if count > 0:
+            return None
+        why = f"torch.cuda.is_available() is {available}, device_count() is {count}"
+    except Exception as e:  # noqa: BLE001 - any failure to reach CUDA is the answer
+        why = f"{type(e).__name__}: {e}"
+    return (f"the warm fork lost CUDA ({why}, though the controller sees a GPU): something initialised CUDA "
+            "in the warm server before the fork, e.g. a CUDA call at import time in the pipeline's module; "
+            "run with --cold-start to start every trial as a fresh interpreter")
+
+
+def _fail_cuda_lost(argv: list[str], message: str) -> int:
+    """End the trial as the worker ends a crash (verdict, stderr line, exit code), marked CUDA_LOST_CAUSE
+    so the launcher can retry it cold. Never run it: on the CPU it would measure the wrong machine."""
+    from autotune.core.errors import exit_code_for
+    from autotune.core.files import write_json_atomic
+
+    if "--out" in argv[:-1]:
+        verdict = {"status": "error", "message": message, "cause": CUDA_LOST_CAUSE}
+        write_json_atomic(argv[argv.index("--out") + 1], verdict)
+    print(f"autotune trial: error: {message}", file=sys.stderr)
+    return exit_code_for("error")
 
 
 def _run_trial(argv: list[str]) -> int:

@@ -32,13 +32,17 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     from autotune.trial.harness import build
 
     launched = float(os.environ.get(LAUNCH_TIME_ENV, 0)) or _process_start_time()
-    h = build(cfg)
+    h = build(cfg, endless=True)  # one loader iterator for the whole trial: no restart between epochs
     step, device, rank, world = h.step, h.device, h.rank, h.world
     stream = h.batches()
     startup_s = time.time() - launched
     losses: list[float] = []
-    for _ in range(cfg.warmup_steps):  # warm-up: allocator, cudnn autotune, loader start-up, compile
+    # Warm-up: allocator, cudnn autotune, loader start-up, and torch.compile's compilation, which is
+    # reported (warmup_s) apart from the steady state, and kept out of the timed window below.
+    t_warm = measure.now(device)
+    for _ in range(cfg.warmup_steps):
         losses.append(step(next(stream)))
+    warmup_s = measure.now(device) - t_warm
 
     measure.reset_peak_memory(device)
     step_times: list[float] = []
@@ -67,10 +71,17 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     samples = len(step_times) * cfg.batch_size
     peak = measure.peak_memory_bytes(device)
     if world > 1:  # global throughput: all ranks' samples over the slowest rank's time
-        t = torch.tensor([elapsed, float(peak)], dtype=torch.float64, device=device)
+        t = torch.tensor([elapsed, float(peak), warmup_s], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        elapsed, peak = float(t[0]), int(t[1])
+        elapsed, peak, warmup_s = float(t[0]), int(t[1]), float(t[2])
         samples *= world
+    gpu_util, util_errors = util.mean, util.errors
+    if world > 1:  # each rank sampled its own GPU: the mean over the ranks that got samples
+        u = torch.tensor([gpu_util or 0.0, float(gpu_util is not None), float(util_errors)],
+                         dtype=torch.float64, device=device)
+        dist.all_reduce(u)  # SUM
+        gpu_util = float(u[0] / u[1]) if u[1] else None
+        util_errors = int(u[2])
 
     if profile_out is not None:  # every rank steps (DDP's all-reduce needs them all); rank 0 writes
         _profile(step, stream, profile_out if rank == 0 else None)
@@ -82,10 +93,13 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         step_time_p90=measure.percentile(step_times, 0.9),
         data_wait_fraction=sum(waits) / sum(step_times),
         peak_memory_bytes=peak,
-        gpu_util=util.mean,
+        gpu_util=gpu_util,
+        gpu_util_errors=util_errors,
+        gpu_util_error=util.first_error,
         loss_first=losses[0],
         loss_last=losses[-1],
         startup_s=startup_s,
+        warmup_s=warmup_s,
         timed_steps=len(step_times),
         world_size=world,
         device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
@@ -141,16 +155,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
     from autotune.core.configfile import load_config
-    from autotune.trial.harness import NonFiniteLoss
+    from autotune.trial.harness import NonFiniteLoss, is_out_of_memory, oom_message
 
     rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
     # Rank 0 owns result.json; another rank that fails leaves its own verdict beside it.
     out = args.out if rank == 0 else args.out.with_name(f"{args.out.name}.rank{rank}")
 
     def fail(status: str, message: str) -> int:
         write_json_atomic(out, {"status": status, "message": message})
         print(f"autotune trial: {status}: {message}", file=sys.stderr)
-        return exit_code_for(status)
+        code = exit_code_for(status)
+        if world > 1:
+            _exit_now(code)
+        return code
 
     try:
         cfg = load_config(args.config)
@@ -167,10 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()  # the item's own traceback (a loader worker's too) stays in the log
         return fail("data", e.summary)
     except Exception as e:
-        if "torch" in sys.modules and isinstance(e, sys.modules["torch"].OutOfMemoryError):
-            traceback.print_exc()
-            return fail("oom", str(e).splitlines()[0] if str(e) else "out of memory")
         traceback.print_exc()  # kept in the trial log
+        if is_out_of_memory(e):
+            return fail("oom", oom_message(e))
         return fail("error", f"{type(e).__name__}: {e}")
     if rank == 0:
         write_json_atomic(args.out, result.to_dict())
@@ -178,6 +195,16 @@ def main(argv: list[str] | None = None) -> int:
               f"data wait {result.data_wait_fraction:.0%}, peak {result.peak_memory_bytes / 2**20:.0f} MiB")
     _shutdown()
     return ExitCode.OK
+
+
+def _exit_now(code: int) -> None:
+    """End a failed DDP rank at once, its verdict already written. Its peers wait for it in a collective,
+    and an ordinary interpreter exit can block (NCCL's process-group teardown waiting on its watchdog,
+    a thread left running): they would hang until the trial's timeout. Once this process is gone,
+    torchrun sees the failure and tears the other ranks down."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _shutdown() -> None:

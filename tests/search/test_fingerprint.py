@@ -12,6 +12,7 @@ import torch
 
 from autotune.core.config import TrialConfig
 from autotune.search.fingerprint import COMPARED, differences, fingerprint
+from tests.trial.test_nvml import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 CFG = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=96)
 
@@ -40,6 +41,7 @@ def test_fingerprint_of_this_machine() -> None:
         assert fp["cpu_model"] == model
     if not torch.cuda.is_available():
         assert (fp["gpu_names"], fp["gpu_count"], fp["driver"], fp["cuda"]) == ([], 0, None, None)
+        assert (fp["gpu_memory"], fp["gpu_mig"], fp["cudnn"]) == ([], [], None)
     else:  # pragma: no cover - on a GPU machine
         assert fp["gpu_count"] == torch.cuda.device_count() == len(fp["gpu_names"])
         assert fp["cuda"] == torch.version.cuda
@@ -95,8 +97,9 @@ def test_fingerprint_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- differences ------------------------------------------------------------------------------------
 
-BASE = {"gpu_names": ["A100"], "gpu_count": 1, "driver": "535", "cpu_model": "EPYC", "cpu_cores": 32,
-        "torch": "2.5.0", "cuda": "12.4", "pipeline": "unet", "image_size": 128, "host": "node-1"}
+BASE = {"gpu_names": ["A100"], "gpu_count": 1, "gpu_memory": [40 * 2**30], "gpu_mig": ["off"], "driver": "535",
+        "cpu_model": "EPYC", "cpu_cores": 32, "torch": "2.5.0", "cuda": "12.4", "cudnn": 90100, "pipeline": "unet",
+        "image_size": 128, "host": "node-1"}
 
 
 def test_identical_fingerprints_have_no_differences() -> None:
@@ -106,6 +109,10 @@ def test_identical_fingerprints_have_no_differences() -> None:
 @pytest.mark.parametrize("key, new", [
     ("gpu_names", ["H100"]), ("gpu_count", 2), ("cpu_model", "Xeon"), ("cpu_cores", 16), ("torch", "2.6.0"),
     ("cuda", "12.8"), ("pipeline", "pkg:make"), ("image_size", 256),
+    ("cudnn", 90300),  # another cuDNN: other kernels, other heuristics
+    ("gpu_mig", ["NVIDIA A100-SXM4-40GB MIG 3g.20gb"]),  # a MIG slice is not the whole GPU
+    ("gpu_mig", ["on"]),
+    ("gpu_memory", [80 * 2**30]),  # the 80 GB A100, same name on some drivers
 ])
 def test_each_compared_key_is_named(key: str, new: object) -> None:
     diff = differences(BASE, {**BASE, key: new})
@@ -127,3 +134,73 @@ def test_a_missing_compared_key_is_a_difference() -> None:
     old = {k: v for k, v in BASE.items() if k != "image_size"}  # recorded before the key existed
     diff = differences(old, BASE)
     assert len(diff) == 1 and diff[0].startswith("image_size:") and "None" in diff[0]
+
+
+def test_a_fingerprint_from_before_the_new_keys_still_compares() -> None:
+    """Recorded by an older autotune: no cudnn, gpu_memory, gpu_mig. Unknown is not different."""
+    old = {k: v for k, v in BASE.items() if k not in ("cudnn", "gpu_memory", "gpu_mig")}
+    assert differences(old, BASE) == []
+
+
+def test_per_gpu_values_nvml_could_not_read_are_unknown() -> None:
+    assert differences({**BASE, "gpu_memory": [None], "gpu_mig": [None]}, BASE) == []
+    assert differences(BASE, {**BASE, "gpu_memory": [None], "gpu_mig": [None]}) == []
+    diff = differences({**BASE, "gpu_count": 2, "gpu_memory": [None, None]}, BASE)  # a GPU fewer: named
+    assert sorted(d.split(":", 1)[0] for d in diff) == ["gpu_count", "gpu_memory"]
+
+
+# --- what NVML tells of the GPUs ----------------------------------------------------------------------
+
+def gpu_machine(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, names: list[str]) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: names[i])
+    monkeypatch.setattr(torch._C._cudnn, "getVersionInt", lambda: 90300)  # what cudnn.version() reads
+
+
+def test_fingerprint_records_memory_mig_and_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    gpu_machine(monkeypatch, FakeNvml([FakeGpu(UUID_A, memory=80 * 2**30, mig_mode=None),
+                                       FakeGpu(UUID_B, memory=40 * 2**30)]), ["A100 40GB", "V100"])
+    fp = fingerprint(CFG)
+    assert fp["gpu_memory"] == [40 * 2**30, 80 * 2**30]  # in CUDA's order: NVML's GPU 1 first
+    assert fp["gpu_mig"] == ["off", "off"]  # MIG disabled; MIG not supported at all
+    assert fp["cudnn"] == 90300
+    assert not torch.cuda.is_initialized()
+    json.dumps(fp)
+
+
+def test_fingerprint_tells_a_mig_slice_from_the_whole_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = FakeGpu(UUID_A, memory=40 * 2**30, mig_mode=1, name="NVIDIA A100-SXM4-40GB")
+    mig = FakeGpu("MIG-5c4d3e2f-cccc-4a5b-8c7d-222222222222", memory=5 * 2**30, parent=whole,
+                  name="NVIDIA A100-SXM4-40GB MIG 1g.5gb")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mig.uuid)
+    gpu_machine(monkeypatch, FakeNvml([whole], slices=(mig,)), ["NVIDIA A100-SXM4-40GB MIG 1g.5gb"])
+    on_slice = fingerprint(CFG)
+    assert on_slice["gpu_memory"] == [5 * 2**30] and on_slice["gpu_mig"] == ["NVIDIA A100-SXM4-40GB MIG 1g.5gb"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    whole.mig_mode = 0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA A100-SXM4-40GB")
+    diff = differences(on_slice, fingerprint(CFG))
+    assert {d.split(":", 1)[0] for d in diff} == {"gpu_names", "gpu_memory", "gpu_mig"}
+
+
+def test_driver_from_an_old_pynvml_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpu_machine(monkeypatch, FakeNvml([FakeGpu(UUID_A)], driver="470.82.01", bytes=True), ["T4"])
+    fp = fingerprint(CFG)
+    assert fp["driver"] == "470.82.01"  # not "b'470.82.01'"
+    assert fp["gpu_memory"] == [80 * 2**30] and fp["gpu_mig"] == ["off"]
+
+
+def test_fingerprint_without_nvml_leaves_per_gpu_values_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu_machine(monkeypatch, FakeNvml([], init_fails=True), ["A100", "A100"])
+    fp = fingerprint(CFG)
+    assert fp["gpu_memory"] == [None, None] and fp["gpu_mig"] == [None, None] and fp["driver"] is None
+
+
+def test_cudnn_version_is_the_one_torch_reports() -> None:
+    from autotune.search import fingerprint as module
+
+    assert module._cudnn() == torch.backends.cudnn.version()  # safe to call here: no CUDA to check

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from autotune.search import locks
+from tests.trial.test_nvml import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REAL_CUDA_DEVICES = locks._cuda_devices  # cached: cleared around every test
@@ -34,6 +36,24 @@ def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def gpus(monkeypatch: pytest.MonkeyPatch, *ids: str) -> None:
     monkeypatch.setattr(locks, "_cuda_devices", lambda: tuple(ids))
+
+
+def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], init_fails=True))
+
+
+def two_cuda_gpus(monkeypatch: pytest.MonkeyPatch, visible: str | None) -> FakeNvml:
+    """A machine with two GPUs that NVML knows by UUID; this search sees `visible` of them."""
+    fake = FakeNvml([FakeGpu(UUID_A), FakeGpu(UUID_B)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2 if visible is None else len(visible.split(",")))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    REAL_CUDA_DEVICES.cache_clear()
+    return fake
 
 
 class Holder:
@@ -181,6 +201,7 @@ def test_multi_gpu_lease_waits_for_every_device(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_cuda_device_list_names_physical_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_nvml(monkeypatch)  # without NVML the ids stay CUDA_VISIBLE_DEVICES's own
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -191,6 +212,7 @@ def test_cuda_device_list_names_physical_devices(monkeypatch: pytest.MonkeyPatch
 
 
 def test_visible_devices_of_two_searches_do_not_collide(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    no_nvml(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
@@ -202,4 +224,164 @@ def test_no_cuda_means_a_cpu_lease(lock_dir: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # set, but there is no device
     with locks.device_lock(1):
-        assert [p.name for p in lock_dir.iterdir()] == ["cpu.lock"]
+        assert not any(p.name.startswith("gpu-") for p in lock_dir.iterdir())
+        assert (lock_dir / "cpu.lock").is_file()
+
+
+# --- one physical GPU, however a search names it ---------------------------------------------------
+
+@pytest.mark.parametrize("visible, want", [
+    (None, (UUID_A, UUID_B)),
+    ("1", (UUID_B,)),
+    (UUID_B, (UUID_B,)),
+    (UUID_B[:12], (UUID_B,)),  # CUDA takes an unambiguous UUID prefix
+    ("1,0", (UUID_B, UUID_A)),
+])
+def test_devices_are_named_by_uuid(monkeypatch: pytest.MonkeyPatch, visible: str | None,
+                                   want: tuple[str, ...]) -> None:
+    two_cuda_gpus(monkeypatch, visible)
+    assert locks._cuda_devices() == want
+
+
+def test_same_gpu_by_index_and_by_uuid_excludes(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    two_cuda_gpus(monkeypatch, "1")  # one search names NVML's GPU 1 by index ...
+    with locks.device_lock(1):
+        two_cuda_gpus(monkeypatch, UUID_B)  # ... another by its UUID
+        waiting = Holder()
+        assert not waiting.entered.wait(0.5)  # the same device: it waits its turn
+        assert [p.name for p in lock_dir.glob("gpu-*")] == [f"gpu-{UUID_B}.lock"]
+    assert waiting.entered.wait(10)
+    waiting.finish()
+
+
+def test_other_gpu_by_uuid_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    two_cuda_gpus(monkeypatch, "1")
+    with locks.device_lock(1):
+        two_cuda_gpus(monkeypatch, UUID_A)
+        other = Holder()
+        assert other.entered.wait(5)
+        other.finish()
+
+
+def test_old_style_mig_uuid_is_a_file_name(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus(monkeypatch, f"MIG-{UUID_A}/1/0")  # R450-era MIG UUIDs name the instance with slashes
+    with locks.device_lock(1):
+        assert (lock_dir / f"gpu-MIG-{UUID_A}_1_0.lock").is_file()
+
+
+# --- the folder is shared by every user -------------------------------------------------------------
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)  # the usual umask: what mkdir/open alone would leave is not shareable
+    yield
+    os.umask(old)
+
+
+def test_lock_folder_is_world_writable_and_sticky(lock_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  umask_022: None) -> None:
+    locks.lock_dir()
+    mode = os.stat(lock_dir).st_mode
+    assert stat.S_IMODE(mode) == 0o1777 and mode & stat.S_ISVTX
+    gpus(monkeypatch, "0")
+    with locks.device_lock(1):
+        pass
+    for name in ("cpu.lock", "cpu.mutex", "gpu-0.lock"):
+        assert stat.S_IMODE(os.stat(lock_dir / name).st_mode) == 0o666, name
+
+
+def test_a_folder_someone_chose_is_left_as_it_is(lock_dir: Path, umask_022: None) -> None:
+    lock_dir.mkdir(parents=True, mode=0o700)  # AUTOTUNE_LOCK_DIR: a private folder, on purpose
+    locks.lock_dir()
+    assert stat.S_IMODE(os.stat(lock_dir).st_mode) == 0o700
+
+
+def test_lock_files_of_another_user_are_opened_without_o_creat(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fs.protected_regular refuses an O_CREAT open of another user's file in a sticky folder: an
+    existing lock file must be opened without it."""
+    cpu_only(monkeypatch)
+    with locks.device_lock(1):  # creates the files
+        pass
+    real_open = os.open
+
+    def protected(path: object, flags: int, *args: object) -> int:
+        if flags & os.O_CREAT and os.path.exists(str(path)):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", protected)
+    with locks.device_lock(1) as lease:
+        pass
+    assert lease.contended is False
+
+
+# --- GPU trials share the CPUs: their contention is metered too --------------------------------------
+
+def test_a_gpu_lease_overlapped_by_a_cpu_lease_is_contended(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus(monkeypatch, "0")
+    with locks.device_lock(1) as gpu_lease:
+        assert gpu_lease.contended is False  # alone at its start
+        cpu_only(monkeypatch)  # another search's CPU trial starts, and ends, meanwhile
+        cpu = Holder()
+        assert cpu.entered.wait(5)
+        assert cpu.lease is not None and cpu.lease.contended is True
+        cpu.finish()
+    assert gpu_lease.contended is True
+
+
+def test_gpu_leases_on_two_devices_share_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus(monkeypatch, "0")
+    with locks.device_lock(1) as first:
+        gpus(monkeypatch, "1")
+        second = Holder()
+        assert second.entered.wait(5)  # not serialised: another device ...
+        assert second.finish().contended is True  # ... but the same CPUs
+    assert first.contended is True
+
+
+def test_a_short_lease_inside_a_long_one_flags_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The long trial is alone at its start and at its end; the short one ran in between."""
+    cpu_only(monkeypatch)
+    with locks.device_lock(1) as outer:
+        inner = Holder()
+        assert inner.entered.wait(5)
+        assert inner.finish().contended is True
+        assert outer.contended is False  # known at release
+    assert outer.contended is True
+    with locks.device_lock(1) as after:  # both gone: alone again
+        pass
+    assert after.contended is False
+
+
+def test_a_short_lease_inside_a_long_one_across_processes(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(monkeypatch)
+    code = ("from autotune.search import locks\n"
+            "locks._cuda_devices = lambda: ()\n"
+            "with locks.device_lock(1) as lease:\n"
+            "    pass\n"
+            "print(lease.contended, flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "AUTOTUNE_LOCK_DIR": str(lock_dir)}
+    with locks.device_lock(1) as outer:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["True"]
+    assert outer.contended is True
+
+
+def test_sequential_leases_stay_uncontended_and_the_file_small(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(monkeypatch)
+    for _ in range(20):
+        with locks.device_lock(1) as lease:
+            pass
+        assert lease.contended is False
+    assert (lock_dir / "cpu.lock").stat().st_size == 0  # emptied by each last holder
+
+
+def test_a_failing_trial_still_releases_its_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(monkeypatch)
+    with pytest.raises(RuntimeError):
+        with locks.device_lock(1):
+            raise RuntimeError("trial failed")
+    with locks.device_lock(1) as lease:
+        pass
+    assert lease.contended is False

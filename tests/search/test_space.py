@@ -284,10 +284,14 @@ def test_detect_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another machine gives another answer: nothing is assumed."""
     import torch
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 96)
+    import autotune.search.space as space_module
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)))
+    monkeypatch.setattr(space_module, "CGROUP_CPU_MAX", Path("/nonexistent/cpu.max"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert Hardware.detect() == Hardware(cuda=True, gpu_count=4, cpu_count=96, apex=False)
+    monkeypatch.delattr(os, "sched_getaffinity")
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one core, not a crash
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
 
-from autotune.trial import knobs
+from autotune.trial import harness, knobs
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.pipelines.unet.pipeline import UnetPipeline
@@ -41,11 +41,35 @@ def test_num_threads_reaches_torch() -> None:
     assert applied["num_threads"] == {"requested": 1, "in_effect": 1}
 
 
-def test_num_threads_zero_keeps_torch_default() -> None:
+def test_num_threads_zero_keeps_torch_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)  # a plain process, not a torchrun rank
     before = torch.get_num_threads()
     applied = knobs.setup_process(TrialConfig(num_threads=0), CPU)
     assert torch.get_num_threads() == before
     assert applied["num_threads"]["in_effect"] == before and applied["num_threads"]["why"]
+
+
+@pytest.mark.parametrize("cpus, local_world, want", [(8, 2, 4), (8, 3, 2), (2, 2, 1), (2, 4, 1)])
+def test_num_threads_zero_shares_the_cores_among_torchrun_ranks(
+        monkeypatch: pytest.MonkeyPatch, cpus: int, local_world: int, want: int) -> None:
+    # What torchrun gives every rank: its own OMP_NUM_THREADS=1 and the world sizes.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("WORLD_SIZE", str(local_world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+    monkeypatch.setattr(knobs.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    torch.set_num_threads(1)
+    applied = knobs.setup_process(TrialConfig(num_threads=0), CPU)
+    assert torch.get_num_threads() == want  # conftest restores the count after the test
+    assert applied["num_threads"]["in_effect"] == want and f"{local_world} ranks" in applied["num_threads"]["why"]
+
+
+def test_num_threads_set_explicitly_wins_under_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(knobs.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert knobs.setup_process(TrialConfig(num_threads=3), CPU)["num_threads"] == {"requested": 3, "in_effect": 3}
+    assert torch.get_num_threads() == 3
 
 
 @pytest.mark.parametrize("on", [True, False])
@@ -103,8 +127,57 @@ def test_loader_shards_across_ranks() -> None:
 
 
 def test_loader_refuses_a_dataset_smaller_than_one_global_batch() -> None:
+    # Epoch-sized (`autotune train`): drop_last would leave no batch at all in an epoch.
     with pytest.raises(ConfigError, match="fewer than one global batch"):
         knobs.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 2, CPU)
+
+
+# --- the endless sampler (trials) -----------------------------------------------------------------
+
+def test_endless_loader_is_one_iterator_across_epochs() -> None:
+    from tests.trial.cuda_fault_pipelines import WorkerPid
+
+    def five_batches(endless: bool) -> tuple[list[int], set[int]]:
+        loader, _ = knobs.build_loader(WorkerPid(6), TrialConfig(batch_size=4, num_workers=1), 0, 1, CPU, endless)
+        stream = harness.batches(loader)
+        got = [next(stream) for _ in range(5)]
+        return torch.cat([i for i, _ in got]).tolist(), {pid for _, pids in got for pid in pids.tolist()}
+
+    items, pids = five_batches(endless=True)  # 20 items from a dataset of 6: over three epochs
+    assert len(pids) == 1, pids  # the one worker served every epoch: the loader never restarted
+    for e in range(3):
+        assert sorted(items[6 * e: 6 * e + 6]) == list(range(6))  # each epoch is a whole permutation
+    _, restarted = five_batches(endless=False)  # the epoch-sized loader: a new worker each epoch
+    assert len(restarted) == 5
+
+
+def test_endless_loader_takes_a_batch_larger_than_the_dataset() -> None:
+    loader, applied = knobs.build_loader(dataset(6), TrialConfig(batch_size=8, seed=2), 0, 1, CPU, endless=True)
+    x, _ = next(harness.batches(loader))
+    assert x.shape[0] == 8
+    assert applied["sampler"]["in_effect"] == "EndlessShuffle(seed=2)"
+
+
+@pytest.mark.parametrize("n", [6, 7])
+def test_endless_shards_are_disjoint_and_match_distributed_sampler(n: int) -> None:
+    ranks = [knobs.EndlessShuffle(n, seed=5, rank=r, world=2) for r in range(2)]
+    for e in range(3):
+        shards = [s.epoch(e) for s in ranks]
+        assert not set(shards[0]) & set(shards[1]) and len(shards[0]) == len(shards[1]) == n // 2
+        for r, shard in enumerate(shards):
+            ref = DistributedSampler(range(n), num_replicas=2, rank=r, shuffle=True, seed=5, drop_last=True)
+            ref.set_epoch(e)
+            assert shard == list(ref)
+    # The stream is the epochs one after the other.
+    it = iter(ranks[1])
+    assert [next(it) for _ in range(3 * (n // 2))] == sum((ranks[1].epoch(e) for e in range(3)), [])
+
+
+@pytest.mark.parametrize("n, world, words", [(3, 4, "3 samples, fewer than the 4 ranks"), (0, 1, "0 samples;")])
+def test_endless_shuffle_refuses_an_empty_shard(n: int, world: int, words: str) -> None:
+    # It would spin forever without yielding an index.
+    with pytest.raises(ConfigError, match=words):
+        knobs.EndlessShuffle(n, seed=0, rank=0, world=world)
 
 
 def test_to_device_channels_last() -> None:

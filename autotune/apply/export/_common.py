@@ -30,5 +30,15 @@ def accelerator(device: str | None) -> str:
 
 def optimizer_expr(cfg: TrialConfig, params: str) -> str:
     if cfg.optimizer_fusion == "apex":
-        return f"apex.optimizers.FusedAdam({params}, lr={cfg.lr!r}, adam_w_mode=True)"
+        # apex's weight decay defaults to 0 and its zero_grad() takes no set_to_none: both go here.
+        return (f"apex.optimizers.FusedAdam({params}, lr={cfg.lr!r}, adam_w_mode=True, weight_decay=0.01, "
+                f"set_grad_none={cfg.set_to_none!r})")
     return f"torch.optim.AdamW({params}, lr={cfg.lr!r}, {_ADAMW_KW[cfg.optimizer_fusion]})"
+
+
+def zero_grad_call(cfg: TrialConfig) -> str:
+    """apex's FusedAdam.zero_grad() takes no arguments (set_grad_none was given to its constructor)."""
+    if cfg.optimizer_fusion == "apex":
+        return "optimizer.zero_grad()" if cfg.set_to_none else \
+            "torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)"
+    return f"optimizer.zero_grad(set_to_none={cfg.set_to_none!r})"

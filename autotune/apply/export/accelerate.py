@@ -5,7 +5,7 @@ from typing import Any
 
 import yaml
 
-from autotune.apply.export._common import knob_table, optimizer_expr
+from autotune.apply.export._common import knob_table, optimizer_expr, zero_grad_call
 from autotune.core.config import TrialConfig
 
 _ACC_PRECISION = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}
@@ -55,7 +55,7 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         else "off: no dynamo_config",
         "persistent_workers": f"{in_script}, DataLoader(persistent_workers=...)",
         "prefetch_factor": f"{in_script}, DataLoader(prefetch_factor=...)",
-        "set_to_none": f"{in_script}, optimizer.zero_grad(set_to_none={cfg.set_to_none})",
+        "set_to_none": f"{in_script}, {zero_grad_call(cfg)}",
         "num_threads": f"{in_script}, torch.set_num_threads({cfg.num_threads})" if cfg.num_threads
         else "0 = torch's default; nothing to set",
     }

@@ -1,7 +1,7 @@
 """Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and hooks for the rest."""
 from __future__ import annotations
 
-from autotune.apply.export._common import accelerator, knob_table, optimizer_expr
+from autotune.apply.export._common import accelerator, knob_table, optimizer_expr, zero_grad_call
 from autotune.core.config import TrialConfig
 
 _LIGHTNING_PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
@@ -53,7 +53,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         f"        return {optimizer_expr(cfg, 'self.parameters()')}",
         "",
         "    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):",
-        f"        optimizer.zero_grad(set_to_none={cfg.set_to_none!r})  # set_to_none",
+        f"        {zero_grad_call(cfg)}  # set_to_none={cfg.set_to_none!r}",
     ]
     if cfg.channels_last:
         hooks += [

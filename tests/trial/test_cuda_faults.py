@@ -1,0 +1,231 @@
+"""The GPU paths of a trial, on a machine without one: apex's FusedAdam (a fake with apex's own
+signatures), out-of-memory errors as cuBLAS, cuDNN, NCCL and the pin-memory thread raise them (through
+the real worker process, one DDP rank alone too), DDP ranks' thread count, the warm-up's time (where
+torch.compile compiles) and a dataset smaller than a batch."""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+from autotune.core import errors
+from autotune.core.config import TrialConfig, TrialResult
+from autotune.trial import harness, knobs, launcher
+from autotune.trial import worker as trial
+from tests.conftest import wait_until_gone
+from tests.trial import cuda_fault_pipelines as faults
+
+pytestmark = pytest.mark.usefixtures("repo_on_path")
+
+PIPELINES = "tests.trial.cuda_fault_pipelines"
+
+
+def cfg(pipeline: str = "tests.fault_pipelines:tiny", **changes: Any) -> TrialConfig:
+    return TrialConfig(pipeline=pipeline, batch_size=4, warmup_steps=1, timed_steps=4, window=2).replace(**changes)
+
+
+@pytest.fixture
+def inproc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker.run in this process, as a plain (not torchrun) process."""
+    monkeypatch.delenv(trial.LAUNCH_TIME_ENV, raising=False)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+# --- apex: a fake package with apex's signatures ---------------------------------------------------
+
+FAKE_FUSED_ADAM = '''
+import torch
+
+
+class FusedAdam(torch.optim.AdamW):
+    """apex/optimizers/fused_adam.py's constructor and zero_grad(), on torch's AdamW maths (CPU)."""
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
+                 weight_decay=0., amsgrad=False, set_grad_none=True, capturable=False, master_weights=False):
+        if amsgrad:
+            raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.adam_w_mode, self.weight_decay, self.set_grad_none = adam_w_mode, weight_decay, set_grad_none
+        self.zero_grad_calls = 0
+
+    def zero_grad(self):  # apex's: no set_to_none; given one, Python raises TypeError
+        self.zero_grad_calls += 1
+        if self.set_grad_none:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+        else:
+            super().zero_grad()  # torch's default: set_to_none=True
+'''
+
+
+def write_fake_apex(root: Path, with_kernels: bool = True) -> Path:
+    (root / "apex" / "optimizers").mkdir(parents=True)
+    (root / "apex" / "__init__.py").write_text("")
+    (root / "apex" / "optimizers" / "__init__.py").write_text(FAKE_FUSED_ADAM)
+    if with_kernels:
+        (root / "amp_C.py").write_text("multi_tensor_adam = None  # the compiled kernels, faked\n")
+    return root
+
+
+@pytest.fixture
+def fake_apex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    root = write_fake_apex(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    for name in ("apex", "apex.optimizers", "amp_C"):  # later tests must see apex absent again
+        sys.modules.pop(name, None)
+
+
+def test_fake_apex_is_detected_and_only_with_its_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(write_fake_apex(tmp_path / "python_only", with_kernels=False)))
+    try:
+        assert knobs.apex_available() is False  # a Python-only build: no amp_C
+        (tmp_path / "python_only" / "amp_C.py").write_text("")
+        import importlib
+
+        importlib.invalidate_caches()
+        assert knobs.apex_available() is True
+    finally:
+        for name in ("apex", "apex.optimizers", "amp_C"):
+            sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_apex_trains_through_the_harness(fake_apex: Path, monkeypatch: pytest.MonkeyPatch, set_to_none: bool) -> None:
+    # The CUDA gate (this machine has none); raising=False: a knobs without the gate still gets here.
+    monkeypatch.setattr(knobs, "apex_runs_on", lambda device: True, raising=False)
+    h = harness.build(cfg(optimizer_fusion="apex", set_to_none=set_to_none))
+    stream = h.batches()
+    before = [p.detach().clone() for p in h.model.parameters()]
+    losses = [h.step(next(stream)) for _ in range(2)]  # zero_grad(set_to_none=...) would be a TypeError
+    assert all(math.isfinite(v) for v in losses)
+    assert all(not torch.equal(a, b) for a, b in zip(before, h.model.parameters()))
+    opt = h.optimizer
+    assert type(opt).__module__ == "apex.optimizers" and type(opt).__name__ == "FusedAdam"
+    assert opt.set_grad_none is set_to_none and opt.adam_w_mode is True
+    # The same training as torch's AdamW: its default weight decay, which apex's default (0) is not.
+    adamw_default = inspect.signature(torch.optim.AdamW).parameters["weight_decay"].default
+    assert opt.weight_decay == adamw_default == 0.01
+    grads = [p.grad for p in h.model.parameters()]
+    if set_to_none:
+        assert opt.zero_grad_calls == 2 and all(g is None for g in grads)
+    else:  # apex's own zero_grad() would set them to None anyway (torch's default): the request holds
+        assert all(g is not None and not g.any() for g in grads)
+    assert h.applied["optimizer_fusion"]["in_effect"].startswith("apex.FusedAdam(")
+    assert h.applied["set_to_none"] == {"requested": set_to_none, "in_effect": set_to_none}
+
+
+def test_torch_adamw_gets_the_same_weight_decay() -> None:
+    opt, _ = knobs.build_optimizer(torch.nn.Linear(2, 2).parameters(), TrialConfig())
+    assert opt.defaults["weight_decay"] == knobs.WEIGHT_DECAY == 0.01
+
+
+def test_apex_without_cuda_is_unsupported(fake_apex: Path) -> None:
+    with pytest.raises(errors.TrialUnsupported, match="apex needs a CUDA device"):
+        harness.build(cfg(optimizer_fusion="apex"))
+
+
+# --- out of memory, as each library says it -------------------------------------------------------
+
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError(faults.CUBLAS), RuntimeError(faults.CUDNN8), RuntimeError(faults.CUDNN9),
+    torch.distributed.DistBackendError(faults.NCCL), faults.pin_thread_error(),
+], ids=["torch", "cublas", "cudnn8", "cudnn9", "nccl", "pin_thread"])
+def test_out_of_memory_is_recognised(error: BaseException) -> None:
+    assert harness.is_out_of_memory(error)
+    assert "out of memory" in harness.oom_message(error).lower() or "ALLOC" in harness.oom_message(error)
+
+
+@pytest.mark.parametrize("error", [
+    torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."),
+    RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, ...)`"),
+    RuntimeError("out of memory"),  # not a library's words: no library says only this
+    torch.distributed.DistBackendError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"),
+    ValueError("CUDA error: out of memory"),  # no library raises that type
+], ids=["illegal_access", "cudnn_not_supported", "cublas_execution", "bare_words", "dist_peer_gone", "not_runtime"])
+def test_other_errors_are_not_out_of_memory(error: BaseException) -> None:
+    assert not harness.is_out_of_memory(error)
+
+
+def test_pin_thread_message_names_the_allocation() -> None:
+    e = faults.pin_thread_error()
+    assert str(e).startswith("Caught AcceleratorError in pin memory thread")  # what the trial log shows first
+    assert harness.oom_message(e) == ("torch.AcceleratorError: CUDA error: out of memory "
+                                      "(Caught AcceleratorError in pin memory thread for device 0.)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["cublas", "cudnn9", "nccl", "pin"])
+def test_worker_classifies_library_oom_as_trial_oom(tmp_path: Path, kind: str) -> None:
+    with pytest.raises(errors.TrialOOM) as info:
+        launcher.run_trial(cfg(f"{PIPELINES}:{kind}"), tmp_path / "t", timeout_s=120)
+    assert "ALLOC" in str(info.value) or "out of memory" in str(info.value)
+    assert "Traceback" in info.value.log_tail  # the whole error stays in the log
+
+
+@pytest.mark.slow
+def test_worker_keeps_other_cuda_errors_a_crash(tmp_path: Path) -> None:
+    with pytest.raises(errors.TrialCrashed, match="illegal memory access"):
+        launcher.run_trial(cfg(f"{PIPELINES}:illegal"), tmp_path / "t", timeout_s=120)
+
+
+@pytest.mark.slow
+def test_oom_on_one_ddp_rank_ends_the_trial_promptly(tmp_path: Path) -> None:
+    trial_dir = tmp_path / "t"
+    t0 = time.monotonic()
+    with pytest.raises(errors.TrialOOM, match="CUBLAS_STATUS_ALLOC_FAILED"):
+        launcher.run_trial(cfg(f"{PIPELINES}:cublas_rank1", gpus=2), trial_dir, timeout_s=300)
+    took = time.monotonic() - t0
+    assert took < 60, f"the trial took {took:.0f} s: rank 0 waited for rank 1 in the all-reduce"
+    left = wait_until_gone(str(trial_dir))
+    assert not left, [(p.pid, p.info.get("cmdline")) for p in left]
+
+
+# --- DDP ranks' threads, warm-up time: a real 2-rank trial over gloo ----------------------------------
+
+@pytest.mark.slow
+def test_ddp_ranks_share_the_cores_and_report_warmup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    # torchrun leaves an OMP_NUM_THREADS that is set alone (and sets 1 otherwise). One that differs from
+    # the fair share makes the check below tell the two apart on any machine, a 2-core one too.
+    monkeypatch.setenv("OMP_NUM_THREADS", str(cpus // 2 + 1))
+    r = launcher.run_trial(cfg(gpus=2, timed_steps=2, window=1), tmp_path / "t", timeout_s=300)
+    assert r.world_size == 2
+    assert r.applied["num_threads"]["in_effect"] == max(1, cpus // 2)
+    assert "2 ranks" in r.applied["num_threads"]["why"]
+    assert r.warmup_s is not None and r.warmup_s > 0
+    assert r.applied["sampler"]["in_effect"] == "EndlessShuffle(seed=0, rank 0 of 2)"
+
+
+# --- warm-up time, apart from the timed steps -----------------------------------------------------
+
+def test_warmup_is_timed_apart_and_kept_out_of_samples_per_s(inproc: None) -> None:
+    c = cfg(f"{PIPELINES}:slow_warmup", warmup_steps=2, timed_steps=4, window=2)
+    r = trial.run(c)
+    assert r.warmup_s >= 2 * faults.SlowWarmup.WARMUP_SLEEP_S
+    elapsed = r.timed_steps * c.batch_size / r.samples_per_s
+    assert elapsed < r.warmup_s / 2  # the slow (compiling) steps are not in the timed window
+    # samples/s is still timed steps' samples over the timed window, which the windows tile.
+    window_s = sum(c.window * c.batch_size / w for w in r.windows)
+    assert r.samples_per_s == pytest.approx(r.timed_steps * c.batch_size / window_s, rel=0.2)
+    assert r.metrics()["warmup_s"] == r.warmup_s
+    assert TrialResult.from_dict(r.to_dict()).warmup_s == r.warmup_s
+
+
+# --- a dataset smaller than one batch -------------------------------------------------------------
+
+def test_a_batch_larger_than_the_dataset_runs_in_a_trial(inproc: None) -> None:
+    r = trial.run(cfg(f"{PIPELINES}:few_items", batch_size=8, warmup_steps=1, timed_steps=3, window=1))
+    assert r.status == "ok" and r.timed_steps == 3 and r.loss_finite  # 8-item batches from 6 items
+    assert r.applied["sampler"]["in_effect"] == "EndlessShuffle(seed=0)"

@@ -1,0 +1,271 @@
+"""autotune/trial/measure.py, NVML side: CUDA device -> NVML handle (CUDA_VISIBLE_DEVICES, UUIDs, MIG)
+and a sampler that survives NVML errors. pynvml is a fake: this machine has no GPU and no NVML.
+
+FakeNvml is shared with the search tests (locks, fingerprint, warm start)."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from autotune.trial import measure
+
+NOT_SUPPORTED, NOT_FOUND, GPU_IS_LOST = 3, 6, 15  # pynvml's NVML_ERROR_* values
+
+
+class NVMLError(Exception):
+    """pynvml.NVMLError: built from an NVML return code, str() is its text."""
+
+    def __init__(self, value: int, message: str = "") -> None:
+        super().__init__(message or f"NVML error {value}")
+        self.value = value
+
+
+@dataclass(eq=False)  # a handle: compared by identity, as NVML's are
+class FakeGpu:
+    uuid: str
+    util: list[float] = field(default_factory=lambda: [50.0])
+    capability: tuple[int, int] = (9, 0)
+    memory: int = 80 * 2**30
+    mig_mode: int | None = 0  # None: MIG not supported (pre-Ampere)
+    name: str = "NVIDIA H100"
+    parent: FakeGpu | None = None  # set on a MIG slice
+    fail_at: set[int] = field(default_factory=set)  # utilisation sample numbers that raise
+    asked: int = 0
+
+
+class FakeNvml(types.ModuleType):
+    """What autotune calls of pynvml. `gpus` are NVML's devices by index (PCI order); `slices` are MIG
+    devices, reachable by UUID only. bytes=True answers strings as old pynvml did."""
+
+    NVMLError = NVMLError
+    NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
+
+    def __init__(self, gpus: list[FakeGpu], slices: tuple[FakeGpu, ...] = (), driver: str = "550.54.15",
+                 init_fails: bool = False, bytes: bool = False) -> None:
+        super().__init__("pynvml")
+        self.gpus, self.slices, self.driver = list(gpus), list(slices), driver
+        self.init_fails, self.bytes = init_fails, bytes
+        self.sampled: list[FakeGpu] = []
+
+    def _s(self, s: str) -> Any:
+        return s.encode() if self.bytes else s
+
+    def nvmlInit(self) -> None:
+        if self.init_fails:
+            raise NVMLError(12, "NVML Shared Library Not Found")
+
+    def nvmlSystemGetDriverVersion(self) -> Any:
+        return self._s(self.driver)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(2, "Invalid Argument")
+        return self.gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any) -> FakeGpu:
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for g in self.gpus + self.slices:
+            if g.uuid == uuid:
+                return g
+        raise NVMLError(NOT_FOUND, "Not Found")
+
+    def nvmlDeviceGetUUID(self, h: FakeGpu) -> Any:
+        return self._s(h.uuid)
+
+    def nvmlDeviceGetName(self, h: FakeGpu) -> Any:
+        return self._s(h.name)
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> types.SimpleNamespace:
+        n, h.asked = h.asked, h.asked + 1
+        if n in h.fail_at:
+            raise NVMLError(GPU_IS_LOST, "GPU is lost")
+        self.sampled.append(h)
+        return types.SimpleNamespace(gpu=h.util[n % len(h.util)], memory=0)
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: FakeGpu) -> tuple[int, int]:
+        if h.parent is not None:
+            raise NVMLError(NOT_SUPPORTED, "Not Supported")  # asked of a MIG slice: ask its GPU
+        return h.capability
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> types.SimpleNamespace:
+        return types.SimpleNamespace(total=h.memory, free=h.memory, used=0)
+
+    def nvmlDeviceIsMigDeviceHandle(self, h: FakeGpu) -> int:
+        return int(h.parent is not None)
+
+    def nvmlDeviceGetMigMode(self, h: FakeGpu) -> list[int]:
+        if h.mig_mode is None or h.parent is not None:
+            raise NVMLError(NOT_SUPPORTED, "Not Supported")
+        return [h.mig_mode, h.mig_mode]
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: FakeGpu) -> FakeGpu:
+        if h.parent is None:
+            raise NVMLError(2, "Invalid Argument")
+        return h.parent
+
+
+UUID_A = "GPU-1f0e2d3c-aaaa-4b5c-8d9e-000000000000"
+UUID_B = "GPU-7a6b5c4d-bbbb-4e3f-9a1b-111111111111"
+
+
+def two_gpus(**b: Any) -> FakeNvml:
+    """NVML's GPU 0 is busy at 10 %, GPU 1 at 90 %: a sample says which one was read."""
+    return FakeNvml([FakeGpu(UUID_A, util=[10.0]), FakeGpu(UUID_B, util=[90.0], **b)])
+
+
+def no_torch_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch cannot name the device's UUID (an old torch, or no CUDA here): CUDA_VISIBLE_DEVICES decides."""
+    def fail(device: object = None) -> object:
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", fail)
+
+
+def torch_uuids(monkeypatch: pytest.MonkeyPatch, *uuids: str) -> None:
+    """torch's cuda:i has cudaDeviceProp.uuid uuids[i], printed as torch does: no GPU-/MIG- prefix."""
+    def props(device: object = None) -> types.SimpleNamespace:
+        i = device.index if isinstance(device, torch.device) else int(device)  # type: ignore[arg-type]
+        return types.SimpleNamespace(uuid=uuids[i].split("-", 1)[1], major=9, minor=0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def sample(fake: FakeNvml, device: torch.device, n: int = 3) -> measure.GpuUtilSampler:
+    with measure.GpuUtilSampler(device, interval_s=0.002) as util:
+        assert util._thread is not None, util.first_error
+        assert wait_for(lambda: len(util.samples) >= n)
+    return util
+
+
+@pytest.fixture(autouse=True)
+def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    fake = two_gpus()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    no_torch_uuid(monkeypatch)
+    return fake
+
+
+# --- which GPU is sampled ---------------------------------------------------------------------------
+
+def test_visible_index_maps_to_that_nvml_device(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA_VISIBLE_DEVICES=1: this process's cuda:0 is NVML's GPU 1, not NVML's GPU 0."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    util = sample(nvml, torch.device("cuda", 0))
+    assert set(nvml.sampled) == {nvml.gpus[1]} and util.mean == 90.0
+
+
+def test_visible_uuid_maps_to_that_nvml_device(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", UUID_B)
+    assert sample(nvml, torch.device("cuda", 0)).mean == 90.0
+
+
+def test_visible_uuid_prefix_maps_to_that_nvml_device(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{UUID_B[:12]},{UUID_A}")  # CUDA takes unambiguous prefixes
+    assert sample(nvml, torch.device("cuda", 0)).mean == 90.0
+    assert sample(nvml, torch.device("cuda", 1)).mean == 10.0
+
+
+def test_torch_uuid_wins_over_the_index_mapping(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device's own UUID is exact even where CUDA's order is not NVML's (fastest-first)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    torch_uuids(monkeypatch, UUID_B, UUID_A)  # CUDA enumerated the faster GPU 1 first
+    assert sample(nvml, torch.device("cuda", 0)).mean == 90.0
+    assert sample(nvml, torch.device("cuda", 1)).mean == 10.0
+
+
+def test_a_mig_slice_is_found_by_its_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUID_A, util=[10.0], mig_mode=1)
+    mig = FakeGpu("MIG-5c4d3e2f-cccc-4a5b-8c7d-222222222222", util=[30.0], parent=gpu)
+    fake = FakeNvml([gpu], slices=(mig,))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    torch_uuids(monkeypatch, mig.uuid)
+    assert sample(fake, torch.device("cuda", 0)).mean == 30.0 and set(fake.sampled) == {mig}
+
+
+def test_a_device_nvml_cannot_map_is_not_sampled(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ffff")  # no such GPU
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.002) as util:
+        assert util._thread is None  # rather nothing than another GPU's numbers
+    assert util.mean is None and util.first_error and "GPU-ffff" in util.first_error
+
+
+@pytest.mark.parametrize("value, want", [
+    (None, None), ("", []), ("1", ["1"]), ("3, 5", ["3", "5"]), ("1gpu,0", ["1", "0"]),
+    ("1,-1,0", ["1"]), ("1,x,0", ["1"]), ("0,0", []), (f"{UUID_A},{UUID_B}", [UUID_A, UUID_B]),
+    (f"{UUID_A},1", [UUID_A]), ("MIG-abc", ["MIG-abc"]),
+])
+def test_visible_devices_are_read_as_cuda_reads_them(monkeypatch: pytest.MonkeyPatch, value: str | None,
+                                                     want: list[str] | None) -> None:
+    if value is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert measure.visible_devices() == want
+
+
+def test_visible_handles_follow_cuda_visible_devices(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert measure.visible_handles(nvml) == nvml.gpus  # unset: all of them, NVML's order
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert measure.visible_handles(nvml) == [nvml.gpus[1], nvml.gpus[0]]
+
+
+def test_old_pynvml_bytes_are_decoded() -> None:
+    assert measure.text(b"GPU-1234") == "GPU-1234" and measure.text("550.54") == "550.54"
+
+
+# --- NVML errors while sampling ---------------------------------------------------------------------
+
+def test_an_nvml_error_costs_one_sample_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    gpu = FakeGpu(UUID_A, util=[10.0, 20.0, 30.0, 40.0], fail_at={2})  # the 3rd sample fails
+    fake = FakeNvml([gpu])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.002) as util:
+        assert wait_for(lambda: len(util.samples) >= 5)
+        assert util._thread is not None and util._thread.is_alive()  # kept going past the error
+    assert died == []  # nothing escaped the thread
+    assert util.errors == 1 and util.first_error is not None and "GPU is lost" in util.first_error
+    assert util.samples[:4] == [10.0, 20.0, 40.0, 10.0]  # the failed sample is not a number
+    assert util.mean == pytest.approx(sum(util.samples) / len(util.samples))
+
+
+def test_a_lost_gpu_gives_no_mean_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUID_A, fail_at=set(range(10_000)))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([gpu]))
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.002) as util:
+        assert wait_for(lambda: util.errors >= 3)
+    assert util.mean is None and util.samples == [] and util.errors >= 3
+    assert util.first_error is not None and "GPU is lost" in util.first_error
+
+
+def test_without_nvml_the_sampler_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], init_fails=True))
+    with measure.GpuUtilSampler(torch.device("cuda", 0)) as util:
+        assert util._thread is None
+    assert util.mean is None and util.errors == 0 and util.first_error == "NVML unavailable"
+
+
+def test_cpu_sampler_stays_a_no_op(nvml: FakeNvml) -> None:
+    with measure.GpuUtilSampler(torch.device("cpu"), interval_s=0.002) as util:
+        time.sleep(0.02)
+    assert util._thread is None and util.mean is None and util.errors == 0 and util.first_error is None
+    assert nvml.sampled == []
