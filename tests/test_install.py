@@ -19,9 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(600)
 def test_wheel_installs_beside_the_users_torch_and_searches(tmp_path: Path) -> None:
     run = lambda *cmd, **kw: subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)  # noqa: E731
-    # The wheel, built offline with the setuptools this environment has.
+    # The wheel, built offline with the setuptools this environment has, from a copy of the sources
+    # (an in-place build would leave build/ in the checkout).
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "autotune", src / "autotune", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
-                str(ROOT))
+                str(src))
     assert built.returncode == 0, built.stderr[-2000:]
     wheel = next((tmp_path / "dist").glob("autotune-*.whl"))
     # A fresh venv that sees this environment's packages (its torch, optuna, ...) but not this checkout.

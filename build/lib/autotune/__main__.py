@@ -1,5 +1,0 @@
-import sys
-
-from autotune.cli import main
-
-sys.exit(main())

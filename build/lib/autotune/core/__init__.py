@@ -1,6 +1,0 @@
-"""The core every other layer stands on: the frozen records that cross every boundary (`TrialConfig`,
-`TrialResult`, `SearchSettings`), the errors with their one exit-code table, config-file I/O (the
-native best.yaml, read and written), atomic writes, masked URLs and process-group helpers.
-
-May import: the standard library and yaml. Nothing else of autotune, never torch or optuna.
-"""

@@ -1,6 +1,0 @@
-"""The data plane: one config -> one isolated, measured process. The launcher starts it (forked from the
-warm server, plain, or under torchrun) and classifies how it ended; the worker (`python -m
-autotune.trial`) builds the pipeline through the harness, applies the knobs and measures honestly.
-
-May import: autotune.core and autotune.pipelines. Never optuna: a trial knows nothing of the search.
-"""

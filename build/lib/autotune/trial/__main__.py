@@ -1,6 +1,0 @@
-"""`python -m autotune.trial`: one trial worker (one rank under torchrun)."""
-import sys
-
-from autotune.trial.worker import main
-
-sys.exit(main())
