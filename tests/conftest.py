@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 # Before anything imports huggingface_hub (via smp): tests must never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -84,3 +84,13 @@ def wait_until_gone(marker: str, timeout_s: float = 10.0) -> list[psutil.Process
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll `cond` until it holds (True) or timeout_s passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

@@ -6,12 +6,12 @@ import sys
 import threading
 import time
 import types
-from typing import Callable
 
 import pytest
 import torch
 
 from autotune.trial import measure
+from tests.conftest import wait_for
 
 CPU = torch.device("cpu")
 
@@ -112,14 +112,6 @@ def index_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_props)
 
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_gpu_util_sampler_samples_nvml_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:

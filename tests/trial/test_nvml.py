@@ -9,12 +9,13 @@ import threading
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
 from autotune.trial import measure
+from tests.conftest import wait_for
 
 NOT_SUPPORTED, NOT_FOUND, GPU_IS_LOST = 3, 6, 15  # pynvml's NVML_ERROR_* values
 
@@ -139,14 +140,6 @@ def torch_uuids(monkeypatch: pytest.MonkeyPatch, *uuids: str) -> None:
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
 
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def sample(fake: FakeNvml, device: torch.device, n: int = 3) -> measure.GpuUtilSampler:

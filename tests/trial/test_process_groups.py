@@ -26,6 +26,7 @@ from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, NVML_CHECK_ENV
 from autotune.trial.worker import LAUNCH_TIME_ENV
 from tests.conftest import REPO_ROOT, live_processes, wait_until_gone
 from tests.fault_pipelines import HANG_S, TinyPipeline
+from tests.trial.test_launcher import LauncherClock
 
 pytestmark = pytest.mark.usefixtures("repo_on_path")
 
@@ -168,17 +169,6 @@ def stuck_loader_worker(cfg: Any) -> StuckLoaderWorker:
     return StuckLoaderWorker(cfg)
 
 
-class LauncherClock:
-    """Stands in for the launcher's `time` module: the test makes its deadline pass on demand."""
-
-    def __init__(self) -> None:
-        self.skip = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.skip
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
 
 
 def read_reports(prefix: Path, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
