@@ -343,3 +343,21 @@ def test_write_atomic_cleans_up_on_failure(tmp_path: Path, monkeypatch: pytest.M
         write_atomic(target, "new\n")
     assert target.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["best.yaml"]
+
+
+@pytest.mark.parametrize("device, accelerator, use_cpu", [
+    ("NVIDIA H200", "gpu", False),  # what a GPU trial records: the device's name, not "cuda"
+    ("Tesla V100-SXM2-16GB", "gpu", False),
+    ("cpu", "cpu", True),
+])
+def test_exports_recognise_the_device_a_trial_recorded(device: str, accelerator: str, use_cpu: bool) -> None:
+    e = make_export(TUNED.replace(gpus=1), device=device)
+    assert f"accelerator={accelerator!r}" in render("lightning", e)
+    assert yaml.safe_load(render("accelerate", e))["use_cpu"] is use_cpu
+
+
+def test_apex_exports_construct_and_zero_grad_as_apex_takes_it() -> None:
+    e = make_export(TUNED.replace(optimizer_fusion="apex", set_to_none=True))
+    light = render("lightning", e)
+    assert "weight_decay=0.01, set_grad_none=True" in light
+    assert "optimizer.zero_grad()" in light and "zero_grad(set_to_none" not in light  # apex's takes no argument
