@@ -29,9 +29,6 @@ from autotune.trial.warm import WarmServer
 # The sampler should learn where these lie: they are properties of the config, not accidents.
 INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported, TrialBadConfig)
 FEASIBLE_KEY = "infeasible"
-# Other processes' CPU use during a trial's timed window above which its figure is not the config's
-# speed (/proc/stat less the trial's own tree; 0.25 = a quarter of one core on average).
-CONTENDED_CPUS = 0.25
 
 
 @dataclass
@@ -119,13 +116,8 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         trial.set_constraint(FEASIBLE_KEY, 0.0)
         base = result.samples_per_s if role == "baseline" else baseline_sps(study)
         speedup = result.samples_per_s / base if base and result.samples_per_s else None
-        # Another trial shared these cores (lease), or other processes kept the CPU busy: suspect.
-        contended = lease.contended or (result.others_cpu or 0.0) > CONTENDED_CPUS
-        write(trial, of_result(role, cfg.knobs(), result, speedup, contended))
-        if contended and TrialRecord.from_attrs(trial.user_attrs).retry_of is None:
-            # Measure it once more; ranked below every clean figure meanwhile (results.leaderboard).
-            study.enqueue_trial(dict(trial.params), user_attrs=TrialRecord(
-                role=role, config=cfg.knobs(), retry_of=trial.number).to_attrs())
+        # lease.contended: another trial shared these cores, so the figure is suspect.
+        write(trial, of_result(role, cfg.knobs(), result, speedup, lease.contended))
         value = result.samples_per_s
     _upload(trial, trial_dir)
     return study.tell(trial, value, state=state if value is None else None)
@@ -154,11 +146,11 @@ def _upload(trial: optuna.Trial, trial_dir: Path) -> None:
 
 
 def measured(study: optuna.Study, cfg: TrialConfig) -> FrozenTrial | None:
-    """A finished, uncontended trial (feasible or not) that ran exactly these knobs, if any."""
+    """A finished trial (feasible or not) that ran exactly these knobs, if any."""
     knobs = cfg.knobs()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         record = TrialRecord.from_frozen(t)
-        if record.repeat_of is None and not record.contended and dict(record.config) == knobs:
+        if record.repeat_of is None and dict(record.config) == knobs:
             return t
     return None
 

@@ -44,10 +44,3 @@ def test_study_record_round_trips(tmp_path: Path) -> None:
     back = StudyRecord.of(optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "studies.db"))))
     assert back.fingerprint == {"cpu_cores": 2} and back.space == {"batch_size": [4, 8]}
     assert back.sampler == "gp" and back.trial_timeout_s == 90.0 and back.ablation is None
-
-
-def test_a_reference_to_trial_zero_is_kept() -> None:
-    """repeat_of / retry_of = 0 name the baseline, trial 0: they must not vanish as if unset."""
-    attrs = TrialRecord(role="baseline", retry_of=0, repeat_of=0).to_attrs()
-    assert attrs["retry_of"] == 0 and attrs["repeat_of"] == 0
-    assert TrialRecord.from_attrs(attrs).retry_of == 0
