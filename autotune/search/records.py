@@ -51,8 +51,10 @@ class TrialRecord:
         out: dict[str, Any] = {"role": self.role}
         for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of"):
             value = getattr(self, key)
-            if value not in (None, "", False, {}):
-                out[key] = dict(value) if isinstance(value, Mapping) else value
+            # By identity, not ==: trial 0 (repeat_of=0, the baseline) must not read as "unset" (0 == False).
+            if value is None or value is False or value == "" or (isinstance(value, Mapping) and not value):
+                continue
+            out[key] = dict(value) if isinstance(value, Mapping) else value
         if self.windows:
             out["windows"] = list(self.windows)
         out.update(self.metrics)

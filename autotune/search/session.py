@@ -99,11 +99,12 @@ class SearchSession:
         pipeline = pipelines.load_pipeline(base)  # a module this machine can't import is bad input
         _check_data(pipeline, settings, say, progress)
         space = SearchSpace.from_dict(record.space)
-        if not record.resolved:  # the first worker of a `--create-only` study decides for the fleet
+        if not record.resolved and _claim(study):  # the first worker of a `--create-only` study decides
             space, hw = _resolve(space, pipeline, say)
             dataclasses.replace(record, space=space.to_dict(), fingerprint=fingerprint(base), resolved=True).write(study)
             enqueue_starts(study, base, space, hw)
-            record = StudyRecord.of(study)
+        record = _resolved(study)
+        space = SearchSpace.from_dict(record.space or {})
         diff = differences(record.fingerprint, fingerprint(base))
         if diff and not settings.force:
             raise AutotuneError(f"this machine differs from study {settings.study!r}'s ({'; '.join(diff)}); "
@@ -245,3 +246,27 @@ def _check_data(pipeline: Any, settings: SearchSettings, say: Say, progress: Pro
     note = pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress)
     if note:
         say(note)
+
+
+CLAIM_SETTLE_S = 1.0  # workers that start together all write their claim within this; the last one wins
+
+
+def _claim(study: optuna.Study) -> bool:
+    """Elect one resolver among workers joining a deferred study at once: each writes its id, waits
+    for the others' writes to land, and only the one whose id stayed resolves (last writer wins)."""
+    me = f"{os.uname().nodename}:{os.getpid()}:{time.time()}"
+    study.set_user_attr("resolver", me)
+    time.sleep(CLAIM_SETTLE_S)
+    fresh = optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))
+    return fresh.user_attrs.get("resolver") == me and not StudyRecord.of(fresh).resolved
+
+
+def _resolved(study: optuna.Study, timeout_s: float = 120.0) -> StudyRecord:
+    """The study's record once some worker has resolved it (at once when it already is)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fresh = optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))
+        record = StudyRecord.of(fresh)
+        if record.resolved or time.monotonic() > deadline:
+            return record
+        time.sleep(0.5)

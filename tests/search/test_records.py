@@ -44,3 +44,9 @@ def test_study_record_round_trips(tmp_path: Path) -> None:
     back = StudyRecord.of(optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "studies.db"))))
     assert back.fingerprint == {"cpu_cores": 2} and back.space == {"batch_size": [4, 8]}
     assert back.sampler == "gp" and back.trial_timeout_s == 90.0 and back.ablation is None
+
+
+def test_a_reference_to_trial_zero_is_kept() -> None:
+    """repeat_of = 0 names the baseline, trial 0: it must not vanish as if unset."""
+    attrs = TrialRecord(role="search", repeat_of=0).to_attrs()
+    assert attrs["repeat_of"] == 0 and TrialRecord.from_attrs(attrs).repeat_of == 0
