@@ -117,7 +117,10 @@ def _wait_running(tmp_path: Path, completed: int, timeout_s: float = 120) -> opt
         time.sleep(0.3)
         if not (tmp_path / "studies.db").exists():
             continue
-        trials = _study(tmp_path).get_trials()
+        try:
+            trials = _study(tmp_path).get_trials()
+        except KeyError:  # the journal file exists a moment before the search creates its study in it
+            continue
         done = sum(t.state.is_finished() for t in trials)
         running = [t for t in trials if t.state == TrialState.RUNNING and "pgid" in t.user_attrs.get("owner", {})]
         if done >= completed and running:
