@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from autotune.cli._common import skip_bad_data_arg, workload_args
+from autotune.core.config import SAMPLERS
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
 
@@ -26,7 +27,9 @@ def register(sub: Any) -> None:
     s.add_argument("--storage", default=None, help="Optuna storage: a journal file path (default studies.db), "
                    "sqlite:///x.db, postgresql://user:pass@host/db or grpc://host:port")
     s.add_argument("--space", default=None, metavar="FILE", help="search-space YAML (default search_spaces/default.yaml)")
-    s.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "random"), help="Optuna sampler (default tpe)")
+    s.add_argument("--sampler", default="auto", choices=SAMPLERS,
+                   help="auto (default): one knob at a time from the best so far, interleaved with TPE; "
+                        "tpe|gp|random: that Optuna sampler alone, for comparison")
     s.add_argument("--seed", type=int, default=None, help="sampler seed")
     s.add_argument("--trial-timeout", default=None, help="kill a trial after this long; stored in the study for "
                    "its workers (default: max(2m, budget/4), or 10m without a budget)")

@@ -174,6 +174,7 @@ class TrialResult:
         return cls(**kw)
 
 
+SAMPLERS = ("auto", "tpe", "gp", "random")
 DEFAULT_TRIAL_TIMEOUT_S = 600.0  # with no budget to derive it from
 
 
@@ -185,7 +186,7 @@ class SearchSettings:
     study: str = "autotune"
     storage: str | None = None  # None = JournalFile `studies.db` in the working directory
     space: str | None = None  # None: the default space shipped with autotune
-    sampler: str = "tpe"
+    sampler: str = "auto"  # auto: a coordinate pass interleaved with TPE; tpe|gp|random: plain Optuna
     seed: int | None = None
     trial_timeout_s: float | None = None  # None = derived from the budget
     n_trials: int | None = None
@@ -200,8 +201,8 @@ class SearchSettings:
         if self.budget_s is not None and not (
                 isinstance(self.budget_s, (int, float)) and math.isfinite(self.budget_s) and self.budget_s > 0):
             raise ConfigError(f"--budget must be positive, got {self.budget_s!r}")
-        if self.sampler not in ("tpe", "gp", "random"):
-            raise ConfigError(f"--sampler must be tpe, gp or random, got {self.sampler!r}")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"--sampler must be one of {'|'.join(SAMPLERS)}, got {self.sampler!r}")
         if self.trial_timeout_s is not None and self.trial_timeout_s <= 0:
             raise ConfigError(f"--trial-timeout must be positive, got {self.trial_timeout_s!r}")
         if self.n_trials is not None and self.n_trials < 1:

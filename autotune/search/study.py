@@ -30,6 +30,8 @@ OBJECTIVE = "samples_per_s"  # what optuna-dashboard labels its plots with
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "auto":  # TODO(strategy.py): the coordinate pass interleaved with TPE
+        name = "tpe"
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
