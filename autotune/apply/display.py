@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.core.config import BASELINE, TrialConfig
+from autotune.core.training import shown
 from autotune.search.records import TrialRecord
 from autotune.search.results import CONFIRMATION, feasible, leaderboard
 from autotune.search.runner import Events
@@ -61,6 +62,8 @@ class LiveSearch:
             speed += "  [contended: another trial shared the CPU, timing suspect]"
         if r.repeat_of is not None:
             speed += f"  [same config as trial {r.repeat_of}: its figure reused, not run again]"
+        if feasible(t) and r.training_math:
+            speed += f"  [trains differently: {shown(r.training_math)}]"
         self.console.print(f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",
                            highlight=False, markup=False)
         self.current = "choosing the next trial"
@@ -86,7 +89,7 @@ class LiveSearch:
         return grid
 
 
-LEADERBOARD_COLUMNS = ("#", "trial", "role", "samples/s", "speedup", "peak MiB", "data wait", "config")
+LEADERBOARD_COLUMNS = ("#", "trial", "role", "samples/s", "speedup", "peak MiB", "data wait", "training math", "config")
 
 
 def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
@@ -97,14 +100,15 @@ def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
         mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
         rows.append((str(rank), str(t.number), r.role, f"{t.value:.2f}", f"x{r.speedup:.2f}" if r.speedup else "-",
                      f"{mem / 2**20:.0f}" if mem else "-", f"{wait:.0%}" if wait is not None else "-",
-                     knob_summary(r.config)))
+                     shown(r.training_math), knob_summary(r.config)))
     return rows
 
 
 def leaderboard_table(study: optuna.Study, top: int = 10) -> Table:
     table = Table(title=f"study {study.study_name}: top {top} of {len(study.trials)} trials")
     for col in LEADERBOARD_COLUMNS:
-        table.add_column(col, justify="left" if col in ("role", "config") else "right", no_wrap=col != "config")
+        table.add_column(col, justify="left" if col in ("role", "training math", "config") else "right",
+                         no_wrap=col not in ("training math", "config"))
     for row in leaderboard_rows(study, top):
         table.add_row(*row)
     return table

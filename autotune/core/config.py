@@ -21,8 +21,12 @@ KNOBS = (
 # What a trial runs on and how long it measures: fixed for a whole study.
 WORKLOAD = (
     "pipeline", "data_dir", "image_size", "warmup_steps", "timed_steps", "seconds",
-    "window", "seed", "lr", "profile",
+    "window", "seed", "data_seed", "lr", "lr_scaling", "global_batch", "profile",
 )
+LR_RULES = ("sqrt", "linear", "none")
+# The baseline's global batch (batch_size 8 on one process): the batch `lr` is meant for when the
+# study fixes none (--global-batch), so a config with another global batch trains with a scaled lr.
+REFERENCE_BATCH = 8
 
 
 def _number(x: object) -> bool:
@@ -56,8 +60,11 @@ class TrialConfig:
     timed_steps: int = 20
     seconds: float | None = None  # time-boxed measurement instead of timed_steps
     window: int = 5  # steps per throughput window, reported for pruning
-    seed: int = 0
-    lr: float = 1e-3
+    seed: int = 0  # initial weights (and the data order unless data_seed is given)
+    data_seed: int | None = None  # the data order; None: seed
+    lr: float = 1e-3  # for the reference global batch: global_batch, else REFERENCE_BATCH
+    lr_scaling: str = "sqrt"  # how lr follows a changed global batch: sqrt | linear | none
+    global_batch: int | None = None  # samples per optimizer step, fixed by the study; None: free
     profile: bool = False
 
     def __post_init__(self) -> None:
@@ -90,6 +97,33 @@ class TrialConfig:
         # Checked here so a bad lr is exit 2 up front, not a crash inside the trial's optimizer.
         need(_number(self.lr) and math.isfinite(self.lr) and self.lr > 0, f"lr must be a number > 0, got {self.lr!r}")
         need(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline must be a name or module:factory")
+        need(self.lr_scaling in LR_RULES, f"lr_scaling must be one of {'|'.join(LR_RULES)}, got {self.lr_scaling!r}")
+        if self.global_batch is not None:
+            need(self.global_batch >= 1, f"global_batch must be >= 1, got {self.global_batch}")
+            need(self.global_batch % (self.batch_size * self.gpus) == 0,
+                 f"global_batch {self.global_batch} is not a multiple of batch_size x gpus "
+                 f"({self.batch_size} x {self.gpus})")
+
+    # ---- the training this config computes -------------------------------------------------------
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step: derived from the global batch, never searched on its own."""
+        return self.global_batch // (self.batch_size * self.gpus) if self.global_batch else 1
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step, over every process and accumulated micro-batch."""
+        return self.batch_size * self.gpus * self.grad_accum
+
+    @property
+    def reference_batch(self) -> int:
+        return self.global_batch or REFERENCE_BATCH
+
+    @property
+    def effective_lr(self) -> float:
+        """lr as training uses it: scaled by `lr_scaling` when the global batch is not the reference."""
+        return self.lr * lr_factor(self.global_batch_size / self.reference_batch, self.lr_scaling)
 
     def knobs(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in KNOBS}
@@ -120,6 +154,18 @@ class TrialConfig:
 BASELINE = TrialConfig()
 
 
+def lr_factor(ratio: float, rule: str) -> float:
+    """sqrt: Adam-family optimizers (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive
+    Gradient Algorithms"); linear: SGD's rule (Goyal et al. 2017); none: keep lr."""
+    return {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[rule]
+
+
+def baseline_of(cfg: TrialConfig) -> TrialConfig:
+    """The plain-PyTorch run `cfg` is compared with: the same workload, default knobs, and the study's
+    global batch in one batch (no accumulation) when it fixes one."""
+    return cfg.replace(**{**BASELINE.knobs(), "batch_size": cfg.global_batch or BASELINE.batch_size})
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
@@ -139,6 +185,8 @@ class TrialResult:
     gpu_util_error: str | None = None  # the first NVML error, or why nothing was sampled
     loss_first: float | None = None
     loss_last: float | None = None
+    losses: tuple[float, ...] = ()  # every optimizer step's loss, warm-up included (result.json only)
+    memory_total_bytes: int | None = None  # what the peak is measured against: device memory, or RAM
     startup_s: float | None = None
     warmup_s: float | None = None  # the warm-up steps' wall time (torch.compile compiles there); not timed
     timed_steps: int = 0
@@ -155,13 +203,14 @@ class TrialResult:
     def metrics(self) -> dict[str, Any]:
         """Scalar figures, as stored in Optuna user attrs."""
         keep = ("samples_per_s", "step_time_p50", "step_time_p90", "data_wait_fraction",
-                "peak_memory_bytes", "gpu_util", "gpu_util_errors", "gpu_util_error", "loss_first", "loss_last", "startup_s",
+                "peak_memory_bytes", "memory_total_bytes", "gpu_util", "gpu_util_errors", "gpu_util_error", "loss_first", "loss_last", "startup_s",
                 "warmup_s", "timed_steps", "world_size", "device")
         return {k: getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["windows"] = list(self.windows)
+        d["losses"] = list(self.losses)
         d["applied"] = dict(self.applied)
         d["loss_finite"] = self.loss_finite
         return d
@@ -196,6 +245,8 @@ class SearchSettings:
     skip_bad_data: bool = False  # drop undecodable data items (and say how many) instead of refusing
     confirm_top: int = 3  # distinct top configs re-measured against the baseline before the export
     confirm_rounds: int = 3  # interleaved rounds of that; 0 turns confirmation off
+    parity_steps: int = 30  # optimizer steps the winner and the baseline train side by side; 0: no check
+    memory_headroom: float = 0.10  # a config must leave this fraction of device memory (RAM on CPU) free
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not (
@@ -210,6 +261,10 @@ class SearchSettings:
         if self.confirm_rounds < 0 or self.confirm_top < 1:
             raise ConfigError(f"--confirm-rounds must be >= 0 and --confirm-top >= 1, got "
                               f"{self.confirm_rounds} and {self.confirm_top}")
+        if self.parity_steps < 0:
+            raise ConfigError(f"--parity-steps must be >= 0, got {self.parity_steps}")
+        if not (isinstance(self.memory_headroom, (int, float)) and 0 <= self.memory_headroom < 0.9):
+            raise ConfigError(f"--memory-headroom must be in [0%, 90%), got {self.memory_headroom!r}")
         if not self.study or "/" in self.study:
             raise ConfigError(f"--study must be a plain name, got {self.study!r}")
 

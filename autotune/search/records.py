@@ -13,6 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.training import training_math
 
 ROLES = ("baseline", "warm_start", "search")
 
@@ -33,6 +34,8 @@ class TrialRecord:
     windows: tuple[float, ...] = ()
     metrics: Mapping[str, Any] = field(default_factory=dict)  # TrialResult.metrics(), flat in the attrs
     repeat_of: int | None = None  # the sampler proposed a config already measured there: not run again
+    training_math: tuple[str, ...] | None = None  # how its training differs from the baseline's; () = same
+    parity: Mapping[str, Any] | None = None  # search/parity.py's verdict, once the winner was checked
 
     @classmethod
     def from_frozen(cls, t: FrozenTrial) -> TrialRecord:
@@ -43,13 +46,15 @@ class TrialRecord:
         names = {f.name for f in dataclasses.fields(cls)} - {"metrics"}
         kw = {k: v for k, v in attrs.items() if k in names}
         kw["windows"] = tuple(kw.get("windows") or ())
+        if kw.get("training_math") is not None:
+            kw["training_math"] = tuple(kw["training_math"])
         metric_keys = set(TrialResult(status="ok").metrics())
         return cls(**kw, metrics={k: v for k, v in attrs.items() if k in metric_keys})
 
     def to_attrs(self) -> dict[str, Any]:
         """Only what is set, so writing a record never erases what another writer stored."""
         out: dict[str, Any] = {"role": self.role}
-        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of"):
+        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of", "parity"):
             value = getattr(self, key)
             # By identity, not ==: trial 0 (repeat_of=0, the baseline) must not read as "unset" (0 == False).
             if value is None or value is False or value == "" or (isinstance(value, Mapping) and not value):
@@ -57,6 +62,8 @@ class TrialRecord:
             out[key] = dict(value) if isinstance(value, Mapping) else value
         if self.windows:
             out["windows"] = list(self.windows)
+        if self.training_math is not None:  # () is a finding ("same"), not "unset"
+            out["training_math"] = list(self.training_math)
         out.update(self.metrics)
         return out
 
@@ -72,10 +79,11 @@ def write(trial: optuna.Trial, record: TrialRecord) -> None:
         trial.set_user_attr(key, value)
 
 
-def of_result(role: str, config: Mapping[str, Any], result: TrialResult, speedup: float | None,
+def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None,
               contended: bool) -> TrialRecord:
-    return TrialRecord(role=role, config=config, contended=contended, speedup=speedup, applied=result.applied,
-                       windows=result.windows, metrics=result.metrics())
+    math = tuple(training_math(cfg, bool(result.applied.get("batch_norm_layers"))))
+    return TrialRecord(role=role, config=cfg.knobs(), contended=contended, speedup=speedup, applied=result.applied,
+                       windows=result.windows, metrics=result.metrics(), training_math=math)
 
 
 @dataclass(frozen=True)

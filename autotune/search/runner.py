@@ -117,7 +117,7 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         base = result.samples_per_s if role == "baseline" else baseline_sps(study)
         speedup = result.samples_per_s / base if base and result.samples_per_s else None
         # lease.contended: another trial shared these cores, so the figure is suspect.
-        write(trial, of_result(role, cfg.knobs(), result, speedup, lease.contended))
+        write(trial, of_result(role, cfg, result, speedup, lease.contended))
         value = result.samples_per_s
     _upload(trial, trial_dir)
     return study.tell(trial, value, state=state if value is None else None)

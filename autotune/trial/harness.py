@@ -125,22 +125,42 @@ class Harness:
     precision: knobs.Precision
     applied: dict[str, Any]
 
-    def step(self, batch: Any) -> float:
-        """One optimizer step; returns the loss. Raises NonFiniteLoss on nan/inf."""
-        x, y = (knobs.to_device(t, self.device, self.cfg) for t in batch)
-        with self.precision.autocast():
-            loss = self.pipeline.loss(self.model(x), y)
-        self.precision.scaler.scale(loss).backward()
+    def step(self, micro_batches: list[Any]) -> float:
+        """One optimizer step over `micro_batches` (cfg.grad_accum of them, fewer at the end of a train
+        epoch); returns the step's loss, the micro-batches' mean. Raises NonFiniteLoss on nan/inf."""
+        n = len(micro_batches)
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            x, y = (knobs.to_device(t, self.device, self.cfg) for t in batch)
+            # Under DDP every micro-step but the last skips the gradient all-reduce: one per optimizer step.
+            with knobs.no_sync(self.model, last=i == n - 1):
+                with self.precision.autocast():
+                    loss = self.pipeline.loss(self.model(x), y)
+                self.precision.scaler.scale(loss / n).backward()  # mean over micro-batches: the full batch's
+            total += loss.detach().float()
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()
         knobs.zero_grad(self.optimizer, self.cfg)  # apex's zero_grad() takes no set_to_none
-        value = loss.item()  # a device sync too: the step is finished when this returns
+        value = (total / n).item()  # a device sync too: the step is finished when this returns
         if not math.isfinite(value):
             raise NonFiniteLoss(f"loss became {value}")
         return value
 
-    def batches(self) -> Iterator[Any]:
-        return batches(self.loader)
+    def batches(self) -> Iterator[list[Any]]:
+        """Endless optimizer steps' worth of micro-batches (lists of cfg.grad_accum)."""
+        return grouped(batches(self.loader), self.cfg.grad_accum)
+
+
+def grouped(stream: Iterator[Any], k: int) -> Iterator[list[Any]]:
+    """Consecutive lists of k items; a last, shorter list when `stream` ends (a train epoch)."""
+    group: list[Any] = []
+    for item in stream:
+        group.append(item)
+        if len(group) == k:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def batches(loader: DataLoader[Any]) -> Iterator[Any]:
@@ -177,6 +197,8 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     if refused:
         raise TrialUnsupported(f"the pipeline does not support: {', '.join(refused)}")
     model = pipeline.build_model()
+    # Batch-norm statistics span one micro-batch on one process: a smaller micro-batch changes them.
+    applied["batch_norm_layers"] = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     applied |= knobs.wrap_checkpoints(model, stages_of(pipeline), cfg.checkpoint_segments)
     model, a = knobs.prepare_model(model, cfg, device, world)
     applied |= a

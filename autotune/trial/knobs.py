@@ -137,13 +137,29 @@ def build_optimizer(params: Iterable[nn.Parameter], cfg: TrialConfig,
         from apex.optimizers import FusedAdam  # type: ignore[import-not-found]
 
         # Its zero_grad() takes no argument: set_to_none is given here, as set_grad_none (see zero_grad).
-        opt = FusedAdam(params, lr=cfg.lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none)
-        return opt, {"optimizer_fusion": _effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})")}
+        opt = FusedAdam(params, lr=cfg.effective_lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none)
+        return opt, {"lr": lr_effect(cfg), "optimizer_fusion": _effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})")}
     # foreach=False forces the per-parameter for-loop: that is what "none" means.
     kwargs = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_fusion]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=WEIGHT_DECAY, **kwargs)
-    return opt, {"optimizer_fusion": _effect(cfg.optimizer_fusion, f"torch.optim.AdamW({next(iter(kwargs))}=True)"
+    opt = torch.optim.AdamW(params, lr=cfg.effective_lr, weight_decay=WEIGHT_DECAY, **kwargs)
+    return opt, {"lr": lr_effect(cfg), "optimizer_fusion": _effect(cfg.optimizer_fusion, f"torch.optim.AdamW({next(iter(kwargs))}=True)"
                                              if cfg.optimizer_fusion != "none" else "torch.optim.AdamW(foreach=False)")}
+
+
+def no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:
+    """DDP's no_sync() for an accumulating micro-step (not the last): its gradients stay local, and the
+    last micro-step's backward all-reduces the sum. A no-op without DDP."""
+    inner = getattr(model, "_orig_mod", model)  # torch.compile wraps DDP
+    if last or not isinstance(inner, nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return inner.no_sync()
+
+
+def lr_effect(cfg: TrialConfig) -> dict[str, Any]:
+    if cfg.effective_lr == cfg.lr:
+        return _effect(cfg.lr, cfg.lr)
+    return _effect(cfg.lr, cfg.effective_lr, f"{cfg.lr_scaling} rule: global batch {cfg.global_batch_size} "
+                   f"vs the {cfg.reference_batch} that lr is given for")
 
 
 def zero_grad(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> None:
@@ -189,18 +205,20 @@ def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
                  device: torch.device, endless: bool = False) -> tuple[DataLoader[Any], dict[str, Any]]:
     """endless=True (trials): one iterator for the whole trial. False (`autotune train`): epoch-sized."""
     n = len(dataset)  # type: ignore[arg-type]
+    data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     sampler: Sampler[int]
     if endless:
-        sampler = EndlessShuffle(n, cfg.seed, rank, world)
-    elif n < cfg.batch_size * world:  # drop_last: not one whole batch per epoch
-        raise ConfigError(f"the dataset has {n} samples, fewer than one global batch "
-                          f"({cfg.batch_size} x {world}); generate more with `autotune make-data --n`")
-    else:
-        sampler = (DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
-                   if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed)))
+        sampler = EndlessShuffle(n, data_seed, rank, world)
+    elif n < world:
+        raise ConfigError(f"the dataset has {n} samples, fewer than the {world} processes; "
+                          "generate more with `autotune make-data --n`")
+    else:  # training sees every sample each epoch: no partial batch dropped (DDP pads the last shard)
+        sampler = (DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=data_seed)
+                   if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(data_seed)))
     pin = cfg.pin_memory and device.type == "cuda"
+    # drop_last only for a measurement (endless: every batch is whole anyway); never for training.
     kwargs: dict[str, Any] = dict(batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.num_workers,
-                                  pin_memory=pin, drop_last=True)
+                                  pin_memory=pin, drop_last=endless)
     if cfg.num_workers > 0:
         kwargs["persistent_workers"] = cfg.persistent_workers
         kwargs["prefetch_factor"] = cfg.prefetch_factor or 2
@@ -214,6 +232,8 @@ def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
                                       if endless and cfg.persistent_workers else ""),
         "prefetch_factor": _effect(cfg.prefetch_factor, loader.prefetch_factor if cfg.num_workers else None),
         "batch_size": _effect(cfg.batch_size, loader.batch_size),
+        "grad_accum": _effect(cfg.grad_accum, cfg.grad_accum, f"global batch {cfg.global_batch} = {cfg.batch_size} "
+                              f"x {world} process(es) x {cfg.grad_accum}" if cfg.global_batch else ""),
         "sampler": {"in_effect": repr(sampler) if endless else type(sampler).__name__,
                     "why": "one loader iterator for the whole trial: epochs follow on without a loader restart"
                     if endless else "epoch-sized: the loader is iterated once per epoch"},

@@ -37,10 +37,25 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """CUDA: max allocated by the caching allocator. CPU: this process's peak RSS."""
+    """CUDA: the most the caching allocator *reserved* (what the device really had to give; allocated
+    is less, and a config near the limit fails on reserved). CPU: this process's peak RSS."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        return int(torch.cuda.max_memory_reserved(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def memory_total_bytes(device: torch.device) -> int | None:
+    """What the peak is held against for the headroom rule. CUDA: the device's total memory. CPU: the
+    RAM this process could still have had when it started measuring (MemAvailable plus its own RSS)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines() if ":" in line)
+        available = int(meminfo["MemAvailable"].split()[0]) * 1024
+        rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, KeyError, ValueError, IndexError):  # not Linux: no headroom figure
+        return None
+    return available + rss
 
 
 # ------------------------------------------------------------------------------------------ NVML

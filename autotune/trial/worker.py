@@ -33,6 +33,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
 
     launched = float(os.environ.get(LAUNCH_TIME_ENV, 0)) or _process_start_time()
     h = build(cfg, endless=True)  # one loader iterator for the whole trial: no restart between epochs
+    memory_total = measure.memory_total_bytes(h.device)  # before the trial grows: RAM it may still take
     step, device, rank, world = h.step, h.device, h.rank, h.world
     stream = h.batches()
     startup_s = time.time() - launched
@@ -59,7 +60,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
             n = len(step_times)
             if n % cfg.window == 0:
                 t = time.perf_counter()
-                windows.append(cfg.window * cfg.batch_size * world / (t - window_start))
+                windows.append(cfg.window * cfg.batch_size * cfg.grad_accum * world / (t - window_start))
                 window_start = t
                 if rank == 0 and progress is not None:
                     with progress.open("a") as f:
@@ -68,7 +69,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
                 break
         elapsed = measure.now(device) - t_begin
 
-    samples = len(step_times) * cfg.batch_size
+    samples = len(step_times) * cfg.batch_size * cfg.grad_accum  # samples, so accumulation compares fairly
     peak = measure.peak_memory_bytes(device)
     if world > 1:  # global throughput: all ranks' samples over the slowest rank's time
         t = torch.tensor([elapsed, float(peak), warmup_s], dtype=torch.float64, device=device)
@@ -98,6 +99,8 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         gpu_util_error=util.first_error,
         loss_first=losses[0],
         loss_last=losses[-1],
+        losses=tuple(losses),
+        memory_total_bytes=memory_total,
         startup_s=startup_s,
         warmup_s=warmup_s,
         timed_steps=len(step_times),

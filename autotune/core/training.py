@@ -1,0 +1,33 @@
+"""What a config changes in the training it computes, next to its baseline: the global batch (and so the
+optimizer steps per epoch), the learning rate that follows it, the precision, and the span of batch-norm
+statistics. Knobs that only change speed (workers, pinning, fusion, checkpointing, channels_last,
+cudnn.benchmark, set_to_none) compute the same step, up to floating-point rounding, and are not listed."""
+from __future__ import annotations
+
+from autotune.core.config import TrialConfig, baseline_of
+
+SAME = "same"
+
+
+def training_math(cfg: TrialConfig, batch_norm: bool) -> list[str]:
+    """The changes from `baseline_of(cfg)`, e.g. ["global batch 8 -> 64", "precision fp32 -> bf16"];
+    empty: the same training. batch_norm: the model has batch-norm layers (their statistics span one
+    micro-batch of one process, so a smaller micro-batch changes what they normalise by)."""
+    base = baseline_of(cfg)
+    out = []
+    if cfg.global_batch_size != base.global_batch_size:
+        out.append(f"global batch {base.global_batch_size} -> {cfg.global_batch_size}")
+    if cfg.effective_lr != base.effective_lr:
+        out.append(f"lr {base.effective_lr:.3g} -> {cfg.effective_lr:.3g} ({cfg.lr_scaling} rule)")
+    if cfg.precision != base.precision:
+        out.append(f"precision {base.precision} -> {cfg.precision}")
+    if batch_norm and cfg.batch_size != base.batch_size:
+        out.append(f"batch-norm span {base.batch_size} -> {cfg.batch_size}")
+    return out
+
+
+def shown(changes: list[str] | tuple[str, ...] | None) -> str:
+    """One cell: "same", the changes joined, or "?" when unknown (a trial that did not finish)."""
+    if changes is None:
+        return "?"
+    return "; ".join(changes) if changes else SAME
