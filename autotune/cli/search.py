@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from autotune.cli._common import skip_bad_data_arg, workload_args
-from autotune.core.config import SAMPLERS
+from autotune.core.config import LR_RULES, SAMPLERS
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
 
@@ -46,6 +46,19 @@ def register(sub: Any) -> None:
                    help="re-measure the top configs and the baseline in N interleaved rounds before exporting "
                    "(part of the budget is kept for it; 0: off; default 3)")
     s.add_argument("--confirm-top", type=int, default=3, metavar="K", help="how many top configs (default 3)")
+    s.add_argument("--global-batch", type=int, default=None, metavar="N",
+                   help="samples per optimizer step, the same in every trial: batch_size becomes the micro-batch "
+                   "per process and gradient accumulation makes up the rest (default: free, the batch is searched)")
+    s.add_argument("--lr-scaling", default="sqrt", choices=LR_RULES,
+                   help="how the learning rate follows a global batch that differs from the baseline's "
+                   "(default sqrt, the rule for Adam-family optimizers; linear for SGD; none)")
+    s.add_argument("--parity-steps", type=int, default=30, metavar="K",
+                   help="before exporting, train the winner and the baseline K optimizer steps from the same "
+                   "weights on the same data and compare their losses; a winner that trains differently is "
+                   "skipped for the next best (0: off; default 30)")
+    s.add_argument("--memory-headroom", default="10%", metavar="PCT",
+                   help="a config must leave this share of device memory free (RAM on CPU), measured from its "
+                   "peak; one that leaves less is infeasible and never exported (default 10%%)")
     skip_bad_data_arg(s)
     workload_args(s)
     s.set_defaults(func=cmd_search)
@@ -82,7 +95,7 @@ def _console() -> Any:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autotune.core.config import SearchSettings, parse_duration
+    from autotune.core.config import SearchSettings, parse_duration, parse_percent
     from autotune.core.errors import ConfigError
     from autotune.pipelines import workload
     from autotune.search.results import shown_storage
@@ -90,15 +103,19 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if args.budget is None and not args.create_only:
         raise ConfigError("search needs --budget (e.g. --budget 10m)")
+    if args.global_batch is not None and args.global_batch < 1:
+        raise ConfigError(f"--global-batch must be a positive number of samples, got {args.global_batch}")
     console = _console()
-    base = workload(args.pipeline, args.image_size, args.data, args.studies_dir,
-                    seconds=args.trial_seconds, warmup_steps=args.warmup_steps, window=3)
+    batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
+    base = workload(args.pipeline, args.image_size, args.data, args.studies_dir, seconds=args.trial_seconds,
+                    warmup_steps=args.warmup_steps, window=3, lr_scaling=args.lr_scaling, **batch)
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study,
         storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
         n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base,
-        skip_bad_data=args.skip_bad_data, confirm_rounds=args.confirm_rounds, confirm_top=args.confirm_top)
+        skip_bad_data=args.skip_bad_data, confirm_rounds=args.confirm_rounds, confirm_top=args.confirm_top,
+        parity_steps=args.parity_steps, memory_headroom=parse_percent(args.memory_headroom, "--memory-headroom"))
     with _data_progress(console) as progress:
         session = SearchSession.create(settings, warm=not args.cold_start, say=_dim(console), defer=args.create_only,
                                        progress=progress)

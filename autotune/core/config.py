@@ -220,6 +220,7 @@ class TrialResult:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["windows"] = tuple(kw.get("windows") or ())
+        kw["losses"] = tuple(kw.get("losses") or ())
         return cls(**kw)
 
 
@@ -291,4 +292,16 @@ def parse_duration(text: str, flag: str = "--budget") -> float:
         value = h * 3600 + mi * 60 + se
     if value <= 0:
         raise ConfigError(f"{flag} {text!r}: must be more than zero")
+    return value
+
+
+def parse_percent(text: str, flag: str) -> float:
+    """'10%' or a fraction ('0.1') -> 0.1."""
+    s = str(text).strip()
+    try:
+        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: use a percentage such as 10% (or a fraction such as 0.1)") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{flag} {text!r}: must be a finite percentage")
     return value

@@ -40,6 +40,10 @@ class Export:
     # The confirmation rounds this winner came out of (medians, ranges, whether the order changed);
     # None when the search was not confirmed, and then best.yaml has no `confirmed:` section.
     confirmed: dict[str, Any] | None = None
+    # How its training differs from the baseline's (core/training.py section()), and the parity
+    # check's verdict (search/parity.py); None: not known, and the section is left out.
+    training_math: dict[str, Any] | None = None
+    parity: dict[str, Any] | None = None
 
     @classmethod
     def from_result(
@@ -111,6 +115,8 @@ def to_yaml(e: Export) -> str:
         ("baseline", {"samples_per_s": e.baseline_samples_per_s}),
         ("speedup", e.speedup),
         *([("confirmed", e.confirmed)] if e.confirmed else []),
+        *([("training_math", e.training_math)] if e.training_math else []),
+        *([("parity", e.parity)] if e.parity else []),
         ("environment", e.environment),
         ("study", study),
         ("reproduce", e.reproduce),

@@ -31,3 +31,24 @@ def shown(changes: list[str] | tuple[str, ...] | None) -> str:
     if changes is None:
         return "?"
     return "; ".join(changes) if changes else SAME
+
+
+def section(cfg: TrialConfig, changes: list[str] | tuple[str, ...] | None) -> dict[str, object]:
+    """best.yaml's `training_math:`: what the exported config computes per optimizer step, whether that
+    is the baseline's, and what to do when it is not."""
+    base = baseline_of(cfg)
+    out: dict[str, object] = {
+        "verdict": "unknown" if changes is None else SAME if not changes else "differs",
+        "changes": list(changes or []),
+        "global_batch": cfg.global_batch_size, "micro_batch": cfg.batch_size, "processes": cfg.gpus,
+        "grad_accum": cfg.grad_accum, "lr": cfg.effective_lr, "lr_base": cfg.lr,
+        "lr_scaling": cfg.lr_scaling, "baseline_global_batch": base.global_batch_size,
+    }
+    if changes:
+        advice = [f"this config trains differently from the baseline ({shown(changes)})."]
+        if cfg.global_batch_size != base.global_batch_size:
+            advice.append(f"To keep the baseline's optimizer step, search with --global-batch "
+                          f"{base.global_batch_size}; to adopt this one, check accuracy with "
+                          "`autotune train --config best.yaml --compare-baseline`.")
+        out["advice"] = " ".join(advice)
+    return out

@@ -35,7 +35,6 @@ class TrialRecord:
     metrics: Mapping[str, Any] = field(default_factory=dict)  # TrialResult.metrics(), flat in the attrs
     repeat_of: int | None = None  # the sampler proposed a config already measured there: not run again
     training_math: tuple[str, ...] | None = None  # how its training differs from the baseline's; () = same
-    parity: Mapping[str, Any] | None = None  # search/parity.py's verdict, once the winner was checked
 
     @classmethod
     def from_frozen(cls, t: FrozenTrial) -> TrialRecord:
@@ -54,7 +53,7 @@ class TrialRecord:
     def to_attrs(self) -> dict[str, Any]:
         """Only what is set, so writing a record never erases what another writer stored."""
         out: dict[str, Any] = {"role": self.role}
-        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of", "parity"):
+        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of"):
             value = getattr(self, key)
             # By identity, not ==: trial 0 (repeat_of=0, the baseline) must not read as "unset" (0 == False).
             if value is None or value is False or value == "" or (isinstance(value, Mapping) and not value):
@@ -96,6 +95,8 @@ class StudyRecord:
     sampler: str = "tpe"
     trial_timeout_s: float | None = None
     resolved: bool = True  # False: made by `search --create-only`; the first worker resolves the space
+    memory_headroom: float | None = None  # the share of memory a config must leave free (workers too)
+    parity_steps: int | None = None
     ablation: list[Any] | None = None
 
     @classmethod

@@ -11,12 +11,16 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
+from autotune.core.training import section
 from autotune.core.urls import mask_url
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.storage import DEFAULT_STORAGE
 
 
 CONFIRMATION = "confirmation"  # the study user attr holding the last confirmation (search/confirm.py)
+# Study user attr: trial number (str) -> its parity verdict (search/parity.py). A study attr, because a
+# finished trial's own attrs can no longer be written.
+PARITY = "parity"
 
 
 def feasible(t: FrozenTrial) -> bool:
@@ -71,6 +75,8 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         cfg, record.result(), baseline_samples_per_s=baseline_sps(study), environment=study_record.fingerprint,
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
         reproduce=f"autotune trial --config {out or 'best.yaml'}")
+    export = dataclasses.replace(export, training_math=section(cfg, record.training_math),
+                                 parity=study.user_attrs.get(PARITY, {}).get(str(best.number)))
     if rounds is None:
         return export
     return dataclasses.replace(export, speedup=rounds["speedup_median"], confirmed=rounds,

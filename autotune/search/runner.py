@@ -15,7 +15,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import SearchSettings, TrialConfig, TrialResult
 from autotune.core.errors import (TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialTimeout,
                                   TrialUnsupported)
 from autotune.search import _optuna
@@ -113,14 +113,33 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         study.tell(trial, state=TrialState.FAIL)
         raise
     else:
-        trial.set_constraint(FEASIBLE_KEY, 0.0)
         base = result.samples_per_s if role == "baseline" else baseline_sps(study)
         speedup = result.samples_per_s / base if base and result.samples_per_s else None
         # lease.contended: another trial shared these cores, so the figure is suspect.
         write(trial, of_result(role, cfg, result, speedup, lease.contended))
-        value = result.samples_per_s
+        short = headroom_short(result, settings.memory_headroom)
+        # Too close to the memory limit: it ran here, but a longer run (a bigger batch late in an epoch,
+        # fragmentation, another process) would fail. Infeasible, like an OOM, and never exported.
+        trial.set_constraint(FEASIBLE_KEY, 1.0 if short else 0.0)
+        if short:
+            write(trial, TrialRecord(role=role, reason="headroom", message=short))
+        value = 0.0 if short else result.samples_per_s
     _upload(trial, trial_dir)
     return study.tell(trial, value, state=state if value is None else None)
+
+
+def headroom_short(result: TrialResult, required: float) -> str | None:
+    """Why `result` leaves less than `required` of its memory free, or None when it leaves enough (or
+    the total is unknown)."""
+    peak, total = result.peak_memory_bytes, result.memory_total_bytes
+    if not peak or not total or required <= 0:
+        return None
+    free = 1 - peak / total
+    if free >= required:
+        return None
+    where = "device memory" if result.device != "cpu" else "available RAM"
+    return (f"peak {peak / 2**20:.0f} MiB of {total / 2**20:.0f} MiB {where} leaves {free:.1%} free, "
+            f"less than the {required:.0%} headroom required (--memory-headroom)")
 
 
 def compiling(cfg: TrialConfig, e: TrialTimeout) -> bool:

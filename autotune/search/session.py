@@ -21,11 +21,11 @@ from typing import Any, Callable, Iterator
 import optuna
 
 from autotune import pipelines
-from autotune.core.config import SearchSettings
+from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, confirm
+from autotune.search import _optuna, batch, confirm
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
@@ -82,7 +82,7 @@ class SearchSession:
             study = open_study(settings, open_storage(settings.storage), {}, space, None)
             return cls(study, space, settings, warm=warm, say=say)
         _check_data(pipeline, settings, say, progress)
-        space, hw = _resolve(space, pipeline, say)
+        space, hw = _resolve(space, pipeline, settings.base, say)
         study = open_study(settings, open_storage(settings.storage), fingerprint(settings.base), space, hw)
         return cls(study, space, settings, warm=warm, say=say)
 
@@ -100,7 +100,7 @@ class SearchSession:
         _check_data(pipeline, settings, say, progress)
         space = SearchSpace.from_dict(record.space)
         if not record.resolved and _claim(study):  # the first worker of a `--create-only` study decides
-            space, hw = _resolve(space, pipeline, say)
+            space, hw = _resolve(space, pipeline, base, say)
             dataclasses.replace(record, space=space.to_dict(), fingerprint=fingerprint(base), resolved=True).write(study)
             enqueue_starts(study, base, space, hw)
         record = _resolved(study)
@@ -110,7 +110,8 @@ class SearchSession:
             raise AutotuneError(f"this machine differs from study {settings.study!r}'s ({'; '.join(diff)}); "
                                 "its timings would not be comparable (--force to join anyway)")
         timeout = settings.trial_timeout_s or record.trial_timeout_s
-        settings = dataclasses.replace(settings, base=base, trial_timeout_s=timeout)
+        settings = dataclasses.replace(settings, base=base, trial_timeout_s=timeout, **{
+            k: getattr(record, k) for k in ("memory_headroom", "parity_steps") if getattr(record, k) is not None})
         return cls(study, space, settings, warm=warm, say=say)
 
     # ---- run ------------------------------------------------------------------------------------
@@ -231,12 +232,14 @@ class SearchSession:
         return tuple(self.space.searched())
 
 
-def _resolve(space: SearchSpace, pipeline: Any, say: Say) -> tuple[SearchSpace, Hardware]:
-    """Narrow the space to this machine and this pipeline, saying what was dropped and why."""
+def _resolve(space: SearchSpace, pipeline: Any, base: TrialConfig, say: Say) -> tuple[SearchSpace, Hardware]:
+    """Narrow the space to this machine, this pipeline and the study's global batch, saying what was
+    dropped and why."""
     hw = Hardware.detect()
     space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
                            unsupported=pipelines.unsupported_of(pipeline))
-    for note in notes:
+    space, more = batch.narrow(space, base.global_batch, base)
+    for note in notes + more:
         say(f"space: {note}")
     return space, hw
 

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import pipelines
-from autotune.core.config import BASELINE, SearchSettings, TrialConfig
+from autotune.core.config import SearchSettings, TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import signal_groups
 from autotune.search import _optuna
@@ -30,8 +30,10 @@ OBJECTIVE = "samples_per_s"  # what optuna-dashboard labels its plots with
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    if name == "auto":  # TODO(strategy.py): the coordinate pass interleaved with TPE
-        name = "tpe"
+    if name == "auto":  # a coordinate pass from the best config so far, then TPE (search/strategy.py)
+        from autotune.search.strategy import CoordinateSampler
+
+        return CoordinateSampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
@@ -53,7 +55,7 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
     as a count the space allows: the warm start runs exactly as enqueued, in the space or not."""
     bf16 = not hw.cuda or _bf16_supported(base.gpus)
     workers = hw.workers_per_process(base.gpus, space)
-    return base.replace(num_workers=workers, pin_memory=hw.cuda, precision="bf16" if bf16 else "fp16",
+    return baseline_of(base).replace(num_workers=workers, pin_memory=hw.cuda, precision="bf16" if bf16 else "fp16",
                         optimizer_fusion="fused", cudnn_benchmark=hw.cuda, persistent_workers=workers > 0,
                         prefetch_factor=2 if workers else None, set_to_none=True)  # both need workers
 
@@ -107,7 +109,8 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([OBJECTIVE])
     StudyRecord(fingerprint=fp if hw else {}, space=space.to_dict(), workload=settings.base.workload(),
-                sampler=settings.sampler, trial_timeout_s=settings.trial_timeout, resolved=hw is not None).write(study)
+                sampler=settings.sampler, trial_timeout_s=settings.trial_timeout, resolved=hw is not None,
+                memory_headroom=settings.memory_headroom, parity_steps=settings.parity_steps).write(study)
     if hw is not None:
         enqueue_starts(study, settings.base, space, hw)
     return study
@@ -116,7 +119,7 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
 def enqueue_starts(study: optuna.Study, base: TrialConfig, space: SearchSpace, hw: Hardware) -> None:
     """Trial 0 is the baseline, trial 1 the guides' warm start. skip_if_exists: two first workers of a
     deferred study that race here don't queue them twice."""
-    for role, cfg in (("baseline", base.replace(**BASELINE.knobs())), ("warm_start", warm_start(base, hw, space))):
+    for role, cfg in (("baseline", baseline_of(base)), ("warm_start", warm_start(base, hw, space))):
         record = TrialRecord(role=role, config=cfg.knobs())
         study.enqueue_trial(config_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
 

@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
 from autotune.apply.display import LEADERBOARD_COLUMNS, LiveSearch, knob_summary, leaderboard_rows, leaderboard_table
-from autotune.core.config import BASELINE, TrialResult
+from autotune.core.config import BASELINE, TrialConfig, TrialResult
 from autotune.search.records import TrialRecord, of_result, write
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.search.storage import open_storage
@@ -32,7 +32,7 @@ def ok(study: optuna.Study, role: str, knobs: dict[str, Any], sps: float, speedu
     trial.set_constraint(FEASIBLE_KEY, 0.0)
     result = TrialResult(status="ok", samples_per_s=sps, peak_memory_bytes=peak, data_wait_fraction=wait,
                          step_time_p50=0.1, step_time_p90=0.12, timed_steps=20)
-    write(trial, of_result(role, knobs, result, speedup, contended))
+    write(trial, of_result(role, TrialConfig().replace(**knobs), result, speedup, contended))
     return study.tell(trial, sps)
 
 

@@ -237,11 +237,13 @@ def test_lightning_fields() -> None:
     text = to_lightning(TUNED, device="cuda")
     trainer = _dict_call(text, "trainer_kwargs")
     assert trainer == {"accelerator": "gpu", "devices": 2, "strategy": "ddp", "precision": "bf16-mixed",
-                       "benchmark": True}
+                       "benchmark": True, "accumulate_grad_batches": 1}
     loader = _dict_call(text, "dataloader_kwargs")
     assert loader == {"batch_size": 12, "num_workers": 3, "pin_memory": True, "persistent_workers": True,
                       "prefetch_factor": 4}
-    assert "torch.optim.AdamW(self.parameters(), lr=0.0003, fused=True)" in text
+    # Global batch 12 x 2 = 24, three times the baseline's 8: lr 3e-4 scaled by sqrt(3), the rule named.
+    assert f"torch.optim.AdamW(self.parameters(), lr={3e-4 * 3 ** 0.5!r}, fused=True)" in text
+    assert "scaled by the sqrt rule for 24" in text
     assert "def configure_optimizers(self)" in text
     assert "optimizer.zero_grad(set_to_none=False)" in text
     assert "torch.channels_last" in text
@@ -361,3 +363,15 @@ def test_apex_exports_construct_and_zero_grad_as_apex_takes_it() -> None:
     light = render("lightning", e)
     assert "weight_decay=0.01, set_grad_none=True" in light
     assert "optimizer.zero_grad()" in light and "zero_grad(set_to_none" not in light  # apex's takes no argument
+
+
+def test_exports_carry_the_accumulation_and_the_scaled_lr() -> None:
+    fixed = TUNED.replace(global_batch=96, lr_scaling="linear")  # 12 x 2 processes x 4 accumulation steps
+    assert fixed.grad_accum == 4 and fixed.effective_lr == fixed.lr  # the study's global batch: lr as given
+    assert _dict_call(to_lightning(fixed, device="cuda"), "trainer_kwargs")["accumulate_grad_batches"] == 4
+    hf = _dict_call(to_hf(fixed, device="cuda"), "training_args")
+    assert hf["gradient_accumulation_steps"] == 4 and hf["learning_rate"] == fixed.lr
+    assert "Accelerator(gradient_accumulation_steps=4)" in to_accelerate(fixed, device="cuda")
+    free = TUNED.replace(batch_size=32, gpus=1, lr_scaling="linear")  # global 32 vs the baseline's 8: lr x 4
+    assert _dict_call(to_hf(free, device="cuda"), "training_args")["learning_rate"] == 4 * free.lr
+    assert "scaled by the linear rule" in to_accelerate(free)

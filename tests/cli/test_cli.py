@@ -114,6 +114,30 @@ def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: 
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("argv, phrase", [
+    (["--global-batch", "0"], "--global-batch must be a positive"),
+    (["--global-batch", "-8"], "--global-batch must be a positive"),
+    (["--global-batch", "7", "--space", "SPACE"], "--global-batch 7: no micro-batch x GPU count in the space divides it"),
+    (["--memory-headroom", "90%"], "--memory-headroom must be in [0%, 90%)"),
+    (["--memory-headroom=-1%"], "--memory-headroom must be in [0%, 90%)"),
+    (["--memory-headroom", "plenty"], "--memory-headroom 'plenty'"),
+    (["--parity-steps", "-1"], "--parity-steps must be >= 0"),
+])
+def test_bad_training_math_flags(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, argv: list[str],
+                                 phrase: str) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  batch_size: [2, 4, 8]\n")
+    argv = [str(space) if a == "SPACE" else a for a in argv]
+    assert phrase in bad(capsys, "search", "--budget", "1m", "--data", str(data), *argv)
+
+
+def test_unknown_lr_rule_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["search", "--budget", "1m", "--lr-scaling", "cubic"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--lr-scaling" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_search_without_budget(capsys: pytest.CaptureFixture[str], data: Path) -> None:
     assert "--budget" in bad(capsys, "search", "--data", str(data))  # required unless --create-only
 

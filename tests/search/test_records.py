@@ -6,7 +6,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.core.config import TrialResult
+from autotune.core.config import TrialConfig, TrialResult
 from autotune.search.records import StudyRecord, TrialRecord, of_result, write
 from autotune.search.storage import open_storage
 
@@ -22,10 +22,11 @@ def test_trial_record_round_trips_through_the_storage(tmp_path: Path) -> None:
     s = study(tmp_path)
     trial = s.ask()
     write(trial, TrialRecord(role="baseline", config={"batch_size": 8}, owner={"pid": 1, "host": "h"}))
-    write(trial, of_result("baseline", {"batch_size": 8}, RESULT, speedup=1.0, contended=True))
+    write(trial, of_result("baseline", TrialConfig(), RESULT, speedup=1.0, contended=True))
     s.tell(trial, RESULT.samples_per_s)
     back = TrialRecord.from_frozen(s.trials[0])
-    assert back.role == "baseline" and back.config == {"batch_size": 8} and back.speedup == 1.0 and back.contended
+    assert back.role == "baseline" and back.config == TrialConfig().knobs() and back.speedup == 1.0 and back.contended
+    assert back.training_math == ()  # the baseline trains as the baseline: "same"
     assert back.owner == {"pid": 1, "host": "h"}  # the second write did not erase the first's owner
     assert back.windows == (11.0, 12.0) and back.metrics["peak_memory_bytes"] == 2**20
     assert back.result().samples_per_s == 12.5 and back.result().applied["precision"]["in_effect"] == "bf16"

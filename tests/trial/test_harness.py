@@ -125,3 +125,42 @@ def test_fp16_on_cpu_records_why() -> None:
     h = harness.build(cfg(precision="fp16"))
     assert "no CUDA device" in h.applied["precision"]["why"]
     assert math.isfinite(h.step(next(h.batches())))
+
+
+# --- gradient accumulation: the global batch's optimizer step, whatever the micro-batch ---------------
+
+def test_accumulated_micro_batches_make_the_full_batch_step() -> None:
+    full = harness.build(cfg(batch_size=8, global_batch=8))
+    micro = harness.build(cfg(batch_size=2, global_batch=8))
+    assert (full.cfg.grad_accum, micro.cfg.grad_accum) == (1, 4)
+    groups = micro.batches()
+    for _ in range(3):  # the same 8 samples per step: the data order does not depend on the micro-batch
+        group = next(groups)
+        assert len(group) == 4 and all(len(x) == 2 for x, _ in group)
+        batch = [(torch.cat([x for x, _ in group]), torch.cat([y for _, y in group]))]
+        assert math.isclose(full.step(batch), micro.step(group), rel_tol=1e-5)  # mean loss over the 8 samples
+    for a, b in zip(params(full.model), params(micro.model)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)  # the same weights after three steps
+
+
+def test_a_stub_accumulation_would_differ() -> None:
+    # Guard for the test above: steps on 2 samples each do move the weights elsewhere.
+    full = harness.build(cfg(batch_size=8, global_batch=8))
+    small = harness.build(cfg(batch_size=2))
+    group = next(harness.build(cfg(batch_size=2, global_batch=8)).batches())
+    full.step([(torch.cat([x for x, _ in group]), torch.cat([y for _, y in group]))])
+    for g in group:
+        small.step([g])
+    assert any(not torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(params(full.model), params(small.model)))
+
+
+def test_grouped_keeps_a_short_last_group() -> None:
+    assert list(harness.grouped(iter(range(5)), 2)) == [[0, 1], [2, 3], [4]]
+
+
+def test_lr_in_effect_is_scaled_for_another_global_batch() -> None:
+    h = harness.build(cfg(batch_size=32, lr=1e-3))  # free global batch 32 vs the reference 8: sqrt(4) = 2
+    assert h.optimizer.param_groups[0]["lr"] == pytest.approx(2e-3)
+    assert h.applied["lr"]["in_effect"] == pytest.approx(2e-3) and "sqrt" in h.applied["lr"]["why"]
+    fixed = harness.build(cfg(batch_size=4, global_batch=32, lr=1e-3))  # the study's global batch: lr as given
+    assert fixed.optimizer.param_groups[0]["lr"] == 1e-3 and fixed.applied["grad_accum"]["in_effect"] == 8

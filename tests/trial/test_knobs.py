@@ -6,6 +6,8 @@ not in effect.
 """
 from __future__ import annotations
 
+import itertools
+
 import copy
 from typing import Any
 
@@ -90,7 +92,7 @@ def test_loader_gets_worker_knobs() -> None:
     assert loader.num_workers == 2
     assert loader.persistent_workers is True
     assert loader.prefetch_factor == 3
-    assert loader.batch_size == 4 and loader.drop_last
+    assert loader.batch_size == 4 and not loader.drop_last  # training (epoch-sized) sees every sample
     assert isinstance(loader.sampler, RandomSampler)
     assert applied["num_workers"] == {"requested": 2, "in_effect": 2}
     assert applied["persistent_workers"] == {"requested": True, "in_effect": True}
@@ -126,10 +128,20 @@ def test_loader_shards_across_ranks() -> None:
     assert len(loader) == 4  # 16 samples / 2 ranks / batch 2
 
 
-def test_loader_refuses_a_dataset_smaller_than_one_global_batch() -> None:
-    # Epoch-sized (`autotune train`): drop_last would leave no batch at all in an epoch.
-    with pytest.raises(ConfigError, match="fewer than one global batch"):
-        knobs.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 2, CPU)
+def test_loader_refuses_a_dataset_smaller_than_the_processes() -> None:
+    # Epoch-sized (`autotune train`): a process with an empty shard would have nothing to train on.
+    with pytest.raises(ConfigError, match="fewer than the 2 processes"):
+        knobs.build_loader(dataset(1), TrialConfig(batch_size=4), 0, 2, CPU)
+
+
+def test_training_loader_keeps_the_partial_last_batch() -> None:
+    loader, _ = knobs.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 1, CPU)
+    assert [len(x) for x, _ in loader] == [4, 2]  # every sample, every epoch: no partial batch dropped
+
+
+def test_endless_loader_batches_are_always_whole() -> None:
+    loader, _ = knobs.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 1, CPU, endless=True)
+    assert loader.drop_last and all(len(x) == 4 for x, _ in itertools.islice(loader, 5))
 
 
 # --- the endless sampler (trials) -----------------------------------------------------------------
@@ -147,8 +159,8 @@ def test_endless_loader_is_one_iterator_across_epochs() -> None:
     assert len(pids) == 1, pids  # the one worker served every epoch: the loader never restarted
     for e in range(3):
         assert sorted(items[6 * e: 6 * e + 6]) == list(range(6))  # each epoch is a whole permutation
-    _, restarted = five_batches(endless=False)  # the epoch-sized loader: a new worker each epoch
-    assert len(restarted) == 5
+    _, restarted = five_batches(endless=False)  # the epoch-sized loader (4 + 2 per epoch): a new worker each epoch
+    assert len(restarted) == 3
 
 
 def test_endless_loader_takes_a_batch_larger_than_the_dataset() -> None:

@@ -31,9 +31,22 @@ def accelerator(device: str | None) -> str:
 def optimizer_expr(cfg: TrialConfig, params: str) -> str:
     if cfg.optimizer_fusion == "apex":
         # apex's weight decay defaults to 0 and its zero_grad() takes no set_to_none: both go here.
-        return (f"apex.optimizers.FusedAdam({params}, lr={cfg.lr!r}, adam_w_mode=True, weight_decay=0.01, "
+        return (f"apex.optimizers.FusedAdam({params}, lr={cfg.effective_lr!r}, adam_w_mode=True, weight_decay=0.01, "
                 f"set_grad_none={cfg.set_to_none!r})")
-    return f"torch.optim.AdamW({params}, lr={cfg.lr!r}, {_ADAMW_KW[cfg.optimizer_fusion]})"
+    return f"torch.optim.AdamW({params}, lr={cfg.effective_lr!r}, {_ADAMW_KW[cfg.optimizer_fusion]})"
+
+
+def training_lines(cfg: TrialConfig) -> list[str]:
+    """Comment lines: the optimizer step this config computes (global batch, accumulation, lr and its rule)."""
+    lines = [f"# global batch {cfg.global_batch_size} = {cfg.batch_size} per process x {cfg.gpus} process(es) x "
+             f"{cfg.grad_accum} accumulation step(s)"]
+    if cfg.effective_lr != cfg.lr:
+        lines.append(f"# lr {cfg.effective_lr:.6g}: {cfg.lr:g} for global batch {cfg.reference_batch}, scaled by the "
+                     f"{cfg.lr_scaling} rule for {cfg.global_batch_size}")
+    else:
+        lines.append(f"# lr {cfg.effective_lr:g}: the learning rate autotune trained with (global batch "
+                     f"{cfg.global_batch_size})")
+    return lines
 
 
 def zero_grad_call(cfg: TrialConfig) -> str:

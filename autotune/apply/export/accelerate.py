@@ -5,7 +5,7 @@ from typing import Any
 
 import yaml
 
-from autotune.apply.export._common import knob_table, optimizer_expr, zero_grad_call
+from autotune.apply.export._common import knob_table, optimizer_expr, training_lines, zero_grad_call
 from autotune.core.config import TrialConfig
 
 _ACC_PRECISION = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}
@@ -65,6 +65,10 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "# accelerate holds the process layout, mixed precision and torch.compile; the DataLoader and",
         "# optimizer knobs stay in your script. Every tuned knob, and where it goes:",
         knob_table(cfg, where),
+        *training_lines(cfg),
+        f"# gradient_accumulation_steps={cfg.grad_accum}: in your script, "
+        f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum}) and each step inside "
+        "`with accelerator.accumulate(model):`",
         "",
     ]
     return "\n".join(header) + yaml.safe_dump(conf, sort_keys=True, default_flow_style=False)

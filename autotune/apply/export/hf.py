@@ -1,7 +1,7 @@
 """Python for transformers.TrainingArguments, with comments for what it cannot hold."""
 from __future__ import annotations
 
-from autotune.apply.export._common import knob_table
+from autotune.apply.export._common import knob_table, training_lines
 from autotune.core.config import TrialConfig
 
 _HF_OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_fused", "apex": "adamw_apex_fused"}
@@ -31,6 +31,8 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
     }
     args = [
         f"    per_device_train_batch_size={cfg.batch_size!r},",
+        f"    gradient_accumulation_steps={cfg.grad_accum!r},  # global batch {cfg.global_batch_size}",
+        f"    learning_rate={cfg.effective_lr!r},",
         f"    dataloader_num_workers={cfg.num_workers!r},",
         f"    dataloader_pin_memory={cfg.pin_memory!r},",
         f"    dataloader_persistent_workers={cfg.persistent_workers!r},",
@@ -74,6 +76,7 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         "# transformers.TrainingArguments fields for the configuration autotune measured.",
         "# Every tuned knob, and where it goes:",
         knob_table(cfg, where),
+        *training_lines(cfg),
         "import torch",
         "",
         "training_args = dict(", *args, ")",

@@ -1,7 +1,7 @@
 """Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and hooks for the rest."""
 from __future__ import annotations
 
-from autotune.apply.export._common import accelerator, knob_table, optimizer_expr, zero_grad_call
+from autotune.apply.export._common import accelerator, knob_table, optimizer_expr, training_lines, zero_grad_call
 from autotune.core.config import TrialConfig
 
 _LIGHTNING_PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
@@ -36,6 +36,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
     trainer += [
         f"    precision={_LIGHTNING_PRECISION[cfg.precision]!r},",
         f"    benchmark={cfg.cudnn_benchmark!r},  # cudnn_benchmark",
+        f"    accumulate_grad_batches={cfg.grad_accum!r},  # global batch {cfg.global_batch_size}",
     ]
     loader = [
         f"    batch_size={cfg.batch_size!r},  # per process",
@@ -49,7 +50,8 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         '    """Mix into your module: class MyModule(AutotuneHooks, lightning.pytorch.LightningModule)."""',
         "",
         "    def configure_optimizers(self):",
-        f"        # optimizer_fusion={cfg.optimizer_fusion}; lr is the one autotune measured with, use your own",
+        f"        # optimizer_fusion={cfg.optimizer_fusion}; lr for global batch {cfg.global_batch_size} "
+        f"({cfg.lr_scaling} rule if it was scaled)",
         f"        return {optimizer_expr(cfg, 'self.parameters()')}",
         "",
         "    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):",
@@ -82,6 +84,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "# Lightning (lightning.pytorch) settings for the configuration autotune measured.",
         "# Every tuned knob, and where it goes:",
         knob_table(cfg, where),
+        *training_lines(cfg),
         "import torch",
         *(["import apex.optimizers  # optimizer_fusion=apex needs NVIDIA apex"] if cfg.optimizer_fusion == "apex" else []),
         "",
