@@ -59,7 +59,9 @@ class LiveSearch:
         figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{state}: {why}"
         speed = f"  x{r.speedup:.2f}" if feasible(t) and r.speedup else ""
         if r.contended:
-            speed += "  [contended: another trial shared the CPU, timing suspect]"
+            others = r.metrics.get("others_cpu")
+            busy = f"other processes kept {others:.2f} CPUs busy" if others else "another trial shared the CPU"
+            speed += f"  [contended: {busy}; timing suspect, measured again]"
         if r.repeat_of is not None:
             speed += f"  [same config as trial {r.repeat_of}: its figure reused, not run again]"
         if feasible(t) and r.training_math:

@@ -183,6 +183,7 @@ class TrialResult:
     gpu_util: float | None = None
     gpu_util_errors: int = 0  # NVML samples lost to errors (each rank's GPU is sampled by that rank)
     gpu_util_error: str | None = None  # the first NVML error, or why nothing was sampled
+    others_cpu: float | None = None  # CPUs other processes kept busy while this trial measured
     loss_first: float | None = None
     loss_last: float | None = None
     losses: tuple[float, ...] = ()  # every optimizer step's loss, warm-up included (result.json only)
@@ -203,7 +204,8 @@ class TrialResult:
     def metrics(self) -> dict[str, Any]:
         """Scalar figures, as stored in Optuna user attrs."""
         keep = ("samples_per_s", "step_time_p50", "step_time_p90", "data_wait_fraction",
-                "peak_memory_bytes", "memory_total_bytes", "gpu_util", "gpu_util_errors", "gpu_util_error", "loss_first", "loss_last", "startup_s",
+                "peak_memory_bytes", "memory_total_bytes", "gpu_util", "gpu_util_errors", "gpu_util_error",
+                "others_cpu", "loss_first", "loss_last", "startup_s",
                 "warmup_s", "timed_steps", "world_size", "device")
         return {k: getattr(self, k) for k in keep}
 

@@ -35,6 +35,7 @@ class TrialRecord:
     metrics: Mapping[str, Any] = field(default_factory=dict)  # TrialResult.metrics(), flat in the attrs
     repeat_of: int | None = None  # the sampler proposed a config already measured there: not run again
     training_math: tuple[str, ...] | None = None  # how its training differs from the baseline's; () = same
+    retry_of: int | None = None  # a re-run of that trial, whose measurement was contended
 
     @classmethod
     def from_frozen(cls, t: FrozenTrial) -> TrialRecord:
@@ -53,9 +54,10 @@ class TrialRecord:
     def to_attrs(self) -> dict[str, Any]:
         """Only what is set, so writing a record never erases what another writer stored."""
         out: dict[str, Any] = {"role": self.role}
-        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of"):
+        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of",
+                    "retry_of"):
             value = getattr(self, key)
-            # By identity, not ==: trial 0 (repeat_of=0, the baseline) must not read as "unset" (0 == False).
+            # By identity, not ==: trial 0 (repeat_of=0, retry_of=0) must not read as "unset" (0 == False).
             if value is None or value is False or value == "" or (isinstance(value, Mapping) and not value):
                 continue
             out[key] = dict(value) if isinstance(value, Mapping) else value

@@ -28,16 +28,20 @@ def feasible(t: FrozenTrial) -> bool:
 
 
 def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible trials, fastest first; a config the sampler proposed again (reused, not re-run) once."""
-    return sorted((t for t in study.get_trials(deepcopy=False)
-                   if feasible(t) and TrialRecord.from_frozen(t).repeat_of is None), key=lambda t: -float(t.value or 0))
+    """Feasible trials, fastest first, every contended figure below every clean one (a measurement
+    another process starved is never the best while a clean one exists); a config the sampler
+    proposed again (reused, not re-run) appears once."""
+    rows = [(t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False) if feasible(t)]
+    return [t for t, r in sorted(((t, r) for t, r in rows if r.repeat_of is None),
+                                 key=lambda tr: (tr[1].contended, -float(tr[0].value or 0)))]
 
 
 def baseline_sps(study: optuna.Study) -> float | None:
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if TrialRecord.from_frozen(t).role == "baseline" and feasible(t):
-            return float(t.value or 0)
-    return None
+    """The baseline's figure: its first clean measurement, else its first (contended) one."""
+    runs = [(t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    runs = [(t, r) for t, r in runs if r.role == "baseline" and feasible(t)]
+    clean = [t for t, r in runs if not r.contended] or [t for t, _ in runs]
+    return float(clean[0].value or 0) if clean else None
 
 
 def shown_storage(url: str | None) -> str:

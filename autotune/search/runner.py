@@ -29,6 +29,9 @@ from autotune.trial.warm import WarmServer
 # The sampler should learn where these lie: they are properties of the config, not accidents.
 INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported, TrialBadConfig)
 FEASIBLE_KEY = "infeasible"
+# Other processes' CPU use during a trial's timed window above which its figure is not the config's
+# speed (/proc/stat less the trial's own tree; 0.25 = a quarter of one core on average).
+CONTENDED_CPUS = 0.25
 
 
 @dataclass
@@ -115,8 +118,10 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
     else:
         base = result.samples_per_s if role == "baseline" else baseline_sps(study)
         speedup = result.samples_per_s / base if base and result.samples_per_s else None
-        # lease.contended: another trial shared these cores, so the figure is suspect.
-        write(trial, of_result(role, cfg, result, speedup, lease.contended))
+        # Another trial shared these cores (lease), or other processes kept the CPU busy: suspect. The
+        # search measures it once more (session.py), and it ranks below every clean figure meanwhile.
+        contended = lease.contended or (result.others_cpu or 0.0) > CONTENDED_CPUS
+        write(trial, of_result(role, cfg, result, speedup, contended))
         short = headroom_short(result, settings.memory_headroom)
         # Too close to the memory limit: it ran here, but a longer run (a bigger batch late in an epoch,
         # fragmentation, another process) would fail. Infeasible, like an OOM, and never exported.
@@ -165,11 +170,11 @@ def _upload(trial: optuna.Trial, trial_dir: Path) -> None:
 
 
 def measured(study: optuna.Study, cfg: TrialConfig) -> FrozenTrial | None:
-    """A finished trial (feasible or not) that ran exactly these knobs, if any."""
+    """A finished, uncontended trial (feasible or not) that ran exactly these knobs, if any."""
     knobs = cfg.knobs()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         record = TrialRecord.from_frozen(t)
-        if record.repeat_of is None and dict(record.config) == knobs:
+        if record.repeat_of is None and not record.contended and dict(record.config) == knobs:
             return t
     return None
 

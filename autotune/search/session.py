@@ -193,6 +193,7 @@ class SearchSession:
             frozen = run_one(self.study, trial, cfg, s, min(s.trial_timeout, left + grace), events, server)
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
+            _retry_if_contended(self.study, frozen)
             yield frozen
             if self._stop_for_data(frozen):
                 return
@@ -249,6 +250,16 @@ def _check_data(pipeline: Any, settings: SearchSettings, say: Say, progress: Pro
     note = pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress)
     if note:
         say(note)
+
+
+def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
+    """A figure measured while other processes used the CPU is not the config's speed: queue the same
+    config once more (any worker of the study may take it). Its first figure ranks below every clean
+    one meanwhile (results.leaderboard), so it never becomes the best on a starved measurement."""
+    record = TrialRecord.from_frozen(frozen)
+    if record.contended and record.retry_of is None and frozen.state == optuna.trial.TrialState.COMPLETE:
+        study.enqueue_trial(dict(frozen.params), user_attrs=TrialRecord(
+            role=record.role, config=record.config, retry_of=frozen.number).to_attrs())
 
 
 CLAIM_SETTLE_S = 1.0  # workers that start together all write their claim within this; the last one wins

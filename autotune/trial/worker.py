@@ -19,6 +19,7 @@ from typing import Any, Iterator
 from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import die_with_parent
+from autotune.trial.contention import OtherCpu
 
 LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
 
@@ -49,7 +50,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     step_times: list[float] = []
     waits: list[float] = []
     windows: list[float] = []
-    with measure.GpuUtilSampler(device) as util:
+    with measure.GpuUtilSampler(device) as util, OtherCpu() as others:
         t_begin = window_start = measure.now(device)
         while True:
             t0 = measure.now(device)
@@ -97,6 +98,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         gpu_util=gpu_util,
         gpu_util_errors=util_errors,
         gpu_util_error=util.first_error,
+        others_cpu=others.cpus,
         loss_first=losses[0],
         loss_last=losses[-1],
         losses=tuple(losses),

@@ -53,7 +53,7 @@ def search(tmp_path: Path) -> tuple[optuna.Study, dict[str, FrozenTrial]]:
                                 direction="maximize")
     t = {
         "baseline": ok(study, "baseline", BASELINE.knobs(), 10.0, 1.0, 300 * 2**20, 0.25),
-        "fast": ok(study, "search", FAST.knobs(), 20.0, 2.0, 200 * 2**20, 0.05, contended=True),
+        "fast": ok(study, "search", FAST.knobs(), 20.0, 2.0, 200 * 2**20, 0.05),
         "oom": failed(study, BIG.knobs(), "oom", "CUDA out of memory. Tried to allocate 20.00 GiB", None),
         "crash": failed(study, BASELINE.replace(compile="default").knobs(), "crash", "worker died with signal 9",
                         TrialState.FAIL),
@@ -160,10 +160,18 @@ def finished_line(study: optuna.Study, trial: FrozenTrial) -> str:
 
 def test_live_line_for_a_fast_contended_trial(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
     study, t = search
-    line = finished_line(study, t["fast"])
-    assert f"trial {t['fast'].number:3d}" in line and "20.00 samples/s" in line and "x2.00" in line
+    starved = ok(study, "search", FAST.knobs(), 20.0, 2.0, 200 * 2**20, 0.05, contended=True)
+    line = finished_line(study, starved)
+    assert f"trial {starved.number:3d}" in line and "20.00 samples/s" in line and "x2.00" in line
     assert "contended" in line and "timing suspect" in line
     assert "precision=bf16" in line
+
+
+def test_a_contended_figure_ranks_below_every_clean_one(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
+    study, t = search
+    starved = ok(study, "search", BIG.knobs(), 99.0, 9.9, None, None, contended=True)  # fastest, but starved
+    numbers = [row[1] for row in leaderboard_rows(study, 10)]
+    assert numbers[-1] == str(starved.number) and numbers[0] == str(t["fast"].number)
 
 
 def test_live_line_for_a_clean_trial_has_no_contended_note(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:

@@ -48,6 +48,7 @@ def test_study_record_round_trips(tmp_path: Path) -> None:
 
 
 def test_a_reference_to_trial_zero_is_kept() -> None:
-    """repeat_of = 0 names the baseline, trial 0: it must not vanish as if unset."""
-    attrs = TrialRecord(role="search", repeat_of=0).to_attrs()
-    assert attrs["repeat_of"] == 0 and TrialRecord.from_attrs(attrs).repeat_of == 0
+    """repeat_of / retry_of = 0 name the baseline, trial 0: they must not vanish as if unset."""
+    attrs = TrialRecord(role="baseline", retry_of=0, repeat_of=0).to_attrs()
+    assert attrs["retry_of"] == 0 and attrs["repeat_of"] == 0
+    assert TrialRecord.from_attrs(attrs).retry_of == 0

@@ -177,7 +177,9 @@ def test_concurrent_searches_share_one_journal(tmp_path: Path) -> None:
     numbers = [t.number for t in trials]
     assert len(numbers) == len(set(numbers))
     reported = sum(len(re.findall(r"^trial +\d+ \[", out, re.M)) for out, _ in outs)
-    assert reported == sum(t.state.is_finished() for t in trials) == len(trials)
-    roles = [t.user_attrs.get("role") for t in trials]
+    assert reported == sum(t.state.is_finished() for t in trials)
+    # Left WAITING: only re-measurements of contended trials that the budget had no room for.
+    assert all(t.state.is_finished() or t.user_attrs.get("retry_of") is not None for t in trials)
+    roles = [t.user_attrs.get("role") for t in trials if t.user_attrs.get("retry_of") is None]
     assert roles.count("baseline") == 1 and roles.count("warm_start") == 1
     assert any(t.user_attrs.get("contended") for t in trials)  # CPU sharing is recorded, not hidden
