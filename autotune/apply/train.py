@@ -185,26 +185,31 @@ def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say:
     # The config first: what the first run warms for the second (the OS page cache) favours the baseline.
     results = [run_config(c, epochs, out, name, say) for name, c in runs]
     if compare_baseline:
-        tuned, base = results
-        say(f"speedup: x{tuned['samples_per_s'] / base['samples_per_s']:.2f}  (config {tuned['samples_per_s']:.2f} "
-            f"vs baseline {base['samples_per_s']:.2f} samples/s over {epochs} epoch(s), data loading included)")
-        say(f"optimizer steps: config {tuned['optimizer_steps']} (global batch {tuned['global_batch']}, lr "
-            f"{tuned['lr']:.3g}), baseline {base['optimizer_steps']} (global batch {base['global_batch']}, lr "
-            f"{base['lr']:.3g})")
-        if tuned["iou"] is None or base["iou"] is None:
-            say("final IoU: not measured (no validation set or metric)")
-        else:
-            diff = tuned["iou"] - base["iou"]
-            behind = diff < -margin
-            tuned["comparison"] = {"iou_difference": diff, "margin": margin, "behind_baseline": behind}
-            say(f"final IoU: config {tuned['iou']:.4f}, baseline {base['iou']:.4f}, difference {diff:+.4f}")
-            if behind:
-                say(f"autotune: WARNING: the config's IoU is {-diff:.4f} behind the baseline's, more than the "
-                    f"{margin} margin: it trains differently (see training_math and parity in best.yaml); "
-                    "search with --global-batch to keep the baseline's optimizer step")
+        for line in compare(*results, epochs, margin):
+            say(line)
     write_json_atomic(out / "train.json", results)
     say(f"autotune: results in {out / 'train.json'}")
     return results
+
+
+def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: float) -> list[str]:
+    """The lines that compare the config's run with the baseline's; records `comparison` in `tuned`."""
+    lines = [f"speedup: x{tuned['samples_per_s'] / base['samples_per_s']:.2f}  (config {tuned['samples_per_s']:.2f} "
+             f"vs baseline {base['samples_per_s']:.2f} samples/s over {epochs} epoch(s), data loading included)",
+             f"optimizer steps: config {tuned['optimizer_steps']} (global batch {tuned['global_batch']}, lr "
+             f"{tuned['lr']:.3g}), baseline {base['optimizer_steps']} (global batch {base['global_batch']}, lr "
+             f"{base['lr']:.3g})"]
+    if tuned["iou"] is None or base["iou"] is None:
+        return lines + ["final IoU: not measured (no validation set or metric)"]
+    diff = tuned["iou"] - base["iou"]
+    behind = diff < -margin
+    tuned["comparison"] = {"iou_difference": diff, "margin": margin, "behind_baseline": behind}
+    lines.append(f"final IoU: config {tuned['iou']:.4f}, baseline {base['iou']:.4f}, difference {diff:+.4f}")
+    if behind:
+        lines.append(f"autotune: WARNING: the config's IoU is {-diff:.4f} behind the baseline's, more than the "
+                     f"{margin} margin: it trains differently (see training_math and parity in best.yaml); "
+                     "search with --global-batch to keep the baseline's optimizer step")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

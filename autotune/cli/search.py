@@ -139,8 +139,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
-        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, skip_bad_data=args.skip_bad_data,
-        confirm_rounds=0)  # many workers finish at different times: confirm with `autotune search` on the study
+        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, skip_bad_data=args.skip_bad_data)
+    # Confirmation, parity and headroom come from the study; the worker that finishes last confirms.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
     with _data_progress(console) as progress:

@@ -99,6 +99,8 @@ class StudyRecord:
     resolved: bool = True  # False: made by `search --create-only`; the first worker resolves the space
     memory_headroom: float | None = None  # the share of memory a config must leave free (workers too)
     parity_steps: int | None = None
+    confirm_rounds: int | None = None  # the search's confirmation, run by the worker that finishes last
+    confirm_top: int | None = None
     ablation: list[Any] | None = None
 
     @classmethod

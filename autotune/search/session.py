@@ -25,7 +25,7 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, batch, confirm
+from autotune.search import _optuna, batch, confirm, fleet
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
@@ -66,6 +66,7 @@ class SearchSession:
         self.warm, self.say = warm, say
         self._data_failures = 0
         self._stopped: str | None = None
+        self.fleet_key: str | None = None  # a worker of a fleet: only the last one to finish confirms
 
     # ---- open -----------------------------------------------------------------------------------
 
@@ -111,8 +112,11 @@ class SearchSession:
                                 "its timings would not be comparable (--force to join anyway)")
         timeout = settings.trial_timeout_s or record.trial_timeout_s
         settings = dataclasses.replace(settings, base=base, trial_timeout_s=timeout, **{
-            k: getattr(record, k) for k in ("memory_headroom", "parity_steps") if getattr(record, k) is not None})
-        return cls(study, space, settings, warm=warm, say=say)
+            k: getattr(record, k) for k in ("memory_headroom", "parity_steps", "confirm_rounds", "confirm_top")
+            if getattr(record, k) is not None})
+        session = cls(study, space, settings, warm=warm, say=say)
+        session.fleet_key = fleet.register(study)
+        return session
 
     # ---- run ------------------------------------------------------------------------------------
 
@@ -133,7 +137,7 @@ class SearchSession:
             with self._warm_server() as server:
                 for _ in self._trials(events or Events(), server, reserve):
                     outcome.trials += 1
-                if s.confirm_rounds and not self._stopped:
+                if s.confirm_rounds and not self._stopped and self._finishes():
                     outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
                                                        server=server, say=self.say, deadline=end)
         except KeyboardInterrupt:
@@ -172,6 +176,8 @@ class SearchSession:
             left = float("inf") if deadline is None else deadline - time.monotonic()
             if left <= 0 or (durations and statistics.median(durations) > left + grace):
                 break
+            if self.fleet_key is not None:
+                fleet.beat(self.study, self.fleet_key)
             if _optuna.heartbeats(self.study):
                 optuna.storages.fail_stale_trials(self.study)  # a dead worker's trial: FAIL, then retried
             else:
@@ -197,6 +203,15 @@ class SearchSession:
             yield frozen
             if self._stop_for_data(frozen):
                 return
+
+    def _finishes(self) -> bool:
+        """`search` finishes its own run; a fleet's worker only when it is the last one still running."""
+        if self.fleet_key is None:
+            return True
+        if fleet.finishes(self.study, self.fleet_key):
+            return True
+        self.say("autotune: other workers are still running: the last one to finish confirms the winner")
+        return False
 
     def _stop_for_data(self, frozen: optuna.trial.FrozenTrial) -> bool:
         """Every config fails the same way on bad data: stop after a few in a row, and say why."""

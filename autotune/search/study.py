@@ -110,7 +110,8 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
         study.set_metric_names([OBJECTIVE])
     StudyRecord(fingerprint=fp if hw else {}, space=space.to_dict(), workload=settings.base.workload(),
                 sampler=settings.sampler, trial_timeout_s=settings.trial_timeout, resolved=hw is not None,
-                memory_headroom=settings.memory_headroom, parity_steps=settings.parity_steps).write(study)
+                memory_headroom=settings.memory_headroom, parity_steps=settings.parity_steps,
+                confirm_rounds=settings.confirm_rounds, confirm_top=settings.confirm_top).write(study)
     if hw is not None:
         enqueue_starts(study, settings.base, space, hw)
     return study

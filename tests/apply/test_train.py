@@ -69,6 +69,8 @@ def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.Ca
     assert "[config] epoch 1/1" in text and "[baseline] epoch 1/1" in text
     assert "samples/s" in text and "speedup: x" in text
     assert "final IoU: config" in text and "baseline" in text and "difference" in text
+    # Global batch 4 vs the baseline's 8: twice the steps, and the lr scaled by sqrt(1/2), both said.
+    assert "optimizer steps: config 6 (global batch 4, lr 0.000707), baseline 3 (global batch 8, lr 0.001)" in text
 
     runs = json.loads((out / "train.json").read_text())
     assert [r["name"] for r in runs] == ["config", "baseline"]
@@ -78,7 +80,8 @@ def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.Ca
     for r in runs:
         (epoch,) = r["history"]
         assert epoch["samples"] > 0 and epoch["seconds"] > 0 and 0.0 <= epoch["iou"] <= 1.0
-        assert epoch["samples"] == (22 // r["config"]["batch_size"]) * r["config"]["batch_size"]  # a full epoch
+        assert epoch["samples"] == 22  # every sample: the partial last batch is trained on, not dropped
+        assert epoch["optimizer_steps"] == r["optimizer_steps"] == -(-22 // r["config"]["batch_size"])
         ckpt = torch.load(r["checkpoint"], map_location="cpu", weights_only=True)
         assert ckpt["config"]["precision"] == r["config"]["precision"] and ckpt["epochs"] == 1
         plain_unet(data).load_state_dict(ckpt["model"])  # strict: no checkpoint/DDP wrapper names left
@@ -102,5 +105,23 @@ def test_ddp_two_processes(data: Path, tmp_path: Path, capfd: pytest.CaptureFixt
     assert args.func(args) == 0
     assert "DDP over 2 processes" in capfd.readouterr().out
     (run,) = json.loads((out / "train.json").read_text())
-    assert run["world"] == 2 and run["history"][0]["samples"] == (22 // 4) * 4  # both ranks' samples
+    assert run["world"] == 2 and run["history"][0]["samples"] == 22  # both ranks' shards: every sample
     plain_unet(data).load_state_dict(torch.load(run["checkpoint"], weights_only=True)["model"])
+
+
+def _run(iou: float | None, steps: int, batch: int) -> dict:
+    return {"samples_per_s": 10.0, "optimizer_steps": steps, "global_batch": batch, "lr": 1e-3, "iou": iou}
+
+
+def test_a_config_behind_the_baseline_says_so_in_one_line_and_in_the_record() -> None:
+    from autotune.apply.train import compare
+
+    tuned, base = _run(0.10, 5, 64), _run(0.84, 50, 8)
+    lines = compare(tuned, base, epochs=5, margin=0.02)
+    assert "optimizer steps: config 5 (global batch 64" in lines[1] and "baseline 50 (global batch 8" in lines[1]
+    warning = [line for line in lines if "WARNING" in line]
+    assert len(warning) == 1 and "0.7400 behind" in warning[0] and "--global-batch" in warning[0]
+    assert tuned["comparison"] == {"iou_difference": pytest.approx(-0.74), "margin": 0.02, "behind_baseline": True}
+    close = _run(0.83, 50, 8)
+    assert not any("WARNING" in line for line in compare(close, base, 5, 0.02))  # within the margin
+    assert close["comparison"]["behind_baseline"] is False

@@ -41,9 +41,11 @@ def fleet(tmp_path: Path):
         return subprocess.Popen([sys.executable, "-m", "autotune", "worker", "--storage", storage, "--study", name, *args],
                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def create(trial_seconds: str = "1") -> None:
+    def create(trial_seconds: str = "1", *extra: str) -> None:
+        # No confirmation or parity unless a test asks: the last worker would run them after its trials.
+        extra = extra or ("--confirm-rounds", "0", "--parity-steps", "0")
         r = run("search", "--create-only", "--budget", "1h", "--storage", PG or "", "--study", name, "--data", str(data),
-                "--image-size", "64", "--trial-seconds", trial_seconds, "--warmup-steps", "1")
+                "--image-size", "64", "--trial-seconds", trial_seconds, "--warmup-steps", "1", *extra)
         assert r.returncode == 0, r.stderr
 
     def study() -> optuna.Study:
@@ -133,3 +135,16 @@ def test_storage_proxy_serves_two_workers(fleet) -> None:
         fleet.outputs.append(out)
     done = [t for t in fleet.study().get_trials() if t.state.is_finished()]
     assert len(done) == 2
+
+
+def test_the_last_worker_to_finish_confirms_once(fleet) -> None:
+    fleet.create("1", "--confirm-rounds", "1", "--confirm-top", "1", "--parity-steps", "0")
+    quick = fleet.worker("--n-trials", "2")
+    finish([quick], fleet)
+    slow = fleet.worker("--n-trials", "3")
+    finish([slow], fleet)
+    first, last = fleet.outputs[-2], fleet.outputs[-1]
+    assert "confirming:" not in first or "other workers are still running" in first
+    assert "confirming:" in last, last[-2000:]
+    summary = fleet.study().user_attrs.get("confirmation")
+    assert summary and summary["rounds"] == 1 and summary["winner"] is not None

@@ -1,0 +1,60 @@
+"""Workers of one study, and which of them finishes it.
+
+A fleet's workers stop at different times (their own --budget or --n-trials). Confirmation and the
+parity check must run once, after the last trial, by the worker that finishes last: each worker
+records itself in the study when it joins and marks itself done when its trials are spent; the
+one that finds no other worker still alive (a crashed one counts as gone: same host, its pid is gone;
+another host, no heartbeat for STALE_AFTER_S) is elected among those finishing at once, last writer
+wins, as the resolver of a deferred study is.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import optuna
+
+from autotune.search import _optuna
+from autotune.search.study import _owner_alive
+
+PREFIX = "worker:"
+SETTLE_S = 1.0  # workers that finish together all write their claim within this; the last one wins
+
+
+def register(study: optuna.Study) -> str:
+    """Record this worker as running; returns its key in the study's user attrs."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "state": "running"}
+    key = f"{PREFIX}{me['host']}:{me['pid']}:{me['started']:.3f}"
+    study.set_user_attr(key, me)
+    return key
+
+
+def beat(study: optuna.Study, key: str) -> None:
+    """A heartbeat, so that workers on other hosts can tell this one is alive."""
+    me = dict(study.user_attrs.get(key) or {})
+    if me:
+        study.set_user_attr(key, {**me, "heartbeat": time.time()})
+
+
+def finishes(study: optuna.Study, key: str) -> bool:
+    """Mark this worker done; True when it is the one to finish the study (no other worker alive,
+    and it won the claim among those that finished with it)."""
+    me = dict(study.user_attrs.get(key) or {})
+    study.set_user_attr(key, {**me, "state": "done"})
+    if _others_running(_fresh(study).user_attrs, key):
+        return False
+    study.set_user_attr("finisher", key)
+    time.sleep(SETTLE_S)
+    attrs = _fresh(study).user_attrs
+    return attrs.get("finisher") == key and not _others_running(attrs, key)
+
+
+def _others_running(attrs: dict[str, Any], key: str) -> bool:
+    return any(k.startswith(PREFIX) and k != key and isinstance(v, dict) and v.get("state") == "running"
+               and _owner_alive(v) for k, v in attrs.items())
+
+
+def _fresh(study: optuna.Study) -> optuna.Study:
+    return optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))
