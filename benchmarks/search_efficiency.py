@@ -8,24 +8,37 @@
              trials it needs to reach 95% of the grid's best, and how close it gets in 10, 20, 40 trials.
 
 Strategies in replay:
-    tpe      autotune's default: `autotune.search.study.make_sampler('tpe', seed)`, with autotune's two enqueued
-             trials first (the plain-PyTorch baseline, then `study.warm_start` for the recorded host),
-             mapped into the reduced grid, and configs built by `autotune.search.space.suggest`
+    auto     autotune's default (`--sampler auto`): `autotune.search.study.make_sampler('auto', seed)`, the
+             coordinate pass of autotune/search/strategy.py (one knob at a time from the best config so
+             far) and then TPE, with autotune's two enqueued trials first (the plain-PyTorch baseline, then
+             `study.warm_start` for the recorded host), mapped into the reduced grid, configs built by
+             `autotune.search.space.suggest`, and a config already measured answered from that measurement
+             without counting as a trial (as `autotune search` does: session.py, runner.reuse); like
+             autotune, it gives up after 25 such repeats in a row
+    tpe      the same with make_sampler('tpe', seed), and a repeated config re-run (plain TPE, as replayed
+             before `auto`; tpe-dedup below answers repeats as autotune does)
     gp       the same with make_sampler('gp', seed) (needs scipy; skipped with a note when it is missing)
     random   optuna RandomSampler(seed), nothing enqueued (it may repeat a config, as in a real search)
     grid     optuna GridSampler(seed): the whole grid in a shuffled order, no repeats
     greedy   one technique at a time: start from the baseline; for each knob in a fixed order try each of
              its other values, keep the best. Deterministic, so all seeds agree; it stops when done.
-  and, with --improvements, cheap variants of the default that a real search could adopt:
+  and, with --improvements, variants that were measured against the default:
+    auto-alternate the default, but every other search trial of the coordinate pass is TPE's
+                   (CoordinateSampler(tpe_every=2)) instead of TPE only after the pass
     tpe-dedup      tpe, but a config that was already measured is answered from the cache and does not
-                   count as a trial (autotune re-runs repeats today); after 3 repeats in a row, an unseen
-                   config is tried instead
+                   count as a trial (as `autotune search` does); after 3 repeats in a row, an unseen
+                   config is tried instead (which autotune does not do)
     tpe-greedy     tpe-dedup, but after the baseline and the warm start it first runs one greedy pass (one
                    knob at a time from the better of the two, keeping the best), then hands over to TPE,
                    which has seen every result
 
     .venv/bin/python benchmarks/search_efficiency.py record --image-size 64 --seconds 8
     .venv/bin/python benchmarks/search_efficiency.py replay --seeds 20 --improvements
+    .venv/bin/python benchmarks/search_efficiency.py replay --seeds 200 --noise 0.04
+
+With --noise CV every measurement (each trial, and the first measurement a repeat is answered from) is the
+table's value times lognormal noise of that coefficient of variation, seeded per seed: the strategies
+then choose by noisy figures, as a real search does, and are scored by the table's true values.
 
 Exit codes: record 1 if any config failed (the table is still written, failures as 0); replay 1 if the
 default strategy misses the goal (95% of the best within a quarter of the grid's size, and in at most half
@@ -40,7 +53,6 @@ import itertools
 import os
 import random
 import shlex
-import socket
 import statistics
 import sys
 import tempfile
@@ -63,6 +75,7 @@ GRID: dict[str, tuple[Any, ...]] = {
     "channels_last": (False, True),
 }
 TARGET = 0.95
+DEFAULT = "auto (default)"  # the strategy row the goal is checked on: autotune's `--sampler auto`
 CHECKPOINTS = (10, 20, 40)
 
 
@@ -289,8 +302,14 @@ class Noise:
 Run = Callable[[Table, int, int, Noise], list[Config]]  # -> the configs in the order they were measured
 
 
+REPEATS_TO_STOP = 25  # autotune.search.session: proposals of measured configs in a row before a search ends
+
+
 def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: bool = False,
-                greedy_first: bool = False) -> Run:
+                greedy_first: bool = False, inject: bool = True) -> Run:
+    """An Optuna sampler replayed as autotune runs it. dedup: a measured config is answered from the
+    first measurement and is not a trial; inject (the tpe-* variants): after 3 such repeats in a row an
+    unseen config is enqueued; without inject (auto, as autotune): the run ends after REPEATS_TO_STOP."""
     def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
         import optuna
         from autotune.core.config import BASELINE, TrialConfig
@@ -356,6 +375,10 @@ def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: boo
                 repeats = 0
                 continue
             repeats += 1  # a repeat answered from the cache (dedup only)
+            if not inject:
+                if repeats >= REPEATS_TO_STOP:
+                    break
+                continue
             if repeats >= 3 and not pending:  # the sampler is stuck on what it knows: try an unseen config
                 unseen = [u for u in itertools.product(*GRID.values()) if u not in seen]
                 if not unseen:
@@ -364,6 +387,18 @@ def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: boo
         return measured
 
     return run
+
+
+def _auto(seed: int) -> Any:
+    from autotune.search.study import make_sampler
+
+    return make_sampler("auto", seed)
+
+
+def _auto_alternate(seed: int) -> Any:
+    from autotune.search.strategy import CoordinateSampler
+
+    return CoordinateSampler(seed=seed, tpe_every=2)
 
 
 def _tpe(seed: int) -> Any:
@@ -456,6 +491,10 @@ def _median_grid(size: int, good: int) -> int:
     return n
 
 
+def _fmt(x: float) -> str:
+    return "never" if x == float("inf") else f"{x:g}"
+
+
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
     if len(xs) == 1:
         return xs[0], xs[0], xs[0]
@@ -496,13 +535,15 @@ def replay(args: argparse.Namespace) -> int:
     print("  top 5: " + "; ".join(f"{table(c):.2f} ({'/'.join(str(v) for v in c)})" for c in ranked[:5]))
 
     strategies: dict[str, Run] = {
-        "tpe (default)": _optuna_run(_tpe, enqueue=True),
+        DEFAULT: _optuna_run(_auto, enqueue=True, dedup=True, inject=False),
+        "tpe": _optuna_run(_tpe, enqueue=True),
         "gp": _optuna_run(_gp, enqueue=True),
         "random": _optuna_run(_random, enqueue=False),
         "grid": _grid_run,
         "greedy": _greedy_run,
     }
     if args.improvements:
+        strategies["auto-alternate"] = _optuna_run(_auto_alternate, enqueue=True, dedup=True, inject=False)
         strategies["tpe-dedup"] = _optuna_run(_tpe, enqueue=True, dedup=True)
         strategies["tpe-greedy"] = _optuna_run(_tpe, enqueue=True, dedup=True, greedy_first=True)
     if args.strategies:
@@ -515,7 +556,7 @@ def replay(args: argparse.Namespace) -> int:
     header = (f"{'strategy':14s} {'trials to 95%: median':>22s} {'[q1, q3]':>12s} {'reached':>8s}   "
               + "   ".join(f"best@{c:<2d} med (min)" for c in CHECKPOINTS) + "   seconds")
     print(header)
-    summary: dict[str, float] = {}
+    summary: dict[str, tuple[float, float, float]] = {}
     for name, run in strategies.items():
         t0 = time.monotonic()
         firsts: list[float] = []
@@ -531,32 +572,35 @@ def replay(args: argparse.Namespace) -> int:
             print(f"{name:14s} skipped: {e} (autotune's `--sampler {name}` fails the same way here)")
             continue
         q1, med, q3 = _quartiles(firsts)
-        summary[name] = med
+        summary[name] = (q1, med, q3)
         reached = sum(1 for x in firsts if x != float("inf"))
 
-        def fmt(x: float) -> str:
-            return "never" if x == float("inf") else f"{x:g}"
-
-        print(f"{name:14s} {fmt(med):>22s} {'[' + fmt(q1) + ', ' + fmt(q3) + ']':>12s} {reached:>4d}/{args.seeds:<3d}   "
+        print(f"{name:14s} {_fmt(med):>22s} {'[' + _fmt(q1) + ', ' + _fmt(q3) + ']':>12s} {reached:>4d}/{args.seeds:<3d}   "
               + "   ".join(f"{statistics.median(at[c]):6.1%} ({min(at[c]):4.0%})" for c in CHECKPOINTS)
               + f"   {time.monotonic() - t0:6.1f}")
 
-    default = summary.get("tpe (default)")
-    rnd = summary.get("random")
-    if default is None or rnd is None:
+    if DEFAULT not in summary or "random" not in summary:
         return 1
+    default, rnd = summary[DEFAULT][1], summary["random"][1]
     quarter = table.size / 4
     # Random's sample median over few seeds is itself noisy (its quartiles are wide), so the goal is also
     # checked against the exact median for uniform draws with repeats; the exit code uses that one.
     exact = _median_random(table.size, within)
     ok_quarter, ok_random = default <= quarter, default <= exact / 2
-    print(f"\ngoal: default reaches {TARGET:.0%} in <= 1/4 of the grid ({quarter:g} trials): "
+
+    def quart(name: str) -> str:
+        q1, med, q3 = summary[name]
+        return f"{name.split()[0]} {_fmt(med)} [{_fmt(q1)}, {_fmt(q3)}]"
+
+    print(f"\ntrials to {TARGET:.0%}, median [q1, q3]: "
+          + "; ".join(quart(k) for k in (DEFAULT, "random", "tpe", "gp") if k in summary))
+    print(f"goal: default ({DEFAULT.split()[0]}) reaches {TARGET:.0%} in <= 1/4 of the grid ({quarter:g} trials): "
           f"{'met' if ok_quarter else 'MISSED'} (median {default:g}); in <= 1/2 of random's trials: "
           f"{'met' if default <= rnd / 2 else 'MISSED'} against the replayed random ({rnd:g} / 2 = {rnd / 2:g}), "
           f"{'met' if ok_random else 'MISSED'} against random's exact median ({exact} / 2 = {exact / 2:g})")
-    for name in ("tpe-dedup", "tpe-greedy"):
+    for name in ("auto-alternate", "tpe-dedup", "tpe-greedy"):
         if name in summary:
-            v = summary[name]
+            v = summary[name][1]
             print(f"  {name}: median {v:g} trials: <= 1/4 of the grid {'met' if v <= quarter else 'MISSED'}, "
                   f"<= 1/2 of random {'met' if v <= rnd / 2 else 'MISSED'} (replayed), "
                   f"{'met' if v <= exact / 2 else 'MISSED'} (exact)")
@@ -594,8 +638,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     y.add_argument("--max-trials", type=int, default=None, help="trials per run (default twice the grid size)")
     y.add_argument("--noise", type=float, default=0.0, metavar="CV",
                    help="multiplicative measurement noise, as a coefficient of variation (default 0: the table as is)")
-    y.add_argument("--strategies", help="comma-separated subset: tpe,gp,random,grid,greedy,tpe-dedup,tpe-greedy")
-    y.add_argument("--improvements", action="store_true", help="also replay the candidate improvements of the default")
+    y.add_argument("--strategies", help="comma-separated subset: auto,tpe,gp,random,grid,greedy,"
+                   "auto-alternate,tpe-dedup,tpe-greedy (the last three with --improvements)")
+    y.add_argument("--improvements", action="store_true", help="also replay the variants measured against the default")
     y.set_defaults(func=replay)
     args = p.parse_args(argv)
     if args.command == "record" and (args.seconds <= 0 or args.image_size < 32):
