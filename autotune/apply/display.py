@@ -14,7 +14,7 @@ from rich.text import Text
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
 from autotune.search.records import TrialRecord
-from autotune.search.results import CONFIRMATION, feasible, leaderboard
+from autotune.search.results import CONFIRMATION, PARITY, exported, feasible, leaderboard
 from autotune.search.runner import Events
 
 
@@ -97,12 +97,14 @@ LEADERBOARD_COLUMNS = ("#", "trial", "role", "samples/s", "speedup", "peak MiB",
 def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     """The top feasible trials as text cells, one row each; the terminal and the HTML report show these."""
     rows = []
+    verdicts = study.user_attrs.get(PARITY) or {}
     for rank, t in enumerate(leaderboard(study)[:top], 1):
         r = TrialRecord.from_frozen(t)
+        checked = (verdicts.get(str(t.number)) or {}).get("verdict")
         mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
         rows.append((str(rank), str(t.number), r.role, f"{t.value:.2f}", f"x{r.speedup:.2f}" if r.speedup else "-",
                      f"{mem / 2**20:.0f}" if mem else "-", f"{wait:.0%}" if wait is not None else "-",
-                     shown(r.training_math), knob_summary(r.config)))
+                     shown(r.training_math) + (f"; parity {checked}" if checked else ""), knob_summary(r.config)))
     return rows
 
 
@@ -141,3 +143,21 @@ def order_note(study: optuna.Study) -> str | None:
         return None
     return (f"confirmation changed the order: the search ranked {', '.join(summary['search_order'])}; "
             f"re-measured side by side: {', '.join(summary['confirmed_order'])}")
+
+
+def training_note(study: optuna.Study) -> str:
+    """One line on the exported config: the same training as the baseline, or how it differs, what
+    parity measured, and what to do."""
+    best = exported(study)
+    if best is None:
+        return "nothing exported"
+    r = TrialRecord.from_frozen(best)
+    verdict = (study.user_attrs.get(PARITY) or {}).get(str(best.number))
+    checked = f"; parity: {verdict['verdict']} ({verdict.get('reason', '')})" if verdict else ""
+    if r.training_math == ():
+        return f"the exported trial {best.number} computes the baseline's training{checked}"
+    if r.training_math is None:
+        return f"the exported trial {best.number}: training math unknown{checked}"
+    return (f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{checked}"
+            + ("; to keep the baseline's optimizer step, search with --global-batch"
+               if any(c.startswith("global batch") for c in r.training_math) else ""))

@@ -170,10 +170,10 @@ def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) ->
     return dict(json.loads(summary_path.read_text()))
 
 
-# How far the config's final metric may fall behind the baseline's (absolute IoU) before train says so:
-# about the spread of final IoU between two baseline runs that differ only in data order, measured
-# at 96 px over 5 epochs (see README, "Same training, faster").
-METRIC_MARGIN = 0.02
+# How far the config's final metric may fall behind the baseline's (absolute IoU) before train says so.
+# Three baseline runs that differ only in data order (96 images at 96 px, 5 epochs) ended at IoU 0.619,
+# 0.638 and 0.634: 0.019 apart at most. 0.05 is 2.5x that, so natural noise does not trip it.
+METRIC_MARGIN = 0.05
 
 
 def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say: Say,

@@ -151,7 +151,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
-    from autotune.apply.display import LiveSearch, confirmation_table, leaderboard_table, order_note
+    from autotune.apply.display import LiveSearch, confirmation_table, leaderboard_table, order_note, training_note
     from autotune.search.results import shown_storage
 
     s = session.settings
@@ -169,6 +169,7 @@ def _run(session: Any, console: Any) -> int:
     if outcome.best_yaml is None:
         console.print("autotune: no trial finished, nothing to export")
     else:
+        console.print(f"autotune: {training_note(session.study)}", highlight=False)
         console.print(f"autotune: best config exported to {outcome.best_yaml}\n"
                       f"  apply it:  autotune trial --config {outcome.best_yaml}\n"
                       f"  inspect:   optuna-dashboard {shown_storage(s.storage)} --artifact-dir "

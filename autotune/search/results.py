@@ -49,30 +49,48 @@ def shown_storage(url: str | None) -> str:
     return mask_url(url or DEFAULT_STORAGE)
 
 
-def confirmed_winner(study: optuna.Study) -> tuple[FrozenTrial, dict[str, Any]] | None:
-    """The confirmed winner's trial and its figures over the rounds, when the study holds a
-    confirmation; None otherwise (the search's own best then stands, unconfirmed)."""
+def export_order(study: optuna.Study) -> list[FrozenTrial]:
+    """The order in which configs are considered for export: the confirmed ones by their median, then
+    the rest of the leaderboard, fastest first."""
+    board = leaderboard(study)
+    summary = study.user_attrs.get(CONFIRMATION) or {}
+    by_number = {t.number: t for t in board}
+    confirmed = [r["trial"] for r in sorted((r for r in summary.get("rows", []) if r.get("samples_per_s_median")
+                                             and r["label"] != "baseline"), key=lambda r: -r["samples_per_s_median"])]
+    first = [by_number[n] for n in confirmed if n in by_number]
+    return first + [t for t in board if t.number not in confirmed]
+
+
+def exported(study: optuna.Study) -> FrozenTrial | None:
+    """The trial best.yaml exports: the first in export order whose parity check did not fail (the
+    baseline when every candidate failed); None with no feasible trial."""
+    verdicts = study.user_attrs.get(PARITY) or {}
+    order = export_order(study)
+    ok = [t for t in order if (verdicts.get(str(t.number)) or {}).get("verdict") != "fail"]
+    return ok[0] if ok else None
+
+
+def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None:
+    """Trial `number`'s figures over the confirmation rounds, when it was confirmed; else None."""
     summary = study.user_attrs.get(CONFIRMATION)
-    if not summary or summary.get("winner") is None:
-        return None
-    trial = next((t for t in leaderboard(study) if t.number == summary["winner"]), None)
-    row = next((r for r in summary["rows"] if r["trial"] == summary["winner"]), None)
-    if trial is None or row is None:
+    row = next((r for r in (summary or {}).get("rows", []) if r["trial"] == number and r["samples_per_s_median"]),
+               None)
+    if row is None:
         return None
     keep = ("samples_per_s_median", "min", "max", "speedup_median", "speedup_range")
-    return trial, {"rounds": summary["rounds"], **{k: row[k] for k in keep},
-                   "baseline_median": summary["baseline_median"], "order_changed": summary["order_changed"],
-                   "search_order": summary["search_order"], "confirmed_order": summary["confirmed_order"]}
+    return {"rounds": summary["rounds"], **{k: row[k] for k in keep},
+            "baseline_median": summary["baseline_median"], "order_changed": summary["order_changed"],
+            "search_order": summary["search_order"], "confirmed_order": summary["confirmed_order"]}
 
 
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
-    """The winner as an Export: the confirmed one, with the rounds' median speedup and its range,
-    when the study was confirmed; else the search's best with the speedup its one measurement gave."""
-    board = leaderboard(study)
-    if not board:
+    """The winner as an Export: the first config in export order that passed parity (or was not
+    checked), with the confirmation rounds' median speedup and its range when it was confirmed, its
+    training math, and its parity verdict."""
+    best = exported(study)
+    if best is None:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to export")
-    confirmed = confirmed_winner(study)
-    best, rounds = confirmed if confirmed else (board[0], None)
+    rounds = confirmed_figures(study, best.number)
     record, study_record = TrialRecord.from_frozen(best), StudyRecord.of(study)
     cfg = TrialConfig.from_dict({**(study_record.workload or {}), **record.config})
     export = Export.from_result(
@@ -80,7 +98,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
         reproduce=f"autotune trial --config {out or 'best.yaml'}")
     export = dataclasses.replace(export, training_math=section(cfg, record.training_math),
-                                 parity=study.user_attrs.get(PARITY, {}).get(str(best.number)))
+                                 parity=(study.user_attrs.get(PARITY) or {}).get(str(best.number)))
     if rounds is None:
         return export
     return dataclasses.replace(export, speedup=rounds["speedup_median"], confirmed=rounds,

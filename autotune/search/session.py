@@ -25,7 +25,7 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, batch, confirm, fleet
+from autotune.search import _optuna, batch, confirm, fleet, gate
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
@@ -53,6 +53,7 @@ class Outcome:
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
     confirmation: dict[str, Any] | None = None  # search/confirm.py summarize(); None when not run
+    parity: dict[str, Any] | None = None  # search/gate.py: trial number -> parity verdict; None when not run
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -128,18 +129,21 @@ class SearchSession:
             os.environ[pipelines.SKIP_BAD_DATA_ENV] = "1"
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         s = self.settings
-        reserve = confirm.reserve_s(s, s.confirm_top, s.confirm_rounds)
+        reserve = confirm.reserve_s(s, s.confirm_top, s.confirm_rounds) + gate.reserve_s(s)
         end = None if s.budget_s is None else time.monotonic() + s.budget_s
         if reserve:
-            self.say(f"confirmation: {reserve:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
-                     f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off)")
+            self.say(f"confirmation: {reserve:.0f} s of the budget kept to re-measure the top {s.confirm_top} and the baseline in "
+                     f"{s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check that the winner "
+                     f"trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)")
         try:
             with self._warm_server() as server:
                 for _ in self._trials(events or Events(), server, reserve):
                     outcome.trials += 1
-                if s.confirm_rounds and not self._stopped and self._finishes():
-                    outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
-                                                       server=server, say=self.say, deadline=end)
+                if (s.confirm_rounds or s.parity_steps) and not self._stopped and self._finishes():
+                    if s.confirm_rounds:
+                        outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
+                                                           server=server, say=self.say, deadline=end)
+                    outcome.parity = gate.run(self.study, s, server=server, say=self.say, deadline=end)
         except KeyboardInterrupt:
             outcome.interrupted = True
         except OSError as e:

@@ -11,7 +11,7 @@ import yaml
 from autotune.core.config import SearchSettings, TrialConfig
 from autotune.search import confirm
 from autotune.search.records import TrialRecord, write
-from autotune.search.results import best_export, confirmed_winner
+from autotune.search.results import PARITY, best_export, confirmed_figures, export_order, exported
 from autotune.search.session import SearchSession
 from autotune.search.storage import open_storage
 from autotune.core.configfile import to_yaml
@@ -50,12 +50,17 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     row = next(r for r in summary["rows"] if r["trial"] == 2)
     assert row["speedup_median"] == pytest.approx(2.1) and row["speedup_range"] == pytest.approx([2.0, 2.2])
     study.set_user_attr("confirmation", summary)
-    trial, rounds = confirmed_winner(study)
-    assert trial.number == 2 and rounds["rounds"] == 3
-    exported = yaml.safe_load(to_yaml(best_export(study, None, None)))
-    assert exported["study"]["trial"] == 2 and exported["speedup"] == pytest.approx(2.1)
-    assert exported["confirmed"]["speedup_range"] == pytest.approx([2.0, 2.2]) and exported["confirmed"]["order_changed"]
-    assert exported["baseline"]["samples_per_s"] == 10.0
+    assert [t.number for t in export_order(study)] == [2, 1, 0] and exported(study).number == 2
+    assert confirmed_figures(study, 2)["rounds"] == 3
+    best = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert best["study"]["trial"] == 2 and best["speedup"] == pytest.approx(2.1)
+    assert best["confirmed"]["speedup_range"] == pytest.approx([2.0, 2.2]) and best["confirmed"]["order_changed"]
+    assert best["baseline"]["samples_per_s"] == 10.0
+    # The confirmed winner fails parity: the next in export order is exported, with its own rounds.
+    study.set_user_attr(PARITY, {"2": {"verdict": "fail", "reason": "deviates"}, "1": {"verdict": "pass"}})
+    best = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert best["study"]["trial"] == 1 and best["parity"] == {"verdict": "pass"}
+    assert best["confirmed"]["samples_per_s_median"] == 19.0 and best["speedup"] == pytest.approx(1.9)
 
 
 def test_without_confirmation_best_yaml_has_no_confirmed_section(tmp_path: Path) -> None:
@@ -75,7 +80,8 @@ def test_reserve_is_bounded_by_half_the_budget() -> None:
 @pytest.mark.parametrize("rounds", [2, 0])
 def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) -> None:
     settings = SearchSettings(budget_s=600, n_trials=4, storage=str(tmp_path / "studies.db"),
-                              studies_dir=str(tmp_path / "studies"), base=TINY, confirm_rounds=rounds, confirm_top=2)
+                              studies_dir=str(tmp_path / "studies"), base=TINY, confirm_rounds=rounds, confirm_top=2,
+                              parity_steps=0)
     said: list[str] = []
     outcome = SearchSession.create(settings, warm=True, say=said.append).run()
     exported = yaml.safe_load(outcome.best_yaml.read_text())

@@ -21,7 +21,7 @@ TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_
 
 def settings(tmp_path: Path, **kw: Any) -> SearchSettings:
     base = dict(budget_s=120.0, storage=str(tmp_path / "studies.db"), space=str(DEFAULT_SPACE),
-                studies_dir=str(tmp_path / "studies"), base=TINY)
+                studies_dir=str(tmp_path / "studies"), base=TINY, parity_steps=0)
     return SearchSettings(**{**base, **kw})
 
 

@@ -1,0 +1,62 @@
+"""search/gate.py: a winner whose numerics break without NaN fails parity and is not exported; the next
+best is checked instead, and the baseline's reference trajectory is measured once per study."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+
+from autotune.core.config import SearchSettings, TrialConfig, TrialResult
+from autotune.core.configfile import to_yaml
+from autotune.search import gate
+from autotune.search.records import of_result, write
+from autotune.search.results import PARITY, best_export, exported
+from autotune.search.runner import FEASIBLE_KEY
+from autotune.search.storage import open_storage
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("repo_on_path")]
+BROKEN = TrialConfig(pipeline="tests.parity_pipelines:offset", image_size=32, seed=0)
+
+
+def record(study: optuna.Study, role: str, cfg: TrialConfig, sps: float) -> None:
+    trial = study.ask()
+    trial.set_user_attr("role", role)
+    trial.set_constraint(FEASIBLE_KEY, 0.0)
+    write(trial, of_result(role, cfg, TrialResult(status="ok", samples_per_s=sps), sps / 10.0, False))
+    study.tell(trial, sps)
+
+
+def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path: Path) -> None:
+    study = optuna.create_study(study_name="g", storage=open_storage(str(tmp_path / "studies.db")),
+                                direction="maximize")
+    record(study, "baseline", BROKEN, 10.0)
+    record(study, "search", BROKEN.replace(precision="bf16"), 30.0)  # fastest, but bf16 rounds the net away
+    record(study, "search", BROKEN.replace(num_threads=1), 20.0)  # the same training, one thread
+    settings = SearchSettings(budget_s=600, storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path / "s"),
+                              study="g", base=BROKEN, parity_steps=20)
+    said: list[str] = []
+    verdicts = gate.run(study, settings, say=said.append)
+    assert verdicts is not None and verdicts["1"]["verdict"] == "fail" and verdicts["2"]["verdict"] == "pass"
+    assert any("trial 1 FAILS" in line and "the next best is checked" in line for line in said), said
+    assert exported(study).number == 2  # never the broken one
+    best: dict[str, Any] = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert best["study"]["trial"] == 2 and best["parity"]["verdict"] == "pass"
+    assert set(best["parity"]) >= {"steps", "deviation", "tolerance", "verdict", "reason", "seconds"}
+    assert best["training_math"]["verdict"] == "same"
+    assert study.user_attrs[PARITY]["1"]["deviation"] > study.user_attrs[PARITY]["1"]["tolerance"]
+    # A resumed study keeps its verdicts and its reference: nothing is trained again.
+    again: list[str] = []
+    assert gate.run(study, settings, say=again.append) == verdicts
+    assert not any("passes" in line or "FAILS" in line for line in again)
+    assert gate.REFERENCE in study.user_attrs
+
+
+def test_parity_off_checks_nothing(tmp_path: Path) -> None:
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
+    record(study, "baseline", BROKEN, 10.0)
+    record(study, "search", BROKEN.replace(precision="bf16"), 30.0)
+    assert gate.run(study, SearchSettings(base=BROKEN, parity_steps=0), say=lambda s: None) is None
+    assert exported(study).number == 1 and PARITY not in study.user_attrs
