@@ -2,7 +2,9 @@
 
 Candidates are taken in export order (the confirmed order by median first, then the rest of the
 leaderboard, fastest first). Each is trained side by side with the baseline (search/parity.py); a
-candidate that fails is recorded in the study, said, and skipped, and the next one is checked. The
+candidate that fails is recorded in the study, said, and skipped, and the next one is checked. A
+changed global batch whose trajectory failed is not checked again in other candidates (they are
+`skipped`): its optimizer step is the difference, and the budget goes to a different one. The
 baseline's reference trajectory is measured once per study and kept in the study, so a resumed
 search or another worker reuses it.
 """
@@ -39,6 +41,7 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
     reference = parity.Reference.from_dict(stored) if stored else None
     if reference is not None and not parity.same_training(reference.baseline, baseline):
         reference = None
+    failed_batches: dict[int, int] = {}  # a global batch whose trajectory failed -> the trial that showed it
     say(f"parity: each candidate trains {steps} optimizer steps beside the baseline, from the same weights on the "
         "same data, in fresh processes (--parity-steps 0: off)")
     for t in order:
@@ -48,6 +51,11 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
                 break
             continue
         cfg = TrialRecord.from_frozen(t).knobs(settings.base)
+        failed = failed_batches.get(cfg.global_batch_size)
+        if failed is not None:  # the same change of optimizer step already failed: check a different one
+            verdicts[key] = {"verdict": "skipped", "reason": f"global batch {baseline.global_batch_size} -> "
+                             f"{cfg.global_batch_size} already failed parity (trial {failed})"}
+            continue
         need = _cost_s(study, settings, baseline, cfg, reference)
         if deadline is not None and time.monotonic() + need > deadline:
             say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
@@ -70,6 +78,8 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
             f"({verdict.seconds:.0f} s)" + ("" if verdict.passed else "; the next best is checked instead"))
         if verdict.passed:
             break
+        if cfg.global_batch_size != baseline.global_batch_size and verdict.deviation is not None:
+            failed_batches[cfg.global_batch_size] = t.number
     study.set_user_attr(PARITY, verdicts)
     return verdicts
 

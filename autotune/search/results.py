@@ -62,11 +62,12 @@ def export_order(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def exported(study: optuna.Study) -> FrozenTrial | None:
-    """The trial best.yaml exports: the first in export order whose parity check did not fail (the
-    baseline when every candidate failed); None with no feasible trial."""
+    """The trial best.yaml exports: the first in export order whose parity check did not fail (nor was
+    skipped after a failure of the same global batch): the baseline when every candidate failed; None
+    with no feasible trial."""
     verdicts = study.user_attrs.get(PARITY) or {}
     order = export_order(study)
-    ok = [t for t in order if (verdicts.get(str(t.number)) or {}).get("verdict") != "fail"]
+    ok = [t for t in order if (verdicts.get(str(t.number)) or {}).get("verdict") not in ("fail", "skipped")]
     return ok[0] if ok else None
 
 

@@ -60,3 +60,17 @@ def test_parity_off_checks_nothing(tmp_path: Path) -> None:
     record(study, "search", BROKEN.replace(precision="bf16"), 30.0)
     assert gate.run(study, SearchSettings(base=BROKEN, parity_steps=0), say=lambda s: None) is None
     assert exported(study).number == 1 and PARITY not in study.user_attrs
+
+
+def test_a_failed_global_batch_is_not_checked_again(tmp_path: Path) -> None:
+    healthy = TrialConfig(pipeline="tests.parity_pipelines:healthy", image_size=32, seed=0)
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
+    record(study, "baseline", healthy, 10.0)
+    record(study, "search", healthy.replace(batch_size=32), 30.0)  # 4x the optimizer step's samples
+    record(study, "search", healthy.replace(batch_size=32, num_threads=1), 25.0)  # the same change again
+    record(study, "search", healthy.replace(num_threads=1), 20.0)
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=healthy, parity_steps=10)
+    verdicts = gate.run(study, settings, say=lambda s: None)
+    assert verdicts is not None and verdicts["1"]["verdict"] == "fail"
+    assert verdicts["2"]["verdict"] == "skipped" and "already failed parity (trial 1)" in verdicts["2"]["reason"]
+    assert verdicts["3"]["verdict"] == "pass" and exported(study).number == 3
