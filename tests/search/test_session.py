@@ -11,7 +11,7 @@ import pytest
 
 from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.errors import AutotuneError
-from autotune.search.records import StudyRecord
+from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.session import SearchSession
 from autotune.search.space import DEFAULT_SPACE
 from autotune.search.storage import open_storage
@@ -122,3 +122,22 @@ def test_bad_unet_data_is_refused_before_any_trial(tmp_path: Path) -> None:
     notes: list[str] = []
     SearchSession.create(settings(tmp_path, base=unet, skip_bad_data=True), warm=False, say=notes.append)
     assert any("dropped 1" in n for n in notes)
+
+
+def test_a_global_batch_search_keeps_every_trials_optimizer_step(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  batch_size: [2, 4, 8, 16, 32]\n  precision: [fp32, bf16]\n")
+    said: list[str] = []
+    base = TINY.replace(global_batch=16, batch_size=16)
+    s = settings(tmp_path, base=base, space=str(space), n_trials=6, confirm_rounds=0, sampler="random", seed=1)
+    session = SearchSession.create(s, warm=False, say=said.append)
+    assert any(line.startswith("space: batch_size: dropped 32") for line in said), said
+    session.run()
+    ran = [t for t in session.study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(ran) >= 4
+    for t in ran:
+        record = TrialRecord.from_frozen(t)
+        accum = record.applied["grad_accum"]["in_effect"]
+        assert record.config["batch_size"] * accum * record.config["gpus"] == 16, (record.config, accum)
+    assert {TrialRecord.from_frozen(t).config["batch_size"] for t in ran} - {16}  # micro-batches were searched
+    assert StudyRecord.of(session.study).workload["global_batch"] == 16  # workers and exports read it there
