@@ -2,6 +2,7 @@
 torch global state restored after every test, and helpers to find a trial's processes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch  # noqa: E402
 
 from autotune.core.config import TrialConfig  # noqa: E402
 from autotune.pipelines.unet.data import make_data  # noqa: E402
+from autotune.trial.warm import WarmServer  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +42,22 @@ def repo_on_path(monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT) + (os.pathsep + old if old else ""))
     monkeypatch.syspath_prepend(str(REPO_ROOT))  # and in-process runs, whatever pytest's import mode
     return REPO_ROOT
+
+
+@contextlib.contextmanager
+def warm_server_on_repo(preload: tuple[str, ...]) -> Iterator[WarmServer]:
+    """A warm server whose forked trials can import tests.* pipelines: the repo root on PYTHONPATH while
+    it starts (a module-scoped fixture cannot use monkeypatch), restored after."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + old if old else "")
+    try:
+        with WarmServer.start(preload) as s:
+            yield s
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 @pytest.fixture(autouse=True)

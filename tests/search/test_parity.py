@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -16,7 +15,7 @@ from autotune.core.config import TrialConfig
 from autotune.pipelines import preload_modules
 from autotune.search import parity
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
-from tests.conftest import REPO_ROOT
+from tests.conftest import warm_server_on_repo
 
 K = 30
 TIMEOUT_S = 300.0
@@ -79,16 +78,8 @@ def test_a_reference_of_another_baseline_is_refused(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def server() -> Iterator[WarmServer]:
     """One warm server for every trial here: a fork per run instead of seconds of imports."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + old if old else "")
-    try:
-        with WarmServer.start((*DEFAULT_PRELOAD, *preload_modules("unet"), "tests.parity_pipelines")) as s:
-            yield s
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
+    with warm_server_on_repo((*DEFAULT_PRELOAD, *preload_modules("unet"), "tests.parity_pipelines")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

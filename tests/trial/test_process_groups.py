@@ -24,7 +24,7 @@ from autotune.core.procs import CONTROLLER_ENV, process_identity
 from autotune.trial import launcher
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, NVML_CHECK_ENV, WarmServer
 from autotune.trial.worker import LAUNCH_TIME_ENV
-from tests.conftest import REPO_ROOT, live_processes, wait_until_gone
+from tests.conftest import live_processes, wait_until_gone, warm_server_on_repo
 from tests.fault_pipelines import HANG_S, TinyPipeline
 from tests.trial.test_launcher import LauncherClock
 
@@ -257,16 +257,8 @@ LIGHT = ("torch", "autotune.trial.worker", "autotune.trial.harness")
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[WarmServer]:
-    old = os.environ.get("PYTHONPATH")  # the children import tests.fault_pipelines
-    os.environ["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + old if old else "")
-    try:
-        with WarmServer.start(LIGHT) as s:
-            yield s
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
+    with warm_server_on_repo(LIGHT) as s:  # the children import tests.fault_pipelines
+        yield s
 
 
 def server_env(pid: int) -> dict[str, str]:
