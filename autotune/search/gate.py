@@ -4,7 +4,9 @@ Candidates are taken in export order (the confirmed order by median first, then 
 leaderboard, fastest first). Each is trained side by side with the baseline (search/parity.py); a
 candidate that fails is recorded in the study, said, and skipped, and the next one is checked. A
 changed global batch whose trajectory failed is not checked again in other candidates (they are
-`skipped`): its optimizer step is the difference, and the budget goes to a different one. The
+`skipped`): its optimizer step is the difference, and the budget goes to a different one. A check that
+does not fit in the budget left is not started (`not checked`) and a cheaper candidate is tried: a
+config that passed is exported before one that could not be checked (results.exported). The
 baseline's reference trajectory is measured once per study and kept in the study, so a resumed
 search or another worker reuses it.
 """
@@ -31,7 +33,10 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
     """Check candidates until one passes; returns the verdicts by trial number (also stored in the
     study), or None when parity is off or there is nothing but the baseline to export."""
     steps = settings.parity_steps
-    order = [t for t in export_order(study) if TrialRecord.from_frozen(t).role != "baseline"]
+    ranked = export_order(study)
+    roles = [TrialRecord.from_frozen(t).role for t in ranked]
+    # Only what beats the baseline is worth checking: below it, the baseline itself would be exported.
+    order = ranked[: roles.index("baseline")] if "baseline" in roles else ranked
     if not steps or not order:
         return None
     verdicts: dict[str, Any] = dict(study.user_attrs.get(PARITY) or {})
@@ -59,10 +64,10 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
         need = _cost_s(study, settings, baseline, cfg, reference)
         if deadline is not None and time.monotonic() + need > deadline:
             say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
-                "it is exported unchecked")
+                "a cheaper one is tried")
             verdicts[key] = {"verdict": "not checked", "reason": f"the budget left was shorter than the check "
                              f"(about {need:.0f} s)"}
-            break
+            continue
         try:
             if reference is None or reference.samples < steps * max(cfg.global_batch_size, baseline.global_batch_size):
                 reference = _reference(study, settings, baseline, cfg, folder, server)

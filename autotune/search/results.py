@@ -62,12 +62,20 @@ def export_order(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def exported(study: optuna.Study) -> FrozenTrial | None:
-    """The trial best.yaml exports: the first in export order whose parity check did not fail (nor was
-    skipped after a failure of the same global batch): the baseline when every candidate failed; None
-    with no feasible trial."""
+    """The trial best.yaml exports: the first in export order that passed parity, or the baseline if it
+    comes first. When nothing passed (parity off, or no check fitted in the budget): the first whose
+    check did not fail (nor was skipped after a failure of its global batch). None: no feasible trial."""
     verdicts = study.user_attrs.get(PARITY) or {}
     order = export_order(study)
-    ok = [t for t in order if (verdicts.get(str(t.number)) or {}).get("verdict") not in ("fail", "skipped")]
+
+    def verdict(t: FrozenTrial) -> str | None:
+        return (verdicts.get(str(t.number)) or {}).get("verdict")
+
+    if any(v.get("verdict") == "pass" for v in verdicts.values()):  # a proven config before an unchecked one
+        proven = [t for t in order if verdict(t) == "pass" or TrialRecord.from_frozen(t).role == "baseline"]
+        if proven:
+            return proven[0]
+    ok = [t for t in order if verdict(t) not in ("fail", "skipped")]
     return ok[0] if ok else None
 
 

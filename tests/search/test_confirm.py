@@ -61,6 +61,12 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert best["study"]["trial"] == 1 and best["parity"] == {"verdict": "pass"}
     assert best["confirmed"]["samples_per_s_median"] == 19.0 and best["speedup"] == pytest.approx(1.9)
+    # A config that passed goes before one whose check did not fit in the budget; without any pass, the
+    # unchecked one is exported (and says so in its parity section).
+    study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}, "1": {"verdict": "pass"}})
+    assert exported(study).number == 1
+    study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}})
+    assert exported(study).number == 2
 
 
 def test_without_confirmation_best_yaml_has_no_confirmed_section(tmp_path: Path) -> None:
