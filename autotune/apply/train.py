@@ -206,9 +206,15 @@ def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: fl
     tuned["comparison"] = {"iou_difference": diff, "margin": margin, "behind_baseline": behind}
     lines.append(f"final IoU: config {tuned['iou']:.4f}, baseline {base['iou']:.4f}, difference {diff:+.4f}")
     if behind:
+        if tuned["global_batch"] != base["global_batch"]:
+            fix = (f"its optimizer step differs (global batch {base['global_batch']} -> {tuned['global_batch']}): "
+                   f"search with --global-batch {base['global_batch']} to keep the baseline's")
+        else:  # the same optimizer step: precision or batch-norm span (best.yaml's training_math says which)
+            fix = ("it takes the baseline's optimizer step, so the difference is its numerics (precision, "
+                   "batch-norm span: see training_math in best.yaml); train longer to see whether it closes, "
+                   "or keep those knobs at the baseline's in a --space file")
         lines.append(f"autotune: WARNING: the config's IoU is {-diff:.4f} behind the baseline's, more than the "
-                     f"{margin} margin: it trains differently (see training_math and parity in best.yaml); "
-                     "search with --global-batch to keep the baseline's optimizer step")
+                     f"{margin} margin: {fix}")
     return lines
 
 

@@ -46,6 +46,8 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
     reference = parity.Reference.from_dict(stored) if stored else None
     if reference is not None and not parity.same_training(reference.baseline, baseline):
         reference = None
+    # The search promises to end within budget + max(30 s, 2%); keep 10 s of that for the export.
+    grace = max(30.0, 0.02 * (settings.budget_s or 0)) - 10.0
     failed_batches: dict[int, int] = {}  # a global batch whose trajectory failed -> the trial that showed it
     say(f"parity: each candidate trains {steps} optimizer steps beside the baseline, from the same weights on the "
         "same data, in fresh processes (--parity-steps 0: off)")
@@ -62,7 +64,7 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
                              f"{cfg.global_batch_size} already failed parity (trial {failed})"}
             continue
         need = _cost_s(study, settings, baseline, cfg, reference)
-        if deadline is not None and time.monotonic() + need > deadline:
+        if deadline is not None and time.monotonic() + need > deadline + grace:
             say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
                 "a cheaper one is tried")
             verdicts[key] = {"verdict": "not checked", "reason": f"the budget left was shorter than the check "
@@ -108,7 +110,7 @@ def reserve_s(settings: SearchSettings) -> float:
     length (K steps of the baseline and start-up), at most a quarter of the budget."""
     if not settings.parity_steps or settings.budget_s is None:
         return 0.0
-    return min(3 * ((settings.base.seconds or 15.0) + 10.0), settings.budget_s / 4)
+    return min(3 * ((settings.base.seconds or 15.0) + 15.0), settings.budget_s / 4)
 
 
 def _reference(study: optuna.Study, settings: SearchSettings, baseline: Any, cfg: Any, folder: Path,

@@ -120,8 +120,10 @@ def test_a_config_behind_the_baseline_says_so_in_one_line_and_in_the_record() ->
     lines = compare(tuned, base, epochs=5, margin=0.02)
     assert "optimizer steps: config 5 (global batch 64" in lines[1] and "baseline 50 (global batch 8" in lines[1]
     warning = [line for line in lines if "WARNING" in line]
-    assert len(warning) == 1 and "0.7400 behind" in warning[0] and "--global-batch" in warning[0]
+    assert len(warning) == 1 and "0.7400 behind" in warning[0] and "--global-batch 8" in warning[0]
     assert tuned["comparison"] == {"iou_difference": pytest.approx(-0.74), "margin": 0.02, "behind_baseline": True}
+    numerics = compare(_run(0.70, 50, 8), base, 5, 0.02)  # the same step: the advice is about numerics
+    assert any("WARNING" in line and "--global-batch" not in line and "precision" in line for line in numerics)
     close = _run(0.83, 50, 8)
     assert not any("WARNING" in line for line in compare(close, base, 5, 0.02))  # within the margin
     assert close["comparison"]["behind_baseline"] is False
