@@ -52,11 +52,11 @@ SMOOTH = 5
 # of the data does, and no further. Measured by benchmarks/parity.py (Unet 64 px, batch 8, 30 steps;
 # deviation / data-order noise, the noise 3.4%): fp32 same seed 0; num_threads 2: 0.01; channels_last
 # 0.14; bf16 0.14 (0.20 at batch 4); micro-batch 4 x 2 at global 8 (batch norm over 4) 0.28;
-# num_workers 2: 0.60 (loader workers draw other random crops); a second data-order twin 0.67 (the
-# spread of a one-twin noise figure). Against: another initial seed 6.2, global batch 8 -> 64 at equal
+# num_workers 2: 0.60 before each sample drew its crop from its own seed (knobs.sample_seed), exactly 0
+# since; a second data-order twin 0.67 (the spread of a one-twin noise figure). Against: another initial seed 6.2, global batch 8 -> 64 at equal
 # samples 23, the broken-numerics pipeline in bf16 88 (over its own noise). The largest legitimate
 # change is 0.67 and the smallest wrong one 6.2: 1.0 leaves a 1.5x margin above the one and 6x below
-# the other. Below ~0.8, num_workers (a speed-only knob) would fail on the noise figure's spread alone.
+# the other. Below ~0.7, a legitimate change would fail on the noise figure's own spread.
 FRACTION = 1.0
 # When the data order cannot set a tolerance (a dataset of about one batch: the twin sees the same
 # samples) the noise is rounding-sized. Rounding-only changes (channels_last, bf16) moved the Unet's

@@ -1,10 +1,13 @@
 """A pipeline with every knob applied: the one training step that trials and `autotune train` share."""
 from __future__ import annotations
 
+import contextlib
 import math
+import random
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -68,10 +71,31 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Draw an item's augmentations from its own seed (torch, numpy and random), leaving the process's
+    generators as they were, so that what the model draws (dropout) does not depend on the loader."""
+    if seed is None:
+        yield
+        return
+    state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(state)
+            np.random.set_state(np_state)
+
+
 class CheckedItems(Dataset[Any]):
     """The pipeline's dataset with an item that fails to load reported as the data's fault (a
     DataItemError naming its index, the cause chained for the log) instead of a crash. A top-level
     class so DataLoader workers can receive it pickled under any start method."""
+
+    takes_seeds = True  # the endless sampler hands it (index, seed): see knobs.EndlessShuffle
 
     def __init__(self, inner: Dataset[Any]) -> None:
         self.inner = inner
@@ -79,9 +103,11 @@ class CheckedItems(Dataset[Any]):
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
+        index, seed = key if isinstance(key, tuple) else (key, None)
         try:
-            return self.inner[index]
+            with seeded(seed):
+                return self.inner[index]
         except _PASS_THROUGH:
             raise
         except Exception as e:
@@ -94,9 +120,12 @@ class CheckedBatches(CheckedItems):
     """For a dataset that fetches a batch at once (__getitems__, as Subset and HF datasets do): the
     DataLoader calls that instead of __getitem__, and a wrapper without it would change what is measured."""
 
-    def __getitems__(self, indices: list[int]) -> Any:
+    def __getitems__(self, keys: list[Any]) -> Any:
+        pairs = [k if isinstance(k, tuple) else (k, None) for k in keys]
+        indices = [i for i, _ in pairs]
         try:
-            return self.inner.__getitems__(indices)  # type: ignore[attr-defined]
+            with seeded(pairs[0][1] if pairs else None):  # one batch, one stream: its first sample's
+                return self.inner.__getitems__(indices)  # type: ignore[attr-defined]
         except _PASS_THROUGH:
             raise
         except Exception as e:

@@ -173,27 +173,39 @@ def zero_grad(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> None:
         torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)
 
 
-class EndlessShuffle(Sampler[int]):
+def sample_seed(data_seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed for one sample's draws in one epoch, from the data order's seed."""
+    return ((data_seed * 1_000_003 + epoch) * 1_000_003 + index) % (2**63 - 1)
+
+
+class EndlessShuffle(Sampler[Any]):
     """A fresh permutation of the dataset per epoch, forever, so that ONE loader iterator lasts a whole
     trial: no loader restart (worker start-up) at epoch boundaries, and batches simply span epochs.
     Under DDP each rank takes its own disjoint shard of each epoch's permutation, exactly what
     DistributedSampler(shuffle=True, seed, drop_last=True) gives after set_epoch(epoch)."""
 
-    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1) -> None:
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, seeds: bool = False) -> None:
         if n < world or n == 0:  # an empty shard would make the iterator spin without ever yielding
             raise ConfigError(f"the dataset has {n} samples" + (f", fewer than the {world} ranks" if n else "")
                               + "; generate more with `autotune make-data --n`")
         self.n, self.seed, self.rank, self.world = n, seed, rank, world
+        self.seeds = seeds  # yield (index, seed) for a dataset that takes them (harness.CheckedItems)
 
     def epoch(self, e: int) -> list[int]:
         perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + e)).tolist()
         usable = self.n - self.n % self.world  # the remainder is dropped so shards stay disjoint
         return perm[self.rank:usable:self.world]
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[Any]:
+        """Indices; with seeds, (index, seed) pairs: the seed is the sample's own random stream for this
+        epoch (harness.CheckedItems draws its augmentations from it), so a sample gets the same crop and
+        flip whatever the number of loader workers or the micro-batch: those knobs change speed only."""
         e = 0
         while True:
-            yield from self.epoch(e)
+            if self.seeds:
+                yield from ((i, sample_seed(self.seed, e, i)) for i in self.epoch(e))
+            else:
+                yield from self.epoch(e)
             e += 1
 
     def __repr__(self) -> str:
@@ -208,7 +220,7 @@ def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
     data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     sampler: Sampler[int]
     if endless:
-        sampler = EndlessShuffle(n, data_seed, rank, world)
+        sampler = EndlessShuffle(n, data_seed, rank, world, seeds=getattr(dataset, "takes_seeds", False))
     elif n < world:
         raise ConfigError(f"the dataset has {n} samples, fewer than the {world} processes; "
                           "generate more with `autotune make-data --n`")

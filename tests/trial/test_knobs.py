@@ -377,3 +377,32 @@ def test_saved_activations_fall_as_checkpoint_segments_grow() -> None:
     saved = {k: saved_activation_bytes(k) for k in (0, 2, 5, 10)}
     assert saved[0] > saved[2] > saved[5] > saved[10] > 0, saved
     assert saved[10] < saved[0] / 10, saved  # all stages checkpointed: an order of magnitude less
+
+
+class Augmented(torch.utils.data.Dataset):
+    """Every item draws a random "augmentation" from torch's global generator, as torchvision's do."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([float(i)]), torch.rand(1)
+
+
+def test_augmentations_do_not_depend_on_workers_or_micro_batch() -> None:
+    def draws(workers: int, batch: int) -> dict[float, list[float]]:
+        cfg = TrialConfig(num_workers=workers, batch_size=batch, seed=3)
+        loader, _ = knobs.build_loader(harness.checked(Augmented()), cfg, 0, 1, CPU, endless=True)
+        out: dict[float, list[float]] = {}
+        for x, r in itertools.islice(loader, 24 // batch):  # two epochs
+            for i, v in zip(x.flatten().tolist(), r.flatten().tolist()):
+                out.setdefault(i, []).append(v)
+        return out
+
+    plain = draws(0, 4)
+    assert draws(2, 4) == plain and draws(0, 2) == plain  # the same draw per sample and epoch
+    assert all(a != b for a, b in plain.values())  # a new draw each epoch
+    before = torch.get_rng_state()
+    item = harness.checked(Augmented())[(0, 5)]
+    assert torch.equal(torch.get_rng_state(), before)  # the model's generator is left as it was
+    assert torch.equal(item[1], harness.checked(Augmented())[(0, 5)][1])  # its draw is the seed's
