@@ -139,12 +139,14 @@ def test_storage_proxy_serves_two_workers(fleet) -> None:
 
 def test_the_last_worker_to_finish_confirms_once(fleet) -> None:
     fleet.create("1", "--confirm-rounds", "1", "--confirm-top", "1", "--parity-steps", "0")
-    quick = fleet.worker("--n-trials", "2")
+    slow = fleet.worker("--n-trials", "5")  # registers in the study first, and is still running when...
+    time.sleep(3)
+    quick = fleet.worker("--n-trials", "1")  # ...this one finishes: it must leave confirmation to the other
     finish([quick], fleet)
-    slow = fleet.worker("--n-trials", "3")
+    first = fleet.outputs[-1]
+    assert "confirming:" not in first and "other workers are still running" in first, first[-2000:]
     finish([slow], fleet)
-    first, last = fleet.outputs[-2], fleet.outputs[-1]
-    assert "confirming:" not in first or "other workers are still running" in first
+    last = fleet.outputs[-1]
     assert "confirming:" in last, last[-2000:]
     summary = fleet.study().user_attrs.get("confirmation")
     assert summary and summary["rounds"] == 1 and summary["winner"] is not None
