@@ -213,6 +213,25 @@ class EndlessShuffle(Sampler[Any]):
         return f"EndlessShuffle(seed={self.seed}{shard})"
 
 
+class SeededEpochs(Sampler[Any]):
+    """An epoch-sized sampler (`autotune train`'s) whose indices come with their per-sample seed, as
+    EndlessShuffle's do: a config with loader workers trains on the same crops as the baseline without."""
+
+    def __init__(self, inner: Sampler[int], data_seed: int) -> None:
+        self.inner, self.data_seed, self.epoch = inner, data_seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((i, sample_seed(self.data_seed, self.epoch, i)) for i in self.inner)
+
+
 def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
                  device: torch.device, endless: bool = False) -> tuple[DataLoader[Any], dict[str, Any]]:
     """endless=True (trials): one iterator for the whole trial. False (`autotune train`): epoch-sized."""
@@ -227,6 +246,8 @@ def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
     else:  # training sees every sample each epoch: no partial batch dropped (DDP pads the last shard)
         sampler = (DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=data_seed)
                    if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(data_seed)))
+        if getattr(dataset, "takes_seeds", False):
+            sampler = SeededEpochs(sampler, data_seed)
     pin = cfg.pin_memory and device.type == "cuda"
     # drop_last only for a measurement (endless: every batch is whole anyway); never for training.
     kwargs: dict[str, Any] = dict(batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.num_workers,

@@ -406,3 +406,18 @@ def test_augmentations_do_not_depend_on_workers_or_micro_batch() -> None:
     item = harness.checked(Augmented())[(0, 5)]
     assert torch.equal(torch.get_rng_state(), before)  # the model's generator is left as it was
     assert torch.equal(item[1], harness.checked(Augmented())[(0, 5)][1])  # its draw is the seed's
+
+
+def test_training_epochs_draw_the_same_augmentations_with_or_without_workers() -> None:
+    def epochs(workers: int) -> list[dict[float, float]]:
+        cfg = TrialConfig(num_workers=workers, batch_size=5, seed=3)
+        loader, _ = knobs.build_loader(harness.checked(Augmented()), cfg, 0, 1, CPU)
+        out = []
+        for e in range(2):
+            loader.sampler.set_epoch(e)
+            out.append({i: v for x, r in loader for i, v in zip(x.flatten().tolist(), r.flatten().tolist())})
+        return out
+
+    plain = epochs(0)
+    assert len(plain[0]) == 12 and epochs(2) == plain  # every sample, and its draw, whoever loads it
+    assert plain[0] != plain[1]  # a new draw per epoch
