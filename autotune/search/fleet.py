@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import uuid
 from typing import Any
 
 import optuna
@@ -26,7 +27,7 @@ SETTLE_S = 1.0  # workers that finish together all write their claim within this
 def register(study: optuna.Study) -> str:
     """Record this worker as running; returns its key in the study's user attrs."""
     me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "state": "running"}
-    key = f"{PREFIX}{me['host']}:{me['pid']}:{me['started']:.3f}"
+    key = f"{PREFIX}{me['host']}:{me['pid']}:{uuid.uuid4().hex[:12]}"  # unique even for two in one process
     study.set_user_attr(key, me)
     return key
 
