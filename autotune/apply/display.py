@@ -124,7 +124,7 @@ def confirmation_table(study: optuna.Study) -> Table | None:
     if not summary:
         return None
     table = Table(title=f"confirmed: {summary['rounds']} interleaved round(s), each a fresh process; "
-                  f"the winner is trial {summary['winner']}")
+                  f"fastest by median: trial {summary['winner']}")
     for col in ("config", "search samples/s", "median", "min", "max", "speedup (median)", "speedup range"):
         table.add_column(col, justify="left" if col == "config" else "right")
     for r in summary["rows"]:

@@ -210,7 +210,7 @@ def confirmation_html(study: Any) -> str:
     rows = [(r["label"], fmt(r["search_samples_per_s"]), fmt(r["samples_per_s_median"]), fmt(r["min"]), fmt(r["max"]),
              "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}") for r in summary["rows"]]
     note = order_note(study)
-    return (head + f"<p>{summary['rounds']} interleaved round(s), each a fresh process; winner: trial "
+    return (head + f"<p>{summary['rounds']} interleaved round(s), each a fresh process; fastest by median: trial "
             f"{_e(summary['winner'])}</p>" + (f"<p>{_e(note)}</p>" if note else "")
             + _table(("config", "search samples/s", "median", "min", "max", "speedup"), rows) + "</section>")
 

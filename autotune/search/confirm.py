@@ -76,11 +76,63 @@ def run(study: optuna.Study, settings: SearchSettings, top: int, rounds: int, *,
     if rounds == 0 or not any(c.label != "baseline" for c in pool):
         return None
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
+    samples, done, trial_s = _rounds(pool, rounds, Path(settings.studies_dir) / study.study_name / "confirm",
+                                     settings, server, say, deadline)
+    if done == 0:
+        return None
+    summary = {**summarize(pool, samples, done), "trial_s": trial_s}
+    study.set_user_attr(CONFIRMATION, summary)
+    return summary
+
+
+def extend(study: optuna.Study, settings: SearchSettings, number: int, rounds: int, *,
+           server: WarmServer | None = None, say: Callable[[str], None] = print,
+           deadline: float | None = None) -> dict[str, Any] | None:
+    """Confirm trial `number` too, when the export falls to a config the confirmation did not measure
+    (the parity gate failed the ones it did): it and the baseline in interleaved rounds that fit
+    before `deadline`. Its samples join the stored summary and the baseline's new samples join the
+    baseline's, so every speedup stays a ratio of figures taken side by side. Returns the summary."""
+    summary = study.user_attrs.get(CONFIRMATION)
+    if not summary or rounds == 0 or any(r["trial"] == number for r in summary["rows"]):
+        return summary
+    board = {c.trial: c for c in candidates(study, settings.base, len(study.trials))}
+    base = next((c for c in board.values() if c.label == "baseline"), None)
+    if number not in board or base is None:
+        return summary
+    pool = [board[number], base]
+    say(f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
+        "before it did not pass parity")
+    folder = Path(settings.studies_dir) / study.study_name / "confirm" / f"trial-{number}"
+    new, done, _ = _rounds(pool, rounds, folder, settings, server, say, deadline, summary.get("trial_s"))
+    if done == 0:
+        return summary
+    old = {r["label"]: r for r in summary["rows"]}
+    samples = {label: list(r["samples"]) for label, r in old.items()}
+    samples[pool[0].label] = new[pool[0].label]
+    samples["baseline"] = samples.get("baseline", []) + new["baseline"]
+    merged = [c for c in board.values() if c.label in old and c.label != "baseline"] + pool
+    summary = {**summarize(merged, samples, summary["rounds"]), "trial_s": summary.get("trial_s")}
+    study.set_user_attr(CONFIRMATION, summary)
+    return summary
+
+
+def extension_s(study: optuna.Study) -> float:
+    """About how long one round of `extend` takes (a config and the baseline), from the confirmation's
+    measured trial length; 0 when there was no confirmation to extend."""
+    summary = study.user_attrs.get(CONFIRMATION)
+    return 2 * float(summary.get("trial_s") or 0) if summary else 0.0
+
+
+def _rounds(pool: list[Candidate], rounds: int, folder: Path, settings: SearchSettings, server: WarmServer | None,
+            say: Callable[[str], None], deadline: float | None,
+            trial_s: float | None = None) -> tuple[dict[str, list[float]], int, float]:
+    """Up to `rounds` interleaved rounds over `pool`, only whole rounds that fit before `deadline`:
+    the samples by label, the rounds done, and the measured seconds per trial."""
     samples: dict[str, list[float]] = {c.label: [] for c in pool}
-    folder = Path(settings.studies_dir) / study.study_name / "confirm"
-    done, round_s = 0, (settings.base.seconds or 15.0) * len(pool)  # a first guess, then measured
+    done = 0
+    trial_s = trial_s or settings.base.seconds or 15.0  # a first guess, then measured
     for r in range(rounds):
-        if deadline is not None and time.monotonic() + round_s > deadline:
+        if deadline is not None and time.monotonic() + trial_s * len(pool) > deadline:
             say(f"confirmation: {done} of {rounds} round(s) fit in the budget")
             break
         t0 = time.monotonic()
@@ -88,12 +140,8 @@ def run(study: optuna.Study, settings: SearchSettings, top: int, rounds: int, *,
             sps = _measure(c, folder / f"round-{r}" / c.label.replace(" ", "-"), settings, server, say)
             if sps is not None:
                 samples[c.label].append(sps)
-        done, round_s = done + 1, time.monotonic() - t0
-    if done == 0:
-        return None
-    summary = summarize(pool, samples, done)
-    study.set_user_attr(CONFIRMATION, summary)
-    return summary
+        done, trial_s = done + 1, (time.monotonic() - t0) / len(pool)
+    return samples, done, trial_s
 
 
 def _measure(c: Candidate, trial_dir: Path, settings: SearchSettings, server: WarmServer | None,

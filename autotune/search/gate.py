@@ -20,9 +20,9 @@ import optuna
 
 from autotune.core.config import SearchSettings, baseline_of
 from autotune.core.errors import TrialFailure
-from autotune.search import parity
+from autotune.search import confirm, parity
 from autotune.search.records import TrialRecord
-from autotune.search.results import PARITY, export_order
+from autotune.search.results import PARITY, confirmed_figures, export_order
 from autotune.trial.warm import WarmServer
 
 REFERENCE = "parity_reference"  # study user attr: parity.Reference.to_dict()
@@ -46,8 +46,7 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
     reference = parity.Reference.from_dict(stored) if stored else None
     if reference is not None and not parity.same_training(reference.baseline, baseline):
         reference = None
-    # The search promises to end within budget + max(30 s, 2%); keep 10 s of that for the export.
-    grace = max(30.0, 0.02 * (settings.budget_s or 0)) - 10.0
+    grace = settings.grace_s
     failed_batches: dict[int, int] = {}  # a global batch whose trajectory failed -> the trial that showed it
     say(f"parity: each candidate trains {steps} optimizer steps beside the baseline, from the same weights on the "
         "same data, in fresh processes (--parity-steps 0: off)")
@@ -64,6 +63,8 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
                              f"{cfg.global_batch_size} already failed parity (trial {failed})"}
             continue
         need = _cost_s(study, settings, baseline, cfg, reference)
+        if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
+            need += confirm.extension_s(study)
         if deadline is not None and time.monotonic() + need > deadline + grace:
             say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
                 "a cheaper one is tried")

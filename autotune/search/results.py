@@ -87,7 +87,8 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
     if row is None:
         return None
     keep = ("samples_per_s_median", "min", "max", "speedup_median", "speedup_range")
-    return {"rounds": summary["rounds"], **{k: row[k] for k in keep},
+    # Its own count: a config confirmed after the others (confirm.extend) may have had fewer rounds.
+    return {"rounds": len(row["samples"]), **{k: row[k] for k in keep},
             "baseline_median": summary["baseline_median"], "order_changed": summary["order_changed"],
             "search_order": summary["search_order"], "confirmed_order": summary["confirmed_order"]}
 

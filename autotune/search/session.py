@@ -28,7 +28,7 @@ from autotune.core.files import write_atomic
 from autotune.search import _optuna, batch, confirm, fleet, gate
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.records import StudyRecord, TrialRecord
-from autotune.search.results import best_export, leaderboard
+from autotune.search.results import best_export, exported, leaderboard
 from autotune.search.runner import Events, measured, reuse, run_one
 from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
 from autotune.search.storage import check_writable, disk_error, open_storage
@@ -144,6 +144,11 @@ class SearchSession:
                         outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
                                                            server=server, say=self.say, deadline=end)
                     outcome.parity = gate.run(self.study, s, server=server, say=self.say, deadline=end)
+                    best = exported(self.study) if outcome.confirmation else None
+                    if best is not None:  # the gate may have passed a config the rounds did not measure
+                        outcome.confirmation = confirm.extend(
+                            self.study, s, best.number, s.confirm_rounds, server=server, say=self.say,
+                            deadline=None if end is None else end + s.grace_s)
         except KeyboardInterrupt:
             outcome.interrupted = True
         except OSError as e:
@@ -173,7 +178,7 @@ class SearchSession:
         budget less what confirmation will need."""
         s = self.settings
         deadline = None if s.budget_s is None else time.monotonic() + max(s.budget_s - reserve_s, s.budget_s / 2)
-        grace = max(30.0, 0.02 * (s.budget_s or 0)) - 10.0  # leave room to export inside the promise
+        grace = s.grace_s
         durations: list[float] = []
         repeats = 0
         while s.n_trials is None or len(durations) < s.n_trials:

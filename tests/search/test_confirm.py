@@ -2,6 +2,8 @@
 the baseline; the speedup exported is that median, with its range; a reordering is said."""
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 
 import optuna
@@ -101,6 +103,35 @@ def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) 
     assert any(s.startswith("confirmation:") for s in said)  # the reserve is announced up front
     logs = sorted((tmp_path / "studies" / "autotune" / "confirm").rglob("trial.log"))
     assert len(logs) == 2 * len(summary["rows"])  # each measurement a fresh trial process of its own
+
+
+@pytest.mark.slow
+def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_too(tmp_path: Path) -> None:
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0),
+                                  ("search", {"batch_size": 16}, 20.0)])
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=1,
+                              confirm_top=1, parity_steps=0)
+    said: list[str] = []
+    first = confirm.run(study, settings, 1, 1, say=said.append)
+    assert first is not None and [r["label"] for r in first["rows"]] == ["trial 1", "baseline"]
+    # The gate failed the confirmed one and passed trial 2: the export is trial 2, so far unconfirmed.
+    study.set_user_attr(PARITY, {"1": {"verdict": "fail", "reason": "deviates"}, "2": {"verdict": "pass"}})
+    assert exported(study).number == 2 and confirmed_figures(study, 2) is None
+    assert confirm.extension_s(study) > 0  # what the gate adds to the cost of checking it
+    # No round fits: nothing changes, and it is said.
+    assert confirm.extend(study, settings, 2, 1, say=said.append, deadline=time.monotonic()) == first
+    assert "confirmation: 0 of 1 round(s) fit in the budget" in said
+    summary = confirm.extend(study, settings, 2, 2, say=said.append)
+    rows = {r["label"]: r for r in summary["rows"]}
+    assert len(rows["trial 2"]["samples"]) == 2 and len(rows["baseline"]["samples"]) == 1 + 2
+    assert rows["trial 1"]["samples"] == first["rows"][0]["samples"]  # the earlier rounds are kept
+    best = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    base = statistics.median(rows["baseline"]["samples"])
+    assert best["study"]["trial"] == 2 and best["confirmed"]["rounds"] == 2
+    assert best["speedup"] == pytest.approx(statistics.median(rows["trial 2"]["samples"]) / base)
+    assert best["baseline"]["samples_per_s"] == pytest.approx(base)
+    assert len(list((tmp_path / "s" / "c" / "confirm" / "trial-2").rglob("trial.log"))) == 4  # fresh processes
+    assert confirm.extend(study, settings, 2, 2, say=said.append) == summary  # confirmed once
 
 
 def test_a_config_measured_before_is_reused_not_run(tmp_path: Path) -> None:
