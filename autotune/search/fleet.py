@@ -44,18 +44,27 @@ def finishes(study: optuna.Study, key: str) -> bool:
     and it won the claim among those that finished with it)."""
     me = dict(study.user_attrs.get(key) or {})
     study.set_user_attr(key, {**me, "state": "done"})
-    if _others_running(_fresh(study).user_attrs, key):
+    if _others_running(fresh(study).user_attrs, key):
         return False
-    study.set_user_attr("finisher", key)
+    won = claim(study, "finisher", key)
+    return won is not None and not _others_running(won.user_attrs, key)
+
+
+def claim(study: optuna.Study, attr: str, me: str) -> optuna.Study | None:
+    """Elect one among processes claiming at once, last writer wins: write `me` under `attr`, let the
+    others' writes land (SETTLE_S), and return the study freshly loaded when `me` stayed; None when
+    another process won."""
+    study.set_user_attr(attr, me)
     time.sleep(SETTLE_S)
-    attrs = _fresh(study).user_attrs
-    return attrs.get("finisher") == key and not _others_running(attrs, key)
+    loaded = fresh(study)
+    return loaded if loaded.user_attrs.get(attr) == me else None
+
+
+def fresh(study: optuna.Study) -> optuna.Study:
+    """The study loaded again: what other processes have written since it was loaded."""
+    return optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))
 
 
 def _others_running(attrs: dict[str, Any], key: str) -> bool:
     return any(k.startswith(PREFIX) and k != key and isinstance(v, dict) and v.get("state") == "running"
                and _owner_alive(v) for k, v in attrs.items())
-
-
-def _fresh(study: optuna.Study) -> optuna.Study:
-    return optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))

@@ -22,7 +22,7 @@ from autotune.core.config import SearchSettings, baseline_of
 from autotune.core.errors import TrialFailure
 from autotune.search import confirm, parity
 from autotune.search.records import TrialRecord
-from autotune.search.results import PARITY, confirmed_figures, export_order
+from autotune.search.results import PARITY, baseline_trial, confirmed_figures, export_order
 from autotune.trial.warm import WarmServer
 
 REFERENCE = "parity_reference"  # study user attr: parity.Reference.to_dict()
@@ -96,8 +96,8 @@ def _cost_s(study: optuna.Study, settings: SearchSettings, baseline: Any, cfg: A
             reference: parity.Reference | None) -> float:
     """About how long a check of `cfg` takes: its runs of K steps (the baseline's and its twin's too when
     no reference covers it yet) at the baseline's measured step time, plus each run's start-up."""
-    figures = next((TrialRecord.from_frozen(t).metrics for t in study.get_trials(deepcopy=False)
-                    if TrialRecord.from_frozen(t).role == "baseline" and t.value), {})
+    measured = baseline_trial(study)
+    figures = TrialRecord.from_frozen(measured).metrics if measured is not None else {}
     step, start = float(figures.get("step_time_p50") or 1.0), float(figures.get("startup_s") or 5.0) + 2.0
     ratio = max(1, -(-cfg.global_batch_size // baseline.global_batch_size))
     k = settings.parity_steps

@@ -36,12 +36,18 @@ def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
                                  key=lambda tr: (tr[1].contended, -float(tr[0].value or 0)))]
 
 
-def baseline_sps(study: optuna.Study) -> float | None:
-    """The baseline's figure: its first clean measurement, else its first (contended) one."""
+def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The baseline's measurement: its first clean one, else its first (contended) one."""
     runs = [(t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     runs = [(t, r) for t, r in runs if r.role == "baseline" and feasible(t)]
     clean = [t for t, r in runs if not r.contended] or [t for t, _ in runs]
-    return float(clean[0].value or 0) if clean else None
+    return clean[0] if clean else None
+
+
+def baseline_sps(study: optuna.Study) -> float | None:
+    """The baseline's figure (baseline_trial's)."""
+    t = baseline_trial(study)
+    return float(t.value or 0) if t is not None else None
 
 
 def shown_storage(url: str | None) -> str:

@@ -14,6 +14,7 @@ import os
 import signal
 import statistics
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -286,25 +287,17 @@ def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -
             role=record.role, config=record.config, retry_of=frozen.number).to_attrs())
 
 
-CLAIM_SETTLE_S = 1.0  # workers that start together all write their claim within this; the last one wins
-
-
 def _claim(study: optuna.Study) -> bool:
-    """Elect one resolver among workers joining a deferred study at once: each writes its id, waits
-    for the others' writes to land, and only the one whose id stayed resolves (last writer wins)."""
-    me = f"{os.uname().nodename}:{os.getpid()}:{time.time()}"
-    study.set_user_attr("resolver", me)
-    time.sleep(CLAIM_SETTLE_S)
-    fresh = optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))
-    return fresh.user_attrs.get("resolver") == me and not StudyRecord.of(fresh).resolved
+    """Elect one resolver among workers joining a deferred study at once (fleet.claim)."""
+    won = fleet.claim(study, "resolver", f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:12]}")
+    return won is not None and not StudyRecord.of(won).resolved
 
 
 def _resolved(study: optuna.Study, timeout_s: float = 120.0) -> StudyRecord:
     """The study's record once some worker has resolved it (at once when it already is)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        fresh = optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))
-        record = StudyRecord.of(fresh)
+        record = StudyRecord.of(fleet.fresh(study))
         if record.resolved or time.monotonic() > deadline:
             return record
         time.sleep(0.5)
