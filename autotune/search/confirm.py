@@ -21,6 +21,7 @@ from autotune.core.errors import TrialFailure
 from autotune.search.locks import device_lock
 from autotune.search.records import TrialRecord
 from autotune.search.results import CONFIRMATION, leaderboard
+from autotune.search.runner import end_folder
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
@@ -76,7 +77,7 @@ def run(study: optuna.Study, settings: SearchSettings, top: int, rounds: int, *,
     if rounds == 0 or not any(c.label != "baseline" for c in pool):
         return None
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
-    samples, done, trial_s = _rounds(pool, rounds, Path(settings.studies_dir) / study.study_name / "confirm",
+    samples, done, trial_s = _rounds(pool, rounds, end_folder(settings, study, "confirm"),
                                      settings, server, say, deadline)
     if done == 0:
         return None
@@ -102,7 +103,7 @@ def extend(study: optuna.Study, settings: SearchSettings, number: int, rounds: i
     pool = [board[number], base]
     say(f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
         "before it did not pass parity")
-    folder = Path(settings.studies_dir) / study.study_name / "confirm" / f"trial-{number}"
+    folder = end_folder(settings, study, "confirm") / f"trial-{number}"
     new, done, _ = _rounds(pool, rounds, folder, settings, server, say, deadline, summary.get("trial_s"))
     if done == 0:
         return summary

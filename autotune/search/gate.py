@@ -23,6 +23,7 @@ from autotune.core.errors import TrialFailure
 from autotune.search import confirm, parity
 from autotune.search.records import TrialRecord
 from autotune.search.results import PARITY, baseline_trial, confirmed_figures, export_order
+from autotune.search.runner import end_folder
 from autotune.trial.warm import WarmServer
 
 REFERENCE = "parity_reference"  # study user attr: parity.Reference.to_dict()
@@ -40,7 +41,7 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
     if not steps or not order:
         return None
     verdicts: dict[str, Any] = dict(study.user_attrs.get(PARITY) or {})
-    folder = Path(settings.studies_dir) / study.study_name / "parity"
+    folder = end_folder(settings, study, "parity")
     baseline = baseline_of(settings.base)
     stored = study.user_attrs.get(REFERENCE)
     reference = parity.Reference.from_dict(stored) if stored else None
