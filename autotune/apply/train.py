@@ -134,8 +134,7 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
     summary = {"name": name, "config": cfg.to_dict(), "epochs": epochs, "world": h.world, "history": history,
                "optimizer_steps": sum(r["optimizer_steps"] for r in history), "global_batch": cfg.global_batch_size,
                "lr": cfg.effective_lr,
-               "seconds": total_s, "samples_per_s": sum(r["samples"] for r in history) / total_s,
-               "steady_samples_per_s": _rate(history[1:]),
+               "seconds": total_s, "samples_per_s": _rate(history), "steady_samples_per_s": _rate(history[1:]),
                "iou": history[-1]["iou"] if history else None, "checkpoint": None}
     if lead:
         path = out / f"{name}.pt"
@@ -171,7 +170,6 @@ def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) ->
     return dict(json.loads(summary_path.read_text()))
 
 
-# How far the config's final metric may fall behind the baseline's (absolute IoU) before train says so.
 def _rate(history: list[dict[str, Any]]) -> float | None:
     """samples/s over these epochs; None for none. Epochs after the first leave out one-off start-up
     (CUDA context, loader workers, cudnn.benchmark's autotuning of each new shape: 8 s of a 10 s first
@@ -180,6 +178,7 @@ def _rate(history: list[dict[str, Any]]) -> float | None:
     return sum(r["samples"] for r in history) / seconds if history and seconds > 0 else None
 
 
+# How far the config's final metric may fall behind the baseline's (absolute IoU) before train says so.
 # Three baseline runs that differ only in data order (96 images at 96 px, 5 epochs) ended at IoU 0.619,
 # 0.638 and 0.634: 0.019 apart at most. 0.05 is 2.5x that, so natural noise does not trip it.
 METRIC_MARGIN = 0.05

@@ -47,7 +47,6 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
     reference = parity.Reference.from_dict(stored) if stored else None
     if reference is not None and not parity.same_training(reference.baseline, baseline):
         reference = None
-    grace = settings.grace_s
     failed_batches: dict[int, int] = {}  # a global batch whose trajectory failed -> the trial that showed it
     say(f"parity: each candidate trains {steps} optimizer steps beside the baseline, from the same weights on the "
         "same data, in fresh processes (--parity-steps 0: off)")
@@ -66,7 +65,7 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
         need = _cost_s(study, settings, baseline, cfg, reference)
         if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
             need += confirm.extension_s(study)
-        if deadline is not None and time.monotonic() + need > deadline + grace:
+        if deadline is not None and time.monotonic() + need > deadline + settings.grace_s:
             say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
                 "a cheaper one is tried")
             verdicts[key] = {"verdict": "not checked", "reason": f"the budget left was shorter than the check "

@@ -179,12 +179,11 @@ class SearchSession:
         budget less what confirmation will need."""
         s = self.settings
         deadline = None if s.budget_s is None else time.monotonic() + max(s.budget_s - reserve_s, s.budget_s / 2)
-        grace = s.grace_s
         durations: list[float] = []
         repeats = 0
         while s.n_trials is None or len(durations) < s.n_trials:
             left = float("inf") if deadline is None else deadline - time.monotonic()
-            if left <= 0 or (durations and statistics.median(durations) > left + grace):
+            if left <= 0 or (durations and statistics.median(durations) > left + s.grace_s):
                 break
             if self.fleet_key is not None:
                 fleet.beat(self.study, self.fleet_key)
@@ -206,7 +205,7 @@ class SearchSession:
                 continue
             repeats = 0
             t0 = time.monotonic()
-            frozen = run_one(self.study, trial, cfg, s, min(s.trial_timeout, left + grace), events, server)
+            frozen = run_one(self.study, trial, cfg, s, min(s.trial_timeout, left + s.grace_s), events, server)
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
             _retry_if_contended(self.study, frozen)
