@@ -223,12 +223,25 @@ def usable_cpus() -> int:
         return n
 
 
+def cpu_bf16_native() -> bool:
+    """Whether oneDNN has bf16 kernels for this CPU. Without them (an AVX2-only CPU), bf16 autocast falls
+    back to the reference convolution: measured 7.1 s against 0.09 s fp32 for one 64-channel 3x3 conv
+    at batch 8, 64 px (AMD EPYC, AVX2), so a Unet trial in bf16 times out instead of measuring."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN: no fast bf16 either
+        return False
+
+
 @dataclass(frozen=True)
 class Hardware:
     cuda: bool
     gpu_count: int
     cpu_count: int  # usable by this process (affinity, cgroup quota), not the machine's
     apex: bool
+    cpu_bf16: bool = True  # native bf16 kernels on this CPU (oneDNN: AVX512-BF16 or AMX)
 
     @classmethod
     def detect(cls) -> Hardware:
@@ -238,7 +251,7 @@ class Hardware:
 
         cuda = bool(torch.cuda.is_available())
         return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0,
-                   cpu_count=usable_cpus(), apex=apex_available())
+                   cpu_count=usable_cpus(), apex=apex_available(), cpu_bf16=cpu_bf16_native())
 
     def workers_per_process(self, processes: int, space: SearchSpace | None = None) -> int:
         """The usable CPUs shared by a trial's processes (one per GPU), as a num_workers `space` allows:
@@ -319,6 +332,9 @@ def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
     clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
     if not hw.cuda:
         keep("precision", lambda p: p != "fp16", "fp16 needs CUDA")
+        if not hw.cpu_bf16:
+            keep("precision", lambda p: p != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX): "
+                 "autocast would emulate it, about 70x slower than fp32")
         fix("pin_memory", False, "no CUDA, pinning memory is a no-op")
         fix("cudnn_benchmark", False, "no CUDA, cudnn is not used")
         fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")

@@ -53,9 +53,10 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
 
     Cores are the usable ones (affinity, cgroup quota) shared by the trial's processes, one per GPU,
     as a count the space allows: the warm start runs exactly as enqueued, in the space or not."""
-    bf16 = not hw.cuda or _bf16_supported(base.gpus)
+    bf16 = _bf16_supported(base.gpus) if hw.cuda else hw.cpu_bf16
+    precision = "bf16" if bf16 else "fp16" if hw.cuda else "fp32"  # a CPU without bf16 kernels: no AMP
     workers = hw.workers_per_process(base.gpus, space)
-    return baseline_of(base).replace(num_workers=workers, pin_memory=hw.cuda, precision="bf16" if bf16 else "fp16",
+    return baseline_of(base).replace(num_workers=workers, pin_memory=hw.cuda, precision=precision,
                         optimizer_fusion="fused", cudnn_benchmark=hw.cuda, persistent_workers=workers > 0,
                         prefetch_factor=2 if workers else None, set_to_none=True)  # both need workers
 

@@ -133,6 +133,14 @@ def test_warm_start_workers_are_shared_by_the_trials_processes() -> None:
     assert warm_start(BASE.replace(gpus=4), Hardware(cuda=True, gpu_count=4, cpu_count=2, apex=False)).num_workers == 1
 
 
+def test_warm_start_precision_follows_the_hardware() -> None:
+    """AMP where it is fast: bf16 on a CPU with bf16 kernels, fp32 on one without (emulated bf16 is
+    ~70x slower and would time the guides' own recommendation out)."""
+    assert warm_start(BASE, Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)).precision == "bf16"
+    assert warm_start(BASE, Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False,
+                                     cpu_bf16=False)).precision == "fp32"
+
+
 @pytest.mark.parametrize("spec, want", [
     (IntRange(0, 1), 1),  # the space's max is 1: 1, not 8
     (IntRange(0, 32), 8),

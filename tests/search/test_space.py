@@ -120,6 +120,29 @@ def test_resolve_cpu() -> None:
         assert word in text
 
 
+def test_resolve_cpu_without_bf16_kernels() -> None:
+    """An AVX2-only CPU emulates bf16 about 70x slower: searching it would only time trials out."""
+    space, notes = resolve(load_space(DEFAULT), Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False,
+                                                         cpu_bf16=False))
+    assert space["precision"] == Fixed("fp32")
+    assert any("precision" in n and "native bf16" in n for n in notes)
+    # a GPU machine keeps bf16 whatever its CPU has: autocast runs on the GPU
+    space, _ = resolve(load_space(DEFAULT), Hardware(cuda=True, gpu_count=1, cpu_count=8, apex=False,
+                                                     cpu_bf16=False))
+    assert "bf16" in space["precision"].values  # type: ignore[union-attr]
+
+
+def test_cpu_bf16_native_asks_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from autotune.search.space import cpu_bf16_native
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert cpu_bf16_native() is True
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert cpu_bf16_native() is False
+
+
 def test_resolve_gpu() -> None:
     space, notes = resolve(load_space(DEFAULT), GPU4)
     assert "fp16" in space["precision"].values  # type: ignore[union-attr]
@@ -290,11 +313,13 @@ def test_detect_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(space_module, "CGROUP_CPU_MAX", Path("/nonexistent/cpu.max"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(space_module, "cpu_bf16_native", lambda: True)
     assert Hardware.detect() == Hardware(cuda=True, gpu_count=4, cpu_count=96, apex=False)
     monkeypatch.delattr(os, "sched_getaffinity")
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one core, not a crash
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False)
+    monkeypatch.setattr(space_module, "cpu_bf16_native", lambda: False)
+    assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False, cpu_bf16=False)
 
 
 @pytest.fixture
