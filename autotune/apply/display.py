@@ -64,6 +64,8 @@ class LiveSearch:
             speed += f"  [contended: {busy}; timing suspect, measured again]"
         if r.repeat_of is not None:
             speed += f"  [same config as trial {r.repeat_of}: its figure reused, not run again]"
+        if feasible(t) and r.reason == "headroom":  # the baseline, kept as the reference: say why it is risky
+            speed += f"  [{r.message}]"
         if feasible(t) and r.training_math:
             speed += f"  [trains differently: {shown(r.training_math)}]"
         self.console.print(f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",

@@ -49,6 +49,10 @@ def register(sub: Any) -> None:
     s.add_argument("--global-batch", type=int, default=None, metavar="N",
                    help="samples per optimizer step, the same in every trial: batch_size becomes the micro-batch "
                    "per process and gradient accumulation makes up the rest (default: free, the batch is searched)")
+    s.add_argument("--baseline", default=None, metavar="FILE|JSON",
+                   help="the knobs you train with today, that every speedup is measured against: a best.yaml-style "
+                        "file or inline JSON such as '{\"num_workers\": 4, \"batch_size\": 16}' (default: plain "
+                        "PyTorch at batch 8, accumulating up to --global-batch); stored in the study")
     s.add_argument("--lr-scaling", default="sqrt", choices=LR_RULES,
                    help="how the learning rate follows a global batch that differs from the baseline's "
                    "(default sqrt, the rule for Adam-family optimizers; linear for SGD; none)")
@@ -95,7 +99,8 @@ def _console() -> Any:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autotune.core.config import SearchSettings, parse_duration, parse_percent
+    from autotune.core.config import SearchSettings, TrialConfig, parse_duration, parse_percent
+    from autotune.core.configfile import load_baseline
     from autotune.core.errors import ConfigError
     from autotune.pipelines import workload
     from autotune.search.results import shown_storage
@@ -107,8 +112,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise ConfigError(f"--global-batch must be a positive number of samples, got {args.global_batch}")
     console = _console()
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
+    # Checked before anything is written (the default data is made on first use).
+    baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
     base = workload(args.pipeline, args.image_size, args.data, args.studies_dir, seconds=args.trial_seconds,
-                    warmup_steps=args.warmup_steps, window=3, lr_scaling=args.lr_scaling, **batch)
+                    warmup_steps=args.warmup_steps, window=3, lr_scaling=args.lr_scaling, baseline=baseline, **batch)
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study,
         storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,

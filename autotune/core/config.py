@@ -21,7 +21,7 @@ KNOBS = (
 # What a trial runs on and how long it measures: fixed for a whole study.
 WORKLOAD = (
     "pipeline", "data_dir", "image_size", "warmup_steps", "timed_steps", "seconds",
-    "window", "seed", "data_seed", "lr", "lr_scaling", "global_batch", "profile",
+    "window", "seed", "data_seed", "lr", "lr_scaling", "global_batch", "profile", "baseline",
 )
 LR_RULES = ("sqrt", "linear", "none")
 # The baseline's global batch (batch_size 8 on one process): the batch `lr` is meant for when the
@@ -66,11 +66,24 @@ class TrialConfig:
     lr_scaling: str = "sqrt"  # how lr follows a changed global batch: sqrt | linear | none
     global_batch: int | None = None  # samples per optimizer step, fixed by the study; None: free
     profile: bool = False
+    # The knobs the user trains with today (--baseline), as sorted (knob, value) pairs so the config stays
+    # hashable; None: plain PyTorch. Every speedup and training-math label is measured against it.
+    baseline: tuple[tuple[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ConfigError(msg)
+
+        if self.baseline is not None:  # a mapping (YAML, --baseline) or JSON's list of pairs: one form
+            try:
+                pairs = dict(self.baseline) if isinstance(self.baseline, (Mapping, list, tuple)) else None
+            except (TypeError, ValueError):
+                pairs = None
+            need(pairs is not None, f"baseline must be a mapping of knobs, got {self.baseline!r}")
+            unknown = sorted(map(str, set(pairs) - set(KNOBS)))  # type: ignore[arg-type]
+            need(not unknown, f"baseline: unknown knob(s) {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
+            object.__setattr__(self, "baseline", tuple(sorted(pairs.items())))  # type: ignore[union-attr]
 
         for f in fields(self):
             v = getattr(self, f.name)
@@ -118,7 +131,9 @@ class TrialConfig:
 
     @property
     def reference_batch(self) -> int:
-        return self.global_batch or REFERENCE_BATCH
+        """The global batch `lr` is meant for: the study's, else the baseline's."""
+        given = dict(self.baseline or ())
+        return self.global_batch or given.get("batch_size", REFERENCE_BATCH) * given.get("gpus", 1)
 
     @property
     def effective_lr(self) -> float:
@@ -129,7 +144,9 @@ class TrialConfig:
         return {k: getattr(self, k) for k in KNOBS}
 
     def workload(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in WORKLOAD}
+        out = {k: getattr(self, k) for k in WORKLOAD}
+        out["baseline"] = dict(self.baseline) if self.baseline is not None else None  # a mapping in YAML
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -161,9 +178,17 @@ def lr_factor(ratio: float, rule: str) -> float:
 
 
 def baseline_of(cfg: TrialConfig) -> TrialConfig:
-    """The plain-PyTorch run `cfg` is compared with: the same workload, default knobs, and the study's
-    global batch in one batch (no accumulation) when it fixes one."""
-    return cfg.replace(**{**BASELINE.knobs(), "batch_size": cfg.global_batch or BASELINE.batch_size})
+    """The run `cfg` is compared with: the same workload with the user's baseline knobs (--baseline), or
+    plain PyTorch. With a study's global batch and no batch size given, it trains at the plain batch
+    (or the largest divisor of the global batch below it) and accumulates the rest: --global-batch is
+    for a batch that may not fit in one pass, so the reference must not be run in one."""
+    given = dict(cfg.baseline or ())
+    knobs = {**BASELINE.knobs(), **given}
+    if cfg.global_batch and "batch_size" not in given:
+        per_process = max(1, cfg.global_batch // knobs["gpus"])
+        knobs["batch_size"] = max((d for d in range(1, min(BASELINE.batch_size, per_process) + 1)
+                                   if cfg.global_batch % (d * knobs["gpus"]) == 0), default=1)
+    return cfg.replace(**knobs)
 
 
 def _finite(x: float | None) -> bool:

@@ -127,33 +127,63 @@ def to_yaml(e: Export) -> str:
 def load_config(path: str | os.PathLike[str]) -> TrialConfig:
     """Read a flat TrialConfig (YAML or JSON) or an exported file. Every failure is one ConfigError line naming the file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read config: {getattr(exc, 'strerror', None) or exc}") from None
-    data: Any
-    if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{p}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
-    else:
-        try:
-            data = yaml.safe_load(text)  # never yaml.load: a config file must not run code
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(exc)}") from None
-    if not isinstance(data, Mapping):
-        got = "an empty file" if data is None else f"a {type(data).__name__}"
-        raise ConfigError(f"{p}: a config must be a mapping of knob: value, got {got}")
-    data = _fix_yaml_off(data)
+    data = _read_mapping(p.suffix.lower() == ".json", _read_text(p), str(p))
     try:
         return TrialConfig.from_dict(data)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
     except (TypeError, ValueError) as exc:  # a value of the wrong type that a comparison tripped on
         raise ConfigError(f"{p}: bad config value: {exc}") from None
+
+
+def load_baseline(arg: str, workload: TrialConfig) -> dict[str, Any]:
+    """--baseline: the knobs the user trains with today, as inline JSON or a YAML/JSON file in best.yaml's
+    format (its `config:` section) or a flat mapping of knobs. Checked as `workload`'s baseline would run;
+    every failure is one ConfigError line."""
+    from autotune.core.config import KNOBS, baseline_of
+
+    inline = arg.lstrip().startswith("{")
+    where = "--baseline" if inline else f"--baseline {arg}"
+    data = _read_mapping(True, arg, where) if inline else _read_mapping(arg.lower().endswith(".json"),
+                                                                      _read_text(Path(arg)), where)
+    knobs = dict(data["config"]) if isinstance(data.get("config"), Mapping) else dict(data)
+    unknown = sorted(str(k) for k in knobs if k not in KNOBS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown knob(s) {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
+    try:
+        baseline_of(workload.replace(baseline=knobs))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: bad knob value: {exc}") from None
+    return knobs
+
+
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _read_mapping(is_json: bool, text: str, where: str) -> Mapping[str, Any]:
+    data: Any
+    if is_json:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    else:
+        try:
+            data = yaml.safe_load(text)  # never yaml.load: a config file must not run code
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from None
+    if not isinstance(data, Mapping):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{where}: a config must be a mapping of knob: value, got {got}")
+    return _fix_yaml_off(data)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

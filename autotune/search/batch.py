@@ -1,24 +1,23 @@
 """A study's global batch: which micro-batch x GPU-count combinations compute exactly that optimizer step.
 
 With `--global-batch N` every trial trains with N samples per optimizer step: batch_size is the
-micro-batch per process and grad_accum = N / (batch_size x gpus) is derived. Optuna samples knobs
-one at a time, so instead of letting a combination that does not divide N fail as a trial, the space
-is narrowed before the study starts to values that divide N with every GPU count it keeps.
+micro-batch per process and grad_accum = N / (batch_size x gpus) is derived. Before the study starts,
+the space is narrowed to GPU counts that some micro-batch fits and to micro-batches that fit some GPU
+count. A pair must divide N, so when the GPU count is searched, space.suggest samples it first and then
+the micro-batch among that count's divisors (one parameter per count, `space.micro_batch_param`): each
+parameter keeps one distribution, so the sampler's statistics stay sound, and no micro-batch is dropped
+for every GPU count because one count cannot use it.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from autotune.core.errors import SearchSpaceError
-from autotune.search.space import Choices, Fixed, IntRange, SearchSpace, Spec
+from autotune.search.space import Choices, Fixed, SearchSpace, Spec, _spec_values
 
 
 def _values(spec: Spec | None, default: int) -> list[int]:
-    if spec is None:
-        return [default]
-    if isinstance(spec, Fixed):
-        return [spec.value]
-    return list(spec.values()) if isinstance(spec, IntRange) else list(spec.values)
+    return [default] if spec is None else _spec_values(spec)
 
 
 def _as_spec(values: list[int]) -> Spec:
@@ -34,7 +33,7 @@ def narrow(space: SearchSpace, global_batch: int | None, base: Any) -> tuple[Sea
     batches = _values(knobs.get("batch_size"), base.batch_size)
     gpus_all = _values(knobs.get("gpus"), base.gpus)
     gpus = [g for g in gpus_all if any(global_batch % (b * g) == 0 for b in batches)]
-    kept = [b for b in batches if gpus and all(global_batch % (b * g) == 0 for g in gpus)]
+    kept = [b for b in batches if any(global_batch % (b * g) == 0 for g in gpus)]
     if not kept:
         raise SearchSpaceError(f"--global-batch {global_batch}: no micro-batch x GPU count in the space divides it "
                                f"(batch_size {batches}, gpus {gpus_all})")
@@ -43,6 +42,8 @@ def narrow(space: SearchSpace, global_batch: int | None, base: Any) -> tuple[Sea
         if after != before and knob in knobs:
             dropped = [v for v in before if v not in after]
             notes.append(f"{knob}: dropped {', '.join(map(str, dropped))} (global batch {global_batch} must be "
-                         "batch_size x gpus x a whole number of accumulation steps)")
+                         "batch_size x gpus x a whole number of accumulation steps, for some "
+                         f"{'batch_size' if knob == 'gpus' else 'GPU count'} in the space)")
             knobs[knob] = _as_spec(after)
     return SearchSpace(knobs=knobs, source=space.source), notes
+

@@ -100,7 +100,15 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         trial.set_constraint(FEASIBLE_KEY, 1.0)
         value = 0.0
     except TrialTimeout as e:
-        if not compiling(cfg, e):
+        if compiling(cfg, e) and timeout_s < settings.trial_timeout:
+            # The budget's end, not the trial timeout, cut the compilation short: that says nothing about
+            # the config, so a FAIL (never reused, tried again by a later or resumed search).
+            _record_failure(trial, role, TrialTimeout(f"the search's budget ended {timeout_s:.0f} s into the "
+                                                      f"trial, during torch.compile's warm-up: {e}",
+                                                      e.log_tail, e.partial))
+            trial.set_user_attr("reason", "budget")
+            state = TrialState.FAIL
+        elif not compiling(cfg, e):
             _record_failure(trial, role, e)
             state = TrialState.FAIL
         else:  # still compiling at the timeout: a property of the config, so infeasible (a FAIL, TPE would retry it)
@@ -133,6 +141,10 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         contended = lease.contended or (result.others_cpu or 0.0) > CONTENDED_CPUS
         write(trial, of_result(role, cfg, result, speedup, contended))
         short = headroom_short(result, settings.memory_headroom)
+        if short and role == "baseline":
+            # The reference every speedup divides by: always measured and reported, never dropped. Said.
+            write(trial, TrialRecord(role=role, reason="headroom", message=f"the baseline breaks the headroom: {short}"))
+            short = None
         # Too close to the memory limit: it ran here, but a longer run (a bigger batch late in an epoch,
         # fragmentation, another process) would fail. Infeasible, like an OOM, and never exported.
         trial.set_constraint(FEASIBLE_KEY, 1.0 if short else 0.0)

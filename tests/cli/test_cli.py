@@ -122,6 +122,11 @@ def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: 
     (["--memory-headroom=-1%"], "--memory-headroom must be in [0%, 90%)"),
     (["--memory-headroom", "plenty"], "--memory-headroom 'plenty'"),
     (["--parity-steps", "-1"], "--parity-steps must be >= 0"),
+    (["--baseline", '{"lr": 1}'], "--baseline: unknown knob(s) lr"),
+    (["--baseline", '{"precision": "fp64"}'], "--baseline: precision must be one of"),
+    (["--baseline", "{nope"], "--baseline: not valid JSON"),
+    (["--baseline", '{"batch_size": 3}', "--global-batch", "16"], "--baseline: global_batch 16 is not a multiple"),
+    (["--baseline", "missing.yaml"], "missing.yaml: config file not found"),
 ])
 def test_bad_training_math_flags(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, argv: list[str],
                                  phrase: str) -> None:

@@ -34,10 +34,27 @@ def test_lr_follows_the_rule_for_a_changed_global_batch(rule: str, factor: float
     assert math.isclose(cfg.effective_lr, 1e-3 * factor) and lr_factor(4.0, rule) == factor
 
 
-def test_baseline_of_keeps_the_study_global_batch_in_one_batch() -> None:
+def test_baseline_of_accumulates_up_to_the_study_global_batch() -> None:
+    """--global-batch is for a batch that may not fit in one pass: the baseline runs the plain batch and
+    accumulates, never all N samples at once."""
     assert baseline_of(TrialConfig(batch_size=64, precision="bf16")).knobs() == BASELINE.knobs()
     fixed = baseline_of(TrialConfig(batch_size=4, global_batch=32, num_workers=2))
-    assert fixed.batch_size == 32 and fixed.grad_accum == 1 and fixed.num_workers == 0
+    assert fixed.batch_size == 8 and fixed.grad_accum == 4 and fixed.num_workers == 0
+    assert baseline_of(TrialConfig(batch_size=12, global_batch=12)).batch_size == 6  # the largest divisor <= 8
+    assert baseline_of(TrialConfig(batch_size=4, global_batch=4)).batch_size == 4
+
+
+def test_a_user_baseline_is_what_every_config_is_compared_with() -> None:
+    cfg = TrialConfig(batch_size=32, baseline={"batch_size": 16, "num_workers": 4, "precision": "bf16"})
+    base = baseline_of(cfg)
+    assert (base.batch_size, base.num_workers, base.precision, base.optimizer_fusion) == (16, 4, "bf16", "none")
+    assert cfg.reference_batch == 16  # lr is meant for the user's batch
+    assert training_math(cfg, batch_norm=False) == ["global batch 16 -> 32", "lr 0.001 -> 0.00141 (sqrt rule)",
+                                                    "precision bf16 -> fp32"]
+    assert TrialConfig.from_dict(cfg.workload()).baseline == (("batch_size", 16), ("num_workers", 4),
+                                                              ("precision", "bf16"))
+    with pytest.raises(ConfigError, match="baseline: unknown knob"):
+        TrialConfig(baseline={"lr": 1.0})
 
 
 def test_training_math_lists_each_change_and_nothing_for_speed_knobs() -> None:

@@ -18,6 +18,7 @@ from autotune.core.config import BASELINE, SearchSettings, TrialConfig
 from autotune.core.errors import AutotuneError
 from autotune.search.space import Hardware, load_space, resolve
 from autotune.search.storage import open_storage
+from autotune.search.records import StudyRecord
 from autotune.search.study import config_for, open_study, warm_start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,19 @@ def test_baseline_and_warm_start_enqueued_once(storage_url: str) -> None:
     second = config_for(study.ask(), space(), settings.base)
     assert second == warm_start(settings.base, CPU)
     assert second.num_workers == 2 and second.precision == "bf16" and second.optimizer_fusion == "fused"
+
+
+def test_the_users_baseline_is_trial_0_and_stored_in_the_study(tmp_path: Path) -> None:
+    """--baseline: the reference is what the user trains with today, and a worker or resume reads it back."""
+    mine = {"batch_size": 4, "num_workers": 1, "optimizer_fusion": "foreach"}
+    base = TrialConfig(image_size=64, batch_size=16, global_batch=16, baseline=mine)
+    settings = SearchSettings(budget_s=60, storage=str(tmp_path / "studies.db"), base=base)
+    study = open_study(settings, open_storage(settings.storage), FP, space(), CPU)
+    first = config_for(study.ask(), space(), base)
+    assert {k: first.knobs()[k] for k in mine} == mine and first.grad_accum == 4  # accumulates up to 16
+    assert TrialConfig.from_dict(StudyRecord.of(study).workload).baseline == tuple(sorted(mine.items()))
+    warm = config_for(study.ask(), space(), base)
+    assert warm.batch_size == 4 and warm.optimizer_fusion == "fused"  # the guides' knobs over the user's
 
 
 def test_fingerprint_mismatch_refused_unless_forced(storage_url: str) -> None:

@@ -1,6 +1,7 @@
 """A search survives every trial fault, a killed controller, Ctrl-C/SIGTERM and concurrent searches."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -46,12 +47,16 @@ def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> Non
         (dict(batch_size=7), TrialState.FAIL, "timeout"),
         # Timed out before its first measured window while compiling: a property of the config.
         (dict(batch_size=7, compile="default"), "infeasible", "compile_timeout"),
+        # The same, cut short by the end of the budget (timeout below --trial-timeout): says nothing.
+        (dict(batch_size=7, compile="default"), TrialState.FAIL, "budget"),
         (dict(batch_size=2), TrialState.COMPLETE, None),  # and the search goes on
     ]
     for knobs, expected, reason in cases:
         trial = study.ask()
-        timeout = 8.0 if reason in ("timeout", "compile_timeout") else 120.0
-        frozen = run_one(study, trial, base.replace(**knobs), settings, timeout, Events())
+        timeout = 8.0 if reason in ("timeout", "compile_timeout", "budget") else 120.0
+        # --trial-timeout 8 s: every timeout is the trial's own; the budget case cuts at 8 s of 120 s
+        run_settings = dataclasses.replace(settings, trial_timeout_s=8.0 if reason != "budget" else 120.0)
+        frozen = run_one(study, trial, base.replace(**knobs), run_settings, timeout, Events())
         marker = str(tmp_path / "studies" / "autotune" / f"trial-{trial.number}")
         assert wait_until_gone(marker) == [], f"trial {trial.number} left processes behind"
         if expected == "infeasible":
@@ -60,10 +65,11 @@ def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> Non
         else:
             assert frozen.state == expected
         assert frozen.user_attrs.get("reason") == reason, frozen.user_attrs
-        if reason in ("crash", "timeout", "compile_timeout", "oom"):
+        if reason in ("crash", "timeout", "compile_timeout", "budget", "oom"):
             assert frozen.user_attrs["log_tail"]
-    assert "signal" in study.trials[-5].user_attrs["message"] or "killed" in study.trials[-5].user_attrs["message"]
-    assert "torch.compile (default) had not finished" in study.trials[-2].user_attrs["message"]
+    assert "signal" in study.trials[-6].user_attrs["message"] or "killed" in study.trials[-6].user_attrs["message"]
+    assert "torch.compile (default) had not finished" in study.trials[-3].user_attrs["message"]
+    assert "budget ended" in study.trials[-2].user_attrs["message"]
     # An infeasible trial is never the best.
     best = max((t for t in study.trials if feasible(t)), key=lambda t: t.value)
     assert best.params.get("batch_size", 2) == 2 and best.user_attrs["config"]["batch_size"] == 2
