@@ -43,3 +43,52 @@ def apply_skip_bad_data(args: argparse.Namespace) -> None:
 
     if getattr(args, "skip_bad_data", False):
         os.environ[SKIP_BAD_DATA_ENV] = "1"
+
+
+def cpus_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run this process, its trials and their data loaders on these CPUs only (a Linux CPU list "
+                        "such as 0-7 or 0-3,8-11): on a machine shared by one worker per GPU, give each its own "
+                        "share, so loader workers and threads are sized by it and a neighbour's steady use is "
+                        "not counted as contention")
+
+
+def apply_cpus(args: argparse.Namespace) -> None:
+    """Pin to --cpus before anything starts (the warm server and every trial inherit the affinity)."""
+    from autotune.core.errors import ConfigError
+
+    if getattr(args, "cpus", None) is None:
+        return
+    try:
+        cpus = parse_cpu_list(args.cpus)
+    except ValueError:
+        raise ConfigError(f"--cpus {args.cpus!r}: not a CPU list (e.g. 0-7 or 0-3,8-11)") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        raise ConfigError(f"--cpus {args.cpus}: CPU(s) {format_cpu_list(cpus - allowed)} are not available to this "
+                          f"process (it may use {format_cpu_list(allowed)})")
+    os.sched_setaffinity(0, cpus)
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}; ValueError for anything else (an empty list, a reversed range)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        a, b = int(lo), int(hi if dash else lo)  # "0-" is no range: int("") raises
+        if a < 0 or b < a:
+            raise ValueError(text)
+        cpus.update(range(a, b + 1))
+    return cpus
+
+
+def format_cpu_list(cpus: set[int]) -> str:
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from autotune.cli._common import skip_bad_data_arg, workload_args
+from autotune.cli._common import apply_cpus, cpus_arg, skip_bad_data_arg, workload_args
 from autotune.core.config import LR_RULES, SAMPLERS
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
@@ -64,6 +64,7 @@ def register(sub: Any) -> None:
                    help="a config must leave this share of device memory free (RAM on CPU), measured from its "
                    "peak; one that leaves less is infeasible and never exported (default 10%%)")
     skip_bad_data_arg(s)
+    cpus_arg(s)
     workload_args(s)
     s.set_defaults(func=cmd_search)
 
@@ -81,6 +82,7 @@ def register(sub: Any) -> None:
     w.add_argument("--force", action="store_true", help="join although this machine's fingerprint differs")
     w.add_argument("--cold-start", action="store_true", help="start every trial as a fresh interpreter")
     skip_bad_data_arg(w)
+    cpus_arg(w)
     w.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("storage-proxy", help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
@@ -110,6 +112,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise ConfigError("search needs --budget (e.g. --budget 10m)")
     if args.global_batch is not None and args.global_batch < 1:
         raise ConfigError(f"--global-batch must be a positive number of samples, got {args.global_batch}")
+    apply_cpus(args)
     console = _console()
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
     # Checked before anything is written (the default data is made on first use).
@@ -143,6 +146,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if args.budget is None and args.n_trials is None:
         raise AutotuneError("worker needs --budget or --n-trials")
+    apply_cpus(args)
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,

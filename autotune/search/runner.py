@@ -22,6 +22,7 @@ from autotune.search import _optuna
 from autotune.search.locks import Lease, device_lock
 from autotune.search.records import TrialRecord, of_result, write
 from autotune.search.results import baseline_sps
+from autotune.search.space import usable_cpus
 from autotune.search.storage import disk_error
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
@@ -29,9 +30,16 @@ from autotune.trial.warm import WarmServer
 # The sampler should learn where these lie: they are properties of the config, not accidents.
 INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported, TrialBadConfig)
 FEASIBLE_KEY = "infeasible"
-# Other processes' CPU use during a trial's timed window above which its figure is not the config's
-# speed (/proc/stat less the trial's own tree; 0.25 = a quarter of one core on average).
-CONTENDED_CPUS = 0.25
+# Other processes' CPU use during a trial's timed window, on the CPUs it was allotted (/proc/stat less
+# the trial's own tree), above which its figure is not the config's speed: a quarter of a core on a
+# 2-CPU machine (measured: one busy core there makes a step 10-20x slower), an eighth of the share on a
+# larger one, where a neighbour's steady fraction of a core is noise.
+CONTENDED_SHARE = 0.125
+
+
+def contended_cpus() -> float:
+    """The threshold in CPUs for this process's allotment (its trials inherit the affinity)."""
+    return CONTENDED_SHARE * usable_cpus()
 
 
 @dataclass
@@ -138,7 +146,7 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         speedup = result.samples_per_s / base if base and result.samples_per_s else None
         # Another trial shared these cores (lease), or other processes kept the CPU busy: suspect. The
         # search measures it once more (session.py), and it ranks below every clean figure meanwhile.
-        contended = lease.contended or (result.others_cpu or 0.0) > CONTENDED_CPUS
+        contended = lease.contended or (result.others_cpu or 0.0) > contended_cpus()
         write(trial, of_result(role, cfg, result, speedup, contended))
         short = headroom_short(result, settings.memory_headroom)
         if short and role == "baseline":

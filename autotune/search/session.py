@@ -140,6 +140,7 @@ class SearchSession:
             with self._warm_server() as server:
                 for _ in self._trials(events or Events(), server, reserve):
                     outcome.trials += 1
+                _say_waiting_retries(self.study, self.say)
                 if (s.confirm_rounds or s.parity_steps) and not self._stopped and self._finishes():
                     if s.confirm_rounds:
                         outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
@@ -284,6 +285,17 @@ def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -
     if record.contended and record.retry_of is None and frozen.state == optuna.trial.TrialState.COMPLETE:
         study.enqueue_trial(dict(frozen.params), user_attrs=TrialRecord(
             role=record.role, config=record.config, retry_of=frozen.number).to_attrs())
+
+
+def _say_waiting_retries(study: optuna.Study, say: Say) -> None:
+    """Re-measurements of contended trials that the budget left queued: said, never left unseen."""
+    waiting = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+               if TrialRecord.from_frozen(t).retry_of is not None]
+    if waiting:
+        firsts = ", ".join(str(TrialRecord.from_frozen(t).retry_of) for t in waiting)
+        say(f"autotune: {len(waiting)} re-measurement(s) of contended trial(s) {firsts} still wait in the study: the "
+            "budget ended first. Their first figures rank below every clean one; the next search or worker on "
+            "this study runs them first. Give each worker on a shared machine its own CPUs (--cpus).")
 
 
 def _claim(study: optuna.Study) -> bool:

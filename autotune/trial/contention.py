@@ -3,6 +3,10 @@ the trial's own process tree (its loader workers, and under torchrun every rank 
 
 On a small machine one busy core of someone else's work makes a step 10-20x slower (two OpenMP
 threads wait on a descheduled partner), so a figure measured beside it is not the config's speed.
+
+Only the CPUs the trial may run on count (its affinity: a worker pinned with --cpus passes it on). On a
+machine shared by one worker per GPU, each on its own CPUs, the neighbours' steady use is elsewhere and
+does not make every trial contended; unpinned, every CPU is the trial's, and every busy one counts.
 """
 from __future__ import annotations
 
@@ -15,15 +19,27 @@ import psutil
 MIN_WINDOW_S = 1.0  # below this, jiffy-granular counters are noise: nothing is judged
 
 
-def _busy_s() -> float | None:
-    """Seconds of CPU the whole machine spent busy since boot (all CPUs), or None without /proc/stat."""
+def _busy_s(cpus: frozenset[int] | None = None) -> float | None:
+    """Seconds of CPU spent busy since boot on `cpus` (every CPU when None), or None without /proc/stat."""
     try:
         with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+            lines = [ln.split() for ln in f if ln.startswith("cpu")]
+    except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    try:
+        rows = [lines[0][1:]] if cpus is None else [ln[1:] for ln in lines[1:] if int(ln[0][3:]) in cpus]
+        total = 0
+        for row in rows:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = ([int(x) for x in row] + [0] * 8)[:8]
+            total += user + nice + system + irq + softirq + steal
+    except (IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def allotted_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on, or None where the OS does not say (every CPU, then)."""
+    return frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def _tree_root() -> int:
@@ -51,12 +67,13 @@ class OtherCpu:
 
     def __enter__(self) -> OtherCpu:
         self._root = psutil.Process(self._root_pid or _tree_root())
-        self._busy, self._tree, self._t0 = _busy_s(), _tree_s(self._root), time.monotonic()
+        self._cpus = allotted_cpus()
+        self._busy, self._tree, self._t0 = _busy_s(self._cpus), _tree_s(self._root), time.monotonic()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        wall, busy = time.monotonic() - self._t0, _busy_s()
+        wall, busy = time.monotonic() - self._t0, _busy_s(self._cpus)
         if exc_type is None and busy is not None and self._busy is not None and wall >= MIN_WINDOW_S:
             others = (busy - self._busy) - (_tree_s(self._root) - self._tree)
             self.cpus = max(0.0, others / wall)

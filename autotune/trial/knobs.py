@@ -88,6 +88,12 @@ def wrap_checkpoints(model: nn.Module, stages: Iterable[str], k: int) -> dict[st
     return {"checkpoint_segments": _effect(k, stages[:k])}
 
 
+# torch.compile's backend: inductor unless set. aot_eager runs dynamo and its DDP optimizer (the graph split
+# at bucket boundaries, where higher-order ops such as checkpoint were once refused) without inductor's
+# minutes of code generation on a CPU, so the tests can prove compile + DDP + checkpointing trains.
+COMPILE_BACKEND_ENV = "AUTOTUNE_COMPILE_BACKEND"
+
+
 def prepare_model(model: nn.Module, cfg: TrialConfig, device: torch.device, world: int) -> tuple[nn.Module, dict[str, Any]]:
     applied: dict[str, Any] = {}
     model = model.to(device)
@@ -99,7 +105,9 @@ def prepare_model(model: nn.Module, cfg: TrialConfig, device: torch.device, worl
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     applied["gpus"] = _effect(cfg.gpus, world, f"{world} CPU processes over gloo" if world > 1 and device.type != "cuda" else "")
     if cfg.compile != "off":
-        model = torch.compile(model, mode=cfg.compile)  # type: ignore[assignment]
+        # mode is inductor's; another backend (the tests' aot_eager) takes none.
+        backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
+        model = torch.compile(model, backend=backend, mode=cfg.compile if backend == "inductor" else None)  # type: ignore[assignment]
     applied["compile"] = _effect(cfg.compile, cfg.compile)
     return model, applied
 

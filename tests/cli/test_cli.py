@@ -136,6 +136,19 @@ def test_bad_training_math_flags(capsys: pytest.CaptureFixture[str], data: Path,
     assert phrase in bad(capsys, "search", "--budget", "1m", "--data", str(data), *argv)
 
 
+@pytest.mark.parametrize("cpus, phrase", [("0-", "not a CPU list"), ("3-1", "not a CPU list"),
+                                         ("100000", "are not available to this process")])
+def test_bad_cpu_list(capsys: pytest.CaptureFixture[str], data: Path, cpus: str, phrase: str) -> None:
+    assert phrase in bad(capsys, "search", "--budget", "1m", "--data", str(data), "--cpus", cpus)
+
+
+def test_cpu_lists_round_trip() -> None:
+    from autotune.cli._common import format_cpu_list, parse_cpu_list
+
+    assert parse_cpu_list("0-3,8, 10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert format_cpu_list({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
+
+
 def test_unknown_lr_rule_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["search", "--budget", "1m", "--lr-scaling", "cubic"])

@@ -2,6 +2,7 @@
 marked contended, measured once more, and never ranks above a clean figure."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -45,6 +46,40 @@ def test_a_busy_stranger_is_counted_and_our_own_tree_is_not(burner: list[subproc
     assert own.cpus is not None and stranger.cpus is not None
     assert stranger.cpus > 0.7, stranger.cpus  # the burner keeps about one CPU busy
     assert own.cpus < stranger.cpus - 0.5, (own.cpus, stranger.cpus)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to give a neighbour its own")
+def test_a_neighbour_on_other_cpus_is_not_contention(burner: list[subprocess.Popen[bytes]]) -> None:
+    """One worker per GPU, each pinned to its own CPUs (--cpus): the neighbour's steady use is elsewhere."""
+    mine, theirs = sorted(os.sched_getaffinity(0))[:2]
+    before = os.sched_getaffinity(0)
+    burner.append(subprocess.Popen(["taskset", "-c", str(theirs), *BURN]))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"])
+    try:
+        time.sleep(0.2)
+        os.sched_setaffinity(0, {mine})  # the trial's allotment: one CPU, not the burner's
+        with OtherCpu(root_pid=sleeper.pid) as pinned:
+            time.sleep(1.5)
+        os.sched_setaffinity(0, before)  # unpinned: every CPU is the trial's, the burner's too
+        with OtherCpu(root_pid=sleeper.pid) as shared:
+            time.sleep(1.5)
+    finally:
+        os.sched_setaffinity(0, before)
+        sleeper.kill()
+        sleeper.wait()
+    assert pinned.cpus is not None and shared.cpus is not None
+    # The burner's core is left out of the pinned figure (whatever else runs on the trial's own CPU).
+    assert shared.cpus - pinned.cpus > 0.7, (pinned.cpus, shared.cpus)
+
+
+def test_retries_the_budget_left_waiting_are_said() -> None:
+    from autotune.search.session import _say_waiting_retries
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs=TrialRecord(role="search", retry_of=4).to_attrs())
+    said: list[str] = []
+    _say_waiting_retries(study, said.append)
+    assert len(said) == 1 and "contended trial(s) 4 still wait" in said[0] and "--cpus" in said[0]
 
 
 def test_too_short_a_window_judges_nothing() -> None:

@@ -273,3 +273,20 @@ def test_live_processes_helper_sees_this_session(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert live_processes(marker) == []
+
+
+@pytest.mark.slow
+def test_ddp_compile_and_checkpointing_train_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """knobs wraps the checkpoints, then DDP, then compiles: dynamo's DDP optimizer once refused the
+    checkpoint higher-order op in its graph (pytorch#104674). aot_eager runs dynamo and the DDP optimizer
+    as inductor does, without minutes of code generation; gpu_check runs the same with inductor."""
+    from autotune.trial.knobs import COMPILE_BACKEND_ENV
+
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "aot_eager")
+    cfg = fault_cfg("tiny", gpus=2, compile="default", checkpoint_segments=2, warmup_steps=2, timed_steps=4)
+    r = launcher.run_trial(cfg, tmp_path / "t", timeout_s=300)
+    assert r.world_size == 2 and r.samples_per_s and r.samples_per_s > 0
+    assert r.applied["compile"]["in_effect"] == "default"
+    assert r.applied["checkpoint_segments"]["in_effect"] == ["0", "2"]  # the stages wrapped
+    assert r.loss_last is not None and math.isfinite(r.loss_last)
+    assert_nothing_left(tmp_path / "t")
