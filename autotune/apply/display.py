@@ -14,7 +14,7 @@ from rich.text import Text
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
 from autotune.search.records import TrialRecord
-from autotune.search.results import CONFIRMATION, PARITY, exported, feasible, leaderboard
+from autotune.search.results import CONFIRMATION, PARITY, class_verdict, exported, feasible, leaderboard
 from autotune.search.runner import Events
 
 
@@ -102,12 +102,22 @@ def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     verdicts = study.user_attrs.get(PARITY) or {}
     for rank, t in enumerate(leaderboard(study)[:top], 1):
         r = TrialRecord.from_frozen(t)
-        checked = (verdicts.get(str(t.number)) or {}).get("verdict")
         mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
         rows.append((str(rank), str(t.number), r.role, f"{t.value:.2f}", f"x{r.speedup:.2f}" if r.speedup else "-",
                      f"{mem / 2**20:.0f}" if mem else "-", f"{wait:.0%}" if wait is not None else "-",
-                     shown(r.training_math) + (f"; parity {checked}" if checked else ""), knob_summary(r.config)))
+                     shown(r.training_math) + checked(verdicts.get(str(t.number)) or class_verdict(study, t)),
+                     knob_summary(r.config)))
     return rows
+
+
+def checked(verdict: dict[str, Any] | None) -> str:
+    """A check's verdict in a cell: "; parity pass", or "; to target x1.50 (pass)" for a changed step."""
+    if not verdict or not verdict.get("verdict"):
+        return ""
+    if verdict.get("kind") == "time to target":
+        x = verdict.get("speedup_to_target")
+        return f"; to target {f'x{x:.2f}' if x else 'not reached'} ({verdict['verdict']})"
+    return f"; parity {verdict['verdict']}"
 
 
 def leaderboard_table(study: optuna.Study, top: int = 10) -> Table:
@@ -154,12 +164,14 @@ def training_note(study: optuna.Study) -> str:
     if best is None:
         return "nothing exported"
     r = TrialRecord.from_frozen(best)
-    verdict = (study.user_attrs.get(PARITY) or {}).get(str(best.number))
-    checked = f"; parity: {verdict['verdict']} ({verdict.get('reason', '')})" if verdict else ""
+    verdict = (study.user_attrs.get(PARITY) or {}).get(str(best.number)) or class_verdict(study, best)
+    said = f"{checked(verdict)[2:]} ({verdict.get('reason', '')})" if verdict else ""
+    said = f"; {said}" if said else ""
     if r.training_math == ():
-        return f"the exported trial {best.number} computes the baseline's training{checked}"
+        return f"the exported trial {best.number} computes the baseline's training{said}"
     if r.training_math is None:
-        return f"the exported trial {best.number}: training math unknown{checked}"
-    return (f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{checked}"
+        return f"the exported trial {best.number}: training math unknown{said}"
+    proven = bool(verdict) and verdict.get("kind") == "time to target" and verdict.get("verdict") == "pass"
+    return (f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{said}"
             + ("; to keep the baseline's optimizer step, search with --global-batch"
-               if any(c.startswith("global batch") for c in r.training_math) else ""))
+               if not proven and any(c.startswith("global batch") for c in r.training_math) else ""))

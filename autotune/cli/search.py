@@ -163,7 +163,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
     from autotune.apply.display import LiveSearch, confirmation_table, leaderboard_table, order_note, training_note
-    from autotune.search.results import shown_storage
+    from autotune.search.results import checks_summary, shown_storage
 
     s = session.settings
     budget = "no time limit" if s.budget_s is None else f"budget {s.budget_s:.0f} s"
@@ -177,6 +177,12 @@ def _run(session: Any, console: Any) -> int:
         note = order_note(session.study)
         if note:
             console.print(f"autotune: {note}", highlight=False)
+    checks = checks_summary(session.study)
+    if checks:
+        failed = [k for k, v in checks["classes"].items() if v["verdict"] == "fail"]
+        console.print(f"autotune: {len(checks['classes'])} training-math class(es) checked in {checks['check_seconds']:.0f} s"
+                      + (f"; failed: {'; '.join(failed)} ({checks['trials_in_failed_classes']} of {checks['trials']} "
+                         "trials spent in them)" if failed else ""), highlight=False)
     if outcome.best_yaml is None:
         console.print("autotune: no trial finished, nothing to export")
     else:

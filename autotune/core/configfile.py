@@ -44,6 +44,9 @@ class Export:
     # check's verdict (search/parity.py); None: not known, and the section is left out.
     training_math: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
+    # The study's training-math classes and their one check each, the trials spent in classes that
+    # failed, and the time spent checking (search/classes.py summary()); None: none was checked.
+    checks: dict[str, Any] | None = None
 
     @classmethod
     def from_result(
@@ -117,6 +120,7 @@ def to_yaml(e: Export) -> str:
         *([("confirmed", e.confirmed)] if e.confirmed else []),
         *([("training_math", e.training_math)] if e.training_math else []),
         *([("parity", e.parity)] if e.parity else []),
+        *([("checks", e.checks)] if e.checks else []),
         ("environment", e.environment),
         ("study", study),
         ("reproduce", e.reproduce),

@@ -1,10 +1,12 @@
 """The parity gate: before a config is exported as best, it must train like the baseline.
 
 Candidates are taken in export order (the confirmed order by median first, then the rest of the
-leaderboard, fastest first). Each is trained side by side with the baseline (search/parity.py); a
-candidate that fails is recorded in the study, said, and skipped, and the next one is checked. A
-changed global batch whose trajectory failed is not checked again in other candidates (they are
-`skipped`): its optimizer step is the difference, and the budget goes to a different one. A check that
+leaderboard, fastest first). Each is checked as its training-math class is (search/classes.py):
+parity beside the baseline, or time to the baseline's loss when its optimizer step differs. A
+candidate that fails is recorded in the study, said, and skipped, and the next one is checked. A class
+already checked (during the search, or for an earlier candidate) is not checked again: its verdict
+stands for every config in it. A config computing the baseline's own training is checked on its own
+(parity: rounding-level changes such as a fused optimizer still have to train alike). A check that
 does not fit in the budget left is not started (`not checked`) and a cheaper candidate is tried: a
 config that passed is exported before one that could not be checked (results.exported). The
 baseline's reference trajectory is measured once per study and kept in the study, so a resumed
@@ -13,21 +15,17 @@ search or another worker reuses it.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import optuna
 
-from autotune.core.config import SearchSettings, baseline_of
+from autotune.core.config import SearchSettings
 from autotune.core.errors import TrialFailure
-from autotune.search import confirm, parity
+from autotune.search import classes, confirm
 from autotune.search.records import TrialRecord
-from autotune.search.results import PARITY, baseline_trial, confirmed_figures, export_order
+from autotune.search.results import PARITY, class_label, class_verdict, confirmed_figures, export_order
 from autotune.search.runner import end_folder
 from autotune.trial.warm import WarmServer
-
-REFERENCE = "parity_reference"  # study user attr: parity.Reference.to_dict()
-
 
 def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | None = None,
         say: Callable[[str], None] = print, deadline: float | None = None) -> dict[str, Any] | None:
@@ -42,27 +40,24 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
         return None
     verdicts: dict[str, Any] = dict(study.user_attrs.get(PARITY) or {})
     folder = end_folder(settings, study, "parity")
-    baseline = baseline_of(settings.base)
-    stored = study.user_attrs.get(REFERENCE)
-    reference = parity.Reference.from_dict(stored) if stored else None
-    if reference is not None and not parity.same_training(reference.baseline, baseline):
-        reference = None
-    failed_batches: dict[int, int] = {}  # a global batch whose trajectory failed -> the trial that showed it
-    say(f"parity: each candidate trains {steps} optimizer steps beside the baseline, from the same weights on the "
-        "same data, in fresh processes (--parity-steps 0: off)")
+    say(f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
+        "its optimizer step differs), from the same weights on the same data, in fresh processes "
+        "(--parity-steps 0: off)")
     for t in order:
         key = str(t.number)
         if key in verdicts:  # checked before (a resumed study): its verdict stands
             if verdicts[key]["verdict"] == "pass":
                 break
             continue
-        cfg = TrialRecord.from_frozen(t).knobs(settings.base)
-        failed = failed_batches.get(cfg.global_batch_size)
-        if failed is not None:  # the same change of optimizer step already failed: check a different one
-            verdicts[key] = {"verdict": "skipped", "reason": f"global batch {baseline.global_batch_size} -> "
-                             f"{cfg.global_batch_size} already failed parity (trial {failed})"}
+        known = class_verdict(study, t)
+        if known is not None:  # its class was checked (during the search, or for an earlier candidate)
+            verdicts[key] = {**known, "reason": f"its training math ({class_label(t)}) was checked at trial "
+                                                f"{known.get('trial')}: {known.get('reason', '')}"}
+            if known["verdict"] == "pass":
+                break
             continue
-        need = _cost_s(study, settings, baseline, cfg, reference)
+        cfg = TrialRecord.from_frozen(t).knobs(settings.base)
+        need = classes.cost_s(study, settings, t, cfg)
         if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
             need += confirm.extension_s(study)
         if deadline is not None and time.monotonic() + need > deadline + settings.grace_s:
@@ -72,38 +67,20 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
                              f"(about {need:.0f} s)"}
             continue
         try:
-            if reference is None or reference.samples < steps * max(cfg.global_batch_size, baseline.global_batch_size):
-                reference = _reference(study, settings, baseline, cfg, folder, server)
-            verdict = parity.check(cfg, baseline, steps, folder / f"trial-{t.number}", settings.trial_timeout,
-                                   server=server, reference=reference)
+            verdict = classes.run_check(study, settings, t, cfg, folder, server)
         except TrialFailure as e:  # the baseline itself failed to train: nothing can be judged against it
             say(f"parity: the baseline failed to train ({e.reason}); nothing exported is checked")
             verdicts[key] = {"verdict": "not checked", "reason": f"the baseline failed to train: {e.reason}"}
             break
-        verdicts[key] = verdict.to_dict()
+        verdicts[key] = verdict
         study.set_user_attr(PARITY, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
-        say(f"parity: trial {t.number} {'passes' if verdict.passed else 'FAILS'}: {verdict.reason} "
-            f"({verdict.seconds:.0f} s)" + ("" if verdict.passed else "; the next best is checked instead"))
-        if verdict.passed:
+        passed = verdict["verdict"] == "pass"
+        say(f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
+            f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead"))
+        if passed:
             break
-        if cfg.global_batch_size != baseline.global_batch_size and verdict.deviation is not None:
-            failed_batches[cfg.global_batch_size] = t.number
     study.set_user_attr(PARITY, verdicts)
     return verdicts
-
-
-def _cost_s(study: optuna.Study, settings: SearchSettings, baseline: Any, cfg: Any,
-            reference: parity.Reference | None) -> float:
-    """About how long a check of `cfg` takes: its runs of K steps (the baseline's and its twin's too when
-    no reference covers it yet) at the baseline's measured step time, plus each run's start-up."""
-    measured = baseline_trial(study)
-    figures = TrialRecord.from_frozen(measured).metrics if measured is not None else {}
-    step, start = float(figures.get("step_time_p50") or 1.0), float(figures.get("startup_s") or 5.0) + 2.0
-    ratio = max(1, -(-cfg.global_batch_size // baseline.global_batch_size))
-    k = settings.parity_steps
-    covered = reference is not None and reference.samples >= k * max(cfg.global_batch_size, baseline.global_batch_size)
-    # The candidate's K steps take about ratio x the baseline's step time each; a reference is 2 x K x ratio steps.
-    return (k * ratio * step + start) + (0.0 if covered else 2 * (k * ratio * step + start))
 
 
 def reserve_s(settings: SearchSettings) -> float:
@@ -112,12 +89,3 @@ def reserve_s(settings: SearchSettings) -> float:
     if not settings.parity_steps or settings.budget_s is None:
         return 0.0
     return min(3 * ((settings.base.seconds or 15.0) + 15.0), settings.budget_s / 4)
-
-
-def _reference(study: optuna.Study, settings: SearchSettings, baseline: Any, cfg: Any, folder: Path,
-               server: WarmServer | None) -> parity.Reference:
-    """The baseline's trajectory and its data-order twin's, long enough for `cfg`'s samples; stored."""
-    steps = settings.parity_steps * max(1, -(-cfg.global_batch_size // baseline.global_batch_size))
-    reference = parity.noise_reference(baseline, steps, folder / "reference", settings.trial_timeout, server)
-    study.set_user_attr(REFERENCE, reference.to_dict())
-    return reference

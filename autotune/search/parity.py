@@ -173,8 +173,8 @@ def noise_reference(baseline: TrialConfig, steps: int, folder: Path, timeout_s: 
     t0 = time.monotonic()
     base = as_run(baseline, steps)
     order = base.seed if base.data_seed is None else base.data_seed
-    losses = _losses(base, folder / "baseline", timeout_s, server)
-    twin = _losses(base.replace(data_seed=order + 1), folder / "twin", timeout_s, server)
+    losses = train_losses(base, folder / "baseline", timeout_s, server)
+    twin = train_losses(base.replace(data_seed=order + 1), folder / "twin", timeout_s, server)
     return Reference(base, steps, losses, twin, time.monotonic() - t0)
 
 
@@ -193,7 +193,7 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
     grid = max(g_c, g_b)
     runs = 1
     try:
-        losses = _losses(as_run(candidate, c_steps), folder / "candidate", timeout_s, server)
+        losses = train_losses(as_run(candidate, c_steps), folder / "candidate", timeout_s, server)
     except TrialFailure as e:
         why = (str(e).strip().splitlines() or [""])[0][:200]
         noise = (reference_noise(reference, samples, grid)
@@ -227,7 +227,7 @@ def same_training(a: TrialConfig, b: TrialConfig) -> bool:
     return as_run(a, 1) == as_run(b, 1)
 
 
-def _losses(cfg: TrialConfig, trial_dir: Path, timeout_s: float, server: WarmServer | None) -> tuple[float, ...]:
+def train_losses(cfg: TrialConfig, trial_dir: Path, timeout_s: float, server: WarmServer | None) -> tuple[float, ...]:
     with device_lock(cfg.gpus):
         result = launcher.run_trial(cfg, trial_dir, timeout_s, server=server)
     if len(result.losses) != cfg.timed_steps:  # the worker records every step: anything else is a bug

@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
-from autotune.core.training import section
+from autotune.core.training import section, shown
 from autotune.core.urls import mask_url
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.storage import DEFAULT_STORAGE
@@ -21,6 +21,9 @@ CONFIRMATION = "confirmation"  # the study user attr holding the last confirmati
 # Study user attr: trial number (str) -> its parity verdict (search/parity.py). A study attr, because a
 # finished trial's own attrs can no longer be written.
 PARITY = "parity"
+# Study user attr: training-math class (its label, core/training.shown) -> the verdict of its one check
+# (parity for a class that keeps the optimizer step, time to target for one that changes it; search/classes.py).
+CLASSES = "class_verdicts"
 
 
 def feasible(t: FrozenTrial) -> bool:
@@ -55,16 +58,59 @@ def shown_storage(url: str | None) -> str:
     return mask_url(url or DEFAULT_STORAGE)
 
 
+def class_label(t: FrozenTrial) -> str | None:
+    """A measured trial's training-math class, or None when it computes the baseline's training."""
+    math = TrialRecord.from_frozen(t).training_math
+    return shown(math) if math else None
+
+
+def class_verdict(study: optuna.Study, t: FrozenTrial) -> dict[str, Any] | None:
+    """The verdict of `t`'s class check, when its class was checked."""
+    label = class_label(t)
+    return (study.user_attrs.get(CLASSES) or {}).get(label) if label else None
+
+
+def to_target_factor(study: optuna.Study, t: FrozenTrial) -> float:
+    """speedup to target / samples/s speedup for a config whose time to target was measured, else 1: what
+    turns its samples/s into the rate at which it reaches the baseline's quality."""
+    v = class_verdict(study, t)
+    speedup = TrialRecord.from_frozen(t).speedup
+    if not v or v.get("kind") != "time to target" or not v.get("speedup_to_target") or not speedup:
+        return 1.0
+    return float(v["speedup_to_target"]) / speedup
+
+
+def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
+    """The classes checked (each once), the trials spent in classes that failed (run before their verdict,
+    or proposed after it and not run), and the time spent checking; None when no class was checked."""
+    verdicts = study.user_attrs.get(CLASSES) or {}
+    if not verdicts:
+        return None
+    failed = {k for k, v in verdicts.items() if v.get("verdict") == "fail"}
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    spent = sum(1 for t in trials if class_label(t) in failed or TrialRecord.from_frozen(t).reason == "class_failed")
+    return {"classes": {k: {key: v.get(key) for key in ("kind", "verdict", "trial", "speedup_to_target", "reason")
+                            if v.get(key) is not None} for k, v in verdicts.items()},
+            "trials_in_failed_classes": spent, "trials": len(trials),
+            "check_seconds": round(sum(float(v.get("seconds") or 0) for v in verdicts.values()), 1)}
+
+
 def export_order(study: optuna.Study) -> list[FrozenTrial]:
     """The order in which configs are considered for export: the confirmed ones by their median, then
-    the rest of the leaderboard, fastest first."""
+    the rest of the leaderboard, fastest first. A config that changes the optimizer step and has a
+    time to target ranks by it (its samples/s scaled to the rate at which it reaches the target)."""
     board = leaderboard(study)
     summary = study.user_attrs.get(CONFIRMATION) or {}
-    by_number = {t.number: t for t in board}
-    confirmed = [r["trial"] for r in sorted((r for r in summary.get("rows", []) if r.get("samples_per_s_median")
-                                             and r["label"] != "baseline"), key=lambda r: -r["samples_per_s_median"])]
-    first = [by_number[n] for n in confirmed if n in by_number]
-    return first + [t for t in board if t.number not in confirmed]
+    medians = {r["trial"]: r["samples_per_s_median"] for r in summary.get("rows", [])
+               if r.get("samples_per_s_median") and r["label"] != "baseline"}
+    place = {t.number: i for i, t in enumerate(board)}  # the leaderboard's order (contended last) breaks ties
+
+    def key(t: FrozenTrial) -> tuple[bool, float, int]:
+        figure = medians.get(t.number, float(t.value or 0))
+        return t.number not in medians, -figure * to_target_factor(study, t), place[t.number]
+
+    confirmed = sorted((t for t in board if t.number in medians), key=key)
+    return confirmed + [t for t in board if t.number not in medians]
 
 
 def exported(study: optuna.Study) -> FrozenTrial | None:
@@ -74,8 +120,8 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
     verdicts = study.user_attrs.get(PARITY) or {}
     order = export_order(study)
 
-    def verdict(t: FrozenTrial) -> str | None:
-        return (verdicts.get(str(t.number)) or {}).get("verdict")
+    def verdict(t: FrozenTrial) -> str | None:  # its own check's, else its class's
+        return (verdicts.get(str(t.number)) or class_verdict(study, t) or {}).get("verdict")
 
     if any(v.get("verdict") == "pass" for v in verdicts.values()):  # a proven config before an unchecked one
         proven = [t for t in order if verdict(t) == "pass" or TrialRecord.from_frozen(t).role == "baseline"]
@@ -114,7 +160,8 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
         reproduce=f"autotune trial --config {out or 'best.yaml'}")
     export = dataclasses.replace(export, training_math=section(cfg, record.training_math),
-                                 parity=(study.user_attrs.get(PARITY) or {}).get(str(best.number)))
+                                 parity=(study.user_attrs.get(PARITY) or {}).get(str(best.number))
+                                 or class_verdict(study, best), checks=checks_summary(study))
     if rounds is None:
         return export
     return dataclasses.replace(export, speedup=rounds["speedup_median"], confirmed=rounds,

@@ -26,11 +26,11 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, batch, confirm, fleet, gate
+from autotune.search import _optuna, batch, classes, confirm, fleet, gate
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, exported, leaderboard
-from autotune.search.runner import Events, measured, reuse, run_one
+from autotune.search.runner import Events, end_folder, measured, reuse, run_one
 from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
 from autotune.search.storage import check_writable, disk_error, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
@@ -194,14 +194,20 @@ class SearchSession:
                 fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
-            earlier = measured(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
-            if earlier is not None:
-                frozen = reuse(self.study, trial, earlier)
-                events.finished(frozen)
+            label = classes.label_of(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
+            verdict = classes.failed(self.study, label)
+            earlier = None
+            if verdict is not None:  # its training math failed its check: told infeasible, not run
+                events.finished(classes.write_off(self.study, trial, cfg, label, verdict))  # type: ignore[arg-type]
+            else:
+                earlier = measured(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
+                if earlier is not None:
+                    events.finished(reuse(self.study, trial, earlier))
+            if verdict is not None or earlier is not None:
                 repeats += 1
                 if repeats >= REPEATS_TO_STOP:
-                    self.say(f"autotune: the sampler proposed only configs already measured, {repeats} times in "
-                             "a row: the space looks exhausted, so the search ends here")
+                    self.say(f"autotune: the sampler proposed only configs already measured or in a failed class, "
+                             f"{repeats} times in a row: the space looks exhausted, so the search ends here")
                     return
                 continue
             repeats = 0
@@ -210,6 +216,8 @@ class SearchSession:
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
             _retry_if_contended(self.study, frozen)
+            classes.check_if_it_matters(self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say,
+                                        deadline)
             yield frozen
             if self._stop_for_data(frozen):
                 return

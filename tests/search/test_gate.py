@@ -11,7 +11,7 @@ import yaml
 
 from autotune.core.config import SearchSettings, TrialConfig, TrialResult
 from autotune.core.configfile import to_yaml
-from autotune.search import gate
+from autotune.search import classes, gate
 from autotune.search.records import of_result, write
 from autotune.search.results import PARITY, best_export, exported
 from autotune.search.runner import FEASIBLE_KEY
@@ -51,7 +51,7 @@ def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path:
     again: list[str] = []
     assert gate.run(study, settings, say=again.append) == verdicts
     assert not any("passes" in line or "FAILS" in line for line in again)
-    assert gate.REFERENCE in study.user_attrs
+    assert classes.REFERENCE in study.user_attrs
 
 
 def test_parity_off_checks_nothing(tmp_path: Path) -> None:
@@ -62,15 +62,25 @@ def test_parity_off_checks_nothing(tmp_path: Path) -> None:
     assert exported(study).number == 1 and PARITY not in study.user_attrs
 
 
-def test_a_failed_global_batch_is_not_checked_again(tmp_path: Path) -> None:
+def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: Path) -> None:
+    """8 -> 32 changes the optimizer step: judged by the time to the baseline's loss, not by parity at equal
+    samples. Its verdict stands for every config of its class (trial 2 is not trained again)."""
     healthy = TrialConfig(pipeline="tests.parity_pipelines:healthy", image_size=32, seed=0)
     study = optuna.create_study(storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
     record(study, "baseline", healthy, 10.0)
     record(study, "search", healthy.replace(batch_size=32), 30.0)  # 4x the optimizer step's samples
-    record(study, "search", healthy.replace(batch_size=32, num_threads=1), 25.0)  # the same change again
+    record(study, "search", healthy.replace(batch_size=32, num_threads=1), 25.0)  # the same class again
     record(study, "search", healthy.replace(num_threads=1), 20.0)
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=healthy, parity_steps=10)
-    verdicts = gate.run(study, settings, say=lambda s: None)
-    assert verdicts is not None and verdicts["1"]["verdict"] == "fail"
-    assert verdicts["2"]["verdict"] == "skipped" and "already failed parity (trial 1)" in verdicts["2"]["reason"]
-    assert verdicts["3"]["verdict"] == "pass" and exported(study).number == 3
+    said: list[str] = []
+    verdicts = gate.run(study, settings, say=said.append)
+    assert verdicts is not None and verdicts["1"]["kind"] == "time to target"
+    label = "global batch 8 -> 32; lr 0.001 -> 0.002 (sqrt rule)"
+    assert study.user_attrs["class_verdicts"][label]["trial"] == 1
+    if verdicts["1"]["verdict"] == "fail":
+        assert verdicts["2"]["verdict"] == "fail" and "was checked at trial 1" in verdicts["2"]["reason"]
+        assert verdicts["3"]["kind"] == "parity" and exported(study).number == 3
+    else:
+        assert verdicts["1"]["speedup_to_target"] > 1 and exported(study).number == 1
+        assert "2" not in verdicts
+    assert sum("time to target: trial" in line for line in said) == 1, said  # one check for the class
