@@ -74,7 +74,39 @@ class CheckpointedStage(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # Non-reentrant: works with kwargs, with DDP, and with inputs that need no grad.
-        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+        if torch.compiler.is_compiling():
+            # Compiled, the recompute is the partitioner's: it replays pure ops only, and the buffer
+            # updates (running stats) stay in the forward graph, once. Dynamo takes no custom context_fn.
+            return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=self._contexts, **kwargs)
+
+    def _contexts(self) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
+        return contextlib.nullcontext(), running_stats_kept(self.inner)
+
+
+_RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+@contextlib.contextmanager
+def running_stats_kept(module: nn.Module) -> Iterator[None]:
+    """Batch norm's running statistics as they are, whatever runs inside: the checkpoint's recompute is a
+    second forward in train mode, which would update them (and num_batches_tracked) twice per step. The
+    recompute writes into throwaway copies instead; normalisation uses the batch's own statistics in
+    train mode, so its output (and the gradients) are unchanged. The original buffers are put back, not
+    overwritten in place: autograd and DDP's buffer broadcast hold references to them."""
+    kept: list[tuple[nn.Module, str, torch.Tensor]] = []
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
+            for name in _RUNNING_STATS:
+                buf = m._buffers.get(name)
+                if buf is not None:
+                    kept.append((m, name, buf))
+                    m._buffers[name] = buf.clone()
+    try:
+        yield
+    finally:
+        for m, name, buf in kept:
+            m._buffers[name] = buf
 
 
 def wrap_checkpoints(model: nn.Module, stages: Iterable[str], k: int) -> dict[str, Any]:

@@ -349,6 +349,42 @@ def test_checkpointed_unet_computes_the_same_output_and_gradients() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def bn_stages(momentum: float | None) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=momentum), nn.ReLU())
+                           for c in (3, 4)), nn.Conv2d(4, 1, 1))
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("momentum", [0.1, None])  # None: a cumulative average, 1/num_batches_tracked
+def test_checkpointed_batch_norm_updates_its_running_stats_once_per_step(momentum: float | None) -> None:
+    plain = bn_stages(momentum)
+    ckpt = copy.deepcopy(plain)
+    knobs.wrap_checkpoints(ckpt, ["0", "1"], 2)
+    x = torch.randn(4, 3, 8, 8)
+    for model in (plain, ckpt):
+        model.train()
+        for _ in range(2):  # two steps: the second's recompute would see the first's doubled update
+            model(x).square().mean().backward()
+    stats = [{k: v for k, v in m.state_dict().items() if "running" in k or "tracked" in k} for m in (plain, ckpt)]
+    assert [k.replace(".inner", "") for k in stats[1]] == list(stats[0])
+    for a, b in zip(stats[0].values(), stats[1].values()):
+        torch.testing.assert_close(a, b)
+    assert int(stats[1]["0.inner.1.num_batches_tracked"]) == 2
+    grads = [[p.grad for p in m.parameters()] for m in (plain, ckpt)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_running_stats_kept_puts_the_same_buffers_back() -> None:
+    bn = nn.BatchNorm1d(3).train()
+    before = bn.running_mean
+    with knobs.running_stats_kept(bn):
+        bn(torch.randn(5, 3))
+    assert bn.running_mean is before and int(bn.num_batches_tracked) == 0
+    assert torch.equal(before, torch.zeros(3))
+
+
 def test_too_many_checkpoint_segments_is_unsupported() -> None:
     with pytest.raises(TrialUnsupported, match="declares 10 stages"):
         knobs.wrap_checkpoints(unet(), UnetPipeline.stages, 11)
