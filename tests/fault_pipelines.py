@@ -215,3 +215,24 @@ class _KillsItsWorker(Dataset[Any]):
 
 def fault_by_batch_size(cfg: Any) -> FaultByBatchSize:
     return FaultByBatchSize(cfg)
+
+
+class ShardLoss(TinyPipeline):
+    """The loss is the mean of the batch's sample indices (the target is the index): 8 samples, 4 a rank
+    on 2 ranks, so every step's global batch is one whole epoch, mean 3.5, while each rank's own shard
+    has another mean. The model's output enters with weight 0 so DDP still has gradients to reduce."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg, n=8)
+
+    def build_dataset(self) -> Dataset[Any]:
+        x = torch.zeros(self.n, 3, 16, 16)
+        y = torch.arange(self.n, dtype=torch.float32).view(-1, 1, 1, 1).expand(-1, 1, 16, 16).contiguous()
+        return TensorDataset(x, y)
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return target.float().mean() + 0 * output.float().mean()
+
+
+def shard_loss(cfg: Any) -> ShardLoss:
+    return ShardLoss(cfg)

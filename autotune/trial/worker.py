@@ -77,6 +77,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         elapsed, peak, warmup_s = float(t[0]), int(t[1]), float(t[2])
         samples *= world
+    losses = h.mean_over_ranks(losses)
     gpu_util, util_errors = util.mean, util.errors
     if world > 1:  # each rank sampled its own GPU: the mean over the ranks that got samples
         u = torch.tensor([gpu_util or 0.0, float(gpu_util is not None), float(util_errors)],

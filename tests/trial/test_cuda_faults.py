@@ -208,6 +208,16 @@ def test_ddp_ranks_share_the_cores_and_report_warmup(tmp_path: Path, monkeypatch
     assert r.applied["sampler"]["in_effect"] == "EndlessShuffle(seed=0, rank 0 of 2)"
 
 
+@pytest.mark.slow
+def test_ddp_records_the_global_batch_loss_not_rank_0s(tmp_path: Path) -> None:
+    r = launcher.run_trial(cfg("tests.fault_pipelines:shard_loss", gpus=2, batch_size=4, timed_steps=3, window=1),
+                           tmp_path / "t", timeout_s=300)
+    assert r.world_size == 2
+    # Each step's global batch is the whole 8-sample epoch: its mean index is 3.5 whatever the shuffle.
+    assert r.losses == pytest.approx([3.5] * 4)
+    assert r.loss_first == pytest.approx(3.5) and r.loss_last == pytest.approx(3.5)
+
+
 # --- warm-up time, apart from the timed steps -----------------------------------------------------
 
 def test_warmup_is_timed_apart_and_kept_out_of_samples_per_s(inproc: None) -> None:
