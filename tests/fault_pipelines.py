@@ -236,3 +236,15 @@ class ShardLoss(TinyPipeline):
 
 def shard_loss(cfg: Any) -> ShardLoss:
     return ShardLoss(cfg)
+
+
+class NanOnRankOne(TinyPipeline):
+    """Rank 1's loss becomes NaN at its first step; rank 0 is left waiting in the gradient all-reduce."""
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = super().loss(output, target)
+        return loss * float("nan") if os.environ.get("RANK") == "1" else loss
+
+
+def nan_rank1(cfg: Any) -> NanOnRankOne:
+    return NanOnRankOne(cfg)

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
-from autotune.core.procs import die_with_parent
+from autotune.core.procs import die_with_parent, exit_now
 from autotune.trial.contention import OtherCpu
 
 LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune trial: {status}: {message}", file=sys.stderr)
         code = exit_code_for(status)
         if world > 1:
-            _exit_now(code)
+            exit_now(code)
         return code
 
     try:
@@ -201,16 +201,6 @@ def main(argv: list[str] | None = None) -> int:
               f"data wait {result.data_wait_fraction:.0%}, peak {result.peak_memory_bytes / 2**20:.0f} MiB")
     _shutdown()
     return ExitCode.OK
-
-
-def _exit_now(code: int) -> None:
-    """End a failed DDP rank at once, its verdict already written. Its peers wait for it in a collective,
-    and an ordinary interpreter exit can block (NCCL's process-group teardown waiting on its watchdog,
-    a thread left running): they would hang until the trial's timeout. Once this process is gone,
-    torchrun sees the failure and tears the other ranks down."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _shutdown() -> None:
