@@ -248,3 +248,25 @@ class NanOnRankOne(TinyPipeline):
 
 def nan_rank1(cfg: Any) -> NanOnRankOne:
     return NanOnRankOne(cfg)
+
+
+# ProcessGroupNCCL's own LOG(ERROR) line (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp), as a rank prints it.
+WATCHDOG_LINE = ("[rank1]:[E1201 01:02:03.456789012 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+                 "operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+                 "ran for 600042 milliseconds before timing out.")
+
+
+class WatchdogAbort(TinyPipeline):
+    """What NCCL's watchdog does to a rank whose collective timed out: logs why, then std::terminate ->
+    abort() from its own C++ thread, so nothing in Python runs and no verdict is written."""
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import sys
+
+        print(WATCHDOG_LINE, file=sys.stderr, flush=True)
+        print("terminate called after throwing an instance of 'c10::DistBackendError'", file=sys.stderr, flush=True)
+        os.abort()
+
+
+def watchdog_abort(cfg: Any) -> WatchdogAbort:
+    return WatchdogAbort(cfg)
