@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler
 
 from autotune.core.config import TrialConfig
+from autotune.core.cpus import usable_cpus
 from autotune.core.errors import ConfigError, TrialUnsupported
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -43,10 +44,11 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     elif ranks is not None:
         # torchrun sets OMP_NUM_THREADS=1 in every rank when it is unset, so "torch's default" would
         # mean all cores for gpus=1 but one thread per rank under DDP: a bias against DDP. Give the
-        # ranks on this node an equal share of the cores this process may run on instead.
-        cpus = len(os.sched_getaffinity(0))
+        # ranks on this node an equal share of the cores this process may run on instead: its affinity
+        # mask, capped by the container's CPU quota (two ranks in an 8-CPU pod on a 64-core host: 4 each).
+        cpus = usable_cpus()
         torch.set_num_threads(max(1, cpus // ranks))
-        why = f"0 = the {cpus} usable cores shared by the {ranks} ranks on this node"
+        why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
     else:
         why = "0 = torch default"
     applied["num_threads"] = _effect(cfg.num_threads, torch.get_num_threads(), why)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -196,7 +195,9 @@ def test_oom_on_one_ddp_rank_ends_the_trial_promptly(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ddp_ranks_share_the_cores_and_report_warmup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cpus = len(os.sched_getaffinity(0))
+    from autotune.core.cpus import usable_cpus
+
+    cpus = usable_cpus()  # affinity and CPU quota, as each rank counts them
     # torchrun leaves an OMP_NUM_THREADS that is set alone (and sets 1 otherwise). One that differs from
     # the fair share makes the check below tell the two apart on any machine, a 2-core one too.
     monkeypatch.setenv("OMP_NUM_THREADS", str(cpus // 2 + 1))

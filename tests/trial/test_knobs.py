@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
 
+from autotune.core import cpus as cpus_module
 from autotune.trial import harness, knobs
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
@@ -52,6 +54,43 @@ def test_num_threads_zero_keeps_torch_default(monkeypatch: pytest.MonkeyPatch) -
     assert applied["num_threads"]["in_effect"] == before and applied["num_threads"]["why"]
 
 
+@pytest.fixture
+def cgroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cgroup filesystem of the test's own, without a CPU quota until the test writes one."""
+    monkeypatch.setattr(cpus_module, "CGROUP_ROOT", tmp_path)
+    (tmp_path / "cpu").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("quota", [
+    ("cpu.max", "800000 100000\n"),  # cgroup v2: 8 CPUs
+    ("cpu/cpu.cfs_quota_us", "750000\n"),  # cgroup v1: 7.5 CPUs, rounded up
+])
+def test_num_threads_zero_shares_the_cpu_quota_not_the_host_among_ranks(
+        monkeypatch: pytest.MonkeyPatch, cgroup: Path, quota: tuple[str, str]) -> None:
+    # Two ranks in an 8-CPU pod on a 64-core host: 4 threads each, not 32.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(knobs.os, "sched_getaffinity", lambda pid: set(range(64)))
+    (cgroup / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    (cgroup / quota[0]).write_text(quota[1])
+    applied = knobs.setup_process(TrialConfig(num_threads=0), CPU)
+    assert torch.get_num_threads() == 4 == applied["num_threads"]["in_effect"]
+    assert "8 usable cores" in applied["num_threads"]["why"]
+
+
+@pytest.mark.parametrize("text, want", [("max 100000", None), ("150000 100000", 2), ("50000 100000", 1)])
+def test_cpu_quota_in_whole_cpus(cgroup: Path, text: str, want: int | None) -> None:
+    (cgroup / "cpu.max").write_text(text)
+    assert cpus_module.cpu_quota(cgroup) == want
+    (cgroup / "cpu.max").unlink()
+    assert cpus_module.cpu_quota(cgroup) is None  # neither v2 nor v1 files
+    (cgroup / "cpu" / "cpu.cfs_quota_us").write_text("-1")
+    (cgroup / "cpu" / "cpu.cfs_period_us").write_text("100000")
+    assert cpus_module.cpu_quota(cgroup) is None  # v1 without a quota
+
+
+@pytest.mark.usefixtures("cgroup")
 @pytest.mark.parametrize("cpus, local_world, want", [(8, 2, 4), (8, 3, 2), (2, 2, 1), (2, 4, 1)])
 def test_num_threads_zero_shares_the_cores_among_torchrun_ranks(
         monkeypatch: pytest.MonkeyPatch, cpus: int, local_world: int, want: int) -> None:
