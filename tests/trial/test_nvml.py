@@ -109,6 +109,15 @@ class FakeNvml(types.ModuleType):
             raise NVMLError(NOT_SUPPORTED, "Not Supported")
         return [h.mig_mode, h.mig_mode]
 
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGpu) -> int:
+        return 7 if h.mig_mode else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, index: int) -> FakeGpu:
+        mine = [s for s in self.slices if s.parent is h]
+        if not 0 <= index < len(mine):
+            raise NVMLError(NOT_FOUND, "Not Found")
+        return mine[index]
+
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: FakeGpu) -> FakeGpu:
         if h.parent is None:
             raise NVMLError(2, "Invalid Argument")
