@@ -152,8 +152,11 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
 def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
     """Each run in a fresh process, as a user's training script would be: neither run inherits the other's
     warm state (threads, cudnn, allocator, kernel caches). gpus > 1: one process per device under torchrun."""
-    if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus:
-        raise AutotuneError(f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s)")
+    from autotune.trial.knobs import ranks_share_gpus
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus and not ranks_share_gpus():
+        raise AutotuneError(f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s) "
+                            f"(AUTOTUNE_DDP_BACKEND=gloo runs the ranks on shared GPUs: a check, not a speed)")
     out.mkdir(parents=True, exist_ok=True)
     cfg_path, summary_path, error_path = (out / f"{name}{ext}" for ext in (".config.json", ".json", ".error"))
     for stale in (summary_path, error_path, *out.glob(f"{name}.failed.rank*.json")):

@@ -229,7 +229,7 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     rank, world, local_rank = knobs.dist_env()
     device = knobs.pick_device(local_rank)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(knobs.ddp_backend(device))
     applied: dict[str, Any] = knobs.setup_process(cfg, device)
     torch.manual_seed(cfg.seed + rank)
 

@@ -131,11 +131,21 @@ def prepare_model(model: nn.Module, cfg: TrialConfig, device: torch.device, worl
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    applied["gpus"] = _effect(cfg.gpus, world, f"{world} CPU processes over gloo" if world > 1 and device.type != "cuda" else "")
+    applied["gpus"] = _effect(cfg.gpus, world, _ddp_why(world, device))
     if cfg.compile != "off":
         model = torch.compile(model, mode=cfg.compile)  # type: ignore[assignment]
     applied["compile"] = _effect(cfg.compile, cfg.compile)
     return model, applied
+
+
+def _ddp_why(world: int, device: torch.device) -> str:
+    if world == 1:
+        return ""
+    if device.type != "cuda":
+        return f"{world} CPU processes over gloo"
+    if ddp_backend(device) == "gloo":
+        return f"{world} processes over gloo ({DDP_BACKEND_ENV}), rank r on GPU r mod {torch.cuda.device_count()}"
+    return ""
 
 
 def apex_available() -> bool:
@@ -338,8 +348,33 @@ def dist_env() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
 
+# "gloo": DDP over gloo, which carries CUDA tensors for DDP's broadcast and all-reduce, so ranks may share
+# a GPU (NCCL refuses two ranks on one device): every DDP path runs on CUDA on a one-GPU machine. Its
+# speed means nothing; its correctness does. "nccl": the default on CUDA, named. Unset: nccl on CUDA,
+# gloo on CPU.
+DDP_BACKEND_ENV = "AUTOTUNE_DDP_BACKEND"
+DDP_BACKENDS = ("gloo", "nccl")
+
+
+def ddp_backend(device: torch.device) -> str:
+    chosen = os.environ.get(DDP_BACKEND_ENV, "").strip().lower()
+    if not chosen:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if chosen not in DDP_BACKENDS:
+        raise ConfigError(f"{DDP_BACKEND_ENV}={chosen!r}: expected one of {', '.join(DDP_BACKENDS)}")
+    if chosen == "nccl" and device.type != "cuda":
+        raise ConfigError(f"{DDP_BACKEND_ENV}=nccl needs CUDA; this process runs on {device}")
+    return chosen
+
+
+def ranks_share_gpus() -> bool:
+    """Several ranks on one GPU, as AUTOTUNE_DDP_BACKEND=gloo allows: rank r takes GPU r mod count."""
+    return os.environ.get(DDP_BACKEND_ENV, "").strip().lower() == "gloo"
+
+
 def pick_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        index = local_rank % torch.cuda.device_count() if ranks_share_gpus() else local_rank
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")

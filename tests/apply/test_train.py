@@ -166,3 +166,23 @@ def test_out_of_memory_in_train_exits_3_not_1(tmp_path: Path) -> None:
         train.run_config(TrialConfig(pipeline="tests.fault_pipelines:oom", batch_size=4), 1, tmp_path / "out",
                          "config", lambda s: None)
     assert e.value.code == 3
+
+
+def test_two_ranks_on_one_gpu_only_with_gloo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    from autotune.trial.knobs import DDP_BACKEND_ENV
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv(DDP_BACKEND_ENV, raising=False)
+    cfg = TrialConfig(gpus=2)
+    with pytest.raises(AutotuneError, match="AUTOTUNE_DDP_BACKEND=gloo"):
+        train.run_config(cfg, 1, tmp_path, "config", lambda s: None)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: launched.append(cmd) or SimpleNamespace(returncode=0))
+    monkeypatch.setenv(DDP_BACKEND_ENV, "gloo")
+    with pytest.raises(train.TrainFailed):  # launched (the fake run leaves no summary behind)
+        train.run_config(cfg, 1, tmp_path, "config", lambda s: None)
+    assert "--nproc-per-node" in launched[0] and "2" in launched[0]

@@ -496,3 +496,44 @@ def test_training_epochs_draw_the_same_augmentations_with_or_without_workers() -
     plain = epochs(0)
     assert len(plain[0]) == 12 and epochs(2) == plain  # every sample, and its draw, whoever loads it
     assert plain[0] != plain[1]  # a new draw per epoch
+
+
+# --- DDP on a machine with fewer GPUs than ranks: AUTOTUNE_DDP_BACKEND=gloo ------------------------
+
+@pytest.mark.parametrize("value, want", [(None, "gloo"), ("gloo", "gloo"), ("GLOO ", "gloo")])
+def test_ddp_backend_on_cpu(monkeypatch: pytest.MonkeyPatch, value: str | None, want: str) -> None:
+    if value is None:
+        monkeypatch.delenv(knobs.DDP_BACKEND_ENV, raising=False)
+    else:
+        monkeypatch.setenv(knobs.DDP_BACKEND_ENV, value)
+    assert knobs.ddp_backend(CPU) == want
+
+
+@pytest.mark.parametrize("value, words", [("mpi", "expected one of gloo, nccl"), ("nccl", "needs CUDA")])
+def test_ddp_backend_refuses_what_cannot_run(monkeypatch: pytest.MonkeyPatch, value: str, words: str) -> None:
+    monkeypatch.setenv(knobs.DDP_BACKEND_ENV, value)
+    with pytest.raises(ConfigError, match=words):
+        knobs.ddp_backend(CPU)
+
+
+def one_gpu(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_gloo_ranks_share_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen = one_gpu(monkeypatch)
+    monkeypatch.setenv(knobs.DDP_BACKEND_ENV, "gloo")
+    assert [knobs.pick_device(r) for r in (0, 1)] == [torch.device("cuda", 0)] * 2 and chosen == [0, 0]
+    assert knobs.ddp_backend(torch.device("cuda", 0)) == "gloo"
+    assert "over gloo" in knobs._ddp_why(2, torch.device("cuda", 0))
+
+
+def test_without_gloo_each_rank_takes_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen = one_gpu(monkeypatch)
+    monkeypatch.delenv(knobs.DDP_BACKEND_ENV, raising=False)
+    assert knobs.pick_device(1) == torch.device("cuda", 1) and chosen == [1]  # CUDA refuses it: a real error
+    assert knobs.ddp_backend(torch.device("cuda", 1)) == "nccl"
