@@ -28,7 +28,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     import torch
     import torch.distributed as dist
 
-    from autotune.trial import measure
+    from autotune.trial import measure, observe
     from autotune.core.config import TrialResult
     from autotune.trial.harness import build
 
@@ -41,10 +41,14 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     losses: list[float] = []
     # Warm-up: allocator, cudnn autotune, loader start-up, and torch.compile's compilation, which is
     # reported (warmup_s) apart from the steady state, and kept out of the timed window below.
+    first_conv = observe.FirstConv(h.model)  # open for the first step only, which is untimed warm-up
     t_warm = measure.now(device)
-    for _ in range(cfg.warmup_steps):
+    for i in range(cfg.warmup_steps):
         losses.append(step(next(stream)))
+        if i == 0:
+            first_conv.close()
     warmup_s = measure.now(device) - t_warm
+    first_conv.close()  # no warm-up: the hook is gone before the timed steps either way
 
     measure.reset_peak_memory(device)
     step_times: list[float] = []
@@ -78,6 +82,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         elapsed, peak, warmup_s = float(t[0]), int(t[1]), float(t[2])
         samples *= world
     losses = h.mean_over_ranks(losses)
+    h.applied["observed"] = observe.observed(h.model, device, first_conv, util.uuid)
     gpu_util, util_errors = util.mean, util.errors
     if world > 1:  # each rank sampled its own GPU: the mean over the ranks that got samples
         u = torch.tensor([gpu_util or 0.0, float(gpu_util is not None), float(util_errors)],

@@ -234,6 +234,44 @@ def test_warmup_is_timed_apart_and_kept_out_of_samples_per_s(inproc: None) -> No
     assert TrialResult.from_dict(r.to_dict()).warmup_s == r.warmup_s
 
 
+# --- effects observed inside the worker (what scripts/gpu_check.sh asserts on a GPU) -----------------
+
+@pytest.mark.parametrize("changes, want", [
+    ({}, {"conv_output_dtype": "float32", "conv_input_channels_last": False, "conv_output_channels_last": False}),
+    ({"channels_last": True}, {"conv_input_channels_last": True, "conv_output_channels_last": True}),
+    ({"precision": "bf16"}, {"conv_output_dtype": "bfloat16"}),  # a 16x16 conv: bf16's slow CPU path is cheap here
+    ({"checkpoint_segments": 1}, {"conv_output_dtype": "float32"}),  # the recompute does not overwrite it
+])
+def test_worker_observes_what_the_first_conv_really_did(inproc: None, changes: dict[str, Any],
+                                                       want: dict[str, Any]) -> None:
+    r = trial.run(cfg(warmup_steps=1, timed_steps=1, window=1, **changes))
+    seen = r.applied["observed"]
+    assert {k: seen.get(k) for k in want} == want
+    assert seen["cudnn_benchmark"] is False and seen["compiled"] is False and "nvml_uuid" not in seen  # CPU
+
+
+def test_the_conv_hook_is_gone_after_the_first_step() -> None:
+    from autotune.trial import observe
+
+    model = faults.TinyPipeline(None).build_model()
+    conv = observe.FirstConv(model)
+    model(torch.randn(1, 3, 8, 8))
+    conv.close()
+    assert not model[0]._forward_hooks and conv.seen["conv_output_dtype"] == "float32"
+
+
+def test_a_compiled_model_gets_no_hook_and_says_it_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.trial import observe
+
+    model = faults.TinyPipeline(None).build_model()
+    wrapped = torch.nn.Module()
+    wrapped._orig_mod = model  # what torch.compile's OptimizedModule holds
+    conv = observe.FirstConv(wrapped)
+    assert not model[0]._forward_hooks and not conv.seen
+    seen = observe.observed(wrapped, torch.device("cpu"), conv, None)
+    assert seen["compiled"] is True
+
+
 # --- a dataset smaller than one batch -------------------------------------------------------------
 
 def test_a_batch_larger_than_the_dataset_runs_in_a_trial(inproc: None) -> None:
