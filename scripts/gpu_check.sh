@@ -6,14 +6,19 @@
 #   2. autotune make-data (128 synthetic images)
 #   3. autotune trial at 256 px, 10 timed steps each, on: fp32 baseline; fp16 + GradScaler; bf16;
 #      pin_memory + num_workers 8; cudnn_benchmark + channels_last; fused AdamW; checkpoint_segments 5;
-#      nccl DDP gpus=2 (skipped by name, with the reason, on one GPU); a forced CUDA OOM (must be OOM)
-#   4. compile=default, before the search, its warm-up (compile) time printed
+#      nccl DDP gpus=2 (skipped by name, with the reason, on one GPU); gloo DDP gpus=2 sharing the one
+#      GPU (AUTOTUNE_DDP_BACKEND=gloo; only on one GPU); a forced CUDA OOM (must be OOM)
+#   4. compile=default, before the search: the model is compiled and its compile time is in warm-up
 #   5. autotune search through the warm fork server, then the study is loaded and must hold at
 #      least GPU_CHECK_MIN_TRIALS complete feasible trials measured on the GPU
 #   6. one table: every check, PASS or MISS; exit 1 on any miss
-# Each trial's result JSON is asserted, not just its exit code: the device is the GPU; `applied`
-# shows the knob in effect (pin_memory, cudnn.benchmark, fp16/bf16, fused or apex, channels_last);
-# gpu_util is not null; the loss stayed finite. A step skipped for lack of time is a MISS, not a pass.
+# Each trial's result JSON is asserted, not just its exit code: the device is the GPU; gpu_util is not
+# null; the loss stayed finite; NVML's UUID of the sampled GPU is torch's UUID of the trial's device.
+# Where the worker can see a knob's effect it is asserted from `applied.observed`, what the running
+# model did, not from what the config asked (autotune/trial/observe.py): the first conv's output dtype
+# (autocast), its input and output memory format (channels_last), cudnn.benchmark as the worker saw
+# it, dynamo's graph count; the rest from `applied`'s in_effect (pin_memory, workers, fused AdamW,
+# checkpointed segments, world size). A step skipped for lack of time is a MISS, not a pass.
 # The whole run is meant to take at most 8 minutes on one H200.
 #
 # Without a GPU (torch.cuda.is_available() is false) it runs only the CPU-safe parts: set-up,
@@ -86,17 +91,19 @@ if ((DRY)); then
 gpu_check plan (time guard ${BUDGET_S}s, work dir $WORK; nothing is run with --dry-run)
   1. env-setup            python with torch, smp, optuna (.venv, \$GPU_CHECK_PYTHON, or python3 + wheels in $WHEELS)
   2. make-data            128 synthetic images (16 without a GPU)
-  3. trials, 256 px, batch $BATCH, 10 timed steps, each asserted from its result JSON:
-       fp32-baseline        device is the GPU, gpu_util set, loss finite
-       fp16-gradscaler      + precision fp16 in effect, GradScaler enabled
-       bf16                 + precision bf16 in effect
-       pin-workers8         + pin_memory in effect, 8 loader workers
-       cudnn-channels-last  + cudnn_benchmark and channels_last in effect
-       fused-adamw          + optimizer_fusion fused in effect
-       checkpoint-5         + 5 checkpointed segments in effect
-       ddp-nccl-2           + world size 2 over nccl (skipped by name on one GPU)
+  3. trials, 256 px, batch $BATCH, 10 timed steps, each asserted from its result JSON; every GPU trial:
+       status ok, device is the GPU, gpu_util set, loss finite, observed NVML UUID == torch device UUID
+       fp32-baseline        observed: conv output float32, cudnn.benchmark off
+       fp16-gradscaler      observed: conv output float16 (autocast); applied: GradScaler enabled
+       bf16                 observed: conv output bfloat16 (autocast)
+       pin-workers8         applied: pin_memory in effect, 8 loader workers
+       cudnn-channels-last  observed: cudnn.benchmark on in the worker, conv input and output channels_last
+       fused-adamw          applied: AdamW(fused=True) (or apex) in effect
+       checkpoint-5         applied: 5 checkpointed segments; observed: conv output float32
+       ddp-nccl-2           world size 2 over nccl (skipped by name on one GPU)
+       ddp-gloo-2           world size 2 over gloo sharing one GPU (AUTOTUNE_DDP_BACKEND=gloo; one GPU only)
        forced-oom           112 x 1024 px: exit 3, status oom
-  4. compile-default      torch.compile(mode=default): its warm-up (compile) time printed
+  4. compile-default      observed: compiled, dynamo made >= 1 graph; warm-up >= 5 s longer than fp32-baseline's
   5. search               --budget $SEARCH_BUDGET through the warm fork server; the study must hold
                           >= $MIN_TRIALS complete feasible trials on the GPU; then show
   6. one table of every check; exit 1 on any MISS (a step skipped for time is a MISS)
@@ -291,8 +298,11 @@ add fused-adamw 0 "{\"batch_size\": $BATCH, \"optimizer_fusion\": \"fused\"}"
 add checkpoint-5 0 "{\"batch_size\": $BATCH, \"checkpoint_segments\": 5}"
 if ((GPUS >= 2)); then
   add ddp-nccl-2 0 "{\"batch_size\": $BATCH, \"gpus\": 2}"
+  skip "trial ddp-gloo-2" "$GPUS GPUs visible: DDP runs over nccl, one rank per GPU" na
 else
   skip "trial ddp-nccl-2" "one GPU visible: DDP needs two" na
+  # Two ranks on the one GPU over gloo (NCCL refuses two ranks on one device): the DDP path on CUDA.
+  add ddp-gloo-2 0 "{\"batch_size\": $BATCH, \"gpus\": 2}"
 fi
 # The OOM config: measured on an H200 (2026-11-30), 64 x 1024 px peaked at 121.5 GiB and FIT in its
 # 139.8 GiB; 112 x 1024 px needs ~1.75x that (~213 GiB) and ran out of memory, as it must. Every single
@@ -301,9 +311,10 @@ fi
 add forced-oom 3 '{"batch_size": 112, "image_size": 1024}'
 
 run_trial() { # run_trial NAME [LIMIT]
-  local name=$1 limit=${2:-180} size=256
+  local name=$1 limit=${2:-180} size=256 pre=()
   [[ $name == forced-oom ]] && size=1024
-  step "trial $name" "${EXPECT[$name]}" "$limit" "${AT[@]}" trial --config "$WORK/trials/$name.json" \
+  [[ $name == ddp-gloo-2 ]] && pre=(env AUTOTUNE_DDP_BACKEND=gloo)
+  step "trial $name" "${EXPECT[$name]}" "$limit" ${pre[@]+"${pre[@]}"} "${AT[@]}" trial --config "$WORK/trials/$name.json" \
     --out "$WORK/trials/$name/result.json" --data "$DATA" --image-size "$size" --steps 10 --timeout "$((limit - 20))"
   echo "$?" >"$WORK/trials/$name/rc"
 }
@@ -322,20 +333,64 @@ import json, sys
 from pathlib import Path
 
 work, names = Path(sys.argv[1]), sys.argv[2:]
-# What each config must show in `applied` (knob -> test of the value in effect), beyond what every
-# GPU trial must show. The worker records in_effect as it really happened, e.g. "autocast(cuda, fp16)".
-WANT = {
-    "fp16-gradscaler": {"precision": lambda v: "fp16" in str(v), "grad_scaler": lambda v: v is True},
-    "bf16": {"precision": lambda v: "bf16" in str(v)},
+# What each config must show, beyond what every GPU trial must show. OBSERVED: what the worker saw the
+# running model do (applied.observed, autotune/trial/observe.py): effects, not echoes of the config.
+# APPLIED: the knob's in_effect, for knobs whose effect the worker cannot watch (pin_memory, workers).
+OBSERVED = {
+    "fp32-baseline": {"conv_output_dtype": lambda v: v == "float32", "cudnn_benchmark": lambda v: v is False},
+    "fp16-gradscaler": {"conv_output_dtype": lambda v: v == "float16"},
+    "bf16": {"conv_output_dtype": lambda v: v == "bfloat16"},
+    "cudnn-channels-last": {"cudnn_benchmark": lambda v: v is True, "conv_input_channels_last": lambda v: v is True,
+                            "conv_output_channels_last": lambda v: v is True},
+    "checkpoint-5": {"conv_output_dtype": lambda v: v == "float32"},
+    "compile-default": {"compiled": lambda v: v is True, "compiled_graphs": lambda v: (v or 0) >= 1},
+}
+APPLIED = {
+    "fp16-gradscaler": {"grad_scaler": lambda v: v is True},
     "pin-workers8": {"pin_memory": lambda v: v is True, "num_workers": lambda v: v == 8},
-    "cudnn-channels-last": {"cudnn_benchmark": lambda v: v is True, "channels_last": lambda v: v is True},
     "fused-adamw": {"optimizer_fusion": lambda v: "fused=True" in str(v) or "apex" in str(v)},
     "checkpoint-5": {"checkpoint_segments": lambda v: isinstance(v, list) and len(v) == 5},
-    "compile-default": {"compile": lambda v: "default" in str(v)},
+    "ddp-gloo-2": {"gpus": lambda v: v == 2},
+    "ddp-nccl-2": {"gpus": lambda v: v == 2},
 }
+COMPILE_MIN_S = 5.0  # compile-default's warm-up beyond the baseline's: 31 s measured on an H200
 def effect(applied, knob):
     a = applied.get(knob)
     return a.get("in_effect") if isinstance(a, dict) else a
+def bare(uuid):
+    return str(uuid).split("-", 1)[1] if str(uuid).startswith(("GPU-", "MIG-")) else str(uuid)
+def warmup_of(name):
+    try:
+        return json.loads((work / "trials" / name / "result.json").read_text()).get("warmup_s")
+    except (OSError, ValueError):
+        return None
+def problems_of(name, r):
+    applied, seen, out = r.get("applied") or {}, (r.get("applied") or {}).get("observed") or {}, []
+    if r.get("status") != "ok":
+        out.append(f"status {r.get('status')}: {r.get('message', '')[:80]}")
+    if str(r.get("device", "cpu")).startswith("cpu"):
+        out.append(f"device {r.get('device')!r} is not the GPU")
+    if r.get("gpu_util") is None:
+        out.append("gpu_util is null")
+    if not r.get("loss_finite", False):
+        out.append("loss not finite")
+    if not seen.get("nvml_uuid") or bare(seen.get("nvml_uuid")) != bare(seen.get("torch_uuid")):
+        out.append(f"NVML sampled {seen.get('nvml_uuid')}, torch runs on {seen.get('torch_uuid')}")
+    for knob, ok in OBSERVED.get(name, {}).items():
+        if not ok(seen.get(knob)):
+            out.append(f"observed {knob}: {seen.get(knob)!r}")
+    for knob, ok in APPLIED.get(name, {}).items():
+        if not ok(effect(applied, knob)):
+            out.append(f"{knob} in effect: {effect(applied, knob)!r}")
+    if name.startswith("ddp-") and r.get("world_size") != 2:
+        out.append(f"world_size {r.get('world_size')}")
+    if name == "ddp-gloo-2" and "over gloo" not in str((applied.get("gpus") or {}).get("why")):
+        out.append(f"gpus: {applied.get('gpus')!r}, not gloo")
+    if name == "compile-default":
+        base_w = warmup_of("fp32-baseline")
+        if r.get("warmup_s") is None or base_w is None or r["warmup_s"] < base_w + COMPILE_MIN_S:
+            out.append(f"warm-up {r.get('warmup_s')} s vs the baseline's {base_w} s: no compile time in it")
+    return out
 rows, misses, base = [], 0, None
 for name in names:
     d = work / "trials" / name
@@ -344,24 +399,11 @@ for name in names:
         r = json.loads((d / "result.json").read_text())
     except (OSError, ValueError):
         r = {}
-    applied, problems = r.get("applied") or {}, []
     if name == "forced-oom":
-        if rc != "3" or r.get("status") != "oom":
-            problems.append(f"expected exit 3 / status oom, got {rc} / {r.get('status')}")
+        problems = [] if rc == "3" and r.get("status") == "oom" else [
+            f"expected exit 3 / status oom, got {rc} / {r.get('status')}"]
     else:
-        if r.get("status") != "ok":
-            problems.append(f"status {r.get('status')}: {r.get('message', '')[:80]}")
-        if str(r.get("device", "cpu")).startswith("cpu"):
-            problems.append(f"device {r.get('device')!r} is not the GPU")
-        if r.get("gpu_util") is None:
-            problems.append("gpu_util is null")
-        if not r.get("loss_finite", False):
-            problems.append("loss not finite")
-        for knob, ok in WANT.get(name, {}).items():
-            if not ok(effect(applied, knob)):
-                problems.append(f"{knob} in effect: {effect(applied, knob)!r}")
-        if name == "ddp-nccl-2" and r.get("world_size") != 2:
-            problems.append(f"world_size {r.get('world_size')}")
+        problems = problems_of(name, r)
     sps = r.get("samples_per_s")
     base = sps if name == "fp32-baseline" and sps else base
     misses += bool(problems)

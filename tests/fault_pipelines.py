@@ -215,3 +215,58 @@ class _KillsItsWorker(Dataset[Any]):
 
 def fault_by_batch_size(cfg: Any) -> FaultByBatchSize:
     return FaultByBatchSize(cfg)
+
+
+class ShardLoss(TinyPipeline):
+    """The loss is the mean of the batch's sample indices (the target is the index): 8 samples, 4 a rank
+    on 2 ranks, so every step's global batch is one whole epoch, mean 3.5, while each rank's own shard
+    has another mean. The model's output enters with weight 0 so DDP still has gradients to reduce."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg, n=8)
+
+    def build_dataset(self) -> Dataset[Any]:
+        x = torch.zeros(self.n, 3, 16, 16)
+        y = torch.arange(self.n, dtype=torch.float32).view(-1, 1, 1, 1).expand(-1, 1, 16, 16).contiguous()
+        return TensorDataset(x, y)
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return target.float().mean() + 0 * output.float().mean()
+
+
+def shard_loss(cfg: Any) -> ShardLoss:
+    return ShardLoss(cfg)
+
+
+class NanOnRankOne(TinyPipeline):
+    """Rank 1's loss becomes NaN at its first step; rank 0 is left waiting in the gradient all-reduce."""
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = super().loss(output, target)
+        return loss * float("nan") if os.environ.get("RANK") == "1" else loss
+
+
+def nan_rank1(cfg: Any) -> NanOnRankOne:
+    return NanOnRankOne(cfg)
+
+
+# ProcessGroupNCCL's own LOG(ERROR) line (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp), as a rank prints it.
+WATCHDOG_LINE = ("[rank1]:[E1201 01:02:03.456789012 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+                 "operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+                 "ran for 600042 milliseconds before timing out.")
+
+
+class WatchdogAbort(TinyPipeline):
+    """What NCCL's watchdog does to a rank whose collective timed out: logs why, then std::terminate ->
+    abort() from its own C++ thread, so nothing in Python runs and no verdict is written."""
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import sys
+
+        print(WATCHDOG_LINE, file=sys.stderr, flush=True)
+        print("terminate called after throwing an instance of 'c10::DistBackendError'", file=sys.stderr, flush=True)
+        os.abort()
+
+
+def watchdog_abort(cfg: Any) -> WatchdogAbort:
+    return WatchdogAbort(cfg)

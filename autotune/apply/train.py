@@ -9,15 +9,16 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from autotune.core.config import TrialConfig, baseline_of
-from autotune.core.errors import AutotuneError, ExitCode
+from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
-from autotune.core.procs import die_with_parent
+from autotune.core.procs import die_with_parent, exit_now
 from autotune.trial.launcher import python_for
 
 Say = Callable[[str], None]
@@ -151,11 +152,14 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
 def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
     """Each run in a fresh process, as a user's training script would be: neither run inherits the other's
     warm state (threads, cudnn, allocator, kernel caches). gpus > 1: one process per device under torchrun."""
-    if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus:
-        raise AutotuneError(f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s)")
+    from autotune.trial.knobs import ranks_share_gpus
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus and not ranks_share_gpus():
+        raise AutotuneError(f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s) "
+                            f"(AUTOTUNE_DDP_BACKEND=gloo runs the ranks on shared GPUs: a check, not a speed)")
     out.mkdir(parents=True, exist_ok=True)
     cfg_path, summary_path, error_path = (out / f"{name}{ext}" for ext in (".config.json", ".json", ".error"))
-    for stale in (summary_path, error_path):
+    for stale in (summary_path, error_path, *out.glob(f"{name}.failed.rank*.json")):
         stale.unlink(missing_ok=True)
     write_json_atomic(cfg_path, cfg.to_dict())
     cmd = [*python_for(cfg.gpus), "-m", "autotune.apply.train", "--config", str(cfg_path), "--epochs", str(epochs), "--out", str(out),
@@ -166,6 +170,10 @@ def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) ->
     if error_path.is_file():  # bad input found by the worker (e.g. no images in the data folder)
         raise AutotuneError(error_path.read_text().strip())
     if code != 0 or not summary_path.is_file():
+        verdict = _named_failure(out, name)
+        if verdict is not None:
+            raise TrainFailed(f"training {name} failed: {verdict['status']}: {verdict.get('message', '')}",
+                              exit_code_for(verdict["status"]))
         raise TrainFailed(f"training {name} failed with exit code {code} (its output is above)", code or 1)
     return dict(json.loads(summary_path.read_text()))
 
@@ -240,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from autotune.core.configfile import load_config
-    from autotune.core.errors import DataItemError, TrialUnsupported
-    from autotune.trial.harness import NonFiniteLoss
 
     p = argparse.ArgumentParser(prog="python -m autotune.apply.train", description="one run of autotune train")
     p.add_argument("--config", required=True)
@@ -255,18 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     say: Say = (lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)) if rank == 0 else (lambda s: None)
     try:
         summary = train_one(load_config(args.config), args.epochs, args.out, args.name, say)
-    except AutotuneError as e:  # bad input: the parent reports it as one line, exit 2
-        write_atomic(args.out / f"{args.name}.error", str(e))
-        return ExitCode.BAD_INPUT
-    except TrialUnsupported as e:
-        print(f"autotune train: {args.name}: knob unsupported here: {e}", file=sys.stderr)
-        return ExitCode.UNSUPPORTED
-    except DataItemError as e:  # an undecodable item: named, one line, like any bad input
-        write_atomic(args.out / f"{args.name}.error", e.summary)
-        return ExitCode.BAD_INPUT
-    except NonFiniteLoss as e:
-        print(f"autotune train: {args.name} diverged: {e}", file=sys.stderr)
-        return ExitCode.NUMERICS
+    except Exception as e:
+        status, message = failure_of(e)
+        if status in ("oom", "error"):
+            traceback.print_exc()  # kept in the output, above the one line
+        return _fail(args.out, args.name, status, message)
     if rank == 0:
         write_json_atomic(args.out / f"{args.name}.json", summary)
     import torch.distributed as dist
@@ -275,6 +274,56 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return ExitCode.OK
+
+
+def failure_of(e: BaseException) -> tuple[str, str]:
+    """(status, one line) for what ended a training process: the trial worker's statuses, so the exit
+    code is the one every command gives for that cause (errors.exit_code_for)."""
+    from autotune.core.errors import DataItemError, TrialUnsupported
+    from autotune.trial.harness import NonFiniteLoss, is_out_of_memory, oom_message
+
+    if isinstance(e, AutotuneError):
+        return "bad_config", str(e)
+    if isinstance(e, DataItemError):  # an undecodable item: named, one line, like any bad input
+        return "data", e.summary
+    if isinstance(e, TrialUnsupported):
+        return "unsupported", f"knob unsupported here: {e}"
+    if isinstance(e, NonFiniteLoss):
+        return "numerics", f"diverged: {e}"
+    if is_out_of_memory(e):
+        return "oom", oom_message(e)
+    return "error", f"{type(e).__name__}: {e}"
+
+
+def _verdict_path(out: Path, name: str, rank: int) -> Path:
+    return out / f"{name}.failed.rank{rank}.json"
+
+
+def _fail(out: Path, name: str, status: str, message: str) -> int:
+    """Leave this rank's verdict for run_config, then end. Under torchrun the verdict is the only way the
+    cause gets out (torchrun exits 1 whatever the rank's code), and the rank ends with os._exit: returning
+    normally would leave NCCL alive and the peers blocked in a collective until torchrun reaps them."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if status in ("bad_config", "data"):  # bad input: the parent reports it as one line, exit 2
+        write_atomic(out / f"{name}.error", message)
+    write_json_atomic(_verdict_path(out, name, rank), {"status": status, "message": message})
+    print(f"autotune train: {name}: {status}: {message}", file=sys.stderr)
+    code = exit_code_for(status)
+    if world > 1:
+        exit_now(code)
+    return code
+
+
+def _named_failure(out: Path, name: str) -> dict[str, Any] | None:
+    """The ranks' verdict that names the cause: a peer of the rank that failed fails too, in a collective
+    ("error", connection closed), so a named status (oom, numerics, ...) wins over "error"."""
+    verdicts = []
+    for path in sorted(out.glob(f"{name}.failed.rank*.json")):
+        try:
+            verdicts.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return min(verdicts, key=lambda v: v.get("status") == "error", default=None)
 
 
 if __name__ == "__main__":

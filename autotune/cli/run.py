@@ -85,7 +85,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         result = launcher.run_trial(cfg, trial_dir, args.timeout)
     except errors.TrialFailure as e:
         print(f"autotune trial: {e.reason}: {e}", file=sys.stderr)
-        if e.log_tail and e.reason in ("crash", "timeout"):
+        if e.log_tail and e.reason in ("crash", "comm", "timeout"):
             print(e.log_tail, file=sys.stderr)
         return errors.exit_code_for(e.reason)
     if out != trial_dir / "result.json":

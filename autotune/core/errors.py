@@ -59,6 +59,14 @@ class TrialCrashed(TrialFailure):
     reason = "crash"
 
 
+class TrialCommFailure(TrialCrashed):
+    """The ranks lost each other: NCCL's watchdog aborted a rank (SIGABRT, no verdict written) over a
+    collective that timed out or failed. A crash still (exit code 1, not infeasible for the sampler),
+    named apart, with the watchdog's own line as its message."""
+
+    reason = "comm"
+
+
 class TrialBadConfig(TrialFailure):
     reason = "bad_config"
 
@@ -118,7 +126,7 @@ _CODE_BY_REASON = {"bad_config": ExitCode.BAD_INPUT, "oom": ExitCode.OOM, "numer
                    "unsupported": ExitCode.UNSUPPORTED, "data": ExitCode.BAD_INPUT}
 _FAILURES: dict[str, type[TrialFailure]] = {
     c.reason: c for c in (TrialOOM, TrialNumerics, TrialUnsupported, TrialTimeout, TrialCrashed, TrialBadConfig,
-                          TrialDataError, TrialPruned)
+                          TrialDataError, TrialPruned, TrialCommFailure)
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 from typing import Iterable
 
 # "pid:start-time" of the controller that launched a trial (see process_identity). The launcher puts it in
@@ -56,3 +57,14 @@ def signal_groups(pgids: Iterable[int], sig: int = signal.SIGKILL) -> list[int]:
     """Signal each of these process groups (never this process's own); returns the ones that still existed."""
     own = os.getpgid(0)
     return [g for g in dict.fromkeys(pgids) if g > 1 and g != own and signal_group(g, sig)]
+
+
+def exit_now(code: int) -> None:
+    """End a failed DDP rank at once, its verdict already written. Its peers wait for it in a collective,
+    and an ordinary interpreter exit can block (NCCL's process-group teardown waiting on its watchdog,
+    a thread left running): they would hang until a timeout. Once this process is gone, torchrun sees
+    the failure and tears the other ranks down (and itself exits 1, whatever this code: the verdict file
+    is what carries the cause)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -21,7 +21,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 DEFAULT_LOCK_DIR = "/tmp/autotune-locks"
 
@@ -92,10 +92,32 @@ def _uuids(ids: list[str]) -> list[str]:
     out = []
     for i in ids:
         try:
-            out.append(text(pynvml.nvmlDeviceGetUUID(handle_for(pynvml, i))))
+            out.append(text(pynvml.nvmlDeviceGetUUID(_cuda_slice(pynvml, handle_for(pynvml, i)))))
         except Exception:  # an id NVML does not know (not an index, an ambiguous prefix): keep it
             out.append(i)
     return out
+
+
+def _cuda_slice(pynvml: Any, handle: Any) -> Any:
+    """The device CUDA really runs on for this NVML handle. With MIG on, CUDA runs on a slice, never on
+    the GPU itself, and one process sees a single slice: a search that names the GPU (by index, as every
+    search does with CUDA_VISIBLE_DEVICES unset, or by its GPU- UUID) gets the GPU's first slice. It
+    locks that slice's UUID, the one a search given "MIG-<uuid>" of that slice locks, so the two exclude
+    each other. A search given another slice's UUID runs beside them, as MIG means it to."""
+    try:
+        if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
+            return handle
+        current = pynvml.nvmlDeviceGetMigMode(handle)[0]
+    except pynvml.NVMLError:  # MIG not supported (pre-Ampere, a consumer GPU): the GPU itself
+        return handle
+    if not current:
+        return handle
+    for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+        except pynvml.NVMLError:  # NOT_FOUND: no slice at this index (slices may be sparse)
+            continue
+    return handle  # MIG on but no slice made: CUDA can run nothing here; the GPU's UUID names it
 
 
 @dataclass

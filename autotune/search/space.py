@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Union
 
 import yaml
 
+from autotune.core import cpus
 from autotune.core.config import COMPILES, FUSIONS, KNOBS, PRECISIONS, TrialConfig
 from autotune.core.errors import ConfigError, SearchSpaceError
 
@@ -215,12 +216,7 @@ CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2 quota: "max 100000"
 def usable_cpus() -> int:
     """CPUs this process may use: os.cpu_count() counts the machine, not the affinity mask (taskset,
     Slurm) nor the container's CPU quota, so workers sized by it oversubscribe."""
-    n = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    try:
-        quota, period = CGROUP_CPU_MAX.read_text().split()[:2]
-        return n if quota == "max" else max(1, min(n, -(-int(quota) // int(period))))  # 1.5 CPUs: 2, as Go counts
-    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 quota here
-        return n
+    return cpus.usable_cpus(CGROUP_CPU_MAX.parent)  # the one count, shared with each DDP rank's thread share
 
 
 def cpu_bf16_native() -> bool:

@@ -175,6 +175,19 @@ class Harness:
             raise NonFiniteLoss(f"loss became {value}")
         return value
 
+    def mean_over_ranks(self, losses: list[float]) -> list[float]:
+        """Each step's loss averaged over the ranks: under DDP a rank's loss is its own shard's, 1/world
+        of the global batch, while parity compares it with the baseline's whole-batch loss and noise.
+        One all-reduce for the whole trial, after the timed steps, not one sync per step; the shards
+        are equal (the endless sampler drops the remainder), so the mean of means is the batch's mean."""
+        if self.world == 1 or not losses:
+            return losses
+        import torch.distributed as dist
+
+        t = torch.tensor(losses, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)  # SUM: gloo has no AVG
+        return (t / self.world).tolist()
+
     def batches(self) -> Iterator[list[Any]]:
         """Endless optimizer steps' worth of micro-batches (lists of cfg.grad_accum)."""
         return grouped(batches(self.loader), self.cfg.grad_accum)
@@ -216,7 +229,7 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     rank, world, local_rank = knobs.dist_env()
     device = knobs.pick_device(local_rank)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(knobs.ddp_backend(device))
     applied: dict[str, Any] = knobs.setup_process(cfg, device)
     torch.manual_seed(cfg.seed + rank)
 

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler
 
 from autotune.core.config import TrialConfig
+from autotune.core.cpus import usable_cpus
 from autotune.core.errors import ConfigError, TrialUnsupported
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -43,10 +44,11 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     elif ranks is not None:
         # torchrun sets OMP_NUM_THREADS=1 in every rank when it is unset, so "torch's default" would
         # mean all cores for gpus=1 but one thread per rank under DDP: a bias against DDP. Give the
-        # ranks on this node an equal share of the cores this process may run on instead.
-        cpus = len(os.sched_getaffinity(0))
+        # ranks on this node an equal share of the cores this process may run on instead: its affinity
+        # mask, capped by the container's CPU quota (two ranks in an 8-CPU pod on a 64-core host: 4 each).
+        cpus = usable_cpus()
         torch.set_num_threads(max(1, cpus // ranks))
-        why = f"0 = the {cpus} usable cores shared by the {ranks} ranks on this node"
+        why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
     else:
         why = "0 = torch default"
     applied["num_threads"] = _effect(cfg.num_threads, torch.get_num_threads(), why)
@@ -74,7 +76,39 @@ class CheckpointedStage(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # Non-reentrant: works with kwargs, with DDP, and with inputs that need no grad.
-        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+        if torch.compiler.is_compiling():
+            # Compiled, the recompute is the partitioner's: it replays pure ops only, and the buffer
+            # updates (running stats) stay in the forward graph, once. Dynamo takes no custom context_fn.
+            return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=self._contexts, **kwargs)
+
+    def _contexts(self) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
+        return contextlib.nullcontext(), running_stats_kept(self.inner)
+
+
+_RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+@contextlib.contextmanager
+def running_stats_kept(module: nn.Module) -> Iterator[None]:
+    """Batch norm's running statistics as they are, whatever runs inside: the checkpoint's recompute is a
+    second forward in train mode, which would update them (and num_batches_tracked) twice per step. The
+    recompute writes into throwaway copies instead; normalisation uses the batch's own statistics in
+    train mode, so its output (and the gradients) are unchanged. The original buffers are put back, not
+    overwritten in place: autograd and DDP's buffer broadcast hold references to them."""
+    kept: list[tuple[nn.Module, str, torch.Tensor]] = []
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
+            for name in _RUNNING_STATS:
+                buf = m._buffers.get(name)
+                if buf is not None:
+                    kept.append((m, name, buf))
+                    m._buffers[name] = buf.clone()
+    try:
+        yield
+    finally:
+        for m, name, buf in kept:
+            m._buffers[name] = buf
 
 
 def wrap_checkpoints(model: nn.Module, stages: Iterable[str], k: int) -> dict[str, Any]:
@@ -103,13 +137,23 @@ def prepare_model(model: nn.Module, cfg: TrialConfig, device: torch.device, worl
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    applied["gpus"] = _effect(cfg.gpus, world, f"{world} CPU processes over gloo" if world > 1 and device.type != "cuda" else "")
+    applied["gpus"] = _effect(cfg.gpus, world, _ddp_why(world, device))
     if cfg.compile != "off":
         # mode is inductor's; another backend (the tests' aot_eager) takes none.
         backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
         model = torch.compile(model, backend=backend, mode=cfg.compile if backend == "inductor" else None)  # type: ignore[assignment]
     applied["compile"] = _effect(cfg.compile, cfg.compile)
     return model, applied
+
+
+def _ddp_why(world: int, device: torch.device) -> str:
+    if world == 1:
+        return ""
+    if device.type != "cuda":
+        return f"{world} CPU processes over gloo"
+    if ddp_backend(device) == "gloo":
+        return f"{world} processes over gloo ({DDP_BACKEND_ENV}), rank r on GPU r mod {torch.cuda.device_count()}"
+    return ""
 
 
 def apex_available() -> bool:
@@ -312,8 +356,33 @@ def dist_env() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
 
+# "gloo": DDP over gloo, which carries CUDA tensors for DDP's broadcast and all-reduce, so ranks may share
+# a GPU (NCCL refuses two ranks on one device): every DDP path runs on CUDA on a one-GPU machine. Its
+# speed means nothing; its correctness does. "nccl": the default on CUDA, named. Unset: nccl on CUDA,
+# gloo on CPU.
+DDP_BACKEND_ENV = "AUTOTUNE_DDP_BACKEND"
+DDP_BACKENDS = ("gloo", "nccl")
+
+
+def ddp_backend(device: torch.device) -> str:
+    chosen = os.environ.get(DDP_BACKEND_ENV, "").strip().lower()
+    if not chosen:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if chosen not in DDP_BACKENDS:
+        raise ConfigError(f"{DDP_BACKEND_ENV}={chosen!r}: expected one of {', '.join(DDP_BACKENDS)}")
+    if chosen == "nccl" and device.type != "cuda":
+        raise ConfigError(f"{DDP_BACKEND_ENV}=nccl needs CUDA; this process runs on {device}")
+    return chosen
+
+
+def ranks_share_gpus() -> bool:
+    """Several ranks on one GPU, as AUTOTUNE_DDP_BACKEND=gloo allows: rank r takes GPU r mod count."""
+    return os.environ.get(DDP_BACKEND_ENV, "").strip().lower() == "gloo"
+
+
 def pick_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        index = local_rank % torch.cuda.device_count() if ranks_share_gpus() else local_rank
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")

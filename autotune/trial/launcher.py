@@ -263,10 +263,41 @@ def _classify(code: int, trial_dir: Path, log_path: Path, windows: list[float]) 
     failed = min((v for v in verdicts if v.get("status") != "ok"), key=lambda v: v.get("status") == "error",
                  default=None)
     status = failed["status"] if failed else errors.reason_for_exit(code)
-    if code < 0:
+    watchdog = comm_failure(log_path) if status == "error" else None
+    if watchdog is not None:
+        # NCCL's watchdog aborts a rank from a C++ thread (SIGABRT): it writes no verdict, and its peers
+        # at most an "error" (connection closed). Its own log line is the only account of the cause.
+        status, message = "comm", watchdog
+    elif code < 0:
         message = f"killed by signal {signal.Signals(-code).name}"
     elif failed:
         message = failed.get("message", "")
     else:
         message = f"exited with code {code} and no result"
     raise errors.failure_class(status)(message, tail(log_path), {"windows": windows})
+
+
+# What ProcessGroupNCCL logs (LOG(ERROR)) before its watchdog takes the process down, most telling first:
+# the collective that timed out names its operation and rank; the others only say that contact was lost.
+WATCHDOG_MARKERS = (
+    "Watchdog caught collective operation timeout",
+    "Process group watchdog thread terminated with exception",
+    "Some NCCL operations have failed or timed out",
+    "watchdog got stuck for",  # the heartbeat monitor: the watchdog itself hung
+)
+_LOG_SCAN_BYTES = 1 << 20  # the end of the log: a long trial's early output cannot hold its abort
+
+
+def comm_failure(log_path: Path) -> str | None:
+    """The NCCL watchdog's line that says why it aborted a rank, if the log has one."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(max(0, log_path.stat().st_size - _LOG_SCAN_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for marker in WATCHDOG_MARKERS:
+        hit = next((line.strip() for line in lines if marker in line), None)
+        if hit is not None:
+            return hit
+    return None

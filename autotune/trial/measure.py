@@ -161,6 +161,7 @@ class GpuUtilSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle = None
+        self.uuid: str | None = None
         if device.type != "cuda":
             return
         pynvml = nvml()
@@ -170,6 +171,7 @@ class GpuUtilSampler:
         try:
             index = device.index if device.index is not None else torch.cuda.current_device()
             self._handle = device_handle(pynvml, index)
+            self.uuid = text(pynvml.nvmlDeviceGetUUID(self._handle))  # which GPU is sampled: checked against torch's
         except Exception as e:
             self.first_error = f"no NVML handle for {device}: {e}"
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
-from autotune.core.procs import die_with_parent
+from autotune.core.procs import die_with_parent, exit_now
 from autotune.trial.contention import OtherCpu
 
 LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
@@ -28,7 +28,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     import torch
     import torch.distributed as dist
 
-    from autotune.trial import measure
+    from autotune.trial import measure, observe
     from autotune.core.config import TrialResult
     from autotune.trial.harness import build
 
@@ -41,10 +41,14 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     losses: list[float] = []
     # Warm-up: allocator, cudnn autotune, loader start-up, and torch.compile's compilation, which is
     # reported (warmup_s) apart from the steady state, and kept out of the timed window below.
+    first_conv = observe.FirstConv(h.model)  # open for the first step only, which is untimed warm-up
     t_warm = measure.now(device)
-    for _ in range(cfg.warmup_steps):
+    for i in range(cfg.warmup_steps):
         losses.append(step(next(stream)))
+        if i == 0:
+            first_conv.close()
     warmup_s = measure.now(device) - t_warm
+    first_conv.close()  # no warm-up: the hook is gone before the timed steps either way
 
     measure.reset_peak_memory(device)
     step_times: list[float] = []
@@ -77,6 +81,8 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         elapsed, peak, warmup_s = float(t[0]), int(t[1]), float(t[2])
         samples *= world
+    losses = h.mean_over_ranks(losses)
+    h.applied["observed"] = observe.observed(h.model, device, first_conv, util.uuid)
     gpu_util, util_errors = util.mean, util.errors
     if world > 1:  # each rank sampled its own GPU: the mean over the ranks that got samples
         u = torch.tensor([gpu_util or 0.0, float(gpu_util is not None), float(util_errors)],
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune trial: {status}: {message}", file=sys.stderr)
         code = exit_code_for(status)
         if world > 1:
-            _exit_now(code)
+            exit_now(code)
         return code
 
     try:
@@ -200,16 +206,6 @@ def main(argv: list[str] | None = None) -> int:
               f"data wait {result.data_wait_fraction:.0%}, peak {result.peak_memory_bytes / 2**20:.0f} MiB")
     _shutdown()
     return ExitCode.OK
-
-
-def _exit_now(code: int) -> None:
-    """End a failed DDP rank at once, its verdict already written. Its peers wait for it in a collective,
-    and an ordinary interpreter exit can block (NCCL's process-group teardown waiting on its watchdog,
-    a thread left running): they would hang until the trial's timeout. Once this process is gone,
-    torchrun sees the failure and tears the other ranks down."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _shutdown() -> None:

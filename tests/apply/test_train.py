@@ -145,3 +145,44 @@ def test_a_config_behind_the_baseline_says_so_in_one_line_and_in_the_record() ->
     close = _run(0.83, 50, 8)
     assert not any("WARNING" in line for line in compare(close, base, 5, 0.02))  # within the margin
     assert close["comparison"]["behind_baseline"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("repo_on_path")
+def test_a_failing_ddp_rank_gives_its_own_exit_code_promptly(tmp_path: Path) -> None:
+    import time
+
+    cfg = TrialConfig(pipeline="tests.fault_pipelines:nan_rank1", gpus=2, batch_size=4)
+    t0 = time.monotonic()
+    with pytest.raises(train.TrainFailed, match="numerics: diverged") as e:
+        train.run_config(cfg, 1, tmp_path / "out", "config", lambda s: None)
+    assert e.value.code == 4  # not torchrun's 1
+    assert time.monotonic() - t0 < 60, "rank 0 waited for rank 1 until torchrun reaped it"
+
+
+@pytest.mark.usefixtures("repo_on_path")
+def test_out_of_memory_in_train_exits_3_not_1(tmp_path: Path) -> None:
+    with pytest.raises(train.TrainFailed, match="oom: CUDA out of memory") as e:
+        train.run_config(TrialConfig(pipeline="tests.fault_pipelines:oom", batch_size=4), 1, tmp_path / "out",
+                         "config", lambda s: None)
+    assert e.value.code == 3
+
+
+def test_two_ranks_on_one_gpu_only_with_gloo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    from types import SimpleNamespace
+
+    from autotune.trial.knobs import DDP_BACKEND_ENV
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv(DDP_BACKEND_ENV, raising=False)
+    cfg = TrialConfig(gpus=2)
+    with pytest.raises(AutotuneError, match="AUTOTUNE_DDP_BACKEND=gloo"):
+        train.run_config(cfg, 1, tmp_path, "config", lambda s: None)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: launched.append(cmd) or SimpleNamespace(returncode=0))
+    monkeypatch.setenv(DDP_BACKEND_ENV, "gloo")
+    with pytest.raises(train.TrainFailed):  # launched (the fake run leaves no summary behind)
+        train.run_config(cfg, 1, tmp_path, "config", lambda s: None)
+    assert "--nproc-per-node" in launched[0] and "2" in launched[0]

@@ -263,6 +263,51 @@ def test_other_gpu_by_uuid_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> Non
         other.finish()
 
 
+MIG_0 = "MIG-5c4d3e2f-cccc-4a5b-8c7d-222222222222"
+MIG_1 = "MIG-9e8d7c6b-dddd-4f0e-8a9b-333333333333"
+
+
+def mig_gpu(monkeypatch: pytest.MonkeyPatch, visible: str | None) -> None:
+    """One GPU in MIG mode with two slices; this search sees `visible` (None: CUDA_VISIBLE_DEVICES unset)."""
+    gpu = FakeGpu(UUID_A, mig_mode=1)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([gpu], slices=(FakeGpu(MIG_0, parent=gpu),
+                                                                       FakeGpu(MIG_1, parent=gpu))))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one process sees one MIG slice
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    REAL_CUDA_DEVICES.cache_clear()
+
+
+@pytest.mark.parametrize("visible, want", [(None, MIG_0), ("0", MIG_0), (UUID_A, MIG_0), (MIG_0, MIG_0),
+                                           (MIG_1, MIG_1)])
+def test_under_mig_the_gpu_is_named_by_the_slice_cuda_runs_on(monkeypatch: pytest.MonkeyPatch,
+                                                              visible: str | None, want: str) -> None:
+    mig_gpu(monkeypatch, visible)
+    assert locks._cuda_devices() == (want,)
+
+
+def test_under_mig_an_unset_search_and_a_slice_search_exclude(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mig_gpu(monkeypatch, None)  # one search leaves CUDA_VISIBLE_DEVICES unset ...
+    with locks.device_lock(1):
+        mig_gpu(monkeypatch, MIG_0)  # ... another names the slice that CUDA gives the first
+        waiting = Holder()
+        assert not waiting.entered.wait(0.5)
+        assert [p.name for p in lock_dir.glob("gpu-*")] == [f"gpu-{MIG_0}.lock"]
+    assert waiting.entered.wait(10)
+    waiting.finish()
+
+
+def test_a_gpu_without_mig_support_is_named_by_its_own_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(UUID_A, mig_mode=None)]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert locks._cuda_devices() == (UUID_A,)
+
+
 def test_old_style_mig_uuid_is_a_file_name(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gpus(monkeypatch, f"MIG-{UUID_A}/1/0")  # R450-era MIG UUIDs name the instance with slashes
     with locks.device_lock(1):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -196,7 +195,9 @@ def test_oom_on_one_ddp_rank_ends_the_trial_promptly(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ddp_ranks_share_the_cores_and_report_warmup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cpus = len(os.sched_getaffinity(0))
+    from autotune.core.cpus import usable_cpus
+
+    cpus = usable_cpus()  # affinity and CPU quota, as each rank counts them
     # torchrun leaves an OMP_NUM_THREADS that is set alone (and sets 1 otherwise). One that differs from
     # the fair share makes the check below tell the two apart on any machine, a 2-core one too.
     monkeypatch.setenv("OMP_NUM_THREADS", str(cpus // 2 + 1))
@@ -206,6 +207,16 @@ def test_ddp_ranks_share_the_cores_and_report_warmup(tmp_path: Path, monkeypatch
     assert "2 ranks" in r.applied["num_threads"]["why"]
     assert r.warmup_s is not None and r.warmup_s > 0
     assert r.applied["sampler"]["in_effect"] == "EndlessShuffle(seed=0, rank 0 of 2)"
+
+
+@pytest.mark.slow
+def test_ddp_records_the_global_batch_loss_not_rank_0s(tmp_path: Path) -> None:
+    r = launcher.run_trial(cfg("tests.fault_pipelines:shard_loss", gpus=2, batch_size=4, timed_steps=3, window=1),
+                           tmp_path / "t", timeout_s=300)
+    assert r.world_size == 2
+    # Each step's global batch is the whole 8-sample epoch: its mean index is 3.5 whatever the shuffle.
+    assert r.losses == pytest.approx([3.5] * 4)
+    assert r.loss_first == pytest.approx(3.5) and r.loss_last == pytest.approx(3.5)
 
 
 # --- warm-up time, apart from the timed steps -----------------------------------------------------
@@ -221,6 +232,44 @@ def test_warmup_is_timed_apart_and_kept_out_of_samples_per_s(inproc: None) -> No
     assert r.samples_per_s == pytest.approx(r.timed_steps * c.batch_size / window_s, rel=0.2)
     assert r.metrics()["warmup_s"] == r.warmup_s
     assert TrialResult.from_dict(r.to_dict()).warmup_s == r.warmup_s
+
+
+# --- effects observed inside the worker (what scripts/gpu_check.sh asserts on a GPU) -----------------
+
+@pytest.mark.parametrize("changes, want", [
+    ({}, {"conv_output_dtype": "float32", "conv_input_channels_last": False, "conv_output_channels_last": False}),
+    ({"channels_last": True}, {"conv_input_channels_last": True, "conv_output_channels_last": True}),
+    ({"precision": "bf16"}, {"conv_output_dtype": "bfloat16"}),  # a 16x16 conv: bf16's slow CPU path is cheap here
+    ({"checkpoint_segments": 1}, {"conv_output_dtype": "float32"}),  # the recompute does not overwrite it
+])
+def test_worker_observes_what_the_first_conv_really_did(inproc: None, changes: dict[str, Any],
+                                                       want: dict[str, Any]) -> None:
+    r = trial.run(cfg(warmup_steps=1, timed_steps=1, window=1, **changes))
+    seen = r.applied["observed"]
+    assert {k: seen.get(k) for k in want} == want
+    assert seen["cudnn_benchmark"] is False and seen["compiled"] is False and "nvml_uuid" not in seen  # CPU
+
+
+def test_the_conv_hook_is_gone_after_the_first_step() -> None:
+    from autotune.trial import observe
+
+    model = faults.TinyPipeline(None).build_model()
+    conv = observe.FirstConv(model)
+    model(torch.randn(1, 3, 8, 8))
+    conv.close()
+    assert not model[0]._forward_hooks and conv.seen["conv_output_dtype"] == "float32"
+
+
+def test_a_compiled_model_gets_no_hook_and_says_it_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.trial import observe
+
+    model = faults.TinyPipeline(None).build_model()
+    wrapped = torch.nn.Module()
+    wrapped._orig_mod = model  # what torch.compile's OptimizedModule holds
+    conv = observe.FirstConv(wrapped)
+    assert not model[0]._forward_hooks and not conv.seen
+    seen = observe.observed(wrapped, torch.device("cpu"), conv, None)
+    assert seen["compiled"] is True
 
 
 # --- a dataset smaller than one batch -------------------------------------------------------------

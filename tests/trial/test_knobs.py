@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
 
+from autotune.core import cpus as cpus_module
 from autotune.trial import harness, knobs
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
@@ -52,6 +54,43 @@ def test_num_threads_zero_keeps_torch_default(monkeypatch: pytest.MonkeyPatch) -
     assert applied["num_threads"]["in_effect"] == before and applied["num_threads"]["why"]
 
 
+@pytest.fixture
+def cgroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cgroup filesystem of the test's own, without a CPU quota until the test writes one."""
+    monkeypatch.setattr(cpus_module, "CGROUP_ROOT", tmp_path)
+    (tmp_path / "cpu").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("quota", [
+    ("cpu.max", "800000 100000\n"),  # cgroup v2: 8 CPUs
+    ("cpu/cpu.cfs_quota_us", "750000\n"),  # cgroup v1: 7.5 CPUs, rounded up
+])
+def test_num_threads_zero_shares_the_cpu_quota_not_the_host_among_ranks(
+        monkeypatch: pytest.MonkeyPatch, cgroup: Path, quota: tuple[str, str]) -> None:
+    # Two ranks in an 8-CPU pod on a 64-core host: 4 threads each, not 32.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(knobs.os, "sched_getaffinity", lambda pid: set(range(64)))
+    (cgroup / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    (cgroup / quota[0]).write_text(quota[1])
+    applied = knobs.setup_process(TrialConfig(num_threads=0), CPU)
+    assert torch.get_num_threads() == 4 == applied["num_threads"]["in_effect"]
+    assert "8 usable cores" in applied["num_threads"]["why"]
+
+
+@pytest.mark.parametrize("text, want", [("max 100000", None), ("150000 100000", 2), ("50000 100000", 1)])
+def test_cpu_quota_in_whole_cpus(cgroup: Path, text: str, want: int | None) -> None:
+    (cgroup / "cpu.max").write_text(text)
+    assert cpus_module.cpu_quota(cgroup) == want
+    (cgroup / "cpu.max").unlink()
+    assert cpus_module.cpu_quota(cgroup) is None  # neither v2 nor v1 files
+    (cgroup / "cpu" / "cpu.cfs_quota_us").write_text("-1")
+    (cgroup / "cpu" / "cpu.cfs_period_us").write_text("100000")
+    assert cpus_module.cpu_quota(cgroup) is None  # v1 without a quota
+
+
+@pytest.mark.usefixtures("cgroup")
 @pytest.mark.parametrize("cpus, local_world, want", [(8, 2, 4), (8, 3, 2), (2, 2, 1), (2, 4, 1)])
 def test_num_threads_zero_shares_the_cores_among_torchrun_ranks(
         monkeypatch: pytest.MonkeyPatch, cpus: int, local_world: int, want: int) -> None:
@@ -349,6 +388,42 @@ def test_checkpointed_unet_computes_the_same_output_and_gradients() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def bn_stages(momentum: float | None) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=momentum), nn.ReLU())
+                           for c in (3, 4)), nn.Conv2d(4, 1, 1))
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("momentum", [0.1, None])  # None: a cumulative average, 1/num_batches_tracked
+def test_checkpointed_batch_norm_updates_its_running_stats_once_per_step(momentum: float | None) -> None:
+    plain = bn_stages(momentum)
+    ckpt = copy.deepcopy(plain)
+    knobs.wrap_checkpoints(ckpt, ["0", "1"], 2)
+    x = torch.randn(4, 3, 8, 8)
+    for model in (plain, ckpt):
+        model.train()
+        for _ in range(2):  # two steps: the second's recompute would see the first's doubled update
+            model(x).square().mean().backward()
+    stats = [{k: v for k, v in m.state_dict().items() if "running" in k or "tracked" in k} for m in (plain, ckpt)]
+    assert [k.replace(".inner", "") for k in stats[1]] == list(stats[0])
+    for a, b in zip(stats[0].values(), stats[1].values()):
+        torch.testing.assert_close(a, b)
+    assert int(stats[1]["0.inner.1.num_batches_tracked"]) == 2
+    grads = [[p.grad for p in m.parameters()] for m in (plain, ckpt)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_running_stats_kept_puts_the_same_buffers_back() -> None:
+    bn = nn.BatchNorm1d(3).train()
+    before = bn.running_mean
+    with knobs.running_stats_kept(bn):
+        bn(torch.randn(5, 3))
+    assert bn.running_mean is before and int(bn.num_batches_tracked) == 0
+    assert torch.equal(before, torch.zeros(3))
+
+
 def test_too_many_checkpoint_segments_is_unsupported() -> None:
     with pytest.raises(TrialUnsupported, match="declares 10 stages"):
         knobs.wrap_checkpoints(unet(), UnetPipeline.stages, 11)
@@ -421,3 +496,44 @@ def test_training_epochs_draw_the_same_augmentations_with_or_without_workers() -
     plain = epochs(0)
     assert len(plain[0]) == 12 and epochs(2) == plain  # every sample, and its draw, whoever loads it
     assert plain[0] != plain[1]  # a new draw per epoch
+
+
+# --- DDP on a machine with fewer GPUs than ranks: AUTOTUNE_DDP_BACKEND=gloo ------------------------
+
+@pytest.mark.parametrize("value, want", [(None, "gloo"), ("gloo", "gloo"), ("GLOO ", "gloo")])
+def test_ddp_backend_on_cpu(monkeypatch: pytest.MonkeyPatch, value: str | None, want: str) -> None:
+    if value is None:
+        monkeypatch.delenv(knobs.DDP_BACKEND_ENV, raising=False)
+    else:
+        monkeypatch.setenv(knobs.DDP_BACKEND_ENV, value)
+    assert knobs.ddp_backend(CPU) == want
+
+
+@pytest.mark.parametrize("value, words", [("mpi", "expected one of gloo, nccl"), ("nccl", "needs CUDA")])
+def test_ddp_backend_refuses_what_cannot_run(monkeypatch: pytest.MonkeyPatch, value: str, words: str) -> None:
+    monkeypatch.setenv(knobs.DDP_BACKEND_ENV, value)
+    with pytest.raises(ConfigError, match=words):
+        knobs.ddp_backend(CPU)
+
+
+def one_gpu(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_gloo_ranks_share_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen = one_gpu(monkeypatch)
+    monkeypatch.setenv(knobs.DDP_BACKEND_ENV, "gloo")
+    assert [knobs.pick_device(r) for r in (0, 1)] == [torch.device("cuda", 0)] * 2 and chosen == [0, 0]
+    assert knobs.ddp_backend(torch.device("cuda", 0)) == "gloo"
+    assert "over gloo" in knobs._ddp_why(2, torch.device("cuda", 0))
+
+
+def test_without_gloo_each_rank_takes_its_own_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen = one_gpu(monkeypatch)
+    monkeypatch.delenv(knobs.DDP_BACKEND_ENV, raising=False)
+    assert knobs.pick_device(1) == torch.device("cuda", 1) and chosen == [1]  # CUDA refuses it: a real error
+    assert knobs.ddp_backend(torch.device("cuda", 1)) == "nccl"

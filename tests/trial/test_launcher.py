@@ -18,6 +18,7 @@ from autotune.core import errors
 from autotune.trial import launcher
 from autotune.core.config import KNOBS, TrialConfig, TrialResult
 from tests.conftest import live_processes, wait_until_gone
+from tests.fault_pipelines import WATCHDOG_LINE
 
 pytestmark = pytest.mark.usefixtures("repo_on_path")
 
@@ -87,6 +88,32 @@ def test_classify_prefers_a_named_failure_on_any_rank(tmp_path: Path) -> None:
     write(tmp_path, "result.json.rank1", {"status": "oom", "message": "CUDA out of memory"})
     with pytest.raises(errors.TrialOOM, match="out of memory"):
         launcher._classify(1, tmp_path, tmp_path / "trial.log", [])
+
+
+def test_classify_an_nccl_watchdog_abort_as_a_communication_failure(tmp_path: Path) -> None:
+    # torchrun exits 1; the aborted rank wrote nothing, its peer only saw the connection close.
+    write(tmp_path, "result.json", {"status": "error", "message": "RuntimeError: Connection closed by peer"})
+    (tmp_path / "trial.log").write_text(f"step 1\n{WATCHDOG_LINE}\nterminate called after throwing ...\n"
+                                        "failed (exitcode: -6) local_rank: 1\n")
+    with pytest.raises(errors.TrialCommFailure) as info:
+        launcher._classify(1, tmp_path, tmp_path / "trial.log", [])
+    assert str(info.value) == WATCHDOG_LINE and info.value.reason == "comm"
+    assert isinstance(info.value, errors.TrialCrashed)  # still a crash for the sampler: not the config's verdict
+    assert errors.exit_code_for("comm") == errors.ExitCode.ERROR
+
+
+def test_a_named_failure_beats_a_watchdog_line(tmp_path: Path) -> None:
+    write(tmp_path, "result.json.rank1", {"status": "oom", "message": "CUDA out of memory"})
+    (tmp_path / "trial.log").write_text(WATCHDOG_LINE + "\n")
+    with pytest.raises(errors.TrialOOM):
+        launcher._classify(1, tmp_path, tmp_path / "trial.log", [])
+
+
+@pytest.mark.usefixtures("repo_on_path")
+def test_a_rank_aborted_by_the_watchdog_is_a_communication_failure(tmp_path: Path) -> None:
+    cfg = TrialConfig(pipeline="tests.fault_pipelines:watchdog_abort", batch_size=4, warmup_steps=1, timed_steps=2)
+    with pytest.raises(errors.TrialCommFailure, match="Watchdog caught collective operation timeout"):
+        launcher.run_trial(cfg, tmp_path / "t", timeout_s=120)
 
 
 # --- real trials ----------------------------------------------------------------------------------

@@ -109,6 +109,15 @@ class FakeNvml(types.ModuleType):
             raise NVMLError(NOT_SUPPORTED, "Not Supported")
         return [h.mig_mode, h.mig_mode]
 
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGpu) -> int:
+        return 7 if h.mig_mode else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, index: int) -> FakeGpu:
+        mine = [s for s in self.slices if s.parent is h]
+        if not 0 <= index < len(mine):
+            raise NVMLError(NOT_FOUND, "Not Found")
+        return mine[index]
+
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: FakeGpu) -> FakeGpu:
         if h.parent is None:
             raise NVMLError(2, "Invalid Argument")
@@ -183,7 +192,8 @@ def test_torch_uuid_wins_over_the_index_mapping(nvml: FakeNvml, monkeypatch: pyt
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     torch_uuids(monkeypatch, UUID_B, UUID_A)  # CUDA enumerated the faster GPU 1 first
     assert sample(nvml, torch.device("cuda", 0)).mean == 90.0
-    assert sample(nvml, torch.device("cuda", 1)).mean == 10.0
+    util = sample(nvml, torch.device("cuda", 1))
+    assert util.mean == 10.0 and util.uuid == UUID_A  # the sampled GPU's UUID, for gpu_check to compare
 
 
 def test_a_mig_slice_is_found_by_its_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
