@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,17 @@ def test_exports_decay_as_the_trials_did() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _restore_torch_globals(monkeypatch: pytest.MonkeyPatch):
-    """The renderings set process-wide torch state (cudnn.benchmark, threads) that later tests must not see."""
+def _restore_process_state(monkeypatch: pytest.MonkeyPatch):
+    """The renderings set process-wide torch state (cudnn.benchmark, threads), and a DDP run its process
+    group and MASTER_* variables: later tests must not see them."""
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
-    threads = torch.get_num_threads()
+    threads, env = torch.get_num_threads(), dict(os.environ)
     yield
     torch.set_num_threads(threads)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(env)
 
 
 def _images(n: int) -> torch.utils.data.TensorDataset:
@@ -86,6 +92,9 @@ def _lightning_module(hooks: type) -> pl.LightningModule:
             self.conv = nn.Conv2d(3, 4, 3, padding=1)
             self.seen: dict[str, list[Any]] = {"grads": [], "inputs_cl": []}
 
+        def on_train_start(self) -> None:
+            self.seen["wrapped"] = type(self.trainer.strategy.model).__name__
+
         def configure_model(self) -> None:
             # Lightning runs this after setup() and before the strategy moves and wraps (DDP) the model.
             self.seen["cl_before_strategy"] = self.conv.weight.is_contiguous(memory_format=torch.channels_last)
@@ -106,11 +115,15 @@ def test_lightning_export_trains_with_every_knob(tmp_path: Path) -> None:
     exec(compile(to_lightning(LIVE, device="cpu"), "lightning_export.py", "exec"), ns)
     assert torch.get_num_threads() == LIVE.num_threads
     model = _lightning_module(ns["AutotuneHooks"])
-    trainer = pl.Trainer(**ns["trainer_kwargs"], max_steps=STEPS, logger=False, enable_checkpointing=False,
+    # One process of what gpus=2 runs: DDP (over gloo here), where a late channels_last costs a copy per step.
+    trainer_kwargs = {**ns["trainer_kwargs"], "strategy": "ddp"}
+    trainer = pl.Trainer(**trainer_kwargs, max_steps=STEPS, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     assert torch.backends.cudnn.benchmark is True
     loader = torch.utils.data.DataLoader(_images(8 * STEPS), shuffle=True, **ns["dataloader_kwargs"])
-    trainer.fit(model, loader)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, loader)
 
     assert trainer.global_step == STEPS
     assert isinstance(trainer.accelerator, pl.accelerators.CPUAccelerator) and trainer.num_devices == 1
@@ -123,7 +136,10 @@ def test_lightning_export_trains_with_every_knob(tmp_path: Path) -> None:
     (group,) = opt.param_groups
     assert group["weight_decay"] == 0.01 and group["lr"] == LIVE.effective_lr  # constant: no scheduler
     assert trainer.lr_scheduler_configs == []
-    assert model.seen["cl_before_strategy"] is True
+    assert model.seen["wrapped"] == "DistributedDataParallel" and model.seen["cl_before_strategy"] is True
+    # DDP built its gradient buckets from channels_last weights: no "Grad strides do not match bucket view
+    # strides" (which the old on_fit_start conversion raised at the first backward).
+    assert not [w for w in caught if "strides" in str(w.message)]
     assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert all(model.seen["inputs_cl"])
     # Two micro-batches per step; each step's first finds the last step's gradients zeroed, not freed.
