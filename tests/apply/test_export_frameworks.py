@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 import warnings
@@ -24,9 +25,10 @@ import transformers
 import yaml
 from torch import nn
 
-from autotune.apply.export import to_accelerate, to_hf, to_lightning
+from autotune.apply.export import render, to_accelerate, to_hf, to_lightning
 from autotune.apply.export._common import WEIGHT_DECAY
 from autotune.core.config import TrialConfig
+from autotune.core.configfile import Export
 from autotune.trial.knobs import WEIGHT_DECAY as TRIAL_WEIGHT_DECAY
 
 # Every knob a CPU can carry away from the frameworks' defaults: bf16, accumulation 2 (global batch 8 of
@@ -37,6 +39,10 @@ LIVE = TrialConfig(
     num_threads=1, lr=3e-3, global_batch=8,
 )
 STEPS = 3  # optimizer steps each export trains
+
+
+def _cpu_export(cfg: TrialConfig) -> Export:
+    return Export(config=cfg, environment={"device": "cpu"})  # what `autotune export` reads of a CPU study
 
 
 def test_exports_decay_as_the_trials_did() -> None:
@@ -259,3 +265,36 @@ def test_accelerate_export_trains_with_every_knob(tmp_path: Path) -> None:
     assert got["channels_last"] is True and got["inputs_cl"] is True
     assert got["grads"] == "zero"  # set_to_none=False: the last zero_grad kept them
     assert got["cudnn_benchmark"] is True and got["threads"] == LIVE.num_threads
+
+
+# ------------------------------------------------------------------------------------ README examples
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_example(first_line: str) -> str:
+    """The README's ```python block that opens with `first_line`, as written."""
+    blocks = README.read_text().split("```python\n")[1:]
+    return next(b.split("```")[0] for b in blocks if b.startswith(first_line))
+
+
+@pytest.mark.parametrize("fmt, module, script", [
+    ("lightning", "autotune_lightning", "train_lightning.py"),
+    ("hf", "autotune_hf", "train_hf.py"),
+])
+def test_readme_examples_train_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, module: str,
+                                          script: str) -> None:
+    """The export written where the README's `autotune export -o` puts it, then the README's script run."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # the scripts' logs, checkpoints and out/ land here
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    (tmp_path / f"{module}.py").write_text(render(fmt, _cpu_export(LIVE)))
+    (tmp_path / script).write_text(_readme_example(f"# {script}"))
+    try:
+        ran = runpy.run_path(str(tmp_path / script), run_name="__main__")
+    finally:
+        sys.modules.pop(module, None)
+    steps = 64 // (LIVE.batch_size * LIVE.grad_accum)  # one epoch of the example's 64 samples
+    trainer = ran["trainer"]
+    assert (trainer.global_step if fmt == "lightning" else trainer.state.global_step) == steps
