@@ -1,4 +1,5 @@
-"""What every framework rendering shares: the per-knob table of where each tuned knob goes."""
+"""What every framework rendering shares: the per-knob table of where each tuned knob goes, the optimizer
+the trials built, and the DataLoader arguments."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -20,6 +21,11 @@ def _show(v: Any) -> str:
 
 _ADAMW_KW = {"none": "foreach=False", "foreach": "foreach=True", "fused": "fused=True"}
 
+# The trials' weight decay (autotune.trial.knobs.WEIGHT_DECAY, torch AdamW's default), written out in
+# every export: a framework whose default differs (HF's is 0) must still train what was measured.
+# Not imported from there: that module imports torch, and `autotune export` should not.
+WEIGHT_DECAY = 0.01
+
 
 def accelerator(device: str | None) -> str:
     """A trial records "cpu", or the GPU's name ("NVIDIA H200"): anything but cpu was measured on a GPU."""
@@ -31,9 +37,21 @@ def accelerator(device: str | None) -> str:
 def optimizer_expr(cfg: TrialConfig, params: str) -> str:
     if cfg.optimizer_fusion == "apex":
         # apex's weight decay defaults to 0 and its zero_grad() takes no set_to_none: both go here.
-        return (f"apex.optimizers.FusedAdam({params}, lr={cfg.effective_lr!r}, adam_w_mode=True, weight_decay=0.01, "
-                f"set_grad_none={cfg.set_to_none!r})")
-    return f"torch.optim.AdamW({params}, lr={cfg.effective_lr!r}, {_ADAMW_KW[cfg.optimizer_fusion]})"
+        return (f"apex.optimizers.FusedAdam({params}, lr={cfg.effective_lr!r}, adam_w_mode=True, "
+                f"weight_decay={WEIGHT_DECAY}, set_grad_none={cfg.set_to_none!r})")
+    return (f"torch.optim.AdamW({params}, lr={cfg.effective_lr!r}, weight_decay={WEIGHT_DECAY}, "
+            f"{_ADAMW_KW[cfg.optimizer_fusion]})")
+
+
+def loader_kwargs(cfg: TrialConfig, indent: str = "    ") -> list[str]:
+    """The DataLoader keyword arguments, one per line: Lightning's dataloader_kwargs and accelerate's script."""
+    return [
+        f"{indent}batch_size={cfg.batch_size!r},  # per process",
+        f"{indent}num_workers={cfg.num_workers!r},",
+        f"{indent}pin_memory={cfg.pin_memory!r},",
+        f"{indent}persistent_workers={cfg.persistent_workers!r},",
+        f"{indent}prefetch_factor={cfg.prefetch_factor!r},",
+    ]
 
 
 def training_lines(cfg: TrialConfig) -> list[str]:

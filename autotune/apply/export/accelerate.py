@@ -5,7 +5,7 @@ from typing import Any
 
 import yaml
 
-from autotune.apply.export._common import knob_table, optimizer_expr, training_lines, zero_grad_call
+from autotune.apply.export._common import knob_table, loader_kwargs, optimizer_expr, training_lines, zero_grad_call
 from autotune.core.config import TrialConfig
 
 _ACC_PRECISION = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}
@@ -38,7 +38,7 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
             "dynamo_use_dynamic": False,
             "dynamo_use_fullgraph": False,
         }
-    in_script = "not an accelerate setting: in your script"
+    in_script = "not an accelerate setting: in train.py (below)"
     where = {
         "num_workers": f"{in_script}, DataLoader(num_workers=...)",
         "pin_memory": f"{in_script}, DataLoader(pin_memory=...)",
@@ -66,9 +66,37 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "# optimizer knobs stay in your script. Every tuned knob, and where it goes:",
         knob_table(cfg, where),
         *training_lines(cfg),
-        f"# gradient_accumulation_steps={cfg.grad_accum}: in your script, "
-        f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum}) and each step inside "
-        "`with accelerator.accumulate(model):`",
+        *script_lines(cfg),
         "",
     ]
     return "\n".join(header) + yaml.safe_dump(conf, sort_keys=True, default_flow_style=False)
+
+
+def script_lines(cfg: TrialConfig) -> list[str]:
+    """The training script's part, as comments: Python that runs as written once `#   ` is stripped, given
+    your `model`, `dataset` and `loss_fn(model, batch)`."""
+    code = ["import torch", "from accelerate import Accelerator"]
+    if cfg.optimizer_fusion == "apex":
+        code.append("import apex.optimizers  # optimizer_fusion=apex needs NVIDIA apex")
+    code.append(f"torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark!r}")
+    if cfg.num_threads:
+        code.append(f"torch.set_num_threads({cfg.num_threads!r})")
+    code.append(f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r})")
+    if cfg.channels_last:
+        code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs likewise, in the loop")
+    if cfg.checkpoint_segments:
+        code.append(f"# checkpoint_segments={cfg.checkpoint_segments}: run the first {cfg.checkpoint_segments} "
+                    "blocks of forward() through torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)")
+    code += [
+        "loader = torch.utils.data.DataLoader(", "    dataset, shuffle=True,", *loader_kwargs(cfg), ")",
+        f"optimizer = {optimizer_expr(cfg, 'model.parameters()')}",
+        "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
+        "for batch in loader:",
+        "    with accelerator.accumulate(model):  # steps the optimizer every "
+        f"{cfg.grad_accum} batch(es)",
+        "        accelerator.backward(loss_fn(model, batch))",
+        "        optimizer.step()",
+        f"        {zero_grad_call(cfg)}",
+    ]
+    return ["# In train.py, what accelerate does not hold (the constant lr: no scheduler):",
+            *(f"#   {line}" for line in code)]

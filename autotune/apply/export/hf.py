@@ -1,7 +1,7 @@
 """Python for transformers.TrainingArguments, with comments for what it cannot hold."""
 from __future__ import annotations
 
-from autotune.apply.export._common import knob_table, training_lines
+from autotune.apply.export._common import WEIGHT_DECAY, knob_table, training_lines
 from autotune.core.config import TrialConfig
 
 _HF_OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_fused", "apex": "adamw_apex_fused"}
@@ -33,6 +33,10 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         f"    per_device_train_batch_size={cfg.batch_size!r},",
         f"    gradient_accumulation_steps={cfg.grad_accum!r},  # global batch {cfg.global_batch_size}",
         f"    learning_rate={cfg.effective_lr!r},",
+        # The trials' AdamW: decay 0.01 at a constant lr. TrainingArguments defaults to no decay and an lr
+        # decaying linearly to 0, which would train something other than what was measured.
+        f"    weight_decay={WEIGHT_DECAY!r},",
+        "    lr_scheduler_type='constant',",
         f"    dataloader_num_workers={cfg.num_workers!r},",
         f"    dataloader_pin_memory={cfg.pin_memory!r},",
         f"    dataloader_persistent_workers={cfg.persistent_workers!r},",
@@ -67,6 +71,8 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         notes.append(f"# checkpoint_segments={cfg.checkpoint_segments}: gradient_checkpointing needs a model with "
                      "gradient_checkpointing_enable() (a transformers PreTrainedModel); it saves more memory and "
                      "costs more time than autotune's first-k segments")
+    notes.append(f"# weight_decay={WEIGHT_DECAY}: the Trainer exempts biases and LayerNorm weights from it; the trials "
+                 "decayed every parameter")
     if cfg.optimizer_fusion == "none":
         notes.append("# optimizer_fusion=none: 'adamw_torch' lets torch choose (foreach on CUDA). To force the "
                      "for-loop AdamW: Trainer(optimizers=(torch.optim.AdamW(model.parameters(), foreach=False), None))")

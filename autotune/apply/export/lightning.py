@@ -1,7 +1,8 @@
 """Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and hooks for the rest."""
 from __future__ import annotations
 
-from autotune.apply.export._common import accelerator, knob_table, optimizer_expr, training_lines, zero_grad_call
+from autotune.apply.export._common import (accelerator, knob_table, loader_kwargs, optimizer_expr, training_lines,
+                                           zero_grad_call)
 from autotune.core.config import TrialConfig
 
 _LIGHTNING_PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
@@ -38,16 +39,11 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         f"    benchmark={cfg.cudnn_benchmark!r},  # cudnn_benchmark",
         f"    accumulate_grad_batches={cfg.grad_accum!r},  # global batch {cfg.global_batch_size}",
     ]
-    loader = [
-        f"    batch_size={cfg.batch_size!r},  # per process",
-        f"    num_workers={cfg.num_workers!r},",
-        f"    pin_memory={cfg.pin_memory!r},",
-        f"    persistent_workers={cfg.persistent_workers!r},",
-        f"    prefetch_factor={cfg.prefetch_factor!r},",
-    ]
     hooks = [
         "class AutotuneHooks:",
-        '    """Mix into your module: class MyModule(AutotuneHooks, lightning.pytorch.LightningModule)."""',
+        '    """Mix into your module: class MyModule(AutotuneHooks, lightning.pytorch.LightningModule).',
+        "    A hook your module defines itself shadows the one here: call this one from it with super().",
+        '    """',
         "",
         "    def configure_optimizers(self):",
         f"        # optimizer_fusion={cfg.optimizer_fusion}; lr for global batch {cfg.global_batch_size} "
@@ -60,8 +56,11 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
     if cfg.channels_last:
         hooks += [
             "",
-            "    def on_fit_start(self):",
-            "        self.to(memory_format=torch.channels_last)  # channels_last: the weights",
+            "    def setup(self, stage):",
+            "        # channels_last: the weights, before the strategy moves the model and wraps it in DDP",
+            "        # (on_fit_start is too late: DDP's gradient buckets would keep the old strides)",
+            "        super().setup(stage)",
+            "        self.to(memory_format=torch.channels_last)",
             "",
             "    def on_after_batch_transfer(self, batch, dataloader_idx):",
             "        # channels_last: the 4-D inputs (images); other tensors pass through",
@@ -90,7 +89,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "",
         "trainer_kwargs = dict(", *trainer, ")",
         "",
-        "dataloader_kwargs = dict(", *loader, ")",
+        "dataloader_kwargs = dict(", *loader_kwargs(cfg), ")",
         "",
         *hooks,
         "",
