@@ -12,7 +12,7 @@ Strategies in replay:
              coordinate pass of autotune/search/strategy.py (one knob at a time from the best config so
              far) and then TPE, with autotune's two enqueued trials first (the plain-PyTorch baseline, then
              `study.warm_start` for the recorded host), mapped into the reduced grid, configs built by
-             `autotune.search.space.suggest`, and a config already measured answered from that measurement
+             `autotune.search.suggest.suggest`, and a config already measured answered from that measurement
              without counting as a trial (as `autotune search` does: session.py, runner.reuse); like
              autotune, it gives up after 25 such repeats in a row
     tpe      the same with make_sampler('tpe', seed), and a repeated config re-run (plain TPE, as replayed
@@ -313,8 +313,8 @@ def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: boo
     def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
         import optuna
         from autotune.core.config import BASELINE, TrialConfig
-        from autotune.search.space import Hardware, suggest
-        from autotune.search.space import config_params
+        from autotune.search.space import Hardware
+        from autotune.search.suggest import config_params, suggest
         from autotune.search.study import warm_start
 
         space = _space()

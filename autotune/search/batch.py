@@ -3,8 +3,8 @@
 With `--global-batch N` every trial trains with N samples per optimizer step: batch_size is the
 micro-batch per process and grad_accum = N / (batch_size x gpus) is derived. Before the study starts,
 the space is narrowed to GPU counts that some micro-batch fits and to micro-batches that fit some GPU
-count. A pair must divide N, so when the GPU count is searched, space.suggest samples it first and then
-the micro-batch among that count's divisors (one parameter per count, `space.micro_batch_param`): each
+count. A pair must divide N, so when the GPU count is searched, suggest.suggest samples it first and then
+the micro-batch among that count's divisors (one parameter per count, `suggest.micro_batch_param`): each
 parameter keeps one distribution, so the sampler's statistics stay sound, and no micro-batch is dropped
 for every GPU count because one count cannot use it.
 """

@@ -1,6 +1,5 @@
-"""Load and validate search_spaces/*.yaml, resolve it against the hardware, and suggest configs.
-
-This module is the only caller of `trial.suggest_*`. Everything that can be wrong with a space file
+"""Load and validate search_spaces/*.yaml and resolve it against the hardware (search/suggest.py turns a
+resolved space into configs; it is the only caller of `trial.suggest_*`). Everything that can be wrong with a space file
 is found by `load_space` before a study is touched, and reported as one line naming file and knob.
 """
 from __future__ import annotations
@@ -8,16 +7,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import Any, Mapping, Union
 
 import yaml
 
 from autotune.core import cpus
 from autotune.core.config import COMPILES, FUSIONS, KNOBS, PRECISIONS, TrialConfig
 from autotune.core.errors import ConfigError, SearchSpaceError
-
-if TYPE_CHECKING:
-    import optuna
 
 # Shipped inside the package (a wheel install has it too); search_spaces/default.yaml in a checkout
 # links here. It documents the format; `--space FILE` replaces it.
@@ -358,86 +354,9 @@ def _singles(knobs: Mapping[str, Spec]) -> dict[str, Spec]:
     return out
 
 
-# ------------------------------------------------------------------------------------- suggesting
-
-def _num_workers(space: SearchSpace, value: int) -> int:
-    """num_workers as suggest() will see it when `value` is what was chosen or inherited."""
-    spec = space.knobs.get("num_workers")
-    return spec.value if isinstance(spec, Fixed) else value
-
-
-def micro_batch_param(gpus: int) -> str:
-    """The micro-batch's Optuna parameter when a global batch is fixed and the GPU count is searched:
-    one per count, since each count allows its own divisors and a parameter's choices may not change."""
-    return f"batch_size_gpus{gpus}"
-
-
-def _per_gpu_count(space: SearchSpace, base: TrialConfig) -> bool:
-    """Whether the micro-batch is sampled after the GPU count, among that count's divisors of the
-    study's global batch (search/batch.py)."""
-    return base.global_batch is not None and isinstance(space.knobs.get("gpus"), (Choices, IntRange)) \
-        and "batch_size" in space.knobs
-
-
-def _ask(trial: optuna.trial.Trial, name: str, spec: Spec) -> Any:
-    if isinstance(spec, Fixed):
-        return spec.value
-    if isinstance(spec, IntRange):
-        return trial.suggest_int(name, spec.low, spec.high, step=spec.step, log=spec.log)
-    v = trial.suggest_categorical(name, spec.values)
-    # An enqueued 1 matches the choice True (1 == True) and comes back as 1: map it back.
-    return spec.values[spec.values.index(v)]
-
-
-def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
-    """Ask `trial` for every searched knob (in KNOBS order) and return `base` with them applied."""
-    chosen: dict[str, Any] = {}
-    per_count = _per_gpu_count(space, base)
-    order = ("gpus", *(k for k in KNOBS if k != "gpus")) if per_count else KNOBS
-    for k in order:
-        spec = space.knobs.get(k)
-        if spec is None:
-            continue
-        if k in WORKER_KNOBS and chosen.get("num_workers", base.num_workers) == 0:
-            continue  # conditional knob: not suggested, set inert below
-        if k == "batch_size" and per_count:
-            g = chosen["gpus"]
-            divisors = [b for b in _spec_values(spec) if base.global_batch % (b * g) == 0]  # type: ignore[operator]
-            chosen[k] = _ask(trial, micro_batch_param(g), Choices(tuple(divisors)) if len(divisors) > 1
-                             else Fixed(divisors[0]))
-        else:
-            chosen[k] = _ask(trial, k, spec)
-    if chosen.get("num_workers", base.num_workers) == 0:
-        chosen.update(WORKER_KNOBS)
-    return base.replace(**chosen)
-
-
 def _spec_values(spec: Spec) -> list[Any]:
     return list(spec.values) if isinstance(spec, Choices) else list(spec.values()) if isinstance(spec, IntRange) \
         else [spec.value]
 
 
-def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
-    """The params for `study.enqueue_trial` that make suggest() return `cfg` on the knobs the space
-    can express. Optuna raises inside suggest_categorical, mid-trial, for an enqueued choice that is
-    not in the list (and 1 == True would match the wrong one), so such a knob is left out: the sampler
-    picks it, and the enqueued trial still runs `cfg` exactly (its config user attr). Fixed knobs are
-    not params; suggest() applies their fixed value whatever `cfg` says.
-    """
-    params: dict[str, Any] = {}
-    nw = _num_workers(space, cfg.num_workers)
-    for k in space.searched():
-        if k in WORKER_KNOBS and nw == 0:
-            continue
-        spec, v = space.knobs[k], getattr(cfg, k)
-        if k == "batch_size" and _per_gpu_count(space, cfg):
-            params[micro_batch_param(cfg.gpus)] = v  # its count's parameter (an integer choice: no 1 == True)
-            continue
-        if isinstance(spec, Choices) and not any(type(v) is type(c) and v == c for c in spec.values):
-            continue
-        params[k] = v
-    return params
-
-
-__all__ = ["Choices", "Fixed", "Hardware", "IntRange", "SearchSpace", "Spec", "config_params", "load_space",
-           "micro_batch_param", "resolve", "suggest", "usable_cpus"]
+__all__ = ["Choices", "Fixed", "Hardware", "IntRange", "SearchSpace", "Spec", "load_space", "resolve", "usable_cpus"]

@@ -197,7 +197,7 @@ def _middle(values: list[Any], dist: BaseDistribution) -> Any:
 
 def _moved(base: dict[str, Any], knob: str, value: Any, dists: dict[str, BaseDistribution],
            trials: Sequence[FrozenTrial]) -> dict[str, Any]:
-    """`base` with knob=value, keeping autotune's conditional params consistent (space.suggest): the
+    """`base` with knob=value, keeping autotune's conditional params consistent (suggest.suggest): the
     worker-only knobs are dropped with 0 workers, and taken from the best trial that had them (else
     their first value) when workers appear."""
     params = {**base, knob: value}

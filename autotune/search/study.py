@@ -19,7 +19,8 @@ from autotune.search import _optuna
 from autotune.search.fingerprint import differences
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import shown_storage
-from autotune.search.space import Hardware, SearchSpace, config_params, suggest
+from autotune.search.space import Hardware, SearchSpace
+from autotune.search.suggest import config_params, suggest
 from autotune.search.storage import open_storage
 
 # We run ask/tell ourselves, with the heartbeat thread Study.optimize would start: the warning is moot.

@@ -7,7 +7,8 @@ import pytest
 from autotune.core.config import TrialConfig
 from autotune.core.errors import SearchSpaceError
 from autotune.search.batch import narrow
-from autotune.search.space import Choices, Fixed, IntRange, SearchSpace, config_params, micro_batch_param, suggest
+from autotune.search.space import Choices, Fixed, IntRange, SearchSpace
+from autotune.search.suggest import config_params, micro_batch_param, suggest
 
 BASE = TrialConfig(batch_size=16, global_batch=16)
 

@@ -13,9 +13,8 @@ import pytest
 
 from autotune.core.config import BASELINE, KNOBS, TrialConfig
 from autotune.core.errors import SearchSpaceError
-from autotune.search.space import (
-    Choices, Fixed, Hardware, IntRange, SearchSpace, config_params, load_space, resolve, suggest,
-)
+from autotune.search.space import Choices, Fixed, Hardware, IntRange, SearchSpace, load_space, resolve
+from autotune.search.suggest import config_params, suggest
 
 DEFAULT = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)

@@ -11,7 +11,8 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.core.config import KNOBS, TrialConfig
-from autotune.search.space import DEFAULT_SPACE, WORKER_KNOBS, Hardware, config_params, load_space, resolve, suggest
+from autotune.search.space import DEFAULT_SPACE, WORKER_KNOBS, Hardware, load_space, resolve
+from autotune.search.suggest import config_params, suggest
 from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, candidates, incumbent
 from autotune.search.study import make_sampler
 
