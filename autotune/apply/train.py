@@ -208,6 +208,34 @@ def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say:
     return results
 
 
+def time_to(history: list[dict[str, Any]], key: str, target: float) -> tuple[float, int] | None:
+    """(training seconds until the end of the first epoch whose `key` reached `target`, that epoch), or
+    None when none did. IoU is reached from below, loss from above. Validation time is not counted."""
+    elapsed = 0.0
+    for rec in history:
+        elapsed += rec["seconds"]
+        value = rec.get(key)
+        if value is not None and (value >= target if key == "iou" else value <= target):
+            return elapsed, rec.get("epoch", 0)
+    return None
+
+
+def _time_to_target_line(tuned: dict[str, Any], base: dict[str, Any]) -> str:
+    """MLPerf's question for a run: the wall time each side took to reach the baseline's final IoU (or its
+    final loss, for a pipeline without a metric), recorded in `comparison`."""
+    key = "iou" if tuned["iou"] is not None and base["iou"] is not None else "loss"
+    target = base["iou"] if key == "iou" else base["history"][-1]["loss"]
+    mine, theirs = time_to(tuned["history"], key, target), time_to(base["history"], key, target)
+    what = f"the baseline's final {'IoU' if key == 'iou' else 'loss'} {target:.4f}"
+    tuned["comparison"]["time_to_target"] = {"metric": key, "target": target, "config_s": mine and mine[0],
+                                             "baseline_s": theirs and theirs[0]}
+    if mine is None or theirs is None:
+        return f"time to {what}: config not reached in {len(tuned['history'])} epoch(s)"
+    tuned["comparison"]["speedup_to_target"] = theirs[0] / mine[0]
+    return (f"time to {what}: config {mine[0]:.1f} s (epoch {mine[1]}), baseline {theirs[0]:.1f} s "
+            f"(epoch {theirs[1]}): x{theirs[0] / mine[0]:.2f}")
+
+
 def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: float) -> list[str]:
     """The lines that compare the config's run with the baseline's; records `comparison` in `tuned`."""
     speedup = tuned["samples_per_s"] / base["samples_per_s"]
@@ -224,6 +252,7 @@ def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: fl
     lines += [f"optimizer steps: config {tuned['optimizer_steps']} (global batch {tuned['global_batch']}, lr "
              f"{tuned['lr']:.3g}), baseline {base['optimizer_steps']} (global batch {base['global_batch']}, lr "
              f"{base['lr']:.3g})"]
+    lines.append(_time_to_target_line(tuned, base))
     if tuned["iou"] is None or base["iou"] is None:
         return lines + ["final IoU: not measured (no validation set or metric)"]
     diff = tuned["iou"] - base["iou"]
