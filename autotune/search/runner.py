@@ -108,23 +108,7 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         trial.set_constraint(FEASIBLE_KEY, 1.0)
         value = 0.0
     except TrialTimeout as e:
-        if compiling(cfg, e) and timeout_s < settings.trial_timeout:
-            # The budget's end, not the trial timeout, cut the compilation short: that says nothing about
-            # the config, so a FAIL (never reused, tried again by a later or resumed search).
-            _record_failure(trial, role, TrialTimeout(f"the search's budget ended {timeout_s:.0f} s into the "
-                                                      f"trial, during torch.compile's warm-up: {e}",
-                                                      e.log_tail, e.partial))
-            trial.set_user_attr("reason", "budget")
-            state = TrialState.FAIL
-        elif not compiling(cfg, e):
-            _record_failure(trial, role, e)
-            state = TrialState.FAIL
-        else:  # still compiling at the timeout: a property of the config, so infeasible (a FAIL, TPE would retry it)
-            _record_failure(trial, role, TrialTimeout(f"torch.compile ({cfg.compile}) had not finished its warm-up "
-                                                      f"steps when the trial timed out: {e}", e.log_tail, e.partial))
-            trial.set_user_attr("reason", "compile_timeout")
-            trial.set_constraint(FEASIBLE_KEY, 1.0)
-            value = 0.0
+        state, value = _timed_out(trial, role, cfg, e, budget_cut=timeout_s < settings.trial_timeout)
     except TrialFailure as e:
         _record_failure(trial, role, e)
         state = TrialState.FAIL
@@ -142,25 +126,52 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         study.tell(trial, state=TrialState.FAIL)
         raise
     else:
-        base = result.samples_per_s if role == "baseline" else baseline_sps(study)
-        speedup = result.samples_per_s / base if base and result.samples_per_s else None
-        # Another trial shared these cores (lease), or other processes kept the CPU busy: suspect. The
-        # search measures it once more (session.py), and it ranks below every clean figure meanwhile.
-        contended = lease.contended or (result.others_cpu or 0.0) > contended_cpus()
-        write(trial, of_result(role, cfg, result, speedup, contended))
-        short = headroom_short(result, settings.memory_headroom)
-        if short and role == "baseline":
-            # The reference every speedup divides by: always measured and reported, never dropped. Said.
-            write(trial, TrialRecord(role=role, reason="headroom", message=f"the baseline breaks the headroom: {short}"))
-            short = None
-        # Too close to the memory limit: it ran here, but a longer run (a bigger batch late in an epoch,
-        # fragmentation, another process) would fail. Infeasible, like an OOM, and never exported.
-        trial.set_constraint(FEASIBLE_KEY, 1.0 if short else 0.0)
-        if short:
-            write(trial, TrialRecord(role=role, reason="headroom", message=short))
-        value = 0.0 if short else result.samples_per_s
+        value = _measured(study, trial, role, cfg, result, settings, lease.contended)
     _upload(trial, trial_dir)
     return study.tell(trial, value, state=state if value is None else None)
+
+
+def _timed_out(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialTimeout,
+               budget_cut: bool) -> tuple[TrialState, float | None]:
+    """(state, value) for a trial that timed out: a FAIL, or infeasible when a compilation could not
+    finish within the trial timeout (a property of the config: as a FAIL, TPE would retry it)."""
+    if not compiling(cfg, e):
+        _record_failure(trial, role, e)
+        return TrialState.FAIL, None
+    if budget_cut:
+        # The budget's end, not the trial timeout, cut the compilation short: that says nothing about
+        # the config, so a FAIL (never reused, tried again by a later or resumed search).
+        _record_failure(trial, role, TrialTimeout(f"the search's budget ended during torch.compile's warm-up: {e}",
+                                                  e.log_tail, e.partial))
+        trial.set_user_attr("reason", "budget")
+        return TrialState.FAIL, None
+    _record_failure(trial, role, TrialTimeout(f"torch.compile ({cfg.compile}) had not finished its warm-up "
+                                              f"steps when the trial timed out: {e}", e.log_tail, e.partial))
+    trial.set_user_attr("reason", "compile_timeout")
+    trial.set_constraint(FEASIBLE_KEY, 1.0)
+    return TrialState.COMPLETE, 0.0
+
+
+def _measured(study: optuna.Study, trial: optuna.Trial, role: str, cfg: TrialConfig, result: TrialResult,
+              settings: SearchSettings, shared: bool) -> float:
+    """Record a finished trial's figures; its objective value (0 when it breaks the memory headroom)."""
+    base = result.samples_per_s if role == "baseline" else baseline_sps(study)
+    speedup = result.samples_per_s / base if base and result.samples_per_s else None
+    # Another trial shared these cores (lease), or other processes kept the CPU busy: suspect. The
+    # search measures it once more (session.py), and it ranks below every clean figure meanwhile.
+    contended = shared or (result.others_cpu or 0.0) > contended_cpus()
+    write(trial, of_result(role, cfg, result, speedup, contended))
+    short = headroom_short(result, settings.memory_headroom)
+    if short and role == "baseline":
+        # The reference every speedup divides by: always measured and reported, never dropped. Said.
+        write(trial, TrialRecord(role=role, reason="headroom", message=f"the baseline breaks the headroom: {short}"))
+        short = None
+    # Too close to the memory limit: it ran here, but a longer run (a bigger batch late in an epoch,
+    # fragmentation, another process) would fail. Infeasible, like an OOM, and never exported.
+    trial.set_constraint(FEASIBLE_KEY, 1.0 if short else 0.0)
+    if short:
+        write(trial, TrialRecord(role=role, reason="headroom", message=short))
+    return 0.0 if short else float(result.samples_per_s or 0.0)
 
 
 def headroom_short(result: TrialResult, required: float) -> str | None:
