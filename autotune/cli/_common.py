@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from autotune.core.errors import ExitCode
 
@@ -92,3 +93,13 @@ def format_cpu_list(cpus: set[int]) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
+
+
+def new_console() -> Any:
+    """rich's Console; wide when the output is not a terminal (a log file, a pipe, CI), where rich would
+    otherwise fold every table into 80 columns and cut the training-math and config cells to one letter."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._common import apply_skip_bad_data, skip_bad_data_arg, workload_args
+from autotune.cli._common import apply_skip_bad_data, new_console, skip_bad_data_arg, workload_args
 from autotune.core.errors import ExitCode
 
 
@@ -99,8 +99,6 @@ def cmd_trial(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import time
 
-    from rich.console import Console
-
     from autotune.apply.train import TrainFailed, train
     from autotune.core.errors import AutotuneError
 
@@ -108,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise AutotuneError(f"--epochs must be >= 1, got {args.epochs}")
     out = Path(args.out) if args.out else Path("studies") / "train" / time.strftime("%Y%m%d-%H%M%S")
     apply_skip_bad_data(args)
-    console = Console()
+    console = new_console()
     try:
         train(_config(args), args.epochs, out, args.compare_baseline,
               lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from autotune.cli._common import apply_cpus, cpus_arg, skip_bad_data_arg, workload_args
+from autotune.cli._common import apply_cpus, cpus_arg, new_console, skip_bad_data_arg, workload_args
 from autotune.core.config import LR_RULES, SAMPLERS
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
@@ -95,9 +95,7 @@ def register(sub: Any) -> None:
 
 
 def _console() -> Any:
-    from rich.console import Console
-
-    return Console()
+    return new_console()
 
 
 def cmd_search(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._common import study_args
+from autotune.cli._common import new_console, study_args
 from autotune.core.errors import ExitCode
 
 
@@ -62,11 +62,9 @@ def _study(args: argparse.Namespace) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from autotune.apply.display import confirmation_table, leaderboard_table, order_note
 
-    console, study = Console(), _study(args)
+    console, study = new_console(), _study(args)
     console.print(leaderboard_table(study, args.top))
     confirmed = confirmation_table(study)
     if confirmed is not None:
@@ -94,14 +92,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     import optuna
-    from rich.console import Console
-
     from autotune.apply.ablate import run_ablation, table
     from autotune.apply.report import waterfall_png
     from autotune.search.records import TrialRecord
     from autotune.search.results import leaderboard
 
-    console = Console()
+    console = new_console()
     say = lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = _study(args)

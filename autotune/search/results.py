@@ -97,20 +97,27 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
 
 def export_order(study: optuna.Study) -> list[FrozenTrial]:
     """The order in which configs are considered for export: the confirmed ones by their median, then
-    the rest of the leaderboard, fastest first. A config that changes the optimizer step and has a
-    time to target ranks by it (its samples/s scaled to the rate at which it reaches the target)."""
+    the rest of the leaderboard, fastest first. A confirmed config whose median is not above the
+    baseline's (measured in the same rounds) goes just below the baseline: it is neither checked nor
+    exported on its single search figure. A config that changes the optimizer step and has a time to
+    target ranks by it (its samples/s scaled to the rate at which it reaches the target)."""
     board = leaderboard(study)
     summary = study.user_attrs.get(CONFIRMATION) or {}
-    medians = {r["trial"]: r["samples_per_s_median"] for r in summary.get("rows", [])
-               if r.get("samples_per_s_median") and r["label"] != "baseline"}
+    rows = [r for r in summary.get("rows", []) if r.get("samples_per_s_median")]
+    base_median = next((r["samples_per_s_median"] for r in rows if r["label"] == "baseline"), None)
+    medians = {r["trial"]: r["samples_per_s_median"] for r in rows if r["label"] != "baseline"}
+    slower = {n for n, m in medians.items() if base_median is not None and m <= base_median}
     place = {t.number: i for i, t in enumerate(board)}  # the leaderboard's order (contended last) breaks ties
 
-    def key(t: FrozenTrial) -> tuple[bool, float, int]:
-        figure = medians.get(t.number, float(t.value or 0))
-        return t.number not in medians, -figure * to_target_factor(study, t), place[t.number]
+    def key(t: FrozenTrial) -> tuple[float, int]:
+        return -medians[t.number] * to_target_factor(study, t), place[t.number]
 
-    confirmed = sorted((t for t in board if t.number in medians), key=key)
-    return confirmed + [t for t in board if t.number not in medians]
+    confirmed = sorted((t for t in board if t.number in medians and t.number not in slower), key=key)
+    rest = [t for t in board if t.number not in medians]
+    roles = [TrialRecord.from_frozen(t).role for t in rest]
+    at = roles.index("baseline") + 1 if "baseline" in roles else len(rest)
+    below = sorted((t for t in board if t.number in slower), key=key)
+    return confirmed + rest[:at] + below + rest[at:]
 
 
 def exported(study: optuna.Study) -> FrozenTrial | None:

@@ -192,3 +192,10 @@ def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) 
     assert out.startswith("usage: autotune ") and "exit codes" in out
     for cmd in COMMANDS:
         assert cmd in out
+
+
+def test_tables_are_not_folded_into_80_columns_in_a_log() -> None:
+    """Seen as a new user: `search > log` cut the training-math and config cells to one letter."""
+    from autotune.cli._common import new_console
+
+    assert new_console().width == 200  # pytest's stdout is not a terminal

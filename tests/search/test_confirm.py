@@ -146,3 +146,21 @@ def test_a_config_measured_before_is_reused_not_run(tmp_path: Path) -> None:
     frozen = reuse(study, study.ask(), earlier)
     assert frozen.value == 30.0 and frozen.user_attrs["repeat_of"] == 1 and frozen.constraints == {"infeasible": 0.0}
     assert [t.number for t in leaderboard(study)] == [1, 0]  # shown once, not as a second row
+
+
+def test_a_config_the_rounds_measured_slower_than_the_baseline_is_not_exported(tmp_path: Path) -> None:
+    """Seen as a new user: the warm start x1.05 in the search, x0.95 beside the baseline in the rounds, was
+    exported. The rounds' order is the truth: below the baseline, the baseline is exported."""
+    from autotune.search.results import CONFIRMATION
+
+    study = study_with(tmp_path, [("baseline", {}, 5.18), ("warm_start", {"num_workers": 2}, 5.44),
+                                  ("search", {"batch_size": 4}, 5.30)])
+    study.set_user_attr(CONFIRMATION, {"rows": [
+        {"label": "trial 1", "trial": 1, "samples_per_s_median": 5.26, "samples": [5.26]},
+        {"label": "baseline", "trial": 0, "samples_per_s_median": 5.53, "samples": [5.53]}]})
+    assert [t.number for t in export_order(study)] == [2, 0, 1]  # unconfirmed 2 keeps its place above the baseline
+    study.set_user_attr(CONFIRMATION, {"rows": [
+        {"label": "trial 1", "trial": 1, "samples_per_s_median": 5.26, "samples": [5.26]},
+        {"label": "trial 2", "trial": 2, "samples_per_s_median": 5.00, "samples": [5.00]},
+        {"label": "baseline", "trial": 0, "samples_per_s_median": 5.53, "samples": [5.53]}]})
+    assert [t.number for t in export_order(study)] == [0, 1, 2] and exported(study).number == 0
