@@ -9,8 +9,8 @@
 #      nccl DDP gpus=2 (skipped by name, with the reason, on one GPU); gloo DDP gpus=2 sharing the one
 #      GPU (AUTOTUNE_DDP_BACKEND=gloo; only on one GPU); a forced CUDA OOM (must be OOM); --global-batch
 #      accumulation (batch 8, global 32: grad_accum 4); on one GPU, over gloo: DDP with accumulation
-#      (gpus 2, batch 8, global 32: world 2, grad_accum 2, the no_sync path) and a real allocation
-#      failure on rank 1 (exit 3, status oom in rank 1's verdict)
+#      (gpus 2, batch 8, global 32: world 2, grad_accum 2, the no_sync path; over nccl with two GPUs)
+#      and a real allocation failure on rank 1 (exit 3, status oom in rank 1's verdict)
 #   4. compile=default, before the search: the model is compiled and its compile time is in warm-up;
 #      then on one GPU DDP + compile (inductor) + checkpoint_segments 5 over gloo: it trains, compiled
 #   5. parity (bf16 vs its fp32 baseline, 64 px, 10 steps, through autotune.search.parity): the verdict
@@ -115,6 +115,7 @@ gpu_check plan (time guard ${BUDGET_S}s, work dir $WORK; nothing is run with --d
        forced-oom           112 x 1024 px: exit 3, status oom
        global-batch-accum   batch 8, global_batch 32: applied grad_accum 4 in effect
        ddp-gloo-accum       gpus 2, batch 8, global_batch 32 over gloo on one GPU: world size 2, grad_accum 2 (no_sync)
+       ddp-nccl-accum       the same over nccl, one rank per GPU (instead of ddp-gloo-accum with two GPUs)
        oom-rank1            gpus 2 over gloo on one GPU, tests.fault_pipelines:oom_rank1_real (rank 1 allocates
                             4 TiB): exit 3, rank 1's verdict (result.json.rank1) status oom, rank 0's not oom
   4. compile-default      observed: compiled, dynamo made >= 1 graph; warm-up >= 5 s longer than fp32-baseline's
@@ -339,8 +340,8 @@ if ((GPUS == 1)); then
   # (no_sync on all but the last micro-batch), and one rank running out of memory for real.
   add ddp-gloo-accum 0 '{"batch_size": 8, "global_batch": 32, "gpus": 2}'
   add oom-rank1 3 '{"batch_size": 4, "gpus": 2}'
-else
-  skip "trial ddp-gloo-accum" "$GPUS GPUs visible: the gloo-on-one-GPU rows run on one GPU only" na
+else # two GPUs: accumulation under DDP over nccl, one rank per GPU
+  add ddp-nccl-accum 0 '{"batch_size": 8, "global_batch": 32, "gpus": 2}'
   skip "trial oom-rank1" "$GPUS GPUs visible: the gloo-on-one-GPU rows run on one GPU only" na
 fi
 
@@ -398,6 +399,7 @@ APPLIED = {
     "ddp-nccl-2": {"gpus": lambda v: v == 2},
     "global-batch-accum": {"grad_accum": lambda v: v == 4, "batch_size": lambda v: v == 8},
     "ddp-gloo-accum": {"gpus": lambda v: v == 2, "grad_accum": lambda v: v == 2, "batch_size": lambda v: v == 8},
+    "ddp-nccl-accum": {"gpus": lambda v: v == 2, "grad_accum": lambda v: v == 2, "batch_size": lambda v: v == 8},
     "ddp-gloo-compile-ckpt": {"gpus": lambda v: v == 2},
 }
 COMPILE_MIN_S = 5.0  # compile-default's warm-up beyond the baseline's: 31 s measured on an H200
