@@ -122,7 +122,8 @@ gpu_check plan (time guard ${BUDGET_S}s, work dir $WORK; nothing is run with --d
      ddp-gloo-compile-ckpt  gpus 2 over gloo, compile default (inductor), checkpoint_segments 5: status ok,
                             loss finite, observed compiled, world size 2 (a MISS prints the trial log's tail)
   5. parity-bf16          parity.noise_reference + parity.check, bf16 vs its fp32 baseline, 64 px, batch 8,
-                          10 steps: deviation and tolerance finite, verdict pass/fail, the candidate ran on the GPU
+                          10 steps: deviation and tolerance finite, verdict pass/fail, 1 candidate run (the
+                          reference reused), the candidate ran on the GPU in bf16
      train-compare-baseline  autotune train --epochs 1 --compare-baseline, 64 px: train.json has both runs,
                           comparison.speedup > 0 and comparison.time_to_target
   6. search               --budget $SEARCH_BUDGET through the warm fork server; the study must hold
@@ -577,10 +578,10 @@ if v.get("verdict") not in ("pass", "fail"):
     problems.append(f"verdict {v.get('verdict')!r}")
 if v.get("runs") != 1:
     problems.append(f"{v.get('runs')} candidate runs, the reference reused: 1")
-if str(ran.get("device", "cpu")).startswith("cpu") or ran.get("applied", {}).get("observed", {}).get(
-        "conv_output_dtype") != "bfloat16":
-    problems.append(f"candidate ran on {ran.get('device')!r}, conv output "
-                    f"{ran.get('applied', {}).get('observed', {}).get('conv_output_dtype')!r}")
+# Parity's runs have no warm-up step, the one the worker watches the first conv in: no observed dtype here.
+precision = ((ran.get("applied") or {}).get("precision") or {}).get("in_effect")
+if str(ran.get("device", "cpu")).startswith("cpu") or precision != "bf16":
+    problems.append(f"candidate ran on {ran.get('device')!r} with precision {precision!r}")
 line = (f"deviation {v.get('deviation')} tolerance {v.get('tolerance')} verdict {v.get('verdict')}"
         + ("" if not problems else ": " + "; ".join(problems)))
 print("parity-bf16:", line)
@@ -613,9 +614,10 @@ if not isinstance(c.get("speedup"), (int, float)) or not c["speedup"] > 0:
 if not isinstance(c.get("time_to_target"), dict):
     problems.append(f"comparison.time_to_target {c.get('time_to_target')!r}")
 speedup, ttt = c.get("speedup"), c.get("time_to_target") or {}
+sec = lambda x: f"{x:.1f} s" if isinstance(x, (int, float)) else "not reached"
 line = (f"speedup x{speedup:.2f}" if isinstance(speedup, (int, float)) else f"speedup {speedup!r}") + (
-    f", time to the baseline's final {ttt.get('metric')}: config {ttt.get('config_s')} s, baseline "
-    f"{ttt.get('baseline_s')} s" if not problems else ": " + "; ".join(problems))
+    f", time to the baseline's final {ttt.get('metric')}: config {sec(ttt.get('config_s'))}, baseline "
+    f"{sec(ttt.get('baseline_s'))}" if not problems else ": " + "; ".join(problems))
 print("train-compare-baseline:", line)
 Path(sys.argv[2]).write_text(line)
 sys.exit(1 if problems else 0)
