@@ -7,19 +7,29 @@
 #   3. autotune trial at 256 px, 10 timed steps each, on: fp32 baseline; fp16 + GradScaler; bf16;
 #      pin_memory + num_workers 8; cudnn_benchmark + channels_last; fused AdamW; checkpoint_segments 5;
 #      nccl DDP gpus=2 (skipped by name, with the reason, on one GPU); gloo DDP gpus=2 sharing the one
-#      GPU (AUTOTUNE_DDP_BACKEND=gloo; only on one GPU); a forced CUDA OOM (must be OOM)
-#   4. compile=default, before the search: the model is compiled and its compile time is in warm-up
-#   5. autotune search through the warm fork server, then the study is loaded and must hold at
-#      least GPU_CHECK_MIN_TRIALS complete feasible trials measured on the GPU
-#   6. one table: every check, PASS or MISS; exit 1 on any miss
+#      GPU (AUTOTUNE_DDP_BACKEND=gloo; only on one GPU); a forced CUDA OOM (must be OOM); --global-batch
+#      accumulation (batch 8, global 32: grad_accum 4); on one GPU, over gloo: DDP with accumulation
+#      (gpus 2, batch 8, global 32: world 2, grad_accum 2, the no_sync path; over nccl with two GPUs)
+#      and a real allocation failure on rank 1 (exit 3, status oom in rank 1's verdict)
+#   4. compile=default, before the search: the model is compiled and its compile time is in warm-up;
+#      then on one GPU DDP + compile (inductor) + checkpoint_segments 5 over gloo: it trains, compiled
+#   5. parity (bf16 vs its fp32 baseline, 64 px, 10 steps, through autotune.search.parity): the verdict
+#      has a deviation, a tolerance and pass/fail; `autotune train --compare-baseline` (1 epoch, 64 px):
+#      train.json holds both runs, comparison.speedup and comparison.time_to_target
+#   6. autotune search through the warm fork server, then the study is loaded and must hold at
+#      least GPU_CHECK_MIN_TRIALS complete feasible trials measured on the GPU; right after it, side by
+#      side, a num_workers 8 + pin_memory trial and a baseline trial: best.yaml's confirmed speedup must
+#      be >= 0.9 x theirs (the ratio is printed)
+#   7. one table: every check, PASS or MISS; exit 1 on any miss
 # Each trial's result JSON is asserted, not just its exit code: the device is the GPU; gpu_util is not
 # null; the loss stayed finite; NVML's UUID of the sampled GPU is torch's UUID of the trial's device.
 # Where the worker can see a knob's effect it is asserted from `applied.observed`, what the running
 # model did, not from what the config asked (autotune/trial/observe.py): the first conv's output dtype
 # (autocast), its input and output memory format (channels_last), cudnn.benchmark as the worker saw
 # it, dynamo's graph count; the rest from `applied`'s in_effect (pin_memory, workers, fused AdamW,
-# checkpointed segments, world size). A step skipped for lack of time is a MISS, not a pass.
-# The whole run is meant to take at most 8 minutes on one H200.
+# checkpointed segments, world size, grad_accum). A step skipped for lack of time is a MISS, not a pass.
+# The whole run is meant to take at most 8 minutes on one H200; each step's `timeout` is its measured
+# (or, for the rows added without a GPU, estimated) time capped by what is left of the time guard.
 #
 # Without a GPU (torch.cuda.is_available() is false) it runs only the CPU-safe parts: set-up,
 # make-data (16 images) and one fp32 smoke trial at 64 px, then prints "no GPU: GPU checks skipped"
@@ -103,10 +113,25 @@ gpu_check plan (time guard ${BUDGET_S}s, work dir $WORK; nothing is run with --d
        ddp-nccl-2           world size 2 over nccl (skipped by name on one GPU)
        ddp-gloo-2           world size 2 over gloo sharing one GPU (AUTOTUNE_DDP_BACKEND=gloo; one GPU only)
        forced-oom           112 x 1024 px: exit 3, status oom
+       global-batch-accum   batch 8, global_batch 32: applied grad_accum 4 in effect
+       ddp-gloo-accum       gpus 2, batch 8, global_batch 32 over gloo on one GPU: world size 2, grad_accum 2 (no_sync)
+       ddp-nccl-accum       the same over nccl, one rank per GPU (instead of ddp-gloo-accum with two GPUs)
+       oom-rank1            gpus 2 over gloo on one GPU, tests.fault_pipelines:oom_rank1_real (rank 1 allocates
+                            4 TiB): exit 3, rank 1's verdict (result.json.rank1) status oom, rank 0's not oom
   4. compile-default      observed: compiled, dynamo made >= 1 graph; warm-up >= 5 s longer than fp32-baseline's
-  5. search               --budget $SEARCH_BUDGET through the warm fork server; the study must hold
+     ddp-gloo-compile-ckpt  gpus 2 over gloo, compile default (inductor), checkpoint_segments 5: status ok,
+                            loss finite, observed compiled, world size 2 (a MISS prints the trial log's tail)
+  5. parity-bf16          parity.noise_reference + parity.check, bf16 vs its fp32 baseline, 64 px, batch 8,
+                          10 steps: deviation and tolerance finite, verdict pass/fail, 1 candidate run (the
+                          reference reused), the candidate ran on the GPU in bf16
+     train-compare-baseline  autotune train --epochs 1 --compare-baseline, 64 px: train.json has both runs,
+                          comparison.speedup > 0 and comparison.time_to_target
+  6. search               --budget $SEARCH_BUDGET through the warm fork server; the study must hold
                           >= $MIN_TRIALS complete feasible trials on the GPU; then show
-  6. one table of every check; exit 1 on any MISS (a step skipped for time is a MISS)
+     pin-workers8-after, baseline-after  side by side right after the search (defaults; num_workers 8 +
+                          pin_memory), each asserted as a GPU trial
+     search-vs-pin        best.yaml is confirmed and its speedup >= 0.9 x (pin-workers8-after / baseline-after)
+  7. one table of every check; exit 1 on any MISS (a step skipped for time is a MISS)
 Without a GPU: env-setup, make-data and one 64 px CPU smoke trial only.
 PLAN
   exit 0
@@ -142,7 +167,7 @@ step() {
     verdict=FAILED
   fi
   [[ $verdict == ok ]] || FAILED=$((FAILED + 1))
-  SUMMARY+=("$(printf '%-26s rc %-4s expect %-4s %5ss  %s' "$name" "$rc" "$want" "$((SECONDS - t0))" "$verdict")")
+  SUMMARY+=("$(printf '%-30s rc %-4s expect %-4s %5ss  %s' "$name" "$rc" "$want" "$((SECONDS - t0))" "$verdict")")
   return "$rc"
 }
 
@@ -150,9 +175,9 @@ skip() { # skip NAME WHY [na]: "na" = not applicable here (e.g. DDP on one GPU);
   echo
   echo "=== [t+$((SECONDS - START))s] $1: skipped ($2)"
   if [[ ${3:-} == na ]]; then
-    SUMMARY+=("$(printf '%-26s %s' "$1" "skipped, not applicable: $2")")
+    SUMMARY+=("$(printf '%-30s %s' "$1" "skipped, not applicable: $2")")
   else
-    SUMMARY+=("$(printf '%-26s %s' "$1" "MISS, skipped: $2")")
+    SUMMARY+=("$(printf '%-30s %s' "$1" "MISS, skipped: $2")")
     FAILED=$((FAILED + 1))
   fi
 }
@@ -251,11 +276,11 @@ PY=python3
 echo
 echo "=== [t+0s] env-setup"
 if ! setup_env; then
-  SUMMARY+=("$(printf '%-26s %s' env-setup "FAILED: needs $NEEDED")")
+  SUMMARY+=("$(printf '%-30s %s' env-setup "FAILED: needs $NEEDED")")
   FAILED=$((FAILED + 1))
   finish 1
 fi
-SUMMARY+=("$(printf '%-26s rc %-4s expect %-4s %5ss  %s' env-setup 0 0 "$((SECONDS - START))" ok)")
+SUMMARY+=("$(printf '%-30s rc %-4s expect %-4s %5ss  %s' env-setup 0 0 "$((SECONDS - START))" ok)")
 AT=("$PY" -m autotune) # the checkout's autotune, with whichever python set-up chose
 
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -309,24 +334,44 @@ fi
 # tensor stays under 2^31 elements (the largest, 112 x 16 x 1024 x 1024, is 1.9e9), so the failure is a
 # plain allocation failure and not an indexing limit. It must fit the dataset (115 train images).
 add forced-oom 3 '{"batch_size": 112, "image_size": 1024}'
+# --global-batch as the search applies it: micro-batch 8, 32 samples per optimizer step.
+add global-batch-accum 0 '{"batch_size": 8, "global_batch": 32}'
+if ((GPUS == 1)); then
+  # The DDP paths not covered above, as two gloo ranks on the one GPU: accumulation under DDP
+  # (no_sync on all but the last micro-batch), and one rank running out of memory for real.
+  add ddp-gloo-accum 0 '{"batch_size": 8, "global_batch": 32, "gpus": 2}'
+  add oom-rank1 3 '{"batch_size": 4, "gpus": 2}'
+else # two GPUs: accumulation under DDP over nccl, one rank per GPU
+  add ddp-nccl-accum 0 '{"batch_size": 8, "global_batch": 32, "gpus": 2}'
+  skip "trial oom-rank1" "$GPUS GPUs visible: the gloo-on-one-GPU rows run on one GPU only" na
+fi
 
-run_trial() { # run_trial NAME [LIMIT]
-  local name=$1 limit=${2:-180} size=256 pre=()
+run_trial() { # run_trial NAME [LIMIT]: LIMIT is capped by the time guard (minus 10 s for the table)
+  local name=$1 limit=${2:-180} size=256 pre=() pipe=()
+  ((limit > $(left) - 10)) && limit=$(($(left) - 10))
   [[ $name == forced-oom ]] && size=1024
-  [[ $name == ddp-gloo-2 ]] && pre=(env AUTOTUNE_DDP_BACKEND=gloo)
+  [[ $name == ddp-gloo-* || $name == oom-rank1 ]] && pre=(env AUTOTUNE_DDP_BACKEND=gloo)
+  # The tiny fault pipeline of the CPU tests, importable through the checkout on PYTHONPATH.
+  [[ $name == oom-rank1 ]] && pipe=(--pipeline tests.fault_pipelines:oom_rank1_real)
   step "trial $name" "${EXPECT[$name]}" "$limit" ${pre[@]+"${pre[@]}"} "${AT[@]}" trial --config "$WORK/trials/$name.json" \
-    --out "$WORK/trials/$name/result.json" --data "$DATA" --image-size "$size" --steps 10 --timeout "$((limit - 20))"
+    --out "$WORK/trials/$name/result.json" --data "$DATA" --image-size "$size" --steps 10 --timeout "$((limit - 20))" \
+    ${pipe[@]+"${pipe[@]}"}
   echo "$?" >"$WORK/trials/$name/rc"
 }
 
-for name in "${NAMES[@]}"; do
-  if (($(left) < 60)); then
-    skip "trial $name" "time guard: $(left)s left"
-    continue
-  fi
-  run_trial "$name"
-done
+run_trials() { # run_trials NAME...: each needs 60 s of the time guard, or it is a MISS
+  local name
+  for name in "$@"; do
+    if (($(left) < 60)); then
+      skip "trial $name" "time guard: $(left)s left"
+      continue
+    fi
+    run_trial "$name"
+  done
+}
+run_trials "${NAMES[@]}"
 
+# shellcheck disable=SC2329 # called through assert_step
 check() { # check NAME...: assert each trial's result JSON; one row per trial; MISS rows fail the run
   "$PY" - "$WORK" "$@" <<'EOF'
 import json, sys
@@ -344,6 +389,7 @@ OBSERVED = {
                             "conv_output_channels_last": lambda v: v is True},
     "checkpoint-5": {"conv_output_dtype": lambda v: v == "float32"},
     "compile-default": {"compiled": lambda v: v is True, "compiled_graphs": lambda v: (v or 0) >= 1},
+    "ddp-gloo-compile-ckpt": {"compiled": lambda v: v is True},
 }
 APPLIED = {
     "fp16-gradscaler": {"grad_scaler": lambda v: v is True},
@@ -352,6 +398,10 @@ APPLIED = {
     "checkpoint-5": {"checkpoint_segments": lambda v: isinstance(v, list) and len(v) == 5},
     "ddp-gloo-2": {"gpus": lambda v: v == 2},
     "ddp-nccl-2": {"gpus": lambda v: v == 2},
+    "global-batch-accum": {"grad_accum": lambda v: v == 4, "batch_size": lambda v: v == 8},
+    "ddp-gloo-accum": {"gpus": lambda v: v == 2, "grad_accum": lambda v: v == 2, "batch_size": lambda v: v == 8},
+    "ddp-nccl-accum": {"gpus": lambda v: v == 2, "grad_accum": lambda v: v == 2, "batch_size": lambda v: v == 8},
+    "ddp-gloo-compile-ckpt": {"gpus": lambda v: v == 2},
 }
 COMPILE_MIN_S = 5.0  # compile-default's warm-up beyond the baseline's: 31 s measured on an H200
 def effect(applied, knob):
@@ -364,6 +414,11 @@ def warmup_of(name):
         return json.loads((work / "trials" / name / "result.json").read_text()).get("warmup_s")
     except (OSError, ValueError):
         return None
+def rank_verdict(d, rank):
+    try:
+        return json.loads((d / f"result.json.rank{rank}").read_text())
+    except (OSError, ValueError):
+        return {}
 def problems_of(name, r):
     applied, seen, out = r.get("applied") or {}, (r.get("applied") or {}).get("observed") or {}, []
     if r.get("status") != "ok":
@@ -384,7 +439,7 @@ def problems_of(name, r):
             out.append(f"{knob} in effect: {effect(applied, knob)!r}")
     if name.startswith("ddp-") and r.get("world_size") != 2:
         out.append(f"world_size {r.get('world_size')}")
-    if name == "ddp-gloo-2" and "over gloo" not in str((applied.get("gpus") or {}).get("why")):
+    if name.startswith("ddp-gloo-") and "over gloo" not in str((applied.get("gpus") or {}).get("why")):
         out.append(f"gpus: {applied.get('gpus')!r}, not gloo")
     if name == "compile-default":
         base_w = warmup_of("fp32-baseline")
@@ -402,8 +457,17 @@ for name in names:
     if name == "forced-oom":
         problems = [] if rc == "3" and r.get("status") == "oom" else [
             f"expected exit 3 / status oom, got {rc} / {r.get('status')}"]
+    elif name == "oom-rank1":  # rank 1's own verdict names the OOM; rank 0 only lost its peer
+        r1 = rank_verdict(d, 1)
+        problems = [] if rc == "3" and r1.get("status") == "oom" and r.get("status") != "oom" else [
+            f"expected exit 3 / rank 1 oom / rank 0 not oom, got {rc} / {r1.get('status')} "
+            f"({str(r1.get('message', ''))[:60]}) / {r.get('status')}"]
+        r = {**r, "status": f"rank1 {r1.get('status')}"}
     else:
         problems = problems_of(name, r)
+    if problems and r.get("status") != "ok" and (d / "trial.log").exists():  # why it failed, in the log
+        print(f"--- {name}: the last lines of {d / 'trial.log'}")
+        print("\n".join((d / "trial.log").read_text(errors="replace").splitlines()[-25:]))
     sps = r.get("samples_per_s")
     base = sps if name == "fp32-baseline" and sps else base
     misses += bool(problems)
@@ -413,10 +477,10 @@ for name in names:
                  "gpu_util": r.get("gpu_util"), "device": r.get("device"),
                  "verdict": "MISS" if problems else "PASS", "problems": problems})
 fmt = lambda x, spec: format(x, spec) if x is not None else "-"
-print(f"{'config':20s} {'verdict':7s} {'rc':>3s} {'samples/s':>9s} {'x base':>6s} {'warmup s':>8s} "
+print(f"{'config':22s} {'verdict':7s} {'rc':>3s} {'samples/s':>9s} {'x base':>6s} {'warmup s':>8s} "
       f"{'peak MiB':>8s} {'gpu%':>5s}  problems")
 for w in rows:
-    print(f"{w['config']:20s} {w['verdict']:7s} {w['rc']:>3s} {fmt(w['samples_per_s'], '9.1f'):>9s} "
+    print(f"{w['config']:22s} {w['verdict']:7s} {w['rc']:>3s} {fmt(w['samples_per_s'], '9.1f'):>9s} "
           f"{fmt(w['x_base'], '6.2f'):>6s} {fmt(w['warmup_s'], '8.1f'):>8s} {fmt(w['peak_mib'], '8.0f'):>8s} "
           f"{fmt(w['gpu_util'], '5.0f'):>5s}  {'; '.join(w['problems'])}")
 if rows and rows[0].get("device"):
@@ -428,15 +492,20 @@ sys.exit(1 if misses else 0)
 EOF
 }
 
+NOTE=$WORK/assert_note # a check may write one line here: its figures, shown in its summary row
 assert_step() { # assert_step NAME CMD...: a check of its own, PASS or MISS in the summary
-  local name=$1
+  local name=$1 note=""
   shift
+  rm -f "$NOTE"
   if "$@"; then
-    SUMMARY+=("$(printf '%-26s %s' "$name" "PASS")")
+    [[ -s $NOTE ]] && note="  $(head -c 160 "$NOTE")"
+    SUMMARY+=("$(printf '%-30s %s' "$name" "PASS$note")")
   else
-    SUMMARY+=("$(printf '%-26s %s' "$name" "MISS")")
+    [[ -s $NOTE ]] && note="  $(head -c 160 "$NOTE")"
+    SUMMARY+=("$(printf '%-30s %s' "$name" "MISS$note")")
     FAILED=$((FAILED + 1))
   fi
+  rm -f "$NOTE"
 }
 
 echo
@@ -457,8 +526,106 @@ else
   assert_step "assert compile result" check compile-default
 fi
 
+# DDP + inductor + activation checkpointing, two gloo ranks on the one GPU: dynamo's DDP optimizer once
+# refused the checkpoint op in its graph (pytorch#104674; the CPU test runs it with aot_eager).
+if ((GPUS == 1)); then
+  add ddp-gloo-compile-ckpt 0 "{\"batch_size\": $BATCH, \"gpus\": 2, \"compile\": \"default\", \"checkpoint_segments\": 5}"
+  if (($(left) < 120 + 200)); then
+    skip "trial ddp-gloo-compile-ckpt" "time guard: $(left)s left; it and the search need ~320s"
+  else
+    run_trial ddp-gloo-compile-ckpt 120 # not measured: compile-default's 56 s, two ranks compiling at once
+    assert_step "assert ddp-compile-ckpt result" check ddp-gloo-compile-ckpt
+  fi
+else
+  skip "trial ddp-gloo-compile-ckpt" "$GPUS GPUs visible: the gloo-on-one-GPU rows run on one GPU only" na
+fi
+
 # ---------------------------------------------------------------------------------------------
-# 5. a short real search through the warm fork server, then the study is asserted
+# 5. parity and train --compare-baseline, small (64 px): the machinery, on the GPU
+
+cap() { # cap NOMINAL_S: NOMINAL_S, or what the time guard leaves for it (keeping 200 s for the search)
+  local c=$(($(left) - 200))
+  echo $((c < $1 ? c : $1))
+}
+if (($(left) < 200 + 60)); then
+  skip parity-bf16 "time guard: $(left)s left, the search needs ~200s"
+else
+  limit=$(cap 120) # 3 runs of 10 steps at 64 px, each a fresh process: not measured on a GPU
+  assert_step "assert parity-bf16" timeout -k 15 "$limit" "$PY" - "$DATA" "$WORK/parity" "$limit" "$NOTE" <<'EOF'
+import json, math, shutil, sys
+from pathlib import Path
+from autotune.pipelines import workload
+from autotune.search import parity
+
+data, folder, limit = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+shutil.rmtree(folder, ignore_errors=True)
+base = workload("unet", 64, data, str(folder), batch_size=8)
+cand = base.replace(precision="bf16")
+per_run = max(20.0, (limit - 10) / 3)
+ref = parity.noise_reference(base, 10, folder, per_run)
+v = parity.check(cand, base, 10, folder, per_run, reference=ref).to_dict()
+print("parity-bf16:", json.dumps(v))
+try:
+    ran = json.loads((folder / "candidate" / "result.json").read_text())
+except (OSError, ValueError):
+    ran = {}  # the candidate failed: the verdict says why
+problems = []
+for key in ("deviation", "tolerance"):
+    if not isinstance(v.get(key), (int, float)) or not math.isfinite(v[key]):
+        problems.append(f"{key} {v.get(key)!r}")
+if v.get("verdict") not in ("pass", "fail"):
+    problems.append(f"verdict {v.get('verdict')!r}")
+if v.get("runs") != 1:
+    problems.append(f"{v.get('runs')} candidate runs, the reference reused: 1")
+# Parity's runs have no warm-up step, the one the worker watches the first conv in: no observed dtype here.
+precision = ((ran.get("applied") or {}).get("precision") or {}).get("in_effect")
+if str(ran.get("device", "cpu")).startswith("cpu") or precision != "bf16":
+    problems.append(f"candidate ran on {ran.get('device')!r} with precision {precision!r}")
+line = (f"deviation {v.get('deviation')} tolerance {v.get('tolerance')} verdict {v.get('verdict')}"
+        + ("" if not problems else ": " + "; ".join(problems)))
+print("parity-bf16:", line)
+Path(sys.argv[4]).write_text(line)
+sys.exit(1 if problems else 0)
+EOF
+fi
+
+if (($(left) < 200 + 60)); then
+  skip train-compare-baseline "time guard: $(left)s left, the search needs ~200s"
+else
+  rm -rf "$WORK/train"
+  limit=$(cap 120) # two 1-epoch runs of 115 images at 64 px, each a fresh process: not measured on a GPU
+  step train-compare-baseline 0 "$limit" "${AT[@]}" train --config "$WORK/trials/fp32-baseline.json" --epochs 1 \
+    --compare-baseline --out "$WORK/train" --data "$DATA" --image-size 64
+  assert_step "assert train-compare-baseline" "$PY" - "$WORK/train/train.json" "$NOTE" <<'EOF'
+import json, sys
+from pathlib import Path
+
+try:
+    runs = json.loads(open(sys.argv[1]).read())
+except (OSError, ValueError) as e:
+    sys.exit(f"train-compare-baseline: MISS, no train.json: {e}")
+c = (runs[0].get("comparison") or {}) if runs else {}
+problems = []
+if len(runs) != 2 or not all((r.get("samples_per_s") or 0) > 0 for r in runs):
+    problems.append(f"{len(runs)} runs, samples/s {[r.get('samples_per_s') for r in runs]}")
+if not isinstance(c.get("speedup"), (int, float)) or not c["speedup"] > 0:
+    problems.append(f"comparison.speedup {c.get('speedup')!r}")
+if not isinstance(c.get("time_to_target"), dict):
+    problems.append(f"comparison.time_to_target {c.get('time_to_target')!r}")
+speedup, ttt = c.get("speedup"), c.get("time_to_target") or {}
+sec = lambda x: f"{x:.1f} s" if isinstance(x, (int, float)) else "not reached"
+line = (f"speedup x{speedup:.2f}" if isinstance(speedup, (int, float)) else f"speedup {speedup!r}") + (
+    f", time to the baseline's final {ttt.get('metric')}: config {sec(ttt.get('config_s'))}, baseline "
+    f"{sec(ttt.get('baseline_s'))}" if not problems else ": " + "; ".join(problems))
+print("train-compare-baseline:", line)
+Path(sys.argv[2]).write_text(line)
+sys.exit(1 if problems else 0)
+EOF
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 6. a short real search through the warm fork server, then the study is asserted; then its exported
+#    speedup against num_workers + pin_memory alone, both measured in this run
 
 STORE=${OUT:-$WORK}/gpu.db
 rm -f "$STORE"
@@ -466,7 +633,9 @@ if (($(left) < 200)); then
   skip search "time guard: $(left)s left, the search needs ~200s"
 else
   # SIGTERM from timeout acts like Ctrl-C: the running trial is killed and the best so far exported.
-  step search 0 220 "${AT[@]}" search --budget "$SEARCH_BUDGET" --study gpu-check --storage "$STORE" \
+  lim=$(($(left) - 70)) # what the side-by-side trials after it need
+  ((lim > 220)) && lim=220
+  step search 0 "$lim" "${AT[@]}" search --budget "$SEARCH_BUDGET" --study gpu-check --storage "$STORE" \
     --data "$DATA" --image-size 256 --trial-seconds 5 --warmup-steps 3 --trial-timeout 90 --seed 0 \
     --studies-dir "$WORK/studies"
   step show 0 60 "${AT[@]}" show --study gpu-check --storage "$STORE"
@@ -483,6 +652,56 @@ on_gpu = [t for t in study.trials if feasible(t)
           and not str(TrialRecord.from_frozen(t).metrics.get("device", "cpu")).startswith("cpu")]
 print(f"search: {len(study.trials)} trials, {len(on_gpu)} complete and feasible on the GPU (need {need})")
 sys.exit(0 if len(on_gpu) >= need else 1)
+EOF
+fi
+
+# The published study's largest single lever, num_workers + pin_memory, and the baseline (the search's:
+# default knobs), side by side right after the search on the same machine state: the search's exported,
+# confirmed speedup must be at least 0.9 x what that lever alone gives.
+NAMES=()
+add pin-workers8-after 0 '{"pin_memory": true, "num_workers": 8}'
+add baseline-after 0 '{}'
+if [[ ! -f $WORK/studies/gpu-check/best.yaml ]]; then
+  skip search-vs-pin "no best.yaml from the search"
+elif (($(left) < 2 * 25 + 10)); then
+  skip search-vs-pin "time guard: $(left)s left, the two side-by-side trials need ~60s"
+else
+  for name in "${NAMES[@]}"; do
+    lim=$((($(left) - 10) / 2)) # 60 s each at most: not measured on a GPU; a plain 256 px trial is ~20 s
+    ((lim > 60)) && lim=60
+    run_trial "$name" "$lim"
+  done
+  assert_step "assert side-by-side trials" check "${NAMES[@]}"
+  assert_step "assert search-vs-pin" "$PY" - "$WORK" "$NOTE" <<'EOF'
+import json, sys
+from pathlib import Path
+import yaml
+
+work = Path(sys.argv[1])
+best = yaml.safe_load((work / "studies" / "gpu-check" / "best.yaml").read_text()) or {}
+sps = {}
+for name in ("pin-workers8-after", "baseline-after"):
+    try:
+        sps[name] = json.loads((work / "trials" / name / "result.json").read_text()).get("samples_per_s")
+    except (OSError, ValueError):
+        sps[name] = None
+lever = (sps["pin-workers8-after"] / sps["baseline-after"]
+         if sps["pin-workers8-after"] and sps["baseline-after"] else None)
+speedup, confirmed = best.get("speedup"), best.get("confirmed")
+problems = []
+if not confirmed:
+    problems.append("best.yaml has no confirmed section: its speedup is not the confirmation rounds' median")
+if not isinstance(speedup, (int, float)) or lever is None:
+    problems.append(f"speedup {speedup!r}, num_workers+pin_memory x{lever}")
+elif speedup < 0.9 * lever:
+    problems.append(f"exported x{speedup:.2f} < 0.9 x num_workers+pin_memory's x{lever:.2f}")
+ratio = speedup / lever if isinstance(speedup, (int, float)) and lever else None
+fmt = lambda x: "-" if not isinstance(x, (int, float)) else f"{x:.2f}"
+line = (f"best.yaml x{fmt(speedup)} (confirmed: {bool(confirmed)}) / num_workers 8 + pin_memory x{fmt(lever)} "
+        f"side by side = {fmt(ratio)} (need >= 0.90)" + ("" if not problems else ": " + "; ".join(problems)))
+print("search-vs-pin:", line)
+Path(sys.argv[2]).write_text(line)
+sys.exit(1 if problems else 0)
 EOF
 fi
 

@@ -171,6 +171,20 @@ def oom_rank1(cfg: Any) -> OomOnRankOne:
     return OomOnRankOne(cfg)
 
 
+class RealOomOnRankOne(TinyPipeline):
+    """Rank 1 asks its device for 4 TiB, a real allocation failure (torch.OutOfMemoryError on CUDA), not a
+    raised one; rank 0 is left waiting in a collective. For scripts/gpu_check.sh: only ever run on a GPU."""
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if os.environ.get("RANK") == "1":
+            torch.empty(1 << 42, dtype=torch.uint8, device=output.device)
+        return super().loss(output, target)
+
+
+def oom_rank1_real(cfg: Any) -> RealOomOnRankOne:
+    return RealOomOnRankOne(cfg)
+
+
 class FaultByBatchSize(TinyPipeline):
     """One pipeline whose fault is chosen by the config, so one search meets every kind of failure:
     batch 2 healthy, 3 out of memory, 5 NaN loss, 6 SIGKILL, 7 hang, 8 a killed DataLoader worker;
