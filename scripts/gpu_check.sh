@@ -113,6 +113,8 @@ gpu_check plan (time guard ${BUDGET_S}s, work dir $WORK; nothing is run with --d
        ddp-nccl-2           world size 2 over nccl (skipped by name on one GPU)
        ddp-gloo-2           world size 2 over gloo sharing one GPU (AUTOTUNE_DDP_BACKEND=gloo; one GPU only)
        forced-oom           112 x 1024 px: exit 3, status oom
+       headroom             from fp32-baseline's result: memory_total is the device's; a headroom
+                            above its free share is refused naming device memory, one below passes
        global-batch-accum   batch 8, global_batch 32: applied grad_accum 4 in effect
        ddp-gloo-accum       gpus 2, batch 8, global_batch 32 over gloo on one GPU: world size 2, grad_accum 2 (no_sync)
        ddp-nccl-accum       the same over nccl, one rank per GPU (instead of ddp-gloo-accum with two GPUs)
@@ -511,6 +513,37 @@ assert_step() { # assert_step NAME CMD...: a check of its own, PASS or MISS in t
 echo
 echo "=== trials at 256 px, batch $BATCH, 10 timed steps (forced-oom: 112 x 1024 px)"
 assert_step "assert trial results" check "${NAMES[@]}"
+
+# The memory-headroom rule on CUDA, from fp32-baseline's own figures (no extra run): its peak is the
+# caching allocator's reserved peak, held against the device's total; a required share above what it
+# left free names the device memory, one below it passes.
+# shellcheck disable=SC2329 # called through assert_step
+headroom() {
+  "$PY" - "$WORK/trials/fp32-baseline/result.json" "$NOTE" <<'EOF'
+import json, sys
+from pathlib import Path
+import torch
+from autotune.core.config import TrialResult
+from autotune.search.runner import headroom_short
+
+r = TrialResult.from_dict(json.loads(Path(sys.argv[1]).read_text()))
+problems = []
+total = torch.cuda.get_device_properties(0).total_memory
+if r.memory_total_bytes != total:
+    problems.append(f"memory_total_bytes {r.memory_total_bytes} is not the device's {total}")
+free = 1 - (r.peak_memory_bytes or 0) / (r.memory_total_bytes or 1)
+over = headroom_short(r, min(0.89, free + 0.01))
+if not r.peak_memory_bytes or over is None or "device memory" not in over:
+    problems.append(f"a headroom above the {free:.1%} left free was not refused: {over!r}")
+if headroom_short(r, max(0.0, free - 0.01)) is not None:
+    problems.append("a headroom below what was left free was refused")
+line = f"peak {(r.peak_memory_bytes or 0) / 2**30:.2f} GiB of {total / 2**30:.1f} GiB, {free:.1%} free" + (
+    "" if not problems else ": " + "; ".join(problems))
+Path(sys.argv[2]).write_text(line)
+sys.exit(1 if problems else 0)
+EOF
+}
+assert_step "assert headroom (fp32-baseline)" headroom
 
 # ---------------------------------------------------------------------------------------------
 # 4. torch.compile, before the search (its compile time is the warm-up time in the table)
