@@ -171,9 +171,13 @@ class GpuUtilSampler:
         try:
             index = device.index if device.index is not None else torch.cuda.current_device()
             self._handle = device_handle(pynvml, index)
-            self.uuid = text(pynvml.nvmlDeviceGetUUID(self._handle))  # which GPU is sampled: checked against torch's
         except Exception as e:
             self.first_error = f"no NVML handle for {device}: {e}"
+            return
+        try:  # which GPU is sampled, checked against torch's by gpu_check: its absence costs no sample
+            self.uuid = text(pynvml.nvmlDeviceGetUUID(self._handle))
+        except Exception:
+            self.uuid = None
 
     def _run(self) -> None:
         import pynvml

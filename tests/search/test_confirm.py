@@ -99,7 +99,12 @@ def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) 
     summary = outcome.confirmation
     assert summary["rounds"] == 2 and [r["label"] for r in summary["rows"]][-1] == "baseline"
     assert all(len(r["samples"]) == 2 for r in summary["rows"])  # every candidate measured in every round
-    assert exported["confirmed"]["rounds"] == 2 and exported["study"]["trial"] == summary["winner"]
+    medians = {r["trial"]: r["samples_per_s_median"] for r in summary["rows"] if r["label"] != "baseline"}
+    base_median = next(r["samples_per_s_median"] for r in summary["rows"] if r["label"] == "baseline")
+    if medians[summary["winner"]] > base_median:
+        assert exported["confirmed"]["rounds"] == 2 and exported["study"]["trial"] == summary["winner"]
+    else:  # tiny trials, near-equal speeds: a config the rounds found slower than the baseline is never exported
+        assert exported["study"]["trial"] not in medians or medians[exported["study"]["trial"]] > base_median
     assert any(s.startswith("confirmation:") for s in said)  # the reserve is announced up front
     logs = sorted((tmp_path / "studies" / "autotune" / "confirm").rglob("trial.log"))
     assert len(logs) == 2 * len(summary["rows"])  # each measurement a fresh trial process of its own
