@@ -20,7 +20,7 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.search.locks import device_lock
 from autotune.search.records import TrialRecord
-from autotune.search.results import CONFIRMATION, leaderboard
+from autotune.search.results import CONFIRMATION, class_label, failed_classes, leaderboard
 from autotune.search.runner import end_folder
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
@@ -38,15 +38,17 @@ class Candidate:
 
 
 def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Candidate]:
-    """The top `top` feasible trials with distinct configs, then the baseline (always measured: the
-    speedup is a ratio of figures taken side by side, never of figures taken at different moments)."""
+    """The top `top` feasible trials with distinct configs outside the failed training-math classes (never
+    exported, so not worth a round), then the baseline (always measured: the speedup is a ratio of figures
+    taken side by side, never of figures taken at different moments)."""
+    failed = failed_classes(study)
     seen: set[str] = set()
     out: list[Candidate] = []
     baseline: Candidate | None = None
     for t in leaderboard(study):
         record = TrialRecord.from_frozen(t)
         key = repr(sorted(record.config.items()))
-        if key in seen:
+        if key in seen or (failed and class_label(t) in failed):
             continue
         seen.add(key)
         c = Candidate("baseline" if record.role == "baseline" else f"trial {t.number}", t.number,

@@ -36,7 +36,7 @@ from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search import _optuna
-from autotune.search.results import feasible
+from autotune.search.results import class_label, failed_classes, feasible
 from autotune.search.space import WORKER_KNOBS
 
 # The knobs the pass visits, the ones that usually move throughput most first. The rest (pin_memory,
@@ -113,13 +113,15 @@ class CoordinateSampler(BaseSampler):
             searched = sum(1 for t in others if t.number < trial.number and FIXED_KEY not in t.system_attrs)
             if (searched + 1) % self._tpe_every == 0:
                 return None  # TPE's turn
-        return next_move(others, self._plan)
+        return next_move(others, self._plan, failed_classes(study))
 
 
-def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS) -> dict[str, Any] | None:
-    """The pass's next one-knob change from the incumbent, given the study's other trials, or None
-    when the pass is over (or there is nothing to start from yet)."""
-    start = incumbent(trials)
+def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS,
+              failed: set[str] | frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The pass's next one-knob change from the incumbent, given the study's other trials and the
+    training-math classes whose check failed, or None when the pass is over (or there is nothing to start
+    from yet)."""
+    start = incumbent(trials, failed)
     if start is None:
         return None
     base = params_of(start)
@@ -146,10 +148,12 @@ def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS) -> dict
     return None
 
 
-def incumbent(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
-    """The best feasible COMPLETE trial; before there is one, the first enqueued trial (the baseline),
-    whatever its state, so that parallel workers can start the pass while it runs."""
-    done = [t for t in trials if feasible(t)]
+def incumbent(trials: Sequence[FrozenTrial], failed: set[str] | frozenset[str] = frozenset()) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial outside the failed training-math classes; before there is one, the
+    first enqueued trial (the baseline), whatever its state, so that parallel workers can start the pass
+    while it runs. A failed class's trials stay feasible (Optuna cannot constrain a finished trial), but
+    a pass from one of them would only propose configs in that class, each written off unrun."""
+    done = [t for t in trials if feasible(t) and not (failed and class_label(t) in failed)]
     if done:
         # A contended figure (another process starved it) ranks below every clean one, as on the leaderboard.
         return max(done, key=lambda t: (not t.user_attrs.get("contended"), float(t.value or 0.0), -t.number))

@@ -21,11 +21,13 @@ from autotune.core.configfile import to_yaml
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 
 
-def study_with(tmp_path: Path, rows: list[tuple[str, dict, float]]) -> optuna.Study:
+def study_with(tmp_path: Path, rows: list[tuple[str, dict, float]], math: dict[int, tuple[str, ...]] | None = None
+               ) -> optuna.Study:
     study = optuna.create_study(study_name="c", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
-    for role, knobs, value in rows:
+    for i, (role, knobs, value) in enumerate(rows):
         t = study.ask()
-        write(t, TrialRecord(role=role, config=TINY.replace(**knobs).knobs(), metrics={"samples_per_s": value}))
+        write(t, TrialRecord(role=role, config=TINY.replace(**knobs).knobs(), metrics={"samples_per_s": value},
+                             training_math=(math or {}).get(i)))
         t.set_constraint("infeasible", 0.0)
         study.tell(t, value)
     return study
@@ -69,6 +71,19 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     assert exported(study).number == 1
     study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}})
     assert exported(study).number == 2
+
+
+def test_an_unchecked_change_of_the_optimizer_step_is_never_exported(tmp_path: Path) -> None:
+    """Its samples/s says nothing of how soon it reaches the baseline's quality: with the checks on, a larger
+    batch whose time to target was not measured gives way to the best config that keeps the step."""
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 32}, 20.0),
+                                  ("search", {"num_workers": 1}, 12.0)],
+                       math={0: (), 1: ("global batch 8 -> 32", "lr 0.001 -> 0.002 (sqrt rule)"), 2: ()})
+    assert exported(study).number == 1  # parity off: nothing is checked, the fastest is exported
+    study.set_user_attr(PARITY, {"1": {"verdict": "not checked"}, "2": {"verdict": "not checked"}})
+    assert exported(study).number == 2
+    study.set_user_attr(PARITY, {"1": {"verdict": "pass"}})
+    assert exported(study).number == 1
 
 
 def test_without_confirmation_best_yaml_has_no_confirmed_section(tmp_path: Path) -> None:
