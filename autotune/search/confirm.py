@@ -25,9 +25,6 @@ from autotune.search.runner import end_folder
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
-DEFAULT_TOP = 3
-DEFAULT_ROUNDS = 3
-
 
 @dataclass(frozen=True)
 class Candidate:

@@ -44,7 +44,6 @@ from autotune.search.locks import device_lock
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
-DEFAULT_STEPS = 30
 # Steps of the coarser run per trailing mean (a span of SMOOTH x its global batch samples). Over the
 # baseline's 30 steps at batch 8 (64 px Unet) the twin's deviation is 7.0% step by step, 3.4% with 5.
 SMOOTH = 5

@@ -15,8 +15,6 @@ from optuna.trial import FrozenTrial
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.training import training_math
 
-ROLES = ("baseline", "warm_start", "search")
-
 
 @dataclass(frozen=True)
 class TrialRecord:

@@ -54,7 +54,6 @@ class Outcome:
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
     confirmation: dict[str, Any] | None = None  # search/confirm.py summarize(); None when not run
-    parity: dict[str, Any] | None = None  # search/gate.py: trial number -> parity verdict; None when not run
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -145,7 +144,7 @@ class SearchSession:
                     if s.confirm_rounds:
                         outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
                                                            server=server, say=self.say, deadline=end)
-                    outcome.parity = gate.run(self.study, s, server=server, say=self.say, deadline=end)
+                    gate.run(self.study, s, server=server, say=self.say, deadline=end)
                     best = exported(self.study) if outcome.confirmation else None
                     if best is not None:  # the gate may have passed a config the rounds did not measure
                         outcome.confirmation = confirm.extend(
