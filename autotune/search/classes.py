@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial
 from autotune.core.config import SearchSettings, TrialConfig, baseline_of
 from autotune.core.training import shown, training_math
 from autotune.search import parity, target
+from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord, write
 from autotune.search.results import (CLASSES, baseline_sps, baseline_trial, class_label, confirmed_figures, feasible,
                                      leaderboard)
@@ -122,9 +123,9 @@ def cost_s(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, cfg: T
 
 
 def check_if_it_matters(study: optuna.Study, settings: SearchSettings, frozen: FrozenTrial, folder: Path,
-                        server: WarmServer | None, say: Callable[[str], None], deadline: float | None) -> None:
+                        server: WarmServer | None, say: Callable[[str], None], budget: Budget | None) -> None:
     """After a trial: if its class just entered the top k, beats the baseline and is unchecked, check it
-    now, when the check fits before `deadline`."""
+    now, when the check ends before the trial loop's deadline."""
     label = class_label(frozen) if feasible(frozen) else None
     if not settings.parity_steps or label is None or label in verdicts(study):
         return
@@ -134,7 +135,7 @@ def check_if_it_matters(study: optuna.Study, settings: SearchSettings, frozen: F
         return
     cfg = TrialRecord.from_frozen(frozen).knobs(settings.base)
     need = cost_s(study, settings, frozen, cfg)
-    if deadline is not None and time.monotonic() + need > deadline:
+    if not Budget.fits(need, budget.search_deadline if budget else None):
         return  # the end-of-search gate checks it if it still leads and the budget allows
     kind = "time to target" if changes_step(cfg) else "parity"
     say(f"check: trial {frozen.number}'s training math ({label}) entered the top {len(top)}: {kind} check now "

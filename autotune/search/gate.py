@@ -14,7 +14,6 @@ search or another worker reuses it.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import optuna
@@ -22,13 +21,15 @@ import optuna
 from autotune.core.config import SearchSettings
 from autotune.core.errors import TrialFailure
 from autotune.search import classes, confirm
+from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord
 from autotune.search.results import PARITY, class_label, class_verdict, confirmed_figures, export_order
 from autotune.search.runner import end_folder
 from autotune.trial.warm import WarmServer
 
-def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | None = None,
-        say: Callable[[str], None] = print, deadline: float | None = None) -> dict[str, Any] | None:
+
+def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
+        server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
     """Check candidates until one passes; returns the verdicts by trial number (also stored in the
     study), or None when parity is off or there is nothing but the baseline to export."""
     steps = settings.parity_steps
@@ -60,7 +61,7 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
         need = classes.cost_s(study, settings, t, cfg)
         if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
             need += confirm.extension_s(study)
-        if deadline is not None and time.monotonic() + need > deadline + settings.grace_s:
+        if not Budget.fits(need, budget.late_end if budget else None):
             say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
                 "a cheaper one is tried")
             verdicts[key] = {"verdict": "not checked", "reason": f"the budget left was shorter than the check "
@@ -82,10 +83,3 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
     study.set_user_attr(PARITY, verdicts)
     return verdicts
 
-
-def reserve_s(settings: SearchSettings) -> float:
-    """Budget to keep for the gate: the reference (2 runs) and one candidate, each about a trial's
-    length (K steps of the baseline and start-up), at most a quarter of the budget."""
-    if not settings.parity_steps or settings.budget_s is None:
-        return 0.0
-    return min(3 * ((settings.base.seconds or 15.0) + 15.0), settings.budget_s / 4)

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import statistics
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
 from autotune.search import _optuna, batch, classes, confirm, fleet, gate
+from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, exported, leaderboard
@@ -121,35 +121,33 @@ class SearchSession:
 
     # ---- run ------------------------------------------------------------------------------------
 
-    def run(self, events: Events | None = None) -> Outcome:
+    def run(self, events: Events | None = None, budget: Budget | None = None) -> Outcome:
         """Trials until the budget or --n-trials is spent, then the best so far exported. Ctrl-C and
-        SIGTERM stop the current trial (recorded FAIL, interrupted) and still export."""
+        SIGTERM stop the current trial (recorded FAIL, interrupted) and still export. `budget`: the run's
+        one clock, when the caller started it already (the live display shows it); else it starts now."""
         outcome = Outcome()
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
             os.environ[pipelines.SKIP_BAD_DATA_ENV] = "1"
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         s = self.settings
-        reserve = confirm.reserve_s(s, s.confirm_top, s.confirm_rounds) + gate.reserve_s(s)
-        end = None if s.budget_s is None else time.monotonic() + s.budget_s
-        if reserve:
-            self.say(f"confirmation: {reserve:.0f} s of the budget kept to re-measure the top {s.confirm_top} and the baseline in "
-                     f"{s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check that the winner "
-                     f"trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)")
+        budget = budget or Budget.of(s)
+        if budget.reserve_s:
+            self.say(f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
+                     f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check "
+                     f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)")
         try:
             with self._warm_server() as server:
-                for _ in self._trials(events or Events(), server, reserve):
+                for _ in self._trials(events or Events(), server, budget):
                     outcome.trials += 1
                 _say_waiting_retries(self.study, self.say)
                 if (s.confirm_rounds or s.parity_steps) and not self._stopped and self._finishes():
                     if s.confirm_rounds:
-                        outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
-                                                           server=server, say=self.say, deadline=end)
-                    gate.run(self.study, s, server=server, say=self.say, deadline=end)
+                        outcome.confirmation = confirm.run(self.study, s, budget, server=server, say=self.say)
+                    gate.run(self.study, s, budget, server=server, say=self.say)
                     best = exported(self.study) if outcome.confirmation else None
                     if best is not None:  # the gate may have passed a config the rounds did not measure
-                        outcome.confirmation = confirm.extend(
-                            self.study, s, best.number, s.confirm_rounds, server=server, say=self.say,
-                            deadline=None if end is None else end + s.grace_s)
+                        outcome.confirmation = confirm.extend(self.study, s, best.number, budget, server=server,
+                                                              say=self.say)
         except KeyboardInterrupt:
             outcome.interrupted = True
         except OSError as e:
@@ -174,16 +172,15 @@ class SearchSession:
         return outcome
 
     def _trials(self, events: Events, server: WarmServer | None,
-                reserve_s: float = 0.0) -> Iterator[optuna.trial.FrozenTrial]:
+                budget: Budget) -> Iterator[optuna.trial.FrozenTrial]:
         """ask -> run -> tell, one trial at a time, while the median trial so far still fits in the
-        budget less what confirmation will need."""
+        budget less what the end of the search will need."""
         s = self.settings
-        deadline = None if s.budget_s is None else time.monotonic() + max(s.budget_s - reserve_s, s.budget_s / 2)
         durations: list[float] = []
         repeats = 0
         while s.n_trials is None or len(durations) < s.n_trials:
-            left = float("inf") if deadline is None else deadline - time.monotonic()
-            if left <= 0 or (durations and statistics.median(durations) > left + s.grace_s):
+            left = budget.search_left()
+            if budget.trials_over(left, durations):
                 break
             if self.fleet_key is not None:
                 fleet.beat(self.study, self.fleet_key)
@@ -211,12 +208,12 @@ class SearchSession:
                 continue
             repeats = 0
             t0 = time.monotonic()
-            frozen = run_one(self.study, trial, cfg, s, min(s.trial_timeout, left + s.grace_s), events, server)
+            frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(left), events, server)
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
             _retry_if_contended(self.study, frozen)
             classes.check_if_it_matters(self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say,
-                                        deadline)
+                                        budget)
             yield frozen
             if self._stop_for_data(frozen):
                 return

@@ -2,6 +2,7 @@
 the baseline; the speedup exported is that median, with its range; a reordering is said."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 
 from autotune.core.config import SearchSettings, TrialConfig
 from autotune.search import confirm
+from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord, write
 from autotune.search.results import PARITY, best_export, confirmed_figures, export_order, exported
 from autotune.search.session import SearchSession
@@ -77,13 +79,6 @@ def test_without_confirmation_best_yaml_has_no_confirmed_section(tmp_path: Path)
     assert "confirmed" not in exported and exported["speedup"] == pytest.approx(3.0)
 
 
-def test_reserve_is_bounded_by_half_the_budget() -> None:
-    s = SearchSettings(budget_s=100.0, base=TINY.replace(seconds=5.0))
-    assert confirm.reserve_s(s, 3, 3) == 50.0
-    assert confirm.reserve_s(SearchSettings(budget_s=10_000.0, base=TINY.replace(seconds=5.0)), 3, 3) == 4 * 3 * 15.0
-    assert confirm.reserve_s(s, 3, 0) == 0.0
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("rounds", [2, 0])
 def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) -> None:
@@ -117,16 +112,18 @@ def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_t
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=1,
                               confirm_top=1, parity_steps=0)
     said: list[str] = []
-    first = confirm.run(study, settings, 1, 1, say=said.append)
+    first = confirm.run(study, settings, say=said.append)
     assert first is not None and [r["label"] for r in first["rows"]] == ["trial 1", "baseline"]
     # The gate failed the confirmed one and passed trial 2: the export is trial 2, so far unconfirmed.
     study.set_user_attr(PARITY, {"1": {"verdict": "fail", "reason": "deviates"}, "2": {"verdict": "pass"}})
     assert exported(study).number == 2 and confirmed_figures(study, 2) is None
     assert confirm.extension_s(study) > 0  # what the gate adds to the cost of checking it
     # No round fits: nothing changes, and it is said.
-    assert confirm.extend(study, settings, 2, 1, say=said.append, deadline=time.monotonic()) == first
+    spent = Budget.of(settings, started=time.monotonic() - 10_000)
+    assert confirm.extend(study, settings, 2, spent, say=said.append) == first
     assert "confirmation: 0 of 1 round(s) fit in the budget" in said
-    summary = confirm.extend(study, settings, 2, 2, say=said.append)
+    two = dataclasses.replace(settings, confirm_rounds=2)
+    summary = confirm.extend(study, two, 2, say=said.append)
     rows = {r["label"]: r for r in summary["rows"]}
     assert len(rows["trial 2"]["samples"]) == 2 and len(rows["baseline"]["samples"]) == 1 + 2
     assert rows["trial 1"]["samples"] == first["rows"][0]["samples"]  # the earlier rounds are kept
@@ -137,7 +134,7 @@ def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_t
     assert best["baseline"]["samples_per_s"] == pytest.approx(base)
     (extra,) = (tmp_path / "s" / "c" / "confirm").glob("*/trial-2")  # this run's own folder
     assert len(list(extra.rglob("trial.log"))) == 4  # each measurement a fresh process
-    assert confirm.extend(study, settings, 2, 2, say=said.append) == summary  # confirmed once
+    assert confirm.extend(study, two, 2, say=said.append) == summary  # confirmed once
 
 
 def test_a_config_measured_before_is_reused_not_run(tmp_path: Path) -> None:
