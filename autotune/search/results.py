@@ -17,7 +17,7 @@ from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.storage import DEFAULT_STORAGE
 
 
-CONFIRMATION = "confirmation"  # the study user attr holding the last confirmation (search/confirm.py)
+CONFIRMATION = "confirmation"  # the study user attr holding the last confirmation (search/finish/confirm.py)
 # Study user attr: trial number (str) -> its parity verdict (search/parity.py). A study attr, because a
 # finished trial's own attrs can no longer be written.
 PARITY = "parity"

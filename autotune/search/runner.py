@@ -51,16 +51,6 @@ class Events:
     finished: Callable[[FrozenTrial], None] = lambda t: None
 
 
-# This process's run of a study's end (confirmation, parity): its own folder, so two searches that end
-# one study at the same moment never launch trials into the same folder (and read each other's result).
-END_RUN = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}-{os.getpid()}"
-
-
-def end_folder(settings: SearchSettings, study: optuna.Study, kind: str) -> Path:
-    """studies/<study>/<kind>/<this process's run>: where confirmation or parity trials of this run go."""
-    return Path(settings.studies_dir) / study.study_name / kind / END_RUN
-
-
 def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings: SearchSettings,
             timeout_s: float, events: Events, server: WarmServer | None = None) -> FrozenTrial:
     role = TrialRecord.from_attrs(trial.user_attrs).role

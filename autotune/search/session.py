@@ -25,12 +25,13 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, batch, classes, confirm, fleet, gate
+from autotune.search import _optuna, batch, classes, finish, fleet
 from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
+from autotune.search.folders import end_folder
 from autotune.search.records import StudyRecord, TrialRecord
-from autotune.search.results import best_export, exported, leaderboard
-from autotune.search.runner import Events, end_folder, measured, reuse, run_one
+from autotune.search.results import best_export, leaderboard
+from autotune.search.runner import Events, measured, reuse, run_one
 from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
 from autotune.search.storage import check_writable, disk_error, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
@@ -53,7 +54,7 @@ class Outcome:
     best_yaml: Path | None = None
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
-    confirmation: dict[str, Any] | None = None  # search/confirm.py summarize(); None when not run
+    confirmation: dict[str, Any] | None = None  # search/finish/confirm.py summarize(); None when not run
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -131,23 +132,16 @@ class SearchSession:
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         s = self.settings
         budget = budget or Budget.of(s)
-        if budget.reserve_s:
-            self.say(f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
-                     f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check "
-                     f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)")
+        note = finish.reserve_note(s, budget)
+        if note:
+            self.say(note)
         try:
             with self._warm_server() as server:
                 for _ in self._trials(events or Events(), server, budget):
                     outcome.trials += 1
                 _say_waiting_retries(self.study, self.say)
-                if (s.confirm_rounds or s.parity_steps) and not self._stopped and self._finishes():
-                    if s.confirm_rounds:
-                        outcome.confirmation = confirm.run(self.study, s, budget, server=server, say=self.say)
-                    gate.run(self.study, s, budget, server=server, say=self.say)
-                    best = exported(self.study) if outcome.confirmation else None
-                    if best is not None:  # the gate may have passed a config the rounds did not measure
-                        outcome.confirmation = confirm.extend(self.study, s, best.number, budget, server=server,
-                                                              say=self.say)
+                if finish.wanted(s) and not self._stopped and self._finishes():
+                    outcome.confirmation = finish.run(self.study, s, budget, server=server, say=self.say)
         except KeyboardInterrupt:
             outcome.interrupted = True
         except OSError as e:

@@ -11,7 +11,8 @@ import yaml
 
 from autotune.core.config import SearchSettings, TrialConfig, TrialResult
 from autotune.core.configfile import to_yaml
-from autotune.search import classes, gate, target
+from autotune.search import classes, target
+from autotune.search.finish import gate
 from autotune.search.parity import Reference
 from autotune.search.records import TrialRecord, of_result, write
 from autotune.search.results import best_export, checks_summary, exported

@@ -20,11 +20,12 @@ import optuna
 
 from autotune.core.config import SearchSettings
 from autotune.core.errors import TrialFailure
-from autotune.search import classes, confirm
+from autotune.search import classes
 from autotune.search.budget import Budget
+from autotune.search.finish import confirm
+from autotune.search.folders import end_folder
 from autotune.search.records import TrialRecord
 from autotune.search.results import PARITY, class_label, class_verdict, confirmed_figures, export_order
-from autotune.search.runner import end_folder
 from autotune.trial.warm import WarmServer
 
 

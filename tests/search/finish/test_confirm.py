@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from autotune.core.config import SearchSettings, TrialConfig
-from autotune.search import confirm
+from autotune.search.finish import confirm
 from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord, write
 from autotune.search.results import PARITY, best_export, confirmed_figures, export_order, exported

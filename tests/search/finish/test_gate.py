@@ -1,4 +1,4 @@
-"""search/gate.py: a winner whose numerics break without NaN fails parity and is not exported; the next
+"""search/finish/gate.py: a winner whose numerics break without NaN fails parity and is not exported; the next
 best is checked instead, and the baseline's reference trajectory is measured once per study."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import yaml
 
 from autotune.core.config import SearchSettings, TrialConfig, TrialResult
 from autotune.core.configfile import to_yaml
-from autotune.search import classes, gate
+from autotune.search import classes
+from autotune.search.finish import gate
 from autotune.search.records import of_result, write
 from autotune.search.results import PARITY, best_export, exported
 from autotune.search.runner import FEASIBLE_KEY

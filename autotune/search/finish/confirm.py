@@ -19,10 +19,10 @@ import optuna
 from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.search.budget import Budget, trial_seconds
+from autotune.search.folders import end_folder
 from autotune.search.locks import device_lock
 from autotune.search.records import TrialRecord
 from autotune.search.results import CONFIRMATION, leaderboard
-from autotune.search.runner import end_folder
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
