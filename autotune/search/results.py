@@ -13,17 +13,10 @@ from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.core.training import section, shown
 from autotune.core.urls import mask_url
-from autotune.search.records import StudyRecord, TrialRecord
+from autotune.search import records
+# CONFIRMATION, PARITY: the keys live in records.py; apply/display.py and apply/report.py still import them here.
+from autotune.search.records import CONFIRMATION, PARITY, StudyRecord, TrialRecord  # noqa: F401
 from autotune.search.storage import DEFAULT_STORAGE
-
-
-CONFIRMATION = "confirmation"  # the study user attr holding the last confirmation (search/finish/confirm.py)
-# Study user attr: trial number (str) -> its parity verdict (search/parity.py). A study attr, because a
-# finished trial's own attrs can no longer be written.
-PARITY = "parity"
-# Study user attr: training-math class (its label, core/training.shown) -> the verdict of its one check
-# (parity for a class that keeps the optimizer step, time to target for one that changes it; search/classes.py).
-CLASSES = "class_verdicts"
 
 
 def feasible(t: FrozenTrial) -> bool:
@@ -67,7 +60,7 @@ def class_label(t: FrozenTrial) -> str | None:
 def class_verdict(study: optuna.Study, t: FrozenTrial) -> dict[str, Any] | None:
     """The verdict of `t`'s class check, when its class was checked."""
     label = class_label(t)
-    return (study.user_attrs.get(CLASSES) or {}).get(label) if label else None
+    return records.class_verdicts(study).get(label) if label else None
 
 
 def to_target_factor(study: optuna.Study, t: FrozenTrial) -> float:
@@ -83,7 +76,7 @@ def to_target_factor(study: optuna.Study, t: FrozenTrial) -> float:
 def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
     """The classes checked (each once), the trials spent in classes that failed (run before their verdict,
     or proposed after it and not run), and the time spent checking; None when no class was checked."""
-    verdicts = study.user_attrs.get(CLASSES) or {}
+    verdicts = records.class_verdicts(study)
     if not verdicts:
         return None
     failed = {k for k, v in verdicts.items() if v.get("verdict") == "fail"}
@@ -102,7 +95,7 @@ def export_order(study: optuna.Study) -> list[FrozenTrial]:
     exported on its single search figure. A config that changes the optimizer step and has a time to
     target ranks by it (its samples/s scaled to the rate at which it reaches the target)."""
     board = leaderboard(study)
-    summary = study.user_attrs.get(CONFIRMATION) or {}
+    summary = records.confirmation(study) or {}
     rows = [r for r in summary.get("rows", []) if r.get("samples_per_s_median")]
     base_median = next((r["samples_per_s_median"] for r in rows if r["label"] == "baseline"), None)
     medians = {r["trial"]: r["samples_per_s_median"] for r in rows if r["label"] != "baseline"}
@@ -124,7 +117,7 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
     """The trial best.yaml exports: the first in export order that passed parity, or the baseline if it
     comes first. When nothing passed (parity off, or no check fitted in the budget): the first whose
     check did not fail (nor was skipped after a failure of its global batch). None: no feasible trial."""
-    verdicts = study.user_attrs.get(PARITY) or {}
+    verdicts = records.parity_verdicts(study)
     order = export_order(study)
 
     def verdict(t: FrozenTrial) -> str | None:  # its own check's, else its class's
@@ -140,7 +133,7 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
 
 def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None:
     """Trial `number`'s figures over the confirmation rounds, when it was confirmed; else None."""
-    summary = study.user_attrs.get(CONFIRMATION)
+    summary = records.confirmation(study)
     row = next((r for r in (summary or {}).get("rows", []) if r["trial"] == number and r["samples_per_s_median"]),
                None)
     if row is None:
@@ -167,7 +160,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
         reproduce=f"autotune trial --config {out or 'best.yaml'}")
     export = dataclasses.replace(export, training_math=section(cfg, record.training_math),
-                                 parity=(study.user_attrs.get(PARITY) or {}).get(str(best.number))
+                                 parity=records.parity_verdict(study, best.number)
                                  or class_verdict(study, best), checks=checks_summary(study))
     if rounds is None:
         return export

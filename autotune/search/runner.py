@@ -20,7 +20,7 @@ from autotune.core.errors import (TrialBadConfig, TrialFailure, TrialNumerics, T
                                   TrialUnsupported)
 from autotune.search import _optuna
 from autotune.search.locks import Lease, device_lock
-from autotune.search.records import TrialRecord, of_result, write
+from autotune.search.records import TrialRecord, of_result, write, write_owner, write_reason
 from autotune.search.results import baseline_sps
 from autotune.search.space import usable_cpus
 from autotune.search.storage import disk_error
@@ -53,7 +53,7 @@ class Events:
 
 def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings: SearchSettings,
             timeout_s: float, events: Events, server: WarmServer | None = None) -> FrozenTrial:
-    role = TrialRecord.from_attrs(trial.user_attrs).role
+    role = TrialRecord.of(trial).role
     events.started(trial.number, role, cfg)
     trial_dir = Path(settings.studies_dir) / settings.study / f"trial-{trial.number}"
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
@@ -70,17 +70,17 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
         if time.time() - beat[0] > 30:  # heartbeat for searches on other hosts sharing the study
             beat[0] = time.time()
             owner["heartbeat"] = beat[0]
-            trial.set_user_attr("owner", owner)
+            write_owner(trial, owner)
         events.window(sps)
         return role == "search" and trial.should_prune()
 
     def on_start(pgid: int) -> None:
         owner["pgid"] = pgid
-        trial.set_user_attr("owner", owner)
+        write_owner(trial, owner)
 
     def on_groups(pgids: list[int]) -> None:  # torchrun's ranks lead their own groups: a resume kills those too
         owner["pgids"] = pgids
-        trial.set_user_attr("owner", owner)
+        write_owner(trial, owner)
 
     state, value = TrialState.COMPLETE, None
     lease = Lease()
@@ -111,7 +111,7 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
             study.tell(trial, state=TrialState.FAIL)
         raise
     except BaseException:
-        trial.set_user_attr("reason", "interrupted")
+        write_reason(trial, "interrupted")
         _upload(trial, trial_dir)
         study.tell(trial, state=TrialState.FAIL)
         raise
@@ -133,11 +133,11 @@ def _timed_out(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialTimeout
         # the config, so a FAIL (never reused, tried again by a later or resumed search).
         _record_failure(trial, role, TrialTimeout(f"the search's budget ended during torch.compile's warm-up: {e}",
                                                   e.log_tail, e.partial))
-        trial.set_user_attr("reason", "budget")
+        write_reason(trial, "budget")
         return TrialState.FAIL, None
     _record_failure(trial, role, TrialTimeout(f"torch.compile ({cfg.compile}) had not finished its warm-up "
                                               f"steps when the trial timed out: {e}", e.log_tail, e.partial))
-    trial.set_user_attr("reason", "compile_timeout")
+    write_reason(trial, "compile_timeout")
     trial.set_constraint(FEASIBLE_KEY, 1.0)
     return TrialState.COMPLETE, 0.0
 

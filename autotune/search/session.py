@@ -25,7 +25,7 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, batch, classes, finish, fleet
+from autotune.search import _optuna, batch, classes, finish, fleet, records
 from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.folders import end_folder
@@ -184,13 +184,13 @@ class SearchSession:
                 fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
-            label = classes.label_of(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
+            label = classes.label_of(self.study, cfg) if TrialRecord.of(trial).role == "search" else None
             verdict = classes.failed(self.study, label)
             earlier = None
             if verdict is not None:  # its training math failed its check: told infeasible, not run
                 events.finished(classes.write_off(self.study, trial, cfg, label, verdict))  # type: ignore[arg-type]
             else:
-                earlier = measured(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
+                earlier = measured(self.study, cfg) if TrialRecord.of(trial).role == "search" else None
                 if earlier is not None:
                     events.finished(reuse(self.study, trial, earlier))
             if verdict is not None or earlier is not None:
@@ -281,8 +281,8 @@ def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -
     one meanwhile (results.leaderboard), so it never becomes the best on a starved measurement."""
     record = TrialRecord.from_frozen(frozen)
     if record.contended and record.retry_of is None and frozen.state == optuna.trial.TrialState.COMPLETE:
-        study.enqueue_trial(dict(frozen.params), user_attrs=TrialRecord(
-            role=record.role, config=record.config, retry_of=frozen.number).to_attrs())
+        records.enqueue(study, frozen.params,
+                        TrialRecord(role=record.role, config=record.config, retry_of=frozen.number))
 
 
 def _say_waiting_retries(study: optuna.Study, say: Say) -> None:
@@ -298,7 +298,7 @@ def _say_waiting_retries(study: optuna.Study, say: Say) -> None:
 
 def _claim(study: optuna.Study) -> bool:
     """Elect one resolver among workers joining a deferred study at once (fleet.claim)."""
-    won = fleet.claim(study, "resolver", f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:12]}")
+    won = fleet.claim(study, records.RESOLVER, f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:12]}")
     return won is not None and not StudyRecord.of(won).resolved
 
 

@@ -35,7 +35,7 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search import _optuna
+from autotune.search import _optuna, records
 from autotune.search.results import feasible
 from autotune.search.space import WORKER_KNOBS
 
@@ -152,7 +152,7 @@ def incumbent(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
     done = [t for t in trials if feasible(t)]
     if done:
         # A contended figure (another process starved it) ranks below every clean one, as on the leaderboard.
-        return max(done, key=lambda t: (not t.user_attrs.get("contended"), float(t.value or 0.0), -t.number))
+        return max(done, key=lambda t: (not records.contended(t), float(t.value or 0.0), -t.number))
     queued = sorted((t for t in trials if FIXED_KEY in t.system_attrs), key=lambda t: t.number)
     return queued[0] if queued else None
 

@@ -15,7 +15,7 @@ from autotune import pipelines
 from autotune.core.config import SearchSettings, TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import signal_groups
-from autotune.search import _optuna
+from autotune.search import records
 from autotune.search.fingerprint import differences
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import shown_storage
@@ -124,7 +124,7 @@ def enqueue_starts(study: optuna.Study, base: TrialConfig, space: SearchSpace, h
     deferred study that race here don't queue them twice."""
     for role, cfg in (("baseline", baseline_of(base)), ("warm_start", warm_start(base, hw, space))):
         record = TrialRecord(role=role, config=cfg.knobs())
-        study.enqueue_trial(config_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
+        records.enqueue(study, config_params(cfg, space), record, skip_if_exists=True)
 
 
 STALE_AFTER_S = 600.0  # a trial on another host with no heartbeat for this long is presumed dead
@@ -162,16 +162,16 @@ def fail_stale(study: optuna.Study, ownerless_after_s: float = OWNERLESS_STALE_S
             if owner.get("host") == socket.gethostname():  # reap the orphaned trial's groups: torchrun's, its ranks'
                 signal_groups([g for g in (owner.get("pgid"), *owner.get("pgids", ())) if g])
             why = f"controller pid {owner.get('pid')} on {owner.get('host')} died"
-        _optuna.fail_trial(study, t, {"reason": "stale", "message": why})
+        records.fail_other(study, t, "stale", why)
         if record.role in ("baseline", "warm_start"):
-            study.enqueue_trial(t.params, user_attrs=TrialRecord(role=record.role, config=record.config).to_attrs())
+            records.enqueue(study, t.params, TrialRecord(role=record.role, config=record.config))
         failed.append(t.number)
     return failed
 
 
 def config_for(trial: optuna.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
     cfg = suggest(trial, space, base)
-    fixed = TrialRecord.from_attrs(trial.user_attrs).config  # baseline / warm start run exactly as enqueued
+    fixed = TrialRecord.of(trial).config  # baseline / warm start run exactly as enqueued
     return cfg.replace(**fixed) if fixed else cfg
 
 
@@ -198,5 +198,5 @@ def load_study(storage_url: str | None, name: str) -> optuna.Study:
     if name not in summaries:
         raise AutotuneError(f"no study {name!r} in {shown_storage(storage_url)} "
                             f"(studies there: {', '.join(summaries) or 'none'})")
-    sampler = make_sampler(summaries[name].user_attrs.get("sampler", "tpe"), None)
+    sampler = make_sampler(StudyRecord.of(summaries[name]).sampler, None)
     return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner())

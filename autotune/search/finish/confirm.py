@@ -21,8 +21,9 @@ from autotune.core.errors import TrialFailure
 from autotune.search.budget import Budget, trial_seconds
 from autotune.search.folders import end_folder
 from autotune.search.locks import device_lock
+from autotune.search import records
 from autotune.search.records import TrialRecord
-from autotune.search.results import CONFIRMATION, leaderboard
+from autotune.search.results import leaderboard
 from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
@@ -71,7 +72,7 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
     if done == 0:
         return None
     summary = {**summarize(pool, samples, done), "trial_s": trial_s}
-    study.set_user_attr(CONFIRMATION, summary)
+    records.write_confirmation(study, summary)
     return summary
 
 
@@ -82,7 +83,7 @@ def extend(study: optuna.Study, settings: SearchSettings, number: int, budget: B
     that end by the budget's late end (its end plus the grace). Its samples join the stored summary and the baseline's new samples join the
     baseline's, so every speedup stays a ratio of figures taken side by side. Returns the summary."""
     rounds = settings.confirm_rounds
-    summary = study.user_attrs.get(CONFIRMATION)
+    summary = records.confirmation(study)
     if not summary or rounds == 0 or any(r["trial"] == number for r in summary["rows"]):
         return summary
     board = {c.trial: c for c in candidates(study, settings.base, len(study.trials))}
@@ -103,14 +104,14 @@ def extend(study: optuna.Study, settings: SearchSettings, number: int, budget: B
     samples["baseline"] = samples.get("baseline", []) + new["baseline"]
     merged = [c for c in board.values() if c.label in old and c.label != "baseline"] + pool
     summary = {**summarize(merged, samples, summary["rounds"]), "trial_s": summary.get("trial_s")}
-    study.set_user_attr(CONFIRMATION, summary)
+    records.write_confirmation(study, summary)
     return summary
 
 
 def extension_s(study: optuna.Study) -> float:
     """About how long one round of `extend` takes (a config and the baseline), from the confirmation's
     measured trial length; 0 when there was no confirmation to extend."""
-    summary = study.user_attrs.get(CONFIRMATION)
+    summary = records.confirmation(study)
     return 2 * float(summary.get("trial_s") or 0) if summary else 0.0
 
 

@@ -24,8 +24,9 @@ from autotune.search import classes
 from autotune.search.budget import Budget
 from autotune.search.finish import confirm
 from autotune.search.folders import end_folder
+from autotune.search import records
 from autotune.search.records import TrialRecord
-from autotune.search.results import PARITY, class_label, class_verdict, confirmed_figures, export_order
+from autotune.search.results import class_label, class_verdict, confirmed_figures, export_order
 from autotune.trial.warm import WarmServer
 
 
@@ -40,7 +41,7 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
     order = ranked[: roles.index("baseline")] if "baseline" in roles else ranked
     if not steps or not order:
         return None
-    verdicts: dict[str, Any] = dict(study.user_attrs.get(PARITY) or {})
+    verdicts: dict[str, Any] = dict(records.parity_verdicts(study))
     folder = end_folder(settings, study, "parity")
     say(f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
         "its optimizer step differs), from the same weights on the same data, in fresh processes "
@@ -75,12 +76,12 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
             verdicts[key] = {"verdict": "not checked", "reason": f"the baseline failed to train: {e.reason}"}
             break
         verdicts[key] = verdict
-        study.set_user_attr(PARITY, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
+        records.write_parity_verdicts(study, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
         passed = verdict["verdict"] == "pass"
         say(f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
             f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead"))
         if passed:
             break
-    study.set_user_attr(PARITY, verdicts)
+    records.write_parity_verdicts(study, verdicts)
     return verdicts
 

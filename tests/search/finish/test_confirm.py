@@ -15,7 +15,8 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.search.finish import confirm
 from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord, write
-from autotune.search.results import PARITY, best_export, confirmed_figures, export_order, exported
+from autotune.search.records import PARITY
+from autotune.search.results import best_export, confirmed_figures, export_order, exported
 from autotune.search.session import SearchSession
 from autotune.search.storage import open_storage
 from autotune.core.configfile import to_yaml
@@ -153,7 +154,7 @@ def test_a_config_measured_before_is_reused_not_run(tmp_path: Path) -> None:
 def test_a_config_the_rounds_measured_slower_than_the_baseline_is_not_exported(tmp_path: Path) -> None:
     """Seen as a new user: the warm start x1.05 in the search, x0.95 beside the baseline in the rounds, was
     exported. The rounds' order is the truth: below the baseline, the baseline is exported."""
-    from autotune.search.results import CONFIRMATION
+    from autotune.search.records import CONFIRMATION
 
     study = study_with(tmp_path, [("baseline", {}, 5.18), ("warm_start", {"num_workers": 2}, 5.44),
                                   ("search", {"batch_size": 4}, 5.30)])
