@@ -39,8 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
-from autotune.search.locks import device_lock
-from autotune.trial import launcher
+from autotune.search.locks import locked_trial
 from autotune.trial.warm import WarmServer
 
 # Steps of the coarser run per trailing mean (a span of SMOOTH x its global batch samples).
@@ -177,7 +176,7 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
     t0 = time.monotonic()
     g_c, g_b = candidate.global_batch_size, baseline.global_batch_size
     samples = steps * max(g_c, g_b)
-    c_steps, b_steps = math.ceil(samples / g_c), math.ceil(samples / g_b)
+    c_steps, b_steps = steps_for(samples, g_c), steps_for(samples, g_b)
     grid = max(g_c, g_b)
     runs = 1
     try:
@@ -204,6 +203,11 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
     return Verdict(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
 
 
+def steps_for(samples: float, global_batch: int) -> int:
+    """Optimizer steps of `global_batch` samples that see at least `samples` (at least one)."""
+    return max(1, math.ceil(samples / global_batch))
+
+
 def as_run(cfg: TrialConfig, steps: int) -> TrialConfig:
     """The config as parity runs it: `steps` optimizer steps, all recorded, no warm-up, no time box."""
     return cfg.replace(warmup_steps=0, timed_steps=steps, seconds=None, profile=False,
@@ -216,8 +220,7 @@ def same_training(a: TrialConfig, b: TrialConfig) -> bool:
 
 
 def train_losses(cfg: TrialConfig, trial_dir: Path, timeout_s: float, server: WarmServer | None) -> tuple[float, ...]:
-    with device_lock(cfg.gpus):
-        result = launcher.run_trial(cfg, trial_dir, timeout_s, server=server)
+    result, _ = locked_trial(cfg, trial_dir, timeout_s, server=server)
     if len(result.losses) != cfg.timed_steps:  # the worker records every step: anything else is a bug
         raise TrialFailure(f"{len(result.losses)} losses recorded for {cfg.timed_steps} steps")
     return tuple(result.losses)

@@ -51,7 +51,8 @@ TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.
 
 
 def make_tpe(seed: int | None) -> TPESampler:
-    """TPE as `study.make_sampler('tpe')` builds it; constant_liar keeps concurrent workers apart."""
+    """TPE, the one build of it: `--sampler tpe` (study.make_sampler) and the pass's successor. constant_liar
+    keeps concurrent workers from proposing the same config."""
     return TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6)
 
 

@@ -22,6 +22,7 @@ from autotune.search.results import shown_storage
 from autotune.search.space import Hardware, SearchSpace
 from autotune.search.suggest import config_params, suggest
 from autotune.search.storage import open_storage
+from autotune.search.strategy import CoordinateSampler, make_tpe
 
 # We run ask/tell ourselves, with the heartbeat thread Study.optimize would start: the warning is moot.
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -32,15 +33,12 @@ OBJECTIVE = "samples_per_s"  # what optuna-dashboard labels its plots with
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "auto":  # a coordinate pass from the best config so far, then TPE (search/strategy.py)
-        from autotune.search.strategy import CoordinateSampler
-
         return CoordinateSampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
-    # constant_liar keeps concurrent workers from proposing the same config.
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6)
+    return make_tpe(seed)
 
 
 def make_pruner() -> optuna.pruners.BasePruner:

@@ -20,11 +20,10 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.search.budget import Budget, trial_seconds
 from autotune.search.folders import end_folder
-from autotune.search.locks import device_lock
+from autotune.search.locks import locked_trial
 from autotune.search import records
 from autotune.search.records import TrialRecord
 from autotune.search.results import leaderboard
-from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
 
@@ -139,8 +138,7 @@ def _rounds(pool: list[Candidate], rounds: int, folder: Path, settings: SearchSe
 def _measure(c: Candidate, trial_dir: Path, settings: SearchSettings, server: WarmServer | None,
              say: Callable[[str], None]) -> float | None:
     try:
-        with device_lock(c.config.gpus):
-            result = launcher.run_trial(c.config, trial_dir, settings.trial_timeout, server=server)
+        result, _ = locked_trial(c.config, trial_dir, settings.trial_timeout, server=server)
     except TrialFailure as e:  # a config that fails now is not confirmed; the others still are
         say(f"  {c.label}: {e.reason}: {str(e)[:100]}")
         return None
