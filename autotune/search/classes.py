@@ -127,7 +127,7 @@ def check_if_it_matters(study: optuna.Study, settings: SearchSettings, frozen: F
     base = baseline_sps(study)
     if frozen.number not in {t.number for t in top} or not base or float(frozen.value or 0) <= base:
         return
-    cfg = TrialRecord.from_frozen(frozen).knobs(settings.base)
+    cfg = TrialRecord.of(frozen).config_for(settings.base)
     need = cost_s(study, settings, frozen, cfg)
     if not Budget.fits(need, budget.search_deadline if budget else None):
         return  # the end-of-search gate checks it if it still leads and the budget allows

@@ -25,7 +25,7 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, batch, classes, finish, fleet, records
+from autotune.search import _optuna, classes, finish, fleet, micro_batch, records
 from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.folders import end_folder
@@ -262,7 +262,7 @@ def _resolve(space: SearchSpace, pipeline: Any, base: TrialConfig, say: Say) -> 
     hw = Hardware.detect()
     space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
                            unsupported=pipelines.unsupported_of(pipeline))
-    space, more = batch.narrow(space, base.global_batch, base)
+    space, more = micro_batch.narrow(space, base.global_batch, base)
     for note in notes + more:
         say(f"space: {note}")
     return space, hw

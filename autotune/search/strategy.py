@@ -137,7 +137,7 @@ def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS) -> dict
         dist = dists.get(knob)
         if dist is None or dist.single() or knob not in base:
             continue
-        for value in candidates(dist, origin.get(knob, base[knob])):
+        for value in move_values(dist, origin.get(knob, base[knob])):
             if _same(value, base[knob]) or (knob, _hashable(value)) in proposed:
                 continue
             params = _moved(base, knob, value, dists, trials)
@@ -165,7 +165,7 @@ def params_of(t: FrozenTrial) -> dict[str, Any]:
     return {**t.system_attrs.get(FIXED_KEY, {}), **(move["params"] if move else {}), **t.params}
 
 
-def candidates(dist: BaseDistribution, was: Any) -> list[Any]:
+def move_values(dist: BaseDistribution, was: Any) -> list[Any]:
     """The values the pass tries for a knob that had `was`: for a numeric knob a few representative
     points (high end first, then the middle, then the low end; at most ORDERED_MOVES), for a categorical
     one every other choice in the space's order."""
@@ -251,4 +251,4 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, _hashable(v)) for k, v in params.items()))
 
 
-__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "candidates", "incumbent", "make_tpe", "next_move"]
+__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "incumbent", "make_tpe", "move_values", "next_move"]

@@ -8,10 +8,10 @@ import optuna
 import pytest
 
 from autotune.core.config import SearchSettings, TrialConfig, TrialResult
-from autotune.search import runner
 from autotune.search.records import TrialRecord
 from autotune.search.results import feasible
 from autotune.search.runner import Events, run_one
+from autotune.trial import launcher
 
 GIB = 2**30
 
@@ -25,7 +25,7 @@ def near_full(sps: float) -> TrialResult:
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     figures: list[float] = []
-    monkeypatch.setattr(runner.launcher, "run_trial", lambda cfg, *a, **k: near_full(figures.pop(0)))
+    monkeypatch.setattr(launcher, "run_trial", lambda cfg, *a, **k: near_full(figures.pop(0)))
     return figures
 
 

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.search.space import DEFAULT_SPACE, WORKER_KNOBS, Hardware, load_space, resolve
 from autotune.search.suggest import config_params, suggest
-from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, candidates, incumbent
+from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, incumbent, move_values
 from autotune.search.study import make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -204,5 +204,5 @@ def test_concurrent_workers_take_different_moves() -> None:
     (CategoricalDistribution(["fp32", "bf16", "fp16"]), "fp32", ["bf16", "fp16"]),
     (CategoricalDistribution([False, True]), False, [True]),
 ])
-def test_candidates_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
-    assert candidates(dist, was) == expected
+def test_move_values_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
+    assert move_values(dist, was) == expected

@@ -48,7 +48,7 @@ def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Can
             continue
         seen.add(key)
         c = Candidate("baseline" if record.role == "baseline" else f"trial {t.number}", t.number,
-                      record.knobs(workload), float(t.value or 0))
+                      record.config_for(workload), float(t.value or 0))
         if record.role == "baseline":
             baseline = c
         elif len(out) < top:

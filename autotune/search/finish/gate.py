@@ -59,7 +59,7 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
             if known["verdict"] == "pass":
                 break
             continue
-        cfg = TrialRecord.from_frozen(t).knobs(settings.base)
+        cfg = TrialRecord.of(t).config_for(settings.base)
         need = classes.cost_s(study, settings, t, cfg)
         if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
             need += confirm.extension_s(study)
