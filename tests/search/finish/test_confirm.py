@@ -7,31 +7,17 @@ import statistics
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 
-from autotune.core.config import SearchSettings, TrialConfig
-from autotune.search.finish import confirm
+from autotune.core.config import SearchSettings
+from autotune.core.configfile import to_yaml
 from autotune.search.budget import Budget
-from autotune.search.records import TrialRecord, write
+from autotune.search.finish import confirm
 from autotune.search.records import PARITY
 from autotune.search.results import best_export, confirmed_figures, export_order, exported
 from autotune.search.session import SearchSession
-from autotune.search.storage import open_storage
-from autotune.core.configfile import to_yaml
-
-TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
-
-
-def study_with(tmp_path: Path, rows: list[tuple[str, dict, float]]) -> optuna.Study:
-    study = optuna.create_study(study_name="c", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
-    for role, knobs, value in rows:
-        t = study.ask()
-        write(t, TrialRecord(role=role, config=TINY.replace(**knobs).knobs(), metrics={"samples_per_s": value}))
-        t.set_constraint("infeasible", 0.0)
-        study.tell(t, value)
-    return study
+from tests.search.test_results import TINY, study_with
 
 
 def test_candidates_are_distinct_top_configs_then_the_baseline(tmp_path: Path) -> None:
@@ -72,12 +58,6 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     assert exported(study).number == 1
     study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}})
     assert exported(study).number == 2
-
-
-def test_without_confirmation_best_yaml_has_no_confirmed_section(tmp_path: Path) -> None:
-    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0)])
-    exported = yaml.safe_load(to_yaml(best_export(study, None, None)))
-    assert "confirmed" not in exported and exported["speedup"] == pytest.approx(3.0)
 
 
 @pytest.mark.slow
@@ -136,34 +116,3 @@ def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_t
     (extra,) = (tmp_path / "s" / "c" / "confirm").glob("*/trial-2")  # this run's own folder
     assert len(list(extra.rglob("trial.log"))) == 4  # each measurement a fresh process
     assert confirm.extend(study, two, 2, say=said.append) == summary  # confirmed once
-
-
-def test_a_config_measured_before_is_reused_not_run(tmp_path: Path) -> None:
-    from autotune.search.runner import measured, reuse
-    from autotune.search.results import leaderboard
-
-    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0)])
-    again = TINY.replace(batch_size=4)
-    earlier = measured(study, again)
-    assert earlier is not None and earlier.number == 1 and measured(study, TINY.replace(batch_size=32)) is None
-    frozen = reuse(study, study.ask(), earlier)
-    assert frozen.value == 30.0 and frozen.user_attrs["repeat_of"] == 1 and frozen.constraints == {"infeasible": 0.0}
-    assert [t.number for t in leaderboard(study)] == [1, 0]  # shown once, not as a second row
-
-
-def test_a_config_the_rounds_measured_slower_than_the_baseline_is_not_exported(tmp_path: Path) -> None:
-    """Seen as a new user: the warm start x1.05 in the search, x0.95 beside the baseline in the rounds, was
-    exported. The rounds' order is the truth: below the baseline, the baseline is exported."""
-    from autotune.search.records import CONFIRMATION
-
-    study = study_with(tmp_path, [("baseline", {}, 5.18), ("warm_start", {"num_workers": 2}, 5.44),
-                                  ("search", {"batch_size": 4}, 5.30)])
-    study.set_user_attr(CONFIRMATION, {"rows": [
-        {"label": "trial 1", "trial": 1, "samples_per_s_median": 5.26, "samples": [5.26]},
-        {"label": "baseline", "trial": 0, "samples_per_s_median": 5.53, "samples": [5.53]}]})
-    assert [t.number for t in export_order(study)] == [2, 0, 1]  # unconfirmed 2 keeps its place above the baseline
-    study.set_user_attr(CONFIRMATION, {"rows": [
-        {"label": "trial 1", "trial": 1, "samples_per_s_median": 5.26, "samples": [5.26]},
-        {"label": "trial 2", "trial": 2, "samples_per_s_median": 5.00, "samples": [5.00]},
-        {"label": "baseline", "trial": 0, "samples_per_s_median": 5.53, "samples": [5.53]}]})
-    assert [t.number for t in export_order(study)] == [0, 1, 2] and exported(study).number == 0
