@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from autotune.core.config import SearchSettings
 from autotune.core.errors import TrialFailure
-from autotune.search import classes
+from autotune.search import classes, records
 from autotune.search.budget import Budget
 from autotune.search.finish import confirm
 from autotune.search.folders import end_folder
-from autotune.search import records
 from autotune.search.records import TrialRecord
 from autotune.search.results import class_label, class_verdict, confirmed_figures, export_order
 from autotune.trial.warm import WarmServer
@@ -34,11 +34,7 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
         server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
     """Check candidates until one passes; returns the verdicts by trial number (also stored in the
     study), or None when parity is off or there is nothing but the baseline to export."""
-    steps = settings.parity_steps
-    ranked = export_order(study)
-    roles = [TrialRecord.from_frozen(t).role for t in ranked]
-    # Only what beats the baseline is worth checking: below it, the baseline itself would be exported.
-    order = ranked[: roles.index("baseline")] if "baseline" in roles else ranked
+    steps, order = settings.parity_steps, _worth_checking(study)
     if not steps or not order:
         return None
     verdicts: dict[str, Any] = dict(records.parity_verdicts(study))
@@ -48,15 +44,10 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
         "(--parity-steps 0: off)")
     for t in order:
         key = str(t.number)
-        if key in verdicts:  # checked before (a resumed study): its verdict stands
-            if verdicts[key]["verdict"] == "pass":
-                break
-            continue
-        known = class_verdict(study, t)
-        if known is not None:  # its class was checked (during the search, or for an earlier candidate)
-            verdicts[key] = {**known, "reason": f"its training math ({class_label(t)}) was checked at trial "
-                                                f"{known.get('trial')}: {known.get('reason', '')}"}
-            if known["verdict"] == "pass":
+        standing = _standing(study, t, verdicts)
+        if standing is not None:  # checked before (a resumed study), or its class was: its verdict stands
+            verdicts[key] = standing
+            if standing["verdict"] == "pass":
                 break
             continue
         cfg = TrialRecord.of(t).config_for(settings.base)
@@ -85,3 +76,21 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
     records.write_parity_verdicts(study, verdicts)
     return verdicts
 
+
+def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
+    """The candidates in export order above the baseline: below it, the baseline itself would be exported."""
+    ranked = export_order(study)
+    roles = [TrialRecord.of(t).role for t in ranked]
+    return ranked[: roles.index("baseline")] if "baseline" in roles else ranked
+
+
+def _standing(study: optuna.Study, t: FrozenTrial, verdicts: dict[str, Any]) -> dict[str, Any] | None:
+    """A verdict on `t` made before: its own (a resumed study), or its class's (checked during the search,
+    or for an earlier candidate); None when it has to be checked."""
+    if str(t.number) in verdicts:
+        return verdicts[str(t.number)]
+    known = class_verdict(study, t)
+    if known is None:
+        return None
+    return {**known, "reason": f"its training math ({class_label(t)}) was checked at trial {known.get('trial')}: "
+                               f"{known.get('reason', '')}"}
