@@ -18,10 +18,10 @@ import optuna
 
 from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.errors import TrialFailure
+from autotune.search import records
 from autotune.search.budget import Budget, trial_seconds
 from autotune.search.folders import end_folder
 from autotune.search.locks import locked_trial
-from autotune.search import records
 from autotune.search.records import TrialRecord
 from autotune.search.results import leaderboard
 from autotune.trial.warm import WarmServer
@@ -79,8 +79,9 @@ def extend(study: optuna.Study, settings: SearchSettings, number: int, budget: B
            server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
     """Confirm trial `number` too, when the export falls to a config the confirmation did not measure
     (the parity gate failed the ones it did): it and the baseline in --confirm-rounds interleaved rounds
-    that end by the budget's late end (its end plus the grace). Its samples join the stored summary and the baseline's new samples join the
-    baseline's, so every speedup stays a ratio of figures taken side by side. Returns the summary."""
+    that end by the budget's late end (its end plus the grace; none: no limit). Its samples join the
+    stored summary and the baseline's new samples join the baseline's, so every speedup stays a ratio of
+    figures taken side by side. Returns the summary."""
     rounds = settings.confirm_rounds
     summary = records.confirmation(study)
     if not summary or rounds == 0 or any(r["trial"] == number for r in summary["rows"]):
