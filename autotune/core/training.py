@@ -26,7 +26,7 @@ def training_math(cfg: TrialConfig, batch_norm: bool) -> list[str]:
     return out
 
 
-def changes_step(changes: list[str] | tuple[str, ...] | None) -> bool:
+def step_changed(changes: list[str] | tuple[str, ...] | None) -> bool:
     """Whether `training_math`'s changes include the optimizer step (the global batch, or the lr)."""
     return any(c.startswith(("global batch ", "lr ")) for c in changes or ())
 

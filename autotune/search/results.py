@@ -11,19 +11,12 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
-from autotune.core.training import changes_step, section, shown
+from autotune.core.training import section, shown, step_changed
 from autotune.core.urls import mask_url
-from autotune.search.records import StudyRecord, TrialRecord
+from autotune.search import records
+# CONFIRMATION, PARITY: the keys live in records.py; apply/display.py and apply/report.py still import them here.
+from autotune.search.records import CONFIRMATION, PARITY, StudyRecord, TrialRecord  # noqa: F401
 from autotune.search.storage import DEFAULT_STORAGE
-
-
-CONFIRMATION = "confirmation"  # the study user attr holding the last confirmation (search/confirm.py)
-# Study user attr: trial number (str) -> its parity verdict (search/parity.py). A study attr, because a
-# finished trial's own attrs can no longer be written.
-PARITY = "parity"
-# Study user attr: training-math class (its label, core/training.shown) -> the verdict of its one check
-# (parity for a class that keeps the optimizer step, time to target for one that changes it; search/classes.py).
-CLASSES = "class_verdicts"
 
 
 def feasible(t: FrozenTrial) -> bool:
@@ -66,13 +59,13 @@ def class_label(t: FrozenTrial) -> str | None:
 
 def failed_classes(study: optuna.Study) -> set[str]:
     """The training-math classes whose check failed."""
-    return {k for k, v in (study.user_attrs.get(CLASSES) or {}).items() if v.get("verdict") == "fail"}
+    return {k for k, v in records.class_verdicts(study).items() if v.get("verdict") == "fail"}
 
 
 def class_verdict(study: optuna.Study, t: FrozenTrial) -> dict[str, Any] | None:
     """The verdict of `t`'s class check, when its class was checked."""
     label = class_label(t)
-    return (study.user_attrs.get(CLASSES) or {}).get(label) if label else None
+    return records.class_verdicts(study).get(label) if label else None
 
 
 def to_target_factor(study: optuna.Study, t: FrozenTrial) -> float:
@@ -89,7 +82,7 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
     """The classes checked (each once), the trials run in classes that failed (before their verdict) and
     the share of trial time they took, the proposals written off unrun after it, and the time spent
     checking; None when no class was checked."""
-    verdicts = study.user_attrs.get(CLASSES) or {}
+    verdicts = records.class_verdicts(study)
     if not verdicts:
         return None
     failed = failed_classes(study)
@@ -115,7 +108,7 @@ def export_order(study: optuna.Study) -> list[FrozenTrial]:
     exported on its single search figure. A config that changes the optimizer step and has a time to
     target ranks by it (its samples/s scaled to the rate at which it reaches the target)."""
     board = leaderboard(study)
-    summary = study.user_attrs.get(CONFIRMATION) or {}
+    summary = records.confirmation(study) or {}
     rows = [r for r in summary.get("rows", []) if r.get("samples_per_s_median")]
     base_median = next((r["samples_per_s_median"] for r in rows if r["label"] == "baseline"), None)
     medians = {r["trial"]: r["samples_per_s_median"] for r in rows if r["label"] != "baseline"}
@@ -140,14 +133,14 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
     on, a config that changes the optimizer step is exported only once its time to target passed: its
     samples/s says nothing of how soon it reaches the baseline's quality (on the held-out CPU study,
     8 -> 16 ran x1.17 the samples/s and reached the target x0.88 as fast). None: no feasible trial."""
-    verdicts = study.user_attrs.get(PARITY) or {}
+    verdicts = records.parity_verdicts(study)
     order = export_order(study)
 
     def verdict(t: FrozenTrial) -> str | None:  # its own check's, else its class's
         return (verdicts.get(str(t.number)) or class_verdict(study, t) or {}).get("verdict")
 
     def unproven_step(t: FrozenTrial) -> bool:
-        return bool(verdicts) and verdict(t) != "pass" and changes_step(TrialRecord.from_frozen(t).training_math)
+        return bool(verdicts) and verdict(t) != "pass" and step_changed(TrialRecord.from_frozen(t).training_math)
 
     if any(v.get("verdict") == "pass" for v in verdicts.values()):  # a proven config before an unchecked one
         proven = [t for t in order if verdict(t) == "pass" or TrialRecord.from_frozen(t).role == "baseline"]
@@ -159,7 +152,7 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
 
 def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None:
     """Trial `number`'s figures over the confirmation rounds, when it was confirmed; else None."""
-    summary = study.user_attrs.get(CONFIRMATION)
+    summary = records.confirmation(study)
     row = next((r for r in (summary or {}).get("rows", []) if r["trial"] == number and r["samples_per_s_median"]),
                None)
     if row is None:
@@ -186,7 +179,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
         reproduce=f"autotune trial --config {out or 'best.yaml'}")
     export = dataclasses.replace(export, training_math=section(cfg, record.training_math),
-                                 parity=(study.user_attrs.get(PARITY) or {}).get(str(best.number))
+                                 parity=records.parity_verdict(study, best.number)
                                  or class_verdict(study, best), checks=checks_summary(study))
     if rounds is None:
         return export

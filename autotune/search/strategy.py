@@ -35,7 +35,7 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search import _optuna
+from autotune.search import _optuna, records
 from autotune.search.results import class_label, failed_classes, feasible
 from autotune.search.space import WORKER_KNOBS
 
@@ -51,7 +51,8 @@ TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.
 
 
 def make_tpe(seed: int | None) -> TPESampler:
-    """TPE as `study.make_sampler('tpe')` builds it; constant_liar keeps concurrent workers apart."""
+    """TPE, the one build of it: `--sampler tpe` (study.make_sampler) and the pass's successor. constant_liar
+    keeps concurrent workers from proposing the same config."""
     return TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6)
 
 
@@ -138,7 +139,7 @@ def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS,
         dist = dists.get(knob)
         if dist is None or dist.single() or knob not in base:
             continue
-        for value in candidates(dist, origin.get(knob, base[knob])):
+        for value in move_values(dist, origin.get(knob, base[knob])):
             if _same(value, base[knob]) or (knob, _hashable(value)) in proposed:
                 continue
             params = _moved(base, knob, value, dists, trials)
@@ -156,7 +157,7 @@ def incumbent(trials: Sequence[FrozenTrial], failed: set[str] | frozenset[str] =
     done = [t for t in trials if feasible(t) and not (failed and class_label(t) in failed)]
     if done:
         # A contended figure (another process starved it) ranks below every clean one, as on the leaderboard.
-        return max(done, key=lambda t: (not t.user_attrs.get("contended"), float(t.value or 0.0), -t.number))
+        return max(done, key=lambda t: (not records.contended(t), float(t.value or 0.0), -t.number))
     queued = sorted((t for t in trials if FIXED_KEY in t.system_attrs), key=lambda t: t.number)
     return queued[0] if queued else None
 
@@ -168,7 +169,7 @@ def params_of(t: FrozenTrial) -> dict[str, Any]:
     return {**t.system_attrs.get(FIXED_KEY, {}), **(move["params"] if move else {}), **t.params}
 
 
-def candidates(dist: BaseDistribution, was: Any) -> list[Any]:
+def move_values(dist: BaseDistribution, was: Any) -> list[Any]:
     """The values the pass tries for a knob that had `was`: for a numeric knob a few representative
     points (high end first, then the middle, then the low end; at most ORDERED_MOVES), for a categorical
     one every other choice in the space's order."""
@@ -254,4 +255,4 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, _hashable(v)) for k, v in params.items()))
 
 
-__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "candidates", "incumbent", "make_tpe", "next_move"]
+__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "incumbent", "make_tpe", "move_values", "next_move"]

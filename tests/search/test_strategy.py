@@ -11,11 +11,11 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.core.config import KNOBS, TrialConfig
-from autotune.search.records import TrialRecord, write
-from autotune.search.results import CLASSES, failed_classes
+from autotune.search.records import CLASSES, TrialRecord, write
+from autotune.search.results import failed_classes
 from autotune.search.space import DEFAULT_SPACE, WORKER_KNOBS, Hardware, load_space, resolve
 from autotune.search.suggest import config_params, suggest
-from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, candidates, incumbent
+from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, incumbent, move_values
 from autotune.search.study import make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -227,5 +227,5 @@ def test_concurrent_workers_take_different_moves() -> None:
     (CategoricalDistribution(["fp32", "bf16", "fp16"]), "fp32", ["bf16", "fp16"]),
     (CategoricalDistribution([False, True]), False, [True]),
 ])
-def test_candidates_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
-    assert candidates(dist, was) == expected
+def test_move_values_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
+    assert move_values(dist, was) == expected
