@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 INDENT = 4  # the long cells under a row start here, so the row's own line stands out
+UNBOUNDED = 100_000  # columns: a width no table reaches, to measure one unsqueezed
 
 
 class FitTable:
@@ -39,7 +40,8 @@ class FitTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table = self.wide()
-        if Measurement.get(console, options, table).maximum <= options.max_width:
+        natural = Measurement.get(console, options.update_width(UNBOUNDED), table).maximum  # get() clamps to the width
+        if natural <= options.max_width:
             yield table
         else:
             yield from self.narrow()

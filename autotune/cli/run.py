@@ -77,10 +77,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
         extra["seconds"] = args.seconds
     if args.profile:
         extra["profile"] = True
-    cfg = _config(args, **extra)
-    apply_skip_bad_data(args)
     out = Path(args.out) if args.out else Path(args.config).resolve().parent / "trial" / "result.json"
     check_folder(f"--out {out}", out.parent)
+    cfg = _config(args, **extra)
+    apply_skip_bad_data(args)
     trial_dir = out.parent
     try:
         result = launcher.run_trial(cfg, trial_dir, args.timeout)

@@ -247,6 +247,8 @@ def test_journal_storage_that_is_a_folder(capsys: pytest.CaptureFixture[str], da
     ["report", "--study", "s", "-o", "{blocked}/report.html"],
     ["ablate", "--study", "s", "--studies-dir", "{blocked}"],
     ["train", "--config", "{config}", "--out", "{blocked}/run"],
+    ["trial", "--config", "{config}", "--out", "{blocked}/result.json"],
+    ["export", "--study", "s", "-o", "{blocked}/best.yaml"],
 ])
 def test_other_commands_refuse_a_folder_under_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                      argv: list[str]) -> None:
