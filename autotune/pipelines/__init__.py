@@ -42,13 +42,6 @@ if TYPE_CHECKING:
 # leaves out in the trial the items its up-front validate_data(skip_bad=True) dropped.
 SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
 
-
-def skip_bad_data_in_trials() -> None:
-    """--skip-bad-data for every trial or training process started from here on (cold, forked from a warm
-    server, or a torchrun rank): they inherit the environment. Call this rather than set the variable."""
-    os.environ[SKIP_BAD_DATA_ENV] = "1"
-
-
 BUILTIN = {"unet": "autotune.pipelines.unet.pipeline:UnetPipeline"}
 # Imported once by a warm fork server, so every trial forked from it starts with them loaded.
 _PRELOAD = {"unet": ("torchvision", "segmentation_models_pytorch")}
@@ -124,6 +117,12 @@ def is_regenerable(data_dir: str) -> bool:
     from autotune.pipelines.unet.data import SYNTHETIC_PREFIX
 
     return Path(data_dir).name.startswith(SYNTHETIC_PREFIX)
+
+
+def skip_bad_data_in_trials() -> None:
+    """--skip-bad-data for every trial or training process started from here on (cold, forked from a warm
+    server, or a torchrun rank): they inherit the environment. Call this rather than set the variable."""
+    os.environ[SKIP_BAD_DATA_ENV] = "1"
 
 
 def preload_modules(spec: str) -> tuple[str, ...]:
