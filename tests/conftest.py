@@ -1,9 +1,12 @@
 """Shared fixtures: offline hub, one tiny synthetic dataset per session, a tiny TrialConfig,
-torch global state restored after every test, and helpers to find a trial's processes."""
+torch global state restored after every test, helpers to find a trial's processes, a fake apex and a
+warm server per module. The fakes themselves (NVML, apex, a free port, the fault config) are in fakes.py."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -17,7 +20,8 @@ import torch  # noqa: E402
 
 from autotune.core.config import TrialConfig  # noqa: E402
 from autotune.pipelines.unet.data import make_data  # noqa: E402
-from autotune.trial.warm import WarmServer  # noqa: E402
+from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer  # noqa: E402
+from tests.fakes import APEX_MODULES, write_fake_apex  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,3 +116,41 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+# --- shared fixtures on the fakes in tests/fakes.py -------------------------------------------------
+
+@contextlib.contextmanager
+def _apex_on_path(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    for name in APEX_MODULES:  # a real or earlier apex must not answer for the fake
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    yield root
+    for name in APEX_MODULES:  # imported during the test: later tests must see apex absent again
+        sys.modules.pop(name, None)
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def fake_apex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """apex with its compiled kernels on sys.path for this test: FusedAdam with apex's signatures."""
+    with _apex_on_path(write_fake_apex(tmp_path / "site"), monkeypatch) as root:
+        yield root
+
+
+@pytest.fixture
+def fake_apex_python_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """apex built without its CUDA extension: `apex.optimizers` imports, `amp_C` is absent (a test may
+    write <root>/amp_C.py to add it)."""
+    with _apex_on_path(write_fake_apex(tmp_path / "site", with_kernels=False), monkeypatch) as root:
+        yield root
+
+
+@pytest.fixture(scope="module")
+def server(request: pytest.FixtureRequest) -> Iterator[WarmServer]:
+    """One warm server for a test module's trials (a fork each instead of seconds of imports). The
+    module names its preload in WARM_PRELOAD (default: a search's own); its forked trials can import
+    tests.* pipelines."""
+    with warm_server_on_repo(tuple(getattr(request.module, "WARM_PRELOAD", DEFAULT_PRELOAD))) as s:
+        yield s

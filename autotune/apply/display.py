@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
 from autotune.search.records import TrialRecord
@@ -94,6 +95,8 @@ class LiveSearch:
 
 
 LEADERBOARD_COLUMNS = ("#", "trial", "role", "samples/s", "speedup", "peak MiB", "data wait", "training math", "config")
+# Free text that runs long: printed under its row where the table does not fit the width.
+LONG_COLUMNS = ("training math", "config")
 
 
 def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
@@ -120,32 +123,44 @@ def checked(verdict: dict[str, Any] | None) -> str:
     return f"; parity {verdict['verdict']}"
 
 
-def leaderboard_table(study: optuna.Study, top: int = 10) -> Table:
-    table = Table(title=f"study {study.study_name}: top {top} of {len(study.trials)} trials")
-    for col in LEADERBOARD_COLUMNS:
-        table.add_column(col, justify="left" if col in ("role", "training math", "config") else "right",
-                         no_wrap=col not in ("training math", "config"))
-    for row in leaderboard_rows(study, top):
-        table.add_row(*row)
-    return table
+def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
+    """The leaderboard at any width: a full table where it fits, else the training math and config
+    under each trial's row (an 80-column terminal would otherwise wrap them a letter per line)."""
+    return FitTable(f"study {study.study_name}: top {top} of {len(study.trials)} trials", LEADERBOARD_COLUMNS,
+                    leaderboard_rows(study, top), long=LONG_COLUMNS, left=("role",))
 
 
-def confirmation_table(study: optuna.Study) -> Table | None:
-    """The confirmation rounds (median, range, speedup over the baseline's median), or None."""
+# Short names: the seven fit 80 columns side by side (the heading says what "speedup" is).
+CONFIRMATION_COLUMNS = ("config", "search samples/s", "median", "min", "max", "speedup", "speedup range")
+
+
+def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]]] | None:
+    """(what was run, one row of text cells per config) for the terminal and the HTML report; None when
+    the search was not confirmed."""
     summary = study.user_attrs.get(CONFIRMATION)
     if not summary:
         return None
-    table = Table(title=f"confirmed: {summary['rounds']} interleaved round(s), each a fresh process; "
-                  f"fastest by median: trial {summary['winner']}")
-    for col in ("config", "search samples/s", "median", "min", "max", "speedup (median)", "speedup range"):
-        table.add_column(col, justify="left" if col == "config" else "right")
+    rows = []
     for r in summary["rows"]:
-        fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
         spread = r["speedup_range"]
-        table.add_row(r["label"], fmt(r["search_samples_per_s"]), fmt(r["samples_per_s_median"]), fmt(r["min"]),
-                      fmt(r["max"]), "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}",
-                      "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}")
-    return table
+        rows.append((r["label"], _fig(r["search_samples_per_s"]), _fig(r["samples_per_s_median"]), _fig(r["min"]),
+                     _fig(r["max"]), "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}",
+                     "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}"))
+    return (f"{summary['rounds']} interleaved round(s), each a fresh process; speedup: median over the "
+            f"baseline's median; fastest by median: trial {summary['winner']}"), rows
+
+
+def _fig(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def confirmation_table(study: optuna.Study) -> FitTable | None:
+    """The confirmation rounds (median, range, speedup over the baseline's median), or None."""
+    confirmed = confirmation_summary(study)
+    if confirmed is None:
+        return None
+    heading, rows = confirmed
+    return FitTable(f"confirmed: {heading}", CONFIRMATION_COLUMNS, rows, left=("config",))
 
 
 def order_note(study: optuna.Study) -> str | None:

@@ -182,42 +182,42 @@ def figure_png(fig: Any, path: Path) -> Path:
 
 # ---- tables and the page ---------------------------------------------------------------------
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], long: Sequence[str] = ()) -> str:
+    """Figures stay on one line (a range such as x1.20 .. x1.35 broken in two reads as two values); only
+    the `long` columns (free text) wrap, and a window too narrow for the rest scrolls the table sideways."""
     th = "".join(f"<th>{_e(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    cls = ["" if h in long else " class=fig" for h in head]
+    body = "".join("<tr>" + "".join(f"<td{k}>{_e(c)}</td>" for k, c in zip(cls, r)) + "</tr>" for r in rows)
+    return f"<div class=scroll><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def leaderboard_html(study: Any, top: int = 20) -> str:
-    from autotune.apply.display import LEADERBOARD_COLUMNS, leaderboard_rows
+    from autotune.apply.display import LEADERBOARD_COLUMNS, LONG_COLUMNS, leaderboard_rows
 
     rows = leaderboard_rows(study, top)
     if not rows:
         return "<p class=note>No feasible trial finished yet.</p>"
-    return _table(LEADERBOARD_COLUMNS, rows)
+    return _table(LEADERBOARD_COLUMNS, rows, long=LONG_COLUMNS)
 
 
 def confirmation_html(study: Any) -> str:
     """The confirmation rounds the exported winner came out of, or a note that there were none."""
-    from autotune.apply.display import order_note
-    from autotune.search.results import CONFIRMATION
+    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, order_note
 
-    summary = study.user_attrs.get(CONFIRMATION)
+    confirmed = confirmation_summary(study)  # the terminal's rows: the two never disagree
     head = '<section id="confirmation"><h2>Confirmation</h2>'
-    if not summary:
+    if confirmed is None:
         return head + "<p class=note>not confirmed: the figures are single measurements</p></section>"
-    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-    rows = [(r["label"], fmt(r["search_samples_per_s"]), fmt(r["samples_per_s_median"]), fmt(r["min"]), fmt(r["max"]),
-             "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}") for r in summary["rows"]]
+    heading, rows = confirmed
     note = order_note(study)
-    return (head + f"<p>{summary['rounds']} interleaved round(s), each a fresh process; fastest by median: trial "
-            f"{_e(summary['winner'])}</p>" + (f"<p>{_e(note)}</p>" if note else "")
-            + _table(("config", "search samples/s", "median", "min", "max", "speedup"), rows) + "</section>")
+    return (head + f"<p>{_e(heading)}</p>" + (f"<p>{_e(note)}</p>" if note else "")
+            + _table(CONFIRMATION_COLUMNS, rows) + "</section>")
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f0f0f0}.note{color:#666;font-style:italic}section{margin:2em 0}"""
+th{background:#f0f0f0}.note{color:#666;font-style:italic}section{margin:2em 0}
+.scroll{overflow-x:auto}td.fig{white-space:nowrap}"""
 
 
 def write_report(study: Any, out: Path) -> list[Path]:
@@ -264,12 +264,12 @@ def write_report(study: Any, out: Path) -> list[Path]:
         f"<title>autotune report: {_e(study.study_name)}</title><style>{CSS}</style></head><body>",
         f"<h1>autotune report: study {_e(study.study_name)}</h1>",
         f"<p class=note>generated {_e(_dt.datetime.now().isoformat(timespec='seconds'))}</p>",
-        _table(("", ""), summary),
+        _table(("", ""), summary, long=("",)),
         '<section id="leaderboard"><h2>Leaderboard</h2>', leaderboard_html(study), "</section>",
         confirmation_html(study),
         *parts,
         '<section id="fingerprint"><h2>Fingerprint</h2>',
-        _table(("key", "value"), [(k, v) for k, v in fp.items()]) if fp else "<p class=note>none recorded</p>",
+        _table(("key", "value"), list(fp.items()), long=("value",)) if fp else "<p class=note>none recorded</p>",
         "</section></body></html>",
     ]
     write_atomic(out, "\n".join(page))

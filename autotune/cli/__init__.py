@@ -13,6 +13,7 @@ from typing import Sequence
 from autotune.cli import run, search, study
 from autotune.cli._common import Parser
 from autotune.core.errors import AutotuneError, ExitCode
+from autotune.core.files import disk_error, path_error
 
 EXIT_CODES = ("exit codes: 0 ok, 2 bad input or bad data (one line, no traceback, nothing written), 130 interrupted, "
               "1 unexpected; `trial` and `train` add 3 out of memory, 4 non-finite loss, 5 knob unsupported here")
@@ -33,6 +34,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except AutotuneError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except OSError as e:
+        # A path the user named that cannot be used (a file where a folder goes, a full or read-only
+        # disk) and that no command checked up front: still bad input, one line. Anything else is a bug.
+        if e.filename is None or not (path_error(e) or disk_error(e)):
+            raise
+        print(f"autotune: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)

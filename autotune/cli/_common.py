@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import ExitCode
@@ -33,17 +34,46 @@ def study_args(p: argparse.ArgumentParser, *, studies_dir: str | None = None) ->
         p.add_argument("--studies-dir", default="studies", help=studies_dir)
 
 
+def check_folder(what: str, path: str | os.PathLike[str]) -> None:
+    """The folder `what` names (e.g. "--studies-dir x") must be one or be makeable, else bad input: one
+    line, before anything is written (a search makes its default data under --studies-dir first)."""
+    from autotune.core.errors import ConfigError
+    from autotune.core.files import folder_problem
+
+    problem = folder_problem(path)
+    if problem:
+        raise ConfigError(f"{what}: {problem}")
+
+
+def check_journal(storage: str | None) -> None:
+    """A journal --storage (a path, not a URL) must be a file in a folder that is or can be made."""
+    from autotune.core.errors import ConfigError
+    from autotune.core.files import folder_problem
+
+    if storage is None or "://" in storage:
+        return
+    problem = folder_problem(Path(storage).parent)
+    try:
+        if problem is None and Path(storage).is_dir():
+            problem = f"a folder; name the journal file in it (e.g. {Path(storage) / 'studies.db'})"
+    except OSError as e:  # a name too long, no permission to look
+        problem = e.strerror or str(e)
+    if problem:
+        raise ConfigError(f"--storage {storage}: {problem}")
+
+
 def skip_bad_data_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-bad-data", action="store_true", help="leave out data items that cannot be decoded "
                    "(and say how many) instead of refusing the data (exit 2)")
 
 
 def apply_skip_bad_data(args: argparse.Namespace) -> None:
-    """Trial and training processes read this when they build their data."""
-    from autotune.pipelines import SKIP_BAD_DATA_ENV
+    """`trial` and `train`: their processes read it when they build their data (a search's session
+    passes it to its trials itself, from its settings)."""
+    from autotune.pipelines import skip_bad_data_in_trials
 
     if getattr(args, "skip_bad_data", False):
-        os.environ[SKIP_BAD_DATA_ENV] = "1"
+        skip_bad_data_in_trials()
 
 
 def cpus_arg(p: argparse.ArgumentParser) -> None:

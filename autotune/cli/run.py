@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._common import apply_skip_bad_data, new_console, skip_bad_data_arg, workload_args
+from autotune.cli._common import apply_skip_bad_data, check_folder, new_console, skip_bad_data_arg, workload_args
 from autotune.core.errors import ExitCode
 
 
@@ -77,9 +77,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
         extra["seconds"] = args.seconds
     if args.profile:
         extra["profile"] = True
+    out = Path(args.out) if args.out else Path(args.config).resolve().parent / "trial" / "result.json"
+    check_folder(f"--out {out}", out.parent)
     cfg = _config(args, **extra)
     apply_skip_bad_data(args)
-    out = Path(args.out) if args.out else Path(args.config).resolve().parent / "trial" / "result.json"
     trial_dir = out.parent
     try:
         result = launcher.run_trial(cfg, trial_dir, args.timeout)
@@ -105,6 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.epochs < 1:
         raise AutotuneError(f"--epochs must be >= 1, got {args.epochs}")
     out = Path(args.out) if args.out else Path("studies") / "train" / time.strftime("%Y%m%d-%H%M%S")
+    check_folder(f"--out {out}", out)
     apply_skip_bad_data(args)
     console = new_console()
     try:
@@ -119,6 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_make_data(args: argparse.Namespace) -> int:
     from autotune.pipelines.unet.data import make_data, parse_size
 
+    check_folder(args.dir, args.dir)
     path = make_data(args.dir, args.n, parse_size(args.size), args.seed)
     print(f"autotune: wrote {args.n} images and masks to {path}")
     return ExitCode.OK

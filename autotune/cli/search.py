@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from autotune.cli._common import apply_cpus, cpus_arg, new_console, skip_bad_data_arg, workload_args
+from autotune.cli._common import (apply_cpus, check_folder, check_journal, cpus_arg, new_console, skip_bad_data_arg,
+                                  workload_args)
 from autotune.core.config import LR_RULES, SAMPLERS
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
@@ -110,6 +111,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise ConfigError("search needs --budget (e.g. --budget 10m)")
     if args.global_batch is not None and args.global_batch < 1:
         raise ConfigError(f"--global-batch must be a positive number of samples, got {args.global_batch}")
+    check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)  # the default data goes there first
+    check_journal(args.storage)
     apply_cpus(args)
     console = _console()
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
@@ -144,6 +147,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if args.budget is None and args.n_trials is None:
         raise AutotuneError("worker needs --budget or --n-trials")
+    check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)
+    check_journal(args.storage)
     apply_cpus(args)
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,

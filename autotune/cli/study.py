@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._common import new_console, study_args
+from autotune.cli._common import check_folder, new_console, study_args
 from autotune.core.errors import ExitCode
 
 
@@ -81,6 +81,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune.search.results import best_export
 
     out = Path(args.output) if args.output else None
+    if out is not None:
+        check_folder(f"--output {out}", out.parent)
     text = render(args.format, best_export(_study(args), args.storage, out))
     if out is None:
         sys.stdout.write(text)
@@ -97,6 +99,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from autotune.search.records import TrialRecord
     from autotune.search.results import leaderboard
 
+    check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)
     console = new_console()
     say = lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -119,6 +122,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from autotune.apply.report import write_report
 
+    check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)
+    if args.output:
+        check_folder(f"--output {args.output}", Path(args.output).parent)
     study = _study(args)
     out = Path(args.output) if args.output else Path(args.studies_dir) / study.study_name / "report.html"
     files = write_report(study, out)

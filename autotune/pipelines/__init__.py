@@ -119,6 +119,12 @@ def is_regenerable(data_dir: str) -> bool:
     return Path(data_dir).name.startswith(SYNTHETIC_PREFIX)
 
 
+def skip_bad_data_in_trials() -> None:
+    """--skip-bad-data for every trial or training process started from here on (cold, forked from a warm
+    server, or a torchrun rank): they inherit the environment. Call this rather than set the variable."""
+    os.environ[SKIP_BAD_DATA_ENV] = "1"
+
+
 def preload_modules(spec: str) -> tuple[str, ...]:
     """What a warm server imports for this pipeline: its heavy libraries and its own module."""
     module = BUILTIN.get(spec, spec).partition(":")[0]

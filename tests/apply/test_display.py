@@ -3,6 +3,7 @@ read from a real journal study written the way a search writes it."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,11 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
-from autotune.apply.display import LEADERBOARD_COLUMNS, LiveSearch, knob_summary, leaderboard_rows, leaderboard_table
+from autotune.apply.display import (CONFIRMATION_COLUMNS, LEADERBOARD_COLUMNS, LiveSearch, confirmation_summary,
+                                    confirmation_table, knob_summary, leaderboard_rows, leaderboard_table)
 from autotune.core.config import BASELINE, TrialConfig, TrialResult
 from autotune.search.records import TrialRecord, of_result, write
+from autotune.search.results import CONFIRMATION
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.search.storage import open_storage
 
@@ -222,3 +225,94 @@ def test_live_panel_counts_and_best(search: tuple[optuna.Study, dict[str, Frozen
     assert f"20.00 samples/s (trial {t['fast'].number}), x2.00 vs baseline" in text
     assert "3 done, 2 failed, 1 pruned" in text  # the infeasible trial counts as failed
     assert "2m0" in text and "no limit" not in text  # about 125 s left
+
+
+# --- the leaderboard at the width it is printed at ------------------------------------------------------
+
+# Every speed knob at once and a changed precision: a config cell and a training-math cell that cannot
+# share 80 columns (or 200) with the figures.
+LONG = BASELINE.replace(num_workers=2, pin_memory=True, persistent_workers=True, prefetch_factor=4,
+                        optimizer_fusion="fused", channels_last=True, cudnn_benchmark=True, precision="bf16")
+LONG_KNOBS = ("num_workers=2", "pin_memory=True", "persistent_workers=True", "prefetch_factor=4",
+              "optimizer_fusion=fused", "channels_last=True", "cudnn_benchmark=True", "precision=bf16")
+CONFIRMED = {"rounds": 3, "winner": 6, "order_changed": False, "search_order": ["trial 6"],
+             "confirmed_order": ["trial 6"], "baseline_median": 10.0,
+             "rows": [{"label": "trial 6", "trial": 6, "search_samples_per_s": 31.0, "samples_per_s_median": 30.5,
+                       "min": 29.75, "max": 31.25, "speedup_median": 3.05, "speedup_range": [2.98, 3.12]},
+                      {"label": "baseline", "trial": 0, "search_samples_per_s": 10.0, "samples_per_s_median": 10.0,
+                       "min": 9.5, "max": 10.5, "speedup_median": 1.0, "speedup_range": [0.95, 1.05]}]}
+
+
+def printed_to_a_file(study: optuna.Study, width: int, path: Path) -> tuple[list[str], list[str]]:
+    """The end of a search as a log file `width` columns wide gets it: (leaderboard lines, confirmation lines)."""
+    with path.open("w") as f:
+        c = Console(file=f, width=width, color_system=None)
+        c.print(leaderboard_table(study))
+        confirmed = confirmation_table(study)
+        if confirmed is not None:
+            c.print(confirmed)
+    lines = path.read_text().splitlines()
+    cut = next((i for i, line in enumerate(lines) if "confirmed:" in line), len(lines))
+    assert all(len(line) <= width for line in lines), lines
+    return lines[:cut], lines[cut:]
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_a_log_file_shows_one_readable_row_per_trial(search: tuple[optuna.Study, dict[str, FrozenTrial]],
+                                                     tmp_path: Path, width: int) -> None:
+    study, t = search
+    long = ok(study, "search", LONG.knobs(), 31.0, 3.1, 250 * 2**20, 0.0)
+    assert long.number == 6
+    study.set_user_attr(CONFIRMATION, CONFIRMED)
+    board, confirmed = printed_to_a_file(study, width, tmp_path / "search.log")
+    for trial, role, cells in ((long, "search", ("31.00", "x3.10", "250", "0%")),
+                               (t["fast"], "search", ("20.00", "x2.00", "200", "5%")),
+                               (t["warm"], "warm_start", ("15.00", "-", "0%")),
+                               (t["baseline"], "baseline", ("10.00", "x1.00", "300", "25%"))):
+        row = [line for line in board if f" {trial.number} " in line and f" {cells[0]} " in line]
+        assert len(row) == 1, (trial.number, board)  # its figures together, on one line
+        assert role in row[0] and all(cell in row[0] for cell in cells), row
+    # The long cells are whole: not cut into a column of a few letters per line.
+    text = "\n".join(board)
+    assert all(knob in text for knob in LONG_KNOBS), board
+    assert text.count("precision fp32 -> bf16") == 2  # the long trial's and the fast one's training math
+    # The confirmation: each config's figures and its speedup range on one line.
+    assert confirmed and "3 interleaved round(s)" in confirmed[0]
+    for label, cells in (("trial 6", ("31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12")),
+                         ("baseline", ("10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05"))):
+        row = [line for line in confirmed if label in line and cells[-1] in line]
+        assert len(row) == 1 and all(cell in row[0] for cell in cells), (label, confirmed)
+
+
+def test_long_cells_go_under_their_row_only_where_the_table_does_not_fit(
+        search: tuple[optuna.Study, dict[str, FrozenTrial]], tmp_path: Path) -> None:
+    study, t = search
+    board, _ = printed_to_a_file(study, 200, tmp_path / "wide.log")  # short configs: one table row each
+    row = next(line for line in board if " 20.00 " in line)
+    assert "precision fp32 -> bf16" in row and "num_workers=2" in row and "│" in row
+    assert not any(line.strip().startswith(("config:", "training math:")) for line in board)
+    long = ok(study, "search", LONG.knobs(), 31.0, 3.1, 250 * 2**20, 0.0)
+    board, _ = printed_to_a_file(study, 80, tmp_path / "narrow.log")
+    first = next(i for i, line in enumerate(board) if " 31.00 " in line)
+    assert f" {long.number} " in board[first] and "num_workers" not in board[first]
+    assert board[first + 1].strip() == "training math: precision fp32 -> bf16"
+    assert board[first + 2].strip().startswith("config: num_workers=2 pin_memory=True")
+
+
+def test_the_report_shows_the_terminals_confirmation_rows(search: tuple[optuna.Study, dict[str, FrozenTrial]]
+                                                          ) -> None:
+    from autotune.apply.report import confirmation_html
+
+    study, _ = search
+    assert confirmation_summary(study) is None and confirmation_table(study) is None
+    assert "not confirmed" in confirmation_html(study)
+    study.set_user_attr(CONFIRMATION, CONFIRMED)
+    confirmed = confirmation_summary(study)
+    assert confirmed is not None
+    heading, rows = confirmed
+    assert "3 interleaved round(s)" in heading and "trial 6" in heading
+    assert rows == [("trial 6", "31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12"),
+                    ("baseline", "10.00", "10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05")]
+    html = confirmation_html(study)
+    assert re.findall(r"<th>([^<]*)</th>", html) == list(CONFIRMATION_COLUMNS)
+    assert re.findall(r"<td[^>]*>([^<]*)</td>", html) == [cell for row in rows for cell in row]

@@ -199,3 +199,82 @@ def test_tables_are_not_folded_into_80_columns_in_a_log() -> None:
     from autotune.cli._common import new_console
 
     assert new_console().width == 200  # pytest's stdout is not a terminal
+
+
+def blocked_paths(root: Path) -> dict[str, tuple[str, str]]:
+    """Paths that can never be folders, as a new user types them: (path, what the one line says)."""
+    (root / "notes.txt").write_text("a file, not a folder\n")
+    (root / "loop").symlink_to(root / "loop")  # a link to itself: ELOOP
+    return {"under a file": (str(root / "notes.txt" / "studies"), "notes.txt is a file"),  # ENOTDIR
+            "a file": (str(root / "notes.txt"), "notes.txt is a file"),  # EEXIST when made a folder
+            "a link loop": (str(root / "loop" / "studies"), "leads to no folder"),  # ELOOP
+            "a name too long": (str(root / ("n" * 300) / "studies"), "too long")}  # ENAMETOOLONG
+
+
+@pytest.mark.parametrize("case", ["under a file", "a file", "a link loop", "a name too long"])
+@pytest.mark.parametrize("with_data", [False, True])  # without --data, the default data goes under it first
+def test_studies_dir_that_cannot_be_a_folder(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path,
+                                             case: str, with_data: bool) -> None:
+    path, says = blocked_paths(tmp_path)[case]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    line = bad(capsys, "search", "--budget", "1m", "--studies-dir", path, *(["--data", str(data)] if with_data else []))
+    assert line.startswith(f"autotune: error: --studies-dir {path}: ") and says in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written: no data, no journal
+
+
+@pytest.mark.parametrize("case", ["under a file", "a link loop", "a name too long"])
+def test_journal_storage_in_a_folder_that_cannot_be_one(capsys: pytest.CaptureFixture[str], data: Path,
+                                                        tmp_path: Path, case: str) -> None:
+    folder, says = blocked_paths(tmp_path)[case]
+    storage = str(Path(folder) / "studies.db")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for argv in (["search", "--budget", "1m", "--data", str(data)], ["worker", "--study", "s", "--n-trials", "1"]):
+        line = bad(capsys, *argv, "--storage", storage)
+        assert line.startswith(f"autotune: error: --storage {storage}: ") and says in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_journal_storage_that_is_a_folder(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path) -> None:
+    (tmp_path / "journals").mkdir()
+    line = bad(capsys, "search", "--budget", "1m", "--data", str(data), "--storage", str(tmp_path / "journals"))
+    assert "a folder" in line and "journals/studies.db" in line
+    assert list((tmp_path / "journals").iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["make-data", "{blocked}/data"],
+    ["report", "--study", "s", "--studies-dir", "{blocked}"],
+    ["report", "--study", "s", "-o", "{blocked}/report.html"],
+    ["ablate", "--study", "s", "--studies-dir", "{blocked}"],
+    ["train", "--config", "{config}", "--out", "{blocked}/run"],
+    ["trial", "--config", "{config}", "--out", "{blocked}/result.json"],
+    ["export", "--study", "s", "-o", "{blocked}/best.yaml"],
+])
+def test_other_commands_refuse_a_folder_under_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     argv: list[str]) -> None:
+    blocked, _ = blocked_paths(tmp_path)["under a file"]
+    config = tmp_path / "best.yaml"
+    config.write_text("batch_size: 8\n")
+    line = bad(capsys, *(a.format(blocked=blocked, config=config) for a in argv))
+    assert "notes.txt is a file" in line, line
+
+
+def test_a_path_error_no_command_checked_is_still_one_line(capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The last guard: an OSError about a named path that cannot be used is bad input; any other is a bug."""
+    import errno
+
+    from autotune.cli import study as study_cmd
+
+    def blocked(args: object) -> int:
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(tmp_path / "notes.txt" / "x"))
+
+    monkeypatch.setattr(study_cmd, "cmd_show", blocked)
+    assert "notes.txt/x: Not a directory" in bad(capsys, "show")
+
+    def bug(args: object) -> int:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(study_cmd, "cmd_show", bug)
+    with pytest.raises(OSError):
+        main(["show"])

@@ -5,14 +5,13 @@ import json
 import os
 import platform
 import sys
-import types
 
 import pytest
 import torch
 
 from autotune.core.config import TrialConfig
 from autotune.search.fingerprint import COMPARED, differences, fingerprint
-from tests.trial.test_nvml import UUID_A, UUID_B, FakeGpu, FakeNvml
+from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 CFG = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=96)
 
@@ -63,10 +62,7 @@ def test_fingerprint_follows_the_workload() -> None:
 
 
 def test_fingerprint_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("pynvml")
-    fake.nvmlInit = lambda: None  # type: ignore[attr-defined]
-    fake.nvmlSystemGetDriverVersion = lambda: "550.54.15"  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(UUID_A), FakeGpu(UUID_B)], driver="550.54.15"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"NVIDIA H200 #{i}")
@@ -81,13 +77,7 @@ def test_fingerprint_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fingerprint_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("pynvml")
-
-    def broken() -> None:
-        raise RuntimeError("NVML Shared Library Not Found")
-
-    fake.nvmlInit = broken  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], init_fails=True))  # "NVML Shared Library Not Found"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "GPU")

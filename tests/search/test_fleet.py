@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from autotune.pipelines.unet.data import make_data
 from autotune.search.storage import open_storage
+from tests.fakes import free_port
 
 PG = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not PG, reason="AUTOTUNE_TEST_POSTGRES_URL not set")]
@@ -111,15 +112,9 @@ def test_killed_worker_trial_failed_by_others(fleet) -> None:
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_storage_proxy_serves_two_workers(fleet) -> None:
     fleet.create()
-    port = _free_port()
+    port = free_port()
     proxy = subprocess.Popen([sys.executable, "-m", "autotune", "storage-proxy", "--storage", PG or "", "--port", str(port)],
                              cwd=fleet.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

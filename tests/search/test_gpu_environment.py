@@ -14,7 +14,7 @@ from autotune.core.config import TrialConfig
 from autotune.search import space as space_module
 from autotune.search.space import Choices, Fixed, Hardware, IntRange, SearchSpace
 from autotune.search.study import warm_start
-from tests.trial.test_nvml import UUID_A, UUID_B, FakeGpu, FakeNvml
+from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 BASE = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64)
 GPU = Hardware(cuda=True, gpu_count=1, cpu_count=8, apex=False)

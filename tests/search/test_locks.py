@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from autotune.search import locks
-from tests.trial.test_nvml import UUID_A, UUID_B, FakeGpu, FakeNvml
+from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REAL_CUDA_DEVICES = locks._cuda_devices  # cached: cleared around every test

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -15,7 +14,6 @@ from autotune.core.config import TrialConfig
 from autotune.pipelines import preload_modules
 from autotune.search import parity
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
-from tests.conftest import warm_server_on_repo
 
 K = 30
 TIMEOUT_S = 300.0
@@ -23,6 +21,8 @@ TIMEOUT_S = 300.0
 # times slower. The offset pipeline is healthy in fp32 (its baseline and twin) and broken in bf16.
 RULE = TrialConfig(pipeline="tests.parity_pipelines:offset", image_size=64, batch_size=8, global_batch=8,
                    num_threads=1)
+# conftest's `server` fixture: one warm server for every trial here, a fork per run.
+WARM_PRELOAD = (*DEFAULT_PRELOAD, *preload_modules("unet"), "tests.parity_pipelines")
 
 
 # --- the metric, no processes -------------------------------------------------------------------
@@ -74,13 +74,6 @@ def test_a_reference_of_another_baseline_is_refused(tmp_path: Path) -> None:
 
 
 # --- real trials ----------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[WarmServer]:
-    """One warm server for every trial here: a fork per run instead of seconds of imports."""
-    with warm_server_on_repo((*DEFAULT_PRELOAD, *preload_modules("unet"), "tests.parity_pipelines")) as s:
-        yield s
-
 
 @pytest.fixture(scope="module")
 def rule_ref(server: WarmServer, tmp_path_factory: pytest.TempPathFactory) -> parity.Reference:

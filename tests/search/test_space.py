@@ -3,10 +3,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
-from typing import Iterator
 
 import optuna
 import pytest
@@ -321,27 +319,7 @@ def test_detect_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False, cpu_bf16=False)
 
 
-@pytest.fixture
-def fake_apex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A Python-only apex build on sys.path: `apex.optimizers` imports, the compiled `amp_C` may be absent."""
-    import importlib
-
-    names = ("apex", "apex.optimizers", "amp_C")
-    for name in names:
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    pkg = tmp_path / "site" / "apex"
-    (pkg / "optimizers").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "optimizers" / "__init__.py").write_text("class FusedAdam:\n    pass\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    importlib.invalidate_caches()
-    yield tmp_path / "site"
-    for name in names:  # imported during the test: must not leak into the next one
-        sys.modules.pop(name, None)
-    importlib.invalidate_caches()
-
-
-def test_apex_without_its_cuda_extension_is_not_available(fake_apex: Path) -> None:
+def test_apex_without_its_cuda_extension_is_not_available(fake_apex_python_only: Path) -> None:
     from autotune.trial.knobs import apex_available
 
     assert importlib.util.find_spec("apex.optimizers") is not None  # the Python part is there
@@ -349,10 +327,10 @@ def test_apex_without_its_cuda_extension_is_not_available(fake_apex: Path) -> No
     assert Hardware.detect().apex is False
 
 
-def test_apex_with_its_cuda_extension_is_available(fake_apex: Path) -> None:
+def test_apex_with_its_cuda_extension_is_available(fake_apex_python_only: Path) -> None:
     from autotune.trial.knobs import apex_available
 
-    (fake_apex / "amp_C.py").write_text("")  # stands for the compiled amp_C extension
+    (fake_apex_python_only / "amp_C.py").write_text("")  # stands for the compiled amp_C extension
     importlib.invalidate_caches()
     assert apex_available() is True
     assert Hardware.detect().apex is True

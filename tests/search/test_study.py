@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from autotune.search.space import Hardware, load_space, resolve
 from autotune.search.storage import open_storage
 from autotune.search.records import StudyRecord
 from autotune.search.study import config_for, open_study, warm_start
+from tests.fakes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
@@ -73,12 +73,6 @@ def test_fingerprint_mismatch_refused_unless_forced(storage_url: str) -> None:
     assert open_study(forced, open_storage(storage_url), other, space(), CPU).study_name == "autotune"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_search_end_to_end(tmp_path: Path) -> None:
     from autotune.pipelines.unet.data import make_data
@@ -123,7 +117,7 @@ def test_search_end_to_end(tmp_path: Path) -> None:
         {k: v for k, v in exported["config"].items() if k in result["applied"]}
 
     # `optuna-dashboard studies.db`, exactly as typed, lists the study and its trials.
-    port = _free_port()
+    port = free_port()
     dash = subprocess.Popen([str(Path(sys.executable).parent / "optuna-dashboard"), "studies.db", "--port", str(port),
                              "--host", "127.0.0.1", "--quiet"], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

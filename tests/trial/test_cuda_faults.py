@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from autotune.core.config import TrialConfig, TrialResult
 from autotune.trial import harness, knobs, launcher
 from autotune.trial import worker as trial
 from tests.conftest import wait_until_gone
+from tests.fakes import fault_cfg
 from tests.trial import cuda_fault_pipelines as faults
 
 pytestmark = pytest.mark.usefixtures("repo_on_path")
@@ -27,7 +27,8 @@ PIPELINES = "tests.trial.cuda_fault_pipelines"
 
 
 def cfg(pipeline: str = "tests.fault_pipelines:tiny", **changes: Any) -> TrialConfig:
-    return TrialConfig(pipeline=pipeline, batch_size=4, warmup_steps=1, timed_steps=4, window=2).replace(**changes)
+    module, _, factory = pipeline.partition(":")
+    return fault_cfg(factory, module, **changes)
 
 
 @pytest.fixture
@@ -38,64 +39,15 @@ def inproc(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-# --- apex: a fake package with apex's signatures ---------------------------------------------------
+# --- apex: a fake package with apex's signatures (tests/fakes.py) --------------------------------
 
-FAKE_FUSED_ADAM = '''
-import torch
+def test_fake_apex_is_detected_and_only_with_its_kernels(fake_apex_python_only: Path) -> None:
+    import importlib
 
-
-class FusedAdam(torch.optim.AdamW):
-    """apex/optimizers/fused_adam.py's constructor and zero_grad(), on torch's AdamW maths (CPU)."""
-
-    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, adam_w_mode=True,
-                 weight_decay=0., amsgrad=False, set_grad_none=True, capturable=False, master_weights=False):
-        if amsgrad:
-            raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self.adam_w_mode, self.weight_decay, self.set_grad_none = adam_w_mode, weight_decay, set_grad_none
-        self.zero_grad_calls = 0
-
-    def zero_grad(self):  # apex's: no set_to_none; given one, Python raises TypeError
-        self.zero_grad_calls += 1
-        if self.set_grad_none:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    p.grad = None
-        else:
-            super().zero_grad()  # torch's default: set_to_none=True
-'''
-
-
-def write_fake_apex(root: Path, with_kernels: bool = True) -> Path:
-    (root / "apex" / "optimizers").mkdir(parents=True)
-    (root / "apex" / "__init__.py").write_text("")
-    (root / "apex" / "optimizers" / "__init__.py").write_text(FAKE_FUSED_ADAM)
-    if with_kernels:
-        (root / "amp_C.py").write_text("multi_tensor_adam = None  # the compiled kernels, faked\n")
-    return root
-
-
-@pytest.fixture
-def fake_apex(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    root = write_fake_apex(tmp_path / "site")
-    monkeypatch.syspath_prepend(str(root))
-    yield root
-    for name in ("apex", "apex.optimizers", "amp_C"):  # later tests must see apex absent again
-        sys.modules.pop(name, None)
-
-
-def test_fake_apex_is_detected_and_only_with_its_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(write_fake_apex(tmp_path / "python_only", with_kernels=False)))
-    try:
-        assert knobs.apex_available() is False  # a Python-only build: no amp_C
-        (tmp_path / "python_only" / "amp_C.py").write_text("")
-        import importlib
-
-        importlib.invalidate_caches()
-        assert knobs.apex_available() is True
-    finally:
-        for name in ("apex", "apex.optimizers", "amp_C"):
-            sys.modules.pop(name, None)
+    assert knobs.apex_available() is False  # a Python-only build: no amp_C
+    (fake_apex_python_only / "amp_C.py").write_text("")
+    importlib.invalidate_caches()
+    assert knobs.apex_available() is True
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])

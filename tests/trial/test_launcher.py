@@ -18,15 +18,10 @@ from autotune.core import errors
 from autotune.trial import launcher
 from autotune.core.config import KNOBS, TrialConfig, TrialResult
 from tests.conftest import live_processes, wait_until_gone
+from tests.fakes import fault_cfg
 from tests.fault_pipelines import WATCHDOG_LINE
 
 pytestmark = pytest.mark.usefixtures("repo_on_path")
-
-
-def fault_cfg(factory: str = "tiny", **changes: Any) -> TrialConfig:
-    base = TrialConfig(pipeline=f"tests.fault_pipelines:{factory}", batch_size=4, warmup_steps=1,
-                       timed_steps=4, window=2)
-    return base.replace(**changes)
 
 
 def assert_nothing_left(trial_dir: Path, pids: Sequence[int] = ()) -> None:

@@ -5,13 +5,14 @@ import math
 import sys
 import threading
 import time
-import types
+from typing import Any
 
 import pytest
 import torch
 
 from autotune.trial import measure
 from tests.conftest import wait_for
+from tests.fakes import ALWAYS, FakeGpu, FakeNvml
 
 CPU = torch.device("cpu")
 
@@ -71,35 +72,10 @@ def test_gpu_util_sampler_mean() -> None:
 
 # --- the NVML sampler on a (fake) GPU -------------------------------------------------------------------
 
-class FakeNvml(types.ModuleType):
-    """What GpuUtilSampler calls of pynvml, recording what it was asked and what it answered."""
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, values: list[float], fail_after: int | None = None, init_fails: bool = False) -> None:
-        super().__init__("pynvml")
-        self.values, self.fail_after, self.init_fails = values, fail_after, init_fails
-        self.indices: list[int] = []
-        self.handles: list[object] = []
-        self.answered: list[float] = []
-        self.handle = object()
-
-    def nvmlInit(self) -> None:
-        if self.init_fails:
-            raise self.NVMLError("NVML Shared Library Not Found")
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
-        self.indices.append(index)
-        return self.handle
-
-    def nvmlDeviceGetUtilizationRates(self, handle: object) -> types.SimpleNamespace:
-        self.handles.append(handle)
-        if self.fail_after is not None and len(self.answered) >= self.fail_after:
-            raise self.NVMLError("GPU is lost")
-        value = self.values[len(self.answered) % len(self.values)]
-        self.answered.append(value)
-        return types.SimpleNamespace(gpu=value, memory=0)
+def gpus(n: int, util: list[float], init_fails: bool = False, **gpu: Any) -> FakeNvml:
+    """NVML with n GPUs, each answering `util` in turn (gpu: FakeGpu's fields, e.g. fail_at)."""
+    return FakeNvml([FakeGpu(f"GPU-{i:08d}-0000-4000-8000-000000000000", util=list(util), **gpu) for i in range(n)],
+                    init_fails=init_fails)
 
 
 @pytest.fixture(autouse=True)
@@ -115,14 +91,14 @@ def index_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_gpu_util_sampler_samples_nvml_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeNvml([20, 50, 90, 100])
+    fake = gpus(2, [20, 50, 90, 100])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with measure.GpuUtilSampler(torch.device("cuda", 1), interval_s=0.005) as util:
         assert util._thread is not None and util._thread.is_alive()
         assert wait_for(lambda: len(util.samples) >= 6)  # the trial goes on meanwhile
     assert util._thread is not None and not util._thread.is_alive()  # stopped and joined on exit
     assert fake.indices == [1]  # the trial's own device
-    assert fake.handles and all(h is fake.handle for h in fake.handles)
+    assert fake.sampled and all(h is fake.gpus[1] for h in fake.sampled)
     assert util.samples == [float(v) for v in fake.answered]  # every answer kept, in order
     assert util.mean == pytest.approx(sum(fake.answered) / len(fake.answered))
     n = len(util.samples)
@@ -131,7 +107,7 @@ def test_gpu_util_sampler_samples_nvml_in_the_background(monkeypatch: pytest.Mon
 
 
 def test_gpu_util_sampler_default_cuda_device_is_the_current_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeNvml([40])
+    fake = gpus(4, [40])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     with measure.GpuUtilSampler(torch.device("cuda"), interval_s=0.005) as util:
@@ -141,7 +117,7 @@ def test_gpu_util_sampler_default_cuda_device_is_the_current_one(monkeypatch: py
 
 
 def test_gpu_util_sampler_without_nvml_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeNvml([40], init_fails=True)  # a GPU, but no driver library: utilisation unknown
+    fake = gpus(1, [40], init_fails=True)  # a GPU, but no driver library: utilisation unknown
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.005) as util:
         time.sleep(0.03)
@@ -155,7 +131,7 @@ def test_gpu_util_sampler_when_nvml_fails_mid_trial(monkeypatch: pytest.MonkeyPa
     died: list[BaseException | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
 
-    fake = FakeNvml([30, 60], fail_after=0)  # fails at every call
+    fake = gpus(1, [30, 60], fail_at=ALWAYS)  # fails at every call
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.005) as util:
         assert util._thread is not None
@@ -164,7 +140,7 @@ def test_gpu_util_sampler_when_nvml_fails_mid_trial(monkeypatch: pytest.MonkeyPa
     assert util.mean is None and util.samples == []
     assert util.first_error is not None and "GPU is lost" in util.first_error
 
-    fake = FakeNvml([30, 60], fail_after=2)  # two answers, then the GPU is lost
+    fake = gpus(1, [30, 60], fail_at=range(2, 2**62))  # two answers, then the GPU is lost
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.005) as util:
         assert wait_for(lambda: util.errors >= 2)

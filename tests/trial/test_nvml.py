@@ -1,14 +1,11 @@
 """autotune/trial/measure.py, NVML side: CUDA device -> NVML handle (CUDA_VISIBLE_DEVICES, UUIDs, MIG)
-and a sampler that survives NVML errors. pynvml is a fake: this machine has no GPU and no NVML.
-
-FakeNvml is shared with the search tests (locks, fingerprint, warm start)."""
+and a sampler that survives NVML errors. pynvml is a fake (tests/fakes.py): this machine has no GPU and no NVML."""
 from __future__ import annotations
 
 import sys
 import threading
 import time
 import types
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -16,116 +13,7 @@ import torch
 
 from autotune.trial import measure
 from tests.conftest import wait_for
-
-NOT_SUPPORTED, NOT_FOUND, GPU_IS_LOST = 3, 6, 15  # pynvml's NVML_ERROR_* values
-
-
-class NVMLError(Exception):
-    """pynvml.NVMLError: built from an NVML return code, str() is its text."""
-
-    def __init__(self, value: int, message: str = "") -> None:
-        super().__init__(message or f"NVML error {value}")
-        self.value = value
-
-
-@dataclass(eq=False)  # a handle: compared by identity, as NVML's are
-class FakeGpu:
-    uuid: str
-    util: list[float] = field(default_factory=lambda: [50.0])
-    capability: tuple[int, int] = (9, 0)
-    memory: int = 80 * 2**30
-    mig_mode: int | None = 0  # None: MIG not supported (pre-Ampere)
-    name: str = "NVIDIA H100"
-    parent: FakeGpu | None = None  # set on a MIG slice
-    fail_at: set[int] = field(default_factory=set)  # utilisation sample numbers that raise
-    asked: int = 0
-
-
-class FakeNvml(types.ModuleType):
-    """What autotune calls of pynvml. `gpus` are NVML's devices by index (PCI order); `slices` are MIG
-    devices, reachable by UUID only. bytes=True answers strings as old pynvml did."""
-
-    NVMLError = NVMLError
-    NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
-
-    def __init__(self, gpus: list[FakeGpu], slices: tuple[FakeGpu, ...] = (), driver: str = "550.54.15",
-                 init_fails: bool = False, bytes: bool = False) -> None:
-        super().__init__("pynvml")
-        self.gpus, self.slices, self.driver = list(gpus), list(slices), driver
-        self.init_fails, self.bytes = init_fails, bytes
-        self.sampled: list[FakeGpu] = []
-
-    def _s(self, s: str) -> Any:
-        return s.encode() if self.bytes else s
-
-    def nvmlInit(self) -> None:
-        if self.init_fails:
-            raise NVMLError(12, "NVML Shared Library Not Found")
-
-    def nvmlSystemGetDriverVersion(self) -> Any:
-        return self._s(self.driver)
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        if not 0 <= index < len(self.gpus):
-            raise NVMLError(2, "Invalid Argument")
-        return self.gpus[index]
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: Any) -> FakeGpu:
-        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-        for g in self.gpus + self.slices:
-            if g.uuid == uuid:
-                return g
-        raise NVMLError(NOT_FOUND, "Not Found")
-
-    def nvmlDeviceGetUUID(self, h: FakeGpu) -> Any:
-        return self._s(h.uuid)
-
-    def nvmlDeviceGetName(self, h: FakeGpu) -> Any:
-        return self._s(h.name)
-
-    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> types.SimpleNamespace:
-        n, h.asked = h.asked, h.asked + 1
-        if n in h.fail_at:
-            raise NVMLError(GPU_IS_LOST, "GPU is lost")
-        self.sampled.append(h)
-        return types.SimpleNamespace(gpu=h.util[n % len(h.util)], memory=0)
-
-    def nvmlDeviceGetCudaComputeCapability(self, h: FakeGpu) -> tuple[int, int]:
-        if h.parent is not None:
-            raise NVMLError(NOT_SUPPORTED, "Not Supported")  # asked of a MIG slice: ask its GPU
-        return h.capability
-
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> types.SimpleNamespace:
-        return types.SimpleNamespace(total=h.memory, free=h.memory, used=0)
-
-    def nvmlDeviceIsMigDeviceHandle(self, h: FakeGpu) -> int:
-        return int(h.parent is not None)
-
-    def nvmlDeviceGetMigMode(self, h: FakeGpu) -> list[int]:
-        if h.mig_mode is None or h.parent is not None:
-            raise NVMLError(NOT_SUPPORTED, "Not Supported")
-        return [h.mig_mode, h.mig_mode]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGpu) -> int:
-        return 7 if h.mig_mode else 0
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, index: int) -> FakeGpu:
-        mine = [s for s in self.slices if s.parent is h]
-        if not 0 <= index < len(mine):
-            raise NVMLError(NOT_FOUND, "Not Found")
-        return mine[index]
-
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: FakeGpu) -> FakeGpu:
-        if h.parent is None:
-            raise NVMLError(2, "Invalid Argument")
-        return h.parent
-
-
-UUID_A = "GPU-1f0e2d3c-aaaa-4b5c-8d9e-000000000000"
-UUID_B = "GPU-7a6b5c4d-bbbb-4e3f-9a1b-111111111111"
+from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 
 def two_gpus(**b: Any) -> FakeNvml:

@@ -18,22 +18,17 @@ import pytest
 from torch.utils.data import Dataset
 
 from autotune.core import errors
-from autotune.core.config import TrialConfig
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV, process_identity
 from autotune.trial import launcher
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, NVML_CHECK_ENV, WarmServer
 from autotune.trial.worker import LAUNCH_TIME_ENV
-from tests.conftest import live_processes, wait_until_gone, warm_server_on_repo
+from tests.conftest import live_processes, wait_until_gone
+from tests.fakes import LIGHT_PRELOAD, fault_cfg
 from tests.fault_pipelines import HANG_S, TinyPipeline
 from tests.trial.test_launcher import LauncherClock
 
 pytestmark = pytest.mark.usefixtures("repo_on_path")
-
-
-def fault_cfg(factory: str, module: str = "tests.fault_pipelines", **changes: Any) -> TrialConfig:
-    base = TrialConfig(pipeline=f"{module}:{factory}", batch_size=4, warmup_steps=1, timed_steps=4, window=2)
-    return base.replace(**changes)
 
 
 def gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
@@ -252,13 +247,7 @@ def test_a_killed_controller_leaves_no_torchrun_and_no_rank(tmp_path: Path, reap
 
 # --- the warm server and CUDA -----------------------------------------------------------------------
 
-LIGHT = ("torch", "autotune.trial.worker", "autotune.trial.harness")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[WarmServer]:
-    with warm_server_on_repo(LIGHT) as s:  # the children import tests.fault_pipelines
-        yield s
+WARM_PRELOAD = LIGHT_PRELOAD  # conftest's `server` fixture; its children import tests.fault_pipelines
 
 
 def server_env(pid: int) -> dict[str, str]:
@@ -302,7 +291,7 @@ def test_a_fork_that_expects_cuda_and_has_none_fails_loudly(server: WarmServer, 
 def test_the_launcher_retries_a_cuda_losing_fork_cold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(EXPECT_CUDA_ENV, "1")  # as if the controller saw a GPU the fork can't
     starts: list[int] = []
-    with WarmServer.start(LIGHT) as s:
+    with WarmServer.start(LIGHT_PRELOAD) as s:
         r = launcher.run_trial(fault_cfg("tiny"), tmp_path / "t", timeout_s=180, server=s, on_start=starts.append)
         assert r.status == "ok" and s.cuda_lost
         log = (tmp_path / "t" / "trial.log").read_text()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -26,18 +26,12 @@ from autotune.core.files import write_json_atomic
 from autotune.trial.worker import LAUNCH_TIME_ENV
 from autotune.trial.warm import WarmProcess, WarmServer, WarmServerError
 from tests.conftest import REPO_ROOT
+from tests.fakes import LIGHT_PRELOAD, fault_cfg
 from tests.fault_pipelines import TinyPipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("repo_on_path")]
 
-# Enough for the trial code to run warm, far cheaper to start than the default (torchvision, smp).
-LIGHT = ("torch", "autotune.trial.worker", "autotune.trial.harness")
-
-
-def fault_cfg(factory: str = "tiny", **changes: Any) -> TrialConfig:
-    base = TrialConfig(pipeline=f"tests.fault_pipelines:{factory}", batch_size=4, warmup_steps=1,
-                       timed_steps=4, window=2)
-    return base.replace(**changes)
+# The `server` fixture (conftest) has the default preload here, WARM_PRELOAD being unset: a search's.
 
 
 def trial_env(**extra: str) -> dict[str, str]:
@@ -82,12 +76,6 @@ def reported_pids(prefix: Path, timeout_s: float = 90.0) -> dict[str, Any]:
             return data
         time.sleep(0.1)
     raise AssertionError(f"the trial never reported its pids ({prefix})")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[WarmServer]:
-    with WarmServer.start() as s:  # the default preload: what a search would use
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +158,7 @@ def test_wait_times_out_like_popen(server: WarmServer, tmp_path: Path) -> None:
 
 def test_closing_the_server_kills_its_running_trials(tmp_path: Path) -> None:
     report = tmp_path / "pids"
-    server = WarmServer.start(LIGHT)
+    server = WarmServer.start(LIGHT_PRELOAD)
     try:
         p = spawn(server, fault_cfg("hang_loss_reporting", num_workers=2), tmp_path / "t",
                   AUTOTUNE_TEST_PIDS=str(report))
@@ -200,7 +188,7 @@ def test_a_killed_controller_leaves_no_server_and_no_trial(tmp_path: Path) -> No
     write_json_atomic(trial_dir / "config.json", cfg.to_dict())
     request = [launcher.command(cfg, trial_dir)[3:], trial_env(AUTOTUNE_TEST_PIDS=str(report)), os.getcwd(),
                str(trial_dir / "trial.log")]
-    controller = subprocess.Popen([sys.executable, "-c", CONTROLLER.format(light=LIGHT), json.dumps(request)],
+    controller = subprocess.Popen([sys.executable, "-c", CONTROLLER.format(light=LIGHT_PRELOAD), json.dumps(request)],
                                   stdout=subprocess.PIPE, env=os.environ.copy())
     try:
         assert controller.stdout is not None
