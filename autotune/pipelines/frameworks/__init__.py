@@ -94,7 +94,11 @@ def load(cfg: TrialConfig) -> FrameworkJob:
 
     prefix, target = split(cfg.pipeline)  # type: ignore[misc]
     library = library_module(cfg.pipeline)
-    returned = resolve_factory(target)(cfg)
+    try:
+        factory = resolve_factory(target)
+    except PipelineError as e:  # its message names the part after the prefix: name what the user wrote
+        raise PipelineError(str(e).replace(repr(target), repr(cfg.pipeline), 1)) from None
+    returned = factory(cfg)
     if prefix == "lightning":
         from autotune.pipelines.frameworks import lightning as adapter
     else:

@@ -29,6 +29,8 @@ def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, work
     seen: dict[str, Any] = {}
     trainer = transformers.Trainer(model=job.model, args=args, train_dataset=dataset_of(job),
                                    data_collator=job.collator, callbacks=[meter(transformers, clock, seen)])
+    for chatty in (transformers.PrinterCallback, transformers.ProgressCallback):  # a log line per step otherwise
+        trainer.remove_callback(chatty)
     trainer.train()
     applied = effects(cfg, job, args, seen)
     applied["framework"] = {"library": "hf", "training_args": changes(base, tuned),
