@@ -136,3 +136,20 @@ def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None
 
     ok(autotune(*again, cwd=tmp_path, pythonpath=tmp_path))
     round_trips(best, tmp_path / "studies" / "lit" / "trial" / "result.json")
+
+
+@pytest.mark.slow
+def test_parity_checks_a_lightning_candidate(tmp_path: Path) -> None:
+    """The search's parity check, unchanged, on Lightning trials: the baseline, its data-order twin and a
+    candidate with a loader worker (the same training) each train 4 steps in a forked trial process."""
+    from autotune.core.config import baseline_of
+    from autotune.pipelines import preload_modules
+    from autotune.search import parity
+    from autotune.trial.warm import DEFAULT_PRELOAD
+    from tests.conftest import warm_server_on_repo
+
+    candidate = TrialConfig(pipeline=SPEC, num_workers=1)
+    with warm_server_on_repo((*DEFAULT_PRELOAD, *preload_modules(SPEC))) as server:
+        verdict = parity.check(candidate, baseline_of(candidate), 4, tmp_path, 120, server=server)
+    assert verdict.runs == 3 and verdict.noise is not None and verdict.noise > 0  # the twin saw another order
+    assert verdict.passed and verdict.deviation == 0.0, verdict
