@@ -38,14 +38,15 @@ def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Pat
     assert a["batch_size"]["in_effect"] == 16 and a["num_workers"]["in_effect"] == 1  # the rebuilt loader's
     assert a["grad_accum"]["in_effect"] == 2  # the Trainer's accumulate_grad_batches
     assert a["precision"]["in_effect"] == "Trainer(precision='32-true')"
-    assert a["gpus"]["in_effect"] == 1 and a["lr"]["in_effect"] == [0.01]  # global batch = reference: lr as given
+    assert a["gpus"]["in_effect"] == 1 and a["lr"]["in_effect"] == [0.01]  # the datamodule's own batch: its own lr
     assert a["sampler"]["in_effect"] == "RandomSampler"
     assert a["framework"] == {"library": "lightning",
                               "trainer_kwargs": {"accelerator": "cpu", "devices": 1, "strategy": "auto",
                                                  "precision": "32-true", "accumulate_grad_batches": 2,
                                                  "benchmark": False},
                               "dataloader_kwargs": {"batch_size": 16, "num_workers": 1, "pin_memory": False,
-                                                    "persistent_workers": False, "prefetch_factor": 2}}
+                                                    "persistent_workers": False, "prefetch_factor": 2},
+                              "lr_scale": 1.0}
     # Measured as the worker measures: warm-up untimed, every step's loss, windows for pruning.
     assert result.timed_steps == 6 and len(result.losses) == 8 and all(map(math.isfinite, result.losses))
     assert len(result.windows) == 3 and len(progress.read_text().splitlines()) == 3
@@ -56,12 +57,13 @@ def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Pat
 
 
 def test_precision_and_the_scaled_lr_reach_the_trainer(repo_on_path: Path) -> None:
-    result = trial(batch_size=32, precision="bf16", warmup_steps=0, timed_steps=2)
+    result = trial(batch_size=8, precision="bf16", warmup_steps=0, timed_steps=2)
     a = result.applied
     assert a["precision"]["in_effect"] == "Trainer(precision='bf16-mixed')"
-    # Global batch 32 against the reference 8: the module's own lr x sqrt(4), in its live optimizer.
-    assert a["lr"]["requested"] == [0.01] and a["lr"]["in_effect"] == pytest.approx([0.02])
-    assert "sqrt rule" in a["lr"]["why"]
+    # The module's lr is meant for its datamodule's batch of 32: at global batch 8, x sqrt(8 / 32) in its
+    # live optimizer, and the export says so.
+    assert a["lr"]["requested"] == [0.01] and a["lr"]["in_effect"] == pytest.approx([0.005])
+    assert "sqrt rule" in a["lr"]["why"] and a["framework"]["lr_scale"] == pytest.approx(0.5)
 
 
 def test_losses_follow_the_seeds_as_parity_needs(repo_on_path: Path) -> None:

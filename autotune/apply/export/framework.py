@@ -34,12 +34,12 @@ def _kwargs(name: str, values: Mapping[str, Any], comments: Mapping[str, str] | 
     return [f"{name} = dict(", *rows, ")"]
 
 
-def _notes(e: Export, unsupported: Mapping[str, str]) -> list[str]:
+def _notes(e: Export, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> list[str]:
     cfg = e.config
     out = []
-    if cfg.effective_lr != cfg.lr:
-        out.append(f"# lr: the trials scaled your learning rate x{cfg.effective_lr / cfg.lr:.4g} ({cfg.lr_scaling} rule, "
-                   f"global batch {cfg.reference_batch} -> {cfg.global_batch_size})")
+    if lr_scale != 1:
+        out.append(f"# lr: multiply your learning rate by {lr_scale:.4g}, as the trials did ({cfg.lr_scaling} rule, "
+                   f"from your own batch to global batch {cfg.global_batch_size})")
     if cfg.num_threads:
         out.append(f"torch.set_num_threads({cfg.num_threads})  # num_threads, at the start of your script")
     if cfg.gpus > 1:
@@ -59,7 +59,7 @@ def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
         "# your datamodule's train_dataloader(): the same dataset, sampler and collate_fn, with these",
         *_kwargs("dataloader_kwargs", fw.get("dataloader_kwargs") or {}, {"batch_size": "per process"}),
         "",
-        *_notes(e, lightning.UNSUPPORTED),
+        *_notes(e, lightning.UNSUPPORTED, float(fw.get("lr_scale") or 1.0)),
         "",
         "# trainer = lightning.pytorch.Trainer(**trainer_kwargs, max_epochs=...)  # your other arguments as they are",
         "# trainer.fit(model, datamodule=datamodule)",

@@ -117,6 +117,15 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
+def lr_scale(cfg: TrialConfig, own_batch: int) -> float:
+    """The factor on the user's own learning rate. It was meant for the user's own global batch (the job
+    knows it; the study's reference batch is autotune's), so the rule scales from that batch to the
+    config's: a trial at the user's own batch trains at the user's own lr."""
+    from autotune.core.config import lr_factor
+
+    return lr_factor(cfg.global_batch_size / own_batch, cfg.lr_scaling)
+
+
 def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
     """One knob's record in a result's `applied`, in the shape autotune.trial.knobs writes."""
     rec = {"requested": requested, "in_effect": in_effect}

@@ -9,7 +9,7 @@ import math
 from typing import Any, Mapping
 
 from autotune.core.config import TrialConfig
-from autotune.pipelines.frameworks import FrameworkJob
+from autotune.pipelines.frameworks import FrameworkJob, lr_scale
 
 # optimizer_fusion -> TrainingArguments.optim. "adamw_torch" lets torch choose its kernel (foreach on
 # CUDA, the for-loop on CPU): TrainingArguments cannot force either, so none and foreach both map there.
@@ -91,10 +91,15 @@ def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset
         out["gradient_checkpointing"] = cfg.checkpoint_segments > 0
     if "optimizer_fusion" not in unsupported:
         out["optim"] = OPTIM[cfg.optimizer_fusion]
-    factor = cfg.effective_lr / cfg.lr
-    if factor != 1:  # the global batch changed: the user's lr, scaled by the study's rule
+    factor = lr_scale(cfg, own_batch(base))
+    if factor != 1:  # another global batch than the user's: the user's lr, scaled by the study's rule
         out["learning_rate"] = base.learning_rate * factor
     return out
+
+
+def own_batch(base: Any) -> int:
+    """The global batch the user's learning rate is meant for: per process, times accumulation."""
+    return int(base.per_device_train_batch_size) * int(base.gradient_accumulation_steps)
 
 
 def changes(base: Any, tuned: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import torch
 from autotune.core.config import KNOBS, TrialConfig, TrialResult
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.pipelines import load_pipeline
-from autotune.pipelines.frameworks import FrameworkJob, knob_effect
+from autotune.pipelines.frameworks import FrameworkJob, knob_effect, lr_scale
 from autotune.trial import knobs, measure
 from autotune.trial.contention import OtherCpu
 from autotune.trial.harness import NonFiniteLoss
@@ -220,9 +220,9 @@ def unsupported_effects(cfg: TrialConfig, job: FrameworkJob) -> dict[str, Any]:
     return {k: knob_effect(getattr(cfg, k), getattr(cfg, k), job.unsupported.why[k]) for k in job.unsupported}
 
 
-def lr_effect(cfg: TrialConfig, before: float | list[float], after: float | list[float]) -> dict[str, Any]:
-    """The user's own lr: scaled by the study's rule when the global batch differs from the reference."""
-    if cfg.effective_lr == cfg.lr:
-        return knob_effect(before, after, "the pipeline's own learning rate")
-    return knob_effect(before, after, f"the pipeline's own lr x {cfg.effective_lr / cfg.lr:.4g}: {cfg.lr_scaling} rule "
-                         f"for global batch {cfg.global_batch_size} vs {cfg.reference_batch}")
+def lr_effect(cfg: TrialConfig, before: Any, after: Any, own_batch: int) -> dict[str, Any]:
+    """The user's own lr, meant for its own global batch, and the lr the trial trained with."""
+    if cfg.global_batch_size == own_batch or cfg.lr_scaling == "none":
+        return knob_effect(before, after, f"the pipeline's own learning rate (its global batch {own_batch})")
+    return knob_effect(before, after, f"the pipeline's own lr, meant for its global batch {own_batch}, x "
+                       f"{lr_scale(cfg, own_batch):.4g}: {cfg.lr_scaling} rule for global batch {cfg.global_batch_size}")

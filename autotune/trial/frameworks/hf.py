@@ -12,7 +12,7 @@ import torch
 from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import knob_effect
-from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, tuned_fields
+from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, own_batch, tuned_fields
 from autotune.trial import knobs
 from autotune.trial.frameworks import FOREVER, Clock, lr_effect, unsupported_effects
 from autotune.trial.harness import checked
@@ -117,6 +117,6 @@ def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> di
                                                "gradient_checkpointing: every layer, or none")}
            if "checkpoint_segments" not in job.unsupported else {}),
         **unsupported_effects(cfg, job),
-        "lr": lr_effect(cfg, job.args.learning_rate, args.learning_rate),
+        "lr": lr_effect(cfg, job.args.learning_rate, args.learning_rate, own_batch(job.args)),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.model.modules()),
     }

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
-from autotune.pipelines.frameworks import knob_effect
+from autotune.pipelines.frameworks import knob_effect, lr_scale
 from autotune.pipelines.frameworks.lightning import LightningJob, loader_kwargs, trainer_kwargs
 from autotune.trial import knobs
 from autotune.trial.frameworks import FOREVER, Clock, lr_effect, unsupported_effects
@@ -25,12 +25,15 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
 
     cuda = device.type == "cuda"
     applied: dict[str, Any] = {}
+    own_batches: list[int] = []  # the datamodule's own batch size: what the module's lr is meant for
     data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     original = job.datamodule.train_dataloader
 
     def train_dataloader() -> DataLoader[Any]:  # Lightning calls it after the datamodule's setup()
-        loader, effects = rebuild(original(), cfg, cuda, data_seed)
+        own = original()
+        loader, effects = rebuild(own, cfg, cuda, data_seed)
         applied.update(effects)
+        own_batches.append(own.batch_size)
         return loader
 
     job.datamodule.train_dataloader = train_dataloader  # this instance only: its class is the user's
@@ -41,16 +44,17 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
     trainer = pl.Trainer(
         **trainer_kwargs(cfg, cuda),
         max_steps=cfg.warmup_steps + cfg.timed_steps if cfg.seconds is None else FOREVER, max_epochs=-1,
-        callbacks=[meter(pl, cfg, clock, applied)], logger=False, enable_checkpointing=False,
+        callbacks=[meter(pl, cfg, clock, applied, own_batches)], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0,  # the trial measures training; validation is not timed
         default_root_dir=str(workdir))
     trainer.fit(module, datamodule=job.datamodule)
     applied |= effects(cfg, job, trainer, cuda)
+    applied["framework"]["lr_scale"] = lr_scale(cfg, own_batches[0])
     return applied
 
 
-def meter(pl: Any, cfg: TrialConfig, clock: Clock, applied: dict[str, Any]) -> Any:
+def meter(pl: Any, cfg: TrialConfig, clock: Clock, applied: dict[str, Any], own_batches: list[int]) -> Any:
     """The Callback that measures the fit: one optimizer step ends at the micro-batch after which the
     Trainer's global_step moved (accumulate_grad_batches micro-batches per step)."""
 
@@ -59,10 +63,9 @@ def meter(pl: Any, cfg: TrialConfig, clock: Clock, applied: dict[str, Any]) -> A
             self.optimizer_steps = 0
             self.step_loss = torch.zeros(())
 
-        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            applied["lr"] = scale_lr(trainer, cfg)  # the optimizers exist from here on
-
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            # After the optimizers and the train loader exist, before the first step.
+            applied["lr"] = scale_lr(trainer, cfg, own_batches[0])
             self.step_loss = torch.zeros((), device=pl_module.device)
             clock.begin()
 
@@ -87,10 +90,10 @@ def meter(pl: Any, cfg: TrialConfig, clock: Clock, applied: dict[str, Any]) -> A
     return Meter()
 
 
-def scale_lr(trainer: Any, cfg: TrialConfig) -> dict[str, Any]:
-    """The module's own lr, scaled by the study's rule when the global batch differs from the reference:
-    each param group's and its scheduler's base, so a schedule keeps its shape around the new lr."""
-    factor = cfg.effective_lr / cfg.lr
+def scale_lr(trainer: Any, cfg: TrialConfig, own_batch: int) -> dict[str, Any]:
+    """The module's own lr, meant for its datamodule's batch, scaled by the study's rule to the config's
+    global batch: each param group's and its scheduler's base, so a schedule keeps its shape."""
+    factor = lr_scale(cfg, own_batch)
     groups = [g for opt in trainer.optimizers for g in opt.param_groups]
     before = [g["lr"] for g in groups]
     if factor != 1:
@@ -101,7 +104,7 @@ def scale_lr(trainer: Any, cfg: TrialConfig) -> dict[str, Any]:
         for config in trainer.lr_scheduler_configs:
             if hasattr(config.scheduler, "base_lrs"):
                 config.scheduler.base_lrs = [b * factor for b in config.scheduler.base_lrs]
-    return lr_effect(cfg, before, [g["lr"] for g in groups])
+    return lr_effect(cfg, before, [g["lr"] for g in groups], own_batch)
 
 
 def rebuild(loader: Any, cfg: TrialConfig, cuda: bool, data_seed: int) -> tuple[DataLoader[Any], dict[str, Any]]:
