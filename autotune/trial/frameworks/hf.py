@@ -98,14 +98,16 @@ def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> di
     """What the Trainer really ran with, read from its own objects where it has them."""
     loader, model = seen.get("loader"), job.model
     optimizer = getattr(seen.get("optimizer"), "optimizer", seen.get("optimizer"))  # accelerate wraps it
-    cuda_why = "" if args.dataloader_pin_memory is False or torch.cuda.is_available() else "no CUDA device: nothing to pin for"
+    cuda = torch.cuda.is_available()
+    pinned = bool(getattr(loader, "pin_memory", args.dataloader_pin_memory)) and cuda
+    pin_why = "" if cuda else "no CUDA device: pinning is a no-op, and dataloader_pin_memory stays as yours"
     fused = {k: optimizer.defaults.get(k) for k in ("fused", "foreach")} if optimizer is not None else {}
     return {
         "batch_size": knob_effect(cfg.batch_size, getattr(loader, "batch_size", None) or args.per_device_train_batch_size),
         "grad_accum": knob_effect(cfg.grad_accum, args.gradient_accumulation_steps),
         "precision": knob_effect(cfg.precision, f"TrainingArguments(bf16={args.bf16}, fp16={args.fp16})"),
         "num_workers": knob_effect(cfg.num_workers, getattr(loader, "num_workers", args.dataloader_num_workers)),
-        "pin_memory": knob_effect(cfg.pin_memory, getattr(loader, "pin_memory", args.dataloader_pin_memory), cuda_why),
+        "pin_memory": knob_effect(cfg.pin_memory, pinned, pin_why),
         "persistent_workers": knob_effect(cfg.persistent_workers, getattr(loader, "persistent_workers", None)),
         "prefetch_factor": knob_effect(cfg.prefetch_factor, getattr(loader, "prefetch_factor", None)),
         "gpus": knob_effect(cfg.gpus, args.world_size, "one process per device, under torchrun" if cfg.gpus > 1 else ""),
