@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # the two packages define distinct classes, and a trial must build the Trainer of the module's package.
 LIBRARIES = {"lightning": ("lightning.pytorch", "pip install lightning"),
              "hf": ("transformers", "pip install transformers accelerate")}
+# What a warm server imports once, so forked trials start with it: transformers imports its Trainer lazily.
+PRELOAD = {"lightning": ("lightning.pytorch",), "hf": ("transformers", "transformers.trainer")}
 EXPECTED = {"lightning": "(LightningModule, LightningDataModule)",
             "hf": "(model, train_dataset, data_collator, TrainingArguments)"}
 
@@ -52,7 +54,7 @@ def library_module(spec: str) -> Any:
 def preload(spec: str) -> tuple[str, ...]:
     """What a warm server imports for this pipeline: the framework and the factory's module."""
     prefix, target = split(spec)  # type: ignore[misc]
-    return (LIBRARIES[prefix][0], target.partition(":")[0])
+    return (*PRELOAD[prefix], target.partition(":")[0])
 
 
 class Unsupported(frozenset):  # type: ignore[type-arg]
