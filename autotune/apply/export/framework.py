@@ -24,8 +24,9 @@ def render(e: Export) -> str:
 def _header(e: Export, what: str) -> list[str]:
     trial = e.study.get("trial")
     speed = f"x{e.speedup:.2f} samples/s over the baseline" if e.speedup else "speedup unknown"
-    return [f"# {what}, as autotune measured them (study {e.study.get('name')!r}, trial {trial}: {speed}).",
-            f"# Reproduce: {e.reproduce}"]
+    return [f"# {what}, as autotune measured them",
+            f"# (study {e.study.get('name')!r}, trial {trial}: {speed}; `autotune trial --config best.yaml` "
+            "re-measures it)."]
 
 
 def _kwargs(name: str, values: Mapping[str, Any], comments: Mapping[str, str] | None = None) -> list[str]:
