@@ -42,8 +42,9 @@ def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: P
     assert a["precision"]["in_effect"] == "TrainingArguments(bf16=False, fp16=False)"
     base = transformers.TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=3e-3,
                                           report_to="none")
+    checkpointing = "activation_checkpointing" if hasattr(base, "activation_checkpointing") else "gradient_checkpointing"
     want = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "dataloader_num_workers": 1,
-            "dataloader_prefetch_factor": 2, "gradient_checkpointing": True, "optim": "adamw_torch_fused"}
+            "dataloader_prefetch_factor": 2, checkpointing: True, "optim": "adamw_torch_fused"}
     changed = {k: v for k, v in want.items() if getattr(getattr(base, k), "value", getattr(base, k)) != v}
     assert a["framework"]["library"] == "hf" and a["framework"]["training_args"] == changed
     assert a["framework"]["base"]["per_device_train_batch_size"] == 8

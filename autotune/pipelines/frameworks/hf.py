@@ -88,13 +88,19 @@ def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset
     if cfg.compile != "off":
         out["torch_compile_mode"] = cfg.compile
     if "checkpoint_segments" not in unsupported:
-        out["gradient_checkpointing"] = cfg.checkpoint_segments > 0
+        out[checkpointing_field(base)] = cfg.checkpoint_segments > 0
     if "optimizer_fusion" not in unsupported:
         out["optim"] = OPTIM[cfg.optimizer_fusion]
     factor = lr_scale(cfg, own_batch(base))
     if factor != 1:  # another global batch than the user's: the user's lr, scaled by the study's rule
         out["learning_rate"] = base.learning_rate * factor
     return out
+
+
+def checkpointing_field(base: Any) -> str:
+    """transformers 5 renamed gradient_checkpointing to activation_checkpointing and keeps the old name as
+    an alias resolved once: a copy of resolved arguments that sets only the old name is silently undone."""
+    return "activation_checkpointing" if hasattr(base, "activation_checkpointing") else "gradient_checkpointing"
 
 
 def own_batch(base: Any) -> int:

@@ -115,10 +115,18 @@ def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> di
         **({"optimizer_fusion": knob_effect(cfg.optimizer_fusion, f"optim={getattr(args.optim, 'value', args.optim)} "
                                             f"-> {type(optimizer).__name__}({fused})")}
            if "optimizer_fusion" not in job.unsupported else {}),
-        **({"checkpoint_segments": knob_effect(cfg.checkpoint_segments, bool(getattr(model, "is_gradient_checkpointing", False)),
-                                               "gradient_checkpointing: every layer, or none")}
+        **({"checkpoint_segments": knob_effect(cfg.checkpoint_segments, checkpointing(model),
+                                               "activation (gradient) checkpointing: every layer, or none")}
            if "checkpoint_segments" not in job.unsupported else {}),
         **unsupported_effects(cfg, job),
         "lr": lr_effect(cfg, job.args.learning_rate, args.learning_rate, own_batch(job.args)),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.model.modules()),
     }
+
+
+def checkpointing(model: Any) -> bool:
+    """Whether the model checkpoints its layers, as it says itself (transformers 5 renamed the property)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
