@@ -114,7 +114,7 @@ def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None
     its export and its re-measurement."""
     (tmp_path / "my_lightning.py").write_text(readme_example("my_lightning.py"))
     search, export, again = readme_commands("my_lightning")
-    run = autotune(*with_short_budget(search), "--parity-steps", "4", cwd=tmp_path, pythonpath=tmp_path)
+    run = autotune(*with_short_budget(search), cwd=tmp_path, pythonpath=tmp_path)  # parity: its own test below
     ok(run)
     # Knobs a Trainer cannot express are fixed, each with why.
     assert ("optimizer_fusion fixed to 'none': not supported by this pipeline: the LightningModule builds its own "
