@@ -24,14 +24,15 @@ SPEC = "hf:tests.pipelines.hf_jobs:make"
 
 
 def trial(spec: str = SPEC, **knobs: Any) -> Any:
-    """One trial in this process, as a forked trial runs it: the real Trainer.train, the real callback."""
-    return worker.run(TrialConfig(pipeline=spec, **{"warmup_steps": 1, "timed_steps": 3, "window": 1, **knobs}))
+    """One trial in this process, as a forked trial runs it: the real Trainer.train, the real callback (one
+    compute thread: on a small shared machine two threads run a step many times slower)."""
+    return worker.run(TrialConfig(pipeline=spec, **{"warmup_steps": 1, "timed_steps": 3, "window": 1, "num_threads": 1, **knobs}))
 
 
 def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: Path) -> None:
     progress = tmp_path / "progress.jsonl"
     cfg = TrialConfig(pipeline=SPEC, batch_size=4, global_batch=8, num_workers=1, checkpoint_segments=1,
-                      optimizer_fusion="fused", warmup_steps=2, timed_steps=4, window=2)
+                      optimizer_fusion="fused", warmup_steps=2, timed_steps=4, window=2, num_threads=1)
     result = worker.run(cfg, progress)
     a = result.applied
     # Read back from the Trainer's own objects: its DataLoader, its optimizer, the model it checkpoints.

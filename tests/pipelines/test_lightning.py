@@ -25,14 +25,15 @@ SPEC = "lightning:tests.pipelines.lightning_jobs:make"
 
 
 def trial(**knobs: Any) -> Any:
-    """One trial in this process, as a forked trial runs it: the real Trainer.fit, the real callback."""
-    return worker.run(TrialConfig(pipeline=SPEC, **{"warmup_steps": 1, "timed_steps": 4, "window": 2, **knobs}))
+    """One trial in this process, as a forked trial runs it: the real Trainer.fit, the real callback (one
+    compute thread: on a small shared machine two threads run a step many times slower)."""
+    return worker.run(TrialConfig(pipeline=SPEC, **{"warmup_steps": 1, "timed_steps": 4, "window": 2, "num_threads": 1, **knobs}))
 
 
 def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Path) -> None:
     progress = tmp_path / "progress.jsonl"
     cfg = TrialConfig(pipeline=SPEC, batch_size=16, global_batch=32, num_workers=1, warmup_steps=2, timed_steps=6,
-                      window=2)
+                      window=2, num_threads=1)
     result = worker.run(cfg, progress)
     a = result.applied
     assert a["batch_size"]["in_effect"] == 16 and a["num_workers"]["in_effect"] == 1  # the rebuilt loader's
