@@ -26,7 +26,8 @@ SPEC = "hf:tests.pipelines.hf_jobs:make"
 def trial(spec: str = SPEC, **knobs: Any) -> Any:
     """One trial in this process, as a forked trial runs it: the real Trainer.train, the real callback (one
     compute thread: on a small shared machine two threads run a step many times slower)."""
-    return worker.run(TrialConfig(pipeline=spec, **{"warmup_steps": 1, "timed_steps": 3, "window": 1, "num_threads": 1, **knobs}))
+    knobs = {"warmup_steps": 1, "timed_steps": 3, "window": 1, "num_threads": 1, **knobs}
+    return worker.run(TrialConfig(pipeline=spec, **knobs))
 
 
 def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: Path) -> None:

@@ -27,7 +27,8 @@ SPEC = "lightning:tests.pipelines.lightning_jobs:make"
 def trial(**knobs: Any) -> Any:
     """One trial in this process, as a forked trial runs it: the real Trainer.fit, the real callback (one
     compute thread: on a small shared machine two threads run a step many times slower)."""
-    return worker.run(TrialConfig(pipeline=SPEC, **{"warmup_steps": 1, "timed_steps": 4, "window": 2, "num_threads": 1, **knobs}))
+    knobs = {"warmup_steps": 1, "timed_steps": 4, "window": 2, "num_threads": 1, **knobs}
+    return worker.run(TrialConfig(pipeline=SPEC, **knobs))
 
 
 def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Path) -> None:
