@@ -180,7 +180,9 @@ def _run(session: Any, console: Any) -> int:
         failed = [k for k, v in checks["classes"].items() if v["verdict"] == "fail"]
         console.print(f"autotune: {len(checks['classes'])} training-math class(es) checked in {checks['check_seconds']:.0f} s"
                       + (f"; failed: {'; '.join(failed)} ({checks['trials_in_failed_classes']} of {checks['trials']} "
-                         "trials spent in them)" if failed else ""), highlight=False)
+                         f"trials run were in them, {checks['share_of_trial_time_in_failed_classes']:.0%} of trial "
+                         f"time; {checks['written_off']} later proposal(s) in them written off unrun)"
+                         if failed else ""), highlight=False)
     if outcome.best_yaml is None:
         console.print("autotune: no trial finished, nothing to export")
     else:

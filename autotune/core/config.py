@@ -303,13 +303,6 @@ class SearchSettings:
             return self.trial_timeout_s
         return max(120.0, self.budget_s / 4) if self.budget_s else DEFAULT_TRIAL_TIMEOUT_S
 
-    @property
-    def grace_s(self) -> float:
-        """How far past the budget the end of a search (the last trial, confirmation, the parity gate)
-        may run: the search promises to end within budget + max(30 s, 2%), and 10 s of that stay for
-        the export."""
-        return max(30.0, 0.02 * (self.budget_s or 0)) - 10.0
-
 
 def parse_duration(text: str, flag: str = "--budget") -> float:
     """'2h', '90m', '1h30m', '45s' or plain seconds -> seconds."""

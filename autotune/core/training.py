@@ -26,6 +26,11 @@ def training_math(cfg: TrialConfig, batch_norm: bool) -> list[str]:
     return out
 
 
+def step_changed(changes: list[str] | tuple[str, ...] | None) -> bool:
+    """Whether `training_math`'s changes include the optimizer step (the global batch, or the lr)."""
+    return any(c.startswith(("global batch ", "lr ")) for c in changes or ())
+
+
 def shown(changes: list[str] | tuple[str, ...] | None) -> str:
     """One cell: "same", the changes joined, or "?" when unknown (a trial that did not finish)."""
     if changes is None:

@@ -1,6 +1,7 @@
-"""The control plane: the search space, the search session (open -> run -> confirm -> finish, with its
-signal handling), the Optuna study and its typed trial records, storages, the machine fingerprint and
-the per-device locks. Optuna is used here and above, never below.
+"""The control plane: the search space, the search session (open -> run -> finish, with its signal
+handling), the one `Budget` every phase asks, the Optuna study and its typed records, storages, the
+machine fingerprint and the per-device locks; `finish/` holds the end of a search (confirmation, the
+parity gate). Optuna is used here and above, never below.
 
 May import: autotune.core, autotune.trial, autotune.pipelines.
 """

@@ -24,24 +24,19 @@ from optuna.trial import FrozenTrial
 
 from autotune.core.config import SearchSettings, TrialConfig, baseline_of
 from autotune.core.training import shown, training_math
-from autotune.search import parity, target
+from autotune.search import parity, records, target
+from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord, write
-from autotune.search.results import (CLASSES, baseline_sps, baseline_trial, class_label, confirmed_figures, feasible,
+from autotune.search.results import (baseline_sps, baseline_trial, class_label, confirmed_figures, feasible,
                                      leaderboard)
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.trial.warm import WarmServer
-
-REFERENCE = "parity_reference"  # study user attr: parity.Reference.to_dict(), measured once per study
 
 
 def changes_step(cfg: TrialConfig) -> bool:
     """Whether `cfg`'s optimizer step differs from its baseline's: another global batch, so another lr."""
     base = baseline_of(cfg)
     return cfg.global_batch_size != base.global_batch_size or cfg.effective_lr != base.effective_lr
-
-
-def verdicts(study: optuna.Study) -> dict[str, Any]:
-    return dict(study.user_attrs.get(CLASSES) or {})
 
 
 def label_of(study: optuna.Study, cfg: TrialConfig) -> str | None:
@@ -53,7 +48,7 @@ def label_of(study: optuna.Study, cfg: TrialConfig) -> str | None:
 
 
 def failed(study: optuna.Study, label: str | None) -> dict[str, Any] | None:
-    v = verdicts(study).get(label) if label else None
+    v = records.class_verdicts(study).get(label) if label else None
     return v if v is not None and v.get("verdict") == "fail" else None
 
 
@@ -71,12 +66,12 @@ def reference(study: optuna.Study, settings: SearchSettings, folder: Path,
               server: WarmServer | None) -> parity.Reference:
     """The baseline's K-step trajectory and its data-order twin's: stored once per study, reused."""
     baseline = baseline_of(settings.base)
-    stored = study.user_attrs.get(REFERENCE)
+    stored = records.parity_reference(study)
     ref = parity.Reference.from_dict(stored) if stored else None
     if ref is not None and parity.same_training(ref.baseline, baseline) and ref.steps >= settings.parity_steps:
         return ref
     ref = parity.noise_reference(baseline, settings.parity_steps, folder / "reference", settings.trial_timeout, server)
-    study.set_user_attr(REFERENCE, ref.to_dict())
+    records.write_parity_reference(study, ref.to_dict())
     return ref
 
 
@@ -105,7 +100,7 @@ def run_check(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, cfg
     verdict.update(trial=t.number, seconds=round(time.monotonic() - t0, 1))
     label = class_label(t)
     if label is not None:
-        study.set_user_attr(CLASSES, {**verdicts(study), label: verdict})
+        records.write_class_verdict(study, label, verdict)
     return verdict
 
 
@@ -116,25 +111,25 @@ def cost_s(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, cfg: T
     figures = TrialRecord.from_frozen(base).metrics if base is not None else {}
     step, start = float(figures.get("step_time_p50") or 1.0), float(figures.get("startup_s") or 5.0) + 2.0
     k, g_b = settings.parity_steps, baseline_of(cfg).global_batch_size
-    need = 0.0 if study.user_attrs.get(REFERENCE) else 2 * (k * step + start)
+    need = 0.0 if records.parity_reference(study) else 2 * (k * step + start)
     samples = target.cost_samples(cfg, k * g_b) if changes_step(cfg) else k * g_b
     return need + samples / max(float(t.value or 0), 1e-9) + start
 
 
 def check_if_it_matters(study: optuna.Study, settings: SearchSettings, frozen: FrozenTrial, folder: Path,
-                        server: WarmServer | None, say: Callable[[str], None], deadline: float | None) -> None:
+                        server: WarmServer | None, say: Callable[[str], None], budget: Budget | None) -> None:
     """After a trial: if its class just entered the top k, beats the baseline and is unchecked, check it
-    now, when the check fits before `deadline`."""
+    now, when the check ends before the trial loop's deadline."""
     label = class_label(frozen) if feasible(frozen) else None
-    if not settings.parity_steps or label is None or label in verdicts(study):
+    if not settings.parity_steps or label is None or label in records.class_verdicts(study):
         return
     top = leaderboard(study)[: max(1, settings.confirm_top)]
     base = baseline_sps(study)
     if frozen.number not in {t.number for t in top} or not base or float(frozen.value or 0) <= base:
         return
-    cfg = TrialRecord.from_frozen(frozen).knobs(settings.base)
+    cfg = TrialRecord.of(frozen).config_for(settings.base)
     need = cost_s(study, settings, frozen, cfg)
-    if deadline is not None and time.monotonic() + need > deadline:
+    if not Budget.fits(need, budget.search_deadline if budget else None):
         return  # the end-of-search gate checks it if it still leads and the budget allows
     kind = "time to target" if changes_step(cfg) else "parity"
     say(f"check: trial {frozen.number}'s training math ({label}) entered the top {len(top)}: {kind} check now "

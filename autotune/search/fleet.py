@@ -13,51 +13,49 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
 
 import optuna
 
-from autotune.search import _optuna
+from autotune.search import _optuna, records
 from autotune.search.study import _owner_alive
 
-PREFIX = "worker:"
 SETTLE_S = 1.0  # workers that finish together all write their claim within this; the last one wins
 
 
 def register(study: optuna.Study) -> str:
     """Record this worker as running; returns its key in the study's user attrs."""
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "state": "running"}
-    key = f"{PREFIX}{me['host']}:{me['pid']}:{uuid.uuid4().hex[:12]}"  # unique even for two in one process
-    study.set_user_attr(key, me)
+    me: records.WorkerEntry = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                               "state": "running"}
+    key = records.worker_key(me["host"], me["pid"], uuid.uuid4().hex[:12])  # unique even for two in one process
+    records.write_worker(study, key, me)
     return key
 
 
 def beat(study: optuna.Study, key: str) -> None:
     """A heartbeat, so that workers on other hosts can tell this one is alive."""
-    me = dict(study.user_attrs.get(key) or {})
+    me = records.worker(study, key)
     if me:
-        study.set_user_attr(key, {**me, "heartbeat": time.time()})
+        records.write_worker(study, key, {**me, "heartbeat": time.time()})
 
 
 def finishes(study: optuna.Study, key: str) -> bool:
     """Mark this worker done; True when it is the one to finish the study (no other worker alive,
     and it won the claim among those that finished with it)."""
-    me = dict(study.user_attrs.get(key) or {})
-    study.set_user_attr(key, {**me, "state": "done"})
-    if _others_running(fresh(study).user_attrs, key):
+    records.write_worker(study, key, {**records.worker(study, key), "state": "done"})
+    if _others_running(fresh(study), key):
         return False
-    won = claim(study, "finisher", key)
-    return won is not None and not _others_running(won.user_attrs, key)
+    won = claim(study, records.FINISHER, key)
+    return won is not None and not _others_running(won, key)
 
 
 def claim(study: optuna.Study, attr: str, me: str) -> optuna.Study | None:
     """Elect one among processes claiming at once, last writer wins: write `me` under `attr`, let the
     others' writes land (SETTLE_S), and return the study freshly loaded when `me` stayed; None when
     another process won."""
-    study.set_user_attr(attr, me)
+    records.write_claim(study, attr, me)
     time.sleep(SETTLE_S)
     loaded = fresh(study)
-    return loaded if loaded.user_attrs.get(attr) == me else None
+    return loaded if records.claimant(loaded, attr) == me else None
 
 
 def fresh(study: optuna.Study) -> optuna.Study:
@@ -65,6 +63,6 @@ def fresh(study: optuna.Study) -> optuna.Study:
     return optuna.load_study(study_name=study.study_name, storage=_optuna.storage_of(study))
 
 
-def _others_running(attrs: dict[str, Any], key: str) -> bool:
-    return any(k.startswith(PREFIX) and k != key and isinstance(v, dict) and v.get("state") == "running"
-               and _owner_alive(v) for k, v in attrs.items())
+def _others_running(study: optuna.Study, key: str) -> bool:
+    return any(k != key and v.get("state") == "running" and _owner_alive(v)  # type: ignore[arg-type]
+               for k, v in records.workers(study).items())

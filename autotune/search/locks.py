@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from autotune.core.config import TrialConfig, TrialResult
+from autotune.trial import launcher
+
 DEFAULT_LOCK_DIR = "/tmp/autotune-locks"
 
 
@@ -180,3 +183,12 @@ def device_lock(gpus: int) -> Iterator[Lease]:
     finally:
         for fd in fds:
             os.close(fd)  # closing releases the flock
+
+
+def locked_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float, **launch: Any) -> tuple[TrialResult, Lease]:
+    """launcher.run_trial holding the devices `cfg` uses: every trial a search starts (its trials,
+    confirmation's rounds, parity's runs) goes through here, so no two share a GPU. `launch`: the
+    launcher's keywords (server, on_window, on_start, on_groups). Returns the result and the lease,
+    which says whether another trial shared the CPUs meanwhile."""
+    with device_lock(cfg.gpus) as lease:
+        return launcher.run_trial(cfg, trial_dir, timeout_s, **launch), lease

@@ -10,7 +10,7 @@ Why it is built this way:
   instead: the deviation between the baseline and its data-order twin, the same baseline with
   data_seed + 1 and the same initial weights. Reshuffling the data is a change nobody calls wrong;
   a candidate may move the trajectory as far as it does and no further (FRACTION, chosen on the
-  measurements of benchmarks/parity.py quoted there), with a floor for data that hardly varies.
+  measurements of benchmarks/parity.py, kept in benchmarks/README.md), with a floor for data that hardly varies.
 * Trajectories are compared smoothed (a trailing mean over SMOOTH steps): a single step's loss is
   mostly the difficulty of its batch, which is the data-order twin's whole difference at step 1.
 * The deviation is mean |smoothed candidate - smoothed baseline| over the mean |smoothed baseline|,
@@ -24,9 +24,8 @@ Why it is built this way:
 * Cost: noise_reference() runs the baseline and its twin once per study (2 runs, K steps each); each
   check() then runs only the candidate (1 run), so N candidates cost 2 + N runs. A candidate whose
   global batch is r times the baseline's also needs a reference of r x K baseline steps: 2 more runs,
-  each the candidate's own samples. Each run gets timeout_s. Measured (Unet 64 px, batch 8, 30 steps,
-  one thread, warm forks, a loaded 2-core CPU): the reference 33 s, a check 17-18 s; at 128 px a step
-  costs ~4.7x, so ~80 s a run. Reference.to_dict()/from_dict() let a study keep it as a user attr.
+  each the candidate's own samples. Each run gets timeout_s (measured costs: benchmarks/README.md).
+  Reference.to_dict()/from_dict() let a study keep it as a user attr.
 * A candidate that fails to train is a failed verdict naming the failure; a baseline that fails raises
   its TrialFailure (nothing can be checked against it).
 """
@@ -40,27 +39,15 @@ from typing import Any, Mapping, Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
-from autotune.search.locks import device_lock
-from autotune.trial import launcher
+from autotune.search.locks import locked_trial
 from autotune.trial.warm import WarmServer
 
-DEFAULT_STEPS = 30
-# Steps of the coarser run per trailing mean (a span of SMOOTH x its global batch samples). Over the
-# baseline's 30 steps at batch 8 (64 px Unet) the twin's deviation is 7.0% step by step, 3.4% with 5.
+# Steps of the coarser run per trailing mean (a span of SMOOTH x its global batch samples).
 SMOOTH = 5
 # tolerance = max(FRACTION x noise, FLOOR): a candidate may move the trajectory as far as one reshuffle
-# of the data does, and no further. Measured by benchmarks/parity.py (Unet 64 px, batch 8, 30 steps;
-# deviation / data-order noise, the noise 3.4%): fp32 same seed 0; num_threads 2: 0.01; channels_last
-# 0.14; bf16 0.14 (0.20 at batch 4); micro-batch 4 x 2 at global 8 (batch norm over 4) 0.28;
-# num_workers 2: 0.60 before each sample drew its crop from its own seed (knobs.sample_seed), exactly 0
-# since; a second data-order twin 0.67 (the spread of a one-twin noise figure). Against: another initial seed 6.2, global batch 8 -> 64 at equal
-# samples 23, the broken-numerics pipeline in bf16 88 (over its own noise). The largest legitimate
-# change is 0.67 and the smallest wrong one 6.2: 1.0 leaves a 1.5x margin above the one and 6x below
-# the other. Below ~0.7, a legitimate change would fail on the noise figure's own spread.
+# of the data does, and no further; FLOOR stands in when the data order cannot set a tolerance (a
+# dataset of about one batch). Why these values: benchmarks/README.md, "Parity tolerance: measurement history".
 FRACTION = 1.0
-# When the data order cannot set a tolerance (a dataset of about one batch: the twin sees the same
-# samples) the noise is rounding-sized. Rounding-only changes (channels_last, bf16) moved the Unet's
-# trajectory 0.46-0.49% in 30 steps: the floor passes twice that, 20x below the broken pipeline's 20.7%.
 FLOOR = 0.01
 
 
@@ -189,7 +176,7 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
     t0 = time.monotonic()
     g_c, g_b = candidate.global_batch_size, baseline.global_batch_size
     samples = steps * max(g_c, g_b)
-    c_steps, b_steps = math.ceil(samples / g_c), math.ceil(samples / g_b)
+    c_steps, b_steps = steps_for(samples, g_c), steps_for(samples, g_b)
     grid = max(g_c, g_b)
     runs = 1
     try:
@@ -216,6 +203,11 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
     return Verdict(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
 
 
+def steps_for(samples: float, global_batch: int) -> int:
+    """Optimizer steps of `global_batch` samples that see at least `samples` (at least one)."""
+    return max(1, math.ceil(samples / global_batch))
+
+
 def as_run(cfg: TrialConfig, steps: int) -> TrialConfig:
     """The config as parity runs it: `steps` optimizer steps, all recorded, no warm-up, no time box."""
     return cfg.replace(warmup_steps=0, timed_steps=steps, seconds=None, profile=False,
@@ -228,8 +220,7 @@ def same_training(a: TrialConfig, b: TrialConfig) -> bool:
 
 
 def train_losses(cfg: TrialConfig, trial_dir: Path, timeout_s: float, server: WarmServer | None) -> tuple[float, ...]:
-    with device_lock(cfg.gpus):
-        result = launcher.run_trial(cfg, trial_dir, timeout_s, server=server)
+    result, _ = locked_trial(cfg, trial_dir, timeout_s, server=server)
     if len(result.losses) != cfg.timed_steps:  # the worker records every step: anything else is a bug
         raise TrialFailure(f"{len(result.losses)} losses recorded for {cfg.timed_steps} steps")
     return tuple(result.losses)

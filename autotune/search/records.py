@@ -1,21 +1,74 @@
-"""One typed record for what the study stores about a trial, and one for the study itself.
+"""Typed records of everything a study stores in Optuna's user attrs: a trial's record, the study's
+own record, and the study attrs the end of a search and a fleet of workers keep.
 
-Optuna's user attrs are a loose JSON dict; every module that reads or writes them goes through these
-records, so a key is spelled in one place and a missing one has one default.
+Optuna's user attrs are a loose JSON dict; every module reads and writes them through this one, so a
+key is spelled in one place and a missing one has one default (tests/test_architecture.py holds it).
+The stored values stay plain JSON (a resumed study, optuna-dashboard and other versions read them);
+the TypedDicts below name their shape.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict, Union
 
 import optuna
+from optuna.study import StudySummary
 from optuna.trial import FrozenTrial
 
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.training import training_math
+from autotune.search import _optuna
 
-ROLES = ("baseline", "warm_start", "search")
+# ---- the study attrs' keys ----------------------------------------------------------------------------
+
+CONFIRMATION = "confirmation"  # the last confirmation's summary (search/finish/confirm.py)
+# Trial number (str) -> its parity verdict (search/finish/gate.py). A study attr, because a finished
+# trial's own attrs can no longer be written.
+PARITY = "parity"
+# Training-math class (its label, core/training.shown) -> the verdict of its one check (parity for a
+# class that keeps the optimizer step, time to target for one that changes it; search/classes.py).
+CLASSES = "class_verdicts"
+REFERENCE = "parity_reference"  # parity.Reference.to_dict(), measured once per study
+WORKER_PREFIX = "worker:"  # one attr per fleet worker: "worker:<host>:<pid>:<uuid>" -> WorkerEntry
+RESOLVER = "resolver"  # the claim of the worker that resolves a `--create-only` study's space
+FINISHER = "finisher"  # the claim of the worker that finishes a fleet's study
+
+Trial = Union[optuna.Trial, FrozenTrial]
+
+
+class StoredVerdict(TypedDict, total=False):
+    """A parity, time-to-target or class verdict as stored (parity.Verdict / target.TargetVerdict .to_dict())."""
+
+    verdict: str  # pass | fail | not checked | skipped
+    kind: str  # parity | time to target
+    reason: str
+    trial: int  # the trial whose check it was
+    seconds: float
+    speedup_to_target: float | None
+
+
+class ConfirmationSummary(TypedDict, total=False):
+    """confirm.summarize() and the measured seconds per trial."""
+
+    rounds: int
+    baseline_median: float | None
+    rows: list[dict[str, Any]]  # label, trial, search_samples_per_s, samples, median, min, max, speedups
+    winner: int | None
+    order_changed: bool
+    search_order: list[str]
+    confirmed_order: list[str]
+    trial_s: float | None
+
+
+class WorkerEntry(TypedDict, total=False):
+    """A fleet worker: who it is, and whether it is still running."""
+
+    host: str
+    pid: int
+    started: float
+    state: str  # running | done
+    heartbeat: float
 
 
 @dataclass(frozen=True)
@@ -38,8 +91,13 @@ class TrialRecord:
     retry_of: int | None = None  # a re-run of that trial, whose measurement was contended
 
     @classmethod
-    def from_frozen(cls, t: FrozenTrial) -> TrialRecord:
+    def of(cls, t: Trial) -> TrialRecord:
+        """The record of a trial, running (optuna.Trial) or finished (FrozenTrial)."""
         return cls.from_attrs(t.user_attrs)
+
+    @classmethod
+    def from_frozen(cls, t: Trial) -> TrialRecord:
+        return cls.of(t)
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
@@ -71,13 +129,42 @@ class TrialRecord:
     def result(self) -> TrialResult:
         return TrialResult.from_dict({"status": "ok", **self.metrics, "applied": self.applied, "windows": self.windows})
 
-    def knobs(self, workload: TrialConfig) -> TrialConfig:
-        return workload.replace(**self.config)
+    def config_for(self, base: TrialConfig) -> TrialConfig:
+        """The config this trial ran: `base` (the study's workload) with its knobs."""
+        return base.replace(**self.config)
+
+    knobs = config_for  # the old name, kept while apply/ablate.py still calls it
 
 
 def write(trial: optuna.Trial, record: TrialRecord) -> None:
     for key, value in record.to_attrs().items():
         trial.set_user_attr(key, value)
+
+
+def write_owner(trial: optuna.Trial, owner: Mapping[str, Any]) -> None:
+    """The trial's owner alone (its heartbeat, its process groups), as the trial runs."""
+    trial.set_user_attr("owner", dict(owner))
+
+
+def write_reason(trial: optuna.Trial, reason: str) -> None:
+    """A failure's reason alone, over the one a failure record wrote (interrupted, budget, compile_timeout)."""
+    trial.set_user_attr("reason", reason)
+
+
+def enqueue(study: optuna.Study, params: Mapping[str, Any], record: TrialRecord, *,
+            skip_if_exists: bool = False) -> None:
+    """Queue a trial that runs `params`, carrying `record` (its role, its config) from the start."""
+    study.enqueue_trial(dict(params), user_attrs=record.to_attrs(), skip_if_exists=skip_if_exists)
+
+
+def fail_other(study: optuna.Study, t: FrozenTrial, reason: str, message: str) -> None:
+    """Mark another process's RUNNING trial FAIL, with why (Study.tell only takes this process's trials)."""
+    _optuna.fail_trial(study, t, {"reason": reason, "message": message})
+
+
+def contended(t: Trial) -> bool:
+    """Whether the trial's figure was measured while another process shared its CPUs."""
+    return bool(t.user_attrs.get("contended"))
 
 
 def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None,
@@ -101,10 +188,11 @@ class StudyRecord:
     parity_steps: int | None = None
     confirm_rounds: int | None = None  # the search's confirmation, run by the worker that finishes last
     confirm_top: int | None = None
-    ablation: list[Any] | None = None
+    ablation: list[Any] | None = None  # `autotune ablate`'s steps (apply/ablate.py), written by write_ablation
 
     @classmethod
-    def of(cls, study: optuna.Study) -> StudyRecord:
+    def of(cls, study: optuna.Study | StudySummary) -> StudyRecord:
+        """The record of a study, or of a study summary (optuna.get_all_study_summaries)."""
         attrs = study.user_attrs
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in attrs.items() if k in names})
@@ -113,3 +201,80 @@ class StudyRecord:
         for key, value in dataclasses.asdict(self).items():
             if value is not None:
                 study.set_user_attr(key, value)
+
+
+def write_ablation(study: optuna.Study, steps: list[Any]) -> None:
+    """`autotune ablate`'s steps alone (StudyRecord.write would write every field)."""
+    study.set_user_attr("ablation", steps)
+
+
+# ---- the end of a search: confirmation, parity, class checks -------------------------------------------
+
+def confirmation(study: optuna.Study) -> ConfirmationSummary | None:
+    """The last confirmation's summary; None when none ran."""
+    return study.user_attrs.get(CONFIRMATION)
+
+
+def write_confirmation(study: optuna.Study, summary: ConfirmationSummary | Mapping[str, Any]) -> None:
+    study.set_user_attr(CONFIRMATION, dict(summary))
+
+
+def parity_verdicts(study: optuna.Study) -> dict[str, StoredVerdict]:
+    """The parity gate's verdicts by trial number (as a str key); {} when the gate checked none."""
+    return dict(study.user_attrs.get(PARITY) or {})
+
+
+def parity_verdict(study: optuna.Study, number: int) -> StoredVerdict | None:
+    """The gate's verdict on trial `number`, when it made one."""
+    return parity_verdicts(study).get(str(number))
+
+
+def write_parity_verdicts(study: optuna.Study, verdicts: Mapping[str, Any]) -> None:
+    study.set_user_attr(PARITY, dict(verdicts))
+
+
+def class_verdicts(study: optuna.Study) -> dict[str, StoredVerdict]:
+    """The verdict of each training-math class checked, by its label; {} when none was."""
+    return dict(study.user_attrs.get(CLASSES) or {})
+
+
+def write_class_verdict(study: optuna.Study, label: str, verdict: Mapping[str, Any]) -> None:
+    study.set_user_attr(CLASSES, {**class_verdicts(study), label: dict(verdict)})
+
+
+def parity_reference(study: optuna.Study) -> dict[str, Any] | None:
+    """The baseline's stored reference trajectory (parity.Reference.to_dict()); None before it is measured."""
+    return study.user_attrs.get(REFERENCE) or None
+
+
+def write_parity_reference(study: optuna.Study, reference: Mapping[str, Any]) -> None:
+    study.set_user_attr(REFERENCE, dict(reference))
+
+
+# ---- a fleet's workers and its claims ------------------------------------------------------------------
+
+def worker_key(host: str, pid: int, unique: str) -> str:
+    return f"{WORKER_PREFIX}{host}:{pid}:{unique}"
+
+
+def worker(study: optuna.Study, key: str) -> WorkerEntry:
+    """The worker stored under `key`; {} when there is none."""
+    return dict(study.user_attrs.get(key) or {})  # type: ignore[return-value]
+
+
+def workers(study: optuna.Study) -> dict[str, WorkerEntry]:
+    """Every worker recorded in the study, by key (entries that are not a worker's mapping left out)."""
+    return {k: v for k, v in study.user_attrs.items() if k.startswith(WORKER_PREFIX) and isinstance(v, dict)}
+
+
+def write_worker(study: optuna.Study, key: str, entry: WorkerEntry | Mapping[str, Any]) -> None:
+    study.set_user_attr(key, dict(entry))
+
+
+def claimant(study: optuna.Study, claim: str) -> Any:
+    """Who holds the claim `claim` (RESOLVER, FINISHER) as the study was loaded; None: nobody."""
+    return study.user_attrs.get(claim)
+
+
+def write_claim(study: optuna.Study, claim: str, me: str) -> None:
+    study.set_user_attr(claim, me)

@@ -7,9 +7,9 @@ import dataclasses
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
@@ -19,12 +19,11 @@ from autotune.core.config import SearchSettings, TrialConfig, TrialResult
 from autotune.core.errors import (TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialTimeout,
                                   TrialUnsupported)
 from autotune.search import _optuna
-from autotune.search.locks import Lease, device_lock
-from autotune.search.records import TrialRecord, of_result, write
+from autotune.search.locks import locked_trial
+from autotune.search.records import TrialRecord, of_result, write, write_owner, write_reason
 from autotune.search.results import baseline_sps
 from autotune.search.space import usable_cpus
 from autotune.search.storage import disk_error
-from autotune.trial import launcher
 from autotune.trial.warm import WarmServer
 
 # The sampler should learn where these lie: they are properties of the config, not accidents.
@@ -51,67 +50,21 @@ class Events:
     finished: Callable[[FrozenTrial], None] = lambda t: None
 
 
-# This process's run of a study's end (confirmation, parity): its own folder, so two searches that end
-# one study at the same moment never launch trials into the same folder (and read each other's result).
-END_RUN = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}-{os.getpid()}"
-
-
-def end_folder(settings: SearchSettings, study: optuna.Study, kind: str) -> Path:
-    """studies/<study>/<kind>/<this process's run>: where confirmation or parity trials of this run go."""
-    return Path(settings.studies_dir) / study.study_name / kind / END_RUN
-
-
 def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings: SearchSettings,
             timeout_s: float, events: Events, server: WarmServer | None = None) -> FrozenTrial:
-    role = TrialRecord.from_attrs(trial.user_attrs).role
+    """Run `cfg` as `trial` and tell the study how it went: its figures, or why it failed."""
+    role = TrialRecord.of(trial).role
     events.started(trial.number, role, cfg)
     trial_dir = Path(settings.studies_dir) / settings.study / f"trial-{trial.number}"
-    owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-    write(trial, TrialRecord(role=role, config=cfg.knobs(), owner=owner))
-
-    beat = [time.time()]
-    windows = [0]
-
-    def on_window(step: int, sps: float) -> bool:
-        # Report by window index, not step count: pruning compares trials at the same point in
-        # their measurement, whatever their batch size or window length.
-        trial.report(sps, windows[0])
-        windows[0] += 1
-        if time.time() - beat[0] > 30:  # heartbeat for searches on other hosts sharing the study
-            beat[0] = time.time()
-            owner["heartbeat"] = beat[0]
-            trial.set_user_attr("owner", owner)
-        events.window(sps)
-        return role == "search" and trial.should_prune()
-
-    def on_start(pgid: int) -> None:
-        owner["pgid"] = pgid
-        trial.set_user_attr("owner", owner)
-
-    def on_groups(pgids: list[int]) -> None:  # torchrun's ranks lead their own groups: a resume kills those too
-        owner["pgids"] = pgids
-        trial.set_user_attr("owner", owner)
-
-    state, value = TrialState.COMPLETE, None
-    lease = Lease()
+    watch = _Watch(trial, role, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}, events)
+    write(trial, TrialRecord(role=role, config=cfg.knobs(), owner=watch.owner))
     try:
         # RDB storages: the heartbeat thread Study.optimize would run, so other workers see we're alive.
-        with _optuna.heartbeat_thread(study, trial), device_lock(cfg.gpus) as lease:
-            result = launcher.run_trial(cfg, trial_dir, timeout_s, on_window, on_start=on_start, server=server,
-                                        on_groups=on_groups)
-    except TrialPruned as e:
-        _record_failure(trial, role, e)
-        state = TrialState.PRUNED
-    except INFEASIBLE as e:
-        # Recorded as complete but infeasible: Optuna's samplers steer away, and it is never "best".
-        _record_failure(trial, role, e)
-        trial.set_constraint(FEASIBLE_KEY, 1.0)
-        value = 0.0
-    except TrialTimeout as e:
-        state, value = _timed_out(trial, role, cfg, e, budget_cut=timeout_s < settings.trial_timeout)
+        with _optuna.heartbeat_thread(study, trial):
+            result, lease = locked_trial(cfg, trial_dir, timeout_s, on_window=watch.window, on_start=watch.started,
+                                         server=server, on_groups=watch.groups)
     except TrialFailure as e:
-        _record_failure(trial, role, e)
-        state = TrialState.FAIL
+        state, value = _failed(trial, role, cfg, e, budget_cut=timeout_s < settings.trial_timeout)
     except OSError as e:
         if not disk_error(e):
             raise
@@ -121,14 +74,61 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
             study.tell(trial, state=TrialState.FAIL)
         raise
     except BaseException:
-        trial.set_user_attr("reason", "interrupted")
+        write_reason(trial, "interrupted")
         _upload(trial, trial_dir)
         study.tell(trial, state=TrialState.FAIL)
         raise
     else:
-        value = _measured(study, trial, role, cfg, result, settings, lease.contended)
+        state, value = TrialState.COMPLETE, _measured(study, trial, role, cfg, result, settings, lease.contended)
     _upload(trial, trial_dir)
     return study.tell(trial, value, state=state if value is None else None)
+
+
+@dataclass
+class _Watch:
+    """The launcher's callbacks for a running trial: pruning reports, the owner's heartbeat and groups."""
+
+    trial: optuna.Trial
+    role: str
+    owner: dict[str, Any]  # controller pid/host/started, then its heartbeat and the trial's process groups
+    events: Events
+    beat: float = field(default_factory=time.time)
+    windows: int = 0
+
+    def window(self, step: int, sps: float) -> bool:
+        # Report by window index, not step count: pruning compares trials at the same point in
+        # their measurement, whatever their batch size or window length.
+        self.trial.report(sps, self.windows)
+        self.windows += 1
+        if time.time() - self.beat > 30:  # heartbeat for searches on other hosts sharing the study
+            self.beat = time.time()
+            self.owner["heartbeat"] = self.beat
+            write_owner(self.trial, self.owner)
+        self.events.window(sps)
+        return self.role == "search" and self.trial.should_prune()
+
+    def started(self, pgid: int) -> None:
+        self.owner["pgid"] = pgid
+        write_owner(self.trial, self.owner)
+
+    def groups(self, pgids: list[int]) -> None:  # torchrun's ranks lead their own groups: a resume kills those too
+        self.owner["pgids"] = pgids
+        write_owner(self.trial, self.owner)
+
+
+def _failed(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialFailure,
+            budget_cut: bool) -> tuple[TrialState, float | None]:
+    """(state, value) for a trial that failed with `e`, its failure recorded."""
+    if isinstance(e, TrialTimeout):
+        return _timed_out(trial, role, cfg, e, budget_cut)
+    _record_failure(trial, role, e)
+    if isinstance(e, TrialPruned):
+        return TrialState.PRUNED, None
+    if isinstance(e, INFEASIBLE):
+        # Recorded as complete but infeasible: Optuna's samplers steer away, and it is never "best".
+        trial.set_constraint(FEASIBLE_KEY, 1.0)
+        return TrialState.COMPLETE, 0.0
+    return TrialState.FAIL, None
 
 
 def _timed_out(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialTimeout,
@@ -143,11 +143,11 @@ def _timed_out(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialTimeout
         # the config, so a FAIL (never reused, tried again by a later or resumed search).
         _record_failure(trial, role, TrialTimeout(f"the search's budget ended during torch.compile's warm-up: {e}",
                                                   e.log_tail, e.partial))
-        trial.set_user_attr("reason", "budget")
+        write_reason(trial, "budget")
         return TrialState.FAIL, None
     _record_failure(trial, role, TrialTimeout(f"torch.compile ({cfg.compile}) had not finished its warm-up "
                                               f"steps when the trial timed out: {e}", e.log_tail, e.partial))
-    trial.set_user_attr("reason", "compile_timeout")
+    write_reason(trial, "compile_timeout")
     trial.set_constraint(FEASIBLE_KEY, 1.0)
     return TrialState.COMPLETE, 0.0
 

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import statistics
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,11 +25,13 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import write_atomic
-from autotune.search import _optuna, batch, classes, confirm, fleet, gate
+from autotune.search import _optuna, classes, finish, fleet, micro_batch, records
+from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
+from autotune.search.folders import end_folder
 from autotune.search.records import StudyRecord, TrialRecord
-from autotune.search.results import best_export, exported, leaderboard
-from autotune.search.runner import Events, end_folder, measured, reuse, run_one
+from autotune.search.results import best_export, leaderboard
+from autotune.search.runner import Events, measured, reuse, run_one
 from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
 from autotune.search.storage import check_writable, disk_error, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
@@ -53,8 +54,7 @@ class Outcome:
     best_yaml: Path | None = None
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
-    confirmation: dict[str, Any] | None = None  # search/confirm.py summarize(); None when not run
-    parity: dict[str, Any] | None = None  # search/gate.py: trial number -> parity verdict; None when not run
+    confirmation: dict[str, Any] | None = None  # search/finish/confirm.py summarize(); None when not run
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -122,35 +122,26 @@ class SearchSession:
 
     # ---- run ------------------------------------------------------------------------------------
 
-    def run(self, events: Events | None = None) -> Outcome:
+    def run(self, events: Events | None = None, budget: Budget | None = None) -> Outcome:
         """Trials until the budget or --n-trials is spent, then the best so far exported. Ctrl-C and
-        SIGTERM stop the current trial (recorded FAIL, interrupted) and still export."""
+        SIGTERM stop the current trial (recorded FAIL, interrupted) and still export. `budget`: the run's
+        one clock, when the caller started it already (the live display shows it); else it starts now."""
         outcome = Outcome()
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
             os.environ[pipelines.SKIP_BAD_DATA_ENV] = "1"
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         s = self.settings
-        reserve = confirm.reserve_s(s, s.confirm_top, s.confirm_rounds) + gate.reserve_s(s)
-        end = None if s.budget_s is None else time.monotonic() + s.budget_s
-        if reserve:
-            self.say(f"confirmation: {reserve:.0f} s of the budget kept to re-measure the top {s.confirm_top} and the baseline in "
-                     f"{s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check that the winner "
-                     f"trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)")
+        budget = budget or Budget.of(s)
+        note = finish.reserve_note(s, budget)
+        if note:
+            self.say(note)
         try:
             with self._warm_server() as server:
-                for _ in self._trials(events or Events(), server, reserve):
+                for _ in self._trials(events or Events(), server, budget):
                     outcome.trials += 1
                 _say_waiting_retries(self.study, self.say)
-                if (s.confirm_rounds or s.parity_steps) and not self._stopped and self._finishes():
-                    if s.confirm_rounds:
-                        outcome.confirmation = confirm.run(self.study, s, s.confirm_top, s.confirm_rounds,
-                                                           server=server, say=self.say, deadline=end)
-                    outcome.parity = gate.run(self.study, s, server=server, say=self.say, deadline=end)
-                    best = exported(self.study) if outcome.confirmation else None
-                    if best is not None:  # the gate may have passed a config the rounds did not measure
-                        outcome.confirmation = confirm.extend(
-                            self.study, s, best.number, s.confirm_rounds, server=server, say=self.say,
-                            deadline=None if end is None else end + s.grace_s)
+                if finish.wanted(s) and not self._stopped and self._finishes():
+                    outcome.confirmation = finish.run(self.study, s, budget, server=server, say=self.say)
         except KeyboardInterrupt:
             outcome.interrupted = True
         except OSError as e:
@@ -175,16 +166,15 @@ class SearchSession:
         return outcome
 
     def _trials(self, events: Events, server: WarmServer | None,
-                reserve_s: float = 0.0) -> Iterator[optuna.trial.FrozenTrial]:
+                budget: Budget) -> Iterator[optuna.trial.FrozenTrial]:
         """ask -> run -> tell, one trial at a time, while the median trial so far still fits in the
-        budget less what confirmation will need."""
+        budget less what the end of the search will need."""
         s = self.settings
-        deadline = None if s.budget_s is None else time.monotonic() + max(s.budget_s - reserve_s, s.budget_s / 2)
         durations: list[float] = []
         repeats = 0
         while s.n_trials is None or len(durations) < s.n_trials:
-            left = float("inf") if deadline is None else deadline - time.monotonic()
-            if left <= 0 or (durations and statistics.median(durations) > left + s.grace_s):
+            left = budget.search_left()
+            if budget.trials_over(left, durations):
                 break
             if self.fleet_key is not None:
                 fleet.beat(self.study, self.fleet_key)
@@ -194,13 +184,13 @@ class SearchSession:
                 fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
-            label = classes.label_of(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
+            label = classes.label_of(self.study, cfg) if TrialRecord.of(trial).role == "search" else None
             verdict = classes.failed(self.study, label)
             earlier = None
             if verdict is not None:  # its training math failed its check: told infeasible, not run
                 events.finished(classes.write_off(self.study, trial, cfg, label, verdict))  # type: ignore[arg-type]
             else:
-                earlier = measured(self.study, cfg) if TrialRecord.from_attrs(trial.user_attrs).role == "search" else None
+                earlier = measured(self.study, cfg) if TrialRecord.of(trial).role == "search" else None
                 if earlier is not None:
                     events.finished(reuse(self.study, trial, earlier))
             if verdict is not None or earlier is not None:
@@ -212,12 +202,12 @@ class SearchSession:
                 continue
             repeats = 0
             t0 = time.monotonic()
-            frozen = run_one(self.study, trial, cfg, s, min(s.trial_timeout, left + s.grace_s), events, server)
+            frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(left), events, server)
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
             _retry_if_contended(self.study, frozen)
             classes.check_if_it_matters(self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say,
-                                        deadline)
+                                        budget)
             yield frozen
             if self._stop_for_data(frozen):
                 return
@@ -272,7 +262,7 @@ def _resolve(space: SearchSpace, pipeline: Any, base: TrialConfig, say: Say) -> 
     hw = Hardware.detect()
     space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
                            unsupported=pipelines.unsupported_of(pipeline))
-    space, more = batch.narrow(space, base.global_batch, base)
+    space, more = micro_batch.narrow(space, base.global_batch, base)
     for note in notes + more:
         say(f"space: {note}")
     return space, hw
@@ -291,8 +281,8 @@ def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -
     one meanwhile (results.leaderboard), so it never becomes the best on a starved measurement."""
     record = TrialRecord.from_frozen(frozen)
     if record.contended and record.retry_of is None and frozen.state == optuna.trial.TrialState.COMPLETE:
-        study.enqueue_trial(dict(frozen.params), user_attrs=TrialRecord(
-            role=record.role, config=record.config, retry_of=frozen.number).to_attrs())
+        records.enqueue(study, frozen.params,
+                        TrialRecord(role=record.role, config=record.config, retry_of=frozen.number))
 
 
 def _say_waiting_retries(study: optuna.Study, say: Say) -> None:
@@ -308,7 +298,7 @@ def _say_waiting_retries(study: optuna.Study, say: Say) -> None:
 
 def _claim(study: optuna.Study) -> bool:
     """Elect one resolver among workers joining a deferred study at once (fleet.claim)."""
-    won = fleet.claim(study, "resolver", f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:12]}")
+    won = fleet.claim(study, records.RESOLVER, f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:12]}")
     return won is not None and not StudyRecord.of(won).resolved
 
 

@@ -5,7 +5,7 @@ is found by `load_space` before a study is touched, and reported as one line nam
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Union
 
@@ -258,92 +258,103 @@ class Hardware:
 def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
             unsupported: frozenset[str] = frozenset()) -> tuple[SearchSpace, list[str]]:
     """Narrow `space` to what can have an effect on `hw`; return it with one note per change."""
-    knobs = dict(space.knobs)
-    notes: list[str] = []
+    n = _Narrowing(space.source, dict(space.knobs))
+    for k in sorted(unsupported):
+        if k not in KNOBS:
+            raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
+        why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
+        n.fix(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
+    n_gpus = max(1, hw.gpu_count)
+    n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
+    if not hw.cuda:
+        n.keep("precision", lambda p: p != "fp16", "fp16 needs CUDA")
+        if not hw.cpu_bf16:
+            n.keep("precision", lambda p: p != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX): "
+                   "autocast would emulate it, about 70x slower than fp32")
+        n.fix("pin_memory", False, "no CUDA, pinning memory is a no-op")
+        n.fix("cudnn_benchmark", False, "no CUDA, cudnn is not used")
+        n.fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")
+    n.clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
+    n.clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
+    if not hw.apex:
+        n.keep("optimizer_fusion", lambda f: f != "apex", "apex.optimizers is not installed")
+    if stages == 0:
+        n.fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
+    elif stages is not None:
+        n.clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
+    # No worker processes, no prefetching or persistent workers.
+    if _singles(n.knobs).get("num_workers") == Fixed(0):
+        for k, inert in WORKER_KNOBS.items():
+            n.fix(k, inert, "num_workers is 0")
+    return SearchSpace(knobs=_singles(n.knobs), source=space.source), n.notes
 
-    def fail(knob: str, msg: str) -> SearchSpaceError:
-        return SearchSpaceError(f"{space.source}: knob {knob!r}: {msg}")
 
-    def fix(knob: str, value: Any, why: str) -> None:
-        if knob in knobs and knobs[knob] != Fixed(value):
-            knobs[knob] = Fixed(value)
-            notes.append(f"{knob} fixed to {value!r}: {why}")
+@dataclass
+class _Narrowing:
+    """A space being narrowed to the hardware: its knobs so far, and one note per change."""
 
-    def keep(knob: str, ok: Any, why: str) -> None:
+    source: str
+    knobs: dict[str, Spec]
+    notes: list[str] = field(default_factory=list)
+
+    def fail(self, knob: str, msg: str) -> SearchSpaceError:
+        return SearchSpaceError(f"{self.source}: knob {knob!r}: {msg}")
+
+    def fix(self, knob: str, value: Any, why: str) -> None:
+        if knob in self.knobs and self.knobs[knob] != Fixed(value):
+            self.knobs[knob] = Fixed(value)
+            self.notes.append(f"{knob} fixed to {value!r}: {why}")
+
+    def keep(self, knob: str, ok: Any, why: str) -> None:
         """Drop the values `ok` rejects; a space left with none is an error."""
-        spec = knobs.get(knob)
+        spec = self.knobs.get(knob)
         if spec is None:
             return
         vals = [spec.value] if isinstance(spec, Fixed) else list(spec.values)
         kept = [v for v in vals if ok(v)]
         if not kept:
-            raise fail(knob, f"choices conflict with the hardware: {why}")
+            raise self.fail(knob, f"choices conflict with the hardware: {why}")
         if len(kept) < len(vals):
-            notes.append(f"{knob}: dropped {', '.join(map(str, [v for v in vals if not ok(v)]))} ({why})")
-            knobs[knob] = Choices(tuple(kept))
+            self.notes.append(f"{knob}: dropped {', '.join(map(str, [v for v in vals if not ok(v)]))} ({why})")
+            self.knobs[knob] = Choices(tuple(kept))
 
-    def clip(knob: str, top: int, why: str, strict: bool = False) -> None:
+    def clip(self, knob: str, top: int, why: str, strict: bool = False) -> None:
         """Lower the maximum to `top`. strict: values above it are errors, not clipped."""
-        spec = knobs.get(knob)
+        spec = self.knobs.get(knob)
         if spec is None:
             return
         if isinstance(spec, Fixed):
             if spec.value is not None and spec.value > top:
                 if strict:
-                    raise fail(knob, f"{knob}={spec.value} but {why}")
-                fix(knob, top, why)
+                    raise self.fail(knob, f"{knob}={spec.value} but {why}")
+                self.fix(knob, top, why)
         elif isinstance(spec, IntRange):
-            if spec.high > top:
-                if spec.low > top:
-                    if strict:
-                        raise fail(knob, f"{knob}={spec.low} but {why}")
-                    fix(knob, top, why)
-                else:
-                    high = spec.low + (top - spec.low) // spec.step * spec.step
-                    if high == spec.low:
-                        fix(knob, high, why)
-                    else:
-                        knobs[knob] = IntRange(spec.low, high, spec.step, spec.log)
-                        notes.append(f"{knob}: range clipped to {spec.low}..{high} ({why})")
+            self._clip_range(knob, spec, top, why, strict)
         else:
             if strict:
                 kept = tuple(v for v in spec.values if v <= top)
             else:
                 kept = tuple(dict.fromkeys(v if v is None else min(v, top) for v in spec.values))
             if not kept:
-                raise fail(knob, f"{knob}={min(spec.values)} but {why}")
+                raise self.fail(knob, f"{knob}={min(spec.values)} but {why}")
             if kept != spec.values:
-                knobs[knob] = Choices(kept)
-                notes.append(f"{knob}: choices limited to {list(kept)} ({why})")
+                self.knobs[knob] = Choices(kept)
+                self.notes.append(f"{knob}: choices limited to {list(kept)} ({why})")
 
-    for k in sorted(unsupported):
-        if k not in KNOBS:
-            raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
-        why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
-        fix(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
-    n_gpus = max(1, hw.gpu_count)
-    clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
-    if not hw.cuda:
-        keep("precision", lambda p: p != "fp16", "fp16 needs CUDA")
-        if not hw.cpu_bf16:
-            keep("precision", lambda p: p != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX): "
-                 "autocast would emulate it, about 70x slower than fp32")
-        fix("pin_memory", False, "no CUDA, pinning memory is a no-op")
-        fix("cudnn_benchmark", False, "no CUDA, cudnn is not used")
-        fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")
-    clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
-    clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
-    if not hw.apex:
-        keep("optimizer_fusion", lambda f: f != "apex", "apex.optimizers is not installed")
-    if stages == 0:
-        fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
-    elif stages is not None:
-        clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
-    # No worker processes, no prefetching or persistent workers.
-    if _singles(knobs).get("num_workers") == Fixed(0):
-        for k, inert in WORKER_KNOBS.items():
-            fix(k, inert, "num_workers is 0")
-    return SearchSpace(knobs=_singles(knobs), source=space.source), notes
+    def _clip_range(self, knob: str, spec: IntRange, top: int, why: str, strict: bool) -> None:
+        if spec.high <= top:
+            return
+        if spec.low > top:
+            if strict:
+                raise self.fail(knob, f"{knob}={spec.low} but {why}")
+            self.fix(knob, top, why)
+            return
+        high = spec.low + (top - spec.low) // spec.step * spec.step
+        if high == spec.low:
+            self.fix(knob, high, why)
+        else:
+            self.knobs[knob] = IntRange(spec.low, high, spec.step, spec.log)
+            self.notes.append(f"{knob}: range clipped to {spec.low}..{high} ({why})")
 
 
 def _singles(knobs: Mapping[str, Spec]) -> dict[str, Spec]:

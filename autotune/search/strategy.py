@@ -35,8 +35,8 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search import _optuna
-from autotune.search.results import feasible
+from autotune.search import _optuna, records
+from autotune.search.results import class_label, failed_classes, feasible
 from autotune.search.space import WORKER_KNOBS
 
 # The knobs the pass visits, the ones that usually move throughput most first. The rest (pin_memory,
@@ -51,7 +51,8 @@ TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.
 
 
 def make_tpe(seed: int | None) -> TPESampler:
-    """TPE as `study.make_sampler('tpe')` builds it; constant_liar keeps concurrent workers apart."""
+    """TPE, the one build of it: `--sampler tpe` (study.make_sampler) and the pass's successor. constant_liar
+    keeps concurrent workers from proposing the same config."""
     return TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6)
 
 
@@ -113,13 +114,15 @@ class CoordinateSampler(BaseSampler):
             searched = sum(1 for t in others if t.number < trial.number and FIXED_KEY not in t.system_attrs)
             if (searched + 1) % self._tpe_every == 0:
                 return None  # TPE's turn
-        return next_move(others, self._plan)
+        return next_move(others, self._plan, failed_classes(study))
 
 
-def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS) -> dict[str, Any] | None:
-    """The pass's next one-knob change from the incumbent, given the study's other trials, or None
-    when the pass is over (or there is nothing to start from yet)."""
-    start = incumbent(trials)
+def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS,
+              failed: set[str] | frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The pass's next one-knob change from the incumbent, given the study's other trials and the
+    training-math classes whose check failed, or None when the pass is over (or there is nothing to start
+    from yet)."""
+    start = incumbent(trials, failed)
     if start is None:
         return None
     base = params_of(start)
@@ -136,7 +139,7 @@ def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS) -> dict
         dist = dists.get(knob)
         if dist is None or dist.single() or knob not in base:
             continue
-        for value in candidates(dist, origin.get(knob, base[knob])):
+        for value in move_values(dist, origin.get(knob, base[knob])):
             if _same(value, base[knob]) or (knob, _hashable(value)) in proposed:
                 continue
             params = _moved(base, knob, value, dists, trials)
@@ -146,13 +149,15 @@ def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS) -> dict
     return None
 
 
-def incumbent(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
-    """The best feasible COMPLETE trial; before there is one, the first enqueued trial (the baseline),
-    whatever its state, so that parallel workers can start the pass while it runs."""
-    done = [t for t in trials if feasible(t)]
+def incumbent(trials: Sequence[FrozenTrial], failed: set[str] | frozenset[str] = frozenset()) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial outside the failed training-math classes; before there is one, the
+    first enqueued trial (the baseline), whatever its state, so that parallel workers can start the pass
+    while it runs. A failed class's trials stay feasible (Optuna cannot constrain a finished trial), but
+    a pass from one of them would only propose configs in that class, each written off unrun."""
+    done = [t for t in trials if feasible(t) and not (failed and class_label(t) in failed)]
     if done:
         # A contended figure (another process starved it) ranks below every clean one, as on the leaderboard.
-        return max(done, key=lambda t: (not t.user_attrs.get("contended"), float(t.value or 0.0), -t.number))
+        return max(done, key=lambda t: (not records.contended(t), float(t.value or 0.0), -t.number))
     queued = sorted((t for t in trials if FIXED_KEY in t.system_attrs), key=lambda t: t.number)
     return queued[0] if queued else None
 
@@ -164,7 +169,7 @@ def params_of(t: FrozenTrial) -> dict[str, Any]:
     return {**t.system_attrs.get(FIXED_KEY, {}), **(move["params"] if move else {}), **t.params}
 
 
-def candidates(dist: BaseDistribution, was: Any) -> list[Any]:
+def move_values(dist: BaseDistribution, was: Any) -> list[Any]:
     """The values the pass tries for a knob that had `was`: for a numeric knob a few representative
     points (high end first, then the middle, then the low end; at most ORDERED_MOVES), for a categorical
     one every other choice in the space's order."""
@@ -250,4 +255,4 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, _hashable(v)) for k, v in params.items()))
 
 
-__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "candidates", "incumbent", "make_tpe", "next_move"]
+__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "incumbent", "make_tpe", "move_values", "next_move"]

@@ -15,13 +15,14 @@ from autotune import pipelines
 from autotune.core.config import SearchSettings, TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import signal_groups
-from autotune.search import _optuna
+from autotune.search import records
 from autotune.search.fingerprint import differences
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import shown_storage
 from autotune.search.space import Fixed, Hardware, SearchSpace
 from autotune.search.suggest import config_params, suggest
 from autotune.search.storage import open_storage
+from autotune.search.strategy import CoordinateSampler, make_tpe
 
 # We run ask/tell ourselves, with the heartbeat thread Study.optimize would start: the warning is moot.
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -32,15 +33,12 @@ OBJECTIVE = "samples_per_s"  # what optuna-dashboard labels its plots with
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "auto":  # a coordinate pass from the best config so far, then TPE (search/strategy.py)
-        from autotune.search.strategy import CoordinateSampler
-
         return CoordinateSampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
-    # constant_liar keeps concurrent workers from proposing the same config.
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6)
+    return make_tpe(seed)
 
 
 def make_pruner() -> optuna.pruners.BasePruner:
@@ -127,7 +125,7 @@ def enqueue_starts(study: optuna.Study, base: TrialConfig, space: SearchSpace, h
     deferred study that race here don't queue them twice."""
     for role, cfg in (("baseline", baseline_of(base)), ("warm_start", warm_start(base, hw, space))):
         record = TrialRecord(role=role, config=cfg.knobs())
-        study.enqueue_trial(config_params(cfg, space), user_attrs=record.to_attrs(), skip_if_exists=True)
+        records.enqueue(study, config_params(cfg, space), record, skip_if_exists=True)
 
 
 STALE_AFTER_S = 600.0  # a trial on another host with no heartbeat for this long is presumed dead
@@ -165,16 +163,16 @@ def fail_stale(study: optuna.Study, ownerless_after_s: float = OWNERLESS_STALE_S
             if owner.get("host") == socket.gethostname():  # reap the orphaned trial's groups: torchrun's, its ranks'
                 signal_groups([g for g in (owner.get("pgid"), *owner.get("pgids", ())) if g])
             why = f"controller pid {owner.get('pid')} on {owner.get('host')} died"
-        _optuna.fail_trial(study, t, {"reason": "stale", "message": why})
+        records.fail_other(study, t, "stale", why)
         if record.role in ("baseline", "warm_start"):
-            study.enqueue_trial(t.params, user_attrs=TrialRecord(role=record.role, config=record.config).to_attrs())
+            records.enqueue(study, t.params, TrialRecord(role=record.role, config=record.config))
         failed.append(t.number)
     return failed
 
 
 def config_for(trial: optuna.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
     cfg = suggest(trial, space, base)
-    fixed = TrialRecord.from_attrs(trial.user_attrs).config  # baseline / warm start run exactly as enqueued
+    fixed = TrialRecord.of(trial).config  # baseline / warm start run exactly as enqueued
     return cfg.replace(**fixed) if fixed else cfg
 
 
@@ -201,5 +199,5 @@ def load_study(storage_url: str | None, name: str) -> optuna.Study:
     if name not in summaries:
         raise AutotuneError(f"no study {name!r} in {shown_storage(storage_url)} "
                             f"(studies there: {', '.join(summaries) or 'none'})")
-    sampler = make_sampler(summaries[name].user_attrs.get("sampler", "tpe"), None)
+    sampler = make_sampler(StudyRecord.of(summaries[name]).sampler, None)
     return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner())

@@ -21,7 +21,6 @@ larger batch's single step already averages over more samples).
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
-from autotune.search.parity import SMOOTH, Reference, as_run, tolerance_for, train_losses
+from autotune.search.parity import SMOOTH, Reference, as_run, steps_for, tolerance_for, train_losses
 from autotune.trial.warm import WarmServer
 
 # The candidate's run is capped at CAP x the baseline's samples. On the held-out study the configs that
@@ -119,7 +118,7 @@ def check(candidate: TrialConfig, reference: Reference, folder: Path, timeout_s:
     judge it. A candidate that fails to train fails, naming why."""
     t0 = time.monotonic()
     g_c = candidate.global_batch_size
-    steps = max(1, math.ceil(CAP * reference.samples / g_c))
+    steps = steps_for(CAP * reference.samples, g_c)
     try:
         losses = train_losses(as_run(candidate, steps), folder / "candidate", timeout_s, server)
     except TrialFailure as e:
@@ -133,4 +132,4 @@ def check(candidate: TrialConfig, reference: Reference, folder: Path, timeout_s:
 def cost_samples(candidate: TrialConfig, reference_samples: int) -> int:
     """The samples a check of `candidate` trains: its capped run."""
     g_c = candidate.global_batch_size
-    return max(1, math.ceil(CAP * reference_samples / g_c)) * g_c
+    return steps_for(CAP * reference_samples, g_c) * g_c

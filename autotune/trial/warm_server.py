@@ -19,7 +19,6 @@ from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, IMPORT_TIME_EN
 def serve(sock_path: str, parent: int, preload: Sequence[str]) -> int:
     import gc
     import importlib
-    import selectors
 
     die_with_parent()
     if os.getppid() != parent:  # the controller died before PR_SET_PDEATHSIG took hold
@@ -32,98 +31,117 @@ def serve(sock_path: str, parent: int, preload: Sequence[str]) -> int:
     for name in preload:
         importlib.import_module(name)
     gc.freeze()  # the preloaded heap: the children's collector won't walk it, so it stays shared (copy-on-write)
-    import_env = {k: os.environ.get(k) for k in IMPORT_TIME_ENV}
-    base_path = _base_sys_path()
-
-    sel = selectors.DefaultSelector()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)  # SIGCHLD/SIGTERM wake the select below
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(sock_path)
-    listener.listen(16)
-    sel.register(listener, selectors.EVENT_READ, "accept")
-    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    server = _Server(sock_path, fresh, {k: os.environ.get(k) for k in IMPORT_TIME_ENV}, _base_sys_path())
     print(f"autotune warm server: pid {os.getpid()}, {len(preload)} module(s) in {time.perf_counter() - t0:.2f} s, "
           f"{len(os.listdir('/proc/self/task'))} OS thread(s); listening on {sock_path}", flush=True)
+    server.loop()
+    server.stop()
+    return 0
 
-    pending: dict[socket.socket, bytes] = {}  # connections whose request is still arriving
-    children: dict[int, socket.socket | None] = {}  # pid -> its controller connection (None: gone)
-    owner: dict[socket.socket, int] = {}
 
-    def drop(conn: socket.socket) -> None:
-        sel.unregister(conn)
-        pending.pop(conn, None)
-        pid = owner.pop(conn, None)
-        if pid is not None and children.get(pid) is conn:
-            children[pid] = None
+class _Server:
+    """The fork server's state: its listener and wake-up pipe, the connections whose request is still
+    arriving, and each child with the connection of the controller that waits for it."""
+
+    def __init__(self, sock_path: str, fresh: dict[int, Any], import_env: dict[str, str | None],
+                 base_path: list[str]) -> None:
+        import selectors
+
+        self.sock_path, self.fresh, self.import_env, self.base_path = sock_path, fresh, import_env, base_path
+        self.read = selectors.EVENT_READ
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)  # SIGCHLD/SIGTERM wake the select below
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(sock_path)
+        self.listener.listen(16)
+        self.sel.register(self.listener, self.read, "accept")
+        self.sel.register(self.wake_r, self.read, "wake")
+        self.pending: dict[socket.socket, bytes] = {}  # connections whose request is still arriving
+        self.children: dict[int, socket.socket | None] = {}  # pid -> its controller connection (None: gone)
+        self.owner: dict[socket.socket, int] = {}
+
+    def loop(self) -> None:
+        """Serve until SIGTERM."""
+        stopping = False
+        while not stopping:
+            for key, _ in self.sel.select(timeout=1.0):  # the timeout: reap even if a SIGCHLD was coalesced away
+                if key.data == "accept":
+                    conn, _ = self.listener.accept()
+                    self.pending[conn] = b""
+                    self.sel.register(conn, self.read, "conn")
+                elif key.data == "wake":
+                    try:
+                        stopping |= signal.SIGTERM in os.read(self.wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                else:
+                    assert isinstance(key.fileobj, socket.socket)
+                    self._readable(key.fileobj)
+            self.reap()
+
+    def _readable(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            pid = self.owner.get(conn)
+            if pid is not None and pid in self.children:  # the controller gave up on a running trial
+                signal_group(pid)
+            self.drop(conn)
+        elif conn in self.pending:
+            self.pending[conn] += data
+            if b"\n" in self.pending[conn]:
+                self._start(conn, self.pending.pop(conn).split(b"\n", 1)[0])
+
+    def _start(self, conn: socket.socket, request: bytes) -> None:
+        """Fork the child `request` asks for, and tell its controller the pid (or why not)."""
+        keep = [self.listener, self.wake_r, self.wake_w, self.sel, conn, *self.pending, *self.owner]
+        try:
+            pid = _handle(request, self.import_env, keep, self.fresh, self.base_path)
+        except _Refused as e:  # a bad request never takes the server (and its trials) down
+            _send(conn, {"error": str(e)})
+            self.drop(conn)
+            return
+        self.children[pid] = conn
+        self.owner[conn] = pid
+        _send(conn, {"pid": pid})  # if the controller is gone, its EOF kills the child next
+
+    def drop(self, conn: socket.socket) -> None:
+        self.sel.unregister(conn)
+        self.pending.pop(conn, None)
+        pid = self.owner.pop(conn, None)
+        if pid is not None and self.children.get(pid) is conn:
+            self.children[pid] = None
         conn.close()
 
-    def reap() -> None:
-        while children:
+    def reap(self) -> None:
+        while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            conn = children.pop(pid, None)
+            conn = self.children.pop(pid, None)
             if conn is not None:
                 _send(conn, {"returncode": os.waitstatus_to_exitcode(status)})
-                drop(conn)
+                self.drop(conn)
 
-    stopping = False
-    while not stopping:
-        for key, _ in sel.select(timeout=1.0):  # the timeout: reap even if a SIGCHLD was coalesced away
-            if key.data == "accept":
-                conn, _ = listener.accept()
-                pending[conn] = b""
-                sel.register(conn, selectors.EVENT_READ, "conn")
-            elif key.data == "wake":
-                try:
-                    stopping |= signal.SIGTERM in os.read(wake_r, 512)
-                except BlockingIOError:
-                    pass
-            else:
-                assert isinstance(key.fileobj, socket.socket)
-                conn = key.fileobj
-                try:
-                    data = conn.recv(65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    pid = owner.get(conn)
-                    if pid is not None and pid in children:  # the controller gave up on a running trial
-                        signal_group(pid)
-                    drop(conn)
-                elif conn in pending:
-                    pending[conn] += data
-                    if b"\n" in pending[conn]:
-                        request = pending.pop(conn).split(b"\n", 1)[0]
-                        keep = [listener, wake_r, wake_w, sel, conn, *pending, *owner]
-                        try:
-                            pid = _handle(request, import_env, keep, fresh, base_path)
-                        except _Refused as e:  # a bad request never takes the server (and its trials) down
-                            _send(conn, {"error": str(e)})
-                            drop(conn)
-                            continue
-                        children[pid] = conn
-                        owner[conn] = pid
-                        _send(conn, {"pid": pid})  # if the controller is gone, its EOF kills the child next
-        reap()
-
-    for pid in children:  # stopping: no trial outlives its server
-        signal_group(pid)
-    deadline = time.monotonic() + 10.0
-    while children and time.monotonic() < deadline:
-        reap()
-        time.sleep(0.02)
-    listener.close()
-    os.unlink(sock_path)
-    return 0
+    def stop(self) -> None:
+        for pid in self.children:  # stopping: no trial outlives its server
+            signal_group(pid)
+        deadline = time.monotonic() + 10.0
+        while self.children and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.02)
+        self.listener.close()
+        os.unlink(self.sock_path)
 
 
 class _Refused(Exception):

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,10 +28,9 @@ LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
 
 def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None) -> Any:
     import torch
-    import torch.distributed as dist
 
-    from autotune.trial import measure, observe
     from autotune.core.config import TrialResult
+    from autotune.trial import measure, observe
     from autotune.trial.harness import build
 
     launched = float(os.environ.get(LAUNCH_TIME_ENV, 0)) or _process_start_time()
@@ -40,13 +40,60 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         return run_framework(cfg, progress, launched)
     h = build(cfg, endless=True)  # one loader iterator for the whole trial: no restart between epochs
     memory_total = measure.memory_total_bytes(h.device)  # before the trial grows: RAM it may still take
-    step, device, rank, world = h.step, h.device, h.rank, h.world
+    device, world = h.device, h.world
     stream = h.batches()
     startup_s = time.time() - launched
     losses: list[float] = []
-    # Warm-up: allocator, cudnn autotune, loader start-up, and torch.compile's compilation, which is
-    # reported (warmup_s) apart from the steady state, and kept out of the timed window below.
-    first_conv = observe.FirstConv(h.model)  # open for the first step only, which is untimed warm-up
+    first_conv, warmup_s = _warm_up(cfg, h, stream, losses)
+    measure.reset_peak_memory(device)
+    timed = _timed_steps(cfg, h, stream, losses, progress)
+
+    elapsed = timed.elapsed
+    samples = len(timed.step_times) * cfg.batch_size * cfg.grad_accum  # samples, so accumulation compares fairly
+    peak = measure.peak_memory_bytes(device)
+    if world > 1:  # global throughput: all ranks' samples over the slowest rank's time
+        elapsed, peak, warmup_s = _max_over_ranks(device, elapsed, peak, warmup_s)
+        samples *= world
+    losses = h.mean_over_ranks(losses)
+    h.applied["observed"] = observe.observed(h.model, device, first_conv, timed.util.uuid)
+    gpu_util, util_errors = _util_over_ranks(timed.util, device, world)
+
+    if profile_out is not None:  # every rank steps (DDP's all-reduce needs them all); rank 0 writes
+        _profile(h.step, stream, profile_out if h.rank == 0 else None)
+
+    return TrialResult(
+        status="ok",
+        samples_per_s=samples / elapsed,
+        step_time_p50=measure.percentile(timed.step_times, 0.5),
+        step_time_p90=measure.percentile(timed.step_times, 0.9),
+        data_wait_fraction=sum(timed.waits) / sum(timed.step_times),
+        peak_memory_bytes=peak,
+        gpu_util=gpu_util,
+        gpu_util_errors=util_errors,
+        gpu_util_error=timed.util.first_error,
+        others_cpu=timed.others.cpus,
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        losses=tuple(losses),
+        memory_total_bytes=memory_total,
+        startup_s=startup_s,
+        warmup_s=warmup_s,
+        timed_steps=len(timed.step_times),
+        world_size=world,
+        device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        windows=tuple(timed.windows),
+        applied=h.applied,
+    )
+
+
+def _warm_up(cfg: Any, h: Any, stream: Iterator[Any], losses: list[float]) -> tuple[Any, float]:
+    """Warm-up: allocator, cudnn autotune, loader start-up, and torch.compile's compilation, which is
+    reported (warmup_s) apart from the steady state, and kept out of the timed window. Returns the
+    first-conv observer (open for the first step only, which is untimed) and warmup_s."""
+    from autotune.trial import measure, observe
+
+    step, device = h.step, h.device
+    first_conv = observe.FirstConv(h.model)
     t_warm = measure.now(device)
     for i in range(cfg.warmup_steps):
         losses.append(step(next(stream)))
@@ -54,8 +101,26 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
             first_conv.close()
     warmup_s = measure.now(device) - t_warm
     first_conv.close()  # no warm-up: the hook is gone before the timed steps either way
+    return first_conv, warmup_s
 
-    measure.reset_peak_memory(device)
+
+@dataclass
+class _Timed:
+    """What the timed steps measured on this rank."""
+
+    step_times: list[float]
+    waits: list[float]  # time blocked on the loader, inside each step
+    windows: list[float]  # samples/s per window of cfg.window steps, for pruning
+    elapsed: float
+    util: Any  # measure.GpuUtilSampler, closed
+    others: Any  # contention.OtherCpu, closed
+
+
+def _timed_steps(cfg: Any, h: Any, stream: Iterator[Any], losses: list[float], progress: Path | None) -> _Timed:
+    """Steps until cfg's time box (or step count) is spent, each timed end to end, loader wait included."""
+    from autotune.trial import measure
+
+    step, device, rank, world = h.step, h.device, h.rank, h.world
     step_times: list[float] = []
     waits: list[float] = []
     windows: list[float] = []
@@ -78,50 +143,33 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
             if _finished(cfg, n, time.perf_counter() - t_begin, world, device):
                 break
         elapsed = measure.now(device) - t_begin
+    return _Timed(step_times, waits, windows, elapsed, util, others)
 
-    samples = len(step_times) * cfg.batch_size * cfg.grad_accum  # samples, so accumulation compares fairly
-    peak = measure.peak_memory_bytes(device)
-    if world > 1:  # global throughput: all ranks' samples over the slowest rank's time
-        t = torch.tensor([elapsed, float(peak), warmup_s], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        elapsed, peak, warmup_s = float(t[0]), int(t[1]), float(t[2])
-        samples *= world
-    losses = h.mean_over_ranks(losses)
-    h.applied["observed"] = observe.observed(h.model, device, first_conv, util.uuid)
+
+def _max_over_ranks(device: Any, elapsed: float, peak: int, warmup_s: float) -> tuple[float, int, float]:
+    """The slowest rank's elapsed and warm-up time, and the largest peak memory."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([elapsed, float(peak), warmup_s], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0]), int(t[1]), float(t[2])
+
+
+def _util_over_ranks(util: Any, device: Any, world: int) -> tuple[float | None, int]:
+    """GPU utilisation and its read errors; with several ranks, each sampled its own GPU: the mean over
+    the ranks that got samples, and the errors summed."""
     gpu_util, util_errors = util.mean, util.errors
-    if world > 1:  # each rank sampled its own GPU: the mean over the ranks that got samples
+    if world > 1:
+        import torch
+        import torch.distributed as dist
+
         u = torch.tensor([gpu_util or 0.0, float(gpu_util is not None), float(util_errors)],
                          dtype=torch.float64, device=device)
         dist.all_reduce(u)  # SUM
         gpu_util = float(u[0] / u[1]) if u[1] else None
         util_errors = int(u[2])
-
-    if profile_out is not None:  # every rank steps (DDP's all-reduce needs them all); rank 0 writes
-        _profile(step, stream, profile_out if rank == 0 else None)
-
-    return TrialResult(
-        status="ok",
-        samples_per_s=samples / elapsed,
-        step_time_p50=measure.percentile(step_times, 0.5),
-        step_time_p90=measure.percentile(step_times, 0.9),
-        data_wait_fraction=sum(waits) / sum(step_times),
-        peak_memory_bytes=peak,
-        gpu_util=gpu_util,
-        gpu_util_errors=util_errors,
-        gpu_util_error=util.first_error,
-        others_cpu=others.cpus,
-        loss_first=losses[0],
-        loss_last=losses[-1],
-        losses=tuple(losses),
-        memory_total_bytes=memory_total,
-        startup_s=startup_s,
-        warmup_s=warmup_s,
-        timed_steps=len(step_times),
-        world_size=world,
-        device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-        windows=tuple(windows),
-        applied=h.applied,
-    )
+    return gpu_util, util_errors
 
 
 def _finished(cfg: Any, n: int, elapsed: float, world: int, device: Any) -> bool:

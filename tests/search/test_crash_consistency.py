@@ -18,11 +18,11 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.core.config import SearchSettings, TrialConfig
-from autotune.search import runner
 from autotune.search.session import SearchSession
 from autotune.search.space import DEFAULT_SPACE
 from autotune.search.storage import open_storage
 from autotune.search.study import fail_stale
+from autotune.trial import launcher
 from tests.conftest import REPO_ROOT
 from tests.search.test_study_reliability import left_in
 
@@ -75,7 +75,7 @@ def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_disk_full_mid_search_fails_the_trial_and_still_exports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = runner.launcher.run_trial
+    real = launcher.run_trial
     calls = [0]
 
     def fills_up(*args: object, **kw: object):  # type: ignore[no-untyped-def]
@@ -84,7 +84,7 @@ def test_disk_full_mid_search_fails_the_trial_and_still_exports(tmp_path: Path, 
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "studies" / "trial-1" / "trial.log"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(runner.launcher, "run_trial", fills_up)
+    monkeypatch.setattr(launcher, "run_trial", fills_up)
     settings = SearchSettings(budget_s=300, n_trials=4, storage=str(tmp_path / "studies.db"), space=str(DEFAULT_SPACE),
                               studies_dir=str(tmp_path / "studies"),
                               base=TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1,

@@ -7,6 +7,7 @@ from pathlib import Path
 import optuna
 
 from autotune.core.config import TrialConfig, TrialResult
+from autotune.search import records
 from autotune.search.records import StudyRecord, TrialRecord, of_result, write
 from autotune.search.storage import open_storage
 
@@ -52,3 +53,46 @@ def test_a_reference_to_trial_zero_is_kept() -> None:
     attrs = TrialRecord(role="baseline", retry_of=0, repeat_of=0).to_attrs()
     assert attrs["retry_of"] == 0 and attrs["repeat_of"] == 0
     assert TrialRecord.from_attrs(attrs).retry_of == 0
+
+
+def test_the_study_attrs_of_a_search_s_end_round_trip(tmp_path: Path) -> None:
+    s = study(tmp_path)
+    assert records.confirmation(s) is None and records.parity_verdicts(s) == {} and records.class_verdicts(s) == {}
+    assert records.parity_reference(s) is None and records.parity_verdict(s, 1) is None
+    records.write_confirmation(s, {"rounds": 2, "rows": [], "winner": None})
+    records.write_parity_verdicts(s, {"1": {"verdict": "pass"}})
+    records.write_class_verdict(s, "precision fp32 -> bf16", {"verdict": "fail", "trial": 3})
+    records.write_class_verdict(s, "global batch 8 -> 16", {"verdict": "pass", "trial": 4})  # adds, keeps the first
+    records.write_parity_reference(s, {"steps": 10})
+    records.write_ablation(s, [{"knob": "precision"}])
+    back = optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "studies.db")))
+    assert records.confirmation(back) == {"rounds": 2, "rows": [], "winner": None}
+    assert records.parity_verdict(back, 1) == {"verdict": "pass"}
+    assert set(records.class_verdicts(back)) == {"precision fp32 -> bf16", "global batch 8 -> 16"}
+    assert records.parity_reference(back) == {"steps": 10}
+    assert StudyRecord.of(back).ablation == [{"knob": "precision"}]
+    (summary,) = optuna.get_all_study_summaries(open_storage(str(tmp_path / "studies.db")))
+    assert StudyRecord.of(summary).sampler == "tpe"  # a summary reads as the study does
+
+
+def test_workers_and_claims_round_trip(tmp_path: Path) -> None:
+    s = study(tmp_path)
+    key = records.worker_key("h", 7, "abc")
+    records.write_worker(s, key, {"host": "h", "pid": 7, "started": 1.0, "state": "running"})
+    records.write_claim(s, records.FINISHER, key)
+    assert records.workers(s) == {key: {"host": "h", "pid": 7, "started": 1.0, "state": "running"}}
+    assert records.worker(s, key)["state"] == "running" and records.worker(s, "worker:none") == {}
+    assert records.claimant(s, records.FINISHER) == key and records.claimant(s, records.RESOLVER) is None
+
+
+def test_a_queued_trial_carries_its_record(tmp_path: Path) -> None:
+    s = study(tmp_path)
+    records.enqueue(s, {"batch_size": 4}, TrialRecord(role="warm_start", config={"batch_size": 4}))
+    trial = s.ask()
+    assert TrialRecord.of(trial).role == "warm_start"  # a running trial reads as a finished one
+    records.write_owner(trial, {"pid": 1})
+    records.write_reason(trial, "interrupted")
+    s.tell(trial, state=optuna.trial.TrialState.FAIL)
+    back = TrialRecord.of(s.trials[0])
+    assert back.owner == {"pid": 1} and back.reason == "interrupted" and not records.contended(s.trials[0])
+    assert back.config_for(TrialConfig()).batch_size == 4

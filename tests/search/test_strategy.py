@@ -11,9 +11,11 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.core.config import KNOBS, TrialConfig
+from autotune.search.records import CLASSES, TrialRecord, write
+from autotune.search.results import failed_classes
 from autotune.search.space import DEFAULT_SPACE, WORKER_KNOBS, Hardware, load_space, resolve
 from autotune.search.suggest import config_params, suggest
-from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, candidates, incumbent
+from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, incumbent, move_values
 from autotune.search.study import make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -148,6 +150,27 @@ def test_infeasible_trials_are_never_the_incumbent() -> None:
     assert {k: getattr(best, k) for k in OPTIMUM} == {**OPTIMUM, "batch_size": 16}  # the best feasible one
 
 
+def test_a_failed_class_never_anchors_the_pass() -> None:
+    """A larger batch is fast, and its class then fails its check (stored as the search stores it): the
+    pass moves from the best config outside it, and no later move proposes a config in it."""
+    study = new_study()
+    while not any(t.params.get("batch_size", 8) != 8 for t in study.trials):
+        trial = study.ask()
+        cfg = suggest(trial, SPACE, BASE)
+        trial.set_constraint("infeasible", 0.0)
+        math = (f"global batch 8 -> {cfg.batch_size}",) if cfg.batch_size != 8 else ()
+        write(trial, TrialRecord(role="search", config=cfg.knobs(), training_math=math))
+        study.tell(trial, separable(cfg) * (100 if math else 1))
+    fast = study.trials[-1]
+    assert incumbent(study.get_trials()).number == fast.number  # before the verdict it leads
+    label = f"global batch 8 -> {fast.params['batch_size']}"
+    study.set_user_attr(CLASSES, {label: {"verdict": "fail"}})
+    assert failed_classes(study) == {label}
+    assert incumbent(study.get_trials(), failed_classes(study)).number != fast.number
+    for cfg, t in (step(study, separable) for _ in range(4)):
+        assert t.system_attrs[MOVE_KEY]["from"] != fast.number and cfg.batch_size != fast.params["batch_size"]
+
+
 class SpyTPE(optuna.samplers.TPESampler):
     def __init__(self) -> None:
         super().__init__(seed=0, multivariate=True, constant_liar=True, n_startup_trials=6)
@@ -204,5 +227,5 @@ def test_concurrent_workers_take_different_moves() -> None:
     (CategoricalDistribution(["fp32", "bf16", "fp16"]), "fp32", ["bf16", "fp16"]),
     (CategoricalDistribution([False, True]), False, [True]),
 ])
-def test_candidates_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
-    assert candidates(dist, was) == expected
+def test_move_values_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
+    assert move_values(dist, was) == expected

@@ -14,53 +14,47 @@ search or another worker reuses it.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from autotune.core.config import SearchSettings
 from autotune.core.errors import TrialFailure
-from autotune.search import classes, confirm
+from autotune.search import classes, records
+from autotune.search.budget import Budget
+from autotune.search.finish import confirm
+from autotune.search.folders import end_folder
 from autotune.search.records import TrialRecord
-from autotune.search.results import PARITY, class_label, class_verdict, confirmed_figures, export_order
-from autotune.search.runner import end_folder
+from autotune.search.results import class_label, class_verdict, confirmed_figures, export_order
 from autotune.trial.warm import WarmServer
 
-def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | None = None,
-        say: Callable[[str], None] = print, deadline: float | None = None) -> dict[str, Any] | None:
+
+def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
+        server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
     """Check candidates until one passes; returns the verdicts by trial number (also stored in the
     study), or None when parity is off or there is nothing but the baseline to export."""
-    steps = settings.parity_steps
-    ranked = export_order(study)
-    roles = [TrialRecord.from_frozen(t).role for t in ranked]
-    # Only what beats the baseline is worth checking: below it, the baseline itself would be exported.
-    order = ranked[: roles.index("baseline")] if "baseline" in roles else ranked
+    steps, order = settings.parity_steps, _worth_checking(study)
     if not steps or not order:
         return None
-    verdicts: dict[str, Any] = dict(study.user_attrs.get(PARITY) or {})
+    verdicts: dict[str, Any] = dict(records.parity_verdicts(study))
     folder = end_folder(settings, study, "parity")
     say(f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
         "its optimizer step differs), from the same weights on the same data, in fresh processes "
         "(--parity-steps 0: off)")
     for t in order:
         key = str(t.number)
-        if key in verdicts:  # checked before (a resumed study): its verdict stands
-            if verdicts[key]["verdict"] == "pass":
+        standing = _standing(study, t, verdicts)
+        if standing is not None:  # checked before (a resumed study), or its class was: its verdict stands
+            verdicts[key] = standing
+            if standing["verdict"] == "pass":
                 break
             continue
-        known = class_verdict(study, t)
-        if known is not None:  # its class was checked (during the search, or for an earlier candidate)
-            verdicts[key] = {**known, "reason": f"its training math ({class_label(t)}) was checked at trial "
-                                                f"{known.get('trial')}: {known.get('reason', '')}"}
-            if known["verdict"] == "pass":
-                break
-            continue
-        cfg = TrialRecord.from_frozen(t).knobs(settings.base)
+        cfg = TrialRecord.of(t).config_for(settings.base)
         need = classes.cost_s(study, settings, t, cfg)
         if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
             need += confirm.extension_s(study)
-        if deadline is not None and time.monotonic() + need > deadline + settings.grace_s:
+        if not Budget.fits(need, budget.late_end if budget else None):
             say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
                 "a cheaper one is tried")
             verdicts[key] = {"verdict": "not checked", "reason": f"the budget left was shorter than the check "
@@ -73,19 +67,30 @@ def run(study: optuna.Study, settings: SearchSettings, *, server: WarmServer | N
             verdicts[key] = {"verdict": "not checked", "reason": f"the baseline failed to train: {e.reason}"}
             break
         verdicts[key] = verdict
-        study.set_user_attr(PARITY, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
+        records.write_parity_verdicts(study, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
         passed = verdict["verdict"] == "pass"
         say(f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
             f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead"))
         if passed:
             break
-    study.set_user_attr(PARITY, verdicts)
+    records.write_parity_verdicts(study, verdicts)
     return verdicts
 
 
-def reserve_s(settings: SearchSettings) -> float:
-    """Budget to keep for the gate: the reference (2 runs) and one candidate, each about a trial's
-    length (K steps of the baseline and start-up), at most a quarter of the budget."""
-    if not settings.parity_steps or settings.budget_s is None:
-        return 0.0
-    return min(3 * ((settings.base.seconds or 15.0) + 15.0), settings.budget_s / 4)
+def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
+    """The candidates in export order above the baseline: below it, the baseline itself would be exported."""
+    ranked = export_order(study)
+    roles = [TrialRecord.of(t).role for t in ranked]
+    return ranked[: roles.index("baseline")] if "baseline" in roles else ranked
+
+
+def _standing(study: optuna.Study, t: FrozenTrial, verdicts: dict[str, Any]) -> dict[str, Any] | None:
+    """A verdict on `t` made before: its own (a resumed study), or its class's (checked during the search,
+    or for an earlier candidate); None when it has to be checked."""
+    if str(t.number) in verdicts:
+        return verdicts[str(t.number)]
+    known = class_verdict(study, t)
+    if known is None:
+        return None
+    return {**known, "reason": f"its training math ({class_label(t)}) was checked at trial {known.get('trial')}: "
+                               f"{known.get('reason', '')}"}

@@ -1,4 +1,4 @@
-"""search/batch.py: a study's global batch narrows the space to combinations that divide it."""
+"""search/micro_batch.py: a study's global batch narrows the space to combinations that divide it."""
 from __future__ import annotations
 
 import optuna
@@ -6,7 +6,7 @@ import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import SearchSpaceError
-from autotune.search.batch import narrow
+from autotune.search.micro_batch import narrow
 from autotune.search.space import Choices, Fixed, IntRange, SearchSpace
 from autotune.search.suggest import config_params, micro_batch_param, suggest
 

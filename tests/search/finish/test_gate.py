@@ -1,4 +1,4 @@
-"""search/gate.py: a winner whose numerics break without NaN fails parity and is not exported; the next
+"""search/finish/gate.py: a winner whose numerics break without NaN fails parity and is not exported; the next
 best is checked instead, and the baseline's reference trajectory is measured once per study."""
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import yaml
 
 from autotune.core.config import SearchSettings, TrialConfig, TrialResult
 from autotune.core.configfile import to_yaml
-from autotune.search import classes, gate
-from autotune.search.records import of_result, write
-from autotune.search.results import PARITY, best_export, exported
+from autotune.search import records
+from autotune.search.finish import gate
+from autotune.search.records import PARITY, of_result, write
+from autotune.search.results import best_export, exported
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.search.storage import open_storage
 
@@ -51,7 +52,7 @@ def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path:
     again: list[str] = []
     assert gate.run(study, settings, say=again.append) == verdicts
     assert not any("passes" in line or "FAILS" in line for line in again)
-    assert classes.REFERENCE in study.user_attrs
+    assert records.parity_reference(study) is not None
 
 
 def test_parity_off_checks_nothing(tmp_path: Path) -> None:

@@ -18,15 +18,13 @@ import optuna
 
 from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.errors import TrialFailure
-from autotune.search.locks import device_lock
+from autotune.search import records
+from autotune.search.budget import Budget, trial_seconds
+from autotune.search.folders import end_folder
+from autotune.search.locks import locked_trial
 from autotune.search.records import TrialRecord
-from autotune.search.results import CONFIRMATION, leaderboard
-from autotune.search.runner import end_folder
-from autotune.trial import launcher
+from autotune.search.results import class_label, failed_classes, leaderboard
 from autotune.trial.warm import WarmServer
-
-DEFAULT_TOP = 3
-DEFAULT_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -38,19 +36,21 @@ class Candidate:
 
 
 def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Candidate]:
-    """The top `top` feasible trials with distinct configs, then the baseline (always measured: the
-    speedup is a ratio of figures taken side by side, never of figures taken at different moments)."""
+    """The top `top` feasible trials with distinct configs outside the failed training-math classes (never
+    exported, so not worth a round), then the baseline (always measured: the speedup is a ratio of figures
+    taken side by side, never of figures taken at different moments)."""
+    failed = failed_classes(study)
     seen: set[str] = set()
     out: list[Candidate] = []
     baseline: Candidate | None = None
     for t in leaderboard(study):
         record = TrialRecord.from_frozen(t)
         key = repr(sorted(record.config.items()))
-        if key in seen:
+        if key in seen or (failed and class_label(t) in failed):
             continue
         seen.add(key)
         c = Candidate("baseline" if record.role == "baseline" else f"trial {t.number}", t.number,
-                      record.knobs(workload), float(t.value or 0))
+                      record.config_for(workload), float(t.value or 0))
         if record.role == "baseline":
             baseline = c
         elif len(out) < top:
@@ -58,42 +58,34 @@ def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Can
     return out + ([baseline] if baseline else [])
 
 
-def reserve_s(settings: SearchSettings, top: int, rounds: int) -> float:
-    """Budget to set aside up front: (top + baseline) x rounds trials of measured seconds plus start-up,
-    at most half the budget (the search needs trials to have something to confirm)."""
-    if rounds == 0 or settings.budget_s is None:
-        return 0.0
-    per_trial = (settings.base.seconds or 15.0) + 10.0  # warm-up and a forked start, measured ~5-10 s
-    return min((top + 1) * rounds * per_trial, settings.budget_s / 2)
-
-
-def run(study: optuna.Study, settings: SearchSettings, top: int, rounds: int, *,
-        server: WarmServer | None = None, say: Callable[[str], None] = print,
-        deadline: float | None = None) -> dict[str, Any] | None:
-    """Measure the candidates in up to `rounds` interleaved rounds, only whole rounds that fit before
-    `deadline` (time.monotonic()); store and return the summary. None if there is nothing to compare
-    (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
+def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
+        server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """Measure the top --confirm-top candidates in up to --confirm-rounds interleaved rounds, only whole
+    rounds that end by the budget's end (none: no limit); store and return the summary. None if there is
+    nothing to compare (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
+    top, rounds = settings.confirm_top, settings.confirm_rounds
     pool = candidates(study, settings.base, top)
     if rounds == 0 or not any(c.label != "baseline" for c in pool):
         return None
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
     samples, done, trial_s = _rounds(pool, rounds, end_folder(settings, study, "confirm"),
-                                     settings, server, say, deadline)
+                                     settings, server, say, budget.end if budget else None)
     if done == 0:
         return None
     summary = {**summarize(pool, samples, done), "trial_s": trial_s}
-    study.set_user_attr(CONFIRMATION, summary)
+    records.write_confirmation(study, summary)
     return summary
 
 
-def extend(study: optuna.Study, settings: SearchSettings, number: int, rounds: int, *,
-           server: WarmServer | None = None, say: Callable[[str], None] = print,
-           deadline: float | None = None) -> dict[str, Any] | None:
+def extend(study: optuna.Study, settings: SearchSettings, number: int, budget: Budget | None = None, *,
+           server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
     """Confirm trial `number` too, when the export falls to a config the confirmation did not measure
-    (the parity gate failed the ones it did): it and the baseline in interleaved rounds that fit
-    before `deadline`. Its samples join the stored summary and the baseline's new samples join the
-    baseline's, so every speedup stays a ratio of figures taken side by side. Returns the summary."""
-    summary = study.user_attrs.get(CONFIRMATION)
+    (the parity gate failed the ones it did): it and the baseline in --confirm-rounds interleaved rounds
+    that end by the budget's late end (its end plus the grace; none: no limit). Its samples join the
+    stored summary and the baseline's new samples join the baseline's, so every speedup stays a ratio of
+    figures taken side by side. Returns the summary."""
+    rounds = settings.confirm_rounds
+    summary = records.confirmation(study)
     if not summary or rounds == 0 or any(r["trial"] == number for r in summary["rows"]):
         return summary
     board = {c.trial: c for c in candidates(study, settings.base, len(study.trials))}
@@ -104,7 +96,8 @@ def extend(study: optuna.Study, settings: SearchSettings, number: int, rounds: i
     say(f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
         "before it did not pass parity")
     folder = end_folder(settings, study, "confirm") / f"trial-{number}"
-    new, done, _ = _rounds(pool, rounds, folder, settings, server, say, deadline, summary.get("trial_s"))
+    new, done, _ = _rounds(pool, rounds, folder, settings, server, say, budget.late_end if budget else None,
+                           summary.get("trial_s"))
     if done == 0:
         return summary
     old = {r["label"]: r for r in summary["rows"]}
@@ -113,14 +106,14 @@ def extend(study: optuna.Study, settings: SearchSettings, number: int, rounds: i
     samples["baseline"] = samples.get("baseline", []) + new["baseline"]
     merged = [c for c in board.values() if c.label in old and c.label != "baseline"] + pool
     summary = {**summarize(merged, samples, summary["rounds"]), "trial_s": summary.get("trial_s")}
-    study.set_user_attr(CONFIRMATION, summary)
+    records.write_confirmation(study, summary)
     return summary
 
 
 def extension_s(study: optuna.Study) -> float:
     """About how long one round of `extend` takes (a config and the baseline), from the confirmation's
     measured trial length; 0 when there was no confirmation to extend."""
-    summary = study.user_attrs.get(CONFIRMATION)
+    summary = records.confirmation(study)
     return 2 * float(summary.get("trial_s") or 0) if summary else 0.0
 
 
@@ -131,9 +124,9 @@ def _rounds(pool: list[Candidate], rounds: int, folder: Path, settings: SearchSe
     the samples by label, the rounds done, and the measured seconds per trial."""
     samples: dict[str, list[float]] = {c.label: [] for c in pool}
     done = 0
-    trial_s = trial_s or settings.base.seconds or 15.0  # a first guess, then measured
+    trial_s = trial_s or trial_seconds(settings.base)  # a first guess, then measured
     for r in range(rounds):
-        if deadline is not None and time.monotonic() + trial_s * len(pool) > deadline:
+        if not Budget.fits(trial_s * len(pool), deadline):
             say(f"confirmation: {done} of {rounds} round(s) fit in the budget")
             break
         t0 = time.monotonic()
@@ -148,8 +141,7 @@ def _rounds(pool: list[Candidate], rounds: int, folder: Path, settings: SearchSe
 def _measure(c: Candidate, trial_dir: Path, settings: SearchSettings, server: WarmServer | None,
              say: Callable[[str], None]) -> float | None:
     try:
-        with device_lock(c.config.gpus):
-            result = launcher.run_trial(c.config, trial_dir, settings.trial_timeout, server=server)
+        result, _ = locked_trial(c.config, trial_dir, settings.trial_timeout, server=server)
     except TrialFailure as e:  # a config that fails now is not confirmed; the others still are
         say(f"  {c.label}: {e.reason}: {str(e)[:100]}")
         return None

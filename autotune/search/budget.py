@@ -1,0 +1,127 @@
+"""The search's one budget: what each phase may spend, read off one clock.
+
+`--budget` is the wall time of one run of a search. Part of it is kept up front for the end of the
+search (confirmation and the parity gate); the trial loop spends the rest. Every phase asks one frozen
+`Budget`, made when the run starts, and none keeps a clock of its own:
+
+* the trial loop runs until `search_deadline` (the budget less the reserve, at least half of it),
+  each trial's timeout cut to what is left plus the grace;
+* a class check during the search starts only if it ends by `search_deadline`;
+* confirmation runs whole rounds that end by `end`;
+* the parity gate and the extension rounds may run to `late_end`: the search promises to end
+  within budget + max(30 s, 2%), and 10 s of that stay for the export;
+* the live display shows `left_s()`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from autotune.core.config import SearchSettings, TrialConfig
+
+# A trial's measured seconds when the workload counts steps instead (seconds=None): a first guess.
+GUESSED_TRIAL_S = 15.0
+# A confirmation trial's start-up and warm-up beside its measured seconds (a forked start, ~5-10 s).
+CONFIRM_OVERHEAD_S = 10.0
+# A parity run's start-up beside its K steps, which take about a trial's measured seconds.
+PARITY_OVERHEAD_S = 15.0
+
+
+def trial_seconds(base: TrialConfig) -> float:
+    """About how long one trial measures: the workload's time box, else a first guess."""
+    return base.seconds or GUESSED_TRIAL_S
+
+
+def grace_s(budget_s: float | None) -> float:
+    """How far past the budget the end of a search (the last trial, confirmation, the parity gate) may
+    run: the search promises to end within budget + max(30 s, 2%), and 10 s of that stay for the export."""
+    return max(30.0, 0.02 * (budget_s or 0)) - 10.0
+
+
+def confirm_reserve_s(settings: SearchSettings) -> float:
+    """What confirmation keeps: (top + baseline) x rounds trials of measured seconds plus start-up, at
+    most half the budget (the search needs trials to have something to confirm)."""
+    if settings.confirm_rounds == 0 or settings.budget_s is None:
+        return 0.0
+    per_trial = trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
+    return min((settings.confirm_top + 1) * settings.confirm_rounds * per_trial, settings.budget_s / 2)
+
+
+def parity_reserve_s(settings: SearchSettings) -> float:
+    """What the parity gate keeps: the reference (2 runs) and one candidate, each about a trial's length
+    (K steps of the baseline and start-up), at most a quarter of the budget."""
+    if not settings.parity_steps or settings.budget_s is None:
+        return 0.0
+    return min(3 * (trial_seconds(settings.base) + PARITY_OVERHEAD_S), settings.budget_s / 4)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One run's budget: its start on time.monotonic()'s clock, and every deadline derived from it."""
+
+    started: float  # time.monotonic() when the run began
+    budget_s: float | None  # None: no time limit (a worker bounded by --n-trials)
+    trial_timeout_s: float
+    grace_s: float
+    confirm_reserve_s: float
+    parity_reserve_s: float
+
+    @classmethod
+    def of(cls, settings: SearchSettings, started: float | None = None) -> Budget:
+        """The budget of a run of `settings` that starts now (or at `started`)."""
+        return cls(started=time.monotonic() if started is None else started, budget_s=settings.budget_s,
+                   trial_timeout_s=settings.trial_timeout, grace_s=grace_s(settings.budget_s),
+                   confirm_reserve_s=confirm_reserve_s(settings), parity_reserve_s=parity_reserve_s(settings))
+
+    @property
+    def reserve_s(self) -> float:
+        """Kept from the trial loop for the end of the search (confirmation and the parity gate)."""
+        return self.confirm_reserve_s + self.parity_reserve_s
+
+    @property
+    def end(self) -> float | None:
+        """The budget's end: confirmation's rounds must end by it."""
+        return None if self.budget_s is None else self.started + self.budget_s
+
+    @property
+    def late_end(self) -> float | None:
+        """The end plus the grace: the parity gate's checks and the extension rounds must end by it."""
+        return None if self.end is None else self.end + self.grace_s
+
+    @property
+    def search_deadline(self) -> float | None:
+        """When the trial loop stops: the budget less the reserve, and at least half the budget."""
+        if self.budget_s is None:
+            return None
+        return self.started + max(self.budget_s - self.reserve_s, self.budget_s / 2)
+
+    # ---- what a phase asks --------------------------------------------------------------------------
+
+    def search_left(self, now: float | None = None) -> float:
+        """Seconds left to the trial loop (inf without a budget)."""
+        deadline = self.search_deadline
+        return float("inf") if deadline is None else deadline - _now(now)
+
+    def trials_over(self, left: float, durations: Sequence[float]) -> bool:
+        """Whether the trial loop ends with `left` seconds left: none left, or the median trial so far
+        would overrun them by more than the grace."""
+        return left <= 0 or bool(durations and statistics.median(durations) > left + self.grace_s)
+
+    def trial_timeout(self, left: float) -> float:
+        """A trial's timeout with `left` seconds left to the trial loop: never past them plus the grace."""
+        return min(self.trial_timeout_s, left + self.grace_s)
+
+    @staticmethod
+    def fits(need_s: float, deadline: float | None, now: float | None = None) -> bool:
+        """Whether `need_s` seconds started now end by `deadline` (one of the properties above; None: always)."""
+        return deadline is None or _now(now) + need_s <= deadline
+
+    def left_s(self, now: float | None = None) -> float | None:
+        """Seconds to the budget's end, never below 0; None without a budget (the live display's clock)."""
+        return None if self.end is None else max(0.0, self.end - _now(now))
+
+
+def _now(now: float | None) -> float:
+    return time.monotonic() if now is None else now

@@ -1,0 +1,57 @@
+"""search/budget.py: one clock for a search's run, and every phase's share of it."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.core.config import SearchSettings, TrialConfig
+from autotune.search.budget import Budget, confirm_reserve_s, grace_s, parity_reserve_s
+
+TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
+
+
+def test_the_confirmation_reserve_is_bounded_by_half_the_budget() -> None:
+    s = SearchSettings(budget_s=100.0, base=TINY.replace(seconds=5.0))
+    assert confirm_reserve_s(s) == 50.0
+    assert confirm_reserve_s(dataclasses.replace(s, budget_s=10_000.0)) == 4 * 3 * 15.0
+    assert confirm_reserve_s(dataclasses.replace(s, confirm_rounds=0)) == 0.0
+
+
+def test_the_gate_reserve_is_bounded_by_a_quarter_of_the_budget() -> None:
+    s = SearchSettings(budget_s=100.0, base=TINY.replace(seconds=5.0))
+    assert parity_reserve_s(s) == 25.0
+    assert parity_reserve_s(dataclasses.replace(s, budget_s=10_000.0)) == 3 * (5.0 + 15.0)
+    assert parity_reserve_s(dataclasses.replace(s, parity_steps=0)) == 0.0
+    assert parity_reserve_s(dataclasses.replace(s, base=TINY, budget_s=10_000.0)) == 3 * (15.0 + 15.0)  # a guess
+
+
+def test_grace_is_two_percent_or_thirty_seconds_less_the_export() -> None:
+    assert grace_s(None) == 20.0 and grace_s(600.0) == 20.0 and grace_s(7200.0) == pytest.approx(134.0)
+
+
+def test_every_deadline_comes_from_one_start() -> None:
+    s = SearchSettings(budget_s=1000.0, base=TINY.replace(seconds=5.0))
+    b = Budget.of(s, started=100.0)
+    assert b.reserve_s == confirm_reserve_s(s) + parity_reserve_s(s) == 4 * 3 * 15.0 + 3 * 20.0
+    assert b.end == 1100.0 and b.late_end == 1100.0 + grace_s(1000.0)
+    assert b.search_deadline == 100.0 + 1000.0 - b.reserve_s
+    assert b.search_left(now=200.0) == b.search_deadline - 200.0
+    assert b.left_s(now=1000.0) == 100.0 and b.left_s(now=5000.0) == 0.0
+    # A reserve larger than half the budget still leaves the trials half of it.
+    short = Budget.of(SearchSettings(budget_s=60.0, base=TINY), started=0.0)
+    assert short.search_deadline == 30.0
+
+
+def test_the_trial_loop_stops_when_the_median_trial_would_overrun() -> None:
+    b = Budget.of(SearchSettings(budget_s=600.0, trial_timeout_s=300.0), started=0.0)
+    assert b.trials_over(0.0, []) and not b.trials_over(10.0, [])
+    assert not b.trials_over(10.0, [25.0, 30.0]) and b.trials_over(10.0, [40.0, 50.0])  # median vs left + 20 s
+    assert b.trial_timeout(10.0) == 30.0 and b.trial_timeout(1e9) == 300.0
+
+
+def test_no_budget_has_no_deadlines() -> None:
+    b = Budget.of(SearchSettings(budget_s=None, n_trials=3))
+    assert b.end is None and b.late_end is None and b.search_deadline is None and b.left_s() is None
+    assert b.search_left() == float("inf") and b.reserve_s == 0.0
+    assert Budget.fits(1e9, b.end) and not Budget.fits(10.0, 5.0, now=0.0) and Budget.fits(5.0, 5.0, now=0.0)
