@@ -16,7 +16,7 @@ from autotune.core.config import KNOBS
 from tests.conftest import REPO_ROOT
 
 # A search long enough for the baseline, the warm start and a few more, short enough for the suite.
-SHORT_SEARCH = ("--budget", "20s", "--trial-seconds", "1", "--warmup-steps", "1", "--confirm-rounds", "0",
+SHORT_SEARCH = ("--budget", "30s", "--trial-seconds", "1", "--warmup-steps", "1", "--confirm-rounds", "0",
                 "--parity-steps", "0", "--seed", "0")
 
 
