@@ -47,6 +47,9 @@ class Export:
     # The study's training-math classes and their one check each, the trials spent in classes that
     # failed, and the time spent checking (search/classes.py summary()); None: none was checked.
     checks: dict[str, Any] | None = None
+    # A framework pipeline's (--pipeline lightning:... / hf:...) tuned settings as the trial passed them:
+    # the Trainer's keyword arguments, or the TrainingArguments fields that differ from the user's base.
+    framework: dict[str, Any] | None = None
 
     @classmethod
     def from_result(
@@ -66,7 +69,9 @@ class Export:
         if _positive(sps) and _positive(baseline_samples_per_s):
             speedup = float(sps) / float(baseline_samples_per_s)  # type: ignore[arg-type]
         env = {"device": result.device, "world_size": result.world_size, **dict(environment or {})}
-        return cls(config, metrics, baseline_samples_per_s, speedup, env, dict(study or {}), reproduce)
+        framework = result.applied.get("framework")
+        return cls(config, metrics, baseline_samples_per_s, speedup, env, dict(study or {}), reproduce,
+                   framework=dict(framework) if isinstance(framework, Mapping) else None)
 
 
 def _positive(x: float | None) -> bool:
@@ -121,6 +126,7 @@ def to_yaml(e: Export) -> str:
         *([("training_math", e.training_math)] if e.training_math else []),
         *([("parity", e.parity)] if e.parity else []),
         *([("checks", e.checks)] if e.checks else []),
+        *([("framework", e.framework)] if e.framework else []),
         ("environment", e.environment),
         ("study", study),
         ("reproduce", e.reproduce),

@@ -17,6 +17,8 @@ A dataset item that cannot be loaded should raise autotune.core.errors.DataItemE
 other exception from an item is reported as the data's fault too, naming its index.
 
 A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
+`lightning:module.path:callable` and `hf:module.path:callable` name a framework's job instead, run under
+the framework's own Trainer (autotune.pipelines.frameworks).
 What is special about the built-in Unet (its default synthetic data, what a warm server preloads)
 is answered here, so no other layer needs to know it.
 
@@ -76,12 +78,32 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
 
 
 def load_pipeline(cfg: TrialConfig) -> Pipeline:
-    pipeline = resolve_factory(cfg.pipeline)(cfg)
+    """The factory's pipeline (or framework job), checked; a baseline that sets a knob the pipeline
+    cannot honour is bad input here, before any study or trial is made from it."""
+    from autotune.pipelines import frameworks
+
+    if frameworks.is_framework(cfg.pipeline):
+        pipeline: Any = frameworks.load(cfg)
+    else:
+        pipeline = resolve_factory(cfg.pipeline)(cfg)
     if not isinstance(pipeline, Pipeline):
         raise PipelineError(
             f"--pipeline {cfg.pipeline!r} returned {type(pipeline).__name__}, expected an object with "
             "build_model(), build_dataset() and loss(output, target)")
+    _check_baseline(cfg, unsupported_of(pipeline))
     return pipeline
+
+
+def _check_baseline(cfg: TrialConfig, unsupported: frozenset[str]) -> None:
+    from autotune.core.config import TrialConfig
+
+    default, given = TrialConfig(), dict(cfg.baseline or ())
+    refused = sorted(k for k in unsupported & set(given) if given[k] != getattr(default, k))
+    if refused:
+        why = getattr(unsupported, "why", {})
+        raise PipelineError(f"--baseline sets {', '.join(refused)}, which --pipeline {cfg.pipeline!r} cannot express"
+                            + "".join(f" ({why[k]})" for k in refused if k in why)
+                            + "; expected the default value or leave it out")
 
 
 def validate_data(pipeline: Pipeline, *, skip_bad: bool,
@@ -99,7 +121,11 @@ def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
 
 
 def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
-    return frozenset(getattr(pipeline, "unsupported", ()) or ())
+    """The knobs it cannot honour; a framework job's set also says why, per knob (`.why`)."""
+    from autotune.pipelines.frameworks import Unsupported
+
+    given = getattr(pipeline, "unsupported", ()) or ()
+    return given if isinstance(given, Unsupported) else frozenset(given)
 
 
 def default_data(spec: str, studies_dir: str | os.PathLike[str]) -> str | None:
@@ -127,6 +153,10 @@ def skip_bad_data_in_trials() -> None:
 
 def preload_modules(spec: str) -> tuple[str, ...]:
     """What a warm server imports for this pipeline: its heavy libraries and its own module."""
+    from autotune.pipelines import frameworks
+
+    if frameworks.is_framework(spec):
+        return frameworks.preload(spec)
     module = BUILTIN.get(spec, spec).partition(":")[0]
     return (*_PRELOAD.get(spec, ()), module)
 

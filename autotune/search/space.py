@@ -262,7 +262,8 @@ def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
     for k in sorted(unsupported):
         if k not in KNOBS:
             raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
-        n.fix(k, getattr(_DEFAULTS, k), "not supported by this pipeline")
+        why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
+        n.fix(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
     n_gpus = max(1, hw.gpu_count)
     n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
     if not hw.cuda:

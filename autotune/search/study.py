@@ -19,7 +19,7 @@ from autotune.search import records
 from autotune.search.fingerprint import differences
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import shown_storage
-from autotune.search.space import Hardware, SearchSpace
+from autotune.search.space import Fixed, Hardware, SearchSpace
 from autotune.search.suggest import config_params, suggest
 from autotune.search.storage import open_storage
 from autotune.search.strategy import CoordinateSampler, make_tpe
@@ -55,8 +55,11 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
     bf16 = _bf16_supported(base.gpus) if hw.cuda else hw.cpu_bf16
     precision = "bf16" if bf16 else "fp16" if hw.cuda else "fp32"  # a CPU without bf16 kernels: no AMP
     workers = hw.workers_per_process(base.gpus, space)
+    # A fusion the space fixes stays: a pipeline that cannot express it (a Lightning module's own optimizer).
+    fixed = space.knobs.get("optimizer_fusion") if space is not None else None
+    fusion = fixed.value if isinstance(fixed, Fixed) else "fused"
     return baseline_of(base).replace(num_workers=workers, pin_memory=hw.cuda, precision=precision,
-                        optimizer_fusion="fused", cudnn_benchmark=hw.cuda, persistent_workers=workers > 0,
+                        optimizer_fusion=fusion, cudnn_benchmark=hw.cuda, persistent_workers=workers > 0,
                         prefetch_factor=2 if workers else None, set_to_none=True)  # both need workers
 
 

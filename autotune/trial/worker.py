@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
+from autotune.pipelines.frameworks import is_framework
 from autotune.trial.contention import OtherCpu
 
 LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
@@ -33,6 +34,10 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
     from autotune.trial.harness import build
 
     launched = float(os.environ.get(LAUNCH_TIME_ENV, 0)) or _process_start_time()
+    if is_framework(cfg.pipeline):  # Lightning / HF: the framework's own loop, measured by its callback
+        from autotune.trial.frameworks import run as run_framework
+
+        return run_framework(cfg, progress, launched)
     h = build(cfg, endless=True)  # one loader iterator for the whole trial: no restart between epochs
     memory_total = measure.memory_total_bytes(h.device)  # before the trial grows: RAM it may still take
     device, world = h.device, h.world

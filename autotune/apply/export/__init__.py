@@ -1,13 +1,16 @@
 """Best trial -> a file a user can apply: autotune's own YAML, or Lightning / HF / accelerate settings.
 
-The native YAML is the round-trippable record (`autotune.core.configfile`). The framework renderings
-are one-way, one module each: each lists every tuned knob, either as a field the framework has or as
-a comment saying where it goes, so nothing the search found is dropped silently.
+The native YAML is the round-trippable record (`autotune.core.configfile`). A study of a framework
+pipeline (--pipeline lightning:... / hf:...) exports, in its own format, the user's Trainer arguments as
+its winning trial passed them (`framework.py`). The framework renderings are one-way, one module each:
+each lists every tuned knob, either as a field the framework has or as a comment saying where it goes,
+so nothing the search found is dropped silently.
 """
 from __future__ import annotations
 
 from typing import Callable
 
+from autotune.apply.export import framework
 from autotune.apply.export.accelerate import to_accelerate
 from autotune.apply.export.hf import to_hf
 from autotune.apply.export.lightning import to_lightning
@@ -31,4 +34,6 @@ def render(fmt: str, e: Export) -> str:
     }
     if fmt not in renderers:
         raise ConfigError(f"unknown export format {fmt!r}; choose one of {'|'.join(FORMATS)}")
+    if framework.renders(fmt, e):  # a Lightning or HF study: the user's own Trainer arguments, tuned
+        return framework.render(e)
     return renderers[fmt]()

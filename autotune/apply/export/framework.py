@@ -1,0 +1,90 @@
+"""The export of a framework pipeline's study (--pipeline lightning:... or hf:...): the user's own objects,
+tuned. For Lightning, the Trainer's keyword arguments and the train DataLoader's; for transformers, the
+TrainingArguments fields that differ from the user's base arguments. Each is the dict the winning
+trial passed, recorded by the trial itself (`applied.framework`), so what is pasted is what was measured.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from autotune.core.configfile import Export
+from autotune.pipelines.frameworks import hf, lightning
+
+
+def renders(fmt: str, e: Export) -> bool:
+    """Whether `fmt` is the study's own framework: then its export is the user's objects, tuned."""
+    return bool(e.framework) and e.framework.get("library") == fmt  # type: ignore[union-attr]
+
+
+def render(e: Export) -> str:
+    fw = e.framework or {}
+    return _lightning(e, fw) if fw.get("library") == "lightning" else _hf(e, fw)
+
+
+def _header(e: Export, what: str) -> list[str]:
+    trial = e.study.get("trial")
+    speed = f"x{e.speedup:.2f} samples/s over the baseline" if e.speedup else "speedup unknown"
+    return [f"# {what}, as autotune measured them",
+            f"# (study {e.study.get('name')!r}, trial {trial}: {speed}; `autotune trial --config best.yaml` "
+            "re-measures it)."]
+
+
+def _kwargs(name: str, values: Mapping[str, Any], comments: Mapping[str, str] | None = None) -> list[str]:
+    comments = comments or {}
+    rows = [f"    {k}={v!r}," + (f"  # {comments[k]}" if k in comments else "") for k, v in values.items()]
+    return [f"{name} = dict(", *rows, ")"]
+
+
+def _notes(e: Export, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> list[str]:
+    cfg = e.config
+    out = []
+    if lr_scale != 1:
+        out.append(f"# lr: multiply your learning rate by {lr_scale:.4g}, as the trials did ({cfg.lr_scaling} rule, "
+                   f"from your own batch to global batch {cfg.global_batch_size})")
+    if cfg.num_threads:
+        out.append(f"torch.set_num_threads({cfg.num_threads})  # num_threads, at the start of your script")
+    if cfg.gpus > 1:
+        out.append(f"# gpus={cfg.gpus}: one process per device (torchrun --nproc-per-node {cfg.gpus}, or the Trainer's own launch)")
+    out += [f"# {k}: not tuned, {why}" for k, why in unsupported.items()]
+    return out
+
+
+def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
+    parts = [
+        *_header(e, "Lightning Trainer and train DataLoader arguments for your LightningModule"),
+        *(["import torch"] if e.config.num_threads else []),
+        "",
+        *_kwargs("trainer_kwargs", fw.get("trainer_kwargs") or {},
+                 {"accumulate_grad_batches": f"global batch {e.config.global_batch_size}"}),
+        "",
+        "# your datamodule's train_dataloader(): the same dataset, sampler and collate_fn, with these",
+        *_kwargs("dataloader_kwargs", fw.get("dataloader_kwargs") or {}, {"batch_size": "per process"}),
+        "",
+        *_notes(e, lightning.UNSUPPORTED, float(fw.get("lr_scale") or 1.0)),
+        "",
+        "# trainer = lightning.pytorch.Trainer(**trainer_kwargs, max_epochs=...)  # your other arguments as they are",
+        "# trainer.fit(model, datamodule=datamodule)",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _hf(e: Export, fw: Mapping[str, Any]) -> str:
+    changed, base = fw.get("training_args") or {}, fw.get("base") or {}
+    cfg = e.config
+    notes = _notes(e, hf.UNSUPPORTED)
+    if cfg.cudnn_benchmark:
+        notes.insert(0, "torch.backends.cudnn.benchmark = True  # cudnn_benchmark: not a TrainingArguments field")
+    parts = [
+        *_header(e, "TrainingArguments fields that differ from your base arguments"),
+        "import dataclasses",
+        *(["import torch"] if cfg.num_threads or cfg.cudnn_benchmark else []),
+        "",
+        *(_kwargs("training_args", changed, {k: f"yours: {base.get(k)!r}" for k in changed}) if changed
+          else ["training_args = dict()  # your base arguments were already the fastest measured"]),
+        "",
+        *notes,
+        "",
+        "# args = dataclasses.replace(your_training_args, **training_args)",
+        "# trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)",
+    ]
+    return "\n".join(parts) + "\n"

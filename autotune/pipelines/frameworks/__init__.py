@@ -1,0 +1,136 @@
+"""Framework pipelines: a Lightning module or a transformers Trainer job, tuned under its own loop.
+
+`--pipeline lightning:MODULE:FACTORY` names a factory returning (LightningModule, LightningDataModule);
+`--pipeline hf:MODULE:FACTORY` one returning (model, train_dataset, data_collator, TrainingArguments).
+The factory is called with the TrialConfig, like any pipeline factory. A trial then runs the framework's
+own loop (Trainer.fit, Trainer.train) with the knobs mapped onto its arguments, measured by a callback
+(autotune.trial.frameworks). This package owns what needs no trial: the spec, the factory's output
+checked, which knob maps to which argument, and why a knob cannot be expressed (`unsupported`, with
+a reason per knob, which the search fixes to its default and says).
+
+The frameworks are imported only when such a pipeline is named, so autotune runs without them.
+May import: autotune.core (and the frameworks, lazily).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Mapping
+
+from autotune.core.errors import PipelineError
+
+if TYPE_CHECKING:
+    from autotune.core.config import TrialConfig
+
+# prefix -> (the module checked and used, what to install). lightning.pytorch, not pytorch_lightning:
+# the two packages define distinct classes, and a trial must build the Trainer of the module's package.
+LIBRARIES = {"lightning": ("lightning.pytorch", "pip install lightning"),
+             "hf": ("transformers", "pip install transformers accelerate")}
+# What a warm server imports once, so forked trials start with it: transformers imports its Trainer lazily.
+PRELOAD = {"lightning": ("lightning.pytorch",), "hf": ("transformers", "transformers.trainer")}
+EXPECTED = {"lightning": "(LightningModule, LightningDataModule)",
+            "hf": "(model, train_dataset, data_collator, TrainingArguments)"}
+
+
+def split(spec: str) -> tuple[str, str] | None:
+    """'lightning:pkg.mod:make' -> ('lightning', 'pkg.mod:make'); None for any other pipeline spec."""
+    prefix, sep, rest = spec.partition(":")
+    return (prefix, rest) if sep and prefix in LIBRARIES else None
+
+
+def is_framework(spec: str) -> bool:
+    return split(spec) is not None
+
+
+def library_module(spec: str) -> Any:
+    """The framework's module, imported now; a missing library is bad input, said in one line."""
+    prefix = split(spec)[0]  # type: ignore[index]
+    name, install = LIBRARIES[prefix]
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise PipelineError(f"--pipeline {spec!r} needs {name}, which cannot be imported ({e}); {install}") from None
+
+
+def preload(spec: str) -> tuple[str, ...]:
+    """What a warm server imports for this pipeline: the framework and the factory's module."""
+    prefix, target = split(spec)  # type: ignore[misc]
+    return (*PRELOAD[prefix], target.partition(":")[0])
+
+
+class Unsupported(frozenset):  # type: ignore[type-arg]
+    """Knob names a pipeline cannot honour, with why (`why[knob]`), for the note the search prints."""
+
+    why: Mapping[str, str]
+
+    def __new__(cls, reasons: Mapping[str, str]) -> Unsupported:
+        self = super().__new__(cls, reasons)
+        self.why = dict(reasons)
+        return self
+
+
+class FrameworkJob:
+    """What the factory returned, checked, and what the search needs to know of it: the knobs it cannot
+    express (with why) and its checkpointing stages. Not a Pipeline: autotune does not own the loop."""
+
+    library = ""
+
+    def __init__(self, spec: str, parts: tuple[Any, ...], unsupported: Mapping[str, str],
+                 stages: tuple[str, ...] = ()) -> None:
+        self.spec, self.parts, self.stages = spec, parts, stages
+        self.unsupported = Unsupported(unsupported)
+
+    # `autotune train` builds a Pipeline's parts itself; a framework job trains under its own Trainer.
+    def build_model(self) -> Any:
+        raise PipelineError(f"--pipeline {self.spec!r} trains under {self.library}'s own Trainer: `autotune train` "
+                            f"cannot run it; apply the tuned settings (autotune export --format {self.library})")
+
+    build_dataset = build_model
+
+    def loss(self, output: Any, target: Any) -> Any:
+        return self.build_model()
+
+
+def load(cfg: TrialConfig) -> FrameworkJob:
+    """Import the framework and the factory, call it with `cfg`, and check what it returned."""
+    from autotune.pipelines import resolve_factory
+
+    prefix, target = split(cfg.pipeline)  # type: ignore[misc]
+    library = library_module(cfg.pipeline)
+    try:
+        factory = resolve_factory(target)
+    except PipelineError as e:  # its message names the part after the prefix: name what the user wrote
+        raise PipelineError(str(e).replace(repr(target), repr(cfg.pipeline), 1)) from None
+    returned = factory(cfg)
+    if prefix == "lightning":
+        from autotune.pipelines.frameworks import lightning as adapter
+    else:
+        from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
+    job = adapter.check(cfg.pipeline, library, returned)
+    if job is None:
+        raise PipelineError(f"--pipeline {cfg.pipeline!r} returned {describe(returned)}, expected "
+                            f"{EXPECTED[prefix]}")
+    return job
+
+
+def describe(value: Any) -> str:
+    """A factory's return value in a few words: `tuple (Net, list)`, `int`."""
+    if isinstance(value, tuple):
+        return f"tuple ({', '.join(type(v).__name__ for v in value)})"
+    return type(value).__name__
+
+
+def lr_scale(cfg: TrialConfig, own_batch: int) -> float:
+    """The factor on the user's own learning rate. It was meant for the user's own global batch (the job
+    knows it; the study's reference batch is autotune's), so the rule scales from that batch to the
+    config's: a trial at the user's own batch trains at the user's own lr."""
+    from autotune.core.config import lr_factor
+
+    return lr_factor(cfg.global_batch_size / own_batch, cfg.lr_scaling)
+
+
+def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
+    """One knob's record in a result's `applied`, in the shape autotune.trial.knobs writes."""
+    rec = {"requested": requested, "in_effect": in_effect}
+    if why:
+        rec["why"] = why
+    return rec

@@ -1,0 +1,127 @@
+"""`--pipeline hf:MODULE:FACTORY`: the factory returns (model, train_dataset, data_collator, TrainingArguments).
+
+Knobs map onto TrainingArguments fields (`tuned_fields`); a trial runs Trainer.train on the user's
+arguments with those fields replaced, and the export is the fields that differ from the user's base.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from autotune.core.config import TrialConfig
+from autotune.pipelines.frameworks import FrameworkJob, lr_scale
+
+# optimizer_fusion -> TrainingArguments.optim. "adamw_torch" lets torch choose its kernel (foreach on
+# CUDA, the for-loop on CPU): TrainingArguments cannot force either, so none and foreach both map there.
+OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_fused", "apex": "adamw_apex_fused"}
+ADAMW = frozenset(OPTIM.values())
+
+UNSUPPORTED = {
+    "channels_last": "TrainingArguments has no memory-layout field: the model and the data collator own it",
+    "set_to_none": "the Trainer zeroes gradients itself (model.zero_grad(), which frees them)",
+}
+# HF checkpoints every layer or none: one stage, so checkpoint_segments is 0 or 1.
+STAGES = ("gradient_checkpointing",)
+
+
+class HFJob(FrameworkJob):
+    library = "hf"
+
+    @property
+    def model(self) -> Any:
+        return self.parts[0]
+
+    @property
+    def dataset(self) -> Any:
+        return self.parts[1]
+
+    @property
+    def collator(self) -> Any:
+        return self.parts[2]
+
+    @property
+    def args(self) -> Any:
+        return self.parts[3]
+
+
+def check(spec: str, transformers: Any, returned: Any) -> HFJob | None:
+    """The job, or None when the factory returned something else than the four parts."""
+    import torch
+
+    if not (isinstance(returned, tuple) and len(returned) == 4):
+        return None
+    model, dataset, collator, args = returned
+    sized = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+    if not (isinstance(model, torch.nn.Module) and (sized or isinstance(dataset, torch.utils.data.IterableDataset))
+            and (collator is None or callable(collator)) and isinstance(args, transformers.TrainingArguments)):
+        return None
+    unsupported = dict(UNSUPPORTED)
+    if optim_of(args) not in ADAMW:
+        unsupported["optimizer_fusion"] = (f"the base TrainingArguments train with optim={optim_of(args)!r}; "
+                                           "the knob chooses among AdamW kernels")
+    stages = STAGES if getattr(model, "supports_gradient_checkpointing", False) else ()
+    if not stages:
+        unsupported["checkpoint_segments"] = "the model has no gradient_checkpointing_enable()"
+    return HFJob(spec, returned, unsupported, stages)
+
+
+def optim_of(args: Any) -> str:
+    return str(getattr(args.optim, "value", args.optim))  # an OptimizerNames enum once parsed
+
+
+def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset[str]) -> dict[str, Any]:
+    """The TrainingArguments fields a config sets over the user's base arguments."""
+    workers = cfg.num_workers > 0
+    out: dict[str, Any] = {
+        "per_device_train_batch_size": cfg.batch_size,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "bf16": cfg.precision == "bf16",
+        "fp16": cfg.precision == "fp16",
+        "dataloader_num_workers": cfg.num_workers,
+        # TrainingArguments refuses these without worker processes.
+        "dataloader_persistent_workers": cfg.persistent_workers and workers,
+        "dataloader_prefetch_factor": (cfg.prefetch_factor or 2) if workers else None,
+        "torch_compile": cfg.compile != "off",
+    }
+    if cuda:  # without CUDA pinning is a no-op: the user's setting stays as it is
+        out["dataloader_pin_memory"] = cfg.pin_memory
+    if cfg.compile != "off":
+        out["torch_compile_mode"] = cfg.compile
+    if "checkpoint_segments" not in unsupported:
+        out[checkpointing_field(base)] = cfg.checkpoint_segments > 0
+    if "optimizer_fusion" not in unsupported:
+        out["optim"] = OPTIM[cfg.optimizer_fusion]
+    factor = lr_scale(cfg, own_batch(base))
+    if factor != 1:  # another global batch than the user's: the user's lr, scaled by the study's rule
+        out["learning_rate"] = base.learning_rate * factor
+    return out
+
+
+def checkpointing_field(base: Any) -> str:
+    """transformers 5 renamed gradient_checkpointing to activation_checkpointing and keeps the old name as
+    an alias resolved once: a copy of resolved arguments that sets only the old name is silently undone."""
+    return "activation_checkpointing" if hasattr(base, "activation_checkpointing") else "gradient_checkpointing"
+
+
+def own_batch(base: Any) -> int:
+    """The global batch the user's learning rate is meant for: per process, times accumulation."""
+    return int(base.per_device_train_batch_size) * int(base.gradient_accumulation_steps)
+
+
+def changes(base: Any, tuned: Mapping[str, Any]) -> dict[str, Any]:
+    """The tuned fields whose value differs from the user's base: the export, ready to paste."""
+    def plain(v: Any) -> Any:
+        return getattr(v, "value", v)  # enums (optim) compare and print as their strings
+
+    return {k: plain(v) for k, v in tuned.items() if plain(getattr(base, k, None)) != plain(v)}
+
+
+def horizon(base: Any, n_samples: int | None, per_step: int) -> int | None:
+    """The optimizer steps of the user's own run (max_steps, else its epochs): the span of its lr
+    schedule, which a short trial must keep (a warmup ratio of a trial-length schedule would be a few
+    steps, of an endless one forever). None when the dataset has no length."""
+    if base.max_steps and base.max_steps > 0:
+        return int(base.max_steps)
+    if n_samples is None:
+        return None
+    return max(1, math.ceil(base.num_train_epochs * math.ceil(n_samples / per_step)))

@@ -1,0 +1,64 @@
+"""`--pipeline lightning:MODULE:FACTORY`: the factory returns (LightningModule, LightningDataModule).
+
+Knobs map onto the Trainer's own arguments (precision, accumulate_grad_batches, devices and strategy,
+benchmark) and onto the DataLoader that the datamodule's train_dataloader() returns, rebuilt around its
+own dataset, sampler and collate function (batch_size, num_workers, pin_memory, persistent_workers,
+prefetch_factor). What the module owns itself cannot be set from outside, so it is not searched.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.core.config import TrialConfig
+from autotune.pipelines.frameworks import FrameworkJob
+
+PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+# Knob -> why a Trainer cannot express it: these belong to the LightningModule's own code.
+UNSUPPORTED = {
+    "optimizer_fusion": "the LightningModule builds its own optimizer in configure_optimizers()",
+    "set_to_none": "the LightningModule zeroes its own gradients (optimizer_zero_grad())",
+    "checkpoint_segments": "the Trainer has no activation-checkpointing argument: the module's forward owns it",
+    "channels_last": "the module's forward and batch transfer own the memory layout",
+}
+
+
+class LightningJob(FrameworkJob):
+    library = "lightning"
+
+    @property
+    def module(self) -> Any:
+        return self.parts[0]
+
+    @property
+    def datamodule(self) -> Any:
+        return self.parts[1]
+
+
+def check(spec: str, pl: Any, returned: Any) -> LightningJob | None:
+    """The job, or None when the factory returned something else than the two Lightning objects."""
+    if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[0], pl.LightningModule)
+            and isinstance(returned[1], pl.LightningDataModule)):
+        return None
+    return LightningJob(spec, returned, UNSUPPORTED)
+
+
+def trainer_kwargs(cfg: TrialConfig, cuda: bool) -> dict[str, Any]:
+    """The Trainer arguments a config maps to: what a trial passes, and what the export hands back."""
+    return {
+        "accelerator": "gpu" if cuda else "cpu",
+        "devices": cfg.gpus,
+        # One process per device, as the trial runs under torchrun (Lightning reads its environment).
+        "strategy": "ddp" if cfg.gpus > 1 else "auto",
+        "precision": PRECISION[cfg.precision],
+        "accumulate_grad_batches": cfg.grad_accum,
+        "benchmark": cfg.cudnn_benchmark,
+    }
+
+
+def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
+    """The train DataLoader's arguments a config sets; the datamodule's dataset, sampler and collate_fn stay."""
+    kw: dict[str, Any] = {"batch_size": cfg.batch_size, "num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
+    if cfg.num_workers > 0:  # DataLoader refuses both without worker processes
+        kw |= {"persistent_workers": cfg.persistent_workers, "prefetch_factor": cfg.prefetch_factor or 2}
+    return kw

@@ -1,0 +1,85 @@
+"""What the Lightning and transformers tests share: the README's examples as written, the CLI in a
+subprocess, and a check that a framework search exported something that round-trips through `trial`."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.core.config import KNOBS
+from tests.conftest import REPO_ROOT
+
+# A search long enough for the baseline, the warm start and a few more, short enough for the suite.
+SHORT_SEARCH = ("--budget", "30s", "--trial-seconds", "1", "--warmup-steps", "1", "--confirm-rounds", "0",
+                "--parity-steps", "0", "--seed", "0")
+
+
+def readme_example(name: str) -> str:
+    """The README's Python block that starts with `# <name>`: the example exactly as a reader copies it."""
+    text = (REPO_ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    found = [b for b in blocks if b.startswith(f"# {name}")]
+    assert len(found) == 1, f"README has {len(found)} python blocks starting with '# {name}'"
+    return found[0]
+
+
+def readme_commands(name: str) -> list[list[str]]:
+    """The README's `autotune ...` lines of the bash block that uses `name`, as argument lists."""
+    text = (REPO_ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S) if f":{name}:make" in b)
+    return [line.split("#")[0].split()[1:] for line in block.splitlines() if line.startswith("autotune ")]
+
+
+def autotune(*args: str, cwd: Path, pythonpath: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    paths = [str(pythonpath)] if pythonpath else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def ok(run: subprocess.CompletedProcess[str]) -> None:
+    assert run.returncode == 0, f"exit {run.returncode}\nstdout:\n{run.stdout[-4000:]}\nstderr:\n{run.stderr[-4000:]}"
+
+
+def with_short_budget(command: list[str]) -> list[str]:
+    """The README's search command, its 10-minute budget replaced by the suite's short search."""
+    i = command.index("--budget")
+    return [*command[:i], *command[i + 2:], *SHORT_SEARCH]
+
+
+def trials(storage: Path, study: str) -> list[Any]:
+    import optuna
+
+    from autotune.search.storage import open_storage
+
+    return optuna.load_study(study_name=study, storage=open_storage(str(storage))).get_trials(deepcopy=False)
+
+
+def no_trial_broke(storage: Path, study: str) -> list[Any]:
+    """The finished trials; none crashed, was refused or went non-finite, and at least two completed."""
+    import optuna
+
+    done = trials(storage, study)
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in done) >= 2, "not even the baseline and one more"
+    bad = [(t.number, t.user_attrs.get("reason"), t.user_attrs.get("message"), t.user_attrs.get("log_tail", "")[-1500:])
+           for t in done if t.user_attrs.get("reason") in ("crash", "bad_config", "unsupported", "numerics")]
+    assert not bad, bad
+    return done
+
+
+def round_trips(best: Path, result: Path) -> dict[str, Any]:
+    """The README's `autotune trial --config best.yaml` re-measured exactly the exported knobs, under the
+    same framework arguments; returns its result."""
+    exported = yaml.safe_load(best.read_text())
+    measured = json.loads(result.read_text())
+    assert measured["status"] == "ok" and measured["loss_finite"] and measured["timed_steps"] >= 1, measured
+    assert {k: measured["applied"][k]["requested"] for k in KNOBS} == exported["config"]
+    assert measured["applied"]["framework"] == exported["framework"]
+    return measured
