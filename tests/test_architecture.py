@@ -45,15 +45,10 @@ def test_the_package_is_layered_not_flat() -> None:
     assert flat == [], f"modules outside a layer: {flat}"
 
 
-# Another change switches these to the record functions (records.confirmation, records.parity_verdicts,
-# records.parity_verdict, records.write_ablation); until then they are the only exceptions, by name.
-RAW_ATTRS_PENDING = ("apply/display.py", "apply/report.py", "apply/ablate.py")
-
-
 def test_study_attrs_are_read_and_written_only_through_the_records() -> None:
     """search/records.py spells every user-attr key once; a raw `user_attrs` read or `set_user_attr` write
     elsewhere would spell one again (and give a missing one another default)."""
     own = PACKAGE / "search" / "records.py"
     raw = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if p != own and ("user_attrs" in p.read_text() or "set_user_attr" in p.read_text()))
-    assert own.is_file() and [p for p in raw if p not in RAW_ATTRS_PENDING] == [], raw
+    assert own.is_file() and raw == [], raw

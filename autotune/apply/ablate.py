@@ -102,7 +102,7 @@ def run_ablation(study: Any, studies_dir: str, say: Callable[[str], None], *, da
     from autotune.trial import launcher
     from autotune.search.fingerprint import differences, fingerprint
     from autotune.search.locks import device_lock
-    from autotune.search.records import StudyRecord
+    from autotune.search.records import StudyRecord, write_ablation
 
     base, best = _configs(study, studies_dir, data, seconds)
     diff = differences(StudyRecord.of(study).fingerprint, fingerprint(base))
@@ -126,7 +126,7 @@ def run_ablation(study: Any, studies_dir: str, say: Callable[[str], None], *, da
         f"({1 + n * (n + 1) // 2} trials at most, {base.seconds or base.timed_steps} "
         f"{'s' if base.seconds else 'steps'} measured each)")
     steps = greedy(base, todo, measure, say)
-    study.set_user_attr("ablation", steps)
+    write_ablation(study, steps)
     return steps
 
 

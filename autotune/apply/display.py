@@ -14,8 +14,9 @@ from rich.text import Text
 from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
+from autotune.search import records
 from autotune.search.records import TrialRecord
-from autotune.search.results import CONFIRMATION, PARITY, class_verdict, exported, feasible, leaderboard
+from autotune.search.results import class_verdict, exported, feasible, leaderboard
 from autotune.search.runner import Events
 
 
@@ -102,7 +103,7 @@ LONG_COLUMNS = ("training math", "config")
 def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     """The top feasible trials as text cells, one row each; the terminal and the HTML report show these."""
     rows = []
-    verdicts = study.user_attrs.get(PARITY) or {}
+    verdicts = records.parity_verdicts(study)
     for rank, t in enumerate(leaderboard(study)[:top], 1):
         r = TrialRecord.from_frozen(t)
         mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
@@ -137,7 +138,7 @@ CONFIRMATION_COLUMNS = ("config", "search samples/s", "median", "min", "max", "s
 def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]]] | None:
     """(what was run, one row of text cells per config) for the terminal and the HTML report; None when
     the search was not confirmed."""
-    summary = study.user_attrs.get(CONFIRMATION)
+    summary = records.confirmation(study)
     if not summary:
         return None
     rows = []
@@ -165,7 +166,7 @@ def confirmation_table(study: optuna.Study) -> FitTable | None:
 
 def order_note(study: optuna.Study) -> str | None:
     """One line when confirmation reordered the search's top configs, else None."""
-    summary = study.user_attrs.get(CONFIRMATION)
+    summary = records.confirmation(study)
     if not summary or not summary.get("order_changed"):
         return None
     return (f"confirmation changed the order: the search ranked {', '.join(summary['search_order'])}; "
@@ -179,7 +180,7 @@ def training_note(study: optuna.Study) -> str:
     if best is None:
         return "nothing exported"
     r = TrialRecord.from_frozen(best)
-    verdict = (study.user_attrs.get(PARITY) or {}).get(str(best.number)) or class_verdict(study, best)
+    verdict = records.parity_verdict(study, best.number) or class_verdict(study, best)
     said = f"{checked(verdict)[2:]} ({verdict.get('reason', '')})" if verdict else ""
     said = f"; {said}" if said else ""
     if r.training_math == ():

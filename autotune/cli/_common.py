@@ -22,7 +22,10 @@ def workload_args(p: argparse.ArgumentParser, *, inherited: bool = False) -> Non
     p.add_argument("--image-size", type=int, default=None, metavar="PX",
                    help="training crop size (default: " + ("the config's)" if inherited else "128)"))
     p.add_argument("--pipeline", default=None, metavar="MODULE:FACTORY",
-                   help="training pipeline: 'unet' or an importable factory returning a Pipeline (default: "
+                   help="training pipeline: 'unet', an importable factory returning a Pipeline, "
+                   "'lightning:MODULE:FACTORY' (returns a LightningModule and a LightningDataModule, trained by "
+                   "Lightning's Trainer) or 'hf:MODULE:FACTORY' (returns the model, train dataset, data collator "
+                   "and base TrainingArguments, trained by the Hugging Face Trainer) (default: "
                    + ("the config's)" if inherited else "unet)"))
 
 

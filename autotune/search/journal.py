@@ -13,7 +13,6 @@ then appends the next record after it, which corrupts the middle of the journal 
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.core.errors import StorageError
+from autotune.core.files import disk_error
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def check(path: Path, say: Callable[[str], None] = print) -> Repair | None:
     try:
         lock.acquire()
     except OSError as e:  # a read-only folder: nothing can append either, so check without the lock
-        if not _unwritable(e):
+        if not disk_error(e):
             raise
         return _check_locked(path, say, repair=False)
     try:
@@ -111,6 +111,3 @@ def _check_locked(path: Path, say: Callable[[str], None], repair: bool) -> Repai
     say(f"autotune: {fixed.describe(path)}")
     return fixed
 
-
-def _unwritable(e: OSError) -> bool:
-    return e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)

@@ -14,8 +14,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.training import section, shown, step_changed
 from autotune.core.urls import mask_url
 from autotune.search import records
-# CONFIRMATION, PARITY: the keys live in records.py; apply/display.py and apply/report.py still import them here.
-from autotune.search.records import CONFIRMATION, PARITY, StudyRecord, TrialRecord  # noqa: F401
+from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.storage import DEFAULT_STORAGE
 
 

@@ -23,7 +23,7 @@ from autotune.search.locks import locked_trial
 from autotune.search.records import TrialRecord, of_result, write, write_owner, write_reason
 from autotune.search.results import baseline_sps
 from autotune.search.space import usable_cpus
-from autotune.search.storage import disk_error
+from autotune.core.files import disk_error
 from autotune.trial.warm import WarmServer
 
 # The sampler should learn where these lie: they are properties of the config, not accidents.

@@ -24,7 +24,7 @@ from autotune import pipelines
 from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
-from autotune.core.files import write_atomic
+from autotune.core.files import disk_error, write_atomic
 from autotune.search import _optuna, classes, finish, fleet, micro_batch, records
 from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
@@ -33,7 +33,7 @@ from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
 from autotune.search.runner import Events, measured, reuse, run_one
 from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
-from autotune.search.storage import check_writable, disk_error, open_storage
+from autotune.search.storage import check_writable, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
@@ -128,7 +128,7 @@ class SearchSession:
         one clock, when the caller started it already (the live display shows it); else it starts now."""
         outcome = Outcome()
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
-            os.environ[pipelines.SKIP_BAD_DATA_ENV] = "1"
+            pipelines.skip_bad_data_in_trials()
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         s = self.settings
         budget = budget or Budget.of(s)

@@ -109,7 +109,3 @@ def check_writable(url: str | None, studies_dir: str) -> None:
     if "://" not in url and Path(url).exists() and not os.access(url, os.W_OK):
         raise StorageError(f"cannot write to {url}: permission denied; the study stays readable by show and export")
 
-
-def disk_error(e: OSError) -> bool:
-    """A write that failed because of the disk (full, read-only, no permission), not because of autotune."""
-    return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)

@@ -16,7 +16,7 @@ from autotune.apply.display import (CONFIRMATION_COLUMNS, LEADERBOARD_COLUMNS, L
                                     confirmation_table, knob_summary, leaderboard_rows, leaderboard_table)
 from autotune.core.config import BASELINE, TrialConfig, TrialResult
 from autotune.search.records import TrialRecord, of_result, write
-from autotune.search.results import CONFIRMATION
+from autotune.search.records import CONFIRMATION
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.search.storage import open_storage
 
