@@ -4,7 +4,8 @@
 search (confirmation and the parity gate); the trial loop spends the rest. Every phase asks one frozen
 `Budget`, made when the run starts, and none keeps a clock of its own:
 
-* the trial loop runs until `search_deadline` (the budget less the reserve, at least half of it),
+* the trial loop runs until `search_deadline` (the budget less the reserve, at least half of it,
+  counted from when the loop begins: the warm server's start-up comes out of the end's share),
   each trial's timeout cut to what is left plus the grace;
 * a class check during the search starts only if it ends by `search_deadline`;
 * confirmation runs whole rounds that end by `end`;
@@ -14,6 +15,7 @@ search (confirmation and the parity gate); the trial loop spends the rest. Every
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -67,6 +69,9 @@ class Budget:
     grace_s: float
     confirm_reserve_s: float
     parity_reserve_s: float
+    # When the trial loop began: its share is counted from there, so the warm server's start-up comes out
+    # of the end's share, not the trials'. None: from `started`.
+    trials_started: float | None = None
 
     @classmethod
     def of(cls, settings: SearchSettings, started: float | None = None) -> Budget:
@@ -92,10 +97,16 @@ class Budget:
 
     @property
     def search_deadline(self) -> float | None:
-        """When the trial loop stops: the budget less the reserve, and at least half the budget."""
+        """When the trial loop stops: the budget less the reserve, and at least half the budget, counted
+        from when the trial loop began."""
         if self.budget_s is None:
             return None
-        return self.started + max(self.budget_s - self.reserve_s, self.budget_s / 2)
+        start = self.started if self.trials_started is None else self.trials_started
+        return start + max(self.budget_s - self.reserve_s, self.budget_s / 2)
+
+    def trials_begin(self, now: float | None = None) -> Budget:
+        """This budget with the trial loop beginning now (the warm server is up)."""
+        return dataclasses.replace(self, trials_started=_now(now))
 
     # ---- what a phase asks --------------------------------------------------------------------------
 

@@ -170,6 +170,7 @@ class SearchSession:
         """ask -> run -> tell, one trial at a time, while the median trial so far still fits in the
         budget less what the end of the search will need."""
         s = self.settings
+        budget = budget.trials_begin()  # the warm server is up: its start-up is not the trials' time
         durations: list[float] = []
         repeats = 0
         while s.n_trials is None or len(durations) < s.n_trials:

@@ -55,3 +55,10 @@ def test_no_budget_has_no_deadlines() -> None:
     assert b.end is None and b.late_end is None and b.search_deadline is None and b.left_s() is None
     assert b.search_left() == float("inf") and b.reserve_s == 0.0
     assert Budget.fits(1e9, b.end) and not Budget.fits(10.0, 5.0, now=0.0) and Budget.fits(5.0, 5.0, now=0.0)
+
+
+def test_the_trial_loop_s_share_counts_from_when_it_begins() -> None:
+    """The warm server's start-up comes out of the end's share, not the trials' (as before one Budget)."""
+    b = Budget.of(SearchSettings(budget_s=1000.0, base=TINY.replace(seconds=5.0)), started=100.0)
+    late = b.trials_begin(now=130.0)
+    assert late.search_deadline == b.search_deadline + 30.0 and late.end == b.end and late.late_end == b.late_end
