@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point: set up on first use, then run an autotune subcommand.
-#   ./launch.sh search --budget 10m     ./launch.sh test [pytest args]
+#   ./launch.sh search --budget 10m     ./launch.sh test [pytest args]     ./launch.sh lint
 # AUTOTUNE_VENV picks the virtual environment (default .venv next to this file),
 # so CI can reuse one venv across fresh clones instead of installing 5.6 GB each time.
 set -euo pipefail
@@ -35,6 +35,12 @@ case "$cmd" in
   test)
     cd "$here"
     exec "$venv/bin/python" -m pytest "$@" ;;
+  lint)  # the import layers, ruff's lint and format check, and mypy (configured in pyproject.toml)
+    cd "$here"
+    "$venv/bin/lint-imports"
+    "$venv/bin/ruff" check autotune tests benchmarks scripts
+    "$venv/bin/ruff" format --check autotune tests benchmarks scripts
+    exec "$venv/bin/mypy" --python-executable "$venv/bin/python" ;;
   "")
     exec "$venv/bin/autotune" --help ;;
   *)

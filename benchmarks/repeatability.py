@@ -74,7 +74,7 @@ def _own_cpu_s() -> float:
 class OtherLoad:
     """CPUs' worth of time used by other processes during a `with` block (ours subtracted)."""
 
-    def __enter__(self) -> "OtherLoad":
+    def __enter__(self) -> OtherLoad:
         self.busy0, self.own0, self.t0 = _busy_cpu_s(), _own_cpu_s(), time.monotonic()
         self.cpus = 0.0
         return self

@@ -59,7 +59,8 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
@@ -441,7 +442,7 @@ def _greedy_run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
     current = list(_anchors(table)[0])
     measured: list[Config] = [tuple(current)]
     best = noise(table(tuple(current)))
-    for i, (k, vals) in enumerate(GRID.items()):
+    for i, (_k, vals) in enumerate(GRID.items()):
         keep = current[i]
         for v in vals:
             if v == keep:

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 # Before anything imports huggingface_hub (via smp): tests must never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -7,7 +7,8 @@ import socket
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Container
+from typing import Any
+from collections.abc import Container
 
 from autotune.core.config import TrialConfig
 

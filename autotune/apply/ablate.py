@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from autotune.core.config import BASELINE, KNOBS, TrialConfig
 from autotune.core.errors import AutotuneError, ConfigError, TrialFailure

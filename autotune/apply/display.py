@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from collections.abc import Mapping
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -20,7 +21,7 @@ from autotune.search.results import class_verdict, exported, feasible, leaderboa
 from autotune.search.runner import Events
 
 
-def knob_summary(config: dict[str, Any]) -> str:
+def knob_summary(config: Mapping[str, Any]) -> str:
     """Only what differs from the plain-PyTorch baseline: that is what the reader needs to apply."""
     changed = {k: v for k, v in config.items() if k in BASELINE.knobs() and v != getattr(BASELINE, k)}
     return " ".join(f"{k}={v}" for k, v in changed.items()) or "(baseline)"
@@ -43,7 +44,7 @@ class LiveSearch:
         self.live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.live.__exit__(*exc)
 
     def started(self, number: int, role: str, cfg: TrialConfig) -> None:
@@ -102,7 +103,7 @@ LONG_COLUMNS = ("training math", "config")
 
 def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     """The top feasible trials as text cells, one row each; the terminal and the HTML report show these."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     verdicts = records.parity_verdicts(study)
     for rank, t in enumerate(leaderboard(study)[:top], 1):
         r = TrialRecord.from_frozen(t)
@@ -114,7 +115,7 @@ def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     return rows
 
 
-def checked(verdict: dict[str, Any] | None) -> str:
+def checked(verdict: Mapping[str, Any] | None) -> str:
     """A check's verdict in a cell: "; parity pass", or "; to target x1.50 (pass)" for a changed step."""
     if not verdict or not verdict.get("verdict"):
         return ""
@@ -141,7 +142,7 @@ def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]
     summary = records.confirmation(study)
     if not summary:
         return None
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in summary["rows"]:
         spread = r["speedup_range"]
         rows.append((r["label"], _fig(r["search_samples_per_s"]), _fig(r["samples_per_s_median"]), _fig(r["min"]),
@@ -187,7 +188,7 @@ def training_note(study: optuna.Study) -> str:
         return f"the exported trial {best.number} computes the baseline's training{said}"
     if r.training_math is None:
         return f"the exported trial {best.number}: training math unknown{said}"
-    proven = bool(verdict) and verdict.get("kind") == "time to target" and verdict.get("verdict") == "pass"
+    proven = verdict is not None and verdict.get("kind") == "time to target" and verdict.get("verdict") == "pass"
     return (f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{said}"
             + ("; to keep the baseline's optimizer step, search with --global-batch"
                if not proven and any(c.startswith("global batch") for c in r.training_math) else ""))

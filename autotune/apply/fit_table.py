@@ -7,7 +7,7 @@ ones are printed under their row, indented, wrapping at spaces like prose.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult

@@ -9,7 +9,8 @@ import html
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 GREEN, RED, GREY, BLUE = "#2ca02c", "#d62728", "#7f7f7f", "#1f77b4"
 
@@ -40,7 +41,7 @@ def waterfall_png(steps: Sequence[dict[str, Any]], path: Path, title: str = "") 
     base = rows[0][2]
     fig = Figure(figsize=(max(6.0, 1.3 * len(rows) + 2), 4.8), layout="constrained")
     ax = fig.add_subplot()
-    for i, (label, lo, hi, speedup) in enumerate(rows):
+    for i, (_label, lo, hi, speedup) in enumerate(rows):
         total = i in (0, len(rows) - 1)
         color = (GREY if i == 0 else BLUE) if total else (GREEN if hi >= lo else RED)
         ax.bar(i, hi - lo, bottom=lo, color=color, width=0.6)
@@ -123,7 +124,7 @@ def pareto_points(study: Any) -> list[tuple[int, float, float, bool, str]]:
     pts = [(t.number, r.metrics["peak_memory_bytes"] / 2**20, float(t.value or 0), knob_summary(r.config))
            for t, r in records if r.metrics.get("peak_memory_bytes")]
     best, front = -math.inf, set()
-    for n, mem, sps, _ in sorted(pts, key=lambda p: (p[1], -p[2])):  # less memory first, faster first
+    for n, _mem, sps, _ in sorted(pts, key=lambda p: (p[1], -p[2])):  # less memory first, faster first
         if sps > best:  # nothing using less (or equal) memory is as fast: non-dominated
             front.add(n)
             best = sps
@@ -244,7 +245,7 @@ def write_report(study: Any, out: Path) -> list[Path]:
             parts.append(f'<section id="{fid}"><h2>{_e(heading)}</h2><p class=note>{_e(note)}</p></section>')
             continue
         png = out.with_name(f"{out.stem}-{fid}.png")
-        written.append(waterfall_png(ablation, png) if fid == "ablation" else figure_png(fig, png))
+        written.append(waterfall_png(ablation or [], png) if fid == "ablation" else figure_png(fig, png))
         div = fig.to_html(full_html=False, include_plotlyjs=first, div_id=f"fig-{fid}",
                           config={"displaylogo": False, "responsive": True})
         first = False  # plotly.js is inlined once, with the first figure: no CDN, works offline

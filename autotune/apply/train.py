@@ -11,7 +11,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -201,7 +202,7 @@ def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say:
     # The config first: what the first run warms for the second (the OS page cache) favours the baseline.
     results = [run_config(c, epochs, out, name, say) for name, c in runs]
     if compare_baseline:
-        for line in compare(*results, epochs, margin):
+        for line in compare(results[0], results[1], epochs, margin):
             say(line)
     write_json_atomic(out / "train.json", results)
     say(f"autotune: results in {out / 'train.json'}")

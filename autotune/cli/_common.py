@@ -4,13 +4,13 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from autotune.core.errors import ExitCode
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own usage errors are bad input too: exit 2, one line
+    def error(self, message: str) -> NoReturn:  # argparse's own usage errors are bad input too: exit 2, one line
         self.exit(ExitCode.BAD_INPUT, f"autotune: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -117,7 +117,8 @@ def parse_cpu_list(text: str) -> set[int]:
 
 
 def format_cpu_list(cpus: set[int]) -> str:
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for c in sorted(cpus):
         if run and c != run[-1] + 1:
             out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))

@@ -91,9 +91,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
         return errors.exit_code_for(e.reason)
     if out != trial_dir / "result.json":
         os.replace(trial_dir / "result.json", out)
-    print(f"autotune trial: {result.samples_per_s:.2f} samples/s  step p50 {result.step_time_p50 * 1e3:.0f} ms "
-          f"p90 {result.step_time_p90 * 1e3:.0f} ms  data wait {result.data_wait_fraction:.0%}  "
-          f"peak {result.peak_memory_bytes / 2**20:.0f} MiB  startup {result.startup_s:.1f} s  -> {out}")
+    print(f"autotune trial: {result.samples_per_s:.2f} samples/s  step p50 {(result.step_time_p50 or 0) * 1e3:.0f} ms "
+          f"p90 {(result.step_time_p90 or 0) * 1e3:.0f} ms  data wait {result.data_wait_fraction:.0%}  "
+          f"peak {(result.peak_memory_bytes or 0) / 2**20:.0f} MiB  startup {result.startup_s:.1f} s  -> {out}")
     return ExitCode.OK
 
 

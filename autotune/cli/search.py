@@ -5,7 +5,8 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from autotune.cli._common import (apply_cpus, check_folder, check_journal, cpus_arg, new_console, skip_bad_data_arg,
                                   workload_args)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from autotune.core.errors import ConfigError
 

@@ -10,7 +10,8 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 
@@ -43,7 +44,7 @@ class Export:
     # How its training differs from the baseline's (core/training.py section()), and the parity
     # check's verdict (search/parity.py); None: not known, and the section is left out.
     training_math: dict[str, Any] | None = None
-    parity: dict[str, Any] | None = None
+    parity: Mapping[str, Any] | None = None
     # The study's training-math classes and their one check each, the trials spent in classes that
     # failed, and the time spent checking (search/classes.py summary()); None: none was checked.
     checks: dict[str, Any] | None = None

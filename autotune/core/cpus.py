@@ -31,7 +31,7 @@ def cpu_quota(cgroup: Path) -> int | None:
         pass  # no cgroup v2 quota here: perhaps v1
     try:
         q = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())  # v1: -1 for none
-        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
-        return None if q <= 0 else -(-q // period)
+        per = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if q <= 0 else -(-q // per)
     except (OSError, ValueError, ZeroDivisionError):
         return None

@@ -5,7 +5,7 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 # "pid:start-time" of the controller that launched a trial (see process_identity). The launcher puts it in
 # every trial's environment, so a process that is started by an intermediary (a torchrun rank) can tell,

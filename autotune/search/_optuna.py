@@ -5,7 +5,8 @@ Optuna versions this was checked against; tests/search/test_optuna_private.py pi
 """
 from __future__ import annotations
 
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import optuna
 from optuna.storages._heartbeat import get_heartbeat_thread, is_heartbeat_enabled  # what Study.optimize uses
@@ -27,10 +28,10 @@ def heartbeats(study: optuna.Study) -> bool:
     return bool(is_heartbeat_enabled(study._storage))
 
 
-def heartbeat_thread(study: optuna.Study, trial: optuna.Trial) -> ContextManager[Any]:
+def heartbeat_thread(study: optuna.Study, trial: optuna.Trial) -> AbstractContextManager[Any]:
     """The heartbeat thread Study.optimize runs around a trial, so other workers see it alive
     (a no-op context for storages without heartbeats)."""
-    return get_heartbeat_thread(trial._trial_id, study._storage)
+    return get_heartbeat_thread(trial._trial_id, study._storage)  # type: ignore[return-value]  # BaseHeartbeatThread is a context manager
 
 
 def fail_trial(study: optuna.Study, trial: FrozenTrial, attrs: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from autotune.core.config import SearchSettings, TrialConfig
 

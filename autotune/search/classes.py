@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -26,7 +27,7 @@ from autotune.core.config import SearchSettings, TrialConfig, baseline_of
 from autotune.core.training import shown, training_math
 from autotune.search import parity, records, target
 from autotune.search.budget import Budget
-from autotune.search.records import TrialRecord, write
+from autotune.search.records import StoredVerdict, TrialRecord, write
 from autotune.search.results import (baseline_sps, baseline_trial, class_label, confirmed_figures, feasible,
                                      leaderboard)
 from autotune.search.runner import FEASIBLE_KEY
@@ -47,7 +48,7 @@ def label_of(study: optuna.Study, cfg: TrialConfig) -> str | None:
     return shown(changes) if changes else None
 
 
-def failed(study: optuna.Study, label: str | None) -> dict[str, Any] | None:
+def failed(study: optuna.Study, label: str | None) -> StoredVerdict | None:
     v = records.class_verdicts(study).get(label) if label else None
     return v if v is not None and v.get("verdict") == "fail" else None
 

@@ -5,6 +5,7 @@ import contextlib
 import os
 import platform
 from typing import Any
+from collections.abc import Mapping
 
 from autotune.core.config import TrialConfig
 
@@ -108,6 +109,6 @@ def _same(key: str, a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     return [f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in COMPARED
             if not (k in ADDED and k not in recorded) and not _same(k, recorded.get(k), current.get(k))]

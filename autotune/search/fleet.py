@@ -64,5 +64,5 @@ def fresh(study: optuna.Study) -> optuna.Study:
 
 
 def _others_running(study: optuna.Study, key: str) -> bool:
-    return any(k != key and v.get("state") == "running" and _owner_alive(v)  # type: ignore[arg-type]
+    return any(k != key and v.get("state") == "running" and _owner_alive(v)
                for k, v in records.workers(study).items())

@@ -19,7 +19,8 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from autotune.core.errors import StorageError
 from autotune.core.files import disk_error

@@ -21,7 +21,8 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.trial import launcher

@@ -35,7 +35,8 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure

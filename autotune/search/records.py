@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypedDict, Union
+from typing import Any, TypedDict
+from collections.abc import Mapping
 
 import optuna
 from optuna.study import StudySummary
@@ -34,7 +35,7 @@ WORKER_PREFIX = "worker:"  # one attr per fleet worker: "worker:<host>:<pid>:<uu
 RESOLVER = "resolver"  # the claim of the worker that resolves a `--create-only` study's space
 FINISHER = "finisher"  # the claim of the worker that finishes a fleet's study
 
-Trial = Union[optuna.Trial, FrozenTrial]
+Trial = optuna.Trial | FrozenTrial
 
 
 class StoredVerdict(TypedDict, total=False):
@@ -264,7 +265,7 @@ def worker(study: optuna.Study, key: str) -> WorkerEntry:
 
 def workers(study: optuna.Study) -> dict[str, WorkerEntry]:
     """Every worker recorded in the study, by key (entries that are not a worker's mapping left out)."""
-    return {k: v for k, v in study.user_attrs.items() if k.startswith(WORKER_PREFIX) and isinstance(v, dict)}
+    return {k: WorkerEntry(**v) for k, v in study.user_attrs.items() if k.startswith(WORKER_PREFIX) and isinstance(v, dict)}
 
 
 def write_worker(study: optuna.Study, key: str, entry: WorkerEntry | Mapping[str, Any]) -> None:

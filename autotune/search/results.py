@@ -14,7 +14,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.training import section, shown, step_changed
 from autotune.core.urls import mask_url
 from autotune.search import records
-from autotune.search.records import StudyRecord, TrialRecord
+from autotune.search.records import StoredVerdict, StudyRecord, TrialRecord
 from autotune.search.storage import DEFAULT_STORAGE
 
 
@@ -61,7 +61,7 @@ def failed_classes(study: optuna.Study) -> set[str]:
     return {k for k, v in records.class_verdicts(study).items() if v.get("verdict") == "fail"}
 
 
-def class_verdict(study: optuna.Study, t: FrozenTrial) -> dict[str, Any] | None:
+def class_verdict(study: optuna.Study, t: FrozenTrial) -> StoredVerdict | None:
     """The verdict of `t`'s class check, when its class was checked."""
     label = class_label(t)
     return records.class_verdicts(study).get(label) if label else None
@@ -72,9 +72,10 @@ def to_target_factor(study: optuna.Study, t: FrozenTrial) -> float:
     turns its samples/s into the rate at which it reaches the baseline's quality."""
     v = class_verdict(study, t)
     speedup = TrialRecord.from_frozen(t).speedup
-    if not v or v.get("kind") != "time to target" or not v.get("speedup_to_target") or not speedup:
+    to_target = v.get("speedup_to_target") if v else None
+    if not v or v.get("kind") != "time to target" or not to_target or not speedup:
         return 1.0
-    return float(v["speedup_to_target"]) / speedup
+    return float(to_target) / speedup
 
 
 def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
@@ -154,7 +155,7 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
     summary = records.confirmation(study)
     row = next((r for r in (summary or {}).get("rows", []) if r["trial"] == number and r["samples_per_s_median"]),
                None)
-    if row is None:
+    if row is None or summary is None:
         return None
     keep = ("samples_per_s_median", "min", "max", "speedup_median", "speedup_range")
     # Its own count: a config confirmed after the others (confirm.extend) may have had fewer rounds.

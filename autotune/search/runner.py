@@ -9,7 +9,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact

@@ -16,7 +16,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import optuna
 
@@ -29,7 +30,7 @@ from autotune.search import _optuna, classes, finish, fleet, micro_batch, record
 from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.folders import end_folder
-from autotune.search.records import StudyRecord, TrialRecord
+from autotune.search.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
 from autotune.search.runner import Events, measured, reuse, run_one
 from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
@@ -54,7 +55,7 @@ class Outcome:
     best_yaml: Path | None = None
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
-    confirmation: dict[str, Any] | None = None  # search/finish/confirm.py summarize(); None when not run
+    confirmation: ConfirmationSummary | None = None  # search/finish/confirm.py summarize(); None when not run
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 
@@ -49,7 +50,7 @@ class Fixed:
     value: Any
 
 
-Spec = Union[Choices, IntRange, Fixed]
+Spec = Choices | IntRange | Fixed
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def _check_value(name: str, v: Any) -> Any:
     # Worker-only knobs are checked against a config that has workers, so the condition can't trip.
     extra = {"num_workers": 1} if name in WORKER_KNOBS else {}
     try:
-        TrialConfig(**extra, **{name: v})
+        TrialConfig(**extra, **{name: v})  # type: ignore[arg-type]  # the value is checked here, on purpose
     except (ConfigError, TypeError) as e:
         raise _Bad(str(e)) from None
     return v
@@ -310,7 +311,7 @@ class _Narrowing:
         spec = self.knobs.get(knob)
         if spec is None:
             return
-        vals = [spec.value] if isinstance(spec, Fixed) else list(spec.values)
+        vals = [spec.value] if isinstance(spec, Fixed) else list(spec.values()) if isinstance(spec, IntRange) else list(spec.values)
         kept = [v for v in vals if ok(v)]
         if not kept:
             raise self.fail(knob, f"choices conflict with the hardware: {why}")

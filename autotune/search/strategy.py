@@ -28,7 +28,8 @@ keep Optuna's fixed params; anything they leave open, and every trial after the 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler, TPESampler

@@ -7,6 +7,7 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+from collections.abc import Mapping
 
 import optuna
 from optuna.trial import TrialState
@@ -104,7 +105,7 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
         diff = differences(recorded, fp) if recorded else []  # empty: its creator is still writing it
         if diff and not settings.force:
             raise AutotuneError(f"study {settings.study!r} was measured on another setup ({'; '.join(diff)}); "
-                                "its timings are not comparable. Use --force to resume anyway, or a new --study")
+                                "its timings are not comparable. Use --force to resume anyway, or a new --study") from None
         fail_stale(study)
         return study
     # Only the process that created the study enqueues: concurrent starts can't duplicate the baseline.
@@ -134,7 +135,7 @@ STALE_AFTER_S = 600.0  # a trial on another host with no heartbeat for this long
 OWNERLESS_STALE_S = 30.0
 
 
-def _owner_alive(owner: dict[str, Any]) -> bool:
+def _owner_alive(owner: Mapping[str, Any]) -> bool:
     import psutil
 
     if owner.get("host") != socket.gethostname():

@@ -52,7 +52,7 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) ->
             continue  # conditional knob: not suggested, set inert below
         if k == "batch_size" and per_count:
             g = chosen["gpus"]
-            divisors = [b for b in _spec_values(spec) if base.global_batch % (b * g) == 0]  # type: ignore[operator]
+            divisors = [b for b in _spec_values(spec) if base.global_batch % (b * g) == 0]
             chosen[k] = _ask(trial, micro_batch_param(g), Choices(tuple(divisors)) if len(divisors) > 1
                              else Fixed(divisors[0]))
         else:

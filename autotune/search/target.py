@@ -24,7 +24,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure

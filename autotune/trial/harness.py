@@ -5,7 +5,8 @@ import contextlib
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import torch

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from typing import Any, Iterable, Iterator
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -186,14 +187,14 @@ def build_optimizer(params: Iterable[nn.Parameter], cfg: TrialConfig,
             raise TrialUnsupported("optimizer_fusion=apex but NVIDIA apex (apex.optimizers) is not installed")
         if device is not None and not apex_runs_on(device):
             raise TrialUnsupported(f"optimizer_fusion=apex needs a CUDA device (apex's FusedAdam is GPU-only), not {device}")
-        from apex.optimizers import FusedAdam  # type: ignore[import-not-found]
+        from apex.optimizers import FusedAdam
 
         # Its zero_grad() takes no argument: set_to_none is given here, as set_grad_none (see zero_grad).
         opt = FusedAdam(params, lr=cfg.effective_lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none)
         return opt, {"lr": lr_effect(cfg), "optimizer_fusion": _effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})")}
     # foreach=False forces the per-parameter for-loop: that is what "none" means.
     kwargs = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_fusion]
-    opt = torch.optim.AdamW(params, lr=cfg.effective_lr, weight_decay=WEIGHT_DECAY, **kwargs)
+    opt = torch.optim.AdamW(params, lr=cfg.effective_lr, weight_decay=WEIGHT_DECAY, **kwargs)  # type: ignore[arg-type]  # a dict of bools: mypy matches it to betas
     return opt, {"lr": lr_effect(cfg), "optimizer_fusion": _effect(cfg.optimizer_fusion, f"torch.optim.AdamW({next(iter(kwargs))}=True)"
                                              if cfg.optimizer_fusion != "none" else "torch.optim.AdamW(foreach=False)")}
 
@@ -297,7 +298,7 @@ def build_loader(dataset: Dataset[Any], cfg: TrialConfig, rank: int, world: int,
                           "generate more with `autotune make-data --n`")
     else:  # training sees every sample each epoch: no partial batch dropped (DDP pads the last shard)
         sampler = (DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=data_seed)
-                   if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(data_seed)))
+                   if world > 1 else RandomSampler(dataset, generator=torch.Generator().manual_seed(data_seed)))  # type: ignore[arg-type]  # map-style datasets have __len__
         if getattr(dataset, "takes_seeds", False):
             sampler = SeededEpochs(sampler, data_seed)
     pin = cfg.pin_memory and device.type == "cuda"

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
+from collections.abc import Callable
 
 import psutil
 

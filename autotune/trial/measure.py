@@ -6,7 +6,8 @@ import re
 import resource
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 

@@ -40,7 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from autotune.core.procs import die_with_parent
 

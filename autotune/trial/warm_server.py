@@ -10,7 +10,8 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
 
 from autotune.core.procs import die_with_parent, signal_group
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, IMPORT_TIME_ENV

@@ -15,7 +15,8 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import optuna
 import pytest

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import optuna
 import pytest

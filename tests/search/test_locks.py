@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

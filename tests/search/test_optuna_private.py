@@ -21,7 +21,7 @@ def test_installed_optuna_is_in_the_supported_range() -> None:
 def test_no_other_module_imports_optuna_private_names() -> None:
     root = Path(__file__).resolve().parents[2] / "autotune"
     users = [p.relative_to(root) for p in root.rglob("*.py")
-             if "._" in "".join(l for l in p.read_text().splitlines() if "optuna" in l and "import" in l)
+             if "._" in "".join(line for line in p.read_text().splitlines() if "optuna" in line and "import" in line)
              and p.name != "_optuna.py"]
     assert users == []
 

@@ -3,7 +3,8 @@ the best feasible config, never re-proposing a measured config, then TPE; all of
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import optuna
 import pytest

@@ -176,7 +176,7 @@ def test_interrupt_records_exports_and_exits_130(tmp_path: Path, sig: signal.Sig
 def test_concurrent_searches_share_one_journal(tmp_path: Path) -> None:
     searches = [_search(tmp_path, "--budget", "40s") for _ in range(2)]
     outs = [s.communicate(timeout=300) for s in searches]
-    for s, (out, err) in zip(searches, outs):
+    for s, (_out, err) in zip(searches, outs):
         assert s.returncode == 0, err[-3000:]
         assert "Traceback" not in err and "lock" not in err.lower()
     trials = _study(tmp_path).get_trials()

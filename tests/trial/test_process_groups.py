@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import psutil
 import pytest

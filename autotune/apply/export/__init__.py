@@ -8,7 +8,7 @@ so nothing the search found is dropped silently.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from autotune.apply.export import framework
 from autotune.apply.export.accelerate import to_accelerate

@@ -2,7 +2,8 @@
 the trials built, and the DataLoader arguments."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from autotune.core.config import KNOBS, TrialConfig
 

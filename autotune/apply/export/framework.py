@@ -5,7 +5,8 @@ trial passed, recorded by the trial itself (`applied.framework`), so what is pas
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from autotune.core.configfile import Export
 from autotune.pipelines.frameworks import hf, lightning

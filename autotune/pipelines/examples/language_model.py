@@ -80,7 +80,7 @@ class TinyLM(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         n = ids.shape[1]
         x = self.embed(ids) + self.pos(torch.arange(n, device=ids.device))
-        mask = self.causal[:n, :n]
+        mask = self.causal[:n, :n]  # type: ignore[index]  # a registered buffer, a Tensor
         for layer in self.layers:
             # is_causal lets attention use its causal kernel; the mask is the contract it promises.
             x = layer(x, src_mask=mask, is_causal=True)

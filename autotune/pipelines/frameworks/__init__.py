@@ -14,7 +14,8 @@ May import: autotune.core (and the frameworks, lazily).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from autotune.core.errors import PipelineError
 
@@ -57,7 +58,7 @@ def preload(spec: str) -> tuple[str, ...]:
     return (*PRELOAD[prefix], target.partition(":")[0])
 
 
-class Unsupported(frozenset):  # type: ignore[type-arg]
+class Unsupported(frozenset):
     """Knob names a pipeline cannot honour, with why (`why[knob]`), for the note the search prints."""
 
     why: Mapping[str, str]

@@ -6,7 +6,8 @@ arguments with those fields replaced, and the export is the fields that differ f
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from autotune.core.config import TrialConfig
 from autotune.pipelines.frameworks import FrameworkJob, lr_scale

@@ -14,7 +14,7 @@ import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -58,7 +58,7 @@ def _smooth(rng: np.random.Generator, grid: tuple[int, int], size: tuple[int, in
             channels: int = 3) -> np.ndarray:
     """A random low-res field upsampled bicubically: cheap, smooth variation at any size."""
     small = rng.uniform(-scale, scale, size=(grid[1], grid[0], channels)).astype(np.float32)
-    chans = [np.asarray(Image.fromarray(small[..., c], mode="F").resize(size, Image.BICUBIC)) for c in range(channels)]
+    chans = [np.asarray(Image.fromarray(small[..., c], mode="F").resize(size, Image.Resampling.BICUBIC)) for c in range(channels)]
     return np.stack(chans, axis=-1)
 
 
@@ -104,7 +104,7 @@ def _person(draws: list[ImageDraw.ImageDraw], rng: np.random.Generator, size: tu
     arms = [(cx + s * torso_w * 0.5, cx + s * rng.uniform(0.15, 0.3) * ph, neck_y + rng.uniform(0.15, 0.45) * ph)
             for s in (-1, 1)]
     for d, is_mask in zip(draws, (False, True)):
-        def fill(c: tuple[int, int, int]) -> int | tuple[int, int, int]:
+        def fill(c: tuple[int, int, int], is_mask: bool = is_mask) -> int | tuple[int, int, int]:
             return 255 if is_mask else c
         for hx, fx in legs:
             d.line((hx, hip_y - limb, fx, top + ph - limb / 2), fill=fill(trousers), width=limb)

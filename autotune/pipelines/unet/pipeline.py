@@ -5,7 +5,8 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -146,7 +147,7 @@ class UnetPipeline:
         """Decode every pair once (see validate_folder); with skip_bad, a note on what was dropped."""
         from autotune.pipelines.unet.data import validate_folder
 
-        good = set(validate_folder(self.data_dir, skip_bad=skip_bad, progress=progress))  # type: ignore[arg-type]
+        good = set(validate_folder(self.data_dir, skip_bad=skip_bad, progress=progress))
         if len(good) == len(self.pairs):
             return None
         # The split stays as it was, so a trial (which screens its own pairs) trains on the same ones.
@@ -164,7 +165,7 @@ class UnetPipeline:
         good, bad = screen_pairs(pairs)
         if bad:
             print(f"autotune: {SKIP_BAD_DATA_ENV}: skipping {len(bad)} of {len(pairs)} image/mask pairs with a bad "
-                  f"file (first: {_relative(bad[0][0], Path(self.data_dir))}: {bad[0][1]})", file=sys.stderr)  # type: ignore[arg-type]
+                  f"file (first: {_relative(bad[0][0], Path(self.data_dir))}: {bad[0][1]})", file=sys.stderr)
         return good
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

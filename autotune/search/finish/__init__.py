@@ -7,11 +7,12 @@ May import: autotune.core, autotune.trial, and the rest of autotune.search (neve
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
 
 import optuna
 
 from autotune.core.config import SearchSettings
+from autotune.search.records import ConfirmationSummary
 from autotune.search.budget import Budget
 from autotune.search.finish import confirm, gate
 from autotune.search.results import exported
@@ -34,7 +35,7 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
 
 
 def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
-        server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
+        server: WarmServer | None = None, say: Callable[[str], None] = print) -> ConfirmationSummary | None:
     """Confirm, check parity, and confirm the export too when the gate passed a config the rounds did not
     measure. Returns the confirmation summary (search/records.py), None when confirmation did not run or
     had nothing to compare."""

@@ -12,7 +12,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import optuna
 
@@ -22,7 +23,7 @@ from autotune.search import records
 from autotune.search.budget import Budget, trial_seconds
 from autotune.search.folders import end_folder
 from autotune.search.locks import locked_trial
-from autotune.search.records import TrialRecord
+from autotune.search.records import ConfirmationSummary, TrialRecord
 from autotune.search.results import class_label, failed_classes, leaderboard
 from autotune.trial.warm import WarmServer
 
@@ -59,7 +60,7 @@ def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Can
 
 
 def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
-        server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
+        server: WarmServer | None = None, say: Callable[[str], None] = print) -> ConfirmationSummary | None:
     """Measure the top --confirm-top candidates in up to --confirm-rounds interleaved rounds, only whole
     rounds that end by the budget's end (none: no limit); store and return the summary. None if there is
     nothing to compare (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
@@ -72,13 +73,14 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
                                      settings, server, say, budget.end if budget else None)
     if done == 0:
         return None
-    summary = {**summarize(pool, samples, done), "trial_s": trial_s}
+    summary = summarize(pool, samples, done)
+    summary["trial_s"] = trial_s
     records.write_confirmation(study, summary)
     return summary
 
 
 def extend(study: optuna.Study, settings: SearchSettings, number: int, budget: Budget | None = None, *,
-           server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
+           server: WarmServer | None = None, say: Callable[[str], None] = print) -> ConfirmationSummary | None:
     """Confirm trial `number` too, when the export falls to a config the confirmation did not measure
     (the parity gate failed the ones it did): it and the baseline in --confirm-rounds interleaved rounds
     that end by the budget's late end (its end plus the grace; none: no limit). Its samples join the
@@ -148,11 +150,11 @@ def _measure(c: Candidate, trial_dir: Path, settings: SearchSettings, server: Wa
     return float(result.samples_per_s or 0.0)
 
 
-def summarize(pool: list[Candidate], samples: dict[str, list[float]], rounds: int) -> dict[str, Any]:
+def summarize(pool: list[Candidate], samples: dict[str, list[float]], rounds: int) -> ConfirmationSummary:
     """Medians, ranges and speedups over the rounds; the winner by median, and whether the order of
     the search's figures held."""
     base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in pool:
         xs = samples[c.label]
         med = statistics.median(xs) if xs else None

@@ -14,7 +14,8 @@ search or another worker reuses it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import FrozenTrial

@@ -188,8 +188,8 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     if job.library == "lightning":
         from autotune.trial.frameworks.lightning import train
     else:
-        from autotune.trial.frameworks.hf import train  # type: ignore[no-redef]
-    applied |= train(cfg, job, clock, device, workdir)
+        from autotune.trial.frameworks.hf import train  # type: ignore[assignment]
+    applied |= train(cfg, job, clock, device, workdir)  # type: ignore[arg-type]  # the job matches the library just chosen
     if cfg.profile:
         applied["profile"] = {"requested": True, "in_effect": False,
                               "why": "the framework owns the loop: profile it with its own profiler"}

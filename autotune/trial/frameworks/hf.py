@@ -71,7 +71,7 @@ def meter(transformers: Any, clock: Clock, seen: dict[str, Any]) -> Any:
     """The TrainerCallback that measures the run. The Trainer fetches a step's micro-batches before
     on_step_begin, and logs the step's loss (gathered over ranks) after on_step_end."""
 
-    class Meter(transformers.TrainerCallback):  # type: ignore[misc]
+    class Meter(transformers.TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             seen["loader"], seen["optimizer"] = kw.get("train_dataloader"), kw.get("optimizer")
             clock.begin()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
@@ -58,7 +59,7 @@ def meter(pl: Any, cfg: TrialConfig, clock: Clock, applied: dict[str, Any], own_
     """The Callback that measures the fit: one optimizer step ends at the micro-batch after which the
     Trainer's global_step moved (accumulate_grad_batches micro-batches per step)."""
 
-    class Meter(pl.Callback):  # type: ignore[misc]
+    class Meter(pl.Callback):
         def __init__(self) -> None:
             self.optimizer_steps = 0
             self.step_loss = torch.zeros(())
@@ -119,7 +120,7 @@ def rebuild(loader: Any, cfg: TrialConfig, cuda: bool, data_seed: int) -> tuple[
     dataset, sampler = loader.dataset, loader.sampler
     iterable = isinstance(dataset, IterableDataset)
     if isinstance(sampler, RandomSampler):
-        sampler = RandomSampler(dataset, replacement=sampler.replacement, num_samples=sampler._num_samples,
+        sampler = RandomSampler(dataset, replacement=sampler.replacement, num_samples=sampler._num_samples,  # type: ignore[arg-type]  # map-style datasets have __len__
                                 generator=torch.Generator().manual_seed(data_seed))
     kw = loader_kwargs(cfg)
     kw["pin_memory"] = cfg.pin_memory and cuda
