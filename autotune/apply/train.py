@@ -82,49 +82,59 @@ def validate(h: Any, loader: Any) -> float:
     return total / n
 
 
-def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
-    """Train `cfg` for `epochs` epochs over the whole loader; rank 0 reports, validates and saves."""
+def _epoch(h: Any, cfg: TrialConfig, epoch: int, epochs: int, name: str) -> tuple[float, float, int, int]:
+    """One pass over the whole loader: (seconds, mean loss, samples, optimizer steps), the slowest rank's
+    time and the mean loss over ranks. Data loading (and worker start-up) is inside the time."""
     import torch.distributed as dist
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autotune.trial import harness, measure
 
+    if hasattr(h.loader.sampler, "set_epoch"):
+        h.loader.sampler.set_epoch(epoch)
+    losses: list[float] = []
+    seen = 0
+    columns = (TextColumn(f"[{name}] epoch {epoch}/{epochs}", markup=False), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("loss {task.fields[loss]}", markup=False))
+    total = -(-len(h.loader) // cfg.grad_accum)  # the last step may accumulate fewer micro-batches
+    with Progress(*columns, transient=True, disable=not (h.rank == 0 and sys.stdout.isatty())) as bar:
+        task = bar.add_task("train", total=total, loss="-")
+        t0 = measure.now(h.device)  # synchronized
+        for group in harness.grouped(iter(h.loader), cfg.grad_accum):  # every sample, no partial batch dropped
+            losses.append(h.step(group))  # .item() in step: the step is finished on the device
+            seen += sum(len(batch[1]) for batch in group)
+            bar.update(task, advance=1, loss=f"{losses[-1]:.4f}")
+        elapsed = measure.now(h.device) - t0
+    stats = torch.tensor([elapsed, sum(losses) / max(1, len(losses))], dtype=torch.float64, device=h.device)
+    if h.world > 1:  # the slowest rank's time; the mean loss over ranks
+        dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
+        dist.all_reduce(stats[1:], op=dist.ReduceOp.SUM)
+        stats[1] /= h.world
+    # DDP's sampler pads the last shard: a few samples twice, as training does
+    return float(stats[0]), float(stats[1]), seen * h.world, len(losses)
+
+
+def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
+    """Train `cfg` for `epochs` epochs over the whole loader; rank 0 reports, validates and saves."""
+    import torch.distributed as dist
+
+    from autotune.trial import harness
+
     h = harness.build(cfg)
-    steps_per_epoch = -(-len(h.loader) // cfg.grad_accum)  # the last step may accumulate fewer micro-batches
     lead = h.rank == 0
     val, note = _val_loader(h) if lead else (None, "")
     if note:
         say(f"[{name}] {note}")
     history: list[dict[str, Any]] = []
     for epoch in range(1, epochs + 1):
-        if hasattr(h.loader.sampler, "set_epoch"):
-            h.loader.sampler.set_epoch(epoch)
-        losses: list[float] = []
-        seen = 0
-        columns = (TextColumn(f"[{name}] epoch {epoch}/{epochs}", markup=False), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("loss {task.fields[loss]}", markup=False))
-        with Progress(*columns, transient=True, disable=not (lead and sys.stdout.isatty())) as bar:
-            task = bar.add_task("train", total=steps_per_epoch, loss="-")
-            t0 = measure.now(h.device)  # synchronized; data loading (and worker start-up) is inside
-            for group in harness.grouped(iter(h.loader), cfg.grad_accum):  # every sample, no partial batch dropped
-                losses.append(h.step(group))  # .item() in step: the step is finished on the device
-                seen += sum(len(batch[1]) for batch in group)
-                bar.update(task, advance=1, loss=f"{losses[-1]:.4f}")
-            elapsed = measure.now(h.device) - t0
-        stats = torch.tensor([elapsed, sum(losses) / max(1, len(losses))], dtype=torch.float64, device=h.device)
-        if h.world > 1:  # the slowest rank's time; the mean loss over ranks
-            dist.all_reduce(stats[:1], op=dist.ReduceOp.MAX)
-            dist.all_reduce(stats[1:], op=dist.ReduceOp.SUM)
-            stats[1] /= h.world
-        elapsed, loss = float(stats[0]), float(stats[1])
-        samples = seen * h.world  # DDP's sampler pads the last shard: a few samples twice, as training does
+        elapsed, loss, samples, steps = _epoch(h, cfg, epoch, epochs, name)
         iou, t_val = None, time.perf_counter()
         if lead and val is not None:
             iou = validate(h, val)
         t_val = time.perf_counter() - t_val
         if h.world > 1:
             dist.barrier()  # the other ranks wait for rank 0's validation
-        rec = {"epoch": epoch, "seconds": elapsed, "samples": samples, "optimizer_steps": len(losses),
+        rec = {"epoch": epoch, "seconds": elapsed, "samples": samples, "optimizer_steps": steps,
                "samples_per_s": samples / elapsed,
                "loss": loss, "iou": iou, "val_seconds": t_val}
         history.append(rec)
