@@ -1,7 +1,6 @@
 """The live view of a running search (rich), and the leaderboard table."""
 from __future__ import annotations
 
-import time
 from typing import Any
 from collections.abc import Mapping
 
@@ -16,6 +15,7 @@ from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
 from autotune.search import records
+from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord
 from autotune.search.results import class_verdict, exported, feasible, leaderboard
 from autotune.search.runner import Events
@@ -30,9 +30,9 @@ def knob_summary(config: Mapping[str, Any]) -> str:
 class LiveSearch:
     """One status panel that updates per throughput window, plus one printed line per finished trial."""
 
-    def __init__(self, study: optuna.Study, budget_s: float | None, console: Console) -> None:
+    def __init__(self, study: optuna.Study, budget: Budget | None, console: Console) -> None:
         self.study, self.console = study, console
-        self.deadline = None if budget_s is None else time.monotonic() + budget_s
+        self.budget = budget  # the run's own clock: the panel shows what the session counts down
         self.current = "starting"
         self.current_sps: float | None = None
         self.live = Live(self._render(), console=console, refresh_per_second=2, transient=True)
@@ -86,7 +86,8 @@ class LiveSearch:
         speedup = TrialRecord.from_frozen(board[0]).speedup if board else None
         if speedup:
             best += f", x{speedup:.2f} vs baseline"
-        left = None if self.deadline is None else max(0, int(self.deadline - time.monotonic()))
+        left_s = self.budget.left_s() if self.budget is not None else None
+        left = None if left_s is None else int(left_s)
         grid = Table.grid(padding=(0, 2))
         grid.add_row(Text("now", style="bold"), self.current)
         grid.add_row(Text("current", style="bold"), f"{self.current_sps:.2f} samples/s" if self.current_sps else "-")

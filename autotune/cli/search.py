@@ -167,14 +167,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
     from autotune.apply.display import LiveSearch, confirmation_table, leaderboard_table, order_note, training_note
+    from autotune.search.budget import Budget
     from autotune.search.results import checks_summary, shown_storage
 
     s = session.settings
-    budget = "no time limit" if s.budget_s is None else f"budget {s.budget_s:.0f} s"
-    console.print(f"autotune: study {s.study!r} in {shown_storage(s.storage)}, {budget}, "
+    limit = "no time limit" if s.budget_s is None else f"budget {s.budget_s:.0f} s"
+    console.print(f"autotune: study {s.study!r} in {shown_storage(s.storage)}, {limit}, "
                   f"{len(session.searched)} knobs searched: {', '.join(session.searched)}", highlight=False)
-    with LiveSearch(session.study, s.budget_s, console) as live:
-        outcome = session.run(live.events())
+    budget = Budget.of(s)  # one clock for the session's deadlines and the panel's countdown
+    with LiveSearch(session.study, budget, console) as live:
+        outcome = session.run(live.events(), budget)
     console.print(leaderboard_table(session.study))
     if outcome.confirmation:
         console.print(confirmation_table(session.study))

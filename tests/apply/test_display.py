@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rich.console import Console
 from autotune.apply.display import (CONFIRMATION_COLUMNS, LEADERBOARD_COLUMNS, LiveSearch, confirmation_summary,
                                     confirmation_table, knob_summary, leaderboard_rows, leaderboard_table)
 from autotune.core.config import BASELINE, TrialConfig, TrialResult
+from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord, of_result, write
 from autotune.search.records import CONFIRMATION
 from autotune.search.runner import FEASIBLE_KEY
@@ -215,7 +217,8 @@ def test_live_line_cuts_a_long_message(search: tuple[optuna.Study, dict[str, Fro
 def test_live_panel_counts_and_best(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
     study, t = search
     c = console()
-    live = LiveSearch(study, 125, c)
+    live = LiveSearch(study, Budget(started=time.monotonic(), budget_s=125.0, trial_timeout_s=60.0, grace_s=30.0,
+                                    confirm_reserve_s=0.0, parity_reserve_s=0.0), c)
     live.started(7, "search", FAST)
     live.window(12.5)
     c.print(live._render())
