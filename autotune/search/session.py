@@ -33,7 +33,8 @@ from autotune.search.folders import end_folder
 from autotune.search.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
 from autotune.search.runner import Events, measured, reuse, run_one
-from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, load_space, resolve
+from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, resolve
+from autotune.search.space_file import load_space
 from autotune.search.storage import check_writable, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from autotune.trial import knobs
+from autotune.trial import knobs, loading
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.core.errors import DataItemError, TrialUnsupported
 from autotune.pipelines import Pipeline, load_pipeline, stages_of, unsupported_of
@@ -96,7 +96,7 @@ class CheckedItems(Dataset[Any]):
     DataItemError naming its index, the cause chained for the log) instead of a crash. A top-level
     class so DataLoader workers can receive it pickled under any start method."""
 
-    takes_seeds = True  # the endless sampler hands it (index, seed): see knobs.EndlessShuffle
+    takes_seeds = True  # the endless sampler hands it (index, seed): see loading.EndlessShuffle
 
     def __init__(self, inner: Dataset[Any]) -> None:
         self.inner = inner
@@ -209,7 +209,7 @@ def grouped(stream: Iterator[Any], k: int) -> Iterator[list[Any]]:
 def batches(loader: DataLoader[Any]) -> Iterator[Any]:
     """Endless batches. An endless sampler: one iterator, never restarted. An epoch-sized loader (train's):
     a short dataset simply starts another epoch (reshuffled), restarting the loader."""
-    if isinstance(loader.sampler, knobs.EndlessShuffle):
+    if isinstance(loader.sampler, loading.EndlessShuffle):
         yield from loader
         return
     epoch = 0
@@ -248,7 +248,7 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     model.train()
     optimizer, a = knobs.build_optimizer(model.parameters(), cfg, device)
     applied |= a
-    loader, a = knobs.build_loader(checked(pipeline.build_dataset()), cfg, rank, world, device, endless)
+    loader, a = loading.build_loader(checked(pipeline.build_dataset()), cfg, rank, world, device, endless)
     applied |= a
     precision = knobs.Precision(cfg, device)
     applied |= precision.applied

@@ -11,7 +11,8 @@ import pytest
 
 from autotune.core.config import BASELINE, KNOBS, TrialConfig
 from autotune.core.errors import SearchSpaceError
-from autotune.search.space import Choices, Fixed, Hardware, IntRange, SearchSpace, load_space, resolve
+from autotune.search.space import Choices, Fixed, Hardware, IntRange, SearchSpace, resolve
+from autotune.search.space_file import load_space
 from autotune.search.suggest import config_params, suggest
 
 DEFAULT = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"

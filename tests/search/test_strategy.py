@@ -14,7 +14,8 @@ from optuna.trial import TrialState
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.search.records import CLASSES, TrialRecord, write
 from autotune.search.results import failed_classes
-from autotune.search.space import DEFAULT_SPACE, WORKER_KNOBS, Hardware, load_space, resolve
+from autotune.search.space import DEFAULT_SPACE, WORKER_KNOBS, Hardware, resolve
+from autotune.search.space_file import load_space
 from autotune.search.suggest import config_params, suggest
 from autotune.search.strategy import MOVE_KEY, PASS, CoordinateSampler, incumbent, move_values
 from autotune.search.study import make_sampler

@@ -15,7 +15,8 @@ import yaml
 
 from autotune.core.config import BASELINE, SearchSettings, TrialConfig
 from autotune.core.errors import AutotuneError
-from autotune.search.space import Hardware, load_space, resolve
+from autotune.search.space import Hardware, resolve
+from autotune.search.space_file import load_space
 from autotune.search.storage import open_storage
 from autotune.search.records import StudyRecord
 from autotune.search.study import config_for, open_study, warm_start

@@ -17,7 +17,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.core.config import SearchSettings, TrialConfig
-from autotune.search.space import Hardware, load_space, resolve
+from autotune.search.space import Hardware, resolve
+from autotune.search.space_file import load_space
 from autotune.search.storage import open_storage
 from autotune.search.results import feasible
 from autotune.search.runner import Events, run_one

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler, RandomSampler, TensorDataset
 
 from autotune.core import cpus as cpus_module
-from autotune.trial import harness, knobs
+from autotune.trial import harness, knobs, loading
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.pipelines.unet.pipeline import UnetPipeline
@@ -127,7 +127,7 @@ def test_cudnn_benchmark_reaches_torch_and_says_why_on_cpu(on: bool) -> None:
 
 def test_loader_gets_worker_knobs() -> None:
     cfg = TrialConfig(num_workers=2, persistent_workers=True, prefetch_factor=3, batch_size=4, pin_memory=True)
-    loader, applied = knobs.build_loader(dataset(), cfg, rank=0, world=1, device=CPU)
+    loader, applied = loading.build_loader(dataset(), cfg, rank=0, world=1, device=CPU)
     assert loader.num_workers == 2
     assert loader.persistent_workers is True
     assert loader.prefetch_factor == 3
@@ -140,14 +140,14 @@ def test_loader_gets_worker_knobs() -> None:
 
 
 def test_pin_memory_requested_but_not_in_effect_on_cpu() -> None:
-    loader, applied = knobs.build_loader(dataset(), TrialConfig(pin_memory=True), 0, 1, CPU)
+    loader, applied = loading.build_loader(dataset(), TrialConfig(pin_memory=True), 0, 1, CPU)
     assert loader.pin_memory is False  # pinning needs a CUDA device to pin for
     rec = applied["pin_memory"]
     assert rec["requested"] is True and rec["in_effect"] is False and "CUDA" in rec["why"]
 
 
 def test_loader_without_workers_has_no_prefetch() -> None:
-    loader, applied = knobs.build_loader(dataset(), TrialConfig(batch_size=4), 0, 1, CPU)
+    loader, applied = loading.build_loader(dataset(), TrialConfig(batch_size=4), 0, 1, CPU)
     assert loader.num_workers == 0 and loader.prefetch_factor is None
     assert applied["prefetch_factor"] == {"requested": None, "in_effect": None}
     assert applied["pin_memory"] == {"requested": False, "in_effect": False}
@@ -156,12 +156,12 @@ def test_loader_without_workers_has_no_prefetch() -> None:
 
 
 def test_default_prefetch_with_workers_is_torch_default() -> None:
-    loader, applied = knobs.build_loader(dataset(), TrialConfig(num_workers=1), 0, 1, CPU)
+    loader, applied = loading.build_loader(dataset(), TrialConfig(num_workers=1), 0, 1, CPU)
     assert loader.prefetch_factor == 2 and applied["prefetch_factor"] == {"requested": None, "in_effect": 2}
 
 
 def test_loader_shards_across_ranks() -> None:
-    loader, _ = knobs.build_loader(dataset(16), TrialConfig(batch_size=2, seed=3), rank=1, world=2, device=CPU)
+    loader, _ = loading.build_loader(dataset(16), TrialConfig(batch_size=2, seed=3), rank=1, world=2, device=CPU)
     assert isinstance(loader.sampler, DistributedSampler)
     assert loader.sampler.num_replicas == 2 and loader.sampler.rank == 1 and loader.sampler.seed == 3
     assert len(loader) == 4  # 16 samples / 2 ranks / batch 2
@@ -170,16 +170,16 @@ def test_loader_shards_across_ranks() -> None:
 def test_loader_refuses_a_dataset_smaller_than_the_processes() -> None:
     # Epoch-sized (`autotune train`): a process with an empty shard would have nothing to train on.
     with pytest.raises(ConfigError, match="fewer than the 2 processes"):
-        knobs.build_loader(dataset(1), TrialConfig(batch_size=4), 0, 2, CPU)
+        loading.build_loader(dataset(1), TrialConfig(batch_size=4), 0, 2, CPU)
 
 
 def test_training_loader_keeps_the_partial_last_batch() -> None:
-    loader, _ = knobs.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 1, CPU)
+    loader, _ = loading.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 1, CPU)
     assert [len(x) for x, _ in loader] == [4, 2]  # every sample, every epoch: no partial batch dropped
 
 
 def test_endless_loader_batches_are_always_whole() -> None:
-    loader, _ = knobs.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 1, CPU, endless=True)
+    loader, _ = loading.build_loader(dataset(6), TrialConfig(batch_size=4), 0, 1, CPU, endless=True)
     assert loader.drop_last and all(len(x) == 4 for x, _ in itertools.islice(loader, 5))
 
 
@@ -189,7 +189,7 @@ def test_endless_loader_is_one_iterator_across_epochs() -> None:
     from tests.trial.cuda_fault_pipelines import WorkerPid
 
     def five_batches(endless: bool) -> tuple[list[int], set[int]]:
-        loader, _ = knobs.build_loader(WorkerPid(6), TrialConfig(batch_size=4, num_workers=1), 0, 1, CPU, endless)
+        loader, _ = loading.build_loader(WorkerPid(6), TrialConfig(batch_size=4, num_workers=1), 0, 1, CPU, endless)
         stream = harness.batches(loader)
         got = [next(stream) for _ in range(5)]
         return torch.cat([i for i, _ in got]).tolist(), {pid for _, pids in got for pid in pids.tolist()}
@@ -203,7 +203,7 @@ def test_endless_loader_is_one_iterator_across_epochs() -> None:
 
 
 def test_endless_loader_takes_a_batch_larger_than_the_dataset() -> None:
-    loader, applied = knobs.build_loader(dataset(6), TrialConfig(batch_size=8, seed=2), 0, 1, CPU, endless=True)
+    loader, applied = loading.build_loader(dataset(6), TrialConfig(batch_size=8, seed=2), 0, 1, CPU, endless=True)
     x, _ = next(harness.batches(loader))
     assert x.shape[0] == 8
     assert applied["sampler"]["in_effect"] == "EndlessShuffle(seed=2)"
@@ -211,7 +211,7 @@ def test_endless_loader_takes_a_batch_larger_than_the_dataset() -> None:
 
 @pytest.mark.parametrize("n", [6, 7])
 def test_endless_shards_are_disjoint_and_match_distributed_sampler(n: int) -> None:
-    ranks = [knobs.EndlessShuffle(n, seed=5, rank=r, world=2) for r in range(2)]
+    ranks = [loading.EndlessShuffle(n, seed=5, rank=r, world=2) for r in range(2)]
     for e in range(3):
         shards = [s.epoch(e) for s in ranks]
         assert not set(shards[0]) & set(shards[1]) and len(shards[0]) == len(shards[1]) == n // 2
@@ -228,7 +228,7 @@ def test_endless_shards_are_disjoint_and_match_distributed_sampler(n: int) -> No
 def test_endless_shuffle_refuses_an_empty_shard(n: int, world: int, words: str) -> None:
     # It would spin forever without yielding an index.
     with pytest.raises(ConfigError, match=words):
-        knobs.EndlessShuffle(n, seed=0, rank=0, world=world)
+        loading.EndlessShuffle(n, seed=0, rank=0, world=world)
 
 
 def test_to_device_channels_last() -> None:
@@ -467,7 +467,7 @@ class Augmented(torch.utils.data.Dataset):
 def test_augmentations_do_not_depend_on_workers_or_micro_batch() -> None:
     def draws(workers: int, batch: int) -> dict[float, list[float]]:
         cfg = TrialConfig(num_workers=workers, batch_size=batch, seed=3)
-        loader, _ = knobs.build_loader(harness.checked(Augmented()), cfg, 0, 1, CPU, endless=True)
+        loader, _ = loading.build_loader(harness.checked(Augmented()), cfg, 0, 1, CPU, endless=True)
         out: dict[float, list[float]] = {}
         for x, r in itertools.islice(loader, 24 // batch):  # two epochs
             for i, v in zip(x.flatten().tolist(), r.flatten().tolist()):
@@ -486,7 +486,7 @@ def test_augmentations_do_not_depend_on_workers_or_micro_batch() -> None:
 def test_training_epochs_draw_the_same_augmentations_with_or_without_workers() -> None:
     def epochs(workers: int) -> list[dict[float, float]]:
         cfg = TrialConfig(num_workers=workers, batch_size=5, seed=3)
-        loader, _ = knobs.build_loader(harness.checked(Augmented()), cfg, 0, 1, CPU)
+        loader, _ = loading.build_loader(harness.checked(Augmented()), cfg, 0, 1, CPU)
         out = []
         for e in range(2):
             loader.sampler.set_epoch(e)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from autotune.trial import harness, knobs
+from autotune.trial import harness, loading
 
 from autotune.trial import worker as trial
 from autotune.core.config import KNOBS, TrialConfig, TrialResult
@@ -112,7 +112,7 @@ def test_not_a_pipeline(inproc: None) -> None:
 
 def test_batches_go_on_past_one_epoch_and_reshuffle() -> None:
     ds = torch.utils.data.TensorDataset(torch.arange(8.0))
-    loader, _ = knobs.build_loader(ds, TrialConfig(batch_size=4), 0, 1, torch.device("cpu"))
+    loader, _ = loading.build_loader(ds, TrialConfig(batch_size=4), 0, 1, torch.device("cpu"))
     stream = harness.batches(loader)
     got = [next(stream)[0] for _ in range(6)]  # three epochs of two batches
     assert all(b.shape == (4,) for b in got)
