@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from autotune.apply.train import run_config, time_to  # noqa: E402
+from autotune.apply.comparison import time_to  # noqa: E402
+from autotune.apply.train import run_config  # noqa: E402
 from autotune.core.config import TrialConfig, baseline_of  # noqa: E402
 from autotune.pipelines import workload  # noqa: E402
 from autotune.search import parity, target  # noqa: E402

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from autotune.apply.comparison import METRIC_MARGIN, compare
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
@@ -149,15 +150,18 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
                "seconds": total_s, "samples_per_s": _rate(history), "steady_samples_per_s": _rate(history[1:]),
                "iou": history[-1]["iou"] if history else None, "checkpoint": None}
     if lead:
-        path = out / f"{name}.pt"
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")  # a crash mid-save leaves the old checkpoint whole
-        torch.save({"model": plain_state_dict(h.model), "config": cfg.to_dict(), "epochs": epochs,
-                    "history": history}, tmp)
-        os.replace(tmp, path)
-        summary["checkpoint"] = str(path)
-        say(f"[{name}] checkpoint: {path}")
+        summary["checkpoint"] = _save(h.model, summary, out / f"{name}.pt")
+        say(f"[{name}] checkpoint: {summary['checkpoint']}")
     return summary
+
+
+def _save(model: torch.nn.Module, summary: dict[str, Any], path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")  # a crash mid-save leaves the old checkpoint whole
+    torch.save({"model": plain_state_dict(model), "config": summary["config"], "epochs": summary["epochs"],
+                "history": summary["history"]}, tmp)
+    os.replace(tmp, path)
+    return str(path)
 
 
 def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
@@ -197,12 +201,6 @@ def _rate(history: list[dict[str, Any]]) -> float | None:
     return sum(r["samples"] for r in history) / seconds if history and seconds > 0 else None
 
 
-# How far the config's final metric may fall behind the baseline's (absolute IoU) before train says so.
-# Three baseline runs that differ only in data order (96 images at 96 px, 5 epochs) ended at IoU 0.619,
-# 0.638 and 0.634: 0.019 apart at most. 0.05 is 2.5x that, so natural noise does not trip it.
-METRIC_MARGIN = 0.05
-
-
 def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say: Say,
           margin: float = METRIC_MARGIN) -> list[dict[str, Any]]:
     """Train the config (and, to compare, the baseline after it), each in its own process; print the
@@ -217,70 +215,6 @@ def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say:
     write_json_atomic(out / "train.json", results)
     say(f"autotune: results in {out / 'train.json'}")
     return results
-
-
-def time_to(history: list[dict[str, Any]], key: str, target: float) -> tuple[float, int] | None:
-    """(training seconds until the end of the first epoch whose `key` reached `target`, that epoch), or
-    None when none did. IoU is reached from below, loss from above. Validation time is not counted."""
-    elapsed = 0.0
-    for rec in history:
-        elapsed += rec["seconds"]
-        value = rec.get(key)
-        if value is not None and (value >= target if key == "iou" else value <= target):
-            return elapsed, rec.get("epoch", 0)
-    return None
-
-
-def _time_to_target_line(tuned: dict[str, Any], base: dict[str, Any]) -> str:
-    """MLPerf's question for a run: the wall time each side took to reach the baseline's final IoU (or its
-    final loss, for a pipeline without a metric), recorded in `comparison`."""
-    key = "iou" if tuned["iou"] is not None and base["iou"] is not None else "loss"
-    target = base["iou"] if key == "iou" else base["history"][-1]["loss"]
-    mine, theirs = time_to(tuned["history"], key, target), time_to(base["history"], key, target)
-    what = f"the baseline's final {'IoU' if key == 'iou' else 'loss'} {target:.4f}"
-    tuned["comparison"]["time_to_target"] = {"metric": key, "target": target, "config_s": mine and mine[0],
-                                             "baseline_s": theirs and theirs[0]}
-    if mine is None or theirs is None:
-        return f"time to {what}: config not reached in {len(tuned['history'])} epoch(s)"
-    tuned["comparison"]["speedup_to_target"] = theirs[0] / mine[0]
-    return (f"time to {what}: config {mine[0]:.1f} s (epoch {mine[1]}), baseline {theirs[0]:.1f} s "
-            f"(epoch {theirs[1]}): x{theirs[0] / mine[0]:.2f}")
-
-
-def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: float) -> list[str]:
-    """The lines that compare the config's run with the baseline's; records `comparison` in `tuned`."""
-    speedup = tuned["samples_per_s"] / base["samples_per_s"]
-    steady = (tuned["steady_samples_per_s"] / base["steady_samples_per_s"]
-              if tuned.get("steady_samples_per_s") and base.get("steady_samples_per_s") else None)
-    tuned["comparison"] = {"speedup": speedup, "speedup_after_first_epoch": steady}
-    lines = [f"speedup: x{speedup:.2f}  (config {tuned['samples_per_s']:.2f} "
-             f"vs baseline {base['samples_per_s']:.2f} samples/s over {epochs} epoch(s), data loading included)"]
-    if steady is not None:
-        first = tuned["history"][0]["seconds"], base["history"][0]["seconds"]
-        lines.append(f"speedup after the first epoch: x{steady:.2f}  (config {tuned['steady_samples_per_s']:.2f} vs "
-                     f"baseline {base['steady_samples_per_s']:.2f} samples/s; the first epoch, with its one-off "
-                     f"start-up, took config {first[0]:.2f} s, baseline {first[1]:.2f} s)")
-    lines += [f"optimizer steps: config {tuned['optimizer_steps']} (global batch {tuned['global_batch']}, lr "
-             f"{tuned['lr']:.3g}), baseline {base['optimizer_steps']} (global batch {base['global_batch']}, lr "
-             f"{base['lr']:.3g})"]
-    lines.append(_time_to_target_line(tuned, base))
-    if tuned["iou"] is None or base["iou"] is None:
-        return lines + ["final IoU: not measured (no validation set or metric)"]
-    diff = tuned["iou"] - base["iou"]
-    behind = diff < -margin
-    tuned["comparison"].update(iou_difference=diff, margin=margin, behind_baseline=behind)
-    lines.append(f"final IoU: config {tuned['iou']:.4f}, baseline {base['iou']:.4f}, difference {diff:+.4f}")
-    if behind:
-        if tuned["global_batch"] != base["global_batch"]:
-            fix = (f"its optimizer step differs (global batch {base['global_batch']} -> {tuned['global_batch']}): "
-                   f"search with --global-batch {base['global_batch']} to keep the baseline's")
-        else:  # the same optimizer step: precision or batch-norm span (best.yaml's training_math says which)
-            fix = ("it takes the baseline's optimizer step, so the difference is its numerics (precision, "
-                   "batch-norm span: see training_math in best.yaml); train longer to see whether it closes, "
-                   "or keep those knobs at the baseline's in a --space file")
-        lines.append(f"autotune: WARNING: the config's IoU is {-diff:.4f} behind the baseline's, more than the "
-                     f"{margin} margin: {fix}")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,12 +196,17 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
     noise = reference_noise(reference, samples, grid)
     tol = tolerance_for(noise)
     passed = dev <= tol
+    reason = _reason(candidate, baseline, dev, tol, noise)
+    return Verdict(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
+
+
+def _reason(candidate: TrialConfig, baseline: TrialConfig, dev: float, tol: float, noise: float) -> str:
+    g_c, g_b, passed = candidate.global_batch_size, baseline.global_batch_size, dev <= tol
     where = "" if g_c == g_b else (f" at equal samples seen (global batch {g_b} -> {g_c}, lr {baseline.effective_lr:.3g}"
                                    f" -> {candidate.effective_lr:.3g})")
     rule = f"{FRACTION} x data-order noise {noise:.1%}" if tol > FLOOR else f"the floor; data-order noise {noise:.2%}"
-    reason = (f"loss trajectory {'within' if passed else 'deviates'} {dev:.1%} {'of' if passed else 'from'} the "
-              f"baseline's{where}, tolerance {tol:.1%} ({rule})")
-    return Verdict(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
+    return (f"loss trajectory {'within' if passed else 'deviates'} {dev:.1%} {'of' if passed else 'from'} the "
+            f"baseline's{where}, tolerance {tol:.1%} ({rule})")
 
 
 def steps_for(samples: float, global_batch: int) -> int:

@@ -117,7 +117,7 @@ def _run(iou: float | None, steps: int, batch: int, history: list[dict] | None =
 
 def test_compare_says_each_sides_time_to_the_baselines_final_iou() -> None:
     """MLPerf's question: a larger batch that is behind after epoch 1 may still reach the quality sooner."""
-    from autotune.apply.train import compare, time_to
+    from autotune.apply.comparison import compare, time_to
 
     def hist(seconds: float, ious: list[float]) -> list[dict]:
         return [{"epoch": i + 1, "seconds": seconds, "samples": 96, "loss": 1 - v, "iou": v} for i, v in enumerate(ious)]
@@ -135,7 +135,8 @@ def test_compare_says_each_sides_time_to_the_baselines_final_iou() -> None:
 
 
 def test_the_speedup_after_the_first_epoch_is_said_beside_the_whole_runs() -> None:
-    from autotune.apply.train import _rate, compare
+    from autotune.apply.comparison import compare
+    from autotune.apply.train import _rate
 
     # Measured on an H200: the config's first epoch paid 9.8 s of one-off start-up (cudnn.benchmark's
     # autotuning, 8 loader workers), so 3 short epochs made it x0.40 while epochs 2-3 ran x2.9.
@@ -151,7 +152,7 @@ def test_the_speedup_after_the_first_epoch_is_said_beside_the_whole_runs() -> No
 
 
 def test_a_config_behind_the_baseline_says_so_in_one_line_and_in_the_record() -> None:
-    from autotune.apply.train import compare
+    from autotune.apply.comparison import compare
 
     tuned, base = _run(0.10, 5, 64), _run(0.84, 50, 8)
     lines = compare(tuned, base, epochs=5, margin=0.02)
