@@ -150,7 +150,17 @@ def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]
                      _fig(r["max"]), "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}",
                      "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}"))
     return (f"{summary['rounds']} interleaved round(s), each a fresh process; speedup: median over the "
-            f"baseline's median; fastest by median: trial {summary['winner']}"), rows
+            f"baseline's median; {_fastest(summary)}"), rows
+
+
+def _fastest(summary: records.ConfirmationSummary) -> str:
+    """The confirmed winner, said as what it is: a config the rounds measured no faster than the baseline
+    is not "fastest" (the export then falls back to the baseline, results.export_order)."""
+    row = next((r for r in summary["rows"] if r["trial"] == summary["winner"]), None)
+    speedup = None if row is None else row["speedup_median"]
+    if speedup is not None and speedup <= 1.0:
+        return f"none faster than the baseline by median (best: trial {summary['winner']}, x{speedup:.2f})"
+    return f"fastest by median: trial {summary['winner']}"
 
 
 def _fig(x: float | None) -> str:

@@ -319,3 +319,11 @@ def test_the_report_shows_the_terminals_confirmation_rows(search: tuple[optuna.S
     html = confirmation_html(study)
     assert re.findall(r"<th>([^<]*)</th>", html) == list(CONFIRMATION_COLUMNS)
     assert re.findall(r"<td[^>]*>([^<]*)</td>", html) == [cell for row in rows for cell in row]
+
+
+def test_a_confirmed_winner_slower_than_the_baseline_is_not_called_fastest() -> None:
+    from autotune.apply.display import _fastest
+
+    assert _fastest(CONFIRMED) == "fastest by median: trial 6"  # type: ignore[arg-type]
+    slower = {**CONFIRMED, "rows": [{**CONFIRMED["rows"][0], "speedup_median": 0.85}, CONFIRMED["rows"][1]]}
+    assert _fastest(slower) == "none faster than the baseline by median (best: trial 6, x0.85)"  # type: ignore[arg-type]

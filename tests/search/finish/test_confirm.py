@@ -47,6 +47,8 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     assert best["study"]["trial"] == 2 and best["speedup"] == pytest.approx(2.1)
     assert best["confirmed"]["speedup_range"] == pytest.approx([2.0, 2.2]) and best["confirmed"]["order_changed"]
     assert best["baseline"]["samples_per_s"] == 10.0
+    # samples/s from the same rounds as the speedup; the search's one measurement beside it
+    assert best["metrics"]["samples_per_s"] == 21.0 and best["metrics"]["search_samples_per_s"] == 20.0
     # The confirmed winner fails parity: the next in export order is exported, with its own rounds.
     study.set_user_attr(PARITY, {"2": {"verdict": "fail", "reason": "deviates"}, "1": {"verdict": "pass"}})
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
