@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def readme_commands(name: str) -> list[list[str]]:
     """The README's `autotune ...` lines of the bash block that uses `name`, as argument lists."""
     text = (REPO_ROOT / "README.md").read_text()
     block = next(b for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S) if f":{name}:make" in b)
-    return [line.split("#")[0].split()[1:] for line in block.splitlines() if line.startswith("autotune ")]
+    return [shlex.split(line.split("#")[0])[1:] for line in block.splitlines() if line.startswith("autotune ")]
 
 
 def autotune(*args: str, cwd: Path, pythonpath: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -121,7 +121,8 @@ def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None
     # Knobs a Trainer cannot express are fixed, each with why.
     assert ("optimizer_fusion fixed to 'none': not supported by this pipeline: the LightningModule builds its own "
             "optimizer in configure_optimizers()") in run.stdout, run.stdout
-    no_trial_broke(tmp_path / "studies.db", "lit")
+    done = no_trial_broke(tmp_path / "studies.db", "lit")
+    assert done[0].user_attrs["config"]["batch_size"] == 64  # --baseline: the job as the user runs it
 
     ok(autotune(*export, cwd=tmp_path, pythonpath=tmp_path))
     best = tmp_path / "studies" / "lit" / "best.yaml"
