@@ -114,7 +114,7 @@ class SingleMachine:
                 f"{SINGLE} runs one node"
             )
         if placement.scheduler is not None or placement.scheduler_args:
-            raise ConfigError(f"--scheduler and --scheduler-arg need a multi-node launcher (--launcher torchx)")
+            raise ConfigError("--scheduler and --scheduler-arg need a multi-node launcher (--launcher torchx)")
 
     def command(self, placement: Placement, gpus: int, trial_dir: Path, worker: list[str]) -> list[str]:
         return [*python_for(gpus), "-m", "autotune.trial", *worker]

@@ -51,7 +51,9 @@ class TorchX:
         try:
             from torchx.schedulers import get_scheduler_factories
         except ImportError:
-            raise ConfigError("--launcher torchx: torchx is not installed (pip install 'autotune[multinode]')") from None
+            raise ConfigError(
+                "--launcher torchx: torchx is not installed (pip install 'autotune[multinode]')"
+            ) from None
         known = sorted(get_scheduler_factories())
         if placement.scheduler is None:
             raise ConfigError(f"--launcher torchx needs --scheduler, one of {'|'.join(known)}")

@@ -88,7 +88,9 @@ def test_a_failed_local_node_is_seen() -> None:
         return SimpleNamespace(replica_id=i, proc=SimpleNamespace(poll=lambda: code))
 
     assert torchx_nodes.failed_node(SimpleNamespace(roles=[]), [replica(0, None), replica(1, 0)]) is None
-    assert torchx_nodes.failed_node(SimpleNamespace(roles=[]), [replica(0, None), replica(1, 1)]) == "node 1 exited with 1"
+    assert (
+        torchx_nodes.failed_node(SimpleNamespace(roles=[]), [replica(0, None), replica(1, 1)]) == "node 1 exited with 1"
+    )
 
 
 # --- bad input: exit 2 material, nothing started ---------------------------------------------------
