@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,8 +20,10 @@ from autotune.core import errors
 from autotune.core.errors import ConfigError
 from autotune.trial import launcher, nodes, torchx_nodes
 from autotune.trial.nodes import Placement
+from tests.conftest import live_processes, wait_until_gone
 from tests.fakes import fault_cfg
 from tests.trial.test_launcher import assert_nothing_left
+from tests.trial.test_process_groups import CONTROLLER, gone, read_reports
 
 pytest.importorskip("torchx")
 pytestmark = pytest.mark.usefixtures("repo_on_path")
@@ -178,6 +182,7 @@ def kill_rank_mid_trial(trial_dir: Path, rank: int, pipeline: str, module: str) 
 def test_killing_one_nodes_rank_ends_the_trial_on_both_nodes(two_nodes: Placement, tmp_path: Path) -> None:
     trial_dir = tmp_path / "t"
     failure, seconds = kill_rank_mid_trial(trial_dir, 1, "slow", "tests.fault_pipelines")
+    print(f"trial ended on both nodes {seconds:.1f} s after rank 1 was killed")
     assert seconds < KILL_TO_END_S, seconds
     assert failure.reason == "crash"  # the survivor's "connection closed", or the lost node's exit: a FAIL
     assert_nothing_left(trial_dir)
@@ -189,6 +194,7 @@ def test_a_lost_node_ends_a_peer_that_torch_would_not_wake(two_nodes: Placement,
     the nodes, which sees node 1 exit, can end it before the trial's timeout."""
     trial_dir = tmp_path / "t"
     failure, seconds = kill_rank_mid_trial(trial_dir, 1, "hang_rank0", "tests.trial.node_fault_pipelines")
+    print(f"trial ended on both nodes {seconds:.1f} s after rank 1 was killed (rank 0 asleep)")
     assert seconds < KILL_TO_END_S, seconds
     assert failure.reason == "crash"
     assert "cancelling the trial on every node" in (trial_dir / "trial.log").read_text()
@@ -201,8 +207,36 @@ def test_a_timeout_cancels_every_node(two_nodes: Placement, tmp_path: Path) -> N
     start = time.monotonic()
     with pytest.raises(errors.TrialTimeout):
         launcher.run_trial(fault_cfg("hang_loss"), trial_dir, timeout_s=25)
+    print(f"timed out trial ended {time.monotonic() - start - 25:.1f} s after its 25 s timeout")
     assert time.monotonic() - start < 25 + 15
     assert_nothing_left(trial_dir)
+
+
+@pytest.mark.slow
+def test_a_killed_controller_leaves_no_node_behind(two_nodes: Placement, tmp_path: Path) -> None:
+    """SIGKILL the controller mid-trial: no finally, no kill_group. The supervisor's PR_SET_PDEATHSIG
+    (SIGTERM) makes it cancel the app on every node."""
+    report, trial_dir = tmp_path / "pids", tmp_path / "t"
+    cfg = fault_cfg("hang_loss_reporting", warmup_steps=0, window=1)
+    env = {**os.environ, "AUTOTUNE_TEST_PIDS": str(report)}
+    controller = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, json.dumps(cfg.to_dict()), str(trial_dir)], env=env
+    )
+    try:
+        reports = read_reports(report, 2, timeout_s=120)
+        assert sorted(r["rank"] for r in reports) == [0, 1], "the ranks never reached their hang"
+        controller.kill()  # SIGKILL: no finally, no kill_group
+        controller.wait()
+        start = time.monotonic()
+        assert not gone([r["pid"] for r in reports], timeout_s=KILL_TO_END_S)
+        print(f"ranks of both nodes gone {time.monotonic() - start:.1f} s after the controller was killed")
+        assert not wait_until_gone(str(trial_dir), timeout_s=10)
+    finally:
+        controller.kill()
+        controller.wait()
+        for p in live_processes(str(trial_dir)):  # a failing leak test must not leave its leak behind
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 def test_the_placement_reaches_the_launcher(two_nodes: Placement, tmp_path: Path) -> None:
