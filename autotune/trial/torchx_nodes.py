@@ -40,6 +40,7 @@ from autotune.trial.nodes import Placement
 
 LOCAL = "local_cwd"  # nodes simulated as process trees on this machine (and the scheduler tests use)
 POLL_S = 0.5
+REMOTE_POLL_S = 5.0  # a cluster's scheduler answers each status with a query to its controller (squeue, sacct)
 RDZV_PORT = 29500  # on the first node's host, for schedulers that place nodes on other hosts
 LOG_DIR = "nodes"  # under the trial's folder: each node's own log, appended to trial.log at the end
 
@@ -201,7 +202,7 @@ def watch(runner: Any, handle: str, trial_dir: Path, local: bool, say: Any = pri
         if node is not None:
             say(f"autotune: {node}; cancelling the trial on every node")
             return int(ExitCode.ERROR)
-        time.sleep(POLL_S)
+        time.sleep(POLL_S if local else REMOTE_POLL_S)
 
 
 def _stop(signum: int, frame: Any) -> None:
