@@ -202,6 +202,15 @@ def test_a_lost_node_ends_a_peer_that_torch_would_not_wake(two_nodes: Placement,
 
 
 @pytest.mark.slow
+def test_an_oom_on_one_node_is_oom(two_nodes: Placement, tmp_path: Path) -> None:
+    """Rank 1 (node 1) runs out of memory, rank 0 (node 0) is left in the all-reduce: the named cause wins."""
+    trial_dir = tmp_path / "t"
+    with pytest.raises(errors.TrialOOM):
+        launcher.run_trial(fault_cfg("oom_rank1"), trial_dir, timeout_s=240)
+    assert_nothing_left(trial_dir)
+
+
+@pytest.mark.slow
 def test_a_timeout_cancels_every_node(two_nodes: Placement, tmp_path: Path) -> None:
     trial_dir = tmp_path / "t"
     start = time.monotonic()
