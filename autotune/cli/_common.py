@@ -137,3 +137,34 @@ def new_console() -> Any:
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def nodes_args(p: argparse.ArgumentParser) -> None:
+    """--nodes, --launcher, --scheduler, --scheduler-arg: where a trial's ranks run (trial/nodes.py)."""
+    from autotune.trial.nodes import LAUNCHERS
+
+    p.add_argument("--nodes", default="1", metavar="N",
+                   help="nodes every trial spans, with its gpus ranks on each (default 1: this machine only); "
+                        "more needs --launcher torchx")
+    p.add_argument("--launcher", default="single-machine", choices=LAUNCHERS,
+                   help="what starts the ranks: single-machine (torchrun --standalone, the default) or torchx "
+                        "(torchrun on every node with the c10d rendezvous; pip install 'autotune[multinode]')")
+    p.add_argument("--scheduler", default=None, metavar="NAME",
+                   help="the launcher's scheduler: local_cwd (nodes simulated on this machine), slurm, kubernetes, ...")
+    p.add_argument("--scheduler-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="one of the scheduler's run options (e.g. partition=gpu for slurm, queue=default for "
+                        "kubernetes); repeatable")
+
+
+def apply_nodes(args: argparse.Namespace) -> None:
+    """Check the placement (exit 2, one line, nothing written) and hand it to every trial this process
+    starts, through the environment."""
+    from autotune.core.errors import ConfigError
+    from autotune.trial import nodes
+
+    placement = nodes.parse(args.nodes, args.launcher, args.scheduler, args.scheduler_arg)
+    if placement.nodes > 1 and getattr(args, "global_batch", None):
+        # TrialConfig derives the accumulation from gpus alone: on N nodes the step would take N x the samples.
+        raise ConfigError(f"--global-batch with --nodes {placement.nodes} is not supported yet")
+    nodes.check(placement)
+    os.environ.update(placement.to_env())

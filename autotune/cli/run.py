@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._common import apply_skip_bad_data, check_folder, new_console, skip_bad_data_arg, workload_args
+from autotune.cli._common import (apply_nodes, apply_skip_bad_data, check_folder, new_console, nodes_args,
+                                  skip_bad_data_arg, workload_args)
 from autotune.core.errors import ExitCode
 
 
@@ -23,6 +24,7 @@ def register(sub: Any) -> None:
     t.add_argument("--steps", type=int, default=None, help="timed steps (default: the config's)")
     t.add_argument("--seconds", type=float, default=None, help="measure for this long instead of a step count")
     skip_bad_data_arg(t)
+    nodes_args(t)
     workload_args(t, inherited=True)
     t.set_defaults(func=cmd_trial)
 
@@ -79,6 +81,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         extra["profile"] = True
     out = Path(args.out) if args.out else Path(args.config).resolve().parent / "trial" / "result.json"
     check_folder(f"--out {out}", out.parent)
+    apply_nodes(args)
     cfg = _config(args, **extra)
     apply_skip_bad_data(args)
     trial_dir = out.parent

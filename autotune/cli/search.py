@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-from autotune.cli._common import (apply_cpus, check_folder, check_journal, cpus_arg, new_console, skip_bad_data_arg,
-                                  workload_args)
+from autotune.cli._common import (apply_cpus, apply_nodes, check_folder, check_journal, cpus_arg, new_console,
+                                  nodes_args, skip_bad_data_arg, workload_args)
 from autotune.core.config import LR_RULES, SAMPLERS
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
@@ -67,6 +67,7 @@ def register(sub: Any) -> None:
                    "peak; one that leaves less is infeasible and never exported (default 10%%)")
     skip_bad_data_arg(s)
     cpus_arg(s)
+    nodes_args(s)
     workload_args(s)
     s.set_defaults(func=cmd_search)
 
@@ -85,6 +86,7 @@ def register(sub: Any) -> None:
     w.add_argument("--cold-start", action="store_true", help="start every trial as a fresh interpreter")
     skip_bad_data_arg(w)
     cpus_arg(w)
+    nodes_args(w)
     w.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("storage-proxy", help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
@@ -115,6 +117,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)  # the default data goes there first
     check_journal(args.storage)
     apply_cpus(args)
+    apply_nodes(args)
     console = _console()
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
     # Checked before anything is written (the default data is made on first use).
@@ -151,6 +154,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)
     check_journal(args.storage)
     apply_cpus(args)
+    apply_nodes(args)
     settings = SearchSettings(
         budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,
         trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,

@@ -8,13 +8,14 @@ from typing import Any
 from collections.abc import Mapping
 
 from autotune.core.config import TrialConfig
+from autotune.trial.nodes import Placement
 
 # Keys that must match for timings to be comparable (the rest is informational: another host of the
 # same model, a driver update).
 COMPARED = ("gpu_names", "gpu_count", "gpu_memory", "gpu_mig", "cpu_model", "cpu_cores", "torch", "cuda", "cudnn",
-            "pipeline", "image_size")
+            "pipeline", "image_size", "nodes")
 # Compared keys added later: a fingerprint recorded before them lacks them, and says nothing either way.
-ADDED = frozenset({"gpu_memory", "gpu_mig", "cudnn"})
+ADDED = frozenset({"gpu_memory", "gpu_mig", "cudnn", "nodes"})
 # Per-GPU values read through NVML, None where it could not tell: unknown, so not a difference.
 PER_GPU = frozenset({"gpu_memory", "gpu_mig"})
 
@@ -99,6 +100,7 @@ def fingerprint(base: TrialConfig) -> dict[str, Any]:
         "cudnn": _cudnn() if gpus else None,  # its kernels and heuristics change the timings
         "pipeline": base.pipeline,
         "image_size": base.image_size,
+        "nodes": Placement.from_env().nodes,  # the session's --nodes: a trial's ranks span that many machines
         "host": platform.node(),
     }
 

@@ -18,6 +18,8 @@ from autotune.core import errors
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV, die_with_parent, process_identity, signal_groups
+from autotune.trial.nodes import Placement, launcher_for
+from autotune.trial.nodes import python_for as python_for  # `autotune train` starts its processes with it
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, WarmProcess, WarmServer, WarmServerError
 from autotune.trial.worker import LAUNCH_TIME_ENV
 
@@ -41,15 +43,11 @@ def worker_args(trial_dir: Path) -> list[str]:
             "--progress", str(trial_dir / "progress.jsonl")]
 
 
-def python_for(gpus: int) -> list[str]:
-    """The interpreter a trial or training run starts with: under torchrun, one rank per GPU, when gpus > 1."""
-    if gpus > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus)]
-    return [sys.executable]
-
-
 def command(cfg: TrialConfig, trial_dir: Path) -> list[str]:
-    return [*python_for(cfg.gpus), "-m", "autotune.trial", *worker_args(trial_dir)]
+    """The trial's one process: `python -m autotune.trial` on this machine (under torchrun for several
+    GPUs), or, with --nodes N, the node launcher's command that starts it on every node (trial/nodes.py)."""
+    placement = Placement.from_env()
+    return launcher_for(placement).command(placement, cfg.gpus, trial_dir, worker_args(trial_dir))
 
 
 class TrialGroups:
@@ -204,7 +202,7 @@ def _start(cfg: TrialConfig, trial_dir: Path, env: dict[str, str], log: IO[bytes
            server: WarmServer | None) -> subprocess.Popen[bytes] | WarmProcess:
     """Fork single-process trials from the warm server (torch already imported); cold otherwise,
     or when the server refuses. Either way: own process group, dies with its parent."""
-    if server is not None and cfg.gpus == 1:
+    if server is not None and cfg.gpus == 1 and Placement.from_env().nodes == 1:
         try:
             return server.spawn(worker_args(trial_dir), _with_cuda_expectation(env), os.getcwd(), log_path)
         except WarmServerError as e:
