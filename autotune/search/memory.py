@@ -146,6 +146,17 @@ def activations(cfg: TrialConfig, facts: ModelFacts) -> float:
     return max(0.0, per_sample) * cfg.batch_size * (0.5 if half else 1.0)
 
 
+def versus_peak(estimate: Mapping[str, Any] | None, peak: int | None) -> dict[str, Any] | None:
+    """A recorded estimate (Estimate.to_dict()) beside the measured peak: its parts, and its error as a
+    fraction of the peak (+: it overstated); None without both."""
+    if not estimate or not peak or not estimate.get("total"):
+        return None
+    parts = {f"{k}_bytes": int(estimate[k]) for k in ("total", "params", "grads", "optimizer", "activations", "runtime")
+             if estimate.get(k) is not None}
+    return {**parts, "strategy": estimate.get("strategy", ""), "peak_bytes": int(peak),
+            "error": round((int(estimate["total"]) - peak) / peak, 4)}
+
+
 # ---- fitting: the device's memory less the headroom ------------------------------------------------
 
 @dataclass(frozen=True)
@@ -211,4 +222,4 @@ def _strategies(space: SearchSpace, cfg: TrialConfig) -> list[TrialConfig]:
     return out
 
 
-__all__ = ["Estimate", "Fit", "ModelFacts", "estimate", "narrow", "strategy"]
+__all__ = ["Estimate", "Fit", "ModelFacts", "estimate", "narrow", "strategy", "versus_peak"]

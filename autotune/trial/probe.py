@@ -51,11 +51,13 @@ def run_probe(cfg: TrialConfig, folder: Path, timeout_s: float) -> dict[str, Any
 
 def measure(cfg: TrialConfig, batch: int = PROBE_BATCH) -> dict[str, Any]:
     """The facts of `cfg`'s pipeline, measured in this process."""
-    import psutil
+    import resource
+
     import torch
     from torch.utils.data import default_collate
 
     from autotune.pipelines import load_pipeline, stages_of
+    from autotune.trial import harness  # noqa: F401 - what a trial imports, so the runtime counts it too
 
     torch.manual_seed(cfg.seed)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -64,7 +66,6 @@ def measure(cfg: TrialConfig, batch: int = PROBE_BATCH) -> dict[str, Any]:
     dataset = pipeline.build_dataset()
     params = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    runtime = psutil.Process().memory_info().rss - param_bytes  # torch, the pipeline and its data, not the weights
     blocks = tuple(getattr(pipeline, "blocks", None) or stages_of(pipeline))
     sizes = [sum(p.numel() for p in model.get_submodule(name).parameters()) for name in blocks]
     model = model.to(device).train()
@@ -73,7 +74,14 @@ def measure(cfg: TrialConfig, batch: int = PROBE_BATCH) -> dict[str, Any]:
     stages = stages_of(pipeline)
     saved = SavedBytes(model, stages)
     with saved:
-        pipeline.loss(model(x), y)
+        loss = pipeline.loss(model(x), y)
+    # One training step, so that the process's peak RSS holds what a trial's does (backward's buffers,
+    # AdamW's state); the runtime is that peak less what the estimate counts itself: the weights, their
+    # grads, AdamW's 2 tensors each and the saved activations. Only a CPU's peak counts the process.
+    loss.backward()
+    torch.optim.AdamW(model.parameters(), foreach=False).step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    runtime = peak - 4 * param_bytes - saved.total
     return {"param_count": params, "largest_block_params": max(sizes, default=0),
             "blocks_param_count": min(params, sum(sizes)), "activation_bytes_per_sample": saved.total / batch,
             "stage_activation_bytes": [b / batch for b in saved.inside],
