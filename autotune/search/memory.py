@@ -28,6 +28,7 @@ MEMORY_KNOBS = ("gpus", "precision", "checkpoint_segments", "parallel", "fsdp_re
                 "fsdp_offload")
 # FSDP2 all-gathers the next block while the current one computes (forward and backward prefetch).
 UNSHARDED_BLOCKS = 2
+STAGE_FIGURES = ("stage_activation_bytes", "stage_input_bytes", "stage_before_bytes")
 
 
 @dataclass(frozen=True)
@@ -38,24 +39,26 @@ class ModelFacts:
     largest_block_params: int  # the largest of the pipeline's `blocks` (else stages; else the whole model)
     blocks_param_count: int  # all blocks together; the rest is the root's, unsharded throughout under FSDP
     activation_bytes_per_sample: float  # saved for backward, fp32, no checkpointing, parameters excluded
-    # Per checkpointable stage, in order: bytes saved inside it, and the bytes of its input (what a
-    # checkpointed stage keeps instead), both per sample. Empty: the pipeline declares no stages.
+    # Per checkpointable stage, in order, per sample: bytes saved inside it, the bytes of its input (what
+    # a checkpointed stage keeps instead), and bytes saved before it began. Empty: no stages declared.
     stage_activation_bytes: tuple[float, ...] = ()
     stage_input_bytes: tuple[float, ...] = ()
+    stage_before_bytes: tuple[float, ...] = ()
     runtime_bytes: int = 0  # the probe's RSS less its parameters: torch, the pipeline, its data (CPU only)
     device: str = "cpu"  # where the probe ran: cuda | cpu
     batch: int = 2  # the micro-batch it measured at
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["stage_activation_bytes"], d["stage_input_bytes"] = list(self.stage_activation_bytes), list(self.stage_input_bytes)
+        for k in STAGE_FIGURES:
+            d[k] = list(d[k])
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelFacts:
         names = set(cls.__dataclass_fields__)
         kw = {k: v for k, v in d.items() if k in names}
-        for k in ("stage_activation_bytes", "stage_input_bytes"):
+        for k in STAGE_FIGURES:
             kw[k] = tuple(kw.get(k) or ())
         return cls(**kw)
 
@@ -135,13 +138,10 @@ def activations(cfg: TrialConfig, facts: ModelFacts) -> float:
     - Linear in the micro-batch (cfg.batch_size per rank): the probe measured a small one and divided.
     - Half precision (autocast fp16/bf16, or FSDP's bf16 compute parameters) halves them; in truth
       less than half, since norms and losses keep fp32 copies.
-    - k checkpointed stages (the first k, as trial/knobs.py wraps them) keep only their inputs, and one
-      stage's activations are recomputed at a time in backward: the largest of them is added back."""
-    per_sample = facts.activation_bytes_per_sample
-    k = min(cfg.checkpoint_segments, len(facts.stage_activation_bytes), len(facts.stage_input_bytes))
-    if k:
-        inside = facts.stage_activation_bytes[:k]
-        per_sample = per_sample - sum(inside) + sum(facts.stage_input_bytes[:k]) + max(inside)
+    - k checkpointed stages (the first k, as trial/knobs.py wraps them) keep only their inputs. Their
+      insides come back one stage at a time in backward, when everything saved after that stage is
+      freed: the peak is the larger of the end of forward and the worst stage's recomputation."""
+    per_sample = _checkpointed(facts, cfg.checkpoint_segments)
     half = cfg.precision != "fp32" or (cfg.gpus > 1 and cfg.parallel == "fsdp" and cfg.fsdp_param_dtype == "bf16")
     return max(0.0, per_sample) * cfg.batch_size * (0.5 if half else 1.0)
 
@@ -155,6 +155,20 @@ def versus_peak(estimate: Mapping[str, Any] | None, peak: int | None) -> dict[st
              if estimate.get(k) is not None}
     return {**parts, "strategy": estimate.get("strategy", ""), "peak_bytes": int(peak),
             "error": round((int(estimate["total"]) - peak) / peak, 4)}
+
+
+def _checkpointed(facts: ModelFacts, segments: int) -> float:
+    """Peak saved bytes per sample with the first `segments` stages checkpointed (the whole figure at 0)."""
+    inside, inputs, before = facts.stage_activation_bytes, facts.stage_input_bytes, facts.stage_before_bytes
+    k = min(segments, len(inside), len(inputs), len(before))
+    if not k:
+        return facts.activation_bytes_per_sample
+    kept = [inputs[j] - inside[j] for j in range(k)]  # what checkpointing stage j changes (< 0: saves)
+    end_of_forward = facts.activation_bytes_per_sample + sum(kept)
+    # Recomputing stage j: what was saved before it (earlier checkpointed stages by their inputs), its
+    # input, and its insides again.
+    recompute = max(before[j] + sum(kept[:j]) + inputs[j] + inside[j] for j in range(k))
+    return max(end_of_forward, recompute)
 
 
 # ---- fitting: the device's memory less the headroom ------------------------------------------------

@@ -86,13 +86,14 @@ def measure(cfg: TrialConfig, batch: int = PROBE_BATCH) -> dict[str, Any]:
             "blocks_param_count": min(params, sum(sizes)), "activation_bytes_per_sample": saved.total / batch,
             "stage_activation_bytes": [b / batch for b in saved.inside],
             "stage_input_bytes": [b / batch for b in saved.inputs],
+            "stage_before_bytes": [b / batch for b in saved.before],
             "runtime_bytes": max(0, runtime), "device": device.type, "batch": batch}
 
 
 class SavedBytes:
     """Within `with`: the bytes of every tensor autograd saves (each storage once; parameters and buffers
-    never), in all and inside each of `stages` (dotted submodule names), and the bytes of each stage's
-    inputs: what a checkpointed stage keeps instead of its insides."""
+    never), in all and inside each of `stages` (dotted submodule names), the bytes of each stage's
+    inputs (what a checkpointed stage keeps instead of its insides), and those saved before it began."""
 
     def __init__(self, model: Any, stages: tuple[str, ...] = ()) -> None:
         import torch
@@ -101,6 +102,7 @@ class SavedBytes:
         self.total = 0
         self.inside = [0] * len(stages)
         self.inputs = [0] * len(stages)
+        self.before = [0] * len(stages)  # bytes saved before the stage was entered (forward order)
         self._seen = {_storage(t) for t in (*model.parameters(), *model.buffers())}
         self._active: list[int] = []  # stages entered and not yet left (innermost last)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
@@ -123,6 +125,7 @@ class SavedBytes:
         import torch
 
         self._active.append(i)
+        self.before[i] = self.total
         self.inputs[i] += sum(t.numel() * t.element_size() for t in args if isinstance(t, torch.Tensor))
 
     def _leave(self, i: int) -> None:
