@@ -10,6 +10,7 @@ Every approximation is stated where it is made. The estimate is recorded with ea
 measured peak, so its error is visible (apply/report.py); the session skips configs it says cannot fit
 (`narrow` before the study, `too_big` per proposal).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,8 +25,15 @@ from autotune.search.space import Choices, Fixed, SearchSpace, _spec_values
 FP32, HALF = 4, 2  # bytes per element
 GiB = 2**30
 # The knobs that change the estimate; the others (loader, layout, compile) are taken as not changing it.
-MEMORY_KNOBS = ("gpus", "precision", "checkpoint_segments", "parallel", "fsdp_reshard", "fsdp_param_dtype",
-                "fsdp_offload")
+MEMORY_KNOBS = (
+    "gpus",
+    "precision",
+    "checkpoint_segments",
+    "parallel",
+    "fsdp_reshard",
+    "fsdp_param_dtype",
+    "fsdp_offload",
+)
 # FSDP2 all-gathers the next block while the current one computes (forward and backward prefetch).
 UNSHARDED_BLOCKS = 2
 STAGE_FIGURES = ("stage_activation_bytes", "stage_input_bytes", "stage_before_bytes")
@@ -88,8 +96,15 @@ def strategy(cfg: TrialConfig) -> str:
         return "one process"
     if cfg.parallel != "fsdp":
         return f"ddp x{cfg.gpus}"
-    flags = [f for f, on in (("no reshard", not cfg.fsdp_reshard), ("bf16 params", cfg.fsdp_param_dtype == "bf16"),
-                             ("offload", cfg.fsdp_offload)) if on]
+    flags = [
+        f
+        for f, on in (
+            ("no reshard", not cfg.fsdp_reshard),
+            ("bf16 params", cfg.fsdp_param_dtype == "bf16"),
+            ("offload", cfg.fsdp_offload),
+        )
+        if on
+    ]
     return f"fsdp x{cfg.gpus}" + (f" ({', '.join(flags)})" if flags else "")
 
 
@@ -151,10 +166,17 @@ def versus_peak(estimate: Mapping[str, Any] | None, peak: int | None) -> dict[st
     fraction of the peak (+: it overstated); None without both."""
     if not estimate or not peak or not estimate.get("total"):
         return None
-    parts = {f"{k}_bytes": int(estimate[k]) for k in ("total", "params", "grads", "optimizer", "activations", "runtime")
-             if estimate.get(k) is not None}
-    return {**parts, "strategy": estimate.get("strategy", ""), "peak_bytes": int(peak),
-            "error": round((int(estimate["total"]) - peak) / peak, 4)}
+    parts = {
+        f"{k}_bytes": int(estimate[k])
+        for k in ("total", "params", "grads", "optimizer", "activations", "runtime")
+        if estimate.get(k) is not None
+    }
+    return {
+        **parts,
+        "strategy": estimate.get("strategy", ""),
+        "peak_bytes": int(peak),
+        "error": round((int(estimate["total"]) - peak) / peak, 4),
+    }
 
 
 def _checkpointed(facts: ModelFacts, segments: int) -> float:
@@ -172,6 +194,7 @@ def _checkpointed(facts: ModelFacts, segments: int) -> float:
 
 
 # ---- fitting: the device's memory less the headroom ------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -192,8 +215,10 @@ class Fit:
         if need <= self.usable:
             return None
         where = "per rank" if self.cuda or cfg.gpus == 1 else f"for {cfg.gpus} ranks sharing the RAM"
-        return (f"batch {cfg.batch_size} under {est.strategy}: estimated {gib(need)} {where} > {gib(self.usable)} "
-                "usable; skipped")
+        return (
+            f"batch {cfg.batch_size} under {est.strategy}: estimated {gib(need)} {where} > {gib(self.usable)} "
+            "usable; skipped"
+        )
 
 
 def gib(n: float) -> str:
@@ -209,24 +234,36 @@ def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace
     keep = baseline_of(base).batch_size
     dropped: dict[int, tuple[int, str]] = {}
     for b in _spec_values(spec):
-        least = min(((fit.needed(e, c.gpus), e.strategy) for c in _strategies(space, base.replace(batch_size=b))
-                     for e in [estimate(c, fit.facts)]), default=None)
+        least = min(
+            (
+                (fit.needed(e, c.gpus), e.strategy)
+                for c in _strategies(space, base.replace(batch_size=b))
+                for e in [estimate(c, fit.facts)]
+            ),
+            default=None,
+        )
         if least is not None and least[0] > fit.usable and b != keep:
             dropped[b] = least
     if not dropped:
         return space, []
     kept = tuple(v for v in _spec_values(spec) if v not in dropped)
     knobs = {**space.knobs, "batch_size": Fixed(kept[0]) if len(kept) == 1 else Choices(kept)}
-    notes = [f"batch_size: dropped {b} (batch {b}: estimated {gib(need)} per rank even under {how}, "
-             f"> {gib(fit.usable)} usable)" for b, (need, how) in dropped.items()]
+    notes = [
+        f"batch_size: dropped {b} (batch {b}: estimated {gib(need)} per rank even under {how}, "
+        f"> {gib(fit.usable)} usable)"
+        for b, (need, how) in dropped.items()
+    ]
     return SearchSpace(knobs=knobs, source=space.source), notes
 
 
 def _strategies(space: SearchSpace, cfg: TrialConfig) -> list[TrialConfig]:
     """Every combination of the memory knobs the space allows, at cfg's batch size. Invalid ones (a
     global batch that a GPU count does not divide) are left out."""
-    axes = [[(k, v) for v in (_spec_values(space.knobs[k]) if k in space.knobs else [getattr(cfg, k)])]
-            for k in MEMORY_KNOBS if hasattr(cfg, k)]
+    axes = [
+        [(k, v) for v in (_spec_values(space.knobs[k]) if k in space.knobs else [getattr(cfg, k)])]
+        for k in MEMORY_KNOBS
+        if hasattr(cfg, k)
+    ]
     out = []
     for combo in itertools.product(*axes):
         try:

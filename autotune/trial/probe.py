@@ -10,6 +10,7 @@ parameters, or do not grow with the batch). search/memory.py turns the facts int
 It runs in its own process so that the search process stays light (no model in it) and a model that
 does not fit takes down only the probe. `run_probe` starts it and reads its JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,14 @@ def run_probe(cfg: TrialConfig, folder: Path, timeout_s: float) -> dict[str, Any
     cmd = [sys.executable, "-m", "autotune.trial.probe", "--config", str(folder / "config.json"), "--out", str(out)]
     with log.open("wb") as f:
         try:
-            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True,
-                                  preexec_fn=die_with_parent).returncode
+            code = subprocess.run(
+                cmd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            ).returncode
         except subprocess.TimeoutExpired:
             raise ProbeError(f"no result after {timeout_s:.0f} s") from None
     if code != 0 or not out.is_file():
@@ -82,12 +89,18 @@ def measure(cfg: TrialConfig, batch: int = PROBE_BATCH) -> dict[str, Any]:
     torch.optim.AdamW(model.parameters(), foreach=False).step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     runtime = peak - 4 * param_bytes - saved.total
-    return {"param_count": params, "largest_block_params": max(sizes, default=0),
-            "blocks_param_count": min(params, sum(sizes)), "activation_bytes_per_sample": saved.total / batch,
-            "stage_activation_bytes": [b / batch for b in saved.inside],
-            "stage_input_bytes": [b / batch for b in saved.inputs],
-            "stage_before_bytes": [b / batch for b in saved.before],
-            "runtime_bytes": max(0, runtime), "device": device.type, "batch": batch}
+    return {
+        "param_count": params,
+        "largest_block_params": max(sizes, default=0),
+        "blocks_param_count": min(params, sum(sizes)),
+        "activation_bytes_per_sample": saved.total / batch,
+        "stage_activation_bytes": [b / batch for b in saved.inside],
+        "stage_input_bytes": [b / batch for b in saved.inputs],
+        "stage_before_bytes": [b / batch for b in saved.before],
+        "runtime_bytes": max(0, runtime),
+        "device": device.type,
+        "batch": batch,
+    }
 
 
 class SavedBytes:
@@ -158,8 +171,9 @@ def _nbytes(t: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotune.trial.probe",
-                                     description="Measure a pipeline's model facts for the memory estimate.")
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune.trial.probe", description="Measure a pipeline's model facts for the memory estimate."
+    )
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--batch", type=int, default=PROBE_BATCH)

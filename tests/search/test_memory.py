@@ -1,5 +1,6 @@
 """The memory estimate's arithmetic against figures worked by hand, and the narrowing it drives: a
 micro-batch no strategy fits is dropped (and said), a proposal too big is named in one line."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,16 @@ from autotune.search.space import Choices, Fixed, SearchSpace
 
 # 1M parameters, 800k of them in blocks (the largest 200k); 1 MB saved per sample, 300 kB inside each
 # of 2 stages, which take 10 kB inputs; 100 kB saved before the first stage, 400 kB before the second.
-FACTS = ModelFacts(param_count=1_000_000, largest_block_params=200_000, blocks_param_count=800_000,
-                   activation_bytes_per_sample=1_000_000, stage_activation_bytes=(300_000, 300_000),
-                   stage_input_bytes=(10_000, 10_000), stage_before_bytes=(100_000, 400_000), device="cuda")
+FACTS = ModelFacts(
+    param_count=1_000_000,
+    largest_block_params=200_000,
+    blocks_param_count=800_000,
+    activation_bytes_per_sample=1_000_000,
+    stage_activation_bytes=(300_000, 300_000),
+    stage_input_bytes=(10_000, 10_000),
+    stage_before_bytes=(100_000, 400_000),
+    device="cuda",
+)
 CFG = TrialConfig(batch_size=4)
 
 
@@ -105,8 +113,10 @@ def test_narrowing_drops_the_batches_no_strategy_fits_and_says_so() -> None:
     # 16 MB of state + 1 MB a sample on one process (the least here; DDP adds buckets): 30 MB fits 8 and 4
     narrowed, notes = narrow(space, TrialConfig(), Fit(FACTS, usable=30_000_000, cuda=True))
     assert narrowed["batch_size"] == Choices((4, 8))
-    assert notes == [f"batch_size: dropped {b} (batch {b}: estimated {s} per rank even under one process, > 0.03 "
-                     "GiB usable)" for b, s in ((16, "0.03 GiB"), (32, "0.04 GiB"))]
+    assert notes == [
+        f"batch_size: dropped {b} (batch {b}: estimated {s} per rank even under one process, > 0.03 GiB usable)"
+        for b, s in ((16, "0.03 GiB"), (32, "0.04 GiB"))
+    ]
 
 
 def test_narrowing_counts_every_strategy_the_space_offers() -> None:

@@ -5,6 +5,7 @@ the first weight's grad), the ReLU's output (16, kept once though the ReLU and t
 save it), the output and the target (4 + 4, for the loss): 32 floats, 128 bytes. The weights it saves
 (transposed views) are parameters, counted as such.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """The probe measures the model facts the memory estimate needs, in a process of its own: parameter
 counts, and the bytes autograd saves for backward, which agree with the figures worked by hand."""
+
 from __future__ import annotations
 
 from pathlib import Path
