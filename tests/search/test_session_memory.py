@@ -141,3 +141,14 @@ def test_a_real_cpu_search_records_the_estimate_beside_the_peak(
     assert mem["error"] == pytest.approx((mem["total_bytes"] - mem["peak_bytes"]) / mem["peak_bytes"], abs=1e-4)
     rows = memory_rows(session.study)
     assert len(rows) == len(session.study.trials) and all(r[6].endswith("%") for r in rows)
+
+
+def test_a_worker_sizes_configs_with_the_facts_its_study_stored(
+    tmp_path: Path, small_machine: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = settings(tmp_path, "knobs:\n  batch_size: [4, 8]\n")
+    SearchSession.create(s, warm=False, say=print)
+    monkeypatch.setattr(session_module, "run_probe", lambda *a: pytest.fail("a worker must not probe again"))
+    worker = SearchSession.join(s, None, warm=False, say=print)
+    assert worker.fit is not None and worker.fit.facts == FACTS and not worker.fit.cuda
+    assert worker.fit.usable == session_module.memory_bytes(False)  # this machine's RAM, --memory-headroom 0
