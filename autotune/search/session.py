@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -313,8 +314,9 @@ def _probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: S
     if hw.memory_bytes is None:
         say("memory: the device's memory is unknown, so configs are not sized before launch")
         return None
-    try:
-        facts = run_probe(base, Path(settings.studies_dir) / settings.study / "probe", PROBE_TIMEOUT_S)
+    try:  # in a folder of its own that goes with it: nothing is written before the study is opened
+        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
+            facts = run_probe(base, Path(folder), PROBE_TIMEOUT_S)
     except ProbeError as e:
         say(f"memory: no estimate, the model could not be probed ({e}); configs are not sized before launch")
         return None

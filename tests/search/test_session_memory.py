@@ -19,6 +19,7 @@ from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import feasible
 from autotune.search.session import MEMORY_PROBE_ENV, SearchSession
 from autotune.search.space import Hardware, SearchSpace
+from autotune.trial.probe import ProbeError
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 MiB = 2**20
@@ -152,3 +153,19 @@ def test_a_worker_sizes_configs_with_the_facts_its_study_stored(
     worker = SearchSession.join(s, None, warm=False, say=print)
     assert worker.fit is not None and worker.fit.facts == FACTS and not worker.fit.cuda
     assert worker.fit.usable == session_module.memory_bytes(False)  # this machine's RAM, --memory-headroom 0
+
+
+def test_a_model_that_cannot_be_probed_is_said_and_the_search_goes_on(
+    tmp_path: Path, small_machine: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*a: Any) -> dict[str, Any]:
+        raise ProbeError("exited with code 1: RuntimeError: boom")
+
+    monkeypatch.setattr(session_module, "run_probe", refuse)
+    said: list[str] = []
+    session = SearchSession.create(settings(tmp_path, "knobs:\n  batch_size: [4, 64]\n"), warm=False, say=said.append)
+    assert session.fit is None
+    assert any(
+        line.startswith("memory: no estimate, the model could not be probed (exited with code 1") for line in said
+    )
+    assert not (tmp_path / "studies").exists() or not list((tmp_path / "studies").rglob("probe"))
