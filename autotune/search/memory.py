@@ -112,8 +112,8 @@ def estimate(cfg: TrialConfig, facts: ModelFacts) -> Estimate:
     """Bytes per rank for `cfg`. Approximations:
     - Parameters and their gradients are fp32 (autocast computes in half precision, but the weights
       and their grads stay fp32); AdamW keeps 2 fp32 tensors per parameter (exp_avg, exp_avg_sq).
-    - The sum of the parts is the peak: gradients fill while activations are freed in backward, so it
-      overstates the backward peak by up to the gradients. Optimizer temporaries (foreach's
+    - The parts are summed into the peak, though gradients fill while activations are freed in
+      backward: with set_to_none=True that overstates the backward peak by up to the gradients. Optimizer temporaries (foreach's
       intermediates) come after the activations are freed and are left out; so are the transient
       gradients of activations, cuDNN workspaces and the caching allocator's fragmentation (the
       measured CUDA peak is *reserved* memory, which that fragmentation inflates)."""
