@@ -13,6 +13,7 @@ measured peak, so its error is visible (apply/report.py); the session skips conf
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -207,6 +208,12 @@ class Fit:
     def needed(self, est: Estimate, world: int) -> int:
         # CPU ranks are processes sharing one RAM; CUDA ranks each have a device of their own.
         return est.total if self.cuda else est.total * world
+
+    def calibrated(self, estimate: Mapping[str, Any], peak: int) -> Fit:
+        """This Fit with the process's own share (on a CPU, where the peak is the RSS) taken from a measured
+        trial: its peak less the other parts of its estimate (Estimate.to_dict())."""
+        runtime = max(0, peak - (int(estimate["total"]) - int(estimate.get("runtime") or 0)))
+        return dataclasses.replace(self, facts=dataclasses.replace(self.facts, runtime_bytes=runtime))
 
     def too_big(self, cfg: TrialConfig) -> str | None:
         """One line when `cfg`'s estimate exceeds what is usable, else None."""

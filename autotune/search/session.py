@@ -73,6 +73,7 @@ class SearchSession:
                  warm: bool = True, say: Say = print, fit: memory.Fit | None = None) -> None:
         self.study, self.space, self.settings = study, space, settings
         self.fit = fit  # what a config's memory estimate must fit in; None: not estimated
+        self._calibrated = False  # a CPU's own share of the peak, set by the first trial (_calibrate)
         self.warm, self.say = warm, say
         self._data_failures = 0
         self._stopped: str | None = None
@@ -210,6 +211,7 @@ class SearchSession:
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(left), events, server)
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
+            self._calibrate(frozen)
             _retry_if_contended(self.study, frozen)
             classes.check_if_it_matters(self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say,
                                         budget)
@@ -244,6 +246,21 @@ class SearchSession:
             events.finished(self.study.tell(trial, 0.0))
             return True
         return False
+
+    def _calibrate(self, frozen: optuna.trial.FrozenTrial) -> None:
+        """On a CPU the peak is the process's RSS, and a trial forked from the warm server holds less of it
+        than the probe's cold start did (a fork maps its libraries' pages only as it touches them): the
+        first one-process trial measured sets the process's own share for every estimate after it."""
+        fit, record = self.fit, TrialRecord.from_frozen(frozen)
+        estimate, peak = record.memory_estimate, record.metrics.get("peak_memory_bytes")
+        if (fit is None or fit.facts.device != "cpu" or self._calibrated or not estimate or not peak
+                or record.config.get("gpus", 1) != 1 or frozen.state != optuna.trial.TrialState.COMPLETE):
+            return
+        self.fit, self._calibrated = fit.calibrated(estimate, int(peak)), True
+        runtime = self.fit.facts.runtime_bytes
+        self.say(f"memory: the trial process itself holds {runtime / 2**20:.0f} MiB (trial {frozen.number}'s peak "
+                 f"less its estimate's parts; the probe's cold start held {fit.facts.runtime_bytes / 2**20:.0f} MiB): "
+                 "later estimates count that")
 
     def _finishes(self) -> bool:
         """`search` finishes its own run; a fleet's worker only when it is the last one still running."""

@@ -127,3 +127,11 @@ def test_narrowing_counts_every_strategy_the_space_offers() -> None:
     assert narrow(space, base, fit) == (space, [])
     narrowed, notes = narrow(space, TrialConfig(), fit)  # DDP only: 20 MB of state alone
     assert narrowed["batch_size"] == Fixed(8) and len(notes) == 1  # the baseline's batch is never dropped
+
+
+def test_a_measured_peak_calibrates_the_process_share() -> None:
+    cpu = Fit(ModelFacts(**{**FACTS.to_dict(), "device": "cpu", "runtime_bytes": 800}), usable=10**9, cuda=False)
+    before = estimate(CFG, cpu.facts)
+    after = cpu.calibrated(before.to_dict(), peak=20_000_300)  # 20 MB of parts, so the process holds 300
+    assert after.facts.runtime_bytes == 300 and estimate(CFG, after.facts).total == 20_000_300
+    assert after.usable == cpu.usable and cpu.facts.runtime_bytes == 800  # a new Fit; the old one unchanged

@@ -122,26 +122,38 @@ def test_a_proposal_too_big_is_written_off_unrun_and_the_baseline_still_runs(
 
 @pytest.mark.slow
 def test_a_real_cpu_search_records_the_estimate_beside_the_peak(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_on_path: Path
 ) -> None:
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
-    s = settings(tmp_path, "knobs:\n  batch_size: [4, 8]\n", n_trials=2, memory_headroom=0.1)
-    session = SearchSession.create(s, warm=False, say=print)
+    said: list[str] = []
+    s = settings(tmp_path, "knobs:\n  batch_size: [4, 8]\n", n_trials=3, memory_headroom=0.1)
+    session = SearchSession.create(s, warm=True, say=said.append)  # trials forked from the warm server
     outcome = session.run()
     facts = StudyRecord.of(session.study).model_facts
     assert facts is not None and facts["param_count"] == 3 * 8 * 9 + 8 + 8 + 1  # the tiny pipeline's two convs
-    for t in session.study.get_trials(deepcopy=False):
+    # The first trial measured sets the process's own share of a CPU's peak (a fork holds less than the
+    # probe's cold start); every estimate after it is within a tenth of the peak.
+    assert any(line.startswith("memory: the trial process itself holds") for line in said), said
+    run = [
+        t
+        for t in session.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if TrialRecord.from_frozen(t).repeat_of is None
+    ]  # not a contended trial's re-run left waiting
+    for t in run:
         record = TrialRecord.from_frozen(t)
-        estimate, peak = record.memory_estimate, record.metrics["peak_memory_bytes"]
-        assert estimate is not None and peak
-        # On a CPU the process dominates (torch and the libraries, measured by the probe): within a third.
-        assert abs(estimate["total"] - peak) / peak < 1 / 3, (estimate, peak)
+        assert record.memory_estimate is not None and record.metrics["peak_memory_bytes"]
+    for t in run[1:]:
+        estimate, peak = (
+            TrialRecord.from_frozen(t).memory_estimate,
+            TrialRecord.from_frozen(t).metrics["peak_memory_bytes"],
+        )
+        assert abs(estimate["total"] - peak) / peak < 0.1, (t.number, estimate, peak)  # type: ignore[index]
     best = yaml.safe_load(outcome.best_yaml.read_text())  # type: ignore[union-attr]
     mem = best["metrics"]["memory_estimate"]
     assert mem["peak_bytes"] == best["metrics"]["peak_memory_bytes"]
     assert mem["error"] == pytest.approx((mem["total_bytes"] - mem["peak_bytes"]) / mem["peak_bytes"], abs=1e-4)
     rows = memory_rows(session.study)
-    assert len(rows) == len(session.study.trials) and all(r[6].endswith("%") for r in rows)
+    assert len(rows) == len(run) and all(r[6].endswith("%") for r in rows)
 
 
 def test_a_worker_sizes_configs_with_the_facts_its_study_stored(
