@@ -60,6 +60,8 @@ def small_machine(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
     )
     monkeypatch.setattr(session_module, "run_probe", lambda cfg, folder, timeout_s: FACTS.to_dict())
+    # The machine is pretend, the trials' RSS real (hundreds of MiB): no calibrating the one by the other.
+    monkeypatch.setattr(SearchSession, "_calibrate", lambda self, frozen: None)
 
 
 def test_micro_batches_that_cannot_fit_are_dropped_before_the_study_and_said(
