@@ -215,6 +215,46 @@ def confirmation_html(study: Any) -> str:
             + _table(CONFIRMATION_COLUMNS, rows) + "</section>")
 
 
+# The memory estimate made before launch (search/memory.py) beside the peak each trial measured.
+MEMORY_COLUMNS = ("trial", "role", "batch", "strategy", "estimate MiB", "peak MiB", "error",
+                  "params / grads / optimizer / activations / runtime MiB")
+
+
+def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
+    """One row of text cells per trial with an estimate, in trial order (`top`: the last ones only);
+    a config written off before launch shows "skipped" for its peak. The terminal (`show`) and the
+    HTML report print these."""
+    from autotune.search.memory import versus_peak
+    from autotune.search.records import TrialRecord
+
+    def mib(x: Any) -> str:
+        return f"{x / 2**20:.0f}" if x is not None else "-"
+
+    rows: list[tuple[str, ...]] = []
+    for t in study.get_trials(deepcopy=False):
+        r = TrialRecord.from_frozen(t)
+        est = r.memory_estimate
+        if not est or r.repeat_of is not None:  # a reused figure: its first trial's row says it
+            continue
+        peak = r.metrics.get("peak_memory_bytes")
+        mine = versus_peak(est, peak)
+        parts = " / ".join(mib(est.get(k)) for k in ("params", "grads", "optimizer", "activations", "runtime"))
+        rows.append((str(t.number), r.role, str(r.config.get("batch_size", "-")), str(est.get("strategy", "")),
+                     mib(est.get("total")), "skipped" if r.reason == "memory_estimate" else mib(peak),
+                     f"{mine['error']:+.0%}" if mine else "-", parts))
+    return rows[-top:] if top else rows
+
+
+def memory_html(study: Any) -> str:
+    rows = memory_rows(study)
+    head = '<section id="memory"><h2>Memory estimate vs measured peak</h2>'
+    if not rows:
+        return head + "<p class=note>no trial recorded a memory estimate</p></section>"
+    return (head + "<p>Estimated per rank before launch from the parameter count and one measured activation "
+            "figure; error = (estimate - peak) / peak.</p>" + _table(MEMORY_COLUMNS, rows, long=("strategy",))
+            + "</section>")
+
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f0f0f0}.note{color:#666;font-style:italic}section{margin:2em 0}
@@ -268,6 +308,7 @@ def write_report(study: Any, out: Path) -> list[Path]:
         _table(("", ""), summary, long=("",)),
         '<section id="leaderboard"><h2>Leaderboard</h2>', leaderboard_html(study), "</section>",
         confirmation_html(study),
+        memory_html(study),
         *parts,
         '<section id="fingerprint"><h2>Fingerprint</h2>',
         _table(("key", "value"), list(fp.items()), long=("value",)) if fp else "<p class=note>none recorded</p>",

@@ -63,9 +63,15 @@ def _study(args: argparse.Namespace) -> Any:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from autotune.apply.display import confirmation_table, leaderboard_table, order_note
+    from autotune.apply.fit_table import FitTable
+    from autotune.apply.report import MEMORY_COLUMNS, memory_rows
 
     console, study = new_console(), _study(args)
     console.print(leaderboard_table(study, args.top))
+    memory = memory_rows(study, args.top)
+    if memory:
+        console.print(FitTable(f"memory: estimate before launch vs measured peak, last {len(memory)} trials",
+                               MEMORY_COLUMNS, memory, long=(MEMORY_COLUMNS[-1],), left=("role", "strategy")))
     confirmed = confirmation_table(study)
     if confirmed is not None:
         console.print(confirmed)

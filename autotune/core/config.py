@@ -53,6 +53,11 @@ class TrialConfig:
     prefetch_factor: int | None = None
     set_to_none: bool = True  # torch's own default since 2.0, so the baseline keeps it
     num_threads: int = 0  # 0 = torch's default intra-op thread count
+    parallel: str = "ddp"  # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
+    fsdp_reshard: bool = True  # reshard_after_forward: True frees params after forward (ZeRO-3), False keeps them (ZeRO-2)
+    fsdp_param_dtype: str = "fp32"  # MixedPrecisionPolicy(param_dtype): fp32 | bf16
+    fsdp_reduce_dtype: str = "fp32"  # MixedPrecisionPolicy(reduce_dtype): fp32 | bf16
+    fsdp_offload: bool = False  # CPUOffloadPolicy: params, grads and optimizer state live in host memory
     # workload
     pipeline: str = "unet"
     data_dir: str | None = None

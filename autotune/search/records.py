@@ -62,6 +62,18 @@ class ConfirmationSummary(TypedDict, total=False):
     trial_s: float | None
 
 
+class MemoryEstimate(TypedDict, total=False):
+    """search/memory.py's Estimate.to_dict(): bytes per rank by what holds them, before launch."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    runtime: int  # the process itself (CPU only)
+    total: int
+    strategy: str  # "one process", "ddp x2", "fsdp x4 (offload)"
+
+
 class WorkerEntry(TypedDict, total=False):
     """A fleet worker: who it is, and whether it is still running."""
 
@@ -90,6 +102,8 @@ class TrialRecord:
     repeat_of: int | None = None  # the sampler proposed a config already measured there: not run again
     training_math: tuple[str, ...] | None = None  # how its training differs from the baseline's; () = same
     retry_of: int | None = None  # a re-run of that trial, whose measurement was contended
+    # search/memory.py's estimate, made before launch; shown beside the measured peak (metrics)
+    memory_estimate: MemoryEstimate | None = None
 
     @classmethod
     def of(cls, t: Trial) -> TrialRecord:
@@ -114,7 +128,7 @@ class TrialRecord:
         """Only what is set, so writing a record never erases what another writer stored."""
         out: dict[str, Any] = {"role": self.role}
         for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of",
-                    "retry_of"):
+                    "retry_of", "memory_estimate"):
             value = getattr(self, key)
             # By identity, not ==: trial 0 (repeat_of=0, retry_of=0) must not read as "unset" (0 == False).
             if value is None or value is False or value == "" or (isinstance(value, Mapping) and not value):
@@ -190,6 +204,7 @@ class StudyRecord:
     confirm_rounds: int | None = None  # the search's confirmation, run by the worker that finishes last
     confirm_top: int | None = None
     ablation: list[Any] | None = None  # `autotune ablate`'s steps (apply/ablate.py), written by write_ablation
+    model_facts: Mapping[str, Any] | None = None  # memory.ModelFacts.to_dict(), probed once; write_model_facts
 
     @classmethod
     def of(cls, study: optuna.Study | StudySummary) -> StudyRecord:
@@ -207,6 +222,11 @@ class StudyRecord:
 def write_ablation(study: optuna.Study, steps: list[Any]) -> None:
     """`autotune ablate`'s steps alone (StudyRecord.write would write every field)."""
     study.set_user_attr("ablation", steps)
+
+
+def write_model_facts(study: optuna.Study, facts: Mapping[str, Any]) -> None:
+    """The memory estimate's model facts alone, as the process that probed them measured them."""
+    study.set_user_attr("model_facts", dict(facts))
 
 
 # ---- the end of a search: confirmation, parity, class checks -------------------------------------------

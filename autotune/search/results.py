@@ -14,6 +14,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.training import section, shown, step_changed
 from autotune.core.urls import mask_url
 from autotune.search import records
+from autotune.search.memory import versus_peak
 from autotune.search.records import StoredVerdict, StudyRecord, TrialRecord
 from autotune.search.storage import DEFAULT_STORAGE
 
@@ -178,9 +179,12 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         cfg, record.result(), baseline_samples_per_s=baseline_sps(study), environment=study_record.fingerprint,
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
         reproduce=f"autotune trial --config {out or 'best.yaml'}")
+    # The estimate made before launch beside the peak it measured, so the estimate's error is in view.
+    estimate = versus_peak(record.memory_estimate, record.metrics.get("peak_memory_bytes"))
     export = dataclasses.replace(export, training_math=section(cfg, record.training_math),
                                  parity=records.parity_verdict(study, best.number)
-                                 or class_verdict(study, best), checks=checks_summary(study))
+                                 or class_verdict(study, best), checks=checks_summary(study),
+                                 metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})})
     if rounds is None:
         return export
     # Every figure from the same rounds: the speedup is median over median, so samples/s is the median too

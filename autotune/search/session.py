@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,17 +27,18 @@ from autotune.core.config import SearchSettings, TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
-from autotune.search import _optuna, classes, finish, fleet, micro_batch, records
+from autotune.search import _optuna, classes, finish, fleet, memory, micro_batch, records
 from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.folders import end_folder
 from autotune.search.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
-from autotune.search.runner import Events, measured, reuse, run_one
-from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, resolve
+from autotune.search.runner import FEASIBLE_KEY, Events, measured, reuse, run_one
+from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, memory_bytes, resolve
 from autotune.search.space_file import load_space
 from autotune.search.storage import check_writable, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
+from autotune.trial.probe import ProbeError, run_probe
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 Say = Callable[[str], None]
@@ -45,6 +47,9 @@ Progress = Callable[[int, int], None]
 DATA_FAILURES_TO_STOP = 3
 # Proposals of already-measured configs in a row before the search ends: a small space is exhausted.
 REPEATS_TO_STOP = 25
+# "0" skips the memory estimate (its probe is one more process that imports torch, at every start).
+MEMORY_PROBE_ENV = "AUTOTUNE_MEMORY_PROBE"
+PROBE_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -65,8 +70,10 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 class SearchSession:
     def __init__(self, study: optuna.Study, space: SearchSpace, settings: SearchSettings, *,
-                 warm: bool = True, say: Say = print) -> None:
+                 warm: bool = True, say: Say = print, fit: memory.Fit | None = None) -> None:
         self.study, self.space, self.settings = study, space, settings
+        self.fit = fit  # what a config's memory estimate must fit in; None: not estimated
+        self._calibrated = False  # a CPU's own share of the peak, set by the first trial (_calibrate)
         self.warm, self.say = warm, say
         self._data_failures = 0
         self._stopped: str | None = None
@@ -87,9 +94,11 @@ class SearchSession:
             study = open_study(settings, open_storage(settings.storage), {}, space, None)
             return cls(study, space, settings, warm=warm, say=say)
         _check_data(pipeline, settings, say, progress)
-        space, hw = _resolve(space, pipeline, settings.base, say)
+        space, hw, fit = _resolve(space, pipeline, settings, settings.base, say)
         study = open_study(settings, open_storage(settings.storage), fingerprint(settings.base), space, hw)
-        return cls(study, space, settings, warm=warm, say=say)
+        if fit is not None:
+            records.write_model_facts(study, fit.facts.to_dict())
+        return cls(study, space, settings, warm=warm, say=say, fit=fit)
 
     @classmethod
     def join(cls, settings: SearchSettings, data: str | None, *, warm: bool = True, say: Say = print,
@@ -105,7 +114,9 @@ class SearchSession:
         _check_data(pipeline, settings, say, progress)
         space = SearchSpace.from_dict(record.space)
         if not record.resolved and _claim(study):  # the first worker of a `--create-only` study decides
-            space, hw = _resolve(space, pipeline, base, say)
+            space, hw, fit = _resolve(space, pipeline, settings, base, say)
+            if fit is not None:  # before `resolved`: the workers waiting for it read the facts next
+                records.write_model_facts(study, fit.facts.to_dict())
             dataclasses.replace(record, space=space.to_dict(), fingerprint=fingerprint(base), resolved=True).write(study)
             enqueue_starts(study, base, space, hw)
         record = _resolved(study)
@@ -118,7 +129,7 @@ class SearchSession:
         settings = dataclasses.replace(settings, base=base, trial_timeout_s=timeout, **{
             k: getattr(record, k) for k in ("memory_headroom", "parity_steps", "confirm_rounds", "confirm_top")
             if getattr(record, k) is not None})
-        session = cls(study, space, settings, warm=warm, say=say)
+        session = cls(study, space, settings, warm=warm, say=say, fit=_stored_fit(record, settings.memory_headroom))
         session.fleet_key = fleet.register(study)
         return session
 
@@ -187,20 +198,12 @@ class SearchSession:
                 fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
-            label = classes.label_of(self.study, cfg) if TrialRecord.of(trial).role == "search" else None
-            verdict = classes.failed(self.study, label)
-            earlier = None
-            if verdict is not None:  # its training math failed its check: told infeasible, not run
-                events.finished(classes.write_off(self.study, trial, cfg, label, verdict))  # type: ignore[arg-type]
-            else:
-                earlier = measured(self.study, cfg) if TrialRecord.of(trial).role == "search" else None
-                if earlier is not None:
-                    events.finished(reuse(self.study, trial, earlier))
-            if verdict is not None or earlier is not None:
+            if self._told_unrun(trial, cfg, events):
                 repeats += 1
                 if repeats >= REPEATS_TO_STOP:
-                    self.say(f"autotune: the sampler proposed only configs already measured or in a failed class, "
-                             f"{repeats} times in a row: the space looks exhausted, so the search ends here")
+                    self.say(f"autotune: the sampler proposed only configs already measured, in a failed class or "
+                             f"too big for memory, {repeats} times in a row: the space looks exhausted, so the "
+                             "search ends here")
                     return
                 continue
             repeats = 0
@@ -208,12 +211,56 @@ class SearchSession:
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(left), events, server)
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
+            self._calibrate(frozen)
             _retry_if_contended(self.study, frozen)
             classes.check_if_it_matters(self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say,
                                         budget)
             yield frozen
             if self._stop_for_data(frozen):
                 return
+
+    def _told_unrun(self, trial: optuna.Trial, cfg: TrialConfig, events: Events) -> bool:
+        """Tell a proposal without running it, when its class failed its check, it was measured already, or
+        its memory estimate exceeds what is usable; else record its estimate and return False (run it)."""
+        role = TrialRecord.of(trial).role
+        label = classes.label_of(self.study, cfg) if role == "search" else None
+        verdict = classes.failed(self.study, label)
+        if verdict is not None:  # its training math failed its check: told infeasible, not run
+            events.finished(classes.write_off(self.study, trial, cfg, label, verdict))  # type: ignore[arg-type]
+            return True
+        earlier = measured(self.study, cfg) if role == "search" else None
+        if earlier is not None:
+            events.finished(reuse(self.study, trial, earlier))
+            return True
+        if self.fit is None:
+            return False
+        estimate = memory.estimate(cfg, self.fit.facts).to_dict()
+        records.write(trial, TrialRecord(role=role, config=cfg.knobs(), memory_estimate=estimate))  # type: ignore[arg-type]
+        short = self.fit.too_big(cfg)
+        if short is not None and role == "baseline":  # the reference is always measured: said, never dropped
+            self.say(f"autotune: the baseline may not fit ({short.removesuffix('; skipped')}); measuring it anyway")
+        elif short is not None:
+            # Infeasible like an OOM (a constraint), without the minutes an OOM can take to happen.
+            records.write(trial, TrialRecord(role=role, reason="memory_estimate", message=short))
+            trial.set_constraint(FEASIBLE_KEY, 1.0)
+            events.finished(self.study.tell(trial, 0.0))
+            return True
+        return False
+
+    def _calibrate(self, frozen: optuna.trial.FrozenTrial) -> None:
+        """On a CPU the peak is the process's RSS, and a trial forked from the warm server holds less of it
+        than the probe's cold start did (a fork maps its libraries' pages only as it touches them): the
+        first one-process trial measured sets the process's own share for every estimate after it."""
+        fit, record = self.fit, TrialRecord.from_frozen(frozen)
+        estimate, peak = record.memory_estimate, record.metrics.get("peak_memory_bytes")
+        if (fit is None or fit.facts.device != "cpu" or self._calibrated or not estimate or not peak
+                or record.config.get("gpus", 1) != 1 or frozen.state != optuna.trial.TrialState.COMPLETE):
+            return
+        self.fit, self._calibrated = fit.calibrated(estimate, int(peak)), True
+        runtime = self.fit.facts.runtime_bytes
+        self.say(f"memory: the trial process itself holds {runtime / 2**20:.0f} MiB (trial {frozen.number}'s peak "
+                 f"less its estimate's parts; the probe's cold start held {fit.facts.runtime_bytes / 2**20:.0f} MiB): "
+                 "later estimates count that")
 
     def _finishes(self) -> bool:
         """`search` finishes its own run; a fleet's worker only when it is the last one still running."""
@@ -259,16 +306,48 @@ class SearchSession:
         return tuple(self.space.searched())
 
 
-def _resolve(space: SearchSpace, pipeline: Any, base: TrialConfig, say: Say) -> tuple[SearchSpace, Hardware]:
-    """Narrow the space to this machine, this pipeline and the study's global batch, saying what was
-    dropped and why."""
+def _resolve(space: SearchSpace, pipeline: Any, settings: SearchSettings, base: TrialConfig,
+             say: Say) -> tuple[SearchSpace, Hardware, memory.Fit | None]:
+    """Narrow the space to this machine, this pipeline, the study's global batch and the memory the
+    estimate says each micro-batch needs, saying what was dropped and why."""
     hw = Hardware.detect()
     space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
                            unsupported=pipelines.unsupported_of(pipeline))
     space, more = micro_batch.narrow(space, base.global_batch, base)
+    fit = _probe_fit(settings, base, hw, say)
+    if fit is not None:
+        space, by_memory = memory.narrow(space, base, fit)
+        more += by_memory
     for note in notes + more:
         say(f"space: {note}")
-    return space, hw
+    return space, hw, fit
+
+
+def _probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: Say) -> memory.Fit | None:
+    """Measure the model facts once (trial/probe.py, a process of its own) and what a config must fit in:
+    the device's memory (RAM on a CPU) less the headroom. None, said, when either is unknown."""
+    if os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
+        return None
+    if hw.memory_bytes is None:
+        say("memory: the device's memory is unknown, so configs are not sized before launch")
+        return None
+    try:  # in a folder of its own that goes with it: nothing is written before the study is opened
+        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
+            facts = run_probe(base, Path(folder), PROBE_TIMEOUT_S)
+    except ProbeError as e:
+        say(f"memory: no estimate, the model could not be probed ({e}); configs are not sized before launch")
+        return None
+    return memory.Fit(memory.ModelFacts.from_dict(facts), int(hw.memory_bytes * (1 - settings.memory_headroom)),
+                      hw.cuda)
+
+
+def _stored_fit(record: StudyRecord, headroom: float) -> memory.Fit | None:
+    """A worker's Fit: the facts its study stored, against this machine's memory (same fingerprint)."""
+    if not record.model_facts or os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
+        return None
+    facts = memory.ModelFacts.from_dict(record.model_facts)
+    total = memory_bytes(facts.device == "cuda")
+    return memory.Fit(facts, int(total * (1 - headroom)), facts.device == "cuda") if total else None
 
 
 def _check_data(pipeline: Any, settings: SearchSettings, say: Say, progress: Progress | None) -> None:

@@ -114,6 +114,25 @@ def cpu_bf16_native() -> bool:
         return False
 
 
+def memory_bytes(cuda: bool) -> int | None:
+    """The smallest visible GPU's memory, asked of NVML (torch would create a CUDA context in this
+    controller); on a CPU its RAM, MemTotal: what is available now varies from run to run, and the
+    space narrowed by it must not (a resumed study's distributions must stay the same). None: unknown."""
+    from autotune.trial.measure import nvml, visible_handles
+
+    if not cuda:
+        try:
+            meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+            return int(meminfo["MemTotal"].split()[0]) * 1024
+        except (OSError, KeyError, ValueError, IndexError):  # not Linux
+            return None
+    pynvml = nvml()
+    try:
+        return min(int(pynvml.nvmlDeviceGetMemoryInfo(h).total) for h in visible_handles(pynvml)) if pynvml else None
+    except Exception:  # noqa: BLE001 - an NVML error (or no handle): not sized, never fatal
+        return None
+
+
 @dataclass(frozen=True)
 class Hardware:
     cuda: bool
@@ -121,6 +140,9 @@ class Hardware:
     cpu_count: int  # usable by this process (affinity, cgroup quota), not the machine's
     apex: bool
     cpu_bf16: bool = True  # native bf16 kernels on this CPU (oneDNN: AVX512-BF16 or AMX)
+    # What one rank's memory estimate must fit in: the smallest visible GPU's memory, or on a CPU its
+    # RAM; None: unknown, and configs are not sized before launch (search/memory.py).
+    memory_bytes: int | None = None
 
     @classmethod
     def detect(cls) -> Hardware:
@@ -130,7 +152,8 @@ class Hardware:
 
         cuda = bool(torch.cuda.is_available())
         return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0,
-                   cpu_count=usable_cpus(), apex=apex_available(), cpu_bf16=cpu_bf16_native())
+                   cpu_count=usable_cpus(), apex=apex_available(), cpu_bf16=cpu_bf16_native(),
+                   memory_bytes=memory_bytes(cuda))
 
     def workers_per_process(self, processes: int, space: SearchSpace | None = None) -> int:
         """The usable CPUs shared by a trial's processes (one per GPU), as a num_workers `space` allows:

@@ -118,3 +118,23 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     chromium(["--virtual-time-budget=10000", "--window-size=1200,3400", f"--screenshot={shot}", page.as_uri()],
              tmp_path / "profile2")
     assert shot.is_file() and shot.stat().st_size > 50_000  # a page of drawn figures, not a blank one
+
+
+def test_memory_rows_put_the_estimate_beside_the_peak_with_its_error(tmp_path: Path) -> None:
+    study = optuna.create_study(study_name="mem", storage=open_storage(str(tmp_path / "m.db")), direction="maximize")
+    mib = 2**20
+    estimate = {"params": 10 * mib, "grads": 10 * mib, "optimizer": 20 * mib, "activations": 60 * mib, "runtime": 0,
+                "total": 100 * mib, "strategy": "ddp x2"}
+    study.add_trial(optuna.trial.create_trial(value=5.0, user_attrs={
+        "role": "search", "config": {"batch_size": 16}, "memory_estimate": estimate, "peak_memory_bytes": 80 * mib}))
+    study.add_trial(optuna.trial.create_trial(value=0.0, constraints={"infeasible": 1.0}, user_attrs={
+        "role": "search", "config": {"batch_size": 64}, "memory_estimate": {**estimate, "total": 400 * mib},
+        "reason": "memory_estimate", "message": "batch 64 under ddp x2: estimated ...; skipped"}))
+    study.add_trial(optuna.trial.create_trial(value=4.0, user_attrs={"role": "search", "peak_memory_bytes": mib}))
+    assert report.memory_rows(study) == [
+        ("0", "search", "16", "ddp x2", "100", "80", "+25%", "10 / 10 / 20 / 60 / 0"),
+        ("1", "search", "64", "ddp x2", "400", "skipped", "-", "10 / 10 / 20 / 60 / 0")]
+    assert report.memory_rows(study, top=1)[0][0] == "1"
+    html = report.memory_html(study)
+    assert 'id="memory"' in html and "+25%" in html and "skipped" in html
+    assert "no trial recorded a memory estimate" in report.memory_html(make_study(str(tmp_path / "s.db"), n=2))

@@ -278,3 +278,19 @@ def test_a_path_error_no_command_checked_is_still_one_line(capsys: pytest.Captur
     monkeypatch.setattr(study_cmd, "cmd_show", bug)
     with pytest.raises(OSError):
         main(["show"])
+
+
+def test_show_prints_the_memory_estimate_beside_the_peak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import optuna
+
+    from autotune.search.storage import open_storage
+
+    db = str(tmp_path / "studies.db")
+    study = optuna.create_study(study_name="autotune", storage=open_storage(db), direction="maximize")
+    estimate = {"params": 2**20, "grads": 2**20, "optimizer": 2 * 2**20, "activations": 96 * 2**20, "runtime": 0,
+                "total": 100 * 2**20, "strategy": "fsdp x2"}
+    study.add_trial(optuna.trial.create_trial(value=5.0, user_attrs={
+        "role": "baseline", "config": {"batch_size": 8}, "memory_estimate": estimate, "peak_memory_bytes": 80 * 2**20}))
+    assert main(["show", "--storage", db]) == 0
+    out = capsys.readouterr().out
+    assert "memory: estimate before launch vs measured peak" in out and "fsdp x2" in out and "+25%" in out

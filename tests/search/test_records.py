@@ -96,3 +96,18 @@ def test_a_queued_trial_carries_its_record(tmp_path: Path) -> None:
     back = TrialRecord.of(s.trials[0])
     assert back.owner == {"pid": 1} and back.reason == "interrupted" and not records.contended(s.trials[0])
     assert back.config_for(TrialConfig()).batch_size == 4
+
+
+def test_the_memory_estimate_and_the_model_facts_round_trip(tmp_path: Path) -> None:
+    s = study(tmp_path)
+    trial = s.ask()
+    estimate: records.MemoryEstimate = {"params": 4, "grads": 4, "optimizer": 8, "activations": 16, "runtime": 0,
+                                        "total": 32, "strategy": "one process"}
+    write(trial, TrialRecord(role="search", memory_estimate=estimate))
+    write(trial, of_result("search", TrialConfig(), RESULT, speedup=None, contended=False))  # keeps the estimate
+    s.tell(trial, 1.0)
+    assert TrialRecord.from_frozen(s.trials[0]).memory_estimate == estimate
+    assert TrialRecord.from_attrs({}).memory_estimate is None
+    StudyRecord(sampler="auto").write(s)
+    records.write_model_facts(s, {"param_count": 1})
+    assert StudyRecord.of(s).model_facts == {"param_count": 1} and StudyRecord.of(s).sampler == "auto"

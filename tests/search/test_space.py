@@ -317,7 +317,26 @@ def test_detect_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one core, not a crash
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(space_module, "cpu_bf16_native", lambda: False)
-    assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False, cpu_bf16=False)
+    assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False, cpu_bf16=False,
+                                         memory_bytes=space_module.memory_bytes(False))
+
+
+def test_memory_is_the_smallest_visible_gpus_or_the_ram(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import torch
+
+    from autotune.search.space import memory_bytes
+    from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
+
+    ram = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0]) * 1024
+    assert memory_bytes(False) == ram  # the whole RAM: the same on every run, so the narrowed space is too
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(UUID_A, memory=80 * 2**30),
+                                                         FakeGpu(UUID_B, memory=40 * 2**30)]))
+    assert memory_bytes(True) == 40 * 2**30 and not torch.cuda.is_initialized()
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], init_fails=True))
+    assert memory_bytes(True) is None  # no NVML: not sized
 
 
 def test_apex_without_its_cuda_extension_is_not_available(fake_apex_python_only: Path) -> None:
