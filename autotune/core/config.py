@@ -12,12 +12,15 @@ from autotune.core.errors import ConfigError
 PRECISIONS = ("fp32", "fp16", "bf16")
 FUSIONS = ("none", "foreach", "fused", "apex")
 COMPILES = ("off", "default", "max-autotune")
+PARALLELS = ("ddp", "fsdp")
+FSDP_DTYPES = ("fp32", "bf16")
 
 # The tuned knobs: names are a contract shared with search spaces and exported YAML.
 KNOBS = (
     "num_workers", "pin_memory", "batch_size", "precision", "optimizer_fusion",
     "checkpoint_segments", "gpus", "channels_last", "cudnn_benchmark", "compile",
     "persistent_workers", "prefetch_factor", "set_to_none", "num_threads",
+    "parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload",
 )
 # What a trial runs on and how long it measures: fixed for a whole study.
 WORKLOAD = (
@@ -103,6 +106,9 @@ class TrialConfig:
         need(self.precision in PRECISIONS, f"precision must be one of {'|'.join(PRECISIONS)}, got {self.precision!r}")
         need(self.optimizer_fusion in FUSIONS, f"optimizer_fusion must be one of {'|'.join(FUSIONS)}, got {self.optimizer_fusion!r}")
         need(self.compile in COMPILES, f"compile must be one of {'|'.join(COMPILES)}, got {self.compile!r}")
+        need(self.parallel in PARALLELS, f"parallel must be one of {'|'.join(PARALLELS)}, got {self.parallel!r}")
+        for k in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+            need(getattr(self, k) in FSDP_DTYPES, f"{k} must be one of {'|'.join(FSDP_DTYPES)}, got {getattr(self, k)!r}")
         need(self.checkpoint_segments >= 0, f"checkpoint_segments must be >= 0, got {self.checkpoint_segments}")
         need(self.gpus >= 1, f"gpus must be >= 1, got {self.gpus}")
         need(self.num_threads >= 0, f"num_threads must be >= 0, got {self.num_threads}")
@@ -257,84 +263,14 @@ class TrialResult:
         return cls(**kw)
 
 
-SAMPLERS = ("auto", "tpe", "gp", "random")
-DEFAULT_TRIAL_TIMEOUT_S = 600.0  # with no budget to derive it from
+# Moved to autotune.core.settings. Still reachable here for cli/search.py and search/session.py, which
+# import them from this module; drop this once they import from settings.
+_MOVED = frozenset({"SAMPLERS", "DEFAULT_TRIAL_TIMEOUT_S", "SearchSettings", "parse_duration", "parse_percent"})
 
 
-@dataclass(frozen=True)
-class SearchSettings:
-    """What `autotune search` (or `worker`) was asked to do; validated before any study is touched."""
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from autotune.core import settings
 
-    budget_s: float | None = None  # None: no time limit (a worker bounded by n_trials, or --create-only)
-    study: str = "autotune"
-    storage: str | None = None  # None = JournalFile `studies.db` in the working directory
-    space: str | None = None  # None: the default space shipped with autotune
-    sampler: str = "auto"  # auto: a coordinate pass interleaved with TPE; tpe|gp|random: plain Optuna
-    seed: int | None = None
-    trial_timeout_s: float | None = None  # None = derived from the budget
-    n_trials: int | None = None
-    force: bool = False
-    studies_dir: str = "studies"
-    base: TrialConfig = field(default_factory=TrialConfig)  # the workload every trial shares
-    skip_bad_data: bool = False  # drop undecodable data items (and say how many) instead of refusing
-    confirm_top: int = 3  # distinct top configs re-measured against the baseline before the export
-    confirm_rounds: int = 3  # interleaved rounds of that; 0 turns confirmation off
-    parity_steps: int = 30  # optimizer steps the winner and the baseline train side by side; 0: no check
-    memory_headroom: float = 0.10  # a config must leave this fraction of device memory (RAM on CPU) free
-
-    def __post_init__(self) -> None:
-        if self.budget_s is not None and not (
-                isinstance(self.budget_s, (int, float)) and math.isfinite(self.budget_s) and self.budget_s > 0):
-            raise ConfigError(f"--budget must be positive, got {self.budget_s!r}")
-        if self.sampler not in SAMPLERS:
-            raise ConfigError(f"--sampler must be one of {'|'.join(SAMPLERS)}, got {self.sampler!r}")
-        if self.trial_timeout_s is not None and self.trial_timeout_s <= 0:
-            raise ConfigError(f"--trial-timeout must be positive, got {self.trial_timeout_s!r}")
-        if self.n_trials is not None and self.n_trials < 1:
-            raise ConfigError(f"--n-trials must be >= 1, got {self.n_trials!r}")
-        if self.confirm_rounds < 0 or self.confirm_top < 1:
-            raise ConfigError(f"--confirm-rounds must be >= 0 and --confirm-top >= 1, got "
-                              f"{self.confirm_rounds} and {self.confirm_top}")
-        if self.parity_steps < 0:
-            raise ConfigError(f"--parity-steps must be >= 0, got {self.parity_steps}")
-        if not (isinstance(self.memory_headroom, (int, float)) and 0 <= self.memory_headroom < 0.9):
-            raise ConfigError(f"--memory-headroom must be in [0%, 90%), got {self.memory_headroom!r}")
-        if not self.study or "/" in self.study:
-            raise ConfigError(f"--study must be a plain name, got {self.study!r}")
-
-    @property
-    def trial_timeout(self) -> float:
-        # A trial that needs more than a quarter of the budget can't be compared with others anyway.
-        if self.trial_timeout_s:
-            return self.trial_timeout_s
-        return max(120.0, self.budget_s / 4) if self.budget_s else DEFAULT_TRIAL_TIMEOUT_S
-
-
-def parse_duration(text: str, flag: str = "--budget") -> float:
-    """'2h', '90m', '1h30m', '45s' or plain seconds -> seconds."""
-    import re
-
-    s = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", s):
-        value = float(s)
-    else:
-        m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", s)
-        if not s or not m or not any(m.groups()):
-            raise ConfigError(f"{flag} {text!r}: use e.g. 2h, 90m, 1h30m, 45s or plain seconds")
-        h, mi, se = (float(g or 0) for g in m.groups())
-        value = h * 3600 + mi * 60 + se
-    if value <= 0:
-        raise ConfigError(f"{flag} {text!r}: must be more than zero")
-    return value
-
-
-def parse_percent(text: str, flag: str) -> float:
-    """'10%' or a fraction ('0.1') -> 0.1."""
-    s = str(text).strip()
-    try:
-        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: use a percentage such as 10% (or a fraction such as 0.1)") from None
-    if not math.isfinite(value):
-        raise ConfigError(f"{flag} {text!r}: must be a finite percentage")
-    return value
+        return getattr(settings, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from collections.abc import Sequence
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 
 # A trial's measured seconds when the workload counts steps instead (seconds=None): a first guess.
 GUESSED_TRIAL_S = 15.0

@@ -23,7 +23,8 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.core.config import SearchSettings, TrialConfig, baseline_of
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.settings import SearchSettings
 from autotune.core.training import shown, training_math
 from autotune.search import parity, records, target
 from autotune.search.budget import Budget

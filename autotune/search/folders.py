@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.core.config import SearchSettings
+from autotune.core.settings import SearchSettings
 
 END_RUN = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}-{os.getpid()}"
 

@@ -13,7 +13,8 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import pipelines
-from autotune.core.config import SearchSettings, TrialConfig, baseline_of
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import signal_groups
 from autotune.search import records

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from autotune.core.config import KNOBS, WORKLOAD, SearchSettings, TrialConfig, TrialResult, parse_duration
+from autotune.core.config import KNOBS, WORKLOAD, TrialConfig, TrialResult
+from autotune.core.settings import SearchSettings, parse_duration
 from autotune.core.errors import ConfigError
 
 BAD_VALUES: list[dict[str, Any]] = [

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from autotune.core.config import BASELINE, TrialConfig, baseline_of, lr_factor, parse_percent
+from autotune.core.config import BASELINE, TrialConfig, baseline_of, lr_factor
+from autotune.core.settings import parse_percent
 from autotune.core.errors import ConfigError
 from autotune.core.training import section, shown, training_math
 

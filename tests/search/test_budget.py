@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget, confirm_reserve_s, grace_s, parity_reserve_s
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import optuna
 import pytest
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.search.records import TrialRecord
 from autotune.search.results import leaderboard
 from autotune.search.runner import Events

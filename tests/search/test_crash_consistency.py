@@ -17,7 +17,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.search.session import SearchSession
 from autotune.search.space import DEFAULT_SPACE
 from autotune.search.storage import open_storage

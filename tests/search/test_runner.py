@@ -8,7 +8,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.core.config import SearchSettings, TrialConfig, TrialResult
+from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.settings import SearchSettings
 from autotune.search.records import TrialRecord
 from autotune.search.results import feasible, leaderboard
 from autotune.search.runner import Events, measured, reuse, run_one

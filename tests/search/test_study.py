@@ -13,7 +13,8 @@ import optuna
 import pytest
 import yaml
 
-from autotune.core.config import BASELINE, SearchSettings, TrialConfig
+from autotune.core.config import BASELINE, TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.search.space import Hardware, resolve
 from autotune.search.space_file import load_space

@@ -16,7 +16,8 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.search.space import Hardware, resolve
 from autotune.search.space_file import load_space
 from autotune.search.storage import open_storage

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import optuna
 
-from autotune.core.config import SearchSettings
+from autotune.core.settings import SearchSettings
 from autotune.search.records import ConfirmationSummary
 from autotune.search.budget import Budget
 from autotune.search.finish import confirm, gate

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import optuna
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
 from autotune.search import records
 from autotune.search.budget import Budget, trial_seconds

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.core.config import SearchSettings
+from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
 from autotune.search import classes, records
 from autotune.search.budget import Budget

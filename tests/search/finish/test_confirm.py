@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.core.config import SearchSettings
+from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.search.budget import Budget
 from autotune.search.finish import confirm

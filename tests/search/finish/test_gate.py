@@ -9,7 +9,8 @@ import optuna
 import pytest
 import yaml
 
-from autotune.core.config import SearchSettings, TrialConfig, TrialResult
+from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.search import records
 from autotune.search.finish import gate
