@@ -40,13 +40,15 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights as the pipeline's own build_model() names them: no DDP/compile/checkpoint wrappers."""
+    """The weights as the pipeline's own build_model() names them: no DDP/compile/checkpoint wrappers.
+    Under fsdp a collective: every rank calls it, and rank 0 gets the whole model (the others nothing)."""
     from autotune.trial.knobs import CheckpointedStage
+    from autotune.trial.sharding import full_state_dict, is_sharded
 
     model = _unwrap(model)
     wrapped = [f"{n}.inner." for n, m in model.named_modules() if isinstance(m, CheckpointedStage)]
     out = {}
-    for key, value in model.state_dict().items():
+    for key, value in (full_state_dict(model) if is_sharded(model) else model.state_dict()).items():
         for prefix in wrapped:
             if key.startswith(prefix):
                 key = prefix[: -len("inner.")] + key[len(prefix):]
@@ -120,17 +122,20 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
     import torch.distributed as dist
 
     from autotune.trial import harness
+    from autotune.trial.sharding import is_sharded
 
     h = harness.build(cfg)
     lead = h.rank == 0
-    val, note = _val_loader(h) if lead else (None, "")
-    if note:
+    # A sharded model's forward is a collective (each block all-gathers): every rank validates, rank 0 reports.
+    validating = lead or is_sharded(h.model)
+    val, note = _val_loader(h) if validating else (None, "")
+    if note and lead:
         say(f"[{name}] {note}")
     history: list[dict[str, Any]] = []
     for epoch in range(1, epochs + 1):
         elapsed, loss, samples, steps = _epoch(h, cfg, epoch, epochs, name)
         iou, t_val = None, time.perf_counter()
-        if lead and val is not None:
+        if validating and val is not None:
             iou = validate(h, val)
         t_val = time.perf_counter() - t_val
         if h.world > 1:
@@ -149,16 +154,17 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
                "lr": cfg.effective_lr,
                "seconds": total_s, "samples_per_s": _rate(history), "steady_samples_per_s": _rate(history[1:]),
                "iou": history[-1]["iou"] if history else None, "checkpoint": None}
+    weights = plain_state_dict(h.model) if lead or is_sharded(h.model) else {}  # fsdp: every rank gathers
     if lead:
-        summary["checkpoint"] = _save(h.model, summary, out / f"{name}.pt")
+        summary["checkpoint"] = _save(weights, summary, out / f"{name}.pt")
         say(f"[{name}] checkpoint: {summary['checkpoint']}")
     return summary
 
 
-def _save(model: torch.nn.Module, summary: dict[str, Any], path: Path) -> str:
+def _save(weights: dict[str, torch.Tensor], summary: dict[str, Any], path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")  # a crash mid-save leaves the old checkpoint whole
-    torch.save({"model": plain_state_dict(model), "config": summary["config"], "epochs": summary["epochs"],
+    torch.save({"model": weights, "config": summary["config"], "epochs": summary["epochs"],
                 "history": summary["history"]}, tmp)
     os.replace(tmp, path)
     return str(path)

@@ -1,7 +1,9 @@
 """What a config changes in the training it computes, next to its baseline: the global batch (and so the
 optimizer steps per epoch), the learning rate that follows it, the precision, and the span of batch-norm
-statistics. Knobs that only change speed (workers, pinning, fusion, checkpointing, channels_last,
-cudnn.benchmark, set_to_none) compute the same step, up to floating-point rounding, and are not listed."""
+statistics, and FSDP's mixed-precision dtypes (a bf16 gradient reduce). Knobs that only change speed
+(workers, pinning, fusion, checkpointing, channels_last, cudnn.benchmark, set_to_none, the strategy itself:
+DDP or FSDP at fp32, resharding, offload) compute the same step, up to floating-point rounding, and are not
+listed."""
 from __future__ import annotations
 
 from autotune.core.config import TrialConfig, baseline_of
@@ -23,7 +25,17 @@ def training_math(cfg: TrialConfig, batch_norm: bool) -> list[str]:
         out.append(f"precision {base.precision} -> {cfg.precision}")
     if batch_norm and cfg.batch_size != base.batch_size:
         out.append(f"batch-norm span {base.batch_size} -> {cfg.batch_size}")
+    for what, knob in (("fsdp param dtype", "fsdp_param_dtype"), ("gradient reduce", "fsdp_reduce_dtype")):
+        if sharded_dtype(cfg, knob) != sharded_dtype(base, knob):
+            out.append(f"{what} {sharded_dtype(base, knob)} -> {sharded_dtype(cfg, knob)}")
     return out
+
+
+def sharded_dtype(cfg: TrialConfig, knob: str) -> str:
+    """An fsdp mixed-precision dtype as training uses it: fp32 (DDP's, one process's) unless FSDP runs.
+    A bf16 param dtype computes in bf16 like autocast; a bf16 reduce sums the ranks' gradients in bf16.
+    Either keeps the optimizer step, so the class is checked for parity, as precision is."""
+    return str(getattr(cfg, knob)) if cfg.parallel == "fsdp" and cfg.gpus > 1 else "fp32"
 
 
 def step_changed(changes: list[str] | tuple[str, ...] | None) -> bool:

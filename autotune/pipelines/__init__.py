@@ -8,6 +8,7 @@ autotune owns the loop and applies every knob around these three calls:
 
 Optional attributes:
     stages:      dotted names of submodules, in forward order, that checkpoint_segments may wrap
+    blocks:      dotted names of the repeated layers that parallel=fsdp shards one by one; default: stages
     unsupported: knob names this pipeline cannot honour (e.g. {"channels_last"} for token models)
     build_val_dataset() -> Dataset and metric(output, target) -> float: validation in `autotune train`
     validate_data(*, skip_bad, progress) -> str | None: check every item once, before the first trial
@@ -121,12 +122,25 @@ def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
     return tuple(getattr(pipeline, "stages", ()) or ())
 
 
+def blocks_of(pipeline: Pipeline) -> tuple[str, ...]:
+    """What parallel=fsdp shards one by one: the pipeline's `blocks`, else its checkpointing stages."""
+    return tuple(getattr(pipeline, "blocks", ()) or ()) or stages_of(pipeline)
+
+
+# Why a pipeline without blocks cannot take parallel=fsdp: FSDP sharding only the root would all-gather
+# the whole model at once, no memory saved over DDP.
+NO_BLOCKS = "fsdp shards per block, and the pipeline names neither `stages` nor `blocks`"
+
+
 def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
-    """The knobs it cannot honour; a framework job's set also says why, per knob (`.why`)."""
+    """The knobs it cannot honour; a framework job's set also says why, per knob (`.why`). `parallel` is
+    one of them for a pipeline with no blocks: it cannot run fsdp, its only value but the default."""
     from autotune.pipelines.frameworks import Unsupported
 
     given = getattr(pipeline, "unsupported", ()) or ()
-    return given if isinstance(given, Unsupported) else frozenset(given)
+    if "parallel" in given or blocks_of(pipeline):
+        return given if isinstance(given, Unsupported) else frozenset(given)
+    return Unsupported({**{k: "" for k in given}, **getattr(given, "why", {}), "parallel": NO_BLOCKS})
 
 
 def default_data(spec: str, studies_dir: str | os.PathLike[str]) -> str | None:

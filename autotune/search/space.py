@@ -18,6 +18,10 @@ DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"
 _DEFAULTS = TrialConfig()
 # Only meaningful with worker processes: suggested only when num_workers > 0, else left inert.
 WORKER_KNOBS = {"prefetch_factor": None, "persistent_workers": False}
+# Only meaningful with more than one process: the strategy, suggested only when gpus > 1.
+PARALLEL_KNOBS = {"parallel": "ddp"}
+# Only meaningful under fsdp: suggested only when parallel is fsdp (and gpus > 1), else left inert.
+FSDP_KNOBS = {"fsdp_reshard": True, "fsdp_param_dtype": "fp32", "fsdp_reduce_dtype": "fp32", "fsdp_offload": False}
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,10 @@ def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
             unsupported: frozenset[str] = frozenset()) -> tuple[SearchSpace, list[str]]:
     """Narrow `space` to what can have an effect on `hw`; return it with one note per change."""
     n = _Narrowing(space.source, dict(space.knobs))
+    parallel = space.knobs.get("parallel")
+    if "parallel" in unsupported and parallel is not None and "ddp" not in _spec_values(parallel):
+        # Asked for fsdp only: narrowing it to ddp would search something else than what the file says.
+        raise n.fail("parallel", f"fsdp: {getattr(unsupported, 'why', {}).get('parallel') or 'not supported by this pipeline'}")
     for k in sorted(unsupported):
         if k not in KNOBS:
             raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
@@ -196,7 +204,24 @@ def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
     if _singles(n.knobs).get("num_workers") == Fixed(0):
         for k, inert in WORKER_KNOBS.items():
             n.fix(k, inert, "num_workers is 0")
+    _strategy(n, hw)
     return SearchSpace(knobs=_singles(n.knobs), source=space.source), n.notes
+
+
+def _strategy(n: _Narrowing, hw: Hardware) -> None:
+    """parallel and its fsdp sub-knobs, narrowed after gpus: inert with one process, and the sub-knobs
+    inert without fsdp."""
+    if _singles(n.knobs).get("gpus", Fixed(_DEFAULTS.gpus)) == Fixed(1):
+        for k, inert in PARALLEL_KNOBS.items():
+            n.fix(k, inert, "gpus is 1: one process, nothing to replicate or shard")
+    if "fsdp" not in _spec_values(_singles(n.knobs).get("parallel", Fixed(_DEFAULTS.parallel))):
+        for k, inert in FSDP_KNOBS.items():
+            n.fix(k, inert, "parallel is not fsdp")
+        return
+    if not hw.cuda:
+        n.fix("fsdp_offload", False, "no CUDA: the parameters already live in host memory")
+        if not hw.cpu_bf16:
+            n.keep("fsdp_param_dtype", lambda d: d != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX)")
 
 
 @dataclass

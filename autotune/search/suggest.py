@@ -7,7 +7,7 @@ from typing import Any
 import optuna
 
 from autotune.core.config import KNOBS, TrialConfig
-from autotune.search.space import WORKER_KNOBS, Choices, Fixed, IntRange, SearchSpace, Spec, _spec_values
+from autotune.search.space import FSDP_KNOBS, PARALLEL_KNOBS, WORKER_KNOBS, Choices, Fixed, IntRange, SearchSpace, Spec, _spec_values
 
 
 def _num_workers(space: SearchSpace, value: int) -> int:
@@ -50,6 +50,8 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) ->
             continue
         if k in WORKER_KNOBS and chosen.get("num_workers", base.num_workers) == 0:
             continue  # conditional knob: not suggested, set inert below
+        if not _in_effect(k, {**base.knobs(), **chosen}):
+            continue  # the strategy with one process, the fsdp sub-knobs without fsdp: inert, set below
         if k == "batch_size" and per_count:
             g = chosen["gpus"]
             divisors = [b for b in _spec_values(spec) if base.global_batch % (b * g) == 0]
@@ -59,7 +61,25 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) ->
             chosen[k] = _ask(trial, k, spec)
     if chosen.get("num_workers", base.num_workers) == 0:
         chosen.update(WORKER_KNOBS)
+    for k, inert in {**PARALLEL_KNOBS, **FSDP_KNOBS}.items():
+        if not _in_effect(k, {**base.knobs(), **chosen}):
+            chosen[k] = inert
     return base.replace(**chosen)
+
+
+def _in_effect(knob: str, values: dict[str, Any]) -> bool:
+    """Whether a strategy knob can matter with these values: parallel with more than one process, an
+    fsdp sub-knob under fsdp only. Any other knob: always."""
+    if knob in PARALLEL_KNOBS:
+        return values["gpus"] > 1
+    if knob in FSDP_KNOBS:
+        return values["gpus"] > 1 and values["parallel"] == "fsdp"
+    return True
+
+
+def _as_suggested(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
+    """cfg's knobs with the space's fixed values over them, as suggest() will see them."""
+    return {**cfg.knobs(), **{k: s.value for k, s in space.knobs.items() if isinstance(s, Fixed)}}
 
 
 def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
@@ -72,7 +92,7 @@ def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
     params: dict[str, Any] = {}
     nw = _num_workers(space, cfg.num_workers)
     for k in space.searched():
-        if k in WORKER_KNOBS and nw == 0:
+        if (k in WORKER_KNOBS and nw == 0) or not _in_effect(k, _as_suggested(cfg, space)):
             continue
         spec, v = space.knobs[k], getattr(cfg, k)
         if k == "batch_size" and _per_gpu_count(space, cfg):

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from autotune.trial import knobs, loading
+from autotune.trial import knobs, loading, sharding
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.core.errors import DataItemError, TrialUnsupported
-from autotune.pipelines import Pipeline, load_pipeline, stages_of, unsupported_of
+from autotune.pipelines import Pipeline, blocks_of, load_pipeline, stages_of, unsupported_of
 
 
 class NonFiniteLoss(Exception):
@@ -162,8 +162,8 @@ class Harness:
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             x, y = (knobs.to_device(t, self.device, self.cfg) for t in batch)
-            # Under DDP every micro-step but the last skips the gradient all-reduce: one per optimizer step.
-            with knobs.no_sync(self.model, last=i == n - 1):
+            # Under DDP or FSDP every micro-step but the last skips the gradient reduction: one per optimizer step.
+            with sharding.no_sync(self.model, last=i == n - 1):
                 with self.precision.autocast():
                     loss = self.pipeline.loss(self.model(x), y)
                 self.precision.scaler.scale(loss / n).backward()  # mean over micro-batches: the full batch's
@@ -236,14 +236,21 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
 
     pipeline = load_pipeline(cfg)
     default = TrialConfig()
-    refused = [k for k in sorted(unsupported_of(pipeline) & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
+    unsupported = unsupported_of(pipeline)
+    refused = [k for k in sorted(unsupported & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
     if refused:
-        raise TrialUnsupported(f"the pipeline does not support: {', '.join(refused)}")
+        why = getattr(unsupported, "why", {})
+        raise TrialUnsupported("the pipeline does not support: " + ", ".join(f"{k} ({why[k]})" if why.get(k) else k
+                                                                             for k in refused))
     model = pipeline.build_model()
     # Batch-norm statistics span one micro-batch on one process: a smaller micro-batch changes them.
     applied["batch_norm_layers"] = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     applied |= knobs.wrap_checkpoints(model, stages_of(pipeline), cfg.checkpoint_segments)
-    model, a = knobs.prepare_model(model, cfg, device, world)
+    if sharding.wanted(cfg, world):
+        model, a = sharding.shard(model, cfg, device, world, blocks_of(pipeline))
+    else:
+        model, a = knobs.prepare_model(model, cfg, device, world)
+        a |= sharding.inert_effects(cfg, world)
     applied |= a
     model.train()
     optimizer, a = knobs.build_optimizer(model.parameters(), cfg, device)

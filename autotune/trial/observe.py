@@ -17,7 +17,8 @@ from torch import nn
 
 
 def is_compiled(model: nn.Module) -> bool:
-    return hasattr(model, "_orig_mod")  # torch.compile's OptimizedModule
+    # torch.compile's OptimizedModule; under fsdp each block is compiled in place (nn.Module.compile).
+    return hasattr(model, "_orig_mod") or any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
 
 class FirstConv:

@@ -15,18 +15,29 @@
 - checkpoint_segments can wrap each block ("layers.0", "layers.1"). The blocks sit in a plain
   ModuleList rather than nn.TransformerEncoder because that class reads attributes of its first
   layer directly (layers[0].self_attn), which a checkpoint wrapper does not have.
+- Size: `make` builds the model above; `make_w<width>_d<depth>` (e.g. `language_model:make_w1024_d16`)
+  builds one `width` wide (d_model; 4 heads up to 256, then one per 64) and `depth` blocks deep. The size
+  is in the pipeline's name, so it is part of the study's fingerprint and of every exported config, and
+  each trial process builds the same model. At some size DDP, which keeps the whole model, its gradients
+  and AdamW's two moments on every process, no longer fits where FSDP, which shards them, does.
+- parallel=fsdp shards per block: the blocks are the checkpointing stages ("layers.0", ...).
 - channels_last is unsupported: there are no 4-D tensors to lay out. A trial that asks for it exits
   with code 5; a search fixes it to false.
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from autotune.core.errors import PipelineError
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from autotune.core.config import TrialConfig
 
 VOCAB = 256
@@ -90,13 +101,15 @@ class TinyLM(nn.Module):
 class LanguageModelPipeline:
     unsupported = frozenset({"channels_last"})
 
-    def __init__(self, cfg: TrialConfig) -> None:
+    def __init__(self, cfg: TrialConfig, width: int = D_MODEL, depth: int = N_LAYERS) -> None:
         self.seq_len = cfg.image_size  # see the module docstring: the workload's size knob is the context length
         self.seed = cfg.seed
-        self.stages = tuple(f"layers.{i}" for i in range(N_LAYERS))
+        self.width, self.depth = width, depth
+        self.stages = tuple(f"layers.{i}" for i in range(depth))
 
     def build_model(self) -> nn.Module:
-        return TinyLM(self.seq_len)
+        heads = N_HEADS if self.width <= 256 else self.width // 64
+        return TinyLM(self.seq_len, d_model=self.width, n_layers=self.depth, n_heads=heads)
 
     def build_dataset(self) -> Dataset[tuple[torch.Tensor, torch.Tensor]]:
         return TokenDataset(markov_tokens(N_SEQUENCES, self.seq_len + 1, self.seed))
@@ -115,3 +128,23 @@ class LanguageModelPipeline:
 
 def make(cfg: TrialConfig) -> LanguageModelPipeline:
     return LanguageModelPipeline(cfg)
+
+
+_SIZED = re.compile(r"make_w(\d+)_d(\d+)")
+
+
+def __getattr__(name: str) -> Callable[[TrialConfig], LanguageModelPipeline]:
+    """`make_w<width>_d<depth>`: the factory of a model that size (PEP 562: any size, by its name)."""
+    m = _SIZED.fullmatch(name)
+    if m is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    width, depth = int(m[1]), int(m[2])
+    if width < 16 or width % (4 if width <= 256 else 64) or not 1 <= depth <= 1024:
+        raise PipelineError(f"language_model:{name}: width must be a multiple of 4 from 16 to 256, or of 64 above "
+                            f"(one attention head per 64), and depth from 1 to 1024; got width {width}, depth {depth}")
+
+    def make_sized(cfg: TrialConfig) -> LanguageModelPipeline:
+        return LanguageModelPipeline(cfg, width, depth)
+
+    make_sized.__name__ = name
+    return make_sized

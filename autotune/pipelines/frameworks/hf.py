@@ -20,6 +20,8 @@ ADAMW = frozenset(OPTIM.values())
 UNSUPPORTED = {
     "channels_last": "TrainingArguments has no memory-layout field: the model and the data collator own it",
     "set_to_none": "the Trainer zeroes gradients itself (model.zero_grad(), which frees them)",
+    # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.
+    "parallel": "autotune runs the Trainer with its own DDP strategy; fsdp is searched in autotune's own loop only",
 }
 # HF checkpoints every layer or none: one stage, so checkpoint_segments is 0 or 1.
 STAGES = ("gradient_checkpointing",)
