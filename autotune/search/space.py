@@ -19,9 +19,9 @@ _DEFAULTS = TrialConfig()
 # Only meaningful with worker processes: suggested only when num_workers > 0, else left inert.
 WORKER_KNOBS = {"prefetch_factor": None, "persistent_workers": False}
 # Only meaningful with more than one process: the strategy, suggested only when gpus > 1.
-PARALLEL_KNOBS = {"parallel": "ddp"}
+PARALLEL_KNOBS: dict[str, Any] = {"parallel": "ddp"}
 # Only meaningful under fsdp: suggested only when parallel is fsdp (and gpus > 1), else left inert.
-FSDP_KNOBS = {"fsdp_reshard": True, "fsdp_param_dtype": "fp32", "fsdp_reduce_dtype": "fp32", "fsdp_offload": False}
+FSDP_KNOBS: dict[str, Any] = {"fsdp_reshard": True, "fsdp_param_dtype": "fp32", "fsdp_reduce_dtype": "fp32", "fsdp_offload": False}
 
 
 @dataclass(frozen=True)
@@ -212,11 +212,11 @@ def _strategy(n: _Narrowing, hw: Hardware) -> None:
     """parallel and its fsdp sub-knobs, narrowed after gpus: inert with one process, and the sub-knobs
     inert without fsdp."""
     if _singles(n.knobs).get("gpus", Fixed(_DEFAULTS.gpus)) == Fixed(1):
-        for k, inert in PARALLEL_KNOBS.items():
-            n.fix(k, inert, "gpus is 1: one process, nothing to replicate or shard")
+        for knob, value in PARALLEL_KNOBS.items():
+            n.fix(knob, value, "gpus is 1: one process, nothing to replicate or shard")
     if "fsdp" not in _spec_values(_singles(n.knobs).get("parallel", Fixed(_DEFAULTS.parallel))):
-        for k, inert in FSDP_KNOBS.items():
-            n.fix(k, inert, "parallel is not fsdp")
+        for knob, inert in FSDP_KNOBS.items():
+            n.fix(knob, inert, "parallel is not fsdp")
         return
     if not hw.cuda:
         n.fix("fsdp_offload", False, "no CUDA: the parameters already live in host memory")

@@ -11,6 +11,7 @@ observed on its first step (`applied["fsdp"]`): how many parameters are DTensors
 whether a block's parameters were resharded after forward, the dtype a block computed in, and how many
 micro-steps ran with gradient sync off (accumulation) or on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,9 @@ def _has(model: nn.Module, name: str) -> bool:
     return True
 
 
-def shard(model: nn.Module, cfg: TrialConfig, device: torch.device, world: int,
-          blocks: Sequence[str]) -> tuple[nn.Module, dict[str, Any]]:
+def shard(
+    model: nn.Module, cfg: TrialConfig, device: torch.device, world: int, blocks: Sequence[str]
+) -> tuple[nn.Module, dict[str, Any]]:
     """prepare_model's FSDP path: compile (per block) and fully_shard each block, then the root."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -87,8 +89,12 @@ def shard(model: nn.Module, cfg: TrialConfig, device: torch.device, world: int,
         fully_shard(block, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard, mp_policy=mp, offload_policy=offload)
     # None: FSDP keeps the root's parameters after forward, as torch advises (backward needs them first).
     fully_shard(model, mesh=mesh, reshard_after_forward=None, mp_policy=mp, offload_policy=offload)
-    applied["gpus"] = knobs._effect(cfg.gpus, world, f"{world} processes, each holding 1/{world} of the parameters"
-                                    + (" (CPU, over gloo)" if device.type != "cuda" else ""))
+    applied["gpus"] = knobs._effect(
+        cfg.gpus,
+        world,
+        f"{world} processes, each holding 1/{world} of the parameters"
+        + (" (CPU, over gloo)" if device.type != "cuda" else ""),
+    )
     applied["compile"] = knobs._effect(cfg.compile, f"{cfg.compile}, per block ({compiled})" if compiled else "off")
     applied["parallel"] = knobs._effect("fsdp", f"fully_shard on {len(order)} block(s) then the root")
     applied["fsdp_reshard"] = knobs._effect(cfg.fsdp_reshard, cfg.fsdp_reshard, "blocks; the root keeps its parameters")
@@ -121,10 +127,13 @@ class Probe:
         params = list(root.parameters())
         local = [p.to_local() for p in params if isinstance(p, DTensor)]
         self.seen: dict[str, Any] = {
-            "dtensor_params": len(local), "params": len(params),
-            "local_numel": sum(t.numel() for t in local), "numel": sum(p.numel() for p in params),
+            "dtensor_params": len(local),
+            "params": len(params),
+            "local_numel": sum(t.numel() for t in local),
+            "numel": sum(p.numel() for p in params),
             "shard_device": str(local[0].device.type) if local else None,
-            "sync_off_micro_steps": 0, "sync_on_micro_steps": 0,
+            "sync_off_micro_steps": 0,
+            "sync_on_micro_steps": 0,
         }
         self._block = block
         self._handles = [block.register_forward_hook(self._block_done), root.register_forward_hook(self._root_done)]
@@ -174,4 +183,5 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(getattr(model, "_orig_mod", model), options=options)
+    state = get_model_state_dict(getattr(model, "_orig_mod", model), options=options)
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}  # a model's state: tensors only

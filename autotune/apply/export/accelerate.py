@@ -5,6 +5,7 @@ from typing import Any
 
 import yaml
 
+from autotune.apply.export import _strategy
 from autotune.apply.export._common import knob_table, loader_kwargs, optimizer_expr, training_lines, zero_grad_call
 from autotune.core.config import TrialConfig
 
@@ -15,7 +16,7 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
     """An `accelerate launch --config_file` YAML, with comments for the knobs accelerate does not hold."""
     on_cpu = device is not None and device.startswith("cpu")
     n = cfg.gpus
-    dist = ("MULTI_CPU" if on_cpu else "MULTI_GPU") if n > 1 else "NO"
+    dist = "FSDP" if _strategy.fsdp_on(cfg) else ("MULTI_CPU" if on_cpu else "MULTI_GPU") if n > 1 else "NO"
     conf: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -31,6 +32,8 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "same_network": True,
         "use_cpu": on_cpu,
     }
+    if _strategy.fsdp_on(cfg):
+        conf["fsdp_config"] = _strategy.accelerate_config(cfg)
     if cfg.compile != "off":
         conf["dynamo_config"] = {
             "dynamo_backend": "INDUCTOR",
@@ -58,6 +61,14 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "set_to_none": f"{in_script}, {zero_grad_call(cfg)}",
         "num_threads": f"{in_script}, torch.set_num_threads({cfg.num_threads})" if cfg.num_threads
         else "0 = torch's default; nothing to set",
+        **_strategy.where(cfg, {
+            "parallel": "distributed_type: FSDP, fsdp_version: 2; name your block class in "
+            "fsdp_transformer_layer_cls_to_wrap" if _strategy.fsdp_on(cfg)
+            else f"distributed_type: {dist}",
+            "fsdp_reshard": "fsdp_config.fsdp_reshard_after_forward",
+            "fsdp_offload": "fsdp_config.fsdp_offload_params",
+            "fsdp_param_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy",
+            "fsdp_reduce_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy"}),
     }
     header = [
         "# accelerate config for the configuration autotune measured.",
@@ -81,7 +92,15 @@ def script_lines(cfg: TrialConfig) -> list[str]:
     code.append(f"torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark!r}")
     if cfg.num_threads:
         code.append(f"torch.set_num_threads({cfg.num_threads!r})")
-    code.append(f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r})")
+    if _strategy.fsdp_on(cfg):
+        # The config file's fsdp_config has no field for the reduce dtype: the plugin here holds the whole policy.
+        code += ["from accelerate.utils import FullyShardedDataParallelPlugin",
+                 "plugin = FullyShardedDataParallelPlugin(  # parallel=fsdp; the rest comes from fsdp_config",
+                 f"    fsdp_version=2, mixed_precision_policy={{'param_dtype': {_strategy._DTYPE[cfg.fsdp_param_dtype]}, "
+                 f"'reduce_dtype': {_strategy._DTYPE[cfg.fsdp_reduce_dtype]}}})",
+                 f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r}, fsdp_plugin=plugin)"]
+    else:
+        code.append(f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r})")
     if cfg.channels_last:
         code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs likewise, in the loop")
     if cfg.checkpoint_segments:

@@ -1,6 +1,7 @@
 """Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and hooks for the rest."""
 from __future__ import annotations
 
+from autotune.apply.export import _strategy
 from autotune.apply.export._common import (accelerator, knob_table, loader_kwargs, optimizer_expr, training_lines,
                                            zero_grad_call)
 from autotune.core.config import TrialConfig
@@ -27,12 +28,21 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "prefetch_factor": "dataloader_kwargs['prefetch_factor']",
         "set_to_none": "AutotuneHooks.optimizer_zero_grad",
         "num_threads": "torch.set_num_threads (see below)" if cfg.num_threads else "0 = torch's default; nothing to set",
+        **_strategy.where(cfg, {"parallel": "trainer_kwargs['strategy'] = ModelParallelStrategy() (FSDP2) + "
+                                "AutotuneHooks.configure_model" if _strategy.fsdp_on(cfg) else "trainer_kwargs['strategy']",
+                                "fsdp_reshard": "AutotuneHooks.configure_model (fully_shard)",
+                                "fsdp_param_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
+                                "fsdp_reduce_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
+                                "fsdp_offload": "AutotuneHooks.configure_model (offload_policy)"}),
     }
     trainer = [
         f"    accelerator={accelerator(device)!r},",
         f"    devices={cfg.gpus!r},",
     ]
-    if multi:
+    if _strategy.fsdp_on(cfg):
+        trainer.append(f"    strategy=ModelParallelStrategy(data_parallel_size={cfg.gpus!r}, tensor_parallel_size=1),"
+                       "  # parallel=fsdp: FSDP2, applied in configure_model")
+    elif multi:
         trainer.append("    strategy='ddp',  # one process per device, as autotune measured it")
     trainer += [
         f"    precision={_LIGHTNING_PRECISION[cfg.precision]!r},",
@@ -53,6 +63,11 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):",
         f"        {zero_grad_call(cfg)}  # set_to_none={cfg.set_to_none!r}",
     ]
+    if _strategy.fsdp_on(cfg):
+        hooks += ["", "    def configure_model(self):",
+                  "        # parallel=fsdp: shard each block, then the module, as the trials did",
+                  "        blocks = self.blocks  # yours: the repeated layers (e.g. self.layers)",
+                  *_strategy.fully_shard_code(cfg, "self", "        ")]
     if cfg.channels_last:
         hooks += [
             "",
@@ -85,6 +100,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         knob_table(cfg, where),
         *training_lines(cfg),
         "import torch",
+        *(["from lightning.pytorch.strategies import ModelParallelStrategy"] if _strategy.fsdp_on(cfg) else []),
         *(["import apex.optimizers  # optimizer_fusion=apex needs NVIDIA apex"] if cfg.optimizer_fusion == "apex" else []),
         "",
         "trainer_kwargs = dict(", *trainer, ")",
