@@ -284,3 +284,13 @@ class WatchdogAbort(TinyPipeline):
 
 def watchdog_abort(cfg: Any) -> WatchdogAbort:
     return WatchdogAbort(cfg)
+
+
+class NoBlocks(TinyPipeline):
+    """Neither stages nor blocks: nothing for parallel=fsdp to shard one by one."""
+
+    stages = ()
+
+
+def no_blocks(cfg: Any) -> NoBlocks:
+    return NoBlocks(cfg)

@@ -74,6 +74,7 @@ def shard(
         raise TrialUnsupported("parallel=fsdp shards per block, but the pipeline names neither `stages` nor `blocks`")
     order = blocks_in_order(model, blocks)
     model = model.to(device)  # FSDP shards what is on the device (or moves shards to the host: offload)
+    _same_weights_as_rank0(model)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     applied: dict[str, Any] = {"channels_last": knobs._effect(cfg.channels_last, cfg.channels_last)}
@@ -103,6 +104,16 @@ def shard(
     applied["fsdp_offload"] = knobs._effect(cfg.fsdp_offload, isinstance(offload, CPUOffloadPolicy), offload_why)
     applied["fsdp"] = Probe(model, model.get_submodule(order[0])).seen
     return model, applied
+
+
+def _same_weights_as_rank0(model: nn.Module) -> None:
+    """Each rank built its model from its own seed; DDP broadcasts rank 0's weights when it wraps it, but
+    fully_shard keeps each rank's own slice, which would train a model no rank ever built. Rank 0's, as DDP."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t, src=0)
 
 
 def _offload(cfg: TrialConfig, device: torch.device) -> tuple[OffloadPolicy, str]:
