@@ -53,6 +53,12 @@ BAD_VALUES: list[dict[str, Any]] = [
     {"lr": "fast"},
     {"lr": math.nan},
     {"profile": "yes"},
+    {"parallel": "zero3"},
+    {"parallel": True},
+    {"fsdp_reshard": "yes"},
+    {"fsdp_param_dtype": "fp16"},
+    {"fsdp_reduce_dtype": "bfloat16"},
+    {"fsdp_offload": 1},
 ]
 
 

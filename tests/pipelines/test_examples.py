@@ -273,3 +273,34 @@ def _no_trial_broke(storage: Path) -> None:
     bad = [(t.number, t.user_attrs.get("reason"), t.user_attrs.get("message")) for t in trials
            if t.user_attrs.get("reason") in ("crash", "bad_config", "unsupported", "numerics")]
     assert not bad, bad
+
+
+def test_the_language_model_scales_by_its_name() -> None:
+    """make_w<width>_d<depth>: the size is in the pipeline's name, so in the fingerprint and every export."""
+    from autotune.pipelines import blocks_of
+    from autotune.search.fingerprint import fingerprint
+
+    sized = TrialConfig(pipeline="autotune.pipelines.examples.language_model:make_w512_d3", image_size=32)
+    pipeline = load_pipeline(sized)
+    model = pipeline.build_model()
+    assert len(model.layers) == 3 and model.head.in_features == 512  # type: ignore[union-attr,arg-type]
+    assert model.layers[0].self_attn.num_heads == 8  # type: ignore[index,union-attr]  # one per 64 above 256
+    assert blocks_of(pipeline) == stages_of(pipeline) == ("layers.0", "layers.1", "layers.2")
+    default = load_pipeline(TrialConfig(pipeline=LM, image_size=32)).build_model()
+    assert sum(p.numel() for p in model.parameters()) > 10 * sum(p.numel() for p in default.parameters())
+    assert fingerprint(sized)["pipeline"] != fingerprint(sized.replace(pipeline=LM))["pipeline"]
+
+
+@pytest.mark.parametrize("name, words", [
+    ("make_w130_d2", "width must be a multiple of 4 from 16 to 256, or of 64 above"),
+    ("make_w8_d2", "got width 8, depth 2"),
+    ("make_w288_d2", "or of 64 above"),
+    ("make_w64_d0", "depth from 1 to 1024"),
+    ("make_wide", "has no callable 'make_wide'"),
+])
+def test_a_bad_language_model_size_is_bad_input(name: str, words: str) -> None:
+    from autotune.core.errors import PipelineError
+
+    with pytest.raises(PipelineError, match=words) as e:
+        load_pipeline(TrialConfig(pipeline=f"autotune.pipelines.examples.language_model:{name}"))
+    assert "\n" not in str(e.value)

@@ -354,3 +354,89 @@ def test_apex_with_its_cuda_extension_is_available(fake_apex_python_only: Path) 
     importlib.invalidate_caches()
     assert apex_available() is True
     assert Hardware.detect().apex is True
+
+
+# --- the strategy: parallel and its fsdp sub-knobs ------------------------------------------------------
+
+FSDP_SUBS = ("fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")
+
+
+def test_the_strategy_is_searched_with_several_gpus_and_inert_with_one() -> None:
+    space, _ = resolve(load_space(DEFAULT), GPU4, stages=2)
+    assert space["parallel"] == Choices(("ddp", "fsdp"))
+    assert space["fsdp_reduce_dtype"] == Choices(("fp32", "bf16")) and space["fsdp_offload"] == Choices((False, True))
+    space, notes = resolve(load_space(DEFAULT), CPU, stages=2)  # one process: nothing to shard
+    assert space["parallel"] == Fixed("ddp") and all(space[k] == Fixed(v) for k, v in
+                                                     zip(FSDP_SUBS, (True, "fp32", "fp32", False)))
+    assert any(n.startswith("parallel fixed to 'ddp': gpus is 1") for n in notes)
+
+
+def test_two_cpu_processes_search_fsdp_without_offload(tmp_path: Path) -> None:
+    """Two gloo ranks on a CPU (the tests' DDP): the parameters already live in host memory."""
+    two = Hardware(cuda=False, gpu_count=2, cpu_count=2, apex=False)
+    space, notes = resolve(load_space(write(tmp_path, "knobs:\n  gpus: 2\n  parallel: [ddp, fsdp]\n"
+                                                      "  fsdp_offload: [false, true]\n  fsdp_reduce_dtype: [fp32, bf16]\n")),
+                           two, stages=2)
+    assert space["parallel"] == Choices(("ddp", "fsdp")) and space["fsdp_reduce_dtype"] == Choices(("fp32", "bf16"))
+    assert space["fsdp_offload"] == Fixed(False) and any("host memory" in n for n in notes)
+
+
+def test_fsdp_sub_knobs_are_inert_when_parallel_is_ddp(tmp_path: Path) -> None:
+    space, notes = resolve(load_space(write(tmp_path, "knobs:\n  gpus: [1, 2]\n  parallel: ddp\n"
+                                                      "  fsdp_reshard: [true, false]\n")), GPU4, stages=2)
+    assert space["fsdp_reshard"] == Fixed(True) and any("parallel is not fsdp" in n for n in notes)
+
+
+def test_fsdp_on_a_pipeline_without_blocks_is_bad_input_or_narrowed(tmp_path: Path) -> None:
+    from autotune.pipelines import NO_BLOCKS, unsupported_of
+    from tests.fault_pipelines import NoBlocks
+
+    unsupported = unsupported_of(NoBlocks(None))
+    assert "parallel" in unsupported
+    only = write(tmp_path, "knobs:\n  gpus: 2\n  parallel: fsdp\n")
+    with pytest.raises(SearchSpaceError, match=f"knob 'parallel': fsdp: {NO_BLOCKS}") as e:
+        resolve(load_space(only), GPU4, stages=0, unsupported=unsupported)
+    assert "\n" not in str(e.value)
+    both = write(tmp_path, "knobs:\n  gpus: 2\n  parallel: [ddp, fsdp]\n  fsdp_offload: [false, true]\n", "both.yaml")
+    space, notes = resolve(load_space(both), GPU4, stages=0, unsupported=unsupported)
+    assert space["parallel"] == Fixed("ddp") and space["fsdp_offload"] == Fixed(False)
+    assert any("neither `stages` nor `blocks`" in n for n in notes)
+
+
+@pytest.mark.parametrize("body, words", [
+    ("knobs:\n  parallel: [ddp, zero3]\n", "knob 'parallel': parallel must be one of ddp|fsdp, got 'zero3'"),
+    ("knobs:\n  fsdp_reduce_dtype: fp16\n", "knob 'fsdp_reduce_dtype': fsdp_reduce_dtype must be one of fp32|bf16"),
+    ("knobs:\n  fsdp_offload: [no_such]\n", "knob 'fsdp_offload'"),
+])
+def test_a_bad_strategy_in_the_space_file_is_one_line(tmp_path: Path, body: str, words: str) -> None:
+    with pytest.raises(SearchSpaceError, match=words) as e:
+        load_space(write(tmp_path, body))
+    assert "\n" not in str(e.value)
+
+
+def test_suggest_asks_for_the_strategy_only_where_it_can_matter() -> None:
+    space = SearchSpace({"gpus": Choices((1, 2)), "parallel": Choices(("ddp", "fsdp")),
+                         "fsdp_reshard": Choices((True, False)), "fsdp_reduce_dtype": Choices(("fp32", "bf16"))})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen: dict[tuple[int, str], set[str]] = {}
+    for _ in range(40):
+        t = study.ask()
+        cfg = suggest(t, space, TrialConfig())
+        seen.setdefault((cfg.gpus, cfg.parallel), set()).update(t.params)
+        if cfg.gpus == 1 or cfg.parallel == "ddp":
+            assert (cfg.fsdp_reshard, cfg.fsdp_reduce_dtype) == (True, "fp32")  # inert
+        study.tell(t, 1.0)
+    assert seen[(1, "ddp")] == {"gpus"}
+    assert seen[(2, "ddp")] == {"gpus", "parallel"}
+    assert seen[(2, "fsdp")] == {"gpus", "parallel", "fsdp_reshard", "fsdp_reduce_dtype"}
+
+
+def test_an_enqueued_fsdp_config_comes_back_exactly() -> None:
+    space = SearchSpace({"gpus": Choices((1, 2)), "parallel": Choices(("ddp", "fsdp")),
+                         "fsdp_reshard": Choices((True, False))})
+    cfg = TrialConfig(gpus=2, parallel="fsdp", fsdp_reshard=False)
+    assert config_params(cfg, space) == {"gpus": 2, "parallel": "fsdp", "fsdp_reshard": False}
+    assert config_params(TrialConfig(gpus=1), space) == {"gpus": 1}  # the strategy is not a param of one process
+    study = optuna.create_study()
+    study.enqueue_trial(config_params(cfg, space))
+    assert suggest(study.ask(), space, TrialConfig()) == cfg
