@@ -31,6 +31,8 @@ CONFIGS = [
     TUNED.replace(precision="fp16", optimizer_fusion="apex", compile="max-autotune", gpus=1,
                   checkpoint_segments=0, channels_last=False, num_threads=0),
     TUNED.replace(precision="fp32", optimizer_fusion="foreach", compile="default"),
+    TUNED.replace(parallel="fsdp", fsdp_reshard=False, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16",
+                  fsdp_offload=True),
 ]
 
 
@@ -50,7 +52,7 @@ def make_export(cfg: TrialConfig = TUNED, device: str = "cuda") -> Export:
 # ---------------------------------------------------------------------------------------- yaml
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["baseline", "tuned", "fp16-apex", "fp32-foreach"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["baseline", "tuned", "fp16-apex", "fp32-foreach", "fsdp"])
 def test_yaml_round_trips_every_field(tmp_path: Path, cfg: TrialConfig) -> None:
     path = tmp_path / "best.yaml"
     write_atomic(path, to_yaml(make_export(cfg)))
@@ -207,7 +209,7 @@ def test_mask_url_never_shows_password(url: str, secret: str) -> None:
 # ------------------------------------------------------------------------- framework renderings
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["baseline", "tuned", "fp16-apex", "fp32-foreach"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["baseline", "tuned", "fp16-apex", "fp32-foreach", "fsdp"])
 @pytest.mark.parametrize("render_fn", [to_lightning, to_hf, to_accelerate], ids=["lightning", "hf", "accelerate"])
 def test_every_knob_is_mentioned(cfg: TrialConfig, render_fn) -> None:
     text = render_fn(cfg)
@@ -215,7 +217,7 @@ def test_every_knob_is_mentioned(cfg: TrialConfig, render_fn) -> None:
         assert knob in text, f"{knob} missing from {render_fn.__name__}"
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["baseline", "tuned", "fp16-apex", "fp32-foreach"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["baseline", "tuned", "fp16-apex", "fp32-foreach", "fsdp"])
 def test_python_snippets_parse(cfg: TrialConfig) -> None:
     """The configs a CPU cannot train (test_export_frameworks.py trains one of each) must still be Python."""
     for device in (None, "cpu"):
@@ -366,3 +368,34 @@ def test_exports_carry_the_accumulation_and_the_scaled_lr() -> None:
     free = TUNED.replace(batch_size=32, gpus=1, lr_scaling="linear")  # global 32 vs the baseline's 8: lr x 4
     assert _dict_call(to_hf(free, device="cuda"), "training_args")["learning_rate"] == 4 * free.lr
     assert "scaled by the linear rule" in to_accelerate(free)
+
+
+# ------------------------------------------------------------------------------------ the strategy
+
+FSDP = TUNED.replace(parallel="fsdp", fsdp_reshard=False, fsdp_reduce_dtype="bf16", fsdp_offload=True)
+
+
+def test_every_format_names_the_fsdp_strategy() -> None:
+    from autotune.apply.export import to_accelerate, to_hf, to_lightning
+
+    assert "parallel: fsdp" in to_yaml(make_export(FSDP))
+    acc = yaml.safe_load(to_accelerate(FSDP, device="cuda"))
+    assert acc["distributed_type"] == "FSDP" and acc["fsdp_config"]["fsdp_version"] == 2
+    assert acc["fsdp_config"]["fsdp_reshard_after_forward"] is False and acc["fsdp_config"]["fsdp_offload_params"] is True
+    assert "reduce_dtype=torch.bfloat16" in to_accelerate(FSDP)
+    hf = to_hf(FSDP)
+    assert "fsdp=True," in hf and "'version': 2, 'reshard_after_forward': False, 'cpu_offload': True" in hf
+    assert "reduce_dtype=torch.bfloat16" in hf  # no TrainingArguments field: said, not dropped
+    lightning = to_lightning(FSDP)
+    assert "strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)" in lightning
+    assert "fully_shard(block, reshard_after_forward=False, mp_policy=mp, offload_policy=CPUOffloadPolicy())" in lightning
+
+
+def test_ddp_and_one_process_exports_say_nothing_of_fsdp() -> None:
+    from autotune.apply.export import to_accelerate, to_hf, to_lightning
+
+    for cfg in (TUNED, TUNED.replace(gpus=1), FSDP.replace(gpus=1)):
+        acc = yaml.safe_load(to_accelerate(cfg))
+        assert acc["distributed_type"] != "FSDP" and "fsdp_config" not in acc
+        assert "fsdp=True" not in to_hf(cfg) and "ModelParallelStrategy" not in to_lightning(cfg)
+    assert "strategy='ddp'" in to_lightning(TUNED)

@@ -23,7 +23,7 @@ def where(cfg: TrialConfig, fields: dict[str, str]) -> dict[str, str]:
         return {k: "one process: no strategy to set" for k in ("parallel", *_SUB)}
     if not fsdp_on(cfg):
         return {
-            "parallel": fields.get("parallel", "ddp: one process per device"),
+            "parallel": "ddp: one process per device, each with the whole model (the default)",
             **{k: "parallel is ddp: not used" for k in _SUB},
         }
     own = {

@@ -95,9 +95,9 @@ def script_lines(cfg: TrialConfig) -> list[str]:
     if _strategy.fsdp_on(cfg):
         # The config file's fsdp_config has no field for the reduce dtype: the plugin here holds the whole policy.
         code += ["from accelerate.utils import FullyShardedDataParallelPlugin",
+                 "from torch.distributed.fsdp import MixedPrecisionPolicy",
                  "plugin = FullyShardedDataParallelPlugin(  # parallel=fsdp; the rest comes from fsdp_config",
-                 f"    fsdp_version=2, mixed_precision_policy={{'param_dtype': {_strategy._DTYPE[cfg.fsdp_param_dtype]}, "
-                 f"'reduce_dtype': {_strategy._DTYPE[cfg.fsdp_reduce_dtype]}}})",
+                 f"    fsdp_version=2, mixed_precision_policy={_strategy.mp_policy(cfg)})",
                  f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r}, fsdp_plugin=plugin)"]
     else:
         code.append(f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r})")

@@ -29,7 +29,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "set_to_none": "AutotuneHooks.optimizer_zero_grad",
         "num_threads": "torch.set_num_threads (see below)" if cfg.num_threads else "0 = torch's default; nothing to set",
         **_strategy.where(cfg, {"parallel": "trainer_kwargs['strategy'] = ModelParallelStrategy() (FSDP2) + "
-                                "AutotuneHooks.configure_model" if _strategy.fsdp_on(cfg) else "trainer_kwargs['strategy']",
+                                "AutotuneHooks.configure_model",
                                 "fsdp_reshard": "AutotuneHooks.configure_model (fully_shard)",
                                 "fsdp_param_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
                                 "fsdp_reduce_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
