@@ -1,5 +1,6 @@
 """parallel=fsdp: real 2-rank FSDP2 trials over gloo on the sized language model, every knob read back from
 the result's `applied` (what FSDP really did on the first step), parity with DDP at fp32, and bad input."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,9 @@ from autotune.trial import harness, launcher, sharding
 
 LM = "autotune.pipelines.examples.language_model:make_w64_d2"
 # 2 ranks x micro-batch 4 x accumulation 2: global batch 16.
-BASE = TrialConfig(pipeline=LM, image_size=32, gpus=2, batch_size=4, global_batch=16, warmup_steps=1,
-                   timed_steps=3, window=1)
+BASE = TrialConfig(
+    pipeline=LM, image_size=32, gpus=2, batch_size=4, global_batch=16, warmup_steps=1, timed_steps=3, window=1
+)
 TIMEOUT_S = 240
 
 
@@ -36,8 +38,11 @@ def test_fsdp_keeps_params_after_forward_reduces_in_bf16_and_offloads(tmp_path: 
     assert a["fsdp_reshard"]["in_effect"] is False and seen["resharded_after_forward"] is False
     assert a["fsdp_reduce_dtype"]["in_effect"] == "bfloat16" and a["fsdp_param_dtype"]["in_effect"] == "float32"
     assert seen["block_output_dtype"] == "float32"
-    assert a["fsdp_offload"] == {"requested": True, "in_effect": True,
-                                 "why": "no CUDA device: the parameters already live in host memory"}
+    assert a["fsdp_offload"] == {
+        "requested": True,
+        "in_effect": True,
+        "why": "no CUDA device: the parameters already live in host memory",
+    }
     assert seen["shard_device"] == "cpu"
     # 4 optimizer steps (1 warm-up + 3 timed) of 2 micro-steps: sync off on the first of each, on on the last.
     assert (seen["sync_off_micro_steps"], seen["sync_on_micro_steps"]) == (4, 4)
@@ -71,8 +76,11 @@ def test_fsdp_trains_the_same_losses_as_ddp_at_fp32(tmp_path: Path) -> None:
 
 def test_one_process_records_the_strategy_as_not_in_effect() -> None:
     out = sharding.inert_effects(TrialConfig(parallel="fsdp", fsdp_offload=True), world=1)
-    assert out["parallel"] == {"requested": "fsdp", "in_effect": "none",
-                               "why": "one process: nothing to replicate or shard"}
+    assert out["parallel"] == {
+        "requested": "fsdp",
+        "in_effect": "none",
+        "why": "one process: nothing to replicate or shard",
+    }
     assert out["fsdp_offload"]["in_effect"] is None
     assert not sharding.wanted(TrialConfig(parallel="fsdp"), world=1)
     assert sharding.wanted(TrialConfig(parallel="fsdp", gpus=2), world=2)
