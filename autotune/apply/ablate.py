@@ -12,17 +12,21 @@ from autotune.core.errors import AutotuneError, ConfigError, TrialFailure
 
 # prefetch_factor and persistent_workers mean nothing without workers: they travel with num_workers.
 LOADER_GROUP = ("num_workers", "persistent_workers", "prefetch_factor")
+# FSDP's sub-knobs mean nothing without it: they travel with parallel.
+STRATEGY_GROUP = ("parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")
 
 Technique = dict[str, Any]  # knob -> value; one or more knobs switched together
 
 
 def techniques(base: TrialConfig, best: TrialConfig) -> list[Technique]:
-    """The best config's knobs that differ from the baseline, loader knobs grouped with num_workers."""
+    """The best config's knobs that differ from the baseline, loader knobs grouped with num_workers, FSDP's
+    with parallel."""
     diff = {k: getattr(best, k) for k in KNOBS if getattr(best, k) != getattr(base, k)}
     out: list[Technique] = []
-    if "num_workers" in diff:
-        out.append({k: getattr(best, k) for k in LOADER_GROUP if k == "num_workers" or k in diff})
-        diff = {k: v for k, v in diff.items() if k not in LOADER_GROUP}
+    for group in (LOADER_GROUP, STRATEGY_GROUP):
+        if group[0] in diff:
+            out.append({k: getattr(best, k) for k in group if k == group[0] or k in diff})
+            diff = {k: v for k, v in diff.items() if k not in group}
     out += [{k: v} for k, v in diff.items()]
     return out
 

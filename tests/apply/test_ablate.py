@@ -37,6 +37,13 @@ def test_techniques_group_loader_knobs_with_num_workers() -> None:
     assert ablate.techniques(base, base) == []
 
 
+def test_techniques_group_fsdp_knobs_with_parallel() -> None:
+    base = TrialConfig(gpus=2)
+    best = base.replace(parallel="fsdp", fsdp_reduce_dtype="bf16", fsdp_reshard=False, batch_size=16)
+    assert ablate.techniques(base, best) == [
+        {"parallel": "fsdp", "fsdp_reshard": False, "fsdp_reduce_dtype": "bf16"}, {"batch_size": 16}]
+
+
 def test_greedy_keeps_the_best_each_step_and_retries_failures() -> None:
     # Additive speeds, except batch_size=16 runs out of memory until checkpointing is on.
     gains = {"precision": 6.0, "checkpoint_segments": -1.0, "batch_size": 3.0}
