@@ -58,6 +58,12 @@ def preload(spec: str) -> tuple[str, ...]:
     return (*PRELOAD[prefix], target.partition(":")[0])
 
 
+# The strategy knobs: autotune runs a framework's Trainer with the Trainer's own DDP; handing it FSDP (and
+# FSDP's sub-knobs) is not wired, so a search keeps them at their defaults and says why.
+STRATEGY = {k: "autotune runs the Trainer with its own DDP strategy; fsdp is searched in autotune's own loop only"
+            for k in ("parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")}
+
+
 class Unsupported(frozenset):
     """Knob names a pipeline cannot honour, with why (`why[knob]`), for the note the search prints."""
 

@@ -10,7 +10,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from autotune.core.config import TrialConfig
-from autotune.pipelines.frameworks import FrameworkJob, lr_scale
+from autotune.pipelines.frameworks import STRATEGY, FrameworkJob, lr_scale
 
 # optimizer_fusion -> TrainingArguments.optim. "adamw_torch" lets torch choose its kernel (foreach on
 # CUDA, the for-loop on CPU): TrainingArguments cannot force either, so none and foreach both map there.
@@ -21,7 +21,7 @@ UNSUPPORTED = {
     "channels_last": "TrainingArguments has no memory-layout field: the model and the data collator own it",
     "set_to_none": "the Trainer zeroes gradients itself (model.zero_grad(), which frees them)",
     # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.
-    "parallel": "autotune runs the Trainer with its own DDP strategy; fsdp is searched in autotune's own loop only",
+    **STRATEGY,
 }
 # HF checkpoints every layer or none: one stage, so checkpoint_segments is 0 or 1.
 STAGES = ("gradient_checkpointing",)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.core.config import TrialConfig
-from autotune.pipelines.frameworks import FrameworkJob
+from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
 PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 
@@ -21,7 +21,7 @@ UNSUPPORTED = {
     "checkpoint_segments": "the Trainer has no activation-checkpointing argument: the module's forward owns it",
     "channels_last": "the module's forward and batch transfer own the memory layout",
     # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.
-    "parallel": "autotune runs the Trainer with its own DDP strategy; fsdp is searched in autotune's own loop only",
+    **STRATEGY,
 }
 
 
