@@ -133,7 +133,7 @@ def check_input(args: argparse.Namespace) -> tuple[float, Path]:
     for module, what in (("lightning", "PyTorch Lightning"), ("PIL", "Pillow")):
         if not installed(module):
             raise BadInput(f"{what} is not installed ({module!r} cannot be imported): pip install .[frameworks]")
-    from autotune.core.config import parse_duration
+    from autotune.core.settings import parse_duration
     from autotune.core.errors import ConfigError
 
     try:
