@@ -122,12 +122,11 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
     import torch.distributed as dist
 
     from autotune.trial import harness
-    from autotune.trial.sharding import is_sharded
 
     h = harness.build(cfg)
     lead = h.rank == 0
     # A sharded model's forward is a collective (each block all-gathers): every rank validates, rank 0 reports.
-    validating = lead or is_sharded(h.model)
+    validating = lead or _sharded(h.model)
     val, note = _val_loader(h) if validating else (None, "")
     if note and lead:
         say(f"[{name}] {note}")
@@ -154,11 +153,17 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
                "lr": cfg.effective_lr,
                "seconds": total_s, "samples_per_s": _rate(history), "steady_samples_per_s": _rate(history[1:]),
                "iou": history[-1]["iou"] if history else None, "checkpoint": None}
-    weights = plain_state_dict(h.model) if lead or is_sharded(h.model) else {}  # fsdp: every rank gathers
+    weights = plain_state_dict(h.model) if lead or _sharded(h.model) else {}  # fsdp: every rank gathers
     if lead:
         summary["checkpoint"] = _save(weights, summary, out / f"{name}.pt")
         say(f"[{name}] checkpoint: {summary['checkpoint']}")
     return summary
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    from autotune.trial.sharding import is_sharded
+
+    return is_sharded(model)
 
 
 def _save(weights: dict[str, torch.Tensor], summary: dict[str, Any], path: Path) -> str:

@@ -58,7 +58,9 @@ def accelerate_config(cfg: TrialConfig) -> dict[str, Any]:
 
 
 def hf_args(cfg: TrialConfig) -> list[str]:
-    """TrainingArguments lines: fsdp=True with an FSDP2 fsdp_config."""
+    """TrainingArguments lines: fsdp=True with an FSDP2 fsdp_config (none without fsdp)."""
+    if not fsdp_on(cfg):
+        return []
     return [
         "    fsdp=True,  # parallel=fsdp: FSDP2, one fully_shard per transformer layer, then the root",
         f"    fsdp_config={{'version': 2, 'reshard_after_forward': {cfg.fsdp_reshard!r}, "
@@ -77,4 +79,91 @@ def fully_shard_code(cfg: TrialConfig, model: str, indent: str) -> list[str]:
         f"{indent}    fully_shard(block, reshard_after_forward={cfg.fsdp_reshard!r}, mp_policy=mp, "
         f"offload_policy={offload})",
         f"{indent}fully_shard({model}, mp_policy=mp, offload_policy={offload})",
+    ]
+
+
+def accelerate_rows(cfg: TrialConfig, in_script: str) -> dict[str, str]:
+    return where(
+        cfg,
+        {
+            "parallel": "distributed_type: FSDP, fsdp_version: 2; name your block class in fsdp_transformer_layer_cls_to_wrap",
+            "fsdp_reshard": "fsdp_config.fsdp_reshard_after_forward",
+            "fsdp_offload": "fsdp_config.fsdp_offload_params",
+            "fsdp_param_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy",
+            "fsdp_reduce_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy",
+        },
+    )
+
+
+def hf_rows(cfg: TrialConfig) -> dict[str, str]:
+    one_dtype = "no field: bf16=True casts params and reduce alike (see below)"
+    return where(
+        cfg,
+        {
+            "parallel": "fsdp=True, fsdp_config['version'] = 2",
+            "fsdp_reshard": "fsdp_config['reshard_after_forward']",
+            "fsdp_offload": "fsdp_config['cpu_offload']",
+            "fsdp_param_dtype": one_dtype,
+            "fsdp_reduce_dtype": one_dtype,
+        },
+    )
+
+
+def lightning_rows(cfg: TrialConfig) -> dict[str, str]:
+    return where(
+        cfg,
+        {
+            "parallel": "trainer_kwargs['strategy'] = ModelParallelStrategy() (FSDP2) + AutotuneHooks.configure_model",
+            "fsdp_reshard": "AutotuneHooks.configure_model (fully_shard)",
+            "fsdp_param_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
+            "fsdp_reduce_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
+            "fsdp_offload": "AutotuneHooks.configure_model (offload_policy)",
+        },
+    )
+
+
+def accelerate_plugin(cfg: TrialConfig, grad_accum: int) -> list[str]:
+    """The script's Accelerator line; under fsdp with the plugin that holds the mixed-precision policy (the
+    config file's fsdp_config has no field for the reduce dtype)."""
+    if not fsdp_on(cfg):
+        return [f"accelerator = Accelerator(gradient_accumulation_steps={grad_accum!r})"]
+    return [
+        "from accelerate.utils import FullyShardedDataParallelPlugin",
+        "from torch.distributed.fsdp import MixedPrecisionPolicy",
+        "plugin = FullyShardedDataParallelPlugin(  # parallel=fsdp; the rest comes from fsdp_config",
+        f"    fsdp_version=2, mixed_precision_policy={mp_policy(cfg)})",
+        f"accelerator = Accelerator(gradient_accumulation_steps={grad_accum!r}, fsdp_plugin=plugin)",
+    ]
+
+
+def hf_notes(cfg: TrialConfig) -> list[str]:
+    if not fsdp_on(cfg):
+        return []
+    return [
+        f"# parallel=fsdp: the trials used {mp_policy(cfg)}; TrainingArguments sets one dtype for both "
+        "(bf16=True: bf16 params and reduce), so a different pair needs the accelerate FSDP plugin's "
+        "mixed_precision_policy"
+    ]
+
+
+def lightning_strategy(cfg: TrialConfig) -> list[str]:
+    """trainer_kwargs' strategy line: FSDP2 through ModelParallelStrategy, DDP, or none for one process."""
+    if fsdp_on(cfg):
+        return [
+            f"    strategy=ModelParallelStrategy(data_parallel_size={cfg.gpus!r}, tensor_parallel_size=1),"
+            "  # parallel=fsdp: FSDP2, applied in configure_model"
+        ]
+    return ["    strategy='ddp',  # one process per device, as autotune measured it"] if cfg.gpus > 1 else []
+
+
+def lightning_hook(cfg: TrialConfig) -> list[str]:
+    """AutotuneHooks.configure_model under fsdp: the trials' sharding, where Lightning wants it."""
+    if not fsdp_on(cfg):
+        return []
+    return [
+        "",
+        "    def configure_model(self):",
+        "        # parallel=fsdp: shard each block, then the module, as the trials did",
+        "        blocks = self.blocks  # yours: the repeated layers (e.g. self.layers)",
+        *fully_shard_code(cfg, "self", "        "),
     ]

@@ -31,9 +31,8 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": on_cpu,
+        **({"fsdp_config": _strategy.accelerate_config(cfg)} if _strategy.fsdp_on(cfg) else {}),
     }
-    if _strategy.fsdp_on(cfg):
-        conf["fsdp_config"] = _strategy.accelerate_config(cfg)
     if cfg.compile != "off":
         conf["dynamo_config"] = {
             "dynamo_backend": "INDUCTOR",
@@ -61,21 +60,13 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "set_to_none": f"{in_script}, {zero_grad_call(cfg)}",
         "num_threads": f"{in_script}, torch.set_num_threads({cfg.num_threads})" if cfg.num_threads
         else "0 = torch's default; nothing to set",
-        **_strategy.where(cfg, {
-            "parallel": "distributed_type: FSDP, fsdp_version: 2; name your block class in "
-            "fsdp_transformer_layer_cls_to_wrap" if _strategy.fsdp_on(cfg)
-            else f"distributed_type: {dist}",
-            "fsdp_reshard": "fsdp_config.fsdp_reshard_after_forward",
-            "fsdp_offload": "fsdp_config.fsdp_offload_params",
-            "fsdp_param_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy",
-            "fsdp_reduce_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy"}),
     }
     header = [
         "# accelerate config for the configuration autotune measured.",
         "# Use: accelerate launch --config_file accelerate.yaml train.py",
         "# accelerate holds the process layout, mixed precision and torch.compile; the DataLoader and",
         "# optimizer knobs stay in your script. Every tuned knob, and where it goes:",
-        knob_table(cfg, where),
+        knob_table(cfg, where | _strategy.accelerate_rows(cfg, in_script)),
         *training_lines(cfg),
         *script_lines(cfg),
         "",
@@ -92,15 +83,7 @@ def script_lines(cfg: TrialConfig) -> list[str]:
     code.append(f"torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark!r}")
     if cfg.num_threads:
         code.append(f"torch.set_num_threads({cfg.num_threads!r})")
-    if _strategy.fsdp_on(cfg):
-        # The config file's fsdp_config has no field for the reduce dtype: the plugin here holds the whole policy.
-        code += ["from accelerate.utils import FullyShardedDataParallelPlugin",
-                 "from torch.distributed.fsdp import MixedPrecisionPolicy",
-                 "plugin = FullyShardedDataParallelPlugin(  # parallel=fsdp; the rest comes from fsdp_config",
-                 f"    fsdp_version=2, mixed_precision_policy={_strategy.mp_policy(cfg)})",
-                 f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r}, fsdp_plugin=plugin)"]
-    else:
-        code.append(f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r})")
+    code += _strategy.accelerate_plugin(cfg, cfg.grad_accum)
     if cfg.channels_last:
         code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs likewise, in the loop")
     if cfg.checkpoint_segments:

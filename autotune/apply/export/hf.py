@@ -29,11 +29,6 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         "set_to_none": "not a TrainingArguments field (see below)",
         "num_threads": "not a TrainingArguments field: torch.set_num_threads (below)" if cfg.num_threads
         else "0 = torch's default; nothing to set",
-        **_strategy.where(cfg, {"parallel": "fsdp=True, fsdp_config['version'] = 2",
-                                "fsdp_reshard": "fsdp_config['reshard_after_forward']",
-                                "fsdp_offload": "fsdp_config['cpu_offload']",
-                                "fsdp_param_dtype": "no field: bf16=True casts params and reduce alike (see below)",
-                                "fsdp_reduce_dtype": "no field: bf16=True casts params and reduce alike (see below)"}),
     }
     args = [
         f"    per_device_train_batch_size={cfg.batch_size!r},",
@@ -59,8 +54,7 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
     args.append(f"    torch_compile={cfg.compile != 'off'!r},  # compile={cfg.compile}")
     if cfg.compile != "off":
         args.append(f"    torch_compile_mode={cfg.compile!r},")
-    if _strategy.fsdp_on(cfg):
-        args += _strategy.hf_args(cfg)
+    args += _strategy.hf_args(cfg)
     if device is not None and device.startswith("cpu"):
         args.append("    use_cpu=True,  # autotune measured this on CPU")
     notes = [f"torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark!r}  # cudnn_benchmark"]
@@ -75,10 +69,7 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         f"# set_to_none={cfg.set_to_none}: Trainer calls model.zero_grad(), which frees grads (set_to_none=True) "
         "in torch >= 2.0" + ("" if cfg.set_to_none else "; to keep zeroed grads, override Trainer.training_step"),
     ]
-    if _strategy.fsdp_on(cfg):
-        notes.append(f"# parallel=fsdp: the trials used {_strategy.mp_policy(cfg)}; TrainingArguments sets one "
-                     "dtype for both (bf16=True: bf16 params and reduce), so a different pair needs the accelerate "
-                     "FSDP plugin's mixed_precision_policy")
+    notes += _strategy.hf_notes(cfg)
     if cfg.checkpoint_segments:
         notes.append(f"# checkpoint_segments={cfg.checkpoint_segments}: gradient_checkpointing needs a model with "
                      "gradient_checkpointing_enable() (a transformers PreTrainedModel); it saves more memory and "
@@ -93,7 +84,7 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
     parts = [
         "# transformers.TrainingArguments fields for the configuration autotune measured.",
         "# Every tuned knob, and where it goes:",
-        knob_table(cfg, where),
+        knob_table(cfg, where | _strategy.hf_rows(cfg)),
         *training_lines(cfg),
         "import torch",
         "",

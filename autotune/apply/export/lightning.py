@@ -28,22 +28,12 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "prefetch_factor": "dataloader_kwargs['prefetch_factor']",
         "set_to_none": "AutotuneHooks.optimizer_zero_grad",
         "num_threads": "torch.set_num_threads (see below)" if cfg.num_threads else "0 = torch's default; nothing to set",
-        **_strategy.where(cfg, {"parallel": "trainer_kwargs['strategy'] = ModelParallelStrategy() (FSDP2) + "
-                                "AutotuneHooks.configure_model",
-                                "fsdp_reshard": "AutotuneHooks.configure_model (fully_shard)",
-                                "fsdp_param_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
-                                "fsdp_reduce_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
-                                "fsdp_offload": "AutotuneHooks.configure_model (offload_policy)"}),
     }
     trainer = [
         f"    accelerator={accelerator(device)!r},",
         f"    devices={cfg.gpus!r},",
     ]
-    if _strategy.fsdp_on(cfg):
-        trainer.append(f"    strategy=ModelParallelStrategy(data_parallel_size={cfg.gpus!r}, tensor_parallel_size=1),"
-                       "  # parallel=fsdp: FSDP2, applied in configure_model")
-    elif multi:
-        trainer.append("    strategy='ddp',  # one process per device, as autotune measured it")
+    trainer += _strategy.lightning_strategy(cfg)
     trainer += [
         f"    precision={_LIGHTNING_PRECISION[cfg.precision]!r},",
         f"    benchmark={cfg.cudnn_benchmark!r},  # cudnn_benchmark",
@@ -63,11 +53,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):",
         f"        {zero_grad_call(cfg)}  # set_to_none={cfg.set_to_none!r}",
     ]
-    if _strategy.fsdp_on(cfg):
-        hooks += ["", "    def configure_model(self):",
-                  "        # parallel=fsdp: shard each block, then the module, as the trials did",
-                  "        blocks = self.blocks  # yours: the repeated layers (e.g. self.layers)",
-                  *_strategy.fully_shard_code(cfg, "self", "        ")]
+    hooks += _strategy.lightning_hook(cfg)
     if cfg.channels_last:
         hooks += [
             "",
@@ -97,7 +83,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
     parts = [
         "# Lightning (lightning.pytorch) settings for the configuration autotune measured.",
         "# Every tuned knob, and where it goes:",
-        knob_table(cfg, where),
+        knob_table(cfg, where | _strategy.lightning_rows(cfg)),
         *training_lines(cfg),
         "import torch",
         *(["from lightning.pytorch.strategies import ModelParallelStrategy"] if _strategy.fsdp_on(cfg) else []),
