@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 from autotune.cli._common import (apply_cpus, apply_nodes, check_folder, check_journal, cpus_arg, new_console,
                                   nodes_args, skip_bad_data_arg, workload_args)
-from autotune.core.config import LR_RULES, SAMPLERS
+from autotune.core.config import LR_RULES
+from autotune.core.settings import SAMPLERS
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
 
@@ -103,34 +104,11 @@ def _console() -> Any:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autotune.core.config import SearchSettings, TrialConfig, parse_duration, parse_percent
-    from autotune.core.configfile import load_baseline
-    from autotune.core.errors import ConfigError
-    from autotune.pipelines import workload
     from autotune.search.results import shown_storage
     from autotune.search.session import SearchSession
 
-    if args.budget is None and not args.create_only:
-        raise ConfigError("search needs --budget (e.g. --budget 10m)")
-    if args.global_batch is not None and args.global_batch < 1:
-        raise ConfigError(f"--global-batch must be a positive number of samples, got {args.global_batch}")
-    check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)  # the default data goes there first
-    check_journal(args.storage)
-    apply_cpus(args)
-    apply_nodes(args)
+    settings = _search_settings(args)
     console = _console()
-    batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
-    # Checked before anything is written (the default data is made on first use).
-    baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
-    base = workload(args.pipeline, args.image_size, args.data, args.studies_dir, seconds=args.trial_seconds,
-                    warmup_steps=args.warmup_steps, window=3, lr_scaling=args.lr_scaling, baseline=baseline, **batch)
-    settings = SearchSettings(
-        budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study,
-        storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,
-        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
-        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base,
-        skip_bad_data=args.skip_bad_data, confirm_rounds=args.confirm_rounds, confirm_top=args.confirm_top,
-        parity_steps=args.parity_steps, memory_headroom=parse_percent(args.memory_headroom, "--memory-headroom"))
     with _data_progress(console) as progress:
         session = SearchSession.create(settings, warm=not args.cold_start, say=_dim(console), defer=args.create_only,
                                        progress=progress)
@@ -142,10 +120,40 @@ def cmd_search(args: argparse.Namespace) -> int:
     return _run(session, console)
 
 
+def _search_settings(args: argparse.Namespace) -> Any:
+    """`search`'s flags checked and resolved into SearchSettings, before anything is written (the default
+    data is made on first use, later)."""
+    from autotune.core.config import TrialConfig
+    from autotune.core.configfile import load_baseline
+    from autotune.core.errors import ConfigError
+    from autotune.core.settings import SearchSettings, parse_duration, parse_percent
+    from autotune.pipelines import workload
+
+    if args.budget is None and not args.create_only:
+        raise ConfigError("search needs --budget (e.g. --budget 10m)")
+    if args.global_batch is not None and args.global_batch < 1:
+        raise ConfigError(f"--global-batch must be a positive number of samples, got {args.global_batch}")
+    check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)  # the default data goes there first
+    check_journal(args.storage)
+    apply_cpus(args)
+    apply_nodes(args)
+    batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
+    baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
+    base = workload(args.pipeline, args.image_size, args.data, args.studies_dir, seconds=args.trial_seconds,
+                    warmup_steps=args.warmup_steps, window=3, lr_scaling=args.lr_scaling, baseline=baseline, **batch)
+    return SearchSettings(
+        budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study,
+        storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,
+        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
+        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base,
+        skip_bad_data=args.skip_bad_data, confirm_rounds=args.confirm_rounds, confirm_top=args.confirm_top,
+        parity_steps=args.parity_steps, memory_headroom=parse_percent(args.memory_headroom, "--memory-headroom"))
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     import optuna
 
-    from autotune.core.config import SearchSettings, parse_duration
+    from autotune.core.settings import SearchSettings, parse_duration
     from autotune.core.errors import AutotuneError
     from autotune.search.session import SearchSession
 

@@ -261,16 +261,3 @@ class TrialResult:
         kw["windows"] = tuple(kw.get("windows") or ())
         kw["losses"] = tuple(kw.get("losses") or ())
         return cls(**kw)
-
-
-# Moved to autotune.core.settings. Still reachable here for cli/search.py and search/session.py, which
-# import them from this module; drop this once they import from settings.
-_MOVED = frozenset({"SAMPLERS", "DEFAULT_TRIAL_TIMEOUT_S", "SearchSettings", "parse_duration", "parse_percent"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from autotune.core import settings
-
-        return getattr(settings, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 import optuna
 
 from autotune import pipelines
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic

@@ -48,6 +48,7 @@ def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Pat
                                                  "benchmark": False},
                               "dataloader_kwargs": {"batch_size": 16, "num_workers": 1, "pin_memory": False,
                                                     "persistent_workers": False, "prefetch_factor": 2},
+                              "num_threads": 1,  # not a Trainer argument: torch.set_num_threads, said in best.yaml
                               "lr_scale": 1.0}
     # Measured as the worker measures: warm-up untimed, every step's loss, windows for pruning.
     assert result.timed_steps == 6 and len(result.losses) == 8 and all(map(math.isfinite, result.losses))

@@ -17,7 +17,7 @@ from autotune.core.configfile import Export
 from autotune.core.errors import SearchSpaceError
 from autotune.core.settings import SearchSettings
 from autotune.search.records import TrialRecord
-from autotune.search.session import SearchSession
+from autotune.search.session import MEMORY_PROBE_ENV, SearchSession
 from autotune.search.space import Hardware
 
 LM = "autotune.pipelines.examples.language_model:make_w64_d2"
@@ -25,7 +25,7 @@ LM = "autotune.pipelines.examples.language_model:make_w64_d2"
 BASE = TrialConfig(
     pipeline=LM, image_size=32, batch_size=4, warmup_steps=1, timed_steps=3, window=1, baseline={"gpus": 2}
 )
-TWO_DEVICES = Hardware(cuda=False, gpu_count=2, cpu_count=2, apex=False)
+TWO_DEVICES = Hardware(cuda=False, gpu_count=2, cpu_count=2, apex=False, memory_bytes=16 * 2**30)
 # What names each strategy in each format (a 2-process CPU study).
 NAMED = {
     "fsdp": {
@@ -61,7 +61,8 @@ def settings(tmp_path: Path, space: str, base: TrialConfig = BASE, **kw: object)
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("two_devices")
-def test_a_search_over_ddp_and_fsdp_exports_the_winners_strategy(tmp_path: Path) -> None:
+def test_a_search_over_ddp_and_fsdp_exports_the_winners_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEMORY_PROBE_ENV, "1")  # the estimate before launch, beside the peak after
     s = settings(
         tmp_path,
         "knobs:\n  gpus: 2\n  parallel: [ddp, fsdp]\n",
@@ -78,9 +79,14 @@ def test_a_search_over_ddp_and_fsdp_exports_the_winners_strategy(tmp_path: Path)
     assert set(by) == {"ddp", "fsdp"}, [r.config for r in done]
     assert by["fsdp"].applied["fsdp"]["dtensor_params"] > 0  # really sharded, not DDP under another name
     assert by["ddp"].applied["parallel"]["in_effect"] == "ddp"
+    assert by["fsdp"].memory_estimate["strategy"].startswith("fsdp x2"), by["fsdp"].memory_estimate
+    assert by["ddp"].memory_estimate["strategy"] == "ddp x2", by["ddp"].memory_estimate
+    # the sharded rank holds half the fp32 state DDP's holds: its estimate's params are smaller
+    assert by["fsdp"].memory_estimate["optimizer"] * 2 == pytest.approx(by["ddp"].memory_estimate["optimizer"], rel=0.01)
     best = yaml.safe_load((tmp_path / "studies" / "autotune" / "best.yaml").read_text())
     strategy = best["config"]["parallel"]
     assert best["config"]["gpus"] == 2 and strategy in ("ddp", "fsdp")
+    assert best["metrics"]["memory_estimate"]["peak_bytes"] > 0 and "error" in best["metrics"]["memory_estimate"]
     export = Export(config=TrialConfig.from_dict(best), environment={"device": "cpu"})
     for fmt, marker in NAMED[strategy].items():
         assert marker in render(fmt, export), fmt

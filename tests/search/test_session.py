@@ -9,7 +9,8 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.session import SearchSession

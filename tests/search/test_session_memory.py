@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from autotune.apply.report import memory_rows
-from autotune.core.config import SearchSettings, TrialConfig
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.search import session as session_module
 from autotune.search.memory import ModelFacts
 from autotune.search.records import StudyRecord, TrialRecord

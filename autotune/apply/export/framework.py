@@ -63,7 +63,8 @@ def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
         "",
         *_notes(e, lightning.UNSUPPORTED, float(fw.get("lr_scale") or 1.0)),
         "",
-        "# trainer = lightning.pytorch.Trainer(**trainer_kwargs, max_epochs=...)  # your other arguments as they are",
+        "# these replace your own accelerator, devices, strategy, precision, accumulate_grad_batches, benchmark:",
+        "# trainer = lightning.pytorch.Trainer(**{**your_trainer_kwargs, **trainer_kwargs})",
         "# trainer.fit(model, datamodule=datamodule)",
     ]
     return "\n".join(parts) + "\n"

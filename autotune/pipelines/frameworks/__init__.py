@@ -135,6 +135,12 @@ def lr_scale(cfg: TrialConfig, own_batch: int) -> float:
     return lr_factor(cfg.global_batch_size / own_batch, cfg.lr_scaling)
 
 
+def threads(cfg: TrialConfig) -> dict[str, int]:
+    """num_threads in a framework record: it is neither a Trainer argument nor a TrainingArguments field
+    (the export makes it a torch.set_num_threads line), so best.yaml's framework: section names it too."""
+    return {"num_threads": cfg.num_threads} if cfg.num_threads else {}
+
+
 def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
     """One knob's record in a result's `applied`, in the shape autotune.trial.knobs writes."""
     rec = {"requested": requested, "in_effect": in_effect}

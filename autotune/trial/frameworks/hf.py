@@ -11,7 +11,7 @@ import torch
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
-from autotune.pipelines.frameworks import knob_effect
+from autotune.pipelines.frameworks import knob_effect, threads
 from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, own_batch, tuned_fields
 from autotune.trial import knobs
 from autotune.trial.frameworks import FOREVER, Clock, lr_effect, unsupported_effects
@@ -35,7 +35,7 @@ def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, work
     applied = effects(cfg, job, args, seen)
     applied["framework"] = {"library": "hf", "training_args": changes(base, tuned),
                             "base": {k: getattr(getattr(base, k, None), "value", getattr(base, k, None))
-                                     for k in changes(base, tuned)}}
+                                     for k in changes(base, tuned)}, **threads(cfg)}
     return applied
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
-from autotune.pipelines.frameworks import knob_effect, lr_scale
+from autotune.pipelines.frameworks import knob_effect, lr_scale, threads
 from autotune.pipelines.frameworks.lightning import LightningJob, loader_kwargs, trainer_kwargs
 from autotune.trial import knobs
 from autotune.trial.frameworks import FOREVER, Clock, lr_effect, unsupported_effects
@@ -153,5 +153,5 @@ def effects(cfg: TrialConfig, job: LightningJob, trainer: Any, cuda: bool) -> di
         **unsupported_effects(cfg, job),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.module.modules()),
         "framework": {"library": "lightning", "trainer_kwargs": trainer_kwargs(cfg, cuda),
-                      "dataloader_kwargs": loader_kwargs(cfg)},
+                      "dataloader_kwargs": loader_kwargs(cfg), **threads(cfg)},
     }
