@@ -35,10 +35,11 @@ case "$cmd" in
   test)
     cd "$here"
     exec "$venv/bin/python" -m pytest "$@" ;;
-  lint)  # the import layers, ruff's lint and mypy (configured in pyproject.toml)
+  lint)  # the import layers, ruff's lint and format check, and mypy (configured in pyproject.toml)
     cd "$here"
     "$venv/bin/lint-imports"
     "$venv/bin/ruff" check autotune tests benchmarks scripts
+    "$venv/bin/ruff" format --check autotune tests benchmarks scripts
     exec "$venv/bin/mypy" --python-executable "$venv/bin/python" ;;
   "")
     exec "$venv/bin/autotune" --help ;;

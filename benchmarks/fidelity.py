@@ -21,6 +21,7 @@ are 64 px. At batch 16 an epoch is 9 steps; the trial's 10 s run over several su
 
 Exit code: 0 Spearman >= 0.9, 3 below it, 1 a trial or training run failed (the others are still reported).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,15 +48,20 @@ SMALL_DATA = dict(n=160, size=(320, 240), seed=0)
 # name -> knobs that differ from TrialConfig's plain-PyTorch defaults. Chosen to spread over the knobs
 # that matter on a CPU, and over a wide range of throughput.
 CONFIGS: dict[str, dict[str, Any]] = {
-    "baseline":          {},
-    "bf16":              {"precision": "bf16"},
-    "w2":                {"num_workers": 2},
-    "warm-start":        {"precision": "bf16", "num_workers": 2, "persistent_workers": True, "prefetch_factor": 2,
-                          "optimizer_fusion": "fused"},
-    "bf16-w1-b4-cl":     {"precision": "bf16", "num_workers": 1, "batch_size": 4, "channels_last": True},
-    "b16-foreach":       {"batch_size": 16, "optimizer_fusion": "foreach"},
-    "bf16-w2-ckpt5":     {"precision": "bf16", "num_workers": 2, "checkpoint_segments": 5},
-    "w1-b4-1thread":     {"num_workers": 1, "batch_size": 4, "num_threads": 1},
+    "baseline": {},
+    "bf16": {"precision": "bf16"},
+    "w2": {"num_workers": 2},
+    "warm-start": {
+        "precision": "bf16",
+        "num_workers": 2,
+        "persistent_workers": True,
+        "prefetch_factor": 2,
+        "optimizer_fusion": "fused",
+    },
+    "bf16-w1-b4-cl": {"precision": "bf16", "num_workers": 1, "batch_size": 4, "channels_last": True},
+    "b16-foreach": {"batch_size": 16, "optimizer_fusion": "foreach"},
+    "bf16-w2-ckpt5": {"precision": "bf16", "num_workers": 2, "checkpoint_segments": 5},
+    "w1-b4-1thread": {"num_workers": 1, "batch_size": 4, "num_threads": 1},
     "bf16-b16-cl-fused": {"precision": "bf16", "batch_size": 16, "channels_last": True, "optimizer_fusion": "fused"},
     "w2-b16-ckpt2-pers": {"num_workers": 2, "batch_size": 16, "checkpoint_segments": 2, "persistent_workers": True},
 }
@@ -92,13 +98,29 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def train(cfg_path: Path, out: Path, epochs: int, timeout: float) -> dict[str, Any]:
     """`autotune train` as a user runs it, in its own process group, killed as a group on timeout."""
-    cmd = [sys.executable, "-m", "autotune", "train", "--config", str(cfg_path), "--epochs", str(epochs),
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "train",
+        "--config",
+        str(cfg_path),
+        "--epochs",
+        str(epochs),
+        "--out",
+        str(out),
+    ]
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -118,17 +140,25 @@ def train(cfg_path: Path, out: Path, epochs: int, timeout: float) -> dict[str, A
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--image-size", type=int, default=64, help="training crop size in px (default 64)")
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per trial (default 10)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed trial steps (default 3, as `autotune search`)")
     p.add_argument("--epochs", type=int, default=3, help="epochs of `autotune train` (default 3)")
     p.add_argument("--only", help="comma-separated config names to run (default all): " + ", ".join(CONFIGS))
-    p.add_argument("--data", metavar="DIR", help="dataset folder (default: 160 synthetic images of 320x240 under "
-                   "studies/data, generated on first use)")
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="dataset folder (default: 160 synthetic images of 320x240 under studies/data, generated on first use)",
+    )
     p.add_argument("--out-dir", metavar="DIR", help="trial and training folders (default: a fresh temp folder)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a trial or training run is killed (default 600)")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds before a trial or training run is killed (default 600)"
+    )
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.epochs < 2:
         p.error("--seconds must be > 0 and --epochs >= 2 (epochs 2..n are the steady-state figure)")
@@ -148,11 +178,15 @@ def main(argv: list[str] | None = None) -> int:
 
     data = Path(args.data).resolve() if args.data else ensure_data(ROOT / "studies" / "data", **SMALL_DATA).resolve()
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="fidelity-"))
-    base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,
-                       warmup_steps=args.warmup_steps)
+    base = TrialConfig(
+        data_dir=str(data), image_size=args.image_size, seconds=args.seconds, warmup_steps=args.warmup_steps
+    )
     names = args.only.split(",") if args.only else list(CONFIGS)
-    print(f"data {data}, {args.image_size} px; {len(names)} configs, each a {args.seconds:g} s trial and a "
-          f"{args.epochs}-epoch `autotune train`, interleaved; folders under {out_dir}", flush=True)
+    print(
+        f"data {data}, {args.image_size} px; {len(names)} configs, each a {args.seconds:g} s trial and a "
+        f"{args.epochs}-epoch `autotune train`, interleaved; folders under {out_dir}",
+        flush=True,
+    )
 
     rows: dict[str, dict[str, Any]] = {}
     failures = 0
@@ -164,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg_path.write_text(json.dumps(cfg.to_dict()))
         row: dict[str, Any] = {}
         # Alternate which goes first, so that neither always inherits the other's warm page cache.
-        for kind in (("trial", "train") if i % 2 == 0 else ("train", "trial")):
+        for kind in ("trial", "train") if i % 2 == 0 else ("train", "trial"):
             t0 = time.monotonic()
             try:
                 with OtherLoad() as other:
@@ -187,11 +221,13 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{kind}_load"] = os.getloadavg()[0]
         if "trial" in row and "train" in row:
             rows[name] = row
-            print(f"{name:18s} trial {row['trial']:7.2f}  train {row['train']:7.2f} (epochs "
-                  f"{' '.join(f'{e:.2f}' for e in row['epochs'])}; 2..{args.epochs}: {row['train_steady']:.2f}) samples/s  "
-                  f"trial/train {row['trial'] / row['train']:.2f}  wall {row['trial_wall']:.0f}+{row['train_wall']:.0f} s  "
-                  f"load {row['trial_load']:.1f}/{row['train_load']:.1f}  others {row['trial_others']:.2f}/{row['train_others']:.2f} CPUs",
-                  flush=True)
+            print(
+                f"{name:18s} trial {row['trial']:7.2f}  train {row['train']:7.2f} (epochs "
+                f"{' '.join(f'{e:.2f}' for e in row['epochs'])}; 2..{args.epochs}: {row['train_steady']:.2f}) samples/s  "
+                f"trial/train {row['trial'] / row['train']:.2f}  wall {row['trial_wall']:.0f}+{row['train_wall']:.0f} s  "
+                f"load {row['trial_load']:.1f}/{row['train_load']:.1f}  others {row['trial_others']:.2f}/{row['train_others']:.2f} CPUs",
+                flush=True,
+            )
 
     print(f"\n{len(rows)} of {len(names)} configs measured both ways in {time.monotonic() - t_all:.0f} s")
     if len(rows) < 3:
@@ -203,19 +239,27 @@ def main(argv: list[str] | None = None) -> int:
     rho, rho_steady = spearman(trial, full), spearman(trial, steady)
     ratios = [t / f for t, f in zip(trial, full)]
     ratios_steady = [t / s for t, s in zip(trial, steady)]
-    print(f"Spearman rank correlation trial vs train ({args.epochs} epochs): {rho:.3f}   "
-          f"vs train epochs 2..{args.epochs}: {rho_steady:.3f}   (goal >= {GOAL})")
-    print(f"trial/train ratio: mean {statistics.fmean(ratios):.2f}, median {statistics.median(ratios):.2f}, "
-          f"range {min(ratios):.2f}..{max(ratios):.2f}; vs epochs 2..{args.epochs}: mean {statistics.fmean(ratios_steady):.2f}, "
-          f"median {statistics.median(ratios_steady):.2f}")
+    print(
+        f"Spearman rank correlation trial vs train ({args.epochs} epochs): {rho:.3f}   "
+        f"vs train epochs 2..{args.epochs}: {rho_steady:.3f}   (goal >= {GOAL})"
+    )
+    print(
+        f"trial/train ratio: mean {statistics.fmean(ratios):.2f}, median {statistics.median(ratios):.2f}, "
+        f"range {min(ratios):.2f}..{max(ratios):.2f}; vs epochs 2..{args.epochs}: mean {statistics.fmean(ratios_steady):.2f}, "
+        f"median {statistics.median(ratios_steady):.2f}"
+    )
     by_trial = sorted(rows, key=lambda n: -rows[n]["trial"])
     by_train = sorted(rows, key=lambda n: -rows[n]["train"])
-    print(f"fastest by trial: {', '.join(by_trial[:3])}; by train: {', '.join(by_train[:3])}; "
-          f"the trial's pick is #{by_train.index(by_trial[0]) + 1} in training")
+    print(
+        f"fastest by trial: {', '.join(by_trial[:3])}; by train: {', '.join(by_train[:3])}; "
+        f"the trial's pick is #{by_train.index(by_trial[0]) + 1} in training"
+    )
     loads = [r[k] for r in rows.values() for k in ("trial_load", "train_load")]
     others = [r[k] for r in rows.values() for k in ("trial_others", "train_others")]
-    print(f"machine: load average {min(loads):.1f}..{max(loads):.1f}, other processes {min(others):.2f}..{max(others):.2f} "
-          f"CPUs, on {os.cpu_count()} CPUs")
+    print(
+        f"machine: load average {min(loads):.1f}..{max(loads):.1f}, other processes {min(others):.2f}..{max(others):.2f} "
+        f"CPUs, on {os.cpu_count()} CPUs"
+    )
     (out_dir / "fidelity.json").write_text(json.dumps(rows, indent=1))
     if failures:
         print(f"{failures} measurement(s) failed", file=sys.stderr)

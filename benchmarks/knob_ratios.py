@@ -19,6 +19,7 @@ re-measured side by side.
 
 Exit code: 0 when every trial finished, 1 when any trial failed (the others are still reported).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,12 +56,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=128, help="training crop size in px (default 128)")
     p.add_argument("--repeats", type=int, default=3, help="rounds over all configs (default 3)")
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per trial, after warm-up (default 20)")
-    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps per trial (default 3, as `autotune search`)")
-    p.add_argument("--data", metavar="DIR", help="dataset folder with images/ and masks/ "
-                   "(default: the synthetic set under studies/data, generated on first use)")
+    p.add_argument(
+        "--warmup-steps", type=int, default=3, help="untimed steps per trial (default 3, as `autotune search`)"
+    )
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="dataset folder with images/ and masks/ "
+        "(default: the synthetic set under studies/data, generated on first use)",
+    )
     p.add_argument("--out-dir", metavar="DIR", help="where trial folders go (default: a fresh temp folder)")
-    p.add_argument("--config", metavar="FILE", help="compare this config (e.g. an exported best.yaml) with the baseline")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before a trial is killed (default seconds + 300)")
+    p.add_argument(
+        "--config", metavar="FILE", help="compare this config (e.g. an exported best.yaml) with the baseline"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="seconds before a trial is killed (default seconds + 300)"
+    )
     args = p.parse_args(argv)
     if args.repeats < 1 or args.seconds <= 0:
         p.error("--repeats must be >= 1 and --seconds > 0")
@@ -75,16 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="knob-ratios-"))
     timeout = args.timeout or args.seconds + 300
-    base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,
-                       warmup_steps=args.warmup_steps, window=3)
+    base = TrialConfig(
+        data_dir=str(data), image_size=args.image_size, seconds=args.seconds, warmup_steps=args.warmup_steps, window=3
+    )
     configs, ratios = CONFIGS, RATIOS
     if args.config:
         best = load_config(args.config)
         base = best.replace(**BASELINE.knobs(), seconds=args.seconds, warmup_steps=args.warmup_steps)
         configs = {"baseline": BASELINE.knobs(), "best": best.knobs()}
         ratios = {"best/baseline": ("best", "baseline")}
-    print(f"data {base.data_dir}, image {base.image_size} px, {args.repeats} round(s) x {len(configs)} configs, "
-          f"{args.seconds:g} s measured per trial, trial folders under {out_dir}", flush=True)
+    print(
+        f"data {base.data_dir}, image {base.image_size} px, {args.repeats} round(s) x {len(configs)} configs, "
+        f"{args.seconds:g} s measured per trial, trial folders under {out_dir}",
+        flush=True,
+    )
 
     names = list(configs)
     sps: dict[str, list[float | None]] = {n: [] for n in names}
@@ -106,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sps[name].append(res.samples_per_s)
             # The 1-minute load average shows how much else was running: this is a shared machine.
-            print(f"round {r} {name:8s} {res.samples_per_s:7.2f} samples/s  step p50 {res.step_time_p50 * 1e3:5.0f} ms  "
-                  f"p90 {res.step_time_p90 * 1e3:5.0f} ms  data wait {res.data_wait_fraction:4.0%}  "
-                  f"{res.timed_steps:3d} steps  whole trial {time.monotonic() - t0:3.0f} s  "
-                  f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+            print(
+                f"round {r} {name:8s} {res.samples_per_s:7.2f} samples/s  step p50 {res.step_time_p50 * 1e3:5.0f} ms  "
+                f"p90 {res.step_time_p90 * 1e3:5.0f} ms  data wait {res.data_wait_fraction:4.0%}  "
+                f"{res.timed_steps:3d} steps  whole trial {time.monotonic() - t0:3.0f} s  "
+                f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+                flush=True,
+            )
 
     print(f"\nper config (samples/s; {args.repeats} round(s), {time.monotonic() - t_all:.0f} s in all)")
     medians: dict[str, float | None] = {}
@@ -127,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         of_medians = f"{mn / md:.2f}x" if mn is not None and md else "-"
         med_of_rounds = f"{statistics.median(per_round):.2f}x" if per_round else "-"
         rounds = "  ".join(f"{x:.2f}" for x in per_round) or "-"
-        print(f"  {ratio:18s} ratio of medians {of_medians:>6s}   median of per-round ratios {med_of_rounds:>6s}   "
-              f"per round: {rounds}")
+        print(
+            f"  {ratio:18s} ratio of medians {of_medians:>6s}   median of per-round ratios {med_of_rounds:>6s}   "
+            f"per round: {rounds}"
+        )
     if failures:
         print(f"\n{failures} trial(s) failed", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ medians only when there was no such round.
 
 Exit code: 0 ratio >= 0.9, 3 ratio below it, 1 the pipeline failed to build or step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,20 +44,39 @@ GOAL = 0.9
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="FILE", help="take the knobs from this config (e.g. an exported best.yaml); "
-                   "default: autotune.search.study.warm_start for this machine")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="take the knobs from this config (e.g. an exported best.yaml); "
+        "default: autotune.search.study.warm_start for this machine",
+    )
     p.add_argument("--image-size", type=int, default=128, help="training crop size in px (default 128)")
     p.add_argument("--rounds", type=int, default=6, help="rounds of (end-to-end, compute) (default 6)")
     p.add_argument("--seconds", type=float, default=8.0, help="timed seconds per phase (default 8)")
-    p.add_argument("--quiet-below", type=float, default=None, metavar="CPUS",
-                   help="before each round, wait until other processes use fewer CPUs than this (default: don't wait)")
+    p.add_argument(
+        "--quiet-below",
+        type=float,
+        default=None,
+        metavar="CPUS",
+        help="before each round, wait until other processes use fewer CPUs than this (default: don't wait)",
+    )
     p.add_argument("--quiet-wait", type=float, default=60.0, metavar="S", help="longest wait for quiet (default 60)")
-    p.add_argument("--contended-above", type=float, default=0.3, metavar="CPUS",
-                   help="a round in which other processes used more than this is reported apart (default 0.3)")
+    p.add_argument(
+        "--contended-above",
+        type=float,
+        default=0.3,
+        metavar="CPUS",
+        help="a round in which other processes used more than this is reported apart (default 0.3)",
+    )
     p.add_argument("--min-steps", type=int, default=5, help="at least this many timed steps per phase (default 5)")
-    p.add_argument("--cached-batches", type=int, default=4, help="batches materialised once for the compute phase (default 4)")
+    p.add_argument(
+        "--cached-batches", type=int, default=4, help="batches materialised once for the compute phase (default 4)"
+    )
     p.add_argument("--data", metavar="DIR", help="dataset folder (default: the CLI's synthetic set under studies/data)")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0 or args.cached_batches < 1:
@@ -81,10 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.gpus > 1:
         print("roofline measures one process; a gpus > 1 config is measured with gpus=1", flush=True)
         cfg = cfg.replace(gpus=1)
-    print("config: " + " ".join(f"{k}={v}" for k, v in cfg.knobs().items())
-          + f" ({'from ' + args.config if args.config else 'autotune.study.warm_start on this machine'})", flush=True)
-    print(f"workload: {cfg.image_size} px, data {cfg.data_dir}; {args.rounds} round(s), {args.seconds:g} s per phase, "
-          f"{args.cached_batches} cached batches", flush=True)
+    print(
+        "config: "
+        + " ".join(f"{k}={v}" for k, v in cfg.knobs().items())
+        + f" ({'from ' + args.config if args.config else 'autotune.study.warm_start on this machine'})",
+        flush=True,
+    )
+    print(
+        f"workload: {cfg.image_size} px, data {cfg.data_dir}; {args.rounds} round(s), {args.seconds:g} s per phase, "
+        f"{args.cached_batches} cached batches",
+        flush=True,
+    )
 
     t_build = time.monotonic()
     try:
@@ -98,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     cycle: Iterator[Any] = itertools.cycle(cached)
     prefetched = cfg.num_workers * (cfg.prefetch_factor or 2) if cfg.num_workers else 0
     warm = max(2, prefetched)
-    print(f"built in {time.monotonic() - t_build:.1f} s; {warm} untimed steps per phase "
-          f"({prefetched} batches can be prefetched by the workers)\n", flush=True)
+    print(
+        f"built in {time.monotonic() - t_build:.1f} s; {warm} untimed steps per phase "
+        f"({prefetched} batches can be prefetched by the workers)\n",
+        flush=True,
+    )
 
     def phase(source: Iterator[Any]) -> tuple[float, float, int, float]:
         for _ in range(warm):
@@ -133,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                 sps, wait, steps, others = phase(stream if name == "end-to-end" else cycle)
                 got[name] = sps
                 worst = max(worst, others)
-                print(f"round {r} {name:10s} {sps:7.2f} samples/s  {steps:3d} steps  data wait {wait:4.0%}  "
-                      f"load {os.getloadavg()[0]:.1f}  others {others:.2f} CPUs", flush=True)
+                print(
+                    f"round {r} {name:10s} {sps:7.2f} samples/s  {steps:3d} steps  data wait {wait:4.0%}  "
+                    f"load {os.getloadavg()[0]:.1f}  others {others:.2f} CPUs",
+                    flush=True,
+                )
             e2e.append(got["end-to-end"])
             comp.append(got["compute"])
             calm.append(worst <= args.contended_above)
@@ -145,24 +178,35 @@ def main(argv: list[str] | None = None) -> int:
 
     per_round = [a / b for a, b in zip(e2e, comp)]
     ratio = statistics.median(e2e) / statistics.median(comp)
-    print(f"\nend-to-end median {statistics.median(e2e):.2f} samples/s, compute only median {statistics.median(comp):.2f}; "
-          f"ratio of medians {ratio:.2f}, median of per-round ratios {statistics.median(per_round):.2f} "
-          f"(per round: {'  '.join(f'{x:.2f}' for x in per_round)})")
+    print(
+        f"\nend-to-end median {statistics.median(e2e):.2f} samples/s, compute only median {statistics.median(comp):.2f}; "
+        f"ratio of medians {ratio:.2f}, median of per-round ratios {statistics.median(per_round):.2f} "
+        f"(per round: {'  '.join(f'{x:.2f}' for x in per_round)})"
+    )
     calm_ratios = [x for x, c in zip(per_round, calm) if c]
     if calm_ratios:
-        print(f"rounds with other processes <= {args.contended_above:g} CPUs in both phases: {len(calm_ratios)}, "
-              f"median ratio {statistics.median(calm_ratios):.2f}")
+        print(
+            f"rounds with other processes <= {args.contended_above:g} CPUs in both phases: {len(calm_ratios)}, "
+            f"median ratio {statistics.median(calm_ratios):.2f}"
+        )
         ratio = statistics.median(calm_ratios)
     else:
-        print(f"no round ran with other processes <= {args.contended_above:g} CPUs in both phases: "
-              "the figure below is the contended ratio of medians")
-    verdict = ("input pipeline hidden" if ratio >= GOAL else
-               f"input pipeline NOT hidden: {1 - ratio:.0%} of compute-only throughput is lost to loading")
+        print(
+            f"no round ran with other processes <= {args.contended_above:g} CPUs in both phases: "
+            "the figure below is the contended ratio of medians"
+        )
+    verdict = (
+        "input pipeline hidden"
+        if ratio >= GOAL
+        else f"input pipeline NOT hidden: {1 - ratio:.0%} of compute-only throughput is lost to loading"
+    )
     print(f"goal >= {GOAL}: {verdict}")
     if ratio < GOAL and device.type == "cpu" and cfg.num_workers > 0:
-        print(f"  on CPU the loader workers' decoding runs on the same {os.cpu_count()} cores as the model's "
-              f"{h.applied.get('num_threads', {}).get('in_effect', '?')} intra-op threads, so it cannot be fully hidden; "
-              "it can only be made cheaper (smaller source images, a cheaper decode) or given its own cores")
+        print(
+            f"  on CPU the loader workers' decoding runs on the same {os.cpu_count()} cores as the model's "
+            f"{h.applied.get('num_threads', {}).get('in_effect', '?')} intra-op threads, so it cannot be fully hidden; "
+            "it can only be made cheaper (smaller source images, a cheaper decode) or given its own cores"
+        )
     return 0 if ratio >= GOAL else 3
 
 

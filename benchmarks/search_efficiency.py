@@ -45,6 +45,7 @@ default strategy misses the goal (95% of the best within a quarter of the grid's
 of random's trials: the exact median for uniform random draws, since a 20-seed sample of random is itself
 noisy), 0 when it meets it, 2 for a bad table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,6 +114,7 @@ def _parse_value(text: str) -> Any:
 
 # ------------------------------------------------------------------------------------------ record
 
+
 def record(args: argparse.Namespace) -> int:
     from autotune.core import errors
     from autotune.trial import launcher
@@ -125,8 +127,9 @@ def record(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else DATA_DIR / f"grid-{kind}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="search-eff-"))
-    base = TrialConfig(data_dir=str(data), image_size=args.image_size, seconds=args.seconds,
-                       warmup_steps=args.warmup_steps)
+    base = TrialConfig(
+        data_dir=str(data), image_size=args.image_size, seconds=args.seconds, warmup_steps=args.warmup_steps
+    )
     combos = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
     # Measured in a shuffled order, so that drift in the machine's load does not line up with one knob.
     order = list(range(len(combos)))
@@ -136,16 +139,40 @@ def record(args: argparse.Namespace) -> int:
     if args.resume and partial.is_file():
         with partial.open() as f:
             attempts = list(csv.DictReader(f))
-    fields = ["index", *KNOBS, "image_size", "seconds", "warmup_steps", "samples_per_s", "status",
-              "step_time_p50", "step_time_p90", "data_wait_fraction", "timed_steps", "startup_s", "wall_s",
-              "load1", "other_cpus", "attempt", "cpu_count", "host_kind", "measured_at"]
-    print(f"grid {' x '.join(f'{k} {list(v)}' for k, v in GRID.items())} = {len(combos)} configs, "
-          f"{args.image_size} px, {args.seconds:g} s measured per trial after {args.warmup_steps} warm-up steps; "
-          f"data {data}; table {out}; trial folders under {work}", flush=True)
+    fields = [
+        "index",
+        *KNOBS,
+        "image_size",
+        "seconds",
+        "warmup_steps",
+        "samples_per_s",
+        "status",
+        "step_time_p50",
+        "step_time_p90",
+        "data_wait_fraction",
+        "timed_steps",
+        "startup_s",
+        "wall_s",
+        "load1",
+        "other_cpus",
+        "attempt",
+        "cpu_count",
+        "host_kind",
+        "measured_at",
+    ]
+    print(
+        f"grid {' x '.join(f'{k} {list(v)}' for k, v in GRID.items())} = {len(combos)} configs, "
+        f"{args.image_size} px, {args.seconds:g} s measured per trial after {args.warmup_steps} warm-up steps; "
+        f"data {data}; table {out}; trial folders under {work}",
+        flush=True,
+    )
     if args.retries:
-        print(f"a config whose trial shared the machine with more than {args.retry_above:g} CPUs of other processes is "
-              f"measured again at the end of the pass, up to {args.retries} more time(s); the least contended "
-              "measurement is kept", flush=True)
+        print(
+            f"a config whose trial shared the machine with more than {args.retry_above:g} CPUs of other processes is "
+            f"measured again at the end of the pass, up to {args.retries} more time(s); the least contended "
+            "measurement is kept",
+            flush=True,
+        )
 
     def best_attempts() -> dict[int, dict[str, Any]]:
         """Per config, the attempt that ran with the least other load (failures only if nothing else)."""
@@ -165,17 +192,27 @@ def record(args: argparse.Namespace) -> int:
             writer.writeheader()
         for attempt in range(args.retries + 1):
             have = best_attempts()
-            todo = [i for i in order if i not in have
-                    or (attempt > 0 and float(have[i]["other_cpus"] or 0) > args.retry_above)]
+            todo = [
+                i
+                for i in order
+                if i not in have or (attempt > 0 and float(have[i]["other_cpus"] or 0) > args.retry_above)
+            ]
             if attempt > 0 and todo:
                 print(f"\npass {attempt}: {len(todo)} contended config(s) measured again", flush=True)
             for pos, i in enumerate(todo):
                 cfg = base.replace(**combos[i])
                 quiet = wait_for_quiet(args.quiet_below, args.quiet_wait)
                 t0 = time.monotonic()
-                row: dict[str, Any] = {"index": i, **cfg.knobs(), "image_size": cfg.image_size, "seconds": cfg.seconds,
-                                       "warmup_steps": cfg.warmup_steps, "cpu_count": os.cpu_count(), "host_kind": kind,
-                                       "attempt": attempt}
+                row: dict[str, Any] = {
+                    "index": i,
+                    **cfg.knobs(),
+                    "image_size": cfg.image_size,
+                    "seconds": cfg.seconds,
+                    "warmup_steps": cfg.warmup_steps,
+                    "cpu_count": os.cpu_count(),
+                    "host_kind": kind,
+                    "attempt": attempt,
+                }
                 try:
                     with OtherLoad() as other:
                         res = launcher.run_trial(cfg, work / f"c{i:02d}-a{attempt}", args.timeout or args.seconds + 300)
@@ -183,20 +220,34 @@ def record(args: argparse.Namespace) -> int:
                     row.update(samples_per_s=0.0, status=e.reason)
                     detail = f"FAILED ({e.reason}): {str(e)[:200]}"
                 else:
-                    row.update(samples_per_s=round(res.samples_per_s or 0.0, 4), status="ok",
-                               step_time_p50=round(res.step_time_p50 or 0, 4), step_time_p90=round(res.step_time_p90 or 0, 4),
-                               data_wait_fraction=round(res.data_wait_fraction or 0, 4), timed_steps=res.timed_steps,
-                               startup_s=round(res.startup_s or 0, 2))
-                    detail = (f"{res.samples_per_s:7.2f} samples/s  p50 {res.step_time_p50 * 1e3:5.0f} ms  "
-                              f"wait {res.data_wait_fraction:4.0%}  {res.timed_steps:3d} steps")
-                row.update(wall_s=round(time.monotonic() - t0, 1), load1=round(os.getloadavg()[0], 2),
-                           other_cpus=round(other.cpus, 2), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                    row.update(
+                        samples_per_s=round(res.samples_per_s or 0.0, 4),
+                        status="ok",
+                        step_time_p50=round(res.step_time_p50 or 0, 4),
+                        step_time_p90=round(res.step_time_p90 or 0, 4),
+                        data_wait_fraction=round(res.data_wait_fraction or 0, 4),
+                        timed_steps=res.timed_steps,
+                        startup_s=round(res.startup_s or 0, 2),
+                    )
+                    detail = (
+                        f"{res.samples_per_s:7.2f} samples/s  p50 {res.step_time_p50 * 1e3:5.0f} ms  "
+                        f"wait {res.data_wait_fraction:4.0%}  {res.timed_steps:3d} steps"
+                    )
+                row.update(
+                    wall_s=round(time.monotonic() - t0, 1),
+                    load1=round(os.getloadavg()[0], 2),
+                    other_cpus=round(other.cpus, 2),
+                    measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                )
                 writer.writerow(row)
                 f.flush()
                 attempts.append({k: str(v) for k, v in row.items()})
                 knobs = " ".join(f"{k}={combos[i][k]}" for k in GRID)
-                print(f"[{pos + 1:2d}/{len(todo)}] {knobs:55s} {detail}  trial {row['wall_s']:4.0f} s  "
-                      f"load {row['load1']:.1f}, others {other.cpus:.2f} CPUs" + (f"  [{quiet}]" if quiet else ""), flush=True)
+                print(
+                    f"[{pos + 1:2d}/{len(todo)}] {knobs:55s} {detail}  trial {row['wall_s']:4.0f} s  "
+                    f"load {row['load1']:.1f}, others {other.cpus:.2f} CPUs" + (f"  [{quiet}]" if quiet else ""),
+                    flush=True,
+                )
     rows = [best_attempts()[i] for i in sorted(best_attempts())]
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
@@ -208,12 +259,16 @@ def record(args: argparse.Namespace) -> int:
     loads = [float(r["load1"]) for r in rows]
     others = [float(r["other_cpus"]) for r in rows]
     failures = sum(1 for r in rows if r["status"] != "ok")
-    print(f"\nwrote {out}: {len(rows)} configs ({len(attempts)} trials) in {time.monotonic() - t_all:.0f} s; best "
-          f"{sps[best]:.2f} samples/s ({' '.join(f'{k}={rows[best][k]}' for k in GRID)}), median {statistics.median(sps):.2f}, "
-          f"worst {min(sps):.2f}")
-    print(f"kept measurements: load average {min(loads):.1f}..{max(loads):.1f} (median {statistics.median(loads):.1f}), "
-          f"other processes {min(others):.2f}..{max(others):.2f} CPUs (median {statistics.median(others):.2f}; "
-          f"{sum(1 for o in others if o > args.retry_above)} above {args.retry_above:g}) on {os.cpu_count()} CPUs")
+    print(
+        f"\nwrote {out}: {len(rows)} configs ({len(attempts)} trials) in {time.monotonic() - t_all:.0f} s; best "
+        f"{sps[best]:.2f} samples/s ({' '.join(f'{k}={rows[best][k]}' for k in GRID)}), median {statistics.median(sps):.2f}, "
+        f"worst {min(sps):.2f}"
+    )
+    print(
+        f"kept measurements: load average {min(loads):.1f}..{max(loads):.1f} (median {statistics.median(loads):.1f}), "
+        f"other processes {min(others):.2f}..{max(others):.2f} CPUs (median {statistics.median(others):.2f}; "
+        f"{sum(1 for o in others if o > args.retry_above)} above {args.retry_above:g}) on {os.cpu_count()} CPUs"
+    )
     if failures:
         print(f"{failures} config(s) failed (recorded as 0)", file=sys.stderr)
         return 1
@@ -255,12 +310,15 @@ def _space() -> Any:
     """The reduced grid as an autotune SearchSpace: num_workers as the int range the default space has."""
     from autotune.search.space import Choices, IntRange, SearchSpace
 
-    return SearchSpace(knobs={
-        "num_workers": IntRange(min(GRID["num_workers"]), max(GRID["num_workers"])),
-        "batch_size": Choices(GRID["batch_size"]),
-        "precision": Choices(GRID["precision"]),
-        "channels_last": Choices(GRID["channels_last"]),
-    }, source="reduced grid")
+    return SearchSpace(
+        knobs={
+            "num_workers": IntRange(min(GRID["num_workers"]), max(GRID["num_workers"])),
+            "batch_size": Choices(GRID["batch_size"]),
+            "precision": Choices(GRID["precision"]),
+            "channels_last": Choices(GRID["channels_last"]),
+        },
+        source="reduced grid",
+    )
 
 
 def _snap(cfg: Any) -> Config:
@@ -269,7 +327,11 @@ def _snap(cfg: Any) -> Config:
     for k, vals in GRID.items():
         v = getattr(cfg, k)
         if v not in vals:
-            v = min(vals, key=lambda c: abs(c - v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else vals[0]
+            v = (
+                min(vals, key=lambda c: abs(c - v))
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                else vals[0]
+            )
         out.append(v)
     return tuple(out)
 
@@ -296,8 +358,8 @@ class Noise:
             return x
         import math
 
-        sigma = math.sqrt(math.log(1 + self.cv ** 2))
-        return x * math.exp(self.rng.gauss(-sigma ** 2 / 2, sigma))
+        sigma = math.sqrt(math.log(1 + self.cv**2))
+        return x * math.exp(self.rng.gauss(-(sigma**2) / 2, sigma))
 
 
 Run = Callable[[Table, int, int, Noise], list[Config]]  # -> the configs in the order they were measured
@@ -306,11 +368,17 @@ Run = Callable[[Table, int, int, Noise], list[Config]]  # -> the configs in the 
 REPEATS_TO_STOP = 25  # autotune.search.session: proposals of measured configs in a row before a search ends
 
 
-def _optuna_run(sampler_factory: Callable[[int], Any], enqueue: bool, dedup: bool = False,
-                greedy_first: bool = False, inject: bool = True) -> Run:
+def _optuna_run(
+    sampler_factory: Callable[[int], Any],
+    enqueue: bool,
+    dedup: bool = False,
+    greedy_first: bool = False,
+    inject: bool = True,
+) -> Run:
     """An Optuna sampler replayed as autotune runs it. dedup: a measured config is answered from the
     first measurement and is not a trial; inject (the tpe-* variants): after 3 such repeats in a row an
     unseen config is enqueued; without inject (auto, as autotune): the run ends after REPEATS_TO_STOP."""
+
     def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
         import optuna
         from autotune.core.config import BASELINE, TrialConfig
@@ -423,8 +491,9 @@ def _random(seed: int) -> Any:
 def _grid_run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
     import optuna
 
-    study = optuna.create_study(direction="maximize",
-                                sampler=optuna.samplers.GridSampler({k: list(v) for k, v in GRID.items()}, seed=seed))
+    study = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.GridSampler({k: list(v) for k, v in GRID.items()}, seed=seed)
+    )
     measured: list[Config] = []
 
     def objective(trial: Any) -> float:
@@ -524,15 +593,21 @@ def replay(args: argparse.Namespace) -> int:
     anchors = _anchors(table)
     ranked = sorted(table.values, key=lambda c: -table(c))
     within = sum(1 for c in ranked if table(c) >= TARGET * table.best)
-    print(f"table {path}: {table.size} configs on {table.host}; best {table.best:.2f} samples/s "
-          f"({' '.join(f'{k}={v}' for k, v in zip(GRID, table.best_config))}); {within} config(s) within {TARGET:.0%} of it; "
-          f"load average while recorded {min(table.loads):.1f}..{max(table.loads):.1f}")
+    print(
+        f"table {path}: {table.size} configs on {table.host}; best {table.best:.2f} samples/s "
+        f"({' '.join(f'{k}={v}' for k, v in zip(GRID, table.best_config))}); {within} config(s) within {TARGET:.0%} of it; "
+        f"load average while recorded {min(table.loads):.1f}..{max(table.loads):.1f}"
+    )
     for name, c in (("baseline", anchors[0]), ("warm start", anchors[1])):
         rank = ranked.index(c) + 1
-        print(f"  {name:10s} {' '.join(f'{k}={v}' for k, v in zip(GRID, c)):55s} {table(c):7.2f} samples/s = "
-              f"{table(c) / table.best:4.0%} of best, rank {rank}/{table.size}")
-    print(f"  analytic medians of trials to {TARGET:.0%} ({within} of {table.size} qualify): uniform random with repeats "
-          f"{_median_random(table.size, within)}, without repeats (shuffled grid) {_median_grid(table.size, within)}")
+        print(
+            f"  {name:10s} {' '.join(f'{k}={v}' for k, v in zip(GRID, c)):55s} {table(c):7.2f} samples/s = "
+            f"{table(c) / table.best:4.0%} of best, rank {rank}/{table.size}"
+        )
+    print(
+        f"  analytic medians of trials to {TARGET:.0%} ({within} of {table.size} qualify): uniform random with repeats "
+        f"{_median_random(table.size, within)}, without repeats (shuffled grid) {_median_grid(table.size, within)}"
+    )
     print("  top 5: " + "; ".join(f"{table(c):.2f} ({'/'.join(str(v) for v in c)})" for c in ranked[:5]))
 
     strategies: dict[str, Run] = {
@@ -551,11 +626,16 @@ def replay(args: argparse.Namespace) -> int:
         wanted = [s.strip() for s in args.strategies.split(",")]
         strategies = {k: v for k, v in strategies.items() if k.split()[0] in wanted}
     n = args.max_trials or 2 * table.size
-    print(f"\n{args.seeds} seeds per strategy, up to {n} trials each, measurement noise CV {args.noise:.0%}; "
-          f"'trials to {TARGET:.0%}' counts every trial run (the enqueued baseline and warm start included); "
-          f"'never' = not within {n} trials; greedy order {_greedy_order()}\n")
-    header = (f"{'strategy':14s} {'trials to 95%: median':>22s} {'[q1, q3]':>12s} {'reached':>8s}   "
-              + "   ".join(f"best@{c:<2d} med (min)" for c in CHECKPOINTS) + "   seconds")
+    print(
+        f"\n{args.seeds} seeds per strategy, up to {n} trials each, measurement noise CV {args.noise:.0%}; "
+        f"'trials to {TARGET:.0%}' counts every trial run (the enqueued baseline and warm start included); "
+        f"'never' = not within {n} trials; greedy order {_greedy_order()}\n"
+    )
+    header = (
+        f"{'strategy':14s} {'trials to 95%: median':>22s} {'[q1, q3]':>12s} {'reached':>8s}   "
+        + "   ".join(f"best@{c:<2d} med (min)" for c in CHECKPOINTS)
+        + "   seconds"
+    )
     print(header)
     summary: dict[str, tuple[float, float, float]] = {}
     for name, run in strategies.items():
@@ -576,9 +656,11 @@ def replay(args: argparse.Namespace) -> int:
         summary[name] = (q1, med, q3)
         reached = sum(1 for x in firsts if x != float("inf"))
 
-        print(f"{name:14s} {_fmt(med):>22s} {'[' + _fmt(q1) + ', ' + _fmt(q3) + ']':>12s} {reached:>4d}/{args.seeds:<3d}   "
-              + "   ".join(f"{statistics.median(at[c]):6.1%} ({min(at[c]):4.0%})" for c in CHECKPOINTS)
-              + f"   {time.monotonic() - t0:6.1f}")
+        print(
+            f"{name:14s} {_fmt(med):>22s} {'[' + _fmt(q1) + ', ' + _fmt(q3) + ']':>12s} {reached:>4d}/{args.seeds:<3d}   "
+            + "   ".join(f"{statistics.median(at[c]):6.1%} ({min(at[c]):4.0%})" for c in CHECKPOINTS)
+            + f"   {time.monotonic() - t0:6.1f}"
+        )
 
     if DEFAULT not in summary or "random" not in summary:
         return 1
@@ -593,54 +675,86 @@ def replay(args: argparse.Namespace) -> int:
         q1, med, q3 = summary[name]
         return f"{name.split()[0]} {_fmt(med)} [{_fmt(q1)}, {_fmt(q3)}]"
 
-    print(f"\ntrials to {TARGET:.0%}, median [q1, q3]: "
-          + "; ".join(quart(k) for k in (DEFAULT, "random", "tpe", "gp") if k in summary))
-    print(f"goal: default ({DEFAULT.split()[0]}) reaches {TARGET:.0%} in <= 1/4 of the grid ({quarter:g} trials): "
-          f"{'met' if ok_quarter else 'MISSED'} (median {default:g}); in <= 1/2 of random's trials: "
-          f"{'met' if default <= rnd / 2 else 'MISSED'} against the replayed random ({rnd:g} / 2 = {rnd / 2:g}), "
-          f"{'met' if ok_random else 'MISSED'} against random's exact median ({exact} / 2 = {exact / 2:g})")
+    print(
+        f"\ntrials to {TARGET:.0%}, median [q1, q3]: "
+        + "; ".join(quart(k) for k in (DEFAULT, "random", "tpe", "gp") if k in summary)
+    )
+    print(
+        f"goal: default ({DEFAULT.split()[0]}) reaches {TARGET:.0%} in <= 1/4 of the grid ({quarter:g} trials): "
+        f"{'met' if ok_quarter else 'MISSED'} (median {default:g}); in <= 1/2 of random's trials: "
+        f"{'met' if default <= rnd / 2 else 'MISSED'} against the replayed random ({rnd:g} / 2 = {rnd / 2:g}), "
+        f"{'met' if ok_random else 'MISSED'} against random's exact median ({exact} / 2 = {exact / 2:g})"
+    )
     for name in ("auto-alternate", "tpe-dedup", "tpe-greedy"):
         if name in summary:
             v = summary[name][1]
-            print(f"  {name}: median {v:g} trials: <= 1/4 of the grid {'met' if v <= quarter else 'MISSED'}, "
-                  f"<= 1/2 of random {'met' if v <= rnd / 2 else 'MISSED'} (replayed), "
-                  f"{'met' if v <= exact / 2 else 'MISSED'} (exact)")
+            print(
+                f"  {name}: median {v:g} trials: <= 1/4 of the grid {'met' if v <= quarter else 'MISSED'}, "
+                f"<= 1/2 of random {'met' if v <= rnd / 2 else 'MISSED'} (replayed), "
+                f"{'met' if v <= exact / 2 else 'MISSED'} (exact)"
+            )
     return 0 if ok_quarter and ok_random else 1
 
 
 # -------------------------------------------------------------------------------------------- main
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="measure the full reduced grid on this machine and save it as a CSV")
     r.add_argument("--image-size", type=int, default=64, help="training crop size in px (default 64)")
     r.add_argument("--seconds", type=float, default=8.0, help="measured seconds per trial after warm-up (default 8)")
-    r.add_argument("--warmup-steps", type=int, default=3, help="untimed steps per trial (default 3, as `autotune search`)")
+    r.add_argument(
+        "--warmup-steps", type=int, default=3, help="untimed steps per trial (default 3, as `autotune search`)"
+    )
     r.add_argument("--data", metavar="DIR", help="dataset (default: the CLI's synthetic set, 256 images 640x480)")
     r.add_argument("--out", metavar="CSV", help="table path (default benchmarks/data/grid-<host-kind>.csv)")
     r.add_argument("--host-kind", help="name for the table (default: cpuN-nogpu, or the GPU model)")
     r.add_argument("--out-dir", metavar="DIR", help="trial folders (default: a fresh temp folder)")
-    r.add_argument("--timeout", type=float, default=None, help="seconds before a trial is killed (default seconds + 300)")
+    r.add_argument(
+        "--timeout", type=float, default=None, help="seconds before a trial is killed (default seconds + 300)"
+    )
     r.add_argument("--seed", type=int, default=0, help="seed of the measuring order (default 0)")
-    r.add_argument("--quiet-below", type=float, default=None, metavar="CPUS",
-                   help="before each trial, wait until other processes use fewer CPUs than this (default: don't wait)")
+    r.add_argument(
+        "--quiet-below",
+        type=float,
+        default=None,
+        metavar="CPUS",
+        help="before each trial, wait until other processes use fewer CPUs than this (default: don't wait)",
+    )
     r.add_argument("--quiet-wait", type=float, default=60.0, metavar="S", help="longest wait for quiet (default 60)")
     r.add_argument("--retries", type=int, default=2, help="extra passes over contended configs (default 2)")
-    r.add_argument("--retry-above", type=float, default=0.3, metavar="CPUS",
-                   help="a trial that shared the machine with more than this many CPUs of other processes is "
-                   "contended (default 0.3)")
+    r.add_argument(
+        "--retry-above",
+        type=float,
+        default=0.3,
+        metavar="CPUS",
+        help="a trial that shared the machine with more than this many CPUs of other processes is "
+        "contended (default 0.3)",
+    )
     r.add_argument("--resume", action="store_true", help="continue an interrupted recording (<table>.csv.partial)")
     r.set_defaults(func=record)
     y = sub.add_parser("replay", help="replay search strategies against a recorded table (no torch)")
     y.add_argument("--table", metavar="CSV", help="recorded grid (default: the first benchmarks/data/grid-*.csv)")
     y.add_argument("--seeds", type=int, default=20, help="seeds per strategy (default 20)")
     y.add_argument("--max-trials", type=int, default=None, help="trials per run (default twice the grid size)")
-    y.add_argument("--noise", type=float, default=0.0, metavar="CV",
-                   help="multiplicative measurement noise, as a coefficient of variation (default 0: the table as is)")
-    y.add_argument("--strategies", help="comma-separated subset: auto,tpe,gp,random,grid,greedy,"
-                   "auto-alternate,tpe-dedup,tpe-greedy (the last three with --improvements)")
+    y.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        metavar="CV",
+        help="multiplicative measurement noise, as a coefficient of variation (default 0: the table as is)",
+    )
+    y.add_argument(
+        "--strategies",
+        help="comma-separated subset: auto,tpe,gp,random,grid,greedy,"
+        "auto-alternate,tpe-dedup,tpe-greedy (the last three with --improvements)",
+    )
     y.add_argument("--improvements", action="store_true", help="also replay the variants measured against the default")
     y.set_defaults(func=replay)
     args = p.parse_args(argv)

@@ -22,6 +22,7 @@ once per study) is printed separately.
 
 Exit code: 0 when every trial finished, 1 when any failed (the others are still reported).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,6 +53,7 @@ COLUMNS = ("to_factory", "build", "startup_s", "fixed", "to_result", "to_exit")
 
 
 # --- inside the trial: the timed pipeline ---------------------------------------------------------
+
 
 def timed_unet(cfg: Any) -> Any:
     """The built-in Unet pipeline, timing its own construction. Runs inside the trial process."""
@@ -88,13 +90,15 @@ def timed_unet(cfg: Any) -> Any:
 
 # --- the controller -------------------------------------------------------------------------------
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5, help="rounds over the three modes (default 5)")
     p.add_argument("--image-size", type=int, default=64, help="training crop size in px (default 64)")
     p.add_argument("--batch-size", type=int, default=4, help="per-process batch size (default 4)")
-    p.add_argument("--data", metavar="DIR",
-                   help="dataset folder (default: 32 small synthetic images in the temp folder)")
+    p.add_argument(
+        "--data", metavar="DIR", help="dataset folder (default: 32 small synthetic images in the temp folder)"
+    )
     p.add_argument("--out-dir", metavar="DIR", help="where trial folders go (default: a fresh temp folder)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a trial is killed (default 300)")
     args = p.parse_args(argv)
@@ -110,15 +114,21 @@ def run_one(mode: str, cfg: TrialConfig, trial_dir: Path, server: WarmServer, ti
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     log_path = trial_dir / "trial.log"
     launched = time.time()
-    env = {**os.environ, LAUNCH_TIME_ENV: repr(launched), "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath,
-           TIMES_ENV: str(trial_dir / "times")}
+    env = {
+        **os.environ,
+        LAUNCH_TIME_ENV: repr(launched),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": pythonpath,
+        TIMES_ENV: str(trial_dir / "times"),
+    }
     proc: Any
     if mode == "warm":
         proc = server.spawn(cmd[3:], env, os.getcwd(), log_path)  # what follows `python -m autotune.trial`
     else:
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    preexec_fn=die_with_parent)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent
+            )
     try:
         code = proc.wait(timeout=timeout_s)
         to_exit = time.time() - launched
@@ -129,9 +139,15 @@ def run_one(mode: str, cfg: TrialConfig, trial_dir: Path, server: WarmServer, ti
         raise RuntimeError(f"{mode} trial exited {code}:\n{launcher.tail(log_path, 15)}")
     result = json.loads(result_path.read_text())
     times = json.loads((trial_dir / "times.rank0").read_text())
-    return {"to_factory": times["to_factory"], "build": times["build"], "startup_s": result["startup_s"],
-            "fixed": result["startup_s"] - times["build"], "to_built": times["to_built"],
-            "to_result": result_path.stat().st_mtime - launched, "to_exit": to_exit}
+    return {
+        "to_factory": times["to_factory"],
+        "build": times["build"],
+        "startup_s": result["startup_s"],
+        "fixed": result["startup_s"] - times["build"],
+        "to_built": times["to_built"],
+        "to_result": result_path.stat().st_mtime - launched,
+        "to_exit": to_exit,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,10 +159,20 @@ def main(argv: list[str] | None = None) -> int:
         from autotune.pipelines.unet.data import make_data
 
         data = make_data(out / "data", n=32, size=(160, 120), seed=0)
-    cfg = TrialConfig(pipeline="benchmarks.startup:timed_unet", data_dir=str(data), image_size=args.image_size,
-                      batch_size=args.batch_size, warmup_steps=1, timed_steps=2, window=1, num_threads=1)
-    print(f"Unet-r34 at {args.image_size} px, batch {args.batch_size}, 1 warm-up + 2 timed steps, 1 intra-op thread; "
-          f"{args.repeats} round(s) x {len(MODES)} modes; trial folders under {out}")
+    cfg = TrialConfig(
+        pipeline="benchmarks.startup:timed_unet",
+        data_dir=str(data),
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        warmup_steps=1,
+        timed_steps=2,
+        window=1,
+        num_threads=1,
+    )
+    print(
+        f"Unet-r34 at {args.image_size} px, batch {args.batch_size}, 1 warm-up + 2 timed steps, 1 intra-op thread; "
+        f"{args.repeats} round(s) x {len(MODES)} modes; trial folders under {out}"
+    )
 
     t = time.perf_counter()
     server = WarmServer.start()
@@ -155,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     try:
         for r in range(args.repeats):
-            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+            for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 try:
                     row = run_one(mode, cfg, out / f"r{r}-{mode}", server, args.timeout)
                 except Exception as e:  # noqa: BLE001 - report it and go on with the others
@@ -163,8 +189,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r} {mode:<11} FAILED: {e}")
                     continue
                 rows[mode].append(row)
-                print(f"round {r} {mode:<11} " + "  ".join(f"{c} {row[c]:6.2f}" for c in COLUMNS)
-                      + f"  load {os.getloadavg()[0]:.1f}")
+                print(
+                    f"round {r} {mode:<11} "
+                    + "  ".join(f"{c} {row[c]:6.2f}" for c in COLUMNS)
+                    + f"  load {os.getloadavg()[0]:.1f}"
+                )
     finally:
         server.close()
 
@@ -175,15 +204,22 @@ def main(argv: list[str] | None = None) -> int:
         if not rows[mode]:
             continue
         med[mode] = {c: statistics.median(row[c] for row in rows[mode]) for c in (*COLUMNS, "to_built")}
-        print(f"  {mode:<11} " + " ".join(f"{med[mode][c]:10.3f}" for c in COLUMNS)
-              + f" {med[mode]['to_built']:14.3f}  {len(rows[mode])}")
+        print(
+            f"  {mode:<11} "
+            + " ".join(f"{med[mode][c]:10.3f}" for c in COLUMNS)
+            + f" {med[mode]['to_built']:14.3f}  {len(rows[mode])}"
+        )
     if "warm" in med and "cold" in med:
-        print("\nwarm/cold (ratio of medians): " + "  ".join(
-            f"{c} {med['warm'][c] / med['cold'][c]:.3f}" for c in COLUMNS if med["cold"][c] > 0))
+        print(
+            "\nwarm/cold (ratio of medians): "
+            + "  ".join(f"{c} {med['warm'][c] / med['cold'][c]:.3f}" for c in COLUMNS if med["cold"][c] > 0)
+        )
         fixed = med["warm"]["fixed"]
-        print(f"goal: warm start-up excluding dataset/model build <= 0.5 s: {fixed:.3f} s "
-              f"({'met' if fixed <= 0.5 else 'MISSED'}); cold {med['cold']['fixed']:.3f} s"
-              + (f", torchrun-2 {med['torchrun-2']['fixed']:.3f} s" if "torchrun-2" in med else ""))
+        print(
+            f"goal: warm start-up excluding dataset/model build <= 0.5 s: {fixed:.3f} s "
+            f"({'met' if fixed <= 0.5 else 'MISSED'}); cold {med['cold']['fixed']:.3f} s"
+            + (f", torchrun-2 {med['torchrun-2']['fixed']:.3f} s" if "torchrun-2" in med else "")
+        )
     return 1 if failed else 0
 
 

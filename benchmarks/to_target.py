@@ -18,6 +18,7 @@ and whether they agree (the verdict passes exactly when training reaches the bas
 
 Exit code: 0 all agree, 3 some disagree, 1 a run failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     sps = throughput(cfgs, a.rounds, out, a.timeout)
     ref = parity.noise_reference(cfgs["baseline"], a.parity_steps, out / "reference", a.timeout)
     print(f"reference: {a.parity_steps} steps x 2 runs in {ref.seconds:.0f} s, {load()}", flush=True)
-    verdicts = {n: target.check(cfgs[n], ref, out / f"check-{n}", a.timeout, sps[n], sps["baseline"])
-                for n in names}
+    verdicts = {n: target.check(cfgs[n], ref, out / f"check-{n}", a.timeout, sps[n], sps["baseline"]) for n in names}
     for n, v in verdicts.items():
         print(f"verdict {n:11s} {'pass' if v.passed else 'FAIL'}: {v.reason} ({v.seconds:.0f} s, {load()})", flush=True)
 
@@ -95,10 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     runs = {n: run_config(c, a.epochs, out / "train", n, say) for n, c in cfgs.items()}
     goal = runs["baseline"]["iou"]
     base_t = time_to(runs["baseline"]["history"], "iou", goal)
-    print(f"\nbaseline: final IoU {goal:.4f} after {a.epochs} epochs, reached at {base_t[0]:.1f} s "
-          f"(epoch {base_t[1]}); trial {sps['baseline']:.2f} samples/s  {load()}\n")
-    print(f"{'config':11s} {'g.batch':>7s} {'lr':>8s} {'samples/s x':>11s} {'verdict':>7s} {'to target x':>11s} "
-          f"{'train s to IoU':>14s} {'train x':>7s} {'final IoU':>9s}  agree")
+    print(
+        f"\nbaseline: final IoU {goal:.4f} after {a.epochs} epochs, reached at {base_t[0]:.1f} s "
+        f"(epoch {base_t[1]}); trial {sps['baseline']:.2f} samples/s  {load()}\n"
+    )
+    print(
+        f"{'config':11s} {'g.batch':>7s} {'lr':>8s} {'samples/s x':>11s} {'verdict':>7s} {'to target x':>11s} "
+        f"{'train s to IoU':>14s} {'train x':>7s} {'final IoU':>9s}  agree"
+    )
     disagree = 0
     for n in names:
         v, r = verdicts[n], runs[n]
@@ -106,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         real = base_t[0] / t[0] if t else None
         agree = v.passed == (real is not None and real > 1)
         disagree += not agree
-        print(f"{n:11s} {cfgs[n].global_batch_size:7d} {cfgs[n].effective_lr:8.2g} {sps[n] / sps['baseline']:11.2f} "
-              f"{'pass' if v.passed else 'fail':>7s} {'-' if v.speedup is None else f'{v.speedup:.2f}':>11s} "
-              f"{'not reached' if t is None else f'{t[0]:.1f}':>14s} {'-' if real is None else f'{real:.2f}':>7s} "
-              f"{r['iou']:9.4f}  {'yes' if agree else 'NO'}")
+        print(
+            f"{n:11s} {cfgs[n].global_batch_size:7d} {cfgs[n].effective_lr:8.2g} {sps[n] / sps['baseline']:11.2f} "
+            f"{'pass' if v.passed else 'fail':>7s} {'-' if v.speedup is None else f'{v.speedup:.2f}':>11s} "
+            f"{'not reached' if t is None else f'{t[0]:.1f}':>14s} {'-' if real is None else f'{real:.2f}':>7s} "
+            f"{r['iou']:9.4f}  {'yes' if agree else 'NO'}"
+        )
     return 3 if disagree else 0
 
 

@@ -1,6 +1,7 @@
 """Shared fixtures: offline hub, one tiny synthetic dataset per session, a tiny TrialConfig,
 torch global state restored after every test, helpers to find a trial's processes, a fake apex and a
 warm server per module. The fakes themselves (NVML, apex, a free port, the fault config) are in fakes.py."""
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,7 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def tiny_config(tiny_data: Path) -> TrialConfig:
     """The Unet at 64 px, batch 2: one warm-up step, two timed steps, one step per window."""
-    return TrialConfig(image_size=64, batch_size=2, warmup_steps=1, timed_steps=2, window=1,
-                       data_dir=str(tiny_data))
+    return TrialConfig(image_size=64, batch_size=2, warmup_steps=1, timed_steps=2, window=1, data_dir=str(tiny_data))
 
 
 @pytest.fixture
@@ -122,6 +122,7 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
 
 
 # --- shared fixtures on the fakes in tests/fakes.py -------------------------------------------------
+
 
 @contextlib.contextmanager
 def _apex_on_path(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

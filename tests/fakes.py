@@ -1,6 +1,7 @@
 """The fakes that tests share, in one place: NVML (pynvml) and apex for a machine with neither, a free
 TCP port, and the fault pipelines' trial config. The fixtures built on them (a fake apex on sys.path,
 a warm server per module) are in conftest.py."""
+
 from __future__ import annotations
 
 import socket
@@ -49,8 +50,14 @@ class FakeNvml(types.ModuleType):
     NVMLError = NVMLError
     NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
 
-    def __init__(self, gpus: list[FakeGpu], slices: tuple[FakeGpu, ...] = (), driver: str = "550.54.15",
-                 init_fails: bool = False, bytes: bool = False) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        slices: tuple[FakeGpu, ...] = (),
+        driver: str = "550.54.15",
+        init_fails: bool = False,
+        bytes: bool = False,
+    ) -> None:
         super().__init__("pynvml")
         self.gpus, self.slices, self.driver = list(gpus), list(slices), driver
         self.init_fails, self.bytes = init_fails, bytes

@@ -4,6 +4,7 @@ Named as `tests.fault_pipelines:<factory>` in TrialConfig.pipeline. Each factory
 TrialConfig, like any pipeline factory. The model is a two-layer conv net on 16x16 random images,
 so a trial spends its time in the runner, not in the model.
 """
+
 from __future__ import annotations
 
 import os
@@ -144,8 +145,11 @@ class WorkerReportingHang(TinyPipeline):
         report = os.environ.get("AUTOTUNE_TEST_PIDS")
         if self.calls >= 2 and report:
             me = psutil.Process()
-            pids = {"rank": int(os.environ.get("RANK", 0)), "pid": me.pid,
-                    "children": [c.pid for c in me.children(recursive=True)]}
+            pids = {
+                "rank": int(os.environ.get("RANK", 0)),
+                "pid": me.pid,
+                "children": [c.pid for c in me.children(recursive=True)],
+            }
             with open(f"{report}.{me.pid}.tmp", "w") as f:
                 json.dump(pids, f)
             os.replace(f"{report}.{me.pid}.tmp", f"{report}.{me.pid}")  # the test sees whole files only
@@ -265,9 +269,11 @@ def nan_rank1(cfg: Any) -> NanOnRankOne:
 
 
 # ProcessGroupNCCL's own LOG(ERROR) line (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp), as a rank prints it.
-WATCHDOG_LINE = ("[rank1]:[E1201 01:02:03.456789012 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
-                 "operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
-                 "ran for 600042 milliseconds before timing out.")
+WATCHDOG_LINE = (
+    "[rank1]:[E1201 01:02:03.456789012 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+    "ran for 600042 milliseconds before timing out."
+)
 
 
 class WatchdogAbort(TinyPipeline):

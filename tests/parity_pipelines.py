@@ -18,6 +18,7 @@ offset:  the same net with a numerically naive step between its layers, h -> (h 
          the last bias moves. The loss stays finite - no NaN, no inf, nothing a numerics guard can
          see - but the net stops learning: the failure the parity check exists to catch.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """The package's shape is part of its contract: layers that import only downwards, small modules,
 and a docstring per subpackage saying what it owns and may import."""
+
 from __future__ import annotations
 
 import ast
@@ -49,6 +50,9 @@ def test_study_attrs_are_read_and_written_only_through_the_records() -> None:
     """search/records.py spells every user-attr key once; a raw `user_attrs` read or `set_user_attr` write
     elsewhere would spell one again (and give a missing one another default)."""
     own = PACKAGE / "search" / "records.py"
-    raw = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                 if p != own and ("user_attrs" in p.read_text() or "set_user_attr" in p.read_text()))
+    raw = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p != own and ("user_attrs" in p.read_text() or "set_user_attr" in p.read_text())
+    )
     assert own.is_file() and raw == [], raw

@@ -1,5 +1,6 @@
 """`autotune ablate`: a measured waterfall, automated. Greedy: from the baseline, add the best config's
 techniques one at a time, each step keeping the one that helps most, every candidate a real measured trial."""
+
 from __future__ import annotations
 
 import re
@@ -44,12 +45,23 @@ def _slug(text: str) -> str:
 Measure = Callable[[TrialConfig, str], float]  # (config, name) -> samples/s; raises TrialFailure
 
 
-def greedy(base: TrialConfig, todo: list[Technique], measure: Measure,
-           say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+def greedy(
+    base: TrialConfig, todo: list[Technique], measure: Measure, say: Callable[[str], None] = lambda s: None
+) -> list[dict[str, Any]]:
     """Step 0 measures the baseline; each later step adds the remaining technique that helps most."""
     sps0 = measure(base, "step-0-baseline")
-    steps = [{"step": 0, "technique": "baseline", "knobs": {}, "samples_per_s": sps0, "gain": 0.0,
-              "speedup": 1.0, "config": base.knobs(), "tried": []}]
+    steps = [
+        {
+            "step": 0,
+            "technique": "baseline",
+            "knobs": {},
+            "samples_per_s": sps0,
+            "gain": 0.0,
+            "speedup": 1.0,
+            "config": base.knobs(),
+            "tried": [],
+        }
+    ]
     say(f"step 0: baseline {sps0:.2f} samples/s")
     current, prev, todo = base, sps0, list(todo)
     while todo:
@@ -77,8 +89,18 @@ def greedy(base: TrialConfig, todo: list[Technique], measure: Measure,
             steps[-1]["unapplied"] = [label(t) for t in todo]
             break
         sps, t, current = best
-        steps.append({"step": len(steps), "technique": label(t), "knobs": dict(t), "samples_per_s": sps,
-                      "gain": sps - prev, "speedup": sps / sps0, "config": current.knobs(), "tried": tried})
+        steps.append(
+            {
+                "step": len(steps),
+                "technique": label(t),
+                "knobs": dict(t),
+                "samples_per_s": sps,
+                "gain": sps - prev,
+                "speedup": sps / sps0,
+                "config": current.knobs(),
+                "tried": tried,
+            }
+        )
         say(f"step {len(steps) - 1}: kept {label(t)} -> {sps:.2f} samples/s, x{sps / sps0:.2f}")
         prev = sps
         todo.remove(t)
@@ -102,8 +124,15 @@ def _configs(study: Any, studies_dir: str, data: str | None, seconds: float | No
     return work.replace(**base_knobs), TrialRecord.from_frozen(board[0]).knobs(work)
 
 
-def run_ablation(study: Any, studies_dir: str, say: Callable[[str], None], *, data: str | None = None,
-                 seconds: float | None = None, trial_timeout: float | None = None) -> list[dict[str, Any]]:
+def run_ablation(
+    study: Any,
+    studies_dir: str,
+    say: Callable[[str], None],
+    *,
+    data: str | None = None,
+    seconds: float | None = None,
+    trial_timeout: float | None = None,
+) -> list[dict[str, Any]]:
     from autotune.trial import launcher
     from autotune.search.fingerprint import differences, fingerprint
     from autotune.search.locks import device_lock
@@ -127,9 +156,11 @@ def run_ablation(study: Any, studies_dir: str, say: Callable[[str], None], *, da
         return float(result.samples_per_s or 0.0)
 
     n = len(todo)
-    say(f"ablating {n} technique(s): {'; '.join(label(t) for t in todo)} "
+    say(
+        f"ablating {n} technique(s): {'; '.join(label(t) for t in todo)} "
         f"({1 + n * (n + 1) // 2} trials at most, {base.seconds or base.timed_steps} "
-        f"{'s' if base.seconds else 'steps'} measured each)")
+        f"{'s' if base.seconds else 'steps'} measured each)"
+    )
     steps = greedy(base, todo, measure, say)
     write_ablation(study, steps)
     return steps
@@ -143,6 +174,11 @@ def table(steps: list[dict[str, Any]], title: str) -> Any:
     for col in ("step", "technique", "samples/s", "gain", "speedup"):
         t.add_column(col, justify="left" if col == "technique" else "right")
     for s in steps:
-        t.add_row(str(s["step"]), Text(s["technique"]), f"{s['samples_per_s']:.2f}",
-                  "-" if s["step"] == 0 else f"{s['gain']:+.2f}", f"x{s['speedup']:.2f}")
+        t.add_row(
+            str(s["step"]),
+            Text(s["technique"]),
+            f"{s['samples_per_s']:.2f}",
+            "-" if s["step"] == 0 else f"{s['gain']:+.2f}",
+            f"x{s['speedup']:.2f}",
+        )
     return t

@@ -1,5 +1,6 @@
 """`autotune train --compare-baseline`'s verdict: the config's run against the baseline's, in speed, in
 optimizer steps, in time to the baseline's final metric (MLPerf's question) and in the final metric."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,31 +30,46 @@ def _time_to_target_line(tuned: dict[str, Any], base: dict[str, Any]) -> str:
     target = base["iou"] if key == "iou" else base["history"][-1]["loss"]
     mine, theirs = time_to(tuned["history"], key, target), time_to(base["history"], key, target)
     what = f"the baseline's final {'IoU' if key == 'iou' else 'loss'} {target:.4f}"
-    tuned["comparison"]["time_to_target"] = {"metric": key, "target": target, "config_s": mine and mine[0],
-                                             "baseline_s": theirs and theirs[0]}
+    tuned["comparison"]["time_to_target"] = {
+        "metric": key,
+        "target": target,
+        "config_s": mine and mine[0],
+        "baseline_s": theirs and theirs[0],
+    }
     if mine is None or theirs is None:
         return f"time to {what}: config not reached in {len(tuned['history'])} epoch(s)"
     tuned["comparison"]["speedup_to_target"] = theirs[0] / mine[0]
-    return (f"time to {what}: config {mine[0]:.1f} s (epoch {mine[1]}), baseline {theirs[0]:.1f} s "
-            f"(epoch {theirs[1]}): x{theirs[0] / mine[0]:.2f}")
+    return (
+        f"time to {what}: config {mine[0]:.1f} s (epoch {mine[1]}), baseline {theirs[0]:.1f} s "
+        f"(epoch {theirs[1]}): x{theirs[0] / mine[0]:.2f}"
+    )
 
 
 def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: float) -> list[str]:
     """The lines that compare the config's run with the baseline's; records `comparison` in `tuned`."""
     speedup = tuned["samples_per_s"] / base["samples_per_s"]
-    steady = (tuned["steady_samples_per_s"] / base["steady_samples_per_s"]
-              if tuned.get("steady_samples_per_s") and base.get("steady_samples_per_s") else None)
+    steady = (
+        tuned["steady_samples_per_s"] / base["steady_samples_per_s"]
+        if tuned.get("steady_samples_per_s") and base.get("steady_samples_per_s")
+        else None
+    )
     tuned["comparison"] = {"speedup": speedup, "speedup_after_first_epoch": steady}
-    lines = [f"speedup: x{speedup:.2f}  (config {tuned['samples_per_s']:.2f} "
-             f"vs baseline {base['samples_per_s']:.2f} samples/s over {epochs} epoch(s), data loading included)"]
+    lines = [
+        f"speedup: x{speedup:.2f}  (config {tuned['samples_per_s']:.2f} "
+        f"vs baseline {base['samples_per_s']:.2f} samples/s over {epochs} epoch(s), data loading included)"
+    ]
     if steady is not None:
         first = tuned["history"][0]["seconds"], base["history"][0]["seconds"]
-        lines.append(f"speedup after the first epoch: x{steady:.2f}  (config {tuned['steady_samples_per_s']:.2f} vs "
-                     f"baseline {base['steady_samples_per_s']:.2f} samples/s; the first epoch, with its one-off "
-                     f"start-up, took config {first[0]:.2f} s, baseline {first[1]:.2f} s)")
-    lines += [f"optimizer steps: config {tuned['optimizer_steps']} (global batch {tuned['global_batch']}, lr "
-             f"{tuned['lr']:.3g}), baseline {base['optimizer_steps']} (global batch {base['global_batch']}, lr "
-             f"{base['lr']:.3g})"]
+        lines.append(
+            f"speedup after the first epoch: x{steady:.2f}  (config {tuned['steady_samples_per_s']:.2f} vs "
+            f"baseline {base['steady_samples_per_s']:.2f} samples/s; the first epoch, with its one-off "
+            f"start-up, took config {first[0]:.2f} s, baseline {first[1]:.2f} s)"
+        )
+    lines += [
+        f"optimizer steps: config {tuned['optimizer_steps']} (global batch {tuned['global_batch']}, lr "
+        f"{tuned['lr']:.3g}), baseline {base['optimizer_steps']} (global batch {base['global_batch']}, lr "
+        f"{base['lr']:.3g})"
+    ]
     lines.append(_time_to_target_line(tuned, base))
     if tuned["iou"] is None or base["iou"] is None:
         return lines + ["final IoU: not measured (no validation set or metric)"]
@@ -63,12 +79,18 @@ def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: fl
     lines.append(f"final IoU: config {tuned['iou']:.4f}, baseline {base['iou']:.4f}, difference {diff:+.4f}")
     if behind:
         if tuned["global_batch"] != base["global_batch"]:
-            fix = (f"its optimizer step differs (global batch {base['global_batch']} -> {tuned['global_batch']}): "
-                   f"search with --global-batch {base['global_batch']} to keep the baseline's")
+            fix = (
+                f"its optimizer step differs (global batch {base['global_batch']} -> {tuned['global_batch']}): "
+                f"search with --global-batch {base['global_batch']} to keep the baseline's"
+            )
         else:  # the same optimizer step: precision or batch-norm span (best.yaml's training_math says which)
-            fix = ("it takes the baseline's optimizer step, so the difference is its numerics (precision, "
-                   "batch-norm span: see training_math in best.yaml); train longer to see whether it closes, "
-                   "or keep those knobs at the baseline's in a --space file")
-        lines.append(f"autotune: WARNING: the config's IoU is {-diff:.4f} behind the baseline's, more than the "
-                     f"{margin} margin: {fix}")
+            fix = (
+                "it takes the baseline's optimizer step, so the difference is its numerics (precision, "
+                "batch-norm span: see training_math in best.yaml); train longer to see whether it closes, "
+                "or keep those knobs at the baseline's in a --space file"
+            )
+        lines.append(
+            f"autotune: WARNING: the config's IoU is {-diff:.4f} behind the baseline's, more than the "
+            f"{margin} margin: {fix}"
+        )
     return lines

@@ -1,4 +1,5 @@
 """The live view of a running search (rich), and the leaderboard table."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -71,8 +72,11 @@ class LiveSearch:
             speed += f"  [{r.message}]"
         if feasible(t) and r.training_math:
             speed += f"  [trains differently: {shown(r.training_math)}]"
-        self.console.print(f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",
-                           highlight=False, markup=False)
+        self.console.print(
+            f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",
+            highlight=False,
+            markup=False,
+        )
         self.current = "choosing the next trial"
         self.live.update(self._render())
 
@@ -109,10 +113,19 @@ def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     for rank, t in enumerate(leaderboard(study)[:top], 1):
         r = TrialRecord.from_frozen(t)
         mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
-        rows.append((str(rank), str(t.number), r.role, f"{t.value:.2f}", f"x{r.speedup:.2f}" if r.speedup else "-",
-                     f"{mem / 2**20:.0f}" if mem else "-", f"{wait:.0%}" if wait is not None else "-",
-                     shown(r.training_math) + checked(verdicts.get(str(t.number)) or class_verdict(study, t)),
-                     knob_summary(r.config)))
+        rows.append(
+            (
+                str(rank),
+                str(t.number),
+                r.role,
+                f"{t.value:.2f}",
+                f"x{r.speedup:.2f}" if r.speedup else "-",
+                f"{mem / 2**20:.0f}" if mem else "-",
+                f"{wait:.0%}" if wait is not None else "-",
+                shown(r.training_math) + checked(verdicts.get(str(t.number)) or class_verdict(study, t)),
+                knob_summary(r.config),
+            )
+        )
     return rows
 
 
@@ -129,8 +142,13 @@ def checked(verdict: Mapping[str, Any] | None) -> str:
 def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
     """The leaderboard at any width: a full table where it fits, else the training math and config
     under each trial's row (an 80-column terminal would otherwise wrap them a letter per line)."""
-    return FitTable(f"study {study.study_name}: top {top} of {len(study.trials)} trials", LEADERBOARD_COLUMNS,
-                    leaderboard_rows(study, top), long=LONG_COLUMNS, left=("role",))
+    return FitTable(
+        f"study {study.study_name}: top {top} of {len(study.trials)} trials",
+        LEADERBOARD_COLUMNS,
+        leaderboard_rows(study, top),
+        long=LONG_COLUMNS,
+        left=("role",),
+    )
 
 
 # Short names: the seven fit 80 columns side by side (the heading says what "speedup" is).
@@ -146,11 +164,21 @@ def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]
     rows: list[tuple[str, ...]] = []
     for r in summary["rows"]:
         spread = r["speedup_range"]
-        rows.append((r["label"], _fig(r["search_samples_per_s"]), _fig(r["samples_per_s_median"]), _fig(r["min"]),
-                     _fig(r["max"]), "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}",
-                     "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}"))
-    return (f"{summary['rounds']} interleaved round(s), each a fresh process; speedup: median over the "
-            f"baseline's median; {_fastest(summary)}"), rows
+        rows.append(
+            (
+                r["label"],
+                _fig(r["search_samples_per_s"]),
+                _fig(r["samples_per_s_median"]),
+                _fig(r["min"]),
+                _fig(r["max"]),
+                "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}",
+                "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}",
+            )
+        )
+    return (
+        f"{summary['rounds']} interleaved round(s), each a fresh process; speedup: median over the "
+        f"baseline's median; {_fastest(summary)}"
+    ), rows
 
 
 def _fastest(summary: records.ConfirmationSummary) -> str:
@@ -181,8 +209,10 @@ def order_note(study: optuna.Study) -> str | None:
     summary = records.confirmation(study)
     if not summary or not summary.get("order_changed"):
         return None
-    return (f"confirmation changed the order: the search ranked {', '.join(summary['search_order'])}; "
-            f"re-measured side by side: {', '.join(summary['confirmed_order'])}")
+    return (
+        f"confirmation changed the order: the search ranked {', '.join(summary['search_order'])}; "
+        f"re-measured side by side: {', '.join(summary['confirmed_order'])}"
+    )
 
 
 def training_note(study: optuna.Study) -> str:
@@ -200,6 +230,8 @@ def training_note(study: optuna.Study) -> str:
     if r.training_math is None:
         return f"the exported trial {best.number}: training math unknown{said}"
     proven = verdict is not None and verdict.get("kind") == "time to target" and verdict.get("verdict") == "pass"
-    return (f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{said}"
-            + ("; to keep the baseline's optimizer step, search with --global-batch"
-               if not proven and any(c.startswith("global batch") for c in r.training_math) else ""))
+    return f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{said}" + (
+        "; to keep the baseline's optimizer step, search with --global-batch"
+        if not proven and any(c.startswith("global batch") for c in r.training_math)
+        else ""
+    )

@@ -5,6 +5,7 @@ which turns a leaderboard into a column of letters. Here the table keeps every c
 while they fit; when they do not, the short columns stay a table (one line per row) and the long
 ones are printed under their row, indented, wrapping at spaces like prose.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,8 +25,15 @@ class FitTable:
     """`columns` head `rows` of text cells; `long` names the columns that go under their row when the
     table does not fit; `left` the columns aligned left (the others are figures, aligned right)."""
 
-    def __init__(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *,
-                 long: Sequence[str] = (), left: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        title: str,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[str]],
+        *,
+        long: Sequence[str] = (),
+        left: Sequence[str] = (),
+    ) -> None:
         self.title, self.columns, self.rows = title, tuple(columns), [tuple(r) for r in rows]
         self.long, self.left = frozenset(long), frozenset(left) | frozenset(long)
 
@@ -52,8 +60,9 @@ class FitTable:
         widths = {i: max([cell_len(self.columns[i]), *(cell_len(r[i]) for r in self.rows)]) for i in short}
 
         def line(cells: Sequence[str], style: str = "") -> Text:
-            parts = [cells[i].ljust(widths[i]) if self.columns[i] in self.left else cells[i].rjust(widths[i])
-                     for i in short]
+            parts = [
+                cells[i].ljust(widths[i]) if self.columns[i] in self.left else cells[i].rjust(widths[i]) for i in short
+            ]
             return Text("  ".join(parts).rstrip(), style=style)
 
         yield Text(self.title, style="italic")

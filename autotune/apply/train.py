@@ -1,6 +1,7 @@
 """`autotune train`: apply a config for real. Full epochs, validation IoU per epoch, a checkpoint at the end,
 and optionally the baseline trained the same way in the same run, so the speedup and the accuracy cost
 (if any) are both on one screen."""
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,7 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for key, value in (full_state_dict(model) if is_sharded(model) else model.state_dict()).items():
         for prefix in wrapped:
             if key.startswith(prefix):
-                key = prefix[: -len("inner.")] + key[len(prefix):]
+                key = prefix[: -len("inner.")] + key[len(prefix) :]
                 break
         out[key] = value.detach().cpu().contiguous()
     return out
@@ -97,8 +98,13 @@ def _epoch(h: Any, cfg: TrialConfig, epoch: int, epochs: int, name: str) -> tupl
         h.loader.sampler.set_epoch(epoch)
     losses: list[float] = []
     seen = 0
-    columns = (TextColumn(f"[{name}] epoch {epoch}/{epochs}", markup=False), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("loss {task.fields[loss]}", markup=False))
+    columns = (
+        TextColumn(f"[{name}] epoch {epoch}/{epochs}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("loss {task.fields[loss]}", markup=False),
+    )
     total = -(-len(h.loader) // cfg.grad_accum)  # the last step may accumulate fewer micro-batches
     with Progress(*columns, transient=True, disable=not (h.rank == 0 and sys.stdout.isatty())) as bar:
         task = bar.add_task("train", total=total, loss="-")
@@ -139,20 +145,39 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
         t_val = time.perf_counter() - t_val
         if h.world > 1:
             dist.barrier()  # the other ranks wait for rank 0's validation
-        rec = {"epoch": epoch, "seconds": elapsed, "samples": samples, "optimizer_steps": steps,
-               "samples_per_s": samples / elapsed,
-               "loss": loss, "iou": iou, "val_seconds": t_val}
+        rec = {
+            "epoch": epoch,
+            "seconds": elapsed,
+            "samples": samples,
+            "optimizer_steps": steps,
+            "samples_per_s": samples / elapsed,
+            "loss": loss,
+            "iou": iou,
+            "val_seconds": t_val,
+        }
         history.append(rec)
-        say(f"[{name}] epoch {epoch}/{epochs}  {elapsed:7.2f} s  {rec['samples_per_s']:8.2f} samples/s  "
+        say(
+            f"[{name}] epoch {epoch}/{epochs}  {elapsed:7.2f} s  {rec['samples_per_s']:8.2f} samples/s  "
             f"loss {loss:.4f}  IoU {'-' if iou is None else f'{iou:.4f}'}"
-            + (f"  (validation {t_val:.1f} s, not timed)" if iou is not None else ""))
+            + (f"  (validation {t_val:.1f} s, not timed)" if iou is not None else "")
+        )
 
     total_s = sum(r["seconds"] for r in history)
-    summary = {"name": name, "config": cfg.to_dict(), "epochs": epochs, "world": h.world, "history": history,
-               "optimizer_steps": sum(r["optimizer_steps"] for r in history), "global_batch": cfg.global_batch_size,
-               "lr": cfg.effective_lr,
-               "seconds": total_s, "samples_per_s": _rate(history), "steady_samples_per_s": _rate(history[1:]),
-               "iou": history[-1]["iou"] if history else None, "checkpoint": None}
+    summary = {
+        "name": name,
+        "config": cfg.to_dict(),
+        "epochs": epochs,
+        "world": h.world,
+        "history": history,
+        "optimizer_steps": sum(r["optimizer_steps"] for r in history),
+        "global_batch": cfg.global_batch_size,
+        "lr": cfg.effective_lr,
+        "seconds": total_s,
+        "samples_per_s": _rate(history),
+        "steady_samples_per_s": _rate(history[1:]),
+        "iou": history[-1]["iou"] if history else None,
+        "checkpoint": None,
+    }
     weights = plain_state_dict(h.model) if lead or _sharded(h.model) else {}  # fsdp: every rank gathers
     if lead:
         summary["checkpoint"] = _save(weights, summary, out / f"{name}.pt")
@@ -169,8 +194,9 @@ def _sharded(model: torch.nn.Module) -> bool:
 def _save(weights: dict[str, torch.Tensor], summary: dict[str, Any], path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")  # a crash mid-save leaves the old checkpoint whole
-    torch.save({"model": weights, "config": summary["config"], "epochs": summary["epochs"],
-                "history": summary["history"]}, tmp)
+    torch.save(
+        {"model": weights, "config": summary["config"], "epochs": summary["epochs"], "history": summary["history"]}, tmp
+    )
     os.replace(tmp, path)
     return str(path)
 
@@ -181,15 +207,28 @@ def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) ->
     from autotune.trial.knobs import ranks_share_gpus
 
     if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus and not ranks_share_gpus():
-        raise AutotuneError(f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s) "
-                            f"(AUTOTUNE_DDP_BACKEND=gloo runs the ranks on shared GPUs: a check, not a speed)")
+        raise AutotuneError(
+            f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s) "
+            f"(AUTOTUNE_DDP_BACKEND=gloo runs the ranks on shared GPUs: a check, not a speed)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     cfg_path, summary_path, error_path = (out / f"{name}{ext}" for ext in (".config.json", ".json", ".error"))
     for stale in (summary_path, error_path, *out.glob(f"{name}.failed.rank*.json")):
         stale.unlink(missing_ok=True)
     write_json_atomic(cfg_path, cfg.to_dict())
-    cmd = [*python_for(cfg.gpus), "-m", "autotune.apply.train", "--config", str(cfg_path), "--epochs", str(epochs), "--out", str(out),
-           "--name", name]
+    cmd = [
+        *python_for(cfg.gpus),
+        "-m",
+        "autotune.apply.train",
+        "--config",
+        str(cfg_path),
+        "--epochs",
+        str(epochs),
+        "--out",
+        str(out),
+        "--name",
+        name,
+    ]
     if cfg.gpus > 1:
         say(f"[{name}] DDP over {cfg.gpus} processes: {' '.join(cmd[1:])}")
     code = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent).returncode
@@ -198,8 +237,10 @@ def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) ->
     if code != 0 or not summary_path.is_file():
         verdict = _named_failure(out, name)
         if verdict is not None:
-            raise TrainFailed(f"training {name} failed: {verdict['status']}: {verdict.get('message', '')}",
-                              exit_code_for(verdict["status"]))
+            raise TrainFailed(
+                f"training {name} failed: {verdict['status']}: {verdict.get('message', '')}",
+                exit_code_for(verdict["status"]),
+            )
         raise TrainFailed(f"training {name} failed with exit code {code} (its output is above)", code or 1)
     return dict(json.loads(summary_path.read_text()))
 
@@ -212,8 +253,9 @@ def _rate(history: list[dict[str, Any]]) -> float | None:
     return sum(r["samples"] for r in history) / seconds if history and seconds > 0 else None
 
 
-def train(cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say: Say,
-          margin: float = METRIC_MARGIN) -> list[dict[str, Any]]:
+def train(
+    cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say: Say, margin: float = METRIC_MARGIN
+) -> list[dict[str, Any]]:
     """Train the config (and, to compare, the baseline after it), each in its own process; print the
     speedup, the optimizer steps and both final metrics, and write train.json. Raises TrainFailed or
     AutotuneError."""
@@ -243,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     rank = int(os.environ.get("RANK", 0))
     console = Console()
-    say: Say = (lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)) if rank == 0 else (lambda s: None)
+    say: Say = (
+        (lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)) if rank == 0 else (lambda s: None)
+    )
     try:
         summary = train_one(load_config(args.config), args.epochs, args.out, args.name, say)
     except Exception as e:

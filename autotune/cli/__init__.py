@@ -4,6 +4,7 @@ AutotuneError becomes exit code 2 (one line, no traceback).
 
 May import: everything in autotune.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,13 +16,16 @@ from autotune.cli._common import Parser
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, path_error
 
-EXIT_CODES = ("exit codes: 0 ok, 2 bad input or bad data (one line, no traceback, nothing written), 130 interrupted, "
-              "1 unexpected; `trial` and `train` add 3 out of memory, 4 non-finite loss, 5 knob unsupported here")
+EXIT_CODES = (
+    "exit codes: 0 ok, 2 bad input or bad data (one line, no traceback, nothing written), 130 interrupted, "
+    "1 unexpected; `trial` and `train` add 3 out of memory, 4 non-finite loss, 5 knob unsupported here"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="autotune", description="Find the fastest way to train a PyTorch model on this machine.",
-                    epilog=EXIT_CODES)
+    parser = Parser(
+        prog="autotune", description="Find the fastest way to train a PyTorch model on this machine.", epilog=EXIT_CODES
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for module in (search, run, study):
         module.register(sub)

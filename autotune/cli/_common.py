@@ -1,4 +1,5 @@
 """What the commands share: the argparse parser that exits 2, and the workload flags."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,17 +17,30 @@ class Parser(argparse.ArgumentParser):
 
 def workload_args(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
     """--data, --image-size, --pipeline. `inherited`: the defaults come from a config file."""
-    p.add_argument("--data", metavar="DIR", help="dataset folder, passed to the pipeline as data_dir: the unet "
-                   "reads DIR/images and DIR/masks (default: " + ("the config's)" if inherited else
-                   "a synthetic set generated once under studies/data)"))
-    p.add_argument("--image-size", type=int, default=None, metavar="PX",
-                   help="training crop size (default: " + ("the config's)" if inherited else "128)"))
-    p.add_argument("--pipeline", default=None, metavar="MODULE:FACTORY",
-                   help="training pipeline: 'unet', an importable factory returning a Pipeline, "
-                   "'lightning:MODULE:FACTORY' (returns a LightningModule and a LightningDataModule, trained by "
-                   "Lightning's Trainer) or 'hf:MODULE:FACTORY' (returns the model, train dataset, data collator "
-                   "and base TrainingArguments, trained by the Hugging Face Trainer) (default: "
-                   + ("the config's)" if inherited else "unet)"))
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="dataset folder, passed to the pipeline as data_dir: the unet "
+        "reads DIR/images and DIR/masks (default: "
+        + ("the config's)" if inherited else "a synthetic set generated once under studies/data)"),
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        metavar="PX",
+        help="training crop size (default: " + ("the config's)" if inherited else "128)"),
+    )
+    p.add_argument(
+        "--pipeline",
+        default=None,
+        metavar="MODULE:FACTORY",
+        help="training pipeline: 'unet', an importable factory returning a Pipeline, "
+        "'lightning:MODULE:FACTORY' (returns a LightningModule and a LightningDataModule, trained by "
+        "Lightning's Trainer) or 'hf:MODULE:FACTORY' (returns the model, train dataset, data collator "
+        "and base TrainingArguments, trained by the Hugging Face Trainer) (default: "
+        + ("the config's)" if inherited else "unet)"),
+    )
 
 
 def study_args(p: argparse.ArgumentParser, *, studies_dir: str | None = None) -> None:
@@ -66,8 +80,11 @@ def check_journal(storage: str | None) -> None:
 
 
 def skip_bad_data_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--skip-bad-data", action="store_true", help="leave out data items that cannot be decoded "
-                   "(and say how many) instead of refusing the data (exit 2)")
+    p.add_argument(
+        "--skip-bad-data",
+        action="store_true",
+        help="leave out data items that cannot be decoded (and say how many) instead of refusing the data (exit 2)",
+    )
 
 
 def apply_skip_bad_data(args: argparse.Namespace) -> None:
@@ -80,11 +97,15 @@ def apply_skip_bad_data(args: argparse.Namespace) -> None:
 
 
 def cpus_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cpus", default=None, metavar="LIST",
-                   help="run this process, its trials and their data loaders on these CPUs only (a Linux CPU list "
-                        "such as 0-7 or 0-3,8-11): on a machine shared by one worker per GPU, give each its own "
-                        "share, so loader workers and threads are sized by it and a neighbour's steady use is "
-                        "not counted as contention")
+    p.add_argument(
+        "--cpus",
+        default=None,
+        metavar="LIST",
+        help="run this process, its trials and their data loaders on these CPUs only (a Linux CPU list "
+        "such as 0-7 or 0-3,8-11): on a machine shared by one worker per GPU, give each its own "
+        "share, so loader workers and threads are sized by it and a neighbour's steady use is "
+        "not counted as contention",
+    )
 
 
 def apply_cpus(args: argparse.Namespace) -> None:
@@ -99,8 +120,10 @@ def apply_cpus(args: argparse.Namespace) -> None:
         raise ConfigError(f"--cpus {args.cpus!r}: not a CPU list (e.g. 0-7 or 0-3,8-11)") from None
     allowed = os.sched_getaffinity(0)
     if not cpus <= allowed:
-        raise ConfigError(f"--cpus {args.cpus}: CPU(s) {format_cpu_list(cpus - allowed)} are not available to this "
-                          f"process (it may use {format_cpu_list(allowed)})")
+        raise ConfigError(
+            f"--cpus {args.cpus}: CPU(s) {format_cpu_list(cpus - allowed)} are not available to this "
+            f"process (it may use {format_cpu_list(allowed)})"
+        )
     os.sched_setaffinity(0, cpus)
 
 
@@ -143,17 +166,34 @@ def nodes_args(p: argparse.ArgumentParser) -> None:
     """--nodes, --launcher, --scheduler, --scheduler-arg: where a trial's ranks run (trial/nodes.py)."""
     from autotune.trial.nodes import LAUNCHERS
 
-    p.add_argument("--nodes", default="1", metavar="N",
-                   help="nodes every trial spans, with its gpus ranks on each (default 1: this machine only); "
-                        "more needs --launcher torchx")
-    p.add_argument("--launcher", default="single-machine", choices=LAUNCHERS,
-                   help="what starts the ranks: single-machine (torchrun --standalone, the default) or torchx "
-                        "(torchrun on every node with the c10d rendezvous; pip install 'autotune[multinode]')")
-    p.add_argument("--scheduler", default=None, metavar="NAME",
-                   help="the launcher's scheduler: local_cwd (nodes simulated on this machine), slurm, kubernetes, ...")
-    p.add_argument("--scheduler-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="one of the scheduler's run options (e.g. partition=gpu for slurm, queue=default for "
-                        "kubernetes); repeatable")
+    p.add_argument(
+        "--nodes",
+        default="1",
+        metavar="N",
+        help="nodes every trial spans, with its gpus ranks on each (default 1: this machine only); "
+        "more needs --launcher torchx",
+    )
+    p.add_argument(
+        "--launcher",
+        default="single-machine",
+        choices=LAUNCHERS,
+        help="what starts the ranks: single-machine (torchrun --standalone, the default) or torchx "
+        "(torchrun on every node with the c10d rendezvous; pip install 'autotune[multinode]')",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="NAME",
+        help="the launcher's scheduler: local_cwd (nodes simulated on this machine), slurm, kubernetes, ...",
+    )
+    p.add_argument(
+        "--scheduler-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the scheduler's run options (e.g. partition=gpu for slurm, queue=default for "
+        "kubernetes); repeatable",
+    )
 
 
 def apply_nodes(args: argparse.Namespace) -> None:

@@ -1,4 +1,5 @@
 """`trial`, `train` and `make-data`: run one config (measured, or for real epochs), or write data."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,20 +8,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._common import (apply_nodes, apply_skip_bad_data, check_folder, new_console, nodes_args,
-                                  skip_bad_data_arg, workload_args)
+from autotune.cli._common import (
+    apply_nodes,
+    apply_skip_bad_data,
+    check_folder,
+    new_console,
+    nodes_args,
+    skip_bad_data_arg,
+    workload_args,
+)
 from autotune.core.errors import ExitCode
 
 
 def register(sub: Any) -> None:
-    t = sub.add_parser("trial", help="run one measured trial of a config",
-                       description="Run one trial in its own process group (under torchrun when gpus > 1) and "
-                       "write its result JSON. Exit codes: 0 ok, 2 bad config or undecodable data (named), 3 out of "
-                       "memory, 4 non-finite loss, 5 knob unsupported here, 1 crash.")
+    t = sub.add_parser(
+        "trial",
+        help="run one measured trial of a config",
+        description="Run one trial in its own process group (under torchrun when gpus > 1) and "
+        "write its result JSON. Exit codes: 0 ok, 2 bad config or undecodable data (named), 3 out of "
+        "memory, 4 non-finite loss, 5 knob unsupported here, 1 crash.",
+    )
     t.add_argument("--config", required=True, help="YAML/JSON TrialConfig, or an exported best.yaml as it is")
     t.add_argument("--out", default=None, help="result JSON (default: <config dir>/trial/result.json)")
     t.add_argument("--timeout", type=float, default=900.0, help="seconds before the trial is killed (default 900)")
-    t.add_argument("--profile", action="store_true", help="write a torch.profiler summary (profile.txt) next to the result")
+    t.add_argument(
+        "--profile", action="store_true", help="write a torch.profiler summary (profile.txt) next to the result"
+    )
     t.add_argument("--steps", type=int, default=None, help="timed steps (default: the config's)")
     t.add_argument("--seconds", type=float, default=None, help="measure for this long instead of a step count")
     skip_bad_data_arg(t)
@@ -29,7 +42,8 @@ def register(sub: Any) -> None:
     t.set_defaults(func=cmd_trial)
 
     p = sub.add_parser(
-        "train", help="train for real with a config (optionally against the baseline)",
+        "train",
+        help="train for real with a config (optionally against the baseline)",
         description="Train the pipeline with a config for full epochs: every knob applied as in a trial, a "
         "progress bar, and per epoch the wall time, samples/s (device synchronized before each clock read, "
         "data loading included, validation excluded), mean loss and validation IoU (the pipeline's metric on "
@@ -39,19 +53,27 @@ def register(sub: Any) -> None:
         "names them) and the config are saved to --out/config.pt (and baseline.pt), and all figures to "
         "--out/train.json. --compare-baseline then trains the plain-PyTorch baseline (default knobs, same "
         "workload) for the same epochs, after the config, and prints the speedup and both final IoUs with "
-        "their difference. Exit codes: 0 ok, 2 bad input, 3 out of memory, 4 non-finite loss, 1 crash.")
+        "their difference. Exit codes: 0 ok, 2 bad input, 3 out of memory, 4 non-finite loss, 1 crash.",
+    )
     p.add_argument("--config", required=True, help="YAML/JSON config, e.g. an exported best.yaml")
     p.add_argument("--epochs", type=int, default=10, help="full passes over the training set (default 10)")
-    p.add_argument("--compare-baseline", action="store_true",
-                   help="also train the baseline config for the same epochs and compare speed and IoU")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="checkpoints and train.json (default studies/train/<timestamp>)")
+    p.add_argument(
+        "--compare-baseline",
+        action="store_true",
+        help="also train the baseline config for the same epochs and compare speed and IoU",
+    )
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="checkpoints and train.json (default studies/train/<timestamp>)"
+    )
     skip_bad_data_arg(p)
     workload_args(p, inherited=True)
     p.set_defaults(func=cmd_train)
 
-    m = sub.add_parser("make-data", help="write a synthetic person-segmentation dataset",
-                       description="Write JPEG photos with person-like figures and PNG masks; deterministic per seed.")
+    m = sub.add_parser(
+        "make-data",
+        help="write a synthetic person-segmentation dataset",
+        description="Write JPEG photos with person-like figures and PNG masks; deterministic per seed.",
+    )
     m.add_argument("dir", help="output folder (must not exist or be empty)")
     m.add_argument("--n", type=int, default=256, help="number of images (default 256)")
     m.add_argument("--size", default="640x480", help="source image size WxH (default 640x480)")
@@ -94,9 +116,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
         return errors.exit_code_for(e.reason)
     if out != trial_dir / "result.json":
         os.replace(trial_dir / "result.json", out)
-    print(f"autotune trial: {result.samples_per_s:.2f} samples/s  step p50 {(result.step_time_p50 or 0) * 1e3:.0f} ms "
-          f"p90 {(result.step_time_p90 or 0) * 1e3:.0f} ms  data wait {result.data_wait_fraction:.0%}  "
-          f"peak {(result.peak_memory_bytes or 0) / 2**20:.0f} MiB  startup {result.startup_s:.1f} s  -> {out}")
+    print(
+        f"autotune trial: {result.samples_per_s:.2f} samples/s  step p50 {(result.step_time_p50 or 0) * 1e3:.0f} ms "
+        f"p90 {(result.step_time_p90 or 0) * 1e3:.0f} ms  data wait {result.data_wait_fraction:.0%}  "
+        f"peak {(result.peak_memory_bytes or 0) / 2**20:.0f} MiB  startup {result.startup_s:.1f} s  -> {out}"
+    )
     return ExitCode.OK
 
 
@@ -113,8 +137,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     apply_skip_bad_data(args)
     console = new_console()
     try:
-        train(_config(args), args.epochs, out, args.compare_baseline,
-              lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True))
+        train(
+            _config(args),
+            args.epochs,
+            out,
+            args.compare_baseline,
+            lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True),
+        )
     except TrainFailed as e:
         print(f"autotune train: {e}", file=sys.stderr)
         return e.code

@@ -1,4 +1,5 @@
 """`search`, `worker` and `storage-proxy`: start, join or serve a study."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,17 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-from autotune.cli._common import (apply_cpus, apply_nodes, check_folder, check_journal, cpus_arg, new_console,
-                                  nodes_args, skip_bad_data_arg, workload_args)
+from autotune.cli._common import (
+    apply_cpus,
+    apply_nodes,
+    check_folder,
+    check_journal,
+    cpus_arg,
+    new_console,
+    nodes_args,
+    skip_bad_data_arg,
+    workload_args,
+)
 from autotune.core.config import LR_RULES
 from autotune.core.settings import SAMPLERS
 
@@ -17,71 +27,131 @@ LARGE_DATA = 200  # items: below this the up-front data check takes a moment and
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("search", help="search the knobs jointly with Optuna within a time budget",
-                       description="Run a budgeted Optuna search. Trial 0 is the plain-PyTorch baseline, trial 1 "
-                       "the published guides' recommendation; every trial is a short measured run in its own "
-                       "process. Results go to an Optuna study (`optuna-dashboard studies.db`), the best config "
-                       "to studies/<study>/best.yaml. Re-running with the same --study resumes it; --budget then "
-                       "counts afresh for this run. Ctrl-C or SIGTERM stop the current trial, export the best so "
-                       "far and exit 130.")
-    s.add_argument("--budget", default=None, help="wall time for this run: 2h, 90m, 1h30m, 45s or seconds "
-                   "(required unless --create-only)")
+    s = sub.add_parser(
+        "search",
+        help="search the knobs jointly with Optuna within a time budget",
+        description="Run a budgeted Optuna search. Trial 0 is the plain-PyTorch baseline, trial 1 "
+        "the published guides' recommendation; every trial is a short measured run in its own "
+        "process. Results go to an Optuna study (`optuna-dashboard studies.db`), the best config "
+        "to studies/<study>/best.yaml. Re-running with the same --study resumes it; --budget then "
+        "counts afresh for this run. Ctrl-C or SIGTERM stop the current trial, export the best so "
+        "far and exit 130.",
+    )
+    s.add_argument(
+        "--budget",
+        default=None,
+        help="wall time for this run: 2h, 90m, 1h30m, 45s or seconds (required unless --create-only)",
+    )
     s.add_argument("--study", default="autotune", help="study name; an existing study is resumed (default autotune)")
-    s.add_argument("--storage", default=None, help="Optuna storage: a journal file path (default studies.db), "
-                   "sqlite:///x.db, postgresql://user:pass@host/db or grpc://host:port")
-    s.add_argument("--space", default=None, metavar="FILE", help="search-space YAML (default search_spaces/default.yaml)")
-    s.add_argument("--sampler", default="auto", choices=SAMPLERS,
-                   help="auto (default): one knob at a time from the best so far, interleaved with TPE; "
-                        "tpe|gp|random: that Optuna sampler alone, for comparison")
+    s.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna storage: a journal file path (default studies.db), "
+        "sqlite:///x.db, postgresql://user:pass@host/db or grpc://host:port",
+    )
+    s.add_argument(
+        "--space", default=None, metavar="FILE", help="search-space YAML (default search_spaces/default.yaml)"
+    )
+    s.add_argument(
+        "--sampler",
+        default="auto",
+        choices=SAMPLERS,
+        help="auto (default): one knob at a time from the best so far, interleaved with TPE; "
+        "tpe|gp|random: that Optuna sampler alone, for comparison",
+    )
     s.add_argument("--seed", type=int, default=None, help="sampler seed")
-    s.add_argument("--trial-timeout", default=None, help="kill a trial after this long; stored in the study for "
-                   "its workers (default: max(2m, budget/4), or 10m without a budget)")
-    s.add_argument("--trial-seconds", type=float, default=15.0, help="measured seconds per trial, after warm-up (default 15)")
+    s.add_argument(
+        "--trial-timeout",
+        default=None,
+        help="kill a trial after this long; stored in the study for "
+        "its workers (default: max(2m, budget/4), or 10m without a budget)",
+    )
+    s.add_argument(
+        "--trial-seconds", type=float, default=15.0, help="measured seconds per trial, after warm-up (default 15)"
+    )
     s.add_argument("--warmup-steps", type=int, default=3, help="untimed steps before measuring (default 3)")
     s.add_argument("--n-trials", type=int, default=None, help="stop after this many trials")
     s.add_argument("--force", action="store_true", help="resume a study recorded on different hardware/software")
-    s.add_argument("--cold-start", action="store_true",
-                   help="start every trial as a fresh interpreter instead of forking a warm one (slower start-up)")
-    s.add_argument("--create-only", action="store_true",
-                   help="create the study (space, workload, fingerprint, baseline) and exit: workers then join it")
+    s.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="start every trial as a fresh interpreter instead of forking a warm one (slower start-up)",
+    )
+    s.add_argument(
+        "--create-only",
+        action="store_true",
+        help="create the study (space, workload, fingerprint, baseline) and exit: workers then join it",
+    )
     s.add_argument("--studies-dir", default="studies", help="where trial logs, artifacts and exports go")
-    s.add_argument("--confirm-rounds", type=int, default=3, metavar="N",
-                   help="re-measure the top configs and the baseline in N interleaved rounds before exporting "
-                   "(part of the budget is kept for it; 0: off; default 3)")
+    s.add_argument(
+        "--confirm-rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="re-measure the top configs and the baseline in N interleaved rounds before exporting "
+        "(part of the budget is kept for it; 0: off; default 3)",
+    )
     s.add_argument("--confirm-top", type=int, default=3, metavar="K", help="how many top configs (default 3)")
-    s.add_argument("--global-batch", type=int, default=None, metavar="N",
-                   help="samples per optimizer step, the same in every trial: batch_size becomes the micro-batch "
-                   "per process and gradient accumulation makes up the rest (default: free, the batch is searched)")
-    s.add_argument("--baseline", default=None, metavar="FILE|JSON",
-                   help="the knobs you train with today, that every speedup is measured against: a best.yaml-style "
-                        "file or inline JSON such as '{\"num_workers\": 4, \"batch_size\": 16}' (default: plain "
-                        "PyTorch at batch 8, accumulating up to --global-batch); stored in the study")
-    s.add_argument("--lr-scaling", default="sqrt", choices=LR_RULES,
-                   help="how the learning rate follows a global batch that differs from the baseline's "
-                   "(default sqrt, the rule for Adam-family optimizers; linear for SGD; none)")
-    s.add_argument("--parity-steps", type=int, default=30, metavar="K",
-                   help="before exporting, train the winner and the baseline K optimizer steps from the same "
-                   "weights on the same data and compare their losses; a winner that trains differently is "
-                   "skipped for the next best (0: off; default 30)")
-    s.add_argument("--memory-headroom", default="10%", metavar="PCT",
-                   help="a config must leave this share of device memory free (RAM on CPU), measured from its "
-                   "peak; one that leaves less is infeasible and never exported (default 10%%)")
+    s.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="samples per optimizer step, the same in every trial: batch_size becomes the micro-batch "
+        "per process and gradient accumulation makes up the rest (default: free, the batch is searched)",
+    )
+    s.add_argument(
+        "--baseline",
+        default=None,
+        metavar="FILE|JSON",
+        help="the knobs you train with today, that every speedup is measured against: a best.yaml-style "
+        'file or inline JSON such as \'{"num_workers": 4, "batch_size": 16}\' (default: plain '
+        "PyTorch at batch 8, accumulating up to --global-batch); stored in the study",
+    )
+    s.add_argument(
+        "--lr-scaling",
+        default="sqrt",
+        choices=LR_RULES,
+        help="how the learning rate follows a global batch that differs from the baseline's "
+        "(default sqrt, the rule for Adam-family optimizers; linear for SGD; none)",
+    )
+    s.add_argument(
+        "--parity-steps",
+        type=int,
+        default=30,
+        metavar="K",
+        help="before exporting, train the winner and the baseline K optimizer steps from the same "
+        "weights on the same data and compare their losses; a winner that trains differently is "
+        "skipped for the next best (0: off; default 30)",
+    )
+    s.add_argument(
+        "--memory-headroom",
+        default="10%",
+        metavar="PCT",
+        help="a config must leave this share of device memory free (RAM on CPU), measured from its "
+        "peak; one that leaves less is infeasible and never exported (default 10%%)",
+    )
     skip_bad_data_arg(s)
     cpus_arg(s)
     nodes_args(s)
     workload_args(s)
     s.set_defaults(func=cmd_search)
 
-    w = sub.add_parser("worker", help="join an existing study and run trials (many machines, one study)",
-                       description="Join a study created by `autotune search` (usually on PostgreSQL) and run its "
-                       "trials until --budget or --n-trials is spent. The space, workload, trial timeout and "
-                       "fingerprint come from the study; a machine whose fingerprint differs is refused.")
+    w = sub.add_parser(
+        "worker",
+        help="join an existing study and run trials (many machines, one study)",
+        description="Join a study created by `autotune search` (usually on PostgreSQL) and run its "
+        "trials until --budget or --n-trials is spent. The space, workload, trial timeout and "
+        "fingerprint come from the study; a machine whose fingerprint differs is refused.",
+    )
     w.add_argument("--storage", required=True, help="the study's storage URL (postgresql://…, grpc://host:port, …)")
     w.add_argument("--study", required=True, help="study name")
     w.add_argument("--budget", default=None, help="wall time for this worker (2h, 90m, …)")
     w.add_argument("--n-trials", type=int, default=None, help="stop after this many trials")
     w.add_argument("--trial-timeout", default=None, help="kill a trial after this long (default: the study's)")
-    w.add_argument("--data", default=None, metavar="DIR", help="this machine's copy of the dataset, if not at the study's path")
+    w.add_argument(
+        "--data", default=None, metavar="DIR", help="this machine's copy of the dataset, if not at the study's path"
+    )
     w.add_argument("--studies-dir", default="studies", help="where trial logs and artifacts go")
     w.add_argument("--force", action="store_true", help="join although this machine's fingerprint differs")
     w.add_argument("--cold-start", action="store_true", help="start every trial as a fresh interpreter")
@@ -90,9 +160,12 @@ def register(sub: Any) -> None:
     nodes_args(w)
     w.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("storage-proxy", help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
-                       description="Run Optuna's gRPC storage proxy in front of one RDB storage, so a large fleet "
-                       "needs one database connection pool instead of one per worker. Workers use --storage grpc://HOST:PORT.")
+    p = sub.add_parser(
+        "storage-proxy",
+        help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
+        description="Run Optuna's gRPC storage proxy in front of one RDB storage, so a large fleet "
+        "needs one database connection pool instead of one per worker. Workers use --storage grpc://HOST:PORT.",
+    )
     p.add_argument("--storage", required=True, help="the RDB storage URL to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
@@ -110,12 +183,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     settings = _search_settings(args)
     console = _console()
     with _data_progress(console) as progress:
-        session = SearchSession.create(settings, warm=not args.cold_start, say=_dim(console), defer=args.create_only,
-                                       progress=progress)
+        session = SearchSession.create(
+            settings, warm=not args.cold_start, say=_dim(console), defer=args.create_only, progress=progress
+        )
     if args.create_only:
-        console.print(f"autotune: study {args.study!r} ready in {shown_storage(args.storage)}; the first worker "
-                      f"resolves its space on its own hardware. Join it with: autotune worker --storage URL "
-                      f"--study {args.study}", highlight=False)
+        console.print(
+            f"autotune: study {args.study!r} ready in {shown_storage(args.storage)}; the first worker "
+            f"resolves its space on its own hardware. Join it with: autotune worker --storage URL "
+            f"--study {args.study}",
+            highlight=False,
+        )
         return 0
     return _run(session, console)
 
@@ -139,15 +216,38 @@ def _search_settings(args: argparse.Namespace) -> Any:
     apply_nodes(args)
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
     baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
-    base = workload(args.pipeline, args.image_size, args.data, args.studies_dir, seconds=args.trial_seconds,
-                    warmup_steps=args.warmup_steps, window=3, lr_scaling=args.lr_scaling, baseline=baseline, **batch)
+    base = workload(
+        args.pipeline,
+        args.image_size,
+        args.data,
+        args.studies_dir,
+        seconds=args.trial_seconds,
+        warmup_steps=args.warmup_steps,
+        window=3,
+        lr_scaling=args.lr_scaling,
+        baseline=baseline,
+        **batch,
+    )
     return SearchSettings(
-        budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study,
-        storage=args.storage, space=args.space, sampler=args.sampler, seed=args.seed,
-        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
-        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, base=base,
-        skip_bad_data=args.skip_bad_data, confirm_rounds=args.confirm_rounds, confirm_top=args.confirm_top,
-        parity_steps=args.parity_steps, memory_headroom=parse_percent(args.memory_headroom, "--memory-headroom"))
+        budget_s=parse_duration(args.budget) if args.budget is not None else None,
+        study=args.study,
+        storage=args.storage,
+        space=args.space,
+        sampler=args.sampler,
+        seed=args.seed,
+        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout")
+        if args.trial_timeout is not None
+        else None,
+        n_trials=args.n_trials,
+        force=args.force,
+        studies_dir=args.studies_dir,
+        base=base,
+        skip_bad_data=args.skip_bad_data,
+        confirm_rounds=args.confirm_rounds,
+        confirm_top=args.confirm_top,
+        parity_steps=args.parity_steps,
+        memory_headroom=parse_percent(args.memory_headroom, "--memory-headroom"),
+    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -164,15 +264,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     apply_cpus(args)
     apply_nodes(args)
     settings = SearchSettings(
-        budget_s=parse_duration(args.budget) if args.budget is not None else None, study=args.study, storage=args.storage,
-        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout") if args.trial_timeout is not None else None,
-        n_trials=args.n_trials, force=args.force, studies_dir=args.studies_dir, skip_bad_data=args.skip_bad_data)
+        budget_s=parse_duration(args.budget) if args.budget is not None else None,
+        study=args.study,
+        storage=args.storage,
+        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout")
+        if args.trial_timeout is not None
+        else None,
+        n_trials=args.n_trials,
+        force=args.force,
+        studies_dir=args.studies_dir,
+        skip_bad_data=args.skip_bad_data,
+    )
     # Confirmation, parity and headroom come from the study; the worker that finishes last confirms.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
     with _data_progress(console) as progress:
-        session = SearchSession.join(settings, args.data, warm=not args.cold_start, say=_plain(console),
-                                     progress=progress)
+        session = SearchSession.join(
+            settings, args.data, warm=not args.cold_start, say=_plain(console), progress=progress
+        )
     return _run(session, console)
 
 
@@ -184,8 +293,11 @@ def _run(session: Any, console: Any) -> int:
 
     s = session.settings
     limit = "no time limit" if s.budget_s is None else f"budget {s.budget_s:.0f} s"
-    console.print(f"autotune: study {s.study!r} in {shown_storage(s.storage)}, {limit}, "
-                  f"{len(session.searched)} knobs searched: {', '.join(session.searched)}", highlight=False)
+    console.print(
+        f"autotune: study {s.study!r} in {shown_storage(s.storage)}, {limit}, "
+        f"{len(session.searched)} knobs searched: {', '.join(session.searched)}",
+        highlight=False,
+    )
     budget = Budget.of(s)  # one clock for the session's deadlines and the panel's countdown
     with LiveSearch(session.study, budget, console) as live:
         outcome = session.run(live.events(), budget)
@@ -198,19 +310,28 @@ def _run(session: Any, console: Any) -> int:
     checks = checks_summary(session.study)
     if checks:
         failed = [k for k, v in checks["classes"].items() if v["verdict"] == "fail"]
-        console.print(f"autotune: {len(checks['classes'])} training-math class(es) checked in {checks['check_seconds']:.0f} s"
-                      + (f"; failed: {'; '.join(failed)} ({checks['trials_in_failed_classes']} of {checks['trials']} "
-                         f"trials run were in them, {checks['share_of_trial_time_in_failed_classes']:.0%} of trial "
-                         f"time; {checks['written_off']} later proposal(s) in them written off unrun)"
-                         if failed else ""), highlight=False)
+        console.print(
+            f"autotune: {len(checks['classes'])} training-math class(es) checked in {checks['check_seconds']:.0f} s"
+            + (
+                f"; failed: {'; '.join(failed)} ({checks['trials_in_failed_classes']} of {checks['trials']} "
+                f"trials run were in them, {checks['share_of_trial_time_in_failed_classes']:.0%} of trial "
+                f"time; {checks['written_off']} later proposal(s) in them written off unrun)"
+                if failed
+                else ""
+            ),
+            highlight=False,
+        )
     if outcome.best_yaml is None:
         console.print("autotune: no trial finished, nothing to export")
     else:
         console.print(f"autotune: {training_note(session.study)}", highlight=False)
-        console.print(f"autotune: best config exported to {outcome.best_yaml}\n"
-                      f"  apply it:  autotune trial --config {outcome.best_yaml}\n"
-                      f"  inspect:   optuna-dashboard {shown_storage(s.storage)} --artifact-dir "
-                      f"{Path(s.studies_dir) / 'artifacts'}", highlight=False)
+        console.print(
+            f"autotune: best config exported to {outcome.best_yaml}\n"
+            f"  apply it:  autotune trial --config {outcome.best_yaml}\n"
+            f"  inspect:   optuna-dashboard {shown_storage(s.storage)} --artifact-dir "
+            f"{Path(s.studies_dir) / 'artifacts'}",
+            highlight=False,
+        )
     if outcome.error:
         print(f"autotune: error: {outcome.error}", file=sys.stderr)
     return outcome.code
@@ -221,8 +342,14 @@ def _data_progress(console: Any) -> Iterator[Any]:
     """A progress bar for the up-front data check, shown only when the set is large enough to wait for."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("checking data"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console, transient=True)
+    bar = Progress(
+        TextColumn("checking data"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
     task = None
 
     def update(done: int, total: int) -> None:

@@ -1,4 +1,5 @@
 """`show`, `export`, `ablate` and `report`: read a study, explain it, hand its best config over."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,33 +26,44 @@ def register(sub: Any) -> None:
     e.set_defaults(func=cmd_export)
 
     a = sub.add_parser(
-        "ablate", help="measure each technique's contribution to the best config (waterfall)",
+        "ablate",
+        help="measure each technique's contribution to the best config (waterfall)",
         description="Start from the study's baseline config; the best trial's knobs that differ from it are the "
         "techniques (num_workers travels with persistent_workers and prefetch_factor, which need workers). "
         "Greedily, at each step every remaining technique is added to the current config and measured as a "
         "real isolated trial on the study's workload; the one that helps most is kept. A technique whose "
         "trial fails (e.g. out of memory) is retried at the next step. With k techniques this runs up to "
         "1 + k(k+1)/2 trials. The steps go to the study's user attr 'ablation', a table is printed, and "
-        "studies/<study>/ablation.png shows the waterfall; trial logs are under studies/<study>/ablation/.")
+        "studies/<study>/ablation.png shows the waterfall; trial logs are under studies/<study>/ablation/.",
+    )
     study_args(a, studies_dir="where trial logs and the PNG go (default studies)")
-    a.add_argument("--seconds", type=float, default=None,
-                   help="measured seconds per trial (default: the study's own trial length)")
-    a.add_argument("--trial-timeout", type=float, default=None, metavar="S",
-                   help="kill a trial after this many seconds (default max(300, 20 x seconds))")
+    a.add_argument(
+        "--seconds", type=float, default=None, help="measured seconds per trial (default: the study's own trial length)"
+    )
+    a.add_argument(
+        "--trial-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="kill a trial after this many seconds (default max(300, 20 x seconds))",
+    )
     a.add_argument("--data", default=None, metavar="DIR", help="this machine's copy of the study's dataset")
     a.set_defaults(func=cmd_ablate)
 
     r = sub.add_parser(
-        "report", help="write a self-contained HTML report of a study, with PNG copies of its figures",
+        "report",
+        help="write a self-contained HTML report of a study, with PNG copies of its figures",
         description="Write one HTML file that opens offline (plotly.js is inlined, no CDN): the optimization "
         "history with the baseline as a line, parameter importances (Optuna's default evaluator; skipped with a "
         "note while the study has too few trials), the pareto front of samples/s against peak memory, the "
         "ablation waterfall if `autotune ablate` was run, the leaderboard with speedups, and the study's "
         "hardware/software fingerprint. Each figure is also written as a PNG (matplotlib) next to the HTML, "
-        "named <report>-<figure>.png.")
+        "named <report>-<figure>.png.",
+    )
     study_args(r, studies_dir="where the default output goes (default studies)")
-    r.add_argument("-o", "--output", default=None, metavar="FILE",
-                   help="HTML file to write (default studies/<study>/report.html)")
+    r.add_argument(
+        "-o", "--output", default=None, metavar="FILE", help="HTML file to write (default studies/<study>/report.html)"
+    )
     r.set_defaults(func=cmd_report)
 
 
@@ -70,8 +82,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     console.print(leaderboard_table(study, args.top))
     memory = memory_rows(study, args.top)
     if memory:
-        console.print(FitTable(f"memory: estimate before launch vs measured peak, last {len(memory)} trials",
-                               MEMORY_COLUMNS, memory, long=(MEMORY_COLUMNS[-1],), left=("role", "strategy")))
+        console.print(
+            FitTable(
+                f"memory: estimate before launch vs measured peak, last {len(memory)} trials",
+                MEMORY_COLUMNS,
+                memory,
+                long=(MEMORY_COLUMNS[-1],),
+                left=("role", "strategy"),
+            )
+        )
     confirmed = confirmation_table(study)
     if confirmed is not None:
         console.print(confirmed)
@@ -101,7 +120,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_ablate(args: argparse.Namespace) -> int:
     import optuna
     from autotune.apply.ablate import run_ablation, table
-    from autotune.apply.report import waterfall_png
+    from autotune.apply.figures import waterfall_png
     from autotune.search.records import TrialRecord
     from autotune.search.results import leaderboard
 
@@ -110,18 +129,28 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     say = lambda s: console.print(s, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = _study(args)
-    steps = run_ablation(study, args.studies_dir, say, data=args.data, seconds=args.seconds,
-                         trial_timeout=args.trial_timeout)
+    steps = run_ablation(
+        study, args.studies_dir, say, data=args.data, seconds=args.seconds, trial_timeout=args.trial_timeout
+    )
     console.print(table(steps, f"ablation of study {study.study_name}: greedy, each step measured"))
     best = leaderboard(study)[0]
     speedup = TrialRecord.from_frozen(best).speedup
-    say(f"the search measured its best config (trial {best.number}) at {best.value:.2f} samples/s"
+    say(
+        f"the search measured its best config (trial {best.number}) at {best.value:.2f} samples/s"
         + (f", x{speedup:.2f} vs its baseline" if speedup else "")
-        + f"; the ablation's last step: {steps[-1]['samples_per_s']:.2f} samples/s, x{steps[-1]['speedup']:.2f}")
-    png = waterfall_png(steps, Path(args.studies_dir) / study.study_name / "ablation.png",
-                        f"Ablation of study {study.study_name}: contribution of each technique")
-    console.print(f"autotune: waterfall written to {png}; stored in study attr 'ablation' "
-                  f"(autotune report --study {study.study_name} includes it)", highlight=False, soft_wrap=True)
+        + f"; the ablation's last step: {steps[-1]['samples_per_s']:.2f} samples/s, x{steps[-1]['speedup']:.2f}"
+    )
+    png = waterfall_png(
+        steps,
+        Path(args.studies_dir) / study.study_name / "ablation.png",
+        f"Ablation of study {study.study_name}: contribution of each technique",
+    )
+    console.print(
+        f"autotune: waterfall written to {png}; stored in study attr 'ablation' "
+        f"(autotune report --study {study.study_name} includes it)",
+        highlight=False,
+        soft_wrap=True,
+    )
     return ExitCode.OK
 
 

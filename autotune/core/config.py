@@ -1,4 +1,5 @@
 """The frozen records that cross every boundary: TrialConfig in, TrialResult out."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,20 +18,59 @@ FSDP_DTYPES = ("fp32", "bf16")
 
 # The tuned knobs: names are a contract shared with search spaces and exported YAML.
 KNOBS = (
-    "num_workers", "pin_memory", "batch_size", "precision", "optimizer_fusion",
-    "checkpoint_segments", "gpus", "channels_last", "cudnn_benchmark", "compile",
-    "persistent_workers", "prefetch_factor", "set_to_none", "num_threads",
-    "parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload",
+    "num_workers",
+    "pin_memory",
+    "batch_size",
+    "precision",
+    "optimizer_fusion",
+    "checkpoint_segments",
+    "gpus",
+    "channels_last",
+    "cudnn_benchmark",
+    "compile",
+    "persistent_workers",
+    "prefetch_factor",
+    "set_to_none",
+    "num_threads",
+    "parallel",
+    "fsdp_reshard",
+    "fsdp_param_dtype",
+    "fsdp_reduce_dtype",
+    "fsdp_offload",
 )
 # What a trial runs on and how long it measures: fixed for a whole study.
 WORKLOAD = (
-    "pipeline", "data_dir", "image_size", "warmup_steps", "timed_steps", "seconds",
-    "window", "seed", "data_seed", "lr", "lr_scaling", "global_batch", "profile", "baseline",
+    "pipeline",
+    "data_dir",
+    "image_size",
+    "warmup_steps",
+    "timed_steps",
+    "seconds",
+    "window",
+    "seed",
+    "data_seed",
+    "lr",
+    "lr_scaling",
+    "global_batch",
+    "profile",
+    "baseline",
 )
 LR_RULES = ("sqrt", "linear", "none")
 # The baseline's global batch (batch_size 8 on one process): the batch `lr` is meant for when the
 # study fixes none (--global-batch), so a config with another global batch trains with a scaled lr.
 REFERENCE_BATCH = 8
+
+
+# The string knobs and workload fields, with what each may be.
+_CHOICES = {
+    "precision": PRECISIONS,
+    "optimizer_fusion": FUSIONS,
+    "compile": COMPILES,
+    "parallel": PARALLELS,
+    "fsdp_param_dtype": FSDP_DTYPES,
+    "fsdp_reduce_dtype": FSDP_DTYPES,
+    "lr_scaling": LR_RULES,
+}
 
 
 def _number(x: object) -> bool:
@@ -57,7 +97,9 @@ class TrialConfig:
     set_to_none: bool = True  # torch's own default since 2.0, so the baseline keeps it
     num_threads: int = 0  # 0 = torch's default intra-op thread count
     parallel: str = "ddp"  # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
-    fsdp_reshard: bool = True  # reshard_after_forward: True frees params after forward (ZeRO-3), False keeps them (ZeRO-2)
+    fsdp_reshard: bool = (
+        True  # reshard_after_forward: True frees params after forward (ZeRO-3), False keeps them (ZeRO-2)
+    )
     fsdp_param_dtype: str = "fp32"  # MixedPrecisionPolicy(param_dtype): fp32 | bf16
     fsdp_reduce_dtype: str = "fp32"  # MixedPrecisionPolicy(reduce_dtype): fp32 | bf16
     fsdp_offload: bool = False  # CPUOffloadPolicy: params, grads and optimizer state live in host memory
@@ -93,6 +135,9 @@ class TrialConfig:
             unknown = sorted(map(str, set(pairs) - set(KNOBS)))  # type: ignore[arg-type]
             need(not unknown, f"baseline: unknown knob(s) {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
             object.__setattr__(self, "baseline", tuple(sorted(pairs.items())))  # type: ignore[union-attr]
+        for k, allowed in _CHOICES.items():
+            v = getattr(self, k)
+            need(v in allowed, f"{k} must be one of {'|'.join(allowed)}, got {v!r}")
 
         for f in fields(self):
             v = getattr(self, f.name)
@@ -103,31 +148,37 @@ class TrialConfig:
                 need(isinstance(v, bool), f"{f.name} must be true or false, got {v!r}")
         need(self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}")
         need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        need(self.precision in PRECISIONS, f"precision must be one of {'|'.join(PRECISIONS)}, got {self.precision!r}")
-        need(self.optimizer_fusion in FUSIONS, f"optimizer_fusion must be one of {'|'.join(FUSIONS)}, got {self.optimizer_fusion!r}")
-        need(self.compile in COMPILES, f"compile must be one of {'|'.join(COMPILES)}, got {self.compile!r}")
-        need(self.parallel in PARALLELS, f"parallel must be one of {'|'.join(PARALLELS)}, got {self.parallel!r}")
-        for k in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
-            need(getattr(self, k) in FSDP_DTYPES, f"{k} must be one of {'|'.join(FSDP_DTYPES)}, got {getattr(self, k)!r}")
         need(self.checkpoint_segments >= 0, f"checkpoint_segments must be >= 0, got {self.checkpoint_segments}")
         need(self.gpus >= 1, f"gpus must be >= 1, got {self.gpus}")
         need(self.num_threads >= 0, f"num_threads must be >= 0, got {self.num_threads}")
-        need(self.prefetch_factor is None or self.prefetch_factor >= 1, f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
-        need(self.num_workers > 0 or (self.prefetch_factor is None and not self.persistent_workers),
-             "prefetch_factor and persistent_workers need num_workers > 0")
-        need(isinstance(self.image_size, int) and self.image_size >= 32, f"image_size must be an integer >= 32, got {self.image_size!r}")
+        need(
+            self.prefetch_factor is None or self.prefetch_factor >= 1,
+            f"prefetch_factor must be >= 1, got {self.prefetch_factor}",
+        )
+        need(
+            self.num_workers > 0 or (self.prefetch_factor is None and not self.persistent_workers),
+            "prefetch_factor and persistent_workers need num_workers > 0",
+        )
+        need(
+            isinstance(self.image_size, int) and self.image_size >= 32,
+            f"image_size must be an integer >= 32, got {self.image_size!r}",
+        )
         need(self.warmup_steps >= 0 and self.timed_steps >= 1, "warmup_steps must be >= 0 and timed_steps >= 1")
         need(self.window >= 1, f"window must be >= 1, got {self.window}")
-        need(self.seconds is None or (_number(self.seconds) and self.seconds > 0), f"seconds must be > 0, got {self.seconds!r}")
+        need(
+            self.seconds is None or (_number(self.seconds) and self.seconds > 0),
+            f"seconds must be > 0, got {self.seconds!r}",
+        )
         # Checked here so a bad lr is exit 2 up front, not a crash inside the trial's optimizer.
         need(_number(self.lr) and math.isfinite(self.lr) and self.lr > 0, f"lr must be a number > 0, got {self.lr!r}")
         need(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline must be a name or module:factory")
-        need(self.lr_scaling in LR_RULES, f"lr_scaling must be one of {'|'.join(LR_RULES)}, got {self.lr_scaling!r}")
         if self.global_batch is not None:
             need(self.global_batch >= 1, f"global_batch must be >= 1, got {self.global_batch}")
-            need(self.global_batch % (self.batch_size * self.gpus) == 0,
-                 f"global_batch {self.global_batch} is not a multiple of batch_size x gpus "
-                 f"({self.batch_size} x {self.gpus})")
+            need(
+                self.global_batch % (self.batch_size * self.gpus) == 0,
+                f"global_batch {self.global_batch} is not a multiple of batch_size x gpus "
+                f"({self.batch_size} x {self.gpus})",
+            )
 
     # ---- the training this config computes -------------------------------------------------------
 
@@ -198,8 +249,14 @@ def baseline_of(cfg: TrialConfig) -> TrialConfig:
     knobs = {**BASELINE.knobs(), **given}
     if cfg.global_batch and "batch_size" not in given:
         per_process = max(1, cfg.global_batch // knobs["gpus"])
-        knobs["batch_size"] = max((d for d in range(1, min(BASELINE.batch_size, per_process) + 1)
-                                   if cfg.global_batch % (d * knobs["gpus"]) == 0), default=1)
+        knobs["batch_size"] = max(
+            (
+                d
+                for d in range(1, min(BASELINE.batch_size, per_process) + 1)
+                if cfg.global_batch % (d * knobs["gpus"]) == 0
+            ),
+            default=1,
+        )
     return cfg.replace(**knobs)
 
 
@@ -240,10 +297,25 @@ class TrialResult:
 
     def metrics(self) -> dict[str, Any]:
         """Scalar figures, as stored in Optuna user attrs."""
-        keep = ("samples_per_s", "step_time_p50", "step_time_p90", "data_wait_fraction",
-                "peak_memory_bytes", "memory_total_bytes", "gpu_util", "gpu_util_errors", "gpu_util_error",
-                "others_cpu", "loss_first", "loss_last", "startup_s",
-                "warmup_s", "timed_steps", "world_size", "device")
+        keep = (
+            "samples_per_s",
+            "step_time_p50",
+            "step_time_p90",
+            "data_wait_fraction",
+            "peak_memory_bytes",
+            "memory_total_bytes",
+            "gpu_util",
+            "gpu_util_errors",
+            "gpu_util_error",
+            "others_cpu",
+            "loss_first",
+            "loss_last",
+            "startup_s",
+            "warmup_s",
+            "timed_steps",
+            "world_size",
+            "device",
+        )
         return {k: getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@ rendering, and `load_config`, which reads a flat TrialConfig or an exported file
 
 Only `config:` and `workload:` are read back; the other sections record what was measured.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,16 @@ class Export:
             speedup = float(sps) / float(baseline_samples_per_s)  # type: ignore[arg-type]
         env = {"device": result.device, "world_size": result.world_size, **dict(environment or {})}
         framework = result.applied.get("framework")
-        return cls(config, metrics, baseline_samples_per_s, speedup, env, dict(study or {}), reproduce,
-                   framework=dict(framework) if isinstance(framework, Mapping) else None)
+        return cls(
+            config,
+            metrics,
+            baseline_samples_per_s,
+            speedup,
+            env,
+            dict(study or {}),
+            reproduce,
+            framework=dict(framework) if isinstance(framework, Mapping) else None,
+        )
 
 
 def _positive(x: float | None) -> bool:
@@ -155,8 +164,11 @@ def load_baseline(arg: str, workload: TrialConfig) -> dict[str, Any]:
 
     inline = arg.lstrip().startswith("{")
     where = "--baseline" if inline else f"--baseline {arg}"
-    data = _read_mapping(True, arg, where) if inline else _read_mapping(arg.lower().endswith(".json"),
-                                                                      _read_text(Path(arg)), where)
+    data = (
+        _read_mapping(True, arg, where)
+        if inline
+        else _read_mapping(arg.lower().endswith(".json"), _read_text(Path(arg)), where)
+    )
     knobs = dict(data["config"]) if isinstance(data.get("config"), Mapping) else dict(data)
     unknown = sorted(str(k) for k in knobs if k not in KNOBS)
     if unknown:
@@ -205,6 +217,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def _fix_yaml_off(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """YAML 1.1 reads a hand-written bare `compile: off` as False; that can only have meant 'off'."""
+
     def fix(d: Mapping[str, Any]) -> Mapping[str, Any]:
         return {**d, "compile": "off"} if d.get("compile") is False else d
 

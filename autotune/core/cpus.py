@@ -3,6 +3,7 @@
 Shared by the search (sizing loader workers against the hardware) and the trial (each DDP rank's thread
 share), so both count the same CPUs.
 """
+
 from __future__ import annotations
 
 import os

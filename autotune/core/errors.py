@@ -1,4 +1,5 @@
 """Every failure autotune can name, and the one exit-code table. The CLI turns `AutotuneError` into exit code 2."""
+
 from __future__ import annotations
 
 import enum
@@ -122,11 +123,26 @@ class ExitCode(enum.IntEnum):
 
 # A trial failure's reason <-> the exit code its worker process ends with. Two reasons share
 # BAD_INPUT; an exit code without a result file reads back as the first of them, "bad_config".
-_CODE_BY_REASON = {"bad_config": ExitCode.BAD_INPUT, "oom": ExitCode.OOM, "numerics": ExitCode.NUMERICS,
-                   "unsupported": ExitCode.UNSUPPORTED, "data": ExitCode.BAD_INPUT}
+_CODE_BY_REASON = {
+    "bad_config": ExitCode.BAD_INPUT,
+    "oom": ExitCode.OOM,
+    "numerics": ExitCode.NUMERICS,
+    "unsupported": ExitCode.UNSUPPORTED,
+    "data": ExitCode.BAD_INPUT,
+}
 _FAILURES: dict[str, type[TrialFailure]] = {
-    c.reason: c for c in (TrialOOM, TrialNumerics, TrialUnsupported, TrialTimeout, TrialCrashed, TrialBadConfig,
-                          TrialDataError, TrialPruned, TrialCommFailure)
+    c.reason: c
+    for c in (
+        TrialOOM,
+        TrialNumerics,
+        TrialUnsupported,
+        TrialTimeout,
+        TrialCrashed,
+        TrialBadConfig,
+        TrialDataError,
+        TrialPruned,
+        TrialCommFailure,
+    )
 }
 
 

@@ -1,5 +1,6 @@
 """Files and folders: atomic writes (a reader, a user, a controller, optuna-dashboard, sees the whole
 file or the old one), and which OS errors are the disk's or the path's fault rather than autotune's."""
+
 from __future__ import annotations
 
 import errno

@@ -1,4 +1,5 @@
 """Process-group helpers shared by the trial launcher, the warm server and stale-trial cleanup."""
+
 from __future__ import annotations
 
 import ctypes
@@ -31,7 +32,7 @@ def die_with_parent() -> None:
 
 
 def process_identity(pid: int) -> str | None:
-    """"pid:start-time" of a live process (None if it is gone or a zombie): unlike a bare pid, this
+    """ "pid:start-time" of a live process (None if it is gone or a zombie): unlike a bare pid, this
     never names a later process that happens to reuse the number."""
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -4,6 +4,7 @@ statistics, and FSDP's mixed-precision dtypes (a bf16 gradient reduce). Knobs th
 (workers, pinning, fusion, checkpointing, channels_last, cudnn.benchmark, set_to_none, the strategy itself:
 DDP or FSDP at fp32, resharding, offload) compute the same step, up to floating-point rounding, and are not
 listed."""
+
 from __future__ import annotations
 
 from autotune.core.config import TrialConfig, baseline_of
@@ -57,15 +58,22 @@ def section(cfg: TrialConfig, changes: list[str] | tuple[str, ...] | None) -> di
     out: dict[str, object] = {
         "verdict": "unknown" if changes is None else SAME if not changes else "differs",
         "changes": list(changes or []),
-        "global_batch": cfg.global_batch_size, "micro_batch": cfg.batch_size, "processes": cfg.gpus,
-        "grad_accum": cfg.grad_accum, "lr": cfg.effective_lr, "lr_base": cfg.lr,
-        "lr_scaling": cfg.lr_scaling, "baseline_global_batch": base.global_batch_size,
+        "global_batch": cfg.global_batch_size,
+        "micro_batch": cfg.batch_size,
+        "processes": cfg.gpus,
+        "grad_accum": cfg.grad_accum,
+        "lr": cfg.effective_lr,
+        "lr_base": cfg.lr,
+        "lr_scaling": cfg.lr_scaling,
+        "baseline_global_batch": base.global_batch_size,
     }
     if changes:
         advice = [f"this config trains differently from the baseline ({shown(changes)})."]
         if cfg.global_batch_size != base.global_batch_size:
-            advice.append(f"To keep the baseline's optimizer step, search with --global-batch "
-                          f"{base.global_batch_size}; to adopt this one, check accuracy with "
-                          "`autotune train --config best.yaml --compare-baseline`.")
+            advice.append(
+                f"To keep the baseline's optimizer step, search with --global-batch "
+                f"{base.global_batch_size}; to adopt this one, check accuracy with "
+                "`autotune train --config best.yaml --compare-baseline`."
+            )
         out["advice"] = " ".join(advice)
     return out

@@ -1,4 +1,5 @@
 """Storage URLs as they may be printed: a password never reaches a terminal, a log or a shared file."""
+
 from __future__ import annotations
 
 import re
@@ -27,5 +28,3 @@ def mask_url(url: str) -> str:
             masked = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs]
             out = base + "?" + urlencode(masked, safe="*/:@")
     return out
-
-

@@ -25,6 +25,7 @@ is answered here, so no other layer needs to know it.
 
 May import: autotune.core (and torch, in the pipelines themselves).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -91,7 +92,8 @@ def load_pipeline(cfg: TrialConfig) -> Pipeline:
     if not isinstance(pipeline, Pipeline):
         raise PipelineError(
             f"--pipeline {cfg.pipeline!r} returned {type(pipeline).__name__}, expected an object with "
-            "build_model(), build_dataset() and loss(output, target)")
+            "build_model(), build_dataset() and loss(output, target)"
+        )
     _check_baseline(cfg, unsupported_of(pipeline))
     return pipeline
 
@@ -103,13 +105,16 @@ def _check_baseline(cfg: TrialConfig, unsupported: frozenset[str]) -> None:
     refused = sorted(k for k in unsupported & set(given) if given[k] != getattr(default, k))
     if refused:
         why = getattr(unsupported, "why", {})
-        raise PipelineError(f"--baseline sets {', '.join(refused)}, which --pipeline {cfg.pipeline!r} cannot express"
-                            + "".join(f" ({why[k]})" for k in refused if k in why)
-                            + "; expected the default value or leave it out")
+        raise PipelineError(
+            f"--baseline sets {', '.join(refused)}, which --pipeline {cfg.pipeline!r} cannot express"
+            + "".join(f" ({why[k]})" for k in refused if k in why)
+            + "; expected the default value or leave it out"
+        )
 
 
-def validate_data(pipeline: Pipeline, *, skip_bad: bool,
-                  progress: Callable[[int, int], None] | None = None) -> str | None:
+def validate_data(
+    pipeline: Pipeline, *, skip_bad: bool, progress: Callable[[int, int], None] | None = None
+) -> str | None:
     """Check the pipeline's data up front, if it knows how (its optional validate_data). Raises
     DataError for bad items unless skip_bad; returns a one-line note for the caller to print, or None."""
     check = getattr(pipeline, "validate_data", None)
@@ -176,8 +181,9 @@ def preload_modules(spec: str) -> tuple[str, ...]:
     return (*_PRELOAD.get(spec, ()), module)
 
 
-def workload(pipeline: str | None, image_size: int | None, data: str | None, studies_dir: str, /,
-             **extra: Any) -> TrialConfig:
+def workload(
+    pipeline: str | None, image_size: int | None, data: str | None, studies_dir: str, /, **extra: Any
+) -> TrialConfig:
     """The workload every trial of a run shares: --pipeline, --image-size and --data over `extra`
     (a config file's values, or the defaults); without any data, the pipeline's own default.
     Positional-only: a whole config file passed as `extra` has its own `pipeline` and `image_size`."""

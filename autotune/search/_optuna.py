@@ -3,6 +3,7 @@ launch and classify, not a Python callable), so we need three things `Study.opti
 the RDB heartbeat thread, a trial's storage id, and the study's storage. `SUPPORTED` is the range of
 Optuna versions this was checked against; tests/search/test_optuna_private.py pins it.
 """
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager

@@ -13,6 +13,7 @@ search (confirmation and the parity gate); the trial loop spends the rest. Every
   within budget + max(30 s, 2%), and 10 s of that stay for the export;
 * the live display shows `left_s()`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,9 +78,14 @@ class Budget:
     @classmethod
     def of(cls, settings: SearchSettings, started: float | None = None) -> Budget:
         """The budget of a run of `settings` that starts now (or at `started`)."""
-        return cls(started=time.monotonic() if started is None else started, budget_s=settings.budget_s,
-                   trial_timeout_s=settings.trial_timeout, grace_s=grace_s(settings.budget_s),
-                   confirm_reserve_s=confirm_reserve_s(settings), parity_reserve_s=parity_reserve_s(settings))
+        return cls(
+            started=time.monotonic() if started is None else started,
+            budget_s=settings.budget_s,
+            trial_timeout_s=settings.trial_timeout,
+            grace_s=grace_s(settings.budget_s),
+            confirm_reserve_s=confirm_reserve_s(settings),
+            parity_reserve_s=parity_reserve_s(settings),
+        )
 
     @property
     def reserve_s(self) -> float:

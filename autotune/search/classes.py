@@ -13,6 +13,7 @@ Optuna constraint, with the reason), so TPE learns the region is infeasible and 
 elsewhere. Optuna cannot add a constraint to a trial that already finished, so the class's earlier
 trials stay as measured, and the gate and the export skip them by their class's verdict.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,8 +30,7 @@ from autotune.core.training import shown, training_math
 from autotune.search import parity, records, target
 from autotune.search.budget import Budget
 from autotune.search.records import StoredVerdict, TrialRecord, write
-from autotune.search.results import (baseline_sps, baseline_trial, class_label, confirmed_figures, feasible,
-                                     leaderboard)
+from autotune.search.results import baseline_sps, baseline_trial, class_label, confirmed_figures, feasible, leaderboard
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.trial.warm import WarmServer
 
@@ -54,18 +54,27 @@ def failed(study: optuna.Study, label: str | None) -> StoredVerdict | None:
     return v if v is not None and v.get("verdict") == "fail" else None
 
 
-def write_off(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, label: str,
-              verdict: dict[str, Any]) -> FrozenTrial:
+def write_off(
+    study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, label: str, verdict: dict[str, Any]
+) -> FrozenTrial:
     """Tell a proposal in a failed class infeasible without running it."""
-    write(trial, TrialRecord(role="search", config=cfg.knobs(), reason="class_failed",
-                             message=f"not run: its training math ({label}) failed its check at trial "
-                                     f"{verdict.get('trial')}: {verdict.get('reason', '')}"[:500]))
+    write(
+        trial,
+        TrialRecord(
+            role="search",
+            config=cfg.knobs(),
+            reason="class_failed",
+            message=f"not run: its training math ({label}) failed its check at trial "
+            f"{verdict.get('trial')}: {verdict.get('reason', '')}"[:500],
+        ),
+    )
     trial.set_constraint(FEASIBLE_KEY, 1.0)
     return study.tell(trial, 0.0)
 
 
-def reference(study: optuna.Study, settings: SearchSettings, folder: Path,
-              server: WarmServer | None) -> parity.Reference:
+def reference(
+    study: optuna.Study, settings: SearchSettings, folder: Path, server: WarmServer | None
+) -> parity.Reference:
     """The baseline's K-step trajectory and its data-order twin's: stored once per study, reused."""
     baseline = baseline_of(settings.base)
     stored = records.parity_reference(study)
@@ -85,20 +94,36 @@ def speeds(study: optuna.Study, t: FrozenTrial) -> tuple[float, float]:
     return float(t.value or 0), float(baseline_sps(study) or 0)
 
 
-def run_check(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, cfg: TrialConfig, folder: Path,
-              server: WarmServer | None) -> dict[str, Any]:
+def run_check(
+    study: optuna.Study,
+    settings: SearchSettings,
+    t: FrozenTrial,
+    cfg: TrialConfig,
+    folder: Path,
+    server: WarmServer | None,
+) -> dict[str, Any]:
     """Check `t`'s class (parity, or time to target when its step differs); stored per class and returned.
     Raises the baseline's TrialFailure when the baseline itself cannot train."""
     t0 = time.monotonic()
     ref = reference(study, settings, folder, server)
     if changes_step(cfg):
         mine, base = speeds(study, t)
-        verdict = target.check(cfg, ref, folder / f"trial-{t.number}", settings.trial_timeout, mine, base,
-                               server).to_dict()
+        verdict = target.check(
+            cfg, ref, folder / f"trial-{t.number}", settings.trial_timeout, mine, base, server
+        ).to_dict()
     else:
-        verdict = {"kind": "parity", **parity.check(cfg, baseline_of(settings.base), settings.parity_steps,
-                                                    folder / f"trial-{t.number}", settings.trial_timeout,
-                                                    server=server, reference=ref).to_dict()}
+        verdict = {
+            "kind": "parity",
+            **parity.check(
+                cfg,
+                baseline_of(settings.base),
+                settings.parity_steps,
+                folder / f"trial-{t.number}",
+                settings.trial_timeout,
+                server=server,
+                reference=ref,
+            ).to_dict(),
+        }
     verdict.update(trial=t.number, seconds=round(time.monotonic() - t0, 1))
     label = class_label(t)
     if label is not None:
@@ -118,8 +143,15 @@ def cost_s(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, cfg: T
     return need + samples / max(float(t.value or 0), 1e-9) + start
 
 
-def check_if_it_matters(study: optuna.Study, settings: SearchSettings, frozen: FrozenTrial, folder: Path,
-                        server: WarmServer | None, say: Callable[[str], None], budget: Budget | None) -> None:
+def check_if_it_matters(
+    study: optuna.Study,
+    settings: SearchSettings,
+    frozen: FrozenTrial,
+    folder: Path,
+    server: WarmServer | None,
+    say: Callable[[str], None],
+    budget: Budget | None,
+) -> None:
     """After a trial: if its class just entered the top k, beats the baseline and is unchecked, check it
     now, when the check ends before the trial loop's deadline."""
     label = class_label(frozen) if feasible(frozen) else None
@@ -134,12 +166,16 @@ def check_if_it_matters(study: optuna.Study, settings: SearchSettings, frozen: F
     if not Budget.fits(need, budget.search_deadline if budget else None):
         return  # the end-of-search gate checks it if it still leads and the budget allows
     kind = "time to target" if changes_step(cfg) else "parity"
-    say(f"check: trial {frozen.number}'s training math ({label}) entered the top {len(top)}: {kind} check now "
-        f"(about {need:.0f} s)")
+    say(
+        f"check: trial {frozen.number}'s training math ({label}) entered the top {len(top)}: {kind} check now "
+        f"(about {need:.0f} s)"
+    )
     try:
         v = run_check(study, settings, frozen, cfg, folder, server)
     except Exception as e:  # noqa: BLE001 - the baseline failed to train: nothing can be judged, the search goes on
         say(f"check: not made: {getattr(e, 'reason', type(e).__name__)}: {str(e)[:200]}")
         return
-    say(f"check: {label}: {'passes' if v['verdict'] == 'pass' else 'FAILS'}: {v['reason']} ({v['seconds']:.0f} s)"
-        + ("" if v["verdict"] == "pass" else "; its configs are not run again"))
+    say(
+        f"check: {label}: {'passes' if v['verdict'] == 'pass' else 'FAILS'}: {v['reason']} ({v['seconds']:.0f} s)"
+        + ("" if v["verdict"] == "pass" else "; its configs are not run again")
+    )

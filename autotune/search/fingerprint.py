@@ -1,4 +1,5 @@
 """What the timings depend on: hardware and software. Studies refuse to mix fingerprints."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,20 @@ from autotune.trial.nodes import Placement
 
 # Keys that must match for timings to be comparable (the rest is informational: another host of the
 # same model, a driver update).
-COMPARED = ("gpu_names", "gpu_count", "gpu_memory", "gpu_mig", "cpu_model", "cpu_cores", "torch", "cuda", "cudnn",
-            "pipeline", "image_size", "nodes")
+COMPARED = (
+    "gpu_names",
+    "gpu_count",
+    "gpu_memory",
+    "gpu_mig",
+    "cpu_model",
+    "cpu_cores",
+    "torch",
+    "cuda",
+    "cudnn",
+    "pipeline",
+    "image_size",
+    "nodes",
+)
 # Compared keys added later: a fingerprint recorded before them lacks them, and says nothing either way.
 ADDED = frozenset({"gpu_memory", "gpu_mig", "cudnn", "nodes"})
 # Per-GPU values read through NVML, None where it could not tell: unknown, so not a difference.
@@ -84,7 +97,9 @@ def fingerprint(base: TrialConfig) -> dict[str, Any]:
 
     from autotune.trial.measure import nvml
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     pynvml = nvml() if gpus else None
     memory, mig = _gpus(pynvml, len(gpus))
     return {
@@ -112,5 +127,8 @@ def _same(key: str, a: Any, b: Any) -> bool:
 
 
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    return [f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in COMPARED
-            if not (k in ADDED and k not in recorded) and not _same(k, recorded.get(k), current.get(k))]
+    return [
+        f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}"
+        for k in COMPARED
+        if not (k in ADDED and k not in recorded) and not _same(k, recorded.get(k), current.get(k))
+    ]

@@ -7,6 +7,7 @@ one that finds no other worker still alive (a crashed one counts as gone: same h
 another host, no heartbeat for STALE_AFTER_S) is elected among those finishing at once, last writer
 wins, as the resolver of a deferred study is.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,12 @@ SETTLE_S = 1.0  # workers that finish together all write their claim within this
 
 def register(study: optuna.Study) -> str:
     """Record this worker as running; returns its key in the study's user attrs."""
-    me: records.WorkerEntry = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                               "state": "running"}
+    me: records.WorkerEntry = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "state": "running",
+    }
     key = records.worker_key(me["host"], me["pid"], uuid.uuid4().hex[:12])  # unique even for two in one process
     records.write_worker(study, key, me)
     return key
@@ -64,5 +69,4 @@ def fresh(study: optuna.Study) -> optuna.Study:
 
 
 def _others_running(study: optuna.Study, key: str) -> bool:
-    return any(k != key and v.get("state") == "running" and _owner_alive(v)
-               for k, v in records.workers(study).items())
+    return any(k != key and v.get("state") == "running" and _owner_alive(v) for k, v in records.workers(study).items())

@@ -4,6 +4,7 @@ Class checks during the search, the parity gate and confirmation each launch tri
 process's run of them gets its own folder, so two searches that end one study at the same moment never
 launch trials into the same folder (and read each other's result).
 """
+
 from __future__ import annotations
 
 import os

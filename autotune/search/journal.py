@@ -11,6 +11,7 @@ then appends the next record after it, which corrupts the middle of the journal 
 - the check holds Optuna's own journal lock, so a record another process is writing right now is
   never mistaken for a torn one.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ class Repair:
     backup: Path
 
     def describe(self, path: Path) -> str:
-        return (f"{path}: cut a torn final record ({self.dropped_bytes} bytes, from a crash mid-write); "
-                f"kept {self.records} complete records; the original is {self.backup}")
+        return (
+            f"{path}: cut a torn final record ({self.dropped_bytes} bytes, from a crash mid-write); "
+            f"kept {self.records} complete records; the original is {self.backup}"
+        )
 
 
 def _is_record(line: bytes) -> bool:
@@ -95,13 +98,17 @@ def _check_locked(path: Path, say: Callable[[str], None], repair: bool) -> Repai
     data = path.read_bytes()
     records, good_end, corrupt = scan(data)
     if corrupt is not None:
-        raise StorageError(f"{path}: line {corrupt} is not a journal record, so the journal is corrupt in the "
-                           "middle; autotune will not write to it. Restore it from a copy, or use a new --storage")
+        raise StorageError(
+            f"{path}: line {corrupt} is not a journal record, so the journal is corrupt in the "
+            "middle; autotune will not write to it. Restore it from a copy, or use a new --storage"
+        )
     if good_end == len(data):
         return None
     if not repair:
-        raise StorageError(f"{path} ends with a torn record ({len(data) - good_end} bytes) and its folder is "
-                           "not writable, so it cannot be repaired; copy it somewhere writable")
+        raise StorageError(
+            f"{path} ends with a torn record ({len(data) - good_end} bytes) and its folder is "
+            "not writable, so it cannot be repaired; copy it somewhere writable"
+        )
     backup = path.with_name(f"{path.name}.torn-{time.strftime('%Y%m%d-%H%M%S')}")
     shutil.copy2(path, backup)
     with path.open("r+b") as f:
@@ -111,4 +118,3 @@ def _check_locked(path: Path, say: Callable[[str], None], repair: bool) -> Repai
     fixed = Repair(records, len(data) - good_end, backup)
     say(f"autotune: {fixed.describe(path)}")
     return fixed
-

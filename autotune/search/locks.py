@@ -13,6 +13,7 @@ Overlap is seen from both sides, however the two nest:
     its last holder leaves, so it stays a few bytes long.
 The folder is shared by every user's searches, like /tmp: mode 1777, lock files 0666.
 """
+
 from __future__ import annotations
 
 import contextlib

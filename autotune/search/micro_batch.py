@@ -8,6 +8,7 @@ the micro-batch among that count's divisors (one parameter per count, `suggest.m
 parameter keeps one distribution, so the sampler's statistics stay sound, and no micro-batch is dropped
 for every GPU count because one count cannot use it.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,15 +36,18 @@ def narrow(space: SearchSpace, global_batch: int | None, base: Any) -> tuple[Sea
     gpus = [g for g in gpus_all if any(global_batch % (b * g) == 0 for b in batches)]
     kept = [b for b in batches if any(global_batch % (b * g) == 0 for g in gpus)]
     if not kept:
-        raise SearchSpaceError(f"--global-batch {global_batch}: no micro-batch x GPU count in the space divides it "
-                               f"(batch_size {batches}, gpus {gpus_all})")
+        raise SearchSpaceError(
+            f"--global-batch {global_batch}: no micro-batch x GPU count in the space divides it "
+            f"(batch_size {batches}, gpus {gpus_all})"
+        )
     notes = []
     for knob, before, after in (("gpus", gpus_all, gpus), ("batch_size", batches, kept)):
         if after != before and knob in knobs:
             dropped = [v for v in before if v not in after]
-            notes.append(f"{knob}: dropped {', '.join(map(str, dropped))} (global batch {global_batch} must be "
-                         "batch_size x gpus x a whole number of accumulation steps, for some "
-                         f"{'batch_size' if knob == 'gpus' else 'GPU count'} in the space)")
+            notes.append(
+                f"{knob}: dropped {', '.join(map(str, dropped))} (global batch {global_batch} must be "
+                "batch_size x gpus x a whole number of accumulation steps, for some "
+                f"{'batch_size' if knob == 'gpus' else 'GPU count'} in the space)"
+            )
             knobs[knob] = _as_spec(after)
     return SearchSpace(knobs=knobs, source=space.source), notes
-

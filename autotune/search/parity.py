@@ -29,6 +29,7 @@ Why it is built this way:
 * A candidate that fails to train is a failed verdict naming the failure; a baseline that fails raises
   its TrialFailure (nothing can be checked against it).
 """
+
 from __future__ import annotations
 
 import math
@@ -72,13 +73,24 @@ class Reference:
         return reference_noise(self, self.samples, self.baseline.global_batch_size)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline.to_dict(), "steps": self.steps, "losses": list(self.losses),
-                "twin_losses": list(self.twin_losses), "seconds": self.seconds, "noise": self.noise}
+        return {
+            "baseline": self.baseline.to_dict(),
+            "steps": self.steps,
+            "losses": list(self.losses),
+            "twin_losses": list(self.twin_losses),
+            "seconds": self.seconds,
+            "noise": self.noise,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Reference:
-        return cls(TrialConfig.from_dict(d["baseline"]), int(d["steps"]), tuple(d["losses"]),
-                   tuple(d["twin_losses"]), float(d["seconds"]))
+        return cls(
+            TrialConfig.from_dict(d["baseline"]),
+            int(d["steps"]),
+            tuple(d["losses"]),
+            tuple(d["twin_losses"]),
+            float(d["seconds"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -101,11 +113,19 @@ class Verdict:
             return None if x is None else round(x, 6)
 
         d: dict[str, Any] = {
-            "steps": self.steps, "samples": self.samples, "deviation": r(self.deviation),
-            "tolerance": r(self.tolerance), "noise": r(self.noise), "verdict": "pass" if self.passed else "fail",
-            "reason": self.reason, "seconds": round(self.seconds, 1), "candidate_steps": self.candidate_steps,
-            "baseline_steps": self.baseline_steps, "runs": self.runs,
-            "rule": f"tolerance = max({FRACTION} x data-order noise, {FLOOR}); trailing mean over {SMOOTH} steps"}
+            "steps": self.steps,
+            "samples": self.samples,
+            "deviation": r(self.deviation),
+            "tolerance": r(self.tolerance),
+            "noise": r(self.noise),
+            "verdict": "pass" if self.passed else "fail",
+            "reason": self.reason,
+            "seconds": round(self.seconds, 1),
+            "candidate_steps": self.candidate_steps,
+            "baseline_steps": self.baseline_steps,
+            "runs": self.runs,
+            "rule": f"tolerance = max({FRACTION} x data-order noise, {FLOOR}); trailing mean over {SMOOTH} steps",
+        }
         if self.failure is not None:
             d["failure"] = self.failure
         return d
@@ -127,8 +147,15 @@ def smoothed(losses: Sequence[float], per_step: int, points: Sequence[int], span
     return out
 
 
-def deviation(candidate: Sequence[float], candidate_batch: int, baseline: Sequence[float],
-              baseline_batch: int, samples: int, grid: int | None = None, smooth: int = SMOOTH) -> float:
+def deviation(
+    candidate: Sequence[float],
+    candidate_batch: int,
+    baseline: Sequence[float],
+    baseline_batch: int,
+    samples: int,
+    grid: int | None = None,
+    smooth: int = SMOOTH,
+) -> float:
     """mean |smoothed candidate - smoothed baseline| / mean |smoothed baseline| over the first `samples`
     samples, evaluated every `grid` samples (default: the larger global batch, i.e. at its step ends),
     each point a trailing mean over the last smooth x grid samples (the same samples in both runs)."""
@@ -152,8 +179,9 @@ def reference_noise(reference: Reference, samples: int, grid: int) -> float:
     return deviation(reference.twin_losses, g, reference.losses, g, samples, grid)
 
 
-def noise_reference(baseline: TrialConfig, steps: int, folder: Path, timeout_s: float,
-                    server: WarmServer | None = None) -> Reference:
+def noise_reference(
+    baseline: TrialConfig, steps: int, folder: Path, timeout_s: float, server: WarmServer | None = None
+) -> Reference:
     """Run the baseline and its data-order twin (data_seed + 1, the same initial weights) for `steps`
     optimizer steps, each in a fresh process (2 runs). Raises the baseline's TrialFailure if either fails."""
     if steps < 1:
@@ -166,8 +194,15 @@ def noise_reference(baseline: TrialConfig, steps: int, folder: Path, timeout_s: 
     return Reference(base, steps, losses, twin, time.monotonic() - t0)
 
 
-def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Path, timeout_s: float,
-          server: WarmServer | None = None, reference: Reference | None = None) -> Verdict:
+def check(
+    candidate: TrialConfig,
+    baseline: TrialConfig,
+    steps: int,
+    folder: Path,
+    timeout_s: float,
+    server: WarmServer | None = None,
+    reference: Reference | None = None,
+) -> Verdict:
     """Train `candidate` against `baseline` (from noise_reference(), or measured here when None or too
     short) and judge it. Raises ValueError for a reference of another baseline."""
     if steps < 1:
@@ -184,11 +219,25 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
         losses = train_losses(as_run(candidate, c_steps), folder / "candidate", timeout_s, server)
     except TrialFailure as e:
         why = (str(e).strip().splitlines() or [""])[0][:200]
-        noise = (reference_noise(reference, samples, grid)
-                 if reference is not None and reference.samples >= samples else None)
-        return Verdict(steps, samples, None, None if noise is None else tolerance_for(noise), noise, False,
-                       f"the candidate failed to train: {e.reason}" + (f": {why}" if why else ""),
-                       time.monotonic() - t0, c_steps, b_steps, runs, e.reason)
+        noise = (
+            reference_noise(reference, samples, grid)
+            if reference is not None and reference.samples >= samples
+            else None
+        )
+        return Verdict(
+            steps,
+            samples,
+            None,
+            None if noise is None else tolerance_for(noise),
+            noise,
+            False,
+            f"the candidate failed to train: {e.reason}" + (f": {why}" if why else ""),
+            time.monotonic() - t0,
+            c_steps,
+            b_steps,
+            runs,
+            e.reason,
+        )
     if reference is None or reference.samples < samples:
         reference = noise_reference(baseline, b_steps, folder / "reference", timeout_s, server)
         runs += 2
@@ -202,11 +251,19 @@ def check(candidate: TrialConfig, baseline: TrialConfig, steps: int, folder: Pat
 
 def _reason(candidate: TrialConfig, baseline: TrialConfig, dev: float, tol: float, noise: float) -> str:
     g_c, g_b, passed = candidate.global_batch_size, baseline.global_batch_size, dev <= tol
-    where = "" if g_c == g_b else (f" at equal samples seen (global batch {g_b} -> {g_c}, lr {baseline.effective_lr:.3g}"
-                                   f" -> {candidate.effective_lr:.3g})")
+    where = (
+        ""
+        if g_c == g_b
+        else (
+            f" at equal samples seen (global batch {g_b} -> {g_c}, lr {baseline.effective_lr:.3g}"
+            f" -> {candidate.effective_lr:.3g})"
+        )
+    )
     rule = f"{FRACTION} x data-order noise {noise:.1%}" if tol > FLOOR else f"the floor; data-order noise {noise:.2%}"
-    return (f"loss trajectory {'within' if passed else 'deviates'} {dev:.1%} {'of' if passed else 'from'} the "
-            f"baseline's{where}, tolerance {tol:.1%} ({rule})")
+    return (
+        f"loss trajectory {'within' if passed else 'deviates'} {dev:.1%} {'of' if passed else 'from'} the "
+        f"baseline's{where}, tolerance {tol:.1%} ({rule})"
+    )
 
 
 def steps_for(samples: float, global_batch: int) -> int:
@@ -216,8 +273,7 @@ def steps_for(samples: float, global_batch: int) -> int:
 
 def as_run(cfg: TrialConfig, steps: int) -> TrialConfig:
     """The config as parity runs it: `steps` optimizer steps, all recorded, no warm-up, no time box."""
-    return cfg.replace(warmup_steps=0, timed_steps=steps, seconds=None, profile=False,
-                       window=min(cfg.window, steps))
+    return cfg.replace(warmup_steps=0, timed_steps=steps, seconds=None, profile=False, window=min(cfg.window, steps))
 
 
 def same_training(a: TrialConfig, b: TrialConfig) -> bool:

@@ -6,6 +6,7 @@ key is spelled in one place and a missing one has one default (tests/test_archit
 The stored values stay plain JSON (a resumed study, optuna-dashboard and other versions read them);
 the TypedDicts below name their shape.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -127,8 +128,19 @@ class TrialRecord:
     def to_attrs(self) -> dict[str, Any]:
         """Only what is set, so writing a record never erases what another writer stored."""
         out: dict[str, Any] = {"role": self.role}
-        for key in ("config", "owner", "reason", "message", "log_tail", "contended", "speedup", "applied", "repeat_of",
-                    "retry_of", "memory_estimate"):
+        for key in (
+            "config",
+            "owner",
+            "reason",
+            "message",
+            "log_tail",
+            "contended",
+            "speedup",
+            "applied",
+            "repeat_of",
+            "retry_of",
+            "memory_estimate",
+        ):
             value = getattr(self, key)
             # By identity, not ==: trial 0 (repeat_of=0, retry_of=0) must not read as "unset" (0 == False).
             if value is None or value is False or value == "" or (isinstance(value, Mapping) and not value):
@@ -166,8 +178,9 @@ def write_reason(trial: optuna.Trial, reason: str) -> None:
     trial.set_user_attr("reason", reason)
 
 
-def enqueue(study: optuna.Study, params: Mapping[str, Any], record: TrialRecord, *,
-            skip_if_exists: bool = False) -> None:
+def enqueue(
+    study: optuna.Study, params: Mapping[str, Any], record: TrialRecord, *, skip_if_exists: bool = False
+) -> None:
     """Queue a trial that runs `params`, carrying `record` (its role, its config) from the start."""
     study.enqueue_trial(dict(params), user_attrs=record.to_attrs(), skip_if_exists=skip_if_exists)
 
@@ -182,11 +195,18 @@ def contended(t: Trial) -> bool:
     return bool(t.user_attrs.get("contended"))
 
 
-def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None,
-              contended: bool) -> TrialRecord:
+def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None, contended: bool) -> TrialRecord:
     math = tuple(training_math(cfg, bool(result.applied.get("batch_norm_layers"))))
-    return TrialRecord(role=role, config=cfg.knobs(), contended=contended, speedup=speedup, applied=result.applied,
-                       windows=result.windows, metrics=result.metrics(), training_math=math)
+    return TrialRecord(
+        role=role,
+        config=cfg.knobs(),
+        contended=contended,
+        speedup=speedup,
+        applied=result.applied,
+        windows=result.windows,
+        metrics=result.metrics(),
+        training_math=math,
+    )
 
 
 @dataclass(frozen=True)
@@ -231,6 +251,7 @@ def write_model_facts(study: optuna.Study, facts: Mapping[str, Any]) -> None:
 
 # ---- the end of a search: confirmation, parity, class checks -------------------------------------------
 
+
 def confirmation(study: optuna.Study) -> ConfirmationSummary | None:
     """The last confirmation's summary; None when none ran."""
     return study.user_attrs.get(CONFIRMATION)
@@ -274,6 +295,7 @@ def write_parity_reference(study: optuna.Study, reference: Mapping[str, Any]) ->
 
 # ---- a fleet's workers and its claims ------------------------------------------------------------------
 
+
 def worker_key(host: str, pid: int, unique: str) -> str:
     return f"{WORKER_PREFIX}{host}:{pid}:{unique}"
 
@@ -285,7 +307,9 @@ def worker(study: optuna.Study, key: str) -> WorkerEntry:
 
 def workers(study: optuna.Study) -> dict[str, WorkerEntry]:
     """Every worker recorded in the study, by key (entries that are not a worker's mapping left out)."""
-    return {k: WorkerEntry(**v) for k, v in study.user_attrs.items() if k.startswith(WORKER_PREFIX) and isinstance(v, dict)}
+    return {
+        k: WorkerEntry(**v) for k, v in study.user_attrs.items() if k.startswith(WORKER_PREFIX) and isinstance(v, dict)
+    }
 
 
 def write_worker(study: optuna.Study, key: str, entry: WorkerEntry | Mapping[str, Any]) -> None:

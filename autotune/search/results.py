@@ -1,4 +1,5 @@
 """Reading a study's outcome: which trials count, their order, the baseline, and the best as an Export."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,12 @@ def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
     another process starved is never the best while a clean one exists); a config the sampler
     proposed again (reused, not re-run) appears once."""
     rows = [(t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False) if feasible(t)]
-    return [t for t, r in sorted(((t, r) for t, r in rows if r.repeat_of is None),
-                                 key=lambda tr: (tr[1].contended, -float(tr[0].value or 0)))]
+    return [
+        t
+        for t, r in sorted(
+            ((t, r) for t, r in rows if r.repeat_of is None), key=lambda tr: (tr[1].contended, -float(tr[0].value or 0))
+        )
+    ]
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -93,13 +98,23 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
     spent = [t for t in run if class_label(t) in failed]
     seconds = {t.number: t.duration.total_seconds() if t.duration else 0.0 for t in run}
     total = sum(seconds.values())
-    return {"classes": {k: {key: v.get(key) for key in ("kind", "verdict", "trial", "speedup_to_target", "reason")
-                            if v.get(key) is not None} for k, v in verdicts.items()},
-            "trials_in_failed_classes": len(spent), "trials": len(run),
-            "share_of_trial_time_in_failed_classes": round(sum(seconds[t.number] for t in spent) / total, 3)
-            if total else 0.0,
-            "written_off": len(written_off),
-            "check_seconds": round(sum(float(v.get("seconds") or 0) for v in verdicts.values()), 1)}
+    return {
+        "classes": {
+            k: {
+                key: v.get(key)
+                for key in ("kind", "verdict", "trial", "speedup_to_target", "reason")
+                if v.get(key) is not None
+            }
+            for k, v in verdicts.items()
+        },
+        "trials_in_failed_classes": len(spent),
+        "trials": len(run),
+        "share_of_trial_time_in_failed_classes": round(sum(seconds[t.number] for t in spent) / total, 3)
+        if total
+        else 0.0,
+        "written_off": len(written_off),
+        "check_seconds": round(sum(float(v.get("seconds") or 0) for v in verdicts.values()), 1),
+    }
 
 
 def export_order(study: optuna.Study) -> list[FrozenTrial]:
@@ -154,15 +169,19 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
 def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None:
     """Trial `number`'s figures over the confirmation rounds, when it was confirmed; else None."""
     summary = records.confirmation(study)
-    row = next((r for r in (summary or {}).get("rows", []) if r["trial"] == number and r["samples_per_s_median"]),
-               None)
+    row = next((r for r in (summary or {}).get("rows", []) if r["trial"] == number and r["samples_per_s_median"]), None)
     if row is None or summary is None:
         return None
     keep = ("samples_per_s_median", "min", "max", "speedup_median", "speedup_range")
     # Its own count: a config confirmed after the others (confirm.extend) may have had fewer rounds.
-    return {"rounds": len(row["samples"]), **{k: row[k] for k in keep},
-            "baseline_median": summary["baseline_median"], "order_changed": summary["order_changed"],
-            "search_order": summary["search_order"], "confirmed_order": summary["confirmed_order"]}
+    return {
+        "rounds": len(row["samples"]),
+        **{k: row[k] for k in keep},
+        "baseline_median": summary["baseline_median"],
+        "order_changed": summary["order_changed"],
+        "search_order": summary["search_order"],
+        "confirmed_order": summary["confirmed_order"],
+    }
 
 
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
@@ -176,20 +195,35 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     record, study_record = TrialRecord.from_frozen(best), StudyRecord.of(study)
     cfg = TrialConfig.from_dict({**(study_record.workload or {}), **record.config})
     export = Export.from_result(
-        cfg, record.result(), baseline_samples_per_s=baseline_sps(study), environment=study_record.fingerprint,
+        cfg,
+        record.result(),
+        baseline_samples_per_s=baseline_sps(study),
+        environment=study_record.fingerprint,
         study={"name": study.study_name, "trial": best.number, "storage": shown_storage(storage)},
-        reproduce=f"autotune trial --config {out or 'best.yaml'}")
+        reproduce=f"autotune trial --config {out or 'best.yaml'}",
+    )
     # The estimate made before launch beside the peak it measured, so the estimate's error is in view.
     estimate = versus_peak(record.memory_estimate, record.metrics.get("peak_memory_bytes"))
-    export = dataclasses.replace(export, training_math=section(cfg, record.training_math),
-                                 parity=records.parity_verdict(study, best.number)
-                                 or class_verdict(study, best), checks=checks_summary(study),
-                                 metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})})
+    export = dataclasses.replace(
+        export,
+        training_math=section(cfg, record.training_math),
+        parity=records.parity_verdict(study, best.number) or class_verdict(study, best),
+        checks=checks_summary(study),
+        metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})},
+    )
     if rounds is None:
         return export
     # Every figure from the same rounds: the speedup is median over median, so samples/s is the median too
     # (the search's single measurement stays beside it).
-    metrics = {**export.metrics, "samples_per_s": rounds["samples_per_s_median"],
-               "search_samples_per_s": export.metrics.get("samples_per_s")}
-    return dataclasses.replace(export, speedup=rounds["speedup_median"], confirmed=rounds, metrics=metrics,
-                               baseline_samples_per_s=rounds["baseline_median"])
+    metrics = {
+        **export.metrics,
+        "samples_per_s": rounds["samples_per_s_median"],
+        "search_samples_per_s": export.metrics.get("samples_per_s"),
+    }
+    return dataclasses.replace(
+        export,
+        speedup=rounds["speedup_median"],
+        confirmed=rounds,
+        metrics=metrics,
+        baseline_samples_per_s=rounds["baseline_median"],
+    )

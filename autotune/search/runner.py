@@ -1,5 +1,6 @@
 """One trial of a search: launch it, classify how it ended, and tell the study, with its record,
 artifacts and constraint (infeasible configs are constraints, so the sampler steers away)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.settings import SearchSettings
-from autotune.core.errors import (TrialBadConfig, TrialFailure, TrialNumerics, TrialOOM, TrialPruned, TrialTimeout,
-                                  TrialUnsupported)
+from autotune.core.errors import (
+    TrialBadConfig,
+    TrialFailure,
+    TrialNumerics,
+    TrialOOM,
+    TrialPruned,
+    TrialTimeout,
+    TrialUnsupported,
+)
 from autotune.search import _optuna
 from autotune.search.locks import locked_trial
 from autotune.search.records import TrialRecord, of_result, write, write_owner, write_reason
@@ -52,8 +60,15 @@ class Events:
     finished: Callable[[FrozenTrial], None] = lambda t: None
 
 
-def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings: SearchSettings,
-            timeout_s: float, events: Events, server: WarmServer | None = None) -> FrozenTrial:
+def run_one(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    cfg: TrialConfig,
+    settings: SearchSettings,
+    timeout_s: float,
+    events: Events,
+    server: WarmServer | None = None,
+) -> FrozenTrial:
     """Run `cfg` as `trial` and tell the study how it went: its figures, or why it failed."""
     role = TrialRecord.of(trial).role
     events.started(trial.number, role, cfg)
@@ -63,8 +78,15 @@ def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, settings
     try:
         # RDB storages: the heartbeat thread Study.optimize would run, so other workers see we're alive.
         with _optuna.heartbeat_thread(study, trial):
-            result, lease = locked_trial(cfg, trial_dir, timeout_s, on_window=watch.window, on_start=watch.started,
-                                         server=server, on_groups=watch.groups)
+            result, lease = locked_trial(
+                cfg,
+                trial_dir,
+                timeout_s,
+                on_window=watch.window,
+                on_start=watch.started,
+                server=server,
+                on_groups=watch.groups,
+            )
     except TrialFailure as e:
         state, value = _failed(trial, role, cfg, e, budget_cut=timeout_s < settings.trial_timeout)
     except OSError as e:
@@ -118,8 +140,9 @@ class _Watch:
         write_owner(self.trial, self.owner)
 
 
-def _failed(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialFailure,
-            budget_cut: bool) -> tuple[TrialState, float | None]:
+def _failed(
+    trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialFailure, budget_cut: bool
+) -> tuple[TrialState, float | None]:
     """(state, value) for a trial that failed with `e`, its failure recorded."""
     if isinstance(e, TrialTimeout):
         return _timed_out(trial, role, cfg, e, budget_cut)
@@ -133,8 +156,9 @@ def _failed(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialFailure,
     return TrialState.FAIL, None
 
 
-def _timed_out(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialTimeout,
-               budget_cut: bool) -> tuple[TrialState, float | None]:
+def _timed_out(
+    trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialTimeout, budget_cut: bool
+) -> tuple[TrialState, float | None]:
     """(state, value) for a trial that timed out: a FAIL, or infeasible when a compilation could not
     finish within the trial timeout (a property of the config: as a FAIL, TPE would retry it)."""
     if not compiling(cfg, e):
@@ -143,19 +167,36 @@ def _timed_out(trial: optuna.Trial, role: str, cfg: TrialConfig, e: TrialTimeout
     if budget_cut:
         # The budget's end, not the trial timeout, cut the compilation short: that says nothing about
         # the config, so a FAIL (never reused, tried again by a later or resumed search).
-        _record_failure(trial, role, TrialTimeout(f"the search's budget ended during torch.compile's warm-up: {e}",
-                                                  e.log_tail, e.partial))
+        _record_failure(
+            trial,
+            role,
+            TrialTimeout(f"the search's budget ended during torch.compile's warm-up: {e}", e.log_tail, e.partial),
+        )
         write_reason(trial, "budget")
         return TrialState.FAIL, None
-    _record_failure(trial, role, TrialTimeout(f"torch.compile ({cfg.compile}) had not finished its warm-up "
-                                              f"steps when the trial timed out: {e}", e.log_tail, e.partial))
+    _record_failure(
+        trial,
+        role,
+        TrialTimeout(
+            f"torch.compile ({cfg.compile}) had not finished its warm-up steps when the trial timed out: {e}",
+            e.log_tail,
+            e.partial,
+        ),
+    )
     write_reason(trial, "compile_timeout")
     trial.set_constraint(FEASIBLE_KEY, 1.0)
     return TrialState.COMPLETE, 0.0
 
 
-def _measured(study: optuna.Study, trial: optuna.Trial, role: str, cfg: TrialConfig, result: TrialResult,
-              settings: SearchSettings, shared: bool) -> float:
+def _measured(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    role: str,
+    cfg: TrialConfig,
+    result: TrialResult,
+    settings: SearchSettings,
+    shared: bool,
+) -> float:
     """Record a finished trial's figures; its objective value (0 when it breaks the memory headroom)."""
     base = result.samples_per_s if role == "baseline" else baseline_sps(study)
     speedup = result.samples_per_s / base if base and result.samples_per_s else None
@@ -186,8 +227,10 @@ def headroom_short(result: TrialResult, required: float) -> str | None:
     if free >= required:
         return None
     where = "device memory" if result.device != "cpu" else "available RAM"
-    return (f"peak {peak / 2**20:.0f} MiB of {total / 2**20:.0f} MiB {where} leaves {free:.1%} free, "
-            f"less than the {required:.0%} headroom required (--memory-headroom)")
+    return (
+        f"peak {peak / 2**20:.0f} MiB of {total / 2**20:.0f} MiB {where} leaves {free:.1%} free, "
+        f"less than the {required:.0%} headroom required (--memory-headroom)"
+    )
 
 
 def compiling(cfg: TrialConfig, e: TrialTimeout) -> bool:
@@ -196,9 +239,16 @@ def compiling(cfg: TrialConfig, e: TrialTimeout) -> bool:
 
 
 def _record_failure(trial: optuna.Trial, role: str, e: TrialFailure) -> None:
-    write(trial, TrialRecord(role=role, reason=e.reason, message=str(e)[:500],
-                             windows=tuple(e.partial.get("windows", [])),
-                             log_tail=e.log_tail[-4000:] or "(the trial printed nothing)"))
+    write(
+        trial,
+        TrialRecord(
+            role=role,
+            reason=e.reason,
+            message=str(e)[:500],
+            windows=tuple(e.partial.get("windows", [])),
+            log_tail=e.log_tail[-4000:] or "(the trial printed nothing)",
+        ),
+    )
 
 
 def _upload(trial: optuna.Trial, trial_dir: Path) -> None:

@@ -6,13 +6,13 @@ everything and creates (or resumes) the study; `SearchSession.join` attaches to 
 interrupted), runs trials until the budget or --n-trials is spent, exports the best so far even
 after an interrupt, and restores the previous handlers in `finally`, however autotune was started.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
 import signal
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,12 +34,12 @@ from autotune.search.fingerprint import differences, fingerprint
 from autotune.search.folders import end_folder
 from autotune.search.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.results import best_export, leaderboard
-from autotune.search.runner import FEASIBLE_KEY, Events, measured, reuse, run_one
-from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, memory_bytes, resolve
+from autotune.search.runner import Events, measured, reuse, run_one
+from autotune.search.sizing import Sizer, probe_fit, stored_fit
+from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, resolve
 from autotune.search.space_file import load_space
 from autotune.search.storage import check_writable, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
-from autotune.trial.probe import ProbeError, run_probe
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 Say = Callable[[str], None]
@@ -49,8 +49,6 @@ DATA_FAILURES_TO_STOP = 3
 # Proposals of already-measured configs in a row before the search ends: a small space is exhausted.
 REPEATS_TO_STOP = 25
 # "0" skips the memory estimate (its probe is one more process that imports torch, at every start).
-MEMORY_PROBE_ENV = "AUTOTUNE_MEMORY_PROBE"
-PROBE_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -70,11 +68,18 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 class SearchSession:
-    def __init__(self, study: optuna.Study, space: SearchSpace, settings: SearchSettings, *,
-                 warm: bool = True, say: Say = print, fit: memory.Fit | None = None) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: SearchSpace,
+        settings: SearchSettings,
+        *,
+        warm: bool = True,
+        say: Say = print,
+        fit: memory.Fit | None = None,
+    ) -> None:
         self.study, self.space, self.settings = study, space, settings
-        self.fit = fit  # what a config's memory estimate must fit in; None: not estimated
-        self._calibrated = False  # a CPU's own share of the peak, set by the first trial (_calibrate)
+        self.sizer = Sizer(fit, say)  # each proposal's memory estimate, before launch
         self.warm, self.say = warm, say
         self._data_failures = 0
         self._stopped: str | None = None
@@ -83,8 +88,15 @@ class SearchSession:
     # ---- open -----------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, settings: SearchSettings, *, warm: bool = True, say: Say = print,
-               defer: bool = False, progress: Progress | None = None) -> SearchSession:
+    def create(
+        cls,
+        settings: SearchSettings,
+        *,
+        warm: bool = True,
+        say: Say = print,
+        defer: bool = False,
+        progress: Progress | None = None,
+    ) -> SearchSession:
         """Validate the space, pipeline and storage, then create or resume the study. Anything wrong
         is an AutotuneError (exit 2) raised before the study is touched. defer (`--create-only`): the
         space is resolved, and the study fingerprinted, by the first worker on its own hardware."""
@@ -102,8 +114,15 @@ class SearchSession:
         return cls(study, space, settings, warm=warm, say=say, fit=fit)
 
     @classmethod
-    def join(cls, settings: SearchSettings, data: str | None, *, warm: bool = True, say: Say = print,
-             progress: Progress | None = None) -> SearchSession:
+    def join(
+        cls,
+        settings: SearchSettings,
+        data: str | None,
+        *,
+        warm: bool = True,
+        say: Say = print,
+        progress: Progress | None = None,
+    ) -> SearchSession:
         """Attach to a study made by `autotune search`: its space, workload and trial timeout come from it."""
         check_writable(settings.storage, settings.studies_dir)
         study = load_study(settings.storage, settings.study)
@@ -118,19 +137,30 @@ class SearchSession:
             space, hw, fit = _resolve(space, pipeline, settings, base, say)
             if fit is not None:  # before `resolved`: the workers waiting for it read the facts next
                 records.write_model_facts(study, fit.facts.to_dict())
-            dataclasses.replace(record, space=space.to_dict(), fingerprint=fingerprint(base), resolved=True).write(study)
+            dataclasses.replace(record, space=space.to_dict(), fingerprint=fingerprint(base), resolved=True).write(
+                study
+            )
             enqueue_starts(study, base, space, hw)
         record = _resolved(study)
         space = SearchSpace.from_dict(record.space or {})
         diff = differences(record.fingerprint, fingerprint(base))
         if diff and not settings.force:
-            raise AutotuneError(f"this machine differs from study {settings.study!r}'s ({'; '.join(diff)}); "
-                                "its timings would not be comparable (--force to join anyway)")
+            raise AutotuneError(
+                f"this machine differs from study {settings.study!r}'s ({'; '.join(diff)}); "
+                "its timings would not be comparable (--force to join anyway)"
+            )
         timeout = settings.trial_timeout_s or record.trial_timeout_s
-        settings = dataclasses.replace(settings, base=base, trial_timeout_s=timeout, **{
-            k: getattr(record, k) for k in ("memory_headroom", "parity_steps", "confirm_rounds", "confirm_top")
-            if getattr(record, k) is not None})
-        session = cls(study, space, settings, warm=warm, say=say, fit=_stored_fit(record, settings.memory_headroom))
+        settings = dataclasses.replace(
+            settings,
+            base=base,
+            trial_timeout_s=timeout,
+            **{
+                k: getattr(record, k)
+                for k in ("memory_headroom", "parity_steps", "confirm_rounds", "confirm_top")
+                if getattr(record, k) is not None
+            },
+        )
+        session = cls(study, space, settings, warm=warm, say=say, fit=stored_fit(record, settings.memory_headroom))
         session.fleet_key = fleet.register(study)
         return session
 
@@ -179,8 +209,7 @@ class SearchSession:
             outcome.code = ExitCode.INTERRUPTED
         return outcome
 
-    def _trials(self, events: Events, server: WarmServer | None,
-                budget: Budget) -> Iterator[optuna.trial.FrozenTrial]:
+    def _trials(self, events: Events, server: WarmServer | None, budget: Budget) -> Iterator[optuna.trial.FrozenTrial]:
         """ask -> run -> tell, one trial at a time, while the median trial so far still fits in the
         budget less what the end of the search will need."""
         s = self.settings
@@ -202,9 +231,11 @@ class SearchSession:
             if self._told_unrun(trial, cfg, events):
                 repeats += 1
                 if repeats >= REPEATS_TO_STOP:
-                    self.say(f"autotune: the sampler proposed only configs already measured, in a failed class or "
-                             f"too big for memory, {repeats} times in a row: the space looks exhausted, so the "
-                             "search ends here")
+                    self.say(
+                        f"autotune: the sampler proposed only configs already measured, in a failed class or "
+                        f"too big for memory, {repeats} times in a row: the space looks exhausted, so the "
+                        "search ends here"
+                    )
                     return
                 continue
             repeats = 0
@@ -212,10 +243,11 @@ class SearchSession:
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(left), events, server)
             durations.append(time.monotonic() - t0)
             events.finished(frozen)
-            self._calibrate(frozen)
+            self.sizer.calibrate(frozen)
             _retry_if_contended(self.study, frozen)
-            classes.check_if_it_matters(self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say,
-                                        budget)
+            classes.check_if_it_matters(
+                self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say, budget
+            )
             yield frozen
             if self._stop_for_data(frozen):
                 return
@@ -233,35 +265,7 @@ class SearchSession:
         if earlier is not None:
             events.finished(reuse(self.study, trial, earlier))
             return True
-        if self.fit is None:
-            return False
-        estimate = memory.estimate(cfg, self.fit.facts).to_dict()
-        records.write(trial, TrialRecord(role=role, config=cfg.knobs(), memory_estimate=estimate))  # type: ignore[arg-type]
-        short = self.fit.too_big(cfg)
-        if short is not None and role == "baseline":  # the reference is always measured: said, never dropped
-            self.say(f"autotune: the baseline may not fit ({short.removesuffix('; skipped')}); measuring it anyway")
-        elif short is not None:
-            # Infeasible like an OOM (a constraint), without the minutes an OOM can take to happen.
-            records.write(trial, TrialRecord(role=role, reason="memory_estimate", message=short))
-            trial.set_constraint(FEASIBLE_KEY, 1.0)
-            events.finished(self.study.tell(trial, 0.0))
-            return True
-        return False
-
-    def _calibrate(self, frozen: optuna.trial.FrozenTrial) -> None:
-        """On a CPU the peak is the process's RSS, and a trial forked from the warm server holds less of it
-        than the probe's cold start did (a fork maps its libraries' pages only as it touches them): the
-        first one-process trial measured sets the process's own share for every estimate after it."""
-        fit, record = self.fit, TrialRecord.from_frozen(frozen)
-        estimate, peak = record.memory_estimate, record.metrics.get("peak_memory_bytes")
-        if (fit is None or fit.facts.device != "cpu" or self._calibrated or not estimate or not peak
-                or record.config.get("gpus", 1) != 1 or frozen.state != optuna.trial.TrialState.COMPLETE):
-            return
-        self.fit, self._calibrated = fit.calibrated(estimate, int(peak)), True
-        runtime = self.fit.facts.runtime_bytes
-        self.say(f"memory: the trial process itself holds {runtime / 2**20:.0f} MiB (trial {frozen.number}'s peak "
-                 f"less its estimate's parts; the probe's cold start held {fit.facts.runtime_bytes / 2**20:.0f} MiB): "
-                 "later estimates count that")
+        return self.sizer.writes_off(self.study, trial, cfg, role, events)
 
     def _finishes(self) -> bool:
         """`search` finishes its own run; a fleet's worker only when it is the last one still running."""
@@ -278,8 +282,10 @@ class SearchSession:
         self._data_failures = self._data_failures + 1 if record.reason == "data" else 0
         if self._data_failures < DATA_FAILURES_TO_STOP:
             return False
-        self._stopped = (f"{DATA_FAILURES_TO_STOP} trials in a row failed on the data ({record.message}); fix the "
-                         "data, or pass --skip-bad-data to leave undecodable items out")
+        self._stopped = (
+            f"{DATA_FAILURES_TO_STOP} trials in a row failed on the data ({record.message}); fix the "
+            "data, or pass --skip-bad-data to leave undecodable items out"
+        )
         return True
 
     def _warm_server(self) -> Any:
@@ -307,48 +313,23 @@ class SearchSession:
         return tuple(self.space.searched())
 
 
-def _resolve(space: SearchSpace, pipeline: Any, settings: SearchSettings, base: TrialConfig,
-             say: Say) -> tuple[SearchSpace, Hardware, memory.Fit | None]:
+def _resolve(
+    space: SearchSpace, pipeline: Any, settings: SearchSettings, base: TrialConfig, say: Say
+) -> tuple[SearchSpace, Hardware, memory.Fit | None]:
     """Narrow the space to this machine, this pipeline, the study's global batch and the memory the
     estimate says each micro-batch needs, saying what was dropped and why."""
     hw = Hardware.detect()
-    space, notes = resolve(space, hw, stages=len(pipelines.stages_of(pipeline)),
-                           unsupported=pipelines.unsupported_of(pipeline))
+    space, notes = resolve(
+        space, hw, stages=len(pipelines.stages_of(pipeline)), unsupported=pipelines.unsupported_of(pipeline)
+    )
     space, more = micro_batch.narrow(space, base.global_batch, base)
-    fit = _probe_fit(settings, base, hw, say)
+    fit = probe_fit(settings, base, hw, say)
     if fit is not None:
         space, by_memory = memory.narrow(space, base, fit)
         more += by_memory
     for note in notes + more:
         say(f"space: {note}")
     return space, hw, fit
-
-
-def _probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: Say) -> memory.Fit | None:
-    """Measure the model facts once (trial/probe.py, a process of its own) and what a config must fit in:
-    the device's memory (RAM on a CPU) less the headroom. None, said, when either is unknown."""
-    if os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
-        return None
-    if hw.memory_bytes is None:
-        say("memory: the device's memory is unknown, so configs are not sized before launch")
-        return None
-    try:  # in a folder of its own that goes with it: nothing is written before the study is opened
-        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
-            facts = run_probe(base, Path(folder), PROBE_TIMEOUT_S)
-    except ProbeError as e:
-        say(f"memory: no estimate, the model could not be probed ({e}); configs are not sized before launch")
-        return None
-    return memory.Fit(memory.ModelFacts.from_dict(facts), int(hw.memory_bytes * (1 - settings.memory_headroom)),
-                      hw.cuda)
-
-
-def _stored_fit(record: StudyRecord, headroom: float) -> memory.Fit | None:
-    """A worker's Fit: the facts its study stored, against this machine's memory (same fingerprint)."""
-    if not record.model_facts or os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
-        return None
-    facts = memory.ModelFacts.from_dict(record.model_facts)
-    total = memory_bytes(facts.device == "cuda")
-    return memory.Fit(facts, int(total * (1 - headroom)), facts.device == "cuda") if total else None
 
 
 def _check_data(pipeline: Any, settings: SearchSettings, say: Say, progress: Progress | None) -> None:
@@ -364,19 +345,25 @@ def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -
     one meanwhile (results.leaderboard), so it never becomes the best on a starved measurement."""
     record = TrialRecord.from_frozen(frozen)
     if record.contended and record.retry_of is None and frozen.state == optuna.trial.TrialState.COMPLETE:
-        records.enqueue(study, frozen.params,
-                        TrialRecord(role=record.role, config=record.config, retry_of=frozen.number))
+        records.enqueue(
+            study, frozen.params, TrialRecord(role=record.role, config=record.config, retry_of=frozen.number)
+        )
 
 
 def _say_waiting_retries(study: optuna.Study, say: Say) -> None:
     """Re-measurements of contended trials that the budget left queued: said, never left unseen."""
-    waiting = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-               if TrialRecord.from_frozen(t).retry_of is not None]
+    waiting = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if TrialRecord.from_frozen(t).retry_of is not None
+    ]
     if waiting:
         firsts = ", ".join(str(TrialRecord.from_frozen(t).retry_of) for t in waiting)
-        say(f"autotune: {len(waiting)} re-measurement(s) of contended trial(s) {firsts} still wait in the study: the "
+        say(
+            f"autotune: {len(waiting)} re-measurement(s) of contended trial(s) {firsts} still wait in the study: the "
             "budget ended first. Their first figures rank below every clean one; the next search or worker on "
-            "this study runs them first. Give each worker on a shared machine its own CPUs (--cpus).")
+            "this study runs them first. Give each worker on a shared machine its own CPUs (--cpus)."
+        )
 
 
 def _claim(study: optuna.Study) -> bool:

@@ -1,6 +1,7 @@
 """A search space (its knob specs) and its resolution against the hardware. search/space_file.py reads one
 from YAML; search/suggest.py turns a resolved space into configs (it is the only caller of `trial.suggest_*`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +22,12 @@ WORKER_KNOBS = {"prefetch_factor": None, "persistent_workers": False}
 # Only meaningful with more than one process: the strategy, suggested only when gpus > 1.
 PARALLEL_KNOBS: dict[str, Any] = {"parallel": "ddp"}
 # Only meaningful under fsdp: suggested only when parallel is fsdp (and gpus > 1), else left inert.
-FSDP_KNOBS: dict[str, Any] = {"fsdp_reshard": True, "fsdp_param_dtype": "fp32", "fsdp_reduce_dtype": "fp32", "fsdp_offload": False}
+FSDP_KNOBS: dict[str, Any] = {
+    "fsdp_reshard": True,
+    "fsdp_param_dtype": "fp32",
+    "fsdp_reduce_dtype": "fp32",
+    "fsdp_offload": False,
+}
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,13 @@ class SearchSpace:
     def grid_size(self) -> int:
         n = 1
         for spec in self.knobs.values():
-            n *= len(spec.values) if isinstance(spec, Choices) else len(spec.values()) if isinstance(spec, IntRange) else 1
+            n *= (
+                len(spec.values)
+                if isinstance(spec, Choices)
+                else len(spec.values())
+                if isinstance(spec, IntRange)
+                else 1
+            )
         return n
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,9 +167,14 @@ class Hardware:
         from autotune.trial.knobs import apex_available
 
         cuda = bool(torch.cuda.is_available())
-        return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0,
-                   cpu_count=usable_cpus(), apex=apex_available(), cpu_bf16=cpu_bf16_native(),
-                   memory_bytes=memory_bytes(cuda))
+        return cls(
+            cuda=cuda,
+            gpu_count=torch.cuda.device_count() if cuda else 0,
+            cpu_count=usable_cpus(),
+            apex=apex_available(),
+            cpu_bf16=cpu_bf16_native(),
+            memory_bytes=memory_bytes(cuda),
+        )
 
     def workers_per_process(self, processes: int, space: SearchSpace | None = None) -> int:
         """The usable CPUs shared by a trial's processes (one per GPU), as a num_workers `space` allows:
@@ -169,14 +186,17 @@ class Hardware:
         return max((v for v in allowed if v <= n), default=allowed[0])
 
 
-def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
-            unsupported: frozenset[str] = frozenset()) -> tuple[SearchSpace, list[str]]:
+def resolve(
+    space: SearchSpace, hw: Hardware, stages: int | None = None, unsupported: frozenset[str] = frozenset()
+) -> tuple[SearchSpace, list[str]]:
     """Narrow `space` to what can have an effect on `hw`; return it with one note per change."""
     n = _Narrowing(space.source, dict(space.knobs))
     parallel = space.knobs.get("parallel")
     if "parallel" in unsupported and parallel is not None and "ddp" not in _spec_values(parallel):
         # Asked for fsdp only: narrowing it to ddp would search something else than what the file says.
-        raise n.fail("parallel", f"fsdp: {getattr(unsupported, 'why', {}).get('parallel') or 'not supported by this pipeline'}")
+        raise n.fail(
+            "parallel", f"fsdp: {getattr(unsupported, 'why', {}).get('parallel') or 'not supported by this pipeline'}"
+        )
     for k in sorted(unsupported):
         if k not in KNOBS:
             raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
@@ -187,8 +207,12 @@ def resolve(space: SearchSpace, hw: Hardware, stages: int | None = None,
     if not hw.cuda:
         n.keep("precision", lambda p: p != "fp16", "fp16 needs CUDA")
         if not hw.cpu_bf16:
-            n.keep("precision", lambda p: p != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX): "
-                   "autocast would emulate it, about 70x slower than fp32")
+            n.keep(
+                "precision",
+                lambda p: p != "bf16",
+                "this CPU has no native bf16 (AVX512-BF16 or AMX): "
+                "autocast would emulate it, about 70x slower than fp32",
+            )
         n.fix("pin_memory", False, "no CUDA, pinning memory is a no-op")
         n.fix("cudnn_benchmark", False, "no CUDA, cudnn is not used")
         n.fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")
@@ -245,7 +269,13 @@ class _Narrowing:
         spec = self.knobs.get(knob)
         if spec is None:
             return
-        vals = [spec.value] if isinstance(spec, Fixed) else list(spec.values()) if isinstance(spec, IntRange) else list(spec.values)
+        vals = (
+            [spec.value]
+            if isinstance(spec, Fixed)
+            else list(spec.values())
+            if isinstance(spec, IntRange)
+            else list(spec.values)
+        )
         kept = [v for v in vals if ok(v)]
         if not kept:
             raise self.fail(knob, f"choices conflict with the hardware: {why}")
@@ -302,8 +332,13 @@ def _singles(knobs: Mapping[str, Spec]) -> dict[str, Spec]:
 
 
 def _spec_values(spec: Spec) -> list[Any]:
-    return list(spec.values) if isinstance(spec, Choices) else list(spec.values()) if isinstance(spec, IntRange) \
+    return (
+        list(spec.values)
+        if isinstance(spec, Choices)
+        else list(spec.values())
+        if isinstance(spec, IntRange)
         else [spec.value]
+    )
 
 
 __all__ = ["Choices", "Fixed", "Hardware", "IntRange", "SearchSpace", "Spec", "resolve", "usable_cpus"]

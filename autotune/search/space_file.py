@@ -1,5 +1,6 @@
 """Read a search-space YAML file (search_spaces/*.yaml) into a SearchSpace. Everything that can be wrong
 with the file is found here, before a study is touched, and reported as one line naming file and knob."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,14 @@ from autotune.search.space import _DEFAULTS, WORKER_KNOBS, Choices, Fixed, IntRa
 _TYPES = {f.name: f.type for f in fields(TrialConfig) if f.name in KNOBS}
 INT_KNOBS = frozenset(k for k, t in _TYPES.items() if t in ("int", "int | None"))
 BOOL_KNOBS = frozenset(k for k, t in _TYPES.items() if t == "bool")
-STR_KNOBS = {"precision": PRECISIONS, "optimizer_fusion": FUSIONS, "compile": COMPILES, "parallel": PARALLELS,
-             "fsdp_param_dtype": FSDP_DTYPES, "fsdp_reduce_dtype": FSDP_DTYPES}
+STR_KNOBS = {
+    "precision": PRECISIONS,
+    "optimizer_fusion": FUSIONS,
+    "compile": COMPILES,
+    "parallel": PARALLELS,
+    "fsdp_param_dtype": FSDP_DTYPES,
+    "fsdp_reduce_dtype": FSDP_DTYPES,
+}
 _RANGE_KEYS = ("low", "high", "step", "log")
 
 
@@ -114,7 +121,9 @@ def _check_value(name: str, v: Any) -> Any:
     if name == "compile" and v is False:
         v = "off"  # YAML 1.1 reads a bare `off` as false
     if name in STR_KNOBS and not isinstance(v, str):
-        raise _Bad(f"{v!r} is not one of {'|'.join(STR_KNOBS[name])}" + (" (quote it in YAML)" if isinstance(v, bool) else ""))
+        raise _Bad(
+            f"{v!r} is not one of {'|'.join(STR_KNOBS[name])}" + (" (quote it in YAML)" if isinstance(v, bool) else "")
+        )
     # Worker-only knobs are checked against a config that has workers, so the condition can't trip.
     extra = {"num_workers": 1} if name in WORKER_KNOBS else {}
     try:

@@ -1,4 +1,5 @@
 """Open an Optuna storage from what the user typed, refusing anything that isn't a study store."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,10 @@ def check_journal_file(path: Path) -> None:
     with path.open("rb") as f:
         head = f.read(4096)
     if head.startswith(SQLITE_MAGIC):
-        raise StorageError(f"storage {path} is an SQLite database; pass --storage sqlite:///{path} "
-                           "(and give optuna-dashboard the same URL)")
+        raise StorageError(
+            f"storage {path} is an SQLite database; pass --storage sqlite:///{path} "
+            "(and give optuna-dashboard the same URL)"
+        )
     first = head.split(b"\n", 1)[0]
     try:
         ok = isinstance(json.loads(first), dict) and b"op_code" in first
@@ -70,15 +73,20 @@ def open_storage(url: str | None) -> Any:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=max(1, int(beat)), grace_period=max(2, int(3 * beat)),
+                    url,
+                    heartbeat_interval=max(1, int(beat)),
+                    grace_period=max(2, int(3 * beat)),
                     heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
-                    engine_kwargs={"pool_pre_ping": True})
+                    engine_kwargs={"pool_pre_ping": True},
+                )
     except StorageError:
         raise
     except Exception as e:  # sqlalchemy/driver errors: unreachable host, bad URL, missing driver
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise StorageError(f"cannot open storage {shown}: {first.replace(url, shown)}") from None
-    raise StorageError(f"storage {shown}: unknown scheme {scheme!r} (use a path, sqlite:///, postgresql://, mysql:// or grpc://)")
+    raise StorageError(
+        f"storage {shown}: unknown scheme {scheme!r} (use a path, sqlite:///, postgresql://, mysql:// or grpc://)"
+    )
 
 
 PROBE_BYTES = 1 << 20  # room for a trial's logs and a few journal records
@@ -101,11 +109,12 @@ def check_writable(url: str | None, studies_dir: str) -> None:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
-            raise StorageError(f"cannot write to {folder}: {e.strerror or e} "
-                               f"({errno.errorcode.get(e.errno or 0, 'error')}); free space or fix permissions, "
-                               "or point --studies-dir / --storage elsewhere") from None
+            raise StorageError(
+                f"cannot write to {folder}: {e.strerror or e} "
+                f"({errno.errorcode.get(e.errno or 0, 'error')}); free space or fix permissions, "
+                "or point --studies-dir / --storage elsewhere"
+            ) from None
         finally:
             probe.unlink(missing_ok=True)
     if "://" not in url and Path(url).exists() and not os.access(url, os.W_OK):
         raise StorageError(f"cannot write to {url}: permission denied; the study stays readable by show and export")
-

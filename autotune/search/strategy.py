@@ -25,6 +25,7 @@ so the pass ends after at most sum(moves per knob) trials. Enqueued trials (the 
 keep Optuna's fixed params; anything they leave open, and every trial after the pass, is TPE's, built as
 `make_sampler('tpe')` builds it.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,16 @@ from autotune.search.space import WORKER_KNOBS
 
 # The knobs the pass visits, the ones that usually move throughput most first. The rest (pin_memory,
 # set_to_none, num_threads, checkpoint_segments, the worker-only knobs) are left to TPE.
-PASS = ("precision", "batch_size", "num_workers", "gpus", "compile", "channels_last", "optimizer_fusion",
-        "cudnn_benchmark")
+PASS = (
+    "precision",
+    "batch_size",
+    "num_workers",
+    "gpus",
+    "compile",
+    "channels_last",
+    "optimizer_fusion",
+    "cudnn_benchmark",
+)
 ORDERED_MOVES = 2  # values tried for a numeric knob (int range or numeric choices)
 MOVE_KEY = "autotune:coordinate"  # trial system attr: {"knob", "was", "value", "from", "params"}
 FIXED_KEY = "fixed_params"  # Optuna's system attr on an enqueued trial
@@ -63,8 +72,9 @@ class CoordinateSampler(BaseSampler):
     tpe_every: 0 runs the whole pass before TPE; k > 0 hands every k-th search trial of the pass to TPE.
     plan: the knobs the pass visits, in order (PASS)."""
 
-    def __init__(self, seed: int | None = None, *, tpe_every: int = 0, plan: Sequence[str] = PASS,
-                 tpe: BaseSampler | None = None) -> None:
+    def __init__(
+        self, seed: int | None = None, *, tpe_every: int = 0, plan: Sequence[str] = PASS, tpe: BaseSampler | None = None
+    ) -> None:
         self._tpe = tpe if tpe is not None else make_tpe(seed)
         self._tpe_every = tpe_every
         self._plan = tuple(plan)
@@ -74,8 +84,9 @@ class CoordinateSampler(BaseSampler):
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self._tpe.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         # Called once per trial, at its first suggest. An enqueued trial's fixed params win in Optuna
         # itself; whatever it leaves open is TPE's (its random start-up), never a coordinate move.
         if FIXED_KEY in trial.system_attrs:
@@ -87,8 +98,9 @@ class CoordinateSampler(BaseSampler):
         _optuna.storage_of(study).set_trial_system_attr(_optuna.trial_id(trial), MOVE_KEY, move)
         return {k: v for k, v in move["params"].items() if k in search_space and _contains(search_space[k], v)}
 
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         # Params outside the relative (intersection) space, e.g. the worker-only knobs: the move's own.
         move = trial.system_attrs.get(MOVE_KEY)
         if move and param_name in move["params"] and _contains(param_distribution, move["params"][param_name]):
@@ -98,8 +110,7 @@ class CoordinateSampler(BaseSampler):
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._tpe.before_trial(study, trial)
 
-    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
         self._tpe.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
@@ -118,8 +129,9 @@ class CoordinateSampler(BaseSampler):
         return next_move(others, self._plan, failed_classes(study))
 
 
-def next_move(trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS,
-              failed: set[str] | frozenset[str] = frozenset()) -> dict[str, Any] | None:
+def next_move(
+    trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS, failed: set[str] | frozenset[str] = frozenset()
+) -> dict[str, Any] | None:
     """The pass's next one-knob change from the incumbent, given the study's other trials and the
     training-math classes whose check failed, or None when the pass is over (or there is nothing to start
     from yet)."""
@@ -185,8 +197,11 @@ def move_values(dist: BaseDistribution, was: Any) -> list[Any]:
 def _ordered_values(dist: BaseDistribution) -> list[Any] | None:
     if isinstance(dist, IntDistribution):
         return list(range(dist.low, dist.high + 1, dist.step))
-    if isinstance(dist, CategoricalDistribution) and len(dist.choices) > 2 and all(
-            isinstance(c, (int, float)) and not isinstance(c, bool) for c in dist.choices):
+    if (
+        isinstance(dist, CategoricalDistribution)
+        and len(dist.choices) > 2
+        and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in dist.choices)
+    ):
         return sorted(dist.choices)
     return None
 
@@ -201,8 +216,9 @@ def _middle(values: list[Any], dist: BaseDistribution) -> Any:
     return min(values, key=lambda v: (abs(v - target), v))
 
 
-def _moved(base: dict[str, Any], knob: str, value: Any, dists: dict[str, BaseDistribution],
-           trials: Sequence[FrozenTrial]) -> dict[str, Any]:
+def _moved(
+    base: dict[str, Any], knob: str, value: Any, dists: dict[str, BaseDistribution], trials: Sequence[FrozenTrial]
+) -> dict[str, Any]:
     """`base` with knob=value, keeping autotune's conditional params consistent (suggest.suggest): the
     worker-only knobs are dropped with 0 workers, and taken from the best trial that had them (else
     their first value) when workers appear."""

@@ -1,5 +1,6 @@
 """The Optuna study: sampler and pruner, create or resume (baseline and warm start enqueued once),
 load, stale-trial cleanup, and a suggested trial -> TrialConfig."""
+
 from __future__ import annotations
 
 import socket
@@ -60,9 +61,16 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
     # A fusion the space fixes stays: a pipeline that cannot express it (a Lightning module's own optimizer).
     fixed = space.knobs.get("optimizer_fusion") if space is not None else None
     fusion = fixed.value if isinstance(fixed, Fixed) else "fused"
-    return baseline_of(base).replace(num_workers=workers, pin_memory=hw.cuda, precision=precision,
-                        optimizer_fusion=fusion, cudnn_benchmark=hw.cuda, persistent_workers=workers > 0,
-                        prefetch_factor=2 if workers else None, set_to_none=True)  # both need workers
+    return baseline_of(base).replace(
+        num_workers=workers,
+        pin_memory=hw.cuda,
+        precision=precision,
+        optimizer_fusion=fusion,
+        cudnn_benchmark=hw.cuda,
+        persistent_workers=workers > 0,
+        prefetch_factor=2 if workers else None,
+        set_to_none=True,
+    )  # both need workers
 
 
 def _bf16_supported(gpus: int = 1) -> bool:
@@ -82,15 +90,21 @@ def _bf16_supported(gpus: int = 1) -> bool:
             try:
                 caps.append(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)))
             except pynvml.NVMLError:  # a MIG slice: its GPU's capability
-                caps.append(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(
-                    pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h))))
+                caps.append(
+                    tuple(
+                        pynvml.nvmlDeviceGetCudaComputeCapability(
+                            pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h)
+                        )
+                    )
+                )
     except Exception:
         return False
     return bool(caps) and min(caps) >= (8, 0)
 
 
-def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space: SearchSpace,
-               hw: Hardware | None) -> optuna.Study:
+def open_study(
+    settings: SearchSettings, storage: Any, fp: dict[str, Any], space: SearchSpace, hw: Hardware | None
+) -> optuna.Study:
     """Create the study, or resume it if its fingerprint matches this machine (or --force).
 
     hw=None (`search --create-only`): the study is made on a host that may be unlike the workers (a
@@ -98,25 +112,36 @@ def open_study(settings: SearchSettings, storage: Any, fp: dict[str, Any], space
     against its own hardware, records its fingerprint and enqueues the baseline and warm start."""
     sampler, pruner = make_sampler(settings.sampler, settings.seed), make_pruner()
     try:
-        study = optuna.create_study(study_name=settings.study, storage=storage, direction="maximize",
-                                    sampler=sampler, pruner=pruner)
+        study = optuna.create_study(
+            study_name=settings.study, storage=storage, direction="maximize", sampler=sampler, pruner=pruner
+        )
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler, pruner=pruner)
         recorded = StudyRecord.of(study).fingerprint
         diff = differences(recorded, fp) if recorded else []  # empty: its creator is still writing it
         if diff and not settings.force:
-            raise AutotuneError(f"study {settings.study!r} was measured on another setup ({'; '.join(diff)}); "
-                                "its timings are not comparable. Use --force to resume anyway, or a new --study") from None
+            raise AutotuneError(
+                f"study {settings.study!r} was measured on another setup ({'; '.join(diff)}); "
+                "its timings are not comparable. Use --force to resume anyway, or a new --study"
+            ) from None
         fail_stale(study)
         return study
     # Only the process that created the study enqueues: concurrent starts can't duplicate the baseline.
     with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([OBJECTIVE])
-    StudyRecord(fingerprint=fp if hw else {}, space=space.to_dict(), workload=settings.base.workload(),
-                sampler=settings.sampler, trial_timeout_s=settings.trial_timeout, resolved=hw is not None,
-                memory_headroom=settings.memory_headroom, parity_steps=settings.parity_steps,
-                confirm_rounds=settings.confirm_rounds, confirm_top=settings.confirm_top).write(study)
+    StudyRecord(
+        fingerprint=fp if hw else {},
+        space=space.to_dict(),
+        workload=settings.base.workload(),
+        sampler=settings.sampler,
+        trial_timeout_s=settings.trial_timeout,
+        resolved=hw is not None,
+        memory_headroom=settings.memory_headroom,
+        parity_steps=settings.parity_steps,
+        confirm_rounds=settings.confirm_rounds,
+        confirm_top=settings.confirm_top,
+    ).write(study)
     if hw is not None:
         enqueue_starts(study, settings.base, space, hw)
     return study
@@ -199,7 +224,8 @@ def load_study(storage_url: str | None, name: str) -> optuna.Study:
     storage = open_storage(storage_url)
     summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     if name not in summaries:
-        raise AutotuneError(f"no study {name!r} in {shown_storage(storage_url)} "
-                            f"(studies there: {', '.join(summaries) or 'none'})")
+        raise AutotuneError(
+            f"no study {name!r} in {shown_storage(storage_url)} (studies there: {', '.join(summaries) or 'none'})"
+        )
     sampler = make_sampler(StudyRecord.of(summaries[name]).sampler, None)
     return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner())

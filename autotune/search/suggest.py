@@ -1,5 +1,6 @@
 """From a resolved search space to a config: what Optuna is asked for each knob (suggest), and the params
 that make an enqueued config come back exactly (config_params)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +8,17 @@ from typing import Any
 import optuna
 
 from autotune.core.config import KNOBS, TrialConfig
-from autotune.search.space import FSDP_KNOBS, PARALLEL_KNOBS, WORKER_KNOBS, Choices, Fixed, IntRange, SearchSpace, Spec, _spec_values
+from autotune.search.space import (
+    FSDP_KNOBS,
+    PARALLEL_KNOBS,
+    WORKER_KNOBS,
+    Choices,
+    Fixed,
+    IntRange,
+    SearchSpace,
+    Spec,
+    _spec_values,
+)
 
 
 def _num_workers(space: SearchSpace, value: int) -> int:
@@ -25,8 +36,11 @@ def micro_batch_param(gpus: int) -> str:
 def _per_gpu_count(space: SearchSpace, base: TrialConfig) -> bool:
     """Whether the micro-batch is sampled after the GPU count, among that count's divisors of the
     study's global batch (search/micro_batch.py)."""
-    return base.global_batch is not None and isinstance(space.knobs.get("gpus"), (Choices, IntRange)) \
+    return (
+        base.global_batch is not None
+        and isinstance(space.knobs.get("gpus"), (Choices, IntRange))
         and "batch_size" in space.knobs
+    )
 
 
 def _ask(trial: optuna.trial.Trial, name: str, spec: Spec) -> Any:
@@ -55,8 +69,9 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) ->
         if k == "batch_size" and per_count:
             g = chosen["gpus"]
             divisors = [b for b in _spec_values(spec) if base.global_batch % (b * g) == 0]
-            chosen[k] = _ask(trial, micro_batch_param(g), Choices(tuple(divisors)) if len(divisors) > 1
-                             else Fixed(divisors[0]))
+            chosen[k] = _ask(
+                trial, micro_batch_param(g), Choices(tuple(divisors)) if len(divisors) > 1 else Fixed(divisors[0])
+            )
         else:
             chosen[k] = _ask(trial, k, spec)
     if chosen.get("num_workers", base.num_workers) == 0:

@@ -19,6 +19,7 @@ config whose step differs is judged here instead:
 Smoothing is a trailing mean over the same span of samples for both runs, SMOOTH baseline steps (a
 larger batch's single step already averages over more samples).
 """
+
 from __future__ import annotations
 
 import time
@@ -55,13 +56,19 @@ class TargetVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "kind": "time to target", "verdict": "pass" if self.passed else "fail", "reason": self.reason,
-            "target_loss": round(self.target, 6), "baseline_samples_to_target": self.baseline_samples,
-            "samples_to_target": self.samples, "cap_samples": self.cap_samples,
+            "kind": "time to target",
+            "verdict": "pass" if self.passed else "fail",
+            "reason": self.reason,
+            "target_loss": round(self.target, 6),
+            "baseline_samples_to_target": self.baseline_samples,
+            "samples_to_target": self.samples,
+            "cap_samples": self.cap_samples,
             "speedup_to_target": None if self.speedup is None else round(self.speedup, 3),
-            "tolerance": round(self.tolerance, 6), "seconds": round(self.seconds, 1),
+            "tolerance": round(self.tolerance, 6),
+            "seconds": round(self.seconds, 1),
             "rule": f"reach the baseline's loss after its reference steps within {CAP:g}x its samples, sooner in "
-                    f"wall time, then stay within the data-order tolerance; trailing mean over {SMOOTH} baseline steps"}
+            f"wall time, then stay within the data-order tolerance; trailing mean over {SMOOTH} baseline steps",
+        }
         if self.failure is not None:
             d["failure"] = self.failure
         return d
@@ -82,8 +89,14 @@ def samples_to(curve: Sequence[tuple[int, float]], target: float) -> int | None:
     return next((x for x, loss in curve if loss <= target), None)
 
 
-def judge(losses: Sequence[float], candidate_batch: int, reference: Reference, candidate_sps: float,
-          baseline_sps: float, seconds: float = 0.0) -> TargetVerdict:
+def judge(
+    losses: Sequence[float],
+    candidate_batch: int,
+    reference: Reference,
+    candidate_sps: float,
+    baseline_sps: float,
+    seconds: float = 0.0,
+) -> TargetVerdict:
     """The verdict on a candidate's trajectory (capped run), against the stored reference."""
     g_b = reference.baseline.global_batch_size
     span = SMOOTH * g_b
@@ -96,16 +109,26 @@ def judge(losses: Sequence[float], candidate_batch: int, reference: Reference, c
     n = samples_to(curve, target)
     if n is None:
         low = min(v for _, v in curve)
-        return TargetVerdict(target, base_n, None, cap, None, False,
-                             f"did not reach the baseline's loss {target:.4g} within {cap} samples "
-                             f"({cap / reference.samples:.1f}x the baseline's; its lowest was {low:.4g})",
-                             seconds, tol)
+        return TargetVerdict(
+            target,
+            base_n,
+            None,
+            cap,
+            None,
+            False,
+            f"did not reach the baseline's loss {target:.4g} within {cap} samples "
+            f"({cap / reference.samples:.1f}x the baseline's; its lowest was {low:.4g})",
+            seconds,
+            tol,
+        )
     speedup = (base_n / baseline_sps) / (n / candidate_sps) if candidate_sps > 0 and baseline_sps > 0 else 0.0
     worst = max(v for x, v in curve if x >= n)
     diverged = worst > target * (1 + tol)
     passed = speedup > 1 and not diverged
-    reason = (f"reached the baseline's loss {target:.4g} after {n} samples (the baseline {base_n}), "
-              f"{speedup:.2f}x sooner in wall time at {candidate_sps:.3g} vs {baseline_sps:.3g} samples/s")
+    reason = (
+        f"reached the baseline's loss {target:.4g} after {n} samples (the baseline {base_n}), "
+        f"{speedup:.2f}x sooner in wall time at {candidate_sps:.3g} vs {baseline_sps:.3g} samples/s"
+    )
     if diverged:
         reason += f"; then rose to {worst:.4g}, beyond the tolerance {tol:.1%} above it"
     elif speedup <= 1:
@@ -113,8 +136,15 @@ def judge(losses: Sequence[float], candidate_batch: int, reference: Reference, c
     return TargetVerdict(target, base_n, n, cap, speedup, passed, reason, seconds, tol)
 
 
-def check(candidate: TrialConfig, reference: Reference, folder: Path, timeout_s: float, candidate_sps: float,
-          baseline_sps: float, server: WarmServer | None = None) -> TargetVerdict:
+def check(
+    candidate: TrialConfig,
+    reference: Reference,
+    folder: Path,
+    timeout_s: float,
+    candidate_sps: float,
+    baseline_sps: float,
+    server: WarmServer | None = None,
+) -> TargetVerdict:
     """Train `candidate` for up to CAP x the reference's samples from the same weights and data order, and
     judge it. A candidate that fails to train fails, naming why."""
     t0 = time.monotonic()
@@ -124,9 +154,18 @@ def check(candidate: TrialConfig, reference: Reference, folder: Path, timeout_s:
         losses = train_losses(as_run(candidate, steps), folder / "candidate", timeout_s, server)
     except TrialFailure as e:
         why = (str(e).strip().splitlines() or [""])[0][:200]
-        return TargetVerdict(0.0, None, None, steps * g_c, None, False,
-                             f"the candidate failed to train: {e.reason}" + (f": {why}" if why else ""),
-                             time.monotonic() - t0, tolerance_for(reference.noise), e.reason)
+        return TargetVerdict(
+            0.0,
+            None,
+            None,
+            steps * g_c,
+            None,
+            False,
+            f"the candidate failed to train: {e.reason}" + (f": {why}" if why else ""),
+            time.monotonic() - t0,
+            tolerance_for(reference.noise),
+            e.reason,
+        )
     return judge(losses, g_c, reference, candidate_sps, baseline_sps, time.monotonic() - t0)
 
 

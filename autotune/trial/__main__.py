@@ -1,4 +1,5 @@
 """`python -m autotune.trial`: one trial worker (one rank under torchrun)."""
+
 import sys
 
 from autotune.trial.worker import main

@@ -8,6 +8,7 @@ Only the CPUs the trial may run on count (its affinity: a worker pinned with --c
 machine shared by one worker per GPU, each on its own CPUs, the neighbours' steady use is elsewhere and
 does not make every trial contended; unpinned, every CPU is the trial's, and every busy one counts.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,9 @@ class OtherCpu:
         self._busy, self._tree, self._t0 = _busy_s(self._cpus), _tree_s(self._root), time.monotonic()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         wall, busy = time.monotonic() - self._t0, _busy_s(self._cpus)
         if exc_type is None and busy is not None and self._busy is not None and wall >= MIN_WINDOW_S:
             others = (busy - self._busy) - (_tree_s(self._root) - self._tree)

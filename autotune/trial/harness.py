@@ -1,4 +1,5 @@
 """A pipeline with every knob applied: the one training step that trials and `autotune train` share."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,8 @@ _OOM_MARKERS = (
     # for a pinned batch (in the DataLoader's pin-memory thread), a library's own cudaMalloc
     "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS could not allocate its handle or workspace
     "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN 8; a deprecated alias in cuDNN 9 for the two below
-    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED", "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
     # Not CUDNN_STATUS_NOT_ENOUGH_WORKSPACE: a plan given less workspace than it asked for is a sizing
     # bug, not memory running out (torch allocates cuDNN workspaces from its caching allocator, so a
     # real shortage there is already a torch.OutOfMemoryError).
@@ -62,8 +64,9 @@ def oom_message(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if not lines:
         return "out of memory"
-    hit = next((line for line in lines if any(m in line for m in _OOM_MARKERS) or "out of memory" in line.lower()),
-               lines[0])
+    hit = next(
+        (line for line in lines if any(m in line for m in _OOM_MARKERS) or "out of memory" in line.lower()), lines[0]
+    )
     return hit if hit == lines[0] else f"{hit} ({lines[0]})"
 
 
@@ -240,8 +243,9 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     refused = [k for k in sorted(unsupported & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
     if refused:
         why = getattr(unsupported, "why", {})
-        raise TrialUnsupported("the pipeline does not support: " + ", ".join(f"{k} ({why[k]})" if why.get(k) else k
-                                                                             for k in refused))
+        raise TrialUnsupported(
+            "the pipeline does not support: " + ", ".join(f"{k} ({why[k]})" if why.get(k) else k for k in refused)
+        )
     model = pipeline.build_model()
     # Batch-norm statistics span one micro-batch on one process: a smaller micro-batch changes them.
     applied["batch_norm_layers"] = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -3,6 +3,7 @@
 Switches are built as no-ops where possible (GradScaler(enabled=...)), so the trial loop
 has one shape whatever the config.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,11 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     applied["num_threads"] = _effect(cfg.num_threads, torch.get_num_threads(), why)
     cuda = device.type == "cuda"
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-    applied["cudnn_benchmark"] = _effect(cfg.cudnn_benchmark, cfg.cudnn_benchmark and cuda,
-                                         "" if cuda or not cfg.cudnn_benchmark else "no CUDA device: cudnn is unused")
+    applied["cudnn_benchmark"] = _effect(
+        cfg.cudnn_benchmark,
+        cfg.cudnn_benchmark and cuda,
+        "" if cuda or not cfg.cudnn_benchmark else "no CUDA device: cudnn is unused",
+    )
     return applied
 
 
@@ -128,7 +132,9 @@ def wrap_checkpoints(model: nn.Module, stages: Iterable[str], k: int) -> dict[st
 COMPILE_BACKEND_ENV = "AUTOTUNE_COMPILE_BACKEND"
 
 
-def prepare_model(model: nn.Module, cfg: TrialConfig, device: torch.device, world: int) -> tuple[nn.Module, dict[str, Any]]:
+def prepare_model(
+    model: nn.Module, cfg: TrialConfig, device: torch.device, world: int
+) -> tuple[nn.Module, dict[str, Any]]:
     applied: dict[str, Any] = {}
     model = model.to(device)
     if cfg.channels_last:
@@ -178,24 +184,39 @@ def apex_runs_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def build_optimizer(params: Iterable[nn.Parameter], cfg: TrialConfig,
-                    device: torch.device | None = None) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
+def build_optimizer(
+    params: Iterable[nn.Parameter], cfg: TrialConfig, device: torch.device | None = None
+) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
     params = [p for p in params if p.requires_grad]
     if cfg.optimizer_fusion == "apex":
         if not apex_available():
             raise TrialUnsupported("optimizer_fusion=apex but NVIDIA apex (apex.optimizers) is not installed")
         if device is not None and not apex_runs_on(device):
-            raise TrialUnsupported(f"optimizer_fusion=apex needs a CUDA device (apex's FusedAdam is GPU-only), not {device}")
+            raise TrialUnsupported(
+                f"optimizer_fusion=apex needs a CUDA device (apex's FusedAdam is GPU-only), not {device}"
+            )
         from apex.optimizers import FusedAdam
 
         # Its zero_grad() takes no argument: set_to_none is given here, as set_grad_none (see zero_grad).
-        opt = FusedAdam(params, lr=cfg.effective_lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none)
-        return opt, {"lr": lr_effect(cfg), "optimizer_fusion": _effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})")}
+        opt = FusedAdam(
+            params, lr=cfg.effective_lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none
+        )
+        return opt, {
+            "lr": lr_effect(cfg),
+            "optimizer_fusion": _effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})"),
+        }
     # foreach=False forces the per-parameter for-loop: that is what "none" means.
     kwargs = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_fusion]
     opt = torch.optim.AdamW(params, lr=cfg.effective_lr, weight_decay=WEIGHT_DECAY, **kwargs)  # type: ignore[arg-type]  # a dict of bools: mypy matches it to betas
-    return opt, {"lr": lr_effect(cfg), "optimizer_fusion": _effect(cfg.optimizer_fusion, f"torch.optim.AdamW({next(iter(kwargs))}=True)"
-                                             if cfg.optimizer_fusion != "none" else "torch.optim.AdamW(foreach=False)")}
+    return opt, {
+        "lr": lr_effect(cfg),
+        "optimizer_fusion": _effect(
+            cfg.optimizer_fusion,
+            f"torch.optim.AdamW({next(iter(kwargs))}=True)"
+            if cfg.optimizer_fusion != "none"
+            else "torch.optim.AdamW(foreach=False)",
+        ),
+    }
 
 
 def no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:
@@ -210,8 +231,12 @@ def no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[A
 def lr_effect(cfg: TrialConfig) -> dict[str, Any]:
     if cfg.effective_lr == cfg.lr:
         return _effect(cfg.lr, cfg.lr)
-    return _effect(cfg.lr, cfg.effective_lr, f"{cfg.lr_scaling} rule: global batch {cfg.global_batch_size} "
-                   f"vs the {cfg.reference_batch} that lr is given for")
+    return _effect(
+        cfg.lr,
+        cfg.effective_lr,
+        f"{cfg.lr_scaling} rule: global batch {cfg.global_batch_size} "
+        f"vs the {cfg.reference_batch} that lr is given for",
+    )
 
 
 def zero_grad(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> None:
@@ -242,9 +267,12 @@ class Precision:
         why = ""
         if cfg.precision == "fp16" and device.type != "cuda":
             why = "no CUDA device: fp16 autocast runs on CPU, without tensor cores"
-        self.applied = {"precision": _effect(cfg.precision, f"autocast({device.type}, {cfg.precision})"
-                                             if self.enabled else "fp32", why),
-                        "grad_scaler": self.scaler.is_enabled()}
+        self.applied = {
+            "precision": _effect(
+                cfg.precision, f"autocast({device.type}, {cfg.precision})" if self.enabled else "fp32", why
+            ),
+            "grad_scaler": self.scaler.is_enabled(),
+        }
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)

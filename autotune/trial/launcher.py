@@ -1,4 +1,5 @@
 """Turn a TrialConfig into an isolated process, wait for it with a timeout, classify the exit."""
+
 from __future__ import annotations
 
 import json
@@ -36,11 +37,16 @@ GROUPS_FILE = "ranks.json"  # {"leader": pgid, "groups": [pgid, ...]}, kept curr
 REFRESH_S = 1.0  # how often to look for new groups: psutil walks every process on the machine
 
 
-
 def worker_args(trial_dir: Path) -> list[str]:
     """The worker's own arguments: after `python -m autotune.trial`, or handed to a warm fork."""
-    return ["--config", str(trial_dir / "config.json"), "--out", str(trial_dir / "result.json"),
-            "--progress", str(trial_dir / "progress.jsonl")]
+    return [
+        "--config",
+        str(trial_dir / "config.json"),
+        "--out",
+        str(trial_dir / "result.json"),
+        "--progress",
+        str(trial_dir / "progress.jsonl"),
+    ]
 
 
 def command(cfg: TrialConfig, trial_dir: Path) -> list[str]:
@@ -102,8 +108,9 @@ class TrialGroups:
             self._on_groups(sorted(self.others))
 
 
-def kill_group(proc: subprocess.Popen[bytes] | WarmProcess, grace_s: float = 5.0,
-               groups: TrialGroups | None = None) -> None:
+def kill_group(
+    proc: subprocess.Popen[bytes] | WarmProcess, grace_s: float = 5.0, groups: TrialGroups | None = None
+) -> None:
     """SIGTERM every process group of the trial (the leader's and, under torchrun, each rank's), wait up to
     grace_s for the leader, then SIGKILL them all."""
     groups = groups or TrialGroups(proc.pid)
@@ -127,10 +134,16 @@ def tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
-def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
-              on_window: OnWindow | None = None, poll_s: float = 0.25,
-              on_start: OnStart | None = None, server: WarmServer | None = None,
-              on_groups: OnGroups | None = None) -> TrialResult:
+def run_trial(
+    cfg: TrialConfig,
+    trial_dir: Path,
+    timeout_s: float,
+    on_window: OnWindow | None = None,
+    poll_s: float = 0.25,
+    on_start: OnStart | None = None,
+    server: WarmServer | None = None,
+    on_groups: OnGroups | None = None,
+) -> TrialResult:
     """Run one trial to completion. Returns its result or raises a classified TrialFailure."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(trial_dir / "config.json", cfg.to_dict())
@@ -156,8 +169,16 @@ def run_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float,
 class _Attempt:
     """One start of a trial's process and the wait for it (a warm fork that lost CUDA gets a second, cold one)."""
 
-    def __init__(self, cfg: TrialConfig, trial_dir: Path, log: IO[bytes], log_path: Path,
-                 on_window: OnWindow | None, on_start: OnStart | None, on_groups: OnGroups | None) -> None:
+    def __init__(
+        self,
+        cfg: TrialConfig,
+        trial_dir: Path,
+        log: IO[bytes],
+        log_path: Path,
+        on_window: OnWindow | None,
+        on_start: OnStart | None,
+        on_groups: OnGroups | None,
+    ) -> None:
         self.cfg, self.trial_dir, self.log, self.log_path = cfg, trial_dir, log, log_path
         self.on_window, self.on_start, self.on_groups = on_window, on_start, on_groups
         self.windows: list[float] = []
@@ -181,8 +202,9 @@ class _Attempt:
             while proc.poll() is None:
                 if time.monotonic() > deadline:
                     kill_group(proc, groups=groups)
-                    raise errors.TrialTimeout(f"no result after {timeout_s:.0f} s; process group killed",
-                                              tail(log_path), {"windows": windows})
+                    raise errors.TrialTimeout(
+                        f"no result after {timeout_s:.0f} s; process group killed", tail(log_path), {"windows": windows}
+                    )
                 time.sleep(poll_s)
                 groups.refresh()
                 read, prune = _read_progress(trial_dir / "progress.jsonl", read, windows, self.on_window)
@@ -198,8 +220,9 @@ class _Attempt:
         return proc.returncode
 
 
-def _start(cfg: TrialConfig, trial_dir: Path, env: dict[str, str], log: IO[bytes], log_path: Path,
-           server: WarmServer | None) -> subprocess.Popen[bytes] | WarmProcess:
+def _start(
+    cfg: TrialConfig, trial_dir: Path, env: dict[str, str], log: IO[bytes], log_path: Path, server: WarmServer | None
+) -> subprocess.Popen[bytes] | WarmProcess:
     """Fork single-process trials from the warm server (torch already imported); cold otherwise,
     or when the server refuses. Either way: own process group, dies with its parent."""
     if server is not None and cfg.gpus == 1 and Placement.from_env().nodes == 1:
@@ -208,8 +231,14 @@ def _start(cfg: TrialConfig, trial_dir: Path, env: dict[str, str], log: IO[bytes
         except WarmServerError as e:
             log.write(f"autotune: warm start unavailable, starting cold: {e}\n".encode())
             log.flush()
-    return subprocess.Popen(command(cfg, trial_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True, preexec_fn=die_with_parent)
+    return subprocess.Popen(
+        command(cfg, trial_dir),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
 
 
 def _with_cuda_expectation(env: dict[str, str]) -> dict[str, str]:
@@ -233,8 +262,7 @@ def _lost_cuda(trial_dir: Path) -> bool:
         return False
 
 
-def _read_progress(path: Path, offset: int, windows: list[float],
-                   on_window: OnWindow | None) -> tuple[int, bool]:
+def _read_progress(path: Path, offset: int, windows: list[float], on_window: OnWindow | None) -> tuple[int, bool]:
     """Consume new throughput windows; returns the new offset and whether to prune."""
     try:
         with path.open() as f:
@@ -259,8 +287,9 @@ def _classify(code: int, trial_dir: Path, log_path: Path, windows: list[float]) 
         return TrialResult.from_dict(ok)
     # Under DDP one rank's OOM leaves the others failing in a collective ("error", connection closed):
     # a named failure on any rank is the cause, so it wins over a generic one.
-    failed = min((v for v in verdicts if v.get("status") != "ok"), key=lambda v: v.get("status") == "error",
-                 default=None)
+    failed = min(
+        (v for v in verdicts if v.get("status") != "ok"), key=lambda v: v.get("status") == "error", default=None
+    )
     status = failed["status"] if failed else errors.reason_for_exit(code)
     watchdog = comm_failure(log_path) if status == "error" else None
     if watchdog is not None:

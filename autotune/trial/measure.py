@@ -1,4 +1,5 @@
 """Honest clocks: synchronize before reading, account data waits, sample GPU utilisation (NVML)."""
+
 from __future__ import annotations
 
 import os
@@ -64,6 +65,7 @@ def memory_total_bytes(device: torch.device) -> int | None:
 # from 0. Everything below maps a CUDA device to its NVML handle, by UUID where possible. The search
 # side (locks, fingerprint, warm start) uses these too, and must do it without initialising CUDA.
 
+
 def nvml() -> Any:
     """pynvml, initialised; None without it or without a driver (no GPU, a container without NVML)."""
     try:
@@ -115,8 +117,11 @@ def handle_for(pynvml: Any, entry: str) -> Any:
         if entry.startswith("MIG-"):
             raise
     # CUDA also takes an unambiguous UUID prefix ("GPU-8932f937"): find the one GPU it names.
-    found = [h for h in map(pynvml.nvmlDeviceGetHandleByIndex, range(pynvml.nvmlDeviceGetCount()))
-             if text(pynvml.nvmlDeviceGetUUID(h)).startswith(entry)]
+    found = [
+        h
+        for h in map(pynvml.nvmlDeviceGetHandleByIndex, range(pynvml.nvmlDeviceGetCount()))
+        if text(pynvml.nvmlDeviceGetUUID(h)).startswith(entry)
+    ]
     if len(found) != 1:
         raise LookupError(f"CUDA_VISIBLE_DEVICES entry {entry} names {len(found)} GPUs")
     return found[0]

@@ -8,6 +8,7 @@ knob that silently did nothing shows (scripts/gpu_check.sh asserts them on a GPU
   * whether the model was compiled, and how many graphs dynamo made,
   * NVML's UUID of the GPU sampled for utilisation beside torch's UUID of the trial's device.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,7 +19,9 @@ from torch import nn
 
 def is_compiled(model: nn.Module) -> bool:
     # torch.compile's OptimizedModule; under fsdp each block is compiled in place (nn.Module.compile).
-    return hasattr(model, "_orig_mod") or any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+    return hasattr(model, "_orig_mod") or any(
+        getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
+    )
 
 
 class FirstConv:
@@ -54,8 +57,11 @@ class FirstConv:
 
 def _channels_last(t: torch.Tensor) -> bool:
     # A 1-channel or 1x1 tensor is "contiguous" in both formats: only a real NHWC layout counts.
-    return (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
-            and not t.is_contiguous(memory_format=torch.contiguous_format))
+    return (
+        t.dim() == 4
+        and t.is_contiguous(memory_format=torch.channels_last)
+        and not t.is_contiguous(memory_format=torch.contiguous_format)
+    )
 
 
 def observed(model: nn.Module, device: torch.device, conv: FirstConv, nvml_uuid: str | None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ server kills the child's group rather than leave it running unwatched.
 
 The controller side (WarmServer, WarmProcess) imports nothing heavy; the server is `python -m autotune.trial.warm`.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,12 +49,24 @@ from autotune.core.procs import die_with_parent
 # Pipeline-neutral; the caller adds what its pipeline needs (autotune.pipelines.preload_modules).
 # torch._dynamo: every torch.optim optimizer imports it lazily on construction (its
 # _disable_dynamo decorator), measured 1.1-1.8 s of each forked trial's start-up on 2 CPUs.
-DEFAULT_PRELOAD = ("torch", "torch._dynamo", "autotune.trial.worker", "autotune.trial.harness",
-                   "autotune.core.configfile")
+DEFAULT_PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "autotune.trial.worker",
+    "autotune.trial.harness",
+    "autotune.core.configfile",
+)
 # Read once, when a module is imported or a library loaded, so the server's value is the one every
 # child lives with. A trial that asks for a different value can't be forked honestly: it starts cold.
-IMPORT_TIME_ENV = ("HF_HUB_OFFLINE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                   "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDONTWRITEBYTECODE")
+IMPORT_TIME_ENV = (
+    "HF_HUB_OFFLINE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "PYTHONHASHSEED",
+    "PYTHONOPTIMIZE",
+    "PYTHONDONTWRITEBYTECODE",
+)
 # torch.cuda.is_available() answers from NVML, without initialising the CUDA driver (torch/cuda/__init__.py,
 # _nvml_based_avail): set for the server, unless the user chose a value, so an import-time check is harmless.
 # (Where NVML itself fails torch falls back to cuInit: the child's EXPECT_CUDA_ENV check catches that.)
@@ -67,6 +80,7 @@ class WarmServerError(RuntimeError):
 
 
 # --- controller side ------------------------------------------------------------------------------
+
 
 class WarmProcess:
     """The part of subprocess.Popen the launcher uses, for a trial forked by the warm server."""
@@ -131,20 +145,35 @@ class WarmServer:
         self.cuda_lost = False  # a child found CUDA broken: its siblings would too, so spawn no more
 
     @classmethod
-    def start(cls, preload: Sequence[str] = DEFAULT_PRELOAD, *, env: Mapping[str, str] | None = None,
-              timeout_s: float = 180.0) -> WarmServer:
+    def start(
+        cls, preload: Sequence[str] = DEFAULT_PRELOAD, *, env: Mapping[str, str] | None = None, timeout_s: float = 180.0
+    ) -> WarmServer:
         """Start the server and return once it has imported `preload` and listens. Raises WarmServerError."""
         folder = Path(tempfile.mkdtemp(prefix="autotune-warm-"))
-        cmd = [sys.executable, "-m", "autotune.trial.warm_server", "--socket", str(folder / "server.sock"),
-               "--parent", str(os.getpid()), *(f"--preload={m}" for m in preload)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "autotune.trial.warm_server",
+            "--socket",
+            str(folder / "server.sock"),
+            "--parent",
+            str(os.getpid()),
+            *(f"--preload={m}" for m in preload),
+        ]
         server_env = dict(os.environ if env is None else env)
         server_env.setdefault(NVML_CHECK_ENV, "1")  # a child's env is its request's: it won't inherit this
         with (folder / "server.log").open("wb") as log:
             # Its own session, like a trial: a Ctrl-C at the terminal reaches the controller, which
             # then closes the server, instead of killing both mid-trial.
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=server_env, start_new_session=True,
-                                    preexec_fn=die_with_parent)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server_env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         server = cls(proc, folder)
         deadline = time.monotonic() + timeout_s
         # The server binds only after its imports, so the first connect that succeeds means "ready".
@@ -163,8 +192,9 @@ class WarmServer:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def spawn(self, argv: list[str], env: Mapping[str, str], cwd: str | os.PathLike[str],
-              log_path: str | os.PathLike[str]) -> WarmProcess:
+    def spawn(
+        self, argv: list[str], env: Mapping[str, str], cwd: str | os.PathLike[str], log_path: str | os.PathLike[str]
+    ) -> WarmProcess:
         """Fork a child that runs `autotune.trial.worker.main(argv)` with this env and cwd, stdout and stderr
         appended to log_path. Raises WarmServerError if the server can't (the caller starts it cold)."""
         if not self.alive():
@@ -206,8 +236,9 @@ class WarmServer:
     def __enter__(self) -> WarmServer:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def _can_connect(self) -> bool:

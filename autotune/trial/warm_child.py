@@ -1,6 +1,7 @@
 """What a child of the warm fork server does between fork() and exit: leave the server's session,
 signals and files behind, become `python -m autotune.trial argv` in the request's environment, run the
 trial, and always reach os._exit (it must never fall back into the server's loop)."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,14 @@ from autotune.core.procs import die_with_parent
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV
 
 
-def child(request: dict[str, Any], server: int, ready_w: int, server_fds: list[Any],
-           fresh: dict[int, Any], base_path: list[str]) -> NoReturn:
+def child(
+    request: dict[str, Any],
+    server: int,
+    ready_w: int,
+    server_fds: list[Any],
+    fresh: dict[int, Any],
+    base_path: list[str],
+) -> NoReturn:
     """Become a trial process, as if started by `python -m autotune.trial argv`, run it, and exit.
     Never returns: whatever happens, this process must not fall back into the server's loop."""
     code = 1
@@ -57,8 +64,13 @@ def _redirect(log: str, unbuffered: bool) -> None:
     # interpreter start, which this child never had).
     for name, fd in (("stdout", 1), ("stderr", 2)):
         raw = io.FileIO(fd, "w", closefd=False)
-        stream = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
-                                  errors="backslashreplace", write_through=unbuffered, line_buffering=not unbuffered)
+        stream = io.TextIOWrapper(
+            raw if unbuffered else io.BufferedWriter(raw),
+            encoding="utf-8",
+            errors="backslashreplace",
+            write_through=unbuffered,
+            line_buffering=not unbuffered,
+        )
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
@@ -101,9 +113,11 @@ def _cuda_lost() -> str | None:
         why = f"torch.cuda.is_available() is {available}, device_count() is {count}"
     except Exception as e:  # noqa: BLE001 - any failure to reach CUDA is the answer
         why = f"{type(e).__name__}: {e}"
-    return (f"the warm fork lost CUDA ({why}, though the controller sees a GPU): something initialised CUDA "
-            "in the warm server before the fork, e.g. a CUDA call at import time in the pipeline's module; "
-            "run with --cold-start to start every trial as a fresh interpreter")
+    return (
+        f"the warm fork lost CUDA ({why}, though the controller sees a GPU): something initialised CUDA "
+        "in the warm server before the fork, e.g. a CUDA call at import time in the pipeline's module; "
+        "run with --cold-start to start every trial as a fresh interpreter"
+    )
 
 
 def _fail_cuda_lost(argv: list[str], message: str) -> int:

@@ -1,6 +1,7 @@
 """The warm fork server: `python -m autotune.trial.warm_server`. It imports torch and the pipeline
 once, then forks one trial per request; see autotune.trial.warm for the protocol and the controller.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,19 @@ def serve(sock_path: str, parent: int, preload: Sequence[str]) -> int:
         return 1
     # A fresh interpreter's handlers (SIGINT -> KeyboardInterrupt, SIGPIPE ignored): what each child
     # gets back, because the server is about to install its own.
-    fresh: dict[int, Any] = {s: signal.getsignal(s)
-                             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE)}
+    fresh: dict[int, Any] = {
+        s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE)
+    }
     t0 = time.perf_counter()
     for name in preload:
         importlib.import_module(name)
     gc.freeze()  # the preloaded heap: the children's collector won't walk it, so it stays shared (copy-on-write)
     server = _Server(sock_path, fresh, {k: os.environ.get(k) for k in IMPORT_TIME_ENV}, base_sys_path())
-    print(f"autotune warm server: pid {os.getpid()}, {len(preload)} module(s) in {time.perf_counter() - t0:.2f} s, "
-          f"{len(os.listdir('/proc/self/task'))} OS thread(s); listening on {sock_path}", flush=True)
+    print(
+        f"autotune warm server: pid {os.getpid()}, {len(preload)} module(s) in {time.perf_counter() - t0:.2f} s, "
+        f"{len(os.listdir('/proc/self/task'))} OS thread(s); listening on {sock_path}",
+        flush=True,
+    )
     server.loop()
     server.stop()
     return 0
@@ -45,8 +50,9 @@ class _Server:
     """The fork server's state: its listener and wake-up pipe, the connections whose request is still
     arriving, and each child with the connection of the controller that waits for it."""
 
-    def __init__(self, sock_path: str, fresh: dict[int, Any], import_env: dict[str, str | None],
-                 base_path: list[str]) -> None:
+    def __init__(
+        self, sock_path: str, fresh: dict[int, Any], import_env: dict[str, str | None], base_path: list[str]
+    ) -> None:
         import selectors
 
         self.sock_path, self.fresh, self.import_env, self.base_path = sock_path, fresh, import_env, base_path
@@ -157,15 +163,17 @@ def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
         pass  # the controller is gone; the connection's EOF is handled where it is read
 
 
-def _handle(raw: bytes, import_env: dict[str, str | None], keep: list[Any], fresh: dict[int, Any],
-            base_path: list[str]) -> int:
+def _handle(
+    raw: bytes, import_env: dict[str, str | None], keep: list[Any], fresh: dict[int, Any], base_path: list[str]
+) -> int:
     """Check one request and fork its child; raises _Refused with the reason it can't be served."""
     import threading
 
     try:
         request = json.loads(raw)
-        ok = isinstance(request, dict) and all(isinstance(request.get(k), t) for k, t in
-                                               (("argv", list), ("env", dict), ("cwd", str), ("log", str)))
+        ok = isinstance(request, dict) and all(
+            isinstance(request.get(k), t) for k, t in (("argv", list), ("env", dict), ("cwd", str), ("log", str))
+        )
     except ValueError:
         ok = False
     if not ok:
@@ -174,8 +182,9 @@ def _handle(raw: bytes, import_env: dict[str, str | None], keep: list[Any], fres
     if torch is not None and torch.cuda.is_initialized():
         raise _Refused("the server has initialised CUDA; a forked child could not use it")
     if threading.active_count() > 1:
-        raise _Refused(f"the server runs {threading.active_count()} Python threads; "
-                       "forking would copy their locks mid-use")
+        raise _Refused(
+            f"the server runs {threading.active_count()} Python threads; forking would copy their locks mid-use"
+        )
     differ = [k for k, v in import_env.items() if request["env"].get(k) != v]
     if differ:
         raise _Refused(f"{', '.join(differ)} differ(s) from the server's, and is read at import time")
@@ -206,7 +215,9 @@ def _fork(request: dict[str, Any], server_fds: list[Any], fresh: dict[int, Any],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotune.trial.warm_server", description="Serve warm (forked) trial starts.")
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune.trial.warm_server", description="Serve warm (forked) trial starts."
+    )
     parser.add_argument("--socket", required=True, help="Unix socket path to listen on")
     parser.add_argument("--parent", type=int, required=True, help="the controller's pid: exit if it is gone")
     parser.add_argument("--preload", action="append", default=[], help="module to import once (repeatable)")

@@ -5,6 +5,7 @@ Never imports optuna. Exit codes: 0 ok, 2 bad config or a dataset item that cann
 (status "data"), 3 out of memory, 4 non-finite loss, 5 knob unsupported here, 1 anything else
 (traceback in the log).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -165,8 +166,9 @@ def _util_over_ranks(util: Any, device: Any, world: int) -> tuple[float | None, 
         import torch
         import torch.distributed as dist
 
-        u = torch.tensor([gpu_util or 0.0, float(gpu_util is not None), float(util_errors)],
-                         dtype=torch.float64, device=device)
+        u = torch.tensor(
+            [gpu_util or 0.0, float(gpu_util is not None), float(util_errors)], dtype=torch.float64, device=device
+        )
         dist.all_reduce(u)  # SUM
         gpu_util = float(u[0] / u[1]) if u[1] else None
         util_errors = int(u[2])
@@ -256,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail("error", f"{type(e).__name__}: {e}")
     if rank == 0:
         write_json_atomic(args.out, result.to_dict())
-        print(f"autotune trial: {result.samples_per_s:.2f} samples/s, step p50 {result.step_time_p50 * 1000:.0f} ms, "
-              f"data wait {result.data_wait_fraction:.0%}, peak {result.peak_memory_bytes / 2**20:.0f} MiB")
+        print(
+            f"autotune trial: {result.samples_per_s:.2f} samples/s, step p50 {result.step_time_p50 * 1000:.0f} ms, "
+            f"data wait {result.data_wait_fraction:.0%}, peak {result.peak_memory_bytes / 2**20:.0f} MiB"
+        )
     _shutdown()
     return ExitCode.OK
 

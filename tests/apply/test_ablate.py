@@ -1,4 +1,5 @@
 """autotune ablate: techniques from the study, the greedy order, and one real ablation end to end."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,16 @@ from autotune.pipelines.unet.data import make_data
 from autotune.core.errors import AutotuneError, TrialOOM
 from autotune.search.storage import open_storage
 
-FP = {"gpu_names": [], "gpu_count": 0, "cpu_model": "test", "cpu_cores": 2, "torch": "x", "cuda": None,
-      "pipeline": "unet", "image_size": 64}
+FP = {
+    "gpu_names": [],
+    "gpu_count": 0,
+    "cpu_model": "test",
+    "cpu_cores": 2,
+    "torch": "x",
+    "cuda": None,
+    "pipeline": "unet",
+    "image_size": 64,
+}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -28,8 +37,11 @@ def test_techniques_group_loader_knobs_with_num_workers() -> None:
     base = TrialConfig()
     best = base.replace(num_workers=2, persistent_workers=True, prefetch_factor=4, precision="bf16", batch_size=16)
     ts = ablate.techniques(base, best)
-    assert ts == [{"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4},
-                  {"batch_size": 16}, {"precision": "bf16"}]
+    assert ts == [
+        {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4},
+        {"batch_size": 16},
+        {"precision": "bf16"},
+    ]
     assert ablate.label(ts[0]) == "num_workers=2 (+persistent_workers=True, prefetch_factor=4)"
     # With workers already in the baseline, prefetch_factor alone is a technique of its own.
     base2 = base.replace(num_workers=2)
@@ -41,7 +53,9 @@ def test_techniques_group_fsdp_knobs_with_parallel() -> None:
     base = TrialConfig(gpus=2)
     best = base.replace(parallel="fsdp", fsdp_reduce_dtype="bf16", fsdp_reshard=False, batch_size=16)
     assert ablate.techniques(base, best) == [
-        {"parallel": "fsdp", "fsdp_reshard": False, "fsdp_reduce_dtype": "bf16"}, {"batch_size": 16}]
+        {"parallel": "fsdp", "fsdp_reshard": False, "fsdp_reduce_dtype": "bf16"},
+        {"batch_size": 16},
+    ]
 
 
 def test_greedy_keeps_the_best_each_step_and_retries_failures() -> None:
@@ -84,9 +98,13 @@ def make_study(tmp_path: Path, data: Path, best_knobs: dict[str, Any]) -> str:
     study.set_user_attr("fingerprint", FP)
     base = BASELINE.replace(batch_size=4)  # small steps: the test runs real trials
     for role, value, knobs in (("baseline", 2.0, base.knobs()), ("search", 3.0, base.replace(**best_knobs).knobs())):
-        study.add_trial(optuna.trial.create_trial(
-            value=value, user_attrs={"role": role, "config": knobs, "peak_memory_bytes": 500 * 2**20},
-            constraints={"infeasible": 0.0}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=value,
+                user_attrs={"role": role, "config": knobs, "peak_memory_bytes": 500 * 2**20},
+                constraints={"infeasible": 0.0},
+            )
+        )
     return storage
 
 
@@ -100,8 +118,9 @@ def test_nothing_to_ablate_is_bad_input(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ablate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = make_data(tmp_path / "data", n=24, size=(128, 96), seed=0)
-    storage = make_study(tmp_path, data, {"precision": "bf16", "num_workers": 2, "persistent_workers": True,
-                                          "prefetch_factor": 2})
+    storage = make_study(
+        tmp_path, data, {"precision": "bf16", "num_workers": 2, "persistent_workers": True, "prefetch_factor": 2}
+    )
     studies = tmp_path / "studies"
     args = parse(["ablate", "--study", "abl", "--storage", storage, "--studies-dir", str(studies), "--seconds", "1"])
     assert args.func(args) == 0
@@ -111,8 +130,10 @@ def test_ablate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     steps = optuna.load_study(study_name="abl", storage=open_storage(storage)).user_attrs["ablation"]
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert steps[0]["technique"] == "baseline" and steps[0]["speedup"] == 1.0
-    assert {s["technique"] for s in steps[1:]} == {"precision=bf16",
-                                                    "num_workers=2 (+persistent_workers=True, prefetch_factor=2)"}
+    assert {s["technique"] for s in steps[1:]} == {
+        "precision=bf16",
+        "num_workers=2 (+persistent_workers=True, prefetch_factor=2)",
+    }
     assert len(steps[1]["tried"]) == 2 and len(steps[2]["tried"]) == 1  # greedy: both measured, then the rest
     for s in steps:
         assert s["samples_per_s"] > 0
@@ -122,4 +143,6 @@ def test_ablate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     png = studies / "abl" / "ablation.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trial_dirs = sorted(p.name for p in (studies / "abl" / "ablation").iterdir())
-    assert len(trial_dirs) == 4 and all((studies / "abl" / "ablation" / d / "result.json").is_file() for d in trial_dirs)
+    assert len(trial_dirs) == 4 and all(
+        (studies / "abl" / "ablation" / d / "result.json").is_file() for d in trial_dirs
+    )

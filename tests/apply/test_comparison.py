@@ -1,4 +1,5 @@
 """autotune/apply/comparison.py: what `train --compare-baseline` says of a config's run against the baseline's."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,14 +9,24 @@ from autotune.apply.comparison import compare, time_to
 
 def _run(iou: float | None, steps: int, batch: int, history: list[dict] | None = None) -> dict:
     history = history or [{"epoch": 1, "seconds": 1.0, "samples": 10, "loss": 0.5, "iou": iou}]
-    return {"samples_per_s": 10.0, "steady_samples_per_s": None, "optimizer_steps": steps, "global_batch": batch,
-            "lr": 1e-3, "iou": iou, "history": history}
+    return {
+        "samples_per_s": 10.0,
+        "steady_samples_per_s": None,
+        "optimizer_steps": steps,
+        "global_batch": batch,
+        "lr": 1e-3,
+        "iou": iou,
+        "history": history,
+    }
 
 
 def test_compare_says_each_sides_time_to_the_baselines_final_iou() -> None:
     """MLPerf's question: a larger batch that is behind after epoch 1 may still reach the quality sooner."""
+
     def hist(seconds: float, ious: list[float]) -> list[dict]:
-        return [{"epoch": i + 1, "seconds": seconds, "samples": 96, "loss": 1 - v, "iou": v} for i, v in enumerate(ious)]
+        return [
+            {"epoch": i + 1, "seconds": seconds, "samples": 96, "loss": 1 - v, "iou": v} for i, v in enumerate(ious)
+        ]
 
     tuned = _run(0.86, 15, 32, hist(4.0, [0.60, 0.80, 0.85, 0.86, 0.86]))  # reaches 0.85 at epoch 3: 12 s
     base = _run(0.85, 60, 8, hist(10.0, [0.70, 0.80, 0.83, 0.85, 0.85]))  # at epoch 4: 40 s
@@ -36,13 +47,17 @@ def test_the_speedup_after_the_first_epoch_is_said_beside_the_whole_runs() -> No
     # autotuning, 8 loader workers), so 3 short epochs made it x0.40 while epochs 2-3 ran x2.9.
     tuned_h = [{"samples": 115, "seconds": 9.79}, {"samples": 115, "seconds": 0.37}, {"samples": 115, "seconds": 0.39}]
     base_h = [{"samples": 115, "seconds": 1.99}, {"samples": 115, "seconds": 1.08}, {"samples": 115, "seconds": 1.15}]
-    tuned, base = (dict(_run(0.66, 24, 16), history=h, samples_per_s=_rate(h), steady_samples_per_s=_rate(h[1:]))
-                   for h in (tuned_h, base_h))
+    tuned, base = (
+        dict(_run(0.66, 24, 16), history=h, samples_per_s=_rate(h), steady_samples_per_s=_rate(h[1:]))
+        for h in (tuned_h, base_h)
+    )
     lines = compare(tuned, base, epochs=3, margin=0.05)
     assert lines[0].startswith("speedup: x0.40")
     assert lines[1].startswith("speedup after the first epoch: x2.93") and "config 9.79 s, baseline 1.99 s" in lines[1]
     assert tuned["comparison"]["speedup_after_first_epoch"] == pytest.approx(2.934, abs=1e-3)
-    assert _rate([]) is None and "after the first epoch" not in " ".join(compare(_run(0.5, 5, 8), _run(0.5, 5, 8), 1, 0.05))
+    assert _rate([]) is None and "after the first epoch" not in " ".join(
+        compare(_run(0.5, 5, 8), _run(0.5, 5, 8), 1, 0.05)
+    )
 
 
 def test_a_config_behind_the_baseline_says_so_in_one_line_and_in_the_record() -> None:
@@ -52,8 +67,12 @@ def test_a_config_behind_the_baseline_says_so_in_one_line_and_in_the_record() ->
     warning = [line for line in lines if "WARNING" in line]
     assert len(warning) == 1 and "0.7400 behind" in warning[0] and "--global-batch 8" in warning[0]
     assert {k: v for k, v in tuned["comparison"].items() if k != "time_to_target"} == {
-        "speedup": 1.0, "speedup_after_first_epoch": None, "iou_difference": pytest.approx(-0.74), "margin": 0.02,
-        "behind_baseline": True}
+        "speedup": 1.0,
+        "speedup_after_first_epoch": None,
+        "iou_difference": pytest.approx(-0.74),
+        "margin": 0.02,
+        "behind_baseline": True,
+    }
     numerics = compare(_run(0.70, 50, 8), base, 5, 0.02)  # the same step: the advice is about numerics
     assert any("WARNING" in line and "--global-batch" not in line and "precision" in line for line in numerics)
     close = _run(0.83, 50, 8)

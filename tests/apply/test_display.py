@@ -1,5 +1,6 @@
 """autotune/apply/display.py: the leaderboard (rows, table) and the live view's per-trial lines,
 read from a real journal study written the way a search writes it."""
+
 from __future__ import annotations
 
 import io
@@ -13,8 +14,16 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
-from autotune.apply.display import (CONFIRMATION_COLUMNS, LEADERBOARD_COLUMNS, LiveSearch, confirmation_summary,
-                                    confirmation_table, knob_summary, leaderboard_rows, leaderboard_table)
+from autotune.apply.display import (
+    CONFIRMATION_COLUMNS,
+    LEADERBOARD_COLUMNS,
+    LiveSearch,
+    confirmation_summary,
+    confirmation_table,
+    knob_summary,
+    leaderboard_rows,
+    leaderboard_table,
+)
 from autotune.core.config import BASELINE, TrialConfig, TrialResult
 from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord, of_result, write
@@ -29,19 +38,36 @@ WARM = BASELINE.replace(num_workers=2, pin_memory=True, optimizer_fusion="fused"
 BIG = BASELINE.replace(batch_size=64)
 
 
-def ok(study: optuna.Study, role: str, knobs: dict[str, Any], sps: float, speedup: float | None,
-       peak: int | None, wait: float | None, contended: bool = False) -> FrozenTrial:
+def ok(
+    study: optuna.Study,
+    role: str,
+    knobs: dict[str, Any],
+    sps: float,
+    speedup: float | None,
+    peak: int | None,
+    wait: float | None,
+    contended: bool = False,
+) -> FrozenTrial:
     """As runner.run_one records a trial that finished: feasible constraint, record, value."""
     trial = study.ask()
     trial.set_user_attr("role", role)
     trial.set_constraint(FEASIBLE_KEY, 0.0)
-    result = TrialResult(status="ok", samples_per_s=sps, peak_memory_bytes=peak, data_wait_fraction=wait,
-                         step_time_p50=0.1, step_time_p90=0.12, timed_steps=20)
+    result = TrialResult(
+        status="ok",
+        samples_per_s=sps,
+        peak_memory_bytes=peak,
+        data_wait_fraction=wait,
+        step_time_p50=0.1,
+        step_time_p90=0.12,
+        timed_steps=20,
+    )
     write(trial, of_result(role, TrialConfig().replace(**knobs), result, speedup, contended))
     return study.tell(trial, sps)
 
 
-def failed(study: optuna.Study, knobs: dict[str, Any], reason: str, message: str, state: TrialState | None) -> FrozenTrial:
+def failed(
+    study: optuna.Study, knobs: dict[str, Any], reason: str, message: str, state: TrialState | None
+) -> FrozenTrial:
     """As run_one records a failure: state None is an infeasible config (complete, constraint 1, value 0)."""
     trial = study.ask()
     write(trial, TrialRecord(role="search", config=knobs))
@@ -54,16 +80,19 @@ def failed(study: optuna.Study, knobs: dict[str, Any], reason: str, message: str
 
 @pytest.fixture
 def search(tmp_path: Path) -> tuple[optuna.Study, dict[str, FrozenTrial]]:
-    study = optuna.create_study(study_name="disp", storage=open_storage(str(tmp_path / "studies.db")),
-                                direction="maximize")
+    study = optuna.create_study(
+        study_name="disp", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize"
+    )
     t = {
         "baseline": ok(study, "baseline", BASELINE.knobs(), 10.0, 1.0, 300 * 2**20, 0.25),
         "fast": ok(study, "search", FAST.knobs(), 20.0, 2.0, 200 * 2**20, 0.05),
         "oom": failed(study, BIG.knobs(), "oom", "CUDA out of memory. Tried to allocate 20.00 GiB", None),
-        "crash": failed(study, BASELINE.replace(compile="default").knobs(), "crash", "worker died with signal 9",
-                        TrialState.FAIL),
-        "pruned": failed(study, BASELINE.replace(num_threads=1).knobs(), "pruned", "could not beat the best",
-                         TrialState.PRUNED),
+        "crash": failed(
+            study, BASELINE.replace(compile="default").knobs(), "crash", "worker died with signal 9", TrialState.FAIL
+        ),
+        "pruned": failed(
+            study, BASELINE.replace(num_threads=1).knobs(), "pruned", "could not beat the best", TrialState.PRUNED
+        ),
         "warm": ok(study, "warm_start", WARM.knobs(), 15.0, None, None, 0.0),
     }
     return study, t
@@ -74,6 +103,7 @@ def console() -> Console:
 
 
 # --- knob_summary -------------------------------------------------------------------------------------
+
 
 def test_knob_summary_shows_only_what_differs_from_the_baseline() -> None:
     assert knob_summary(BASELINE.knobs()) == "(baseline)"
@@ -88,6 +118,7 @@ def test_knob_summary_ignores_what_is_not_a_knob() -> None:
 
 
 # --- leaderboard_rows -----------------------------------------------------------------------------------
+
 
 def test_rows_are_the_feasible_trials_fastest_first(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
     study, t = search
@@ -106,7 +137,12 @@ def test_row_cells(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
     assert set(cells["config"].split()) == {"num_workers=2", "precision=bf16"}
     cells = dict(zip(LEADERBOARD_COLUMNS, base))
     assert (cells["role"], cells["speedup"], cells["peak MiB"], cells["data wait"], cells["config"]) == (
-        "baseline", "x1.00", "300", "25%", "(baseline)")
+        "baseline",
+        "x1.00",
+        "300",
+        "25%",
+        "(baseline)",
+    )
     cells = dict(zip(LEADERBOARD_COLUMNS, warm))
     # no speedup or memory stored: a dash, not a made-up figure; a zero data wait is still a figure
     assert (cells["role"], cells["speedup"], cells["peak MiB"], cells["data wait"]) == ("warm_start", "-", "-", "0%")
@@ -135,6 +171,7 @@ def test_a_study_without_a_finished_trial_has_no_rows(tmp_path: Path) -> None:
 
 # --- leaderboard_table ----------------------------------------------------------------------------------
 
+
 def test_table_renders_the_rows(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
     study, t = search
     c = console()
@@ -154,6 +191,7 @@ def test_table_renders_the_rows(search: tuple[optuna.Study, dict[str, FrozenTria
 
 
 # --- LiveSearch -----------------------------------------------------------------------------------------
+
 
 def finished_line(study: optuna.Study, trial: FrozenTrial) -> str:
     c = console()
@@ -217,8 +255,18 @@ def test_live_line_cuts_a_long_message(search: tuple[optuna.Study, dict[str, Fro
 def test_live_panel_counts_and_best(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
     study, t = search
     c = console()
-    live = LiveSearch(study, Budget(started=time.monotonic(), budget_s=125.0, trial_timeout_s=60.0, grace_s=30.0,
-                                    confirm_reserve_s=0.0, parity_reserve_s=0.0), c)
+    live = LiveSearch(
+        study,
+        Budget(
+            started=time.monotonic(),
+            budget_s=125.0,
+            trial_timeout_s=60.0,
+            grace_s=30.0,
+            confirm_reserve_s=0.0,
+            parity_reserve_s=0.0,
+        ),
+        c,
+    )
     live.started(7, "search", FAST)
     live.window(12.5)
     c.print(live._render())
@@ -234,16 +282,56 @@ def test_live_panel_counts_and_best(search: tuple[optuna.Study, dict[str, Frozen
 
 # Every speed knob at once and a changed precision: a config cell and a training-math cell that cannot
 # share 80 columns (or 200) with the figures.
-LONG = BASELINE.replace(num_workers=2, pin_memory=True, persistent_workers=True, prefetch_factor=4,
-                        optimizer_fusion="fused", channels_last=True, cudnn_benchmark=True, precision="bf16")
-LONG_KNOBS = ("num_workers=2", "pin_memory=True", "persistent_workers=True", "prefetch_factor=4",
-              "optimizer_fusion=fused", "channels_last=True", "cudnn_benchmark=True", "precision=bf16")
-CONFIRMED = {"rounds": 3, "winner": 6, "order_changed": False, "search_order": ["trial 6"],
-             "confirmed_order": ["trial 6"], "baseline_median": 10.0,
-             "rows": [{"label": "trial 6", "trial": 6, "search_samples_per_s": 31.0, "samples_per_s_median": 30.5,
-                       "min": 29.75, "max": 31.25, "speedup_median": 3.05, "speedup_range": [2.98, 3.12]},
-                      {"label": "baseline", "trial": 0, "search_samples_per_s": 10.0, "samples_per_s_median": 10.0,
-                       "min": 9.5, "max": 10.5, "speedup_median": 1.0, "speedup_range": [0.95, 1.05]}]}
+LONG = BASELINE.replace(
+    num_workers=2,
+    pin_memory=True,
+    persistent_workers=True,
+    prefetch_factor=4,
+    optimizer_fusion="fused",
+    channels_last=True,
+    cudnn_benchmark=True,
+    precision="bf16",
+)
+LONG_KNOBS = (
+    "num_workers=2",
+    "pin_memory=True",
+    "persistent_workers=True",
+    "prefetch_factor=4",
+    "optimizer_fusion=fused",
+    "channels_last=True",
+    "cudnn_benchmark=True",
+    "precision=bf16",
+)
+CONFIRMED = {
+    "rounds": 3,
+    "winner": 6,
+    "order_changed": False,
+    "search_order": ["trial 6"],
+    "confirmed_order": ["trial 6"],
+    "baseline_median": 10.0,
+    "rows": [
+        {
+            "label": "trial 6",
+            "trial": 6,
+            "search_samples_per_s": 31.0,
+            "samples_per_s_median": 30.5,
+            "min": 29.75,
+            "max": 31.25,
+            "speedup_median": 3.05,
+            "speedup_range": [2.98, 3.12],
+        },
+        {
+            "label": "baseline",
+            "trial": 0,
+            "search_samples_per_s": 10.0,
+            "samples_per_s_median": 10.0,
+            "min": 9.5,
+            "max": 10.5,
+            "speedup_median": 1.0,
+            "speedup_range": [0.95, 1.05],
+        },
+    ],
+}
 
 
 def printed_to_a_file(study: optuna.Study, width: int, path: Path) -> tuple[list[str], list[str]]:
@@ -261,17 +349,20 @@ def printed_to_a_file(study: optuna.Study, width: int, path: Path) -> tuple[list
 
 
 @pytest.mark.parametrize("width", [80, 200])
-def test_a_log_file_shows_one_readable_row_per_trial(search: tuple[optuna.Study, dict[str, FrozenTrial]],
-                                                     tmp_path: Path, width: int) -> None:
+def test_a_log_file_shows_one_readable_row_per_trial(
+    search: tuple[optuna.Study, dict[str, FrozenTrial]], tmp_path: Path, width: int
+) -> None:
     study, t = search
     long = ok(study, "search", LONG.knobs(), 31.0, 3.1, 250 * 2**20, 0.0)
     assert long.number == 6
     study.set_user_attr(CONFIRMATION, CONFIRMED)
     board, confirmed = printed_to_a_file(study, width, tmp_path / "search.log")
-    for trial, role, cells in ((long, "search", ("31.00", "x3.10", "250", "0%")),
-                               (t["fast"], "search", ("20.00", "x2.00", "200", "5%")),
-                               (t["warm"], "warm_start", ("15.00", "-", "0%")),
-                               (t["baseline"], "baseline", ("10.00", "x1.00", "300", "25%"))):
+    for trial, role, cells in (
+        (long, "search", ("31.00", "x3.10", "250", "0%")),
+        (t["fast"], "search", ("20.00", "x2.00", "200", "5%")),
+        (t["warm"], "warm_start", ("15.00", "-", "0%")),
+        (t["baseline"], "baseline", ("10.00", "x1.00", "300", "25%")),
+    ):
         row = [line for line in board if f" {trial.number} " in line and f" {cells[0]} " in line]
         assert len(row) == 1, (trial.number, board)  # its figures together, on one line
         assert role in row[0] and all(cell in row[0] for cell in cells), row
@@ -281,14 +372,17 @@ def test_a_log_file_shows_one_readable_row_per_trial(search: tuple[optuna.Study,
     assert text.count("precision fp32 -> bf16") == 2  # the long trial's and the fast one's training math
     # The confirmation: each config's figures and its speedup range on one line.
     assert confirmed and "3 interleaved round(s)" in confirmed[0]
-    for label, cells in (("trial 6", ("31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12")),
-                         ("baseline", ("10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05"))):
+    for label, cells in (
+        ("trial 6", ("31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12")),
+        ("baseline", ("10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05")),
+    ):
         row = [line for line in confirmed if label in line and cells[-1] in line]
         assert len(row) == 1 and all(cell in row[0] for cell in cells), (label, confirmed)
 
 
 def test_long_cells_go_under_their_row_only_where_the_table_does_not_fit(
-        search: tuple[optuna.Study, dict[str, FrozenTrial]], tmp_path: Path) -> None:
+    search: tuple[optuna.Study, dict[str, FrozenTrial]], tmp_path: Path
+) -> None:
     study, t = search
     board, _ = printed_to_a_file(study, 200, tmp_path / "wide.log")  # short configs: one table row each
     row = next(line for line in board if " 20.00 " in line)
@@ -302,8 +396,7 @@ def test_long_cells_go_under_their_row_only_where_the_table_does_not_fit(
     assert board[first + 2].strip().startswith("config: num_workers=2 pin_memory=True")
 
 
-def test_the_report_shows_the_terminals_confirmation_rows(search: tuple[optuna.Study, dict[str, FrozenTrial]]
-                                                          ) -> None:
+def test_the_report_shows_the_terminals_confirmation_rows(search: tuple[optuna.Study, dict[str, FrozenTrial]]) -> None:
     from autotune.apply.report import confirmation_html
 
     study, _ = search
@@ -314,8 +407,10 @@ def test_the_report_shows_the_terminals_confirmation_rows(search: tuple[optuna.S
     assert confirmed is not None
     heading, rows = confirmed
     assert "3 interleaved round(s)" in heading and "trial 6" in heading
-    assert rows == [("trial 6", "31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12"),
-                    ("baseline", "10.00", "10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05")]
+    assert rows == [
+        ("trial 6", "31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12"),
+        ("baseline", "10.00", "10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05"),
+    ]
     html = confirmation_html(study)
     assert re.findall(r"<th>([^<]*)</th>", html) == list(CONFIRMATION_COLUMNS)
     assert re.findall(r"<td[^>]*>([^<]*)</td>", html) == [cell for row in rows for cell in row]

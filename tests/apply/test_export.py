@@ -1,4 +1,5 @@
 """autotune/export.py: the native YAML round-trips, framework renderings name real fields, URLs are masked."""
+
 from __future__ import annotations
 
 import ast
@@ -18,29 +19,55 @@ from autotune.core.urls import mask_url
 
 # Every knob and workload field away from its default, so a dropped field cannot pass by accident.
 TUNED = TrialConfig(
-    num_workers=3, pin_memory=True, batch_size=12, precision="bf16", optimizer_fusion="fused",
-    checkpoint_segments=2, gpus=2, channels_last=True, cudnn_benchmark=True, compile="off",
-    persistent_workers=True, prefetch_factor=4, set_to_none=False, num_threads=6,
-    pipeline="tests.fake:make", data_dir="/data/people", image_size=96, warmup_steps=2,
-    timed_steps=7, seconds=12.5, window=3, seed=11, lr=3e-4, profile=True,
+    num_workers=3,
+    pin_memory=True,
+    batch_size=12,
+    precision="bf16",
+    optimizer_fusion="fused",
+    checkpoint_segments=2,
+    gpus=2,
+    channels_last=True,
+    cudnn_benchmark=True,
+    compile="off",
+    persistent_workers=True,
+    prefetch_factor=4,
+    set_to_none=False,
+    num_threads=6,
+    pipeline="tests.fake:make",
+    data_dir="/data/people",
+    image_size=96,
+    warmup_steps=2,
+    timed_steps=7,
+    seconds=12.5,
+    window=3,
+    seed=11,
+    lr=3e-4,
+    profile=True,
 )
 
 CONFIGS = [
     TrialConfig(),
     TUNED,
-    TUNED.replace(precision="fp16", optimizer_fusion="apex", compile="max-autotune", gpus=1,
-                  checkpoint_segments=0, channels_last=False, num_threads=0),
+    TUNED.replace(
+        precision="fp16",
+        optimizer_fusion="apex",
+        compile="max-autotune",
+        gpus=1,
+        checkpoint_segments=0,
+        channels_last=False,
+        num_threads=0,
+    ),
     TUNED.replace(precision="fp32", optimizer_fusion="foreach", compile="default"),
-    TUNED.replace(parallel="fsdp", fsdp_reshard=False, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16",
-                  fsdp_offload=True),
+    TUNED.replace(
+        parallel="fsdp", fsdp_reshard=False, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16", fsdp_offload=True
+    ),
 ]
 
 
 def make_export(cfg: TrialConfig = TUNED, device: str = "cuda") -> Export:
     return Export(
         config=cfg,
-        metrics={"samples_per_s": 42.0, "step_time_p50": 0.25, "peak_memory_bytes": 123456,
-                 "data_wait_fraction": 0.05},
+        metrics={"samples_per_s": 42.0, "step_time_p50": 0.25, "peak_memory_bytes": 123456, "data_wait_fraction": 0.05},
         baseline_samples_per_s=21.0,
         speedup=2.0,
         environment={"device": device, "torch": "2.14.1", "gpu_names": ("H200", "H200")},
@@ -65,8 +92,7 @@ def test_yaml_round_trips_every_field(tmp_path: Path, cfg: TrialConfig) -> None:
 def test_yaml_has_every_section_in_order() -> None:
     text = to_yaml(make_export())
     data = yaml.safe_load(text)
-    assert list(data) == ["config", "workload", "metrics", "baseline", "speedup", "environment",
-                          "study", "reproduce"]
+    assert list(data) == ["config", "workload", "metrics", "baseline", "speedup", "environment", "study", "reproduce"]
     assert list(data["config"]) == list(KNOBS)
     assert list(data["workload"]) == list(WORKLOAD)
     assert data["metrics"]["samples_per_s"] == 42.0
@@ -89,8 +115,15 @@ def test_yaml_quotes_off_and_masks_storage() -> None:
 
 
 def test_export_from_result_computes_speedup() -> None:
-    result = TrialResult(status="ok", samples_per_s=30.0, step_time_p50=0.2, peak_memory_bytes=10,
-                         data_wait_fraction=0.1, device="cpu", world_size=1)
+    result = TrialResult(
+        status="ok",
+        samples_per_s=30.0,
+        step_time_p50=0.2,
+        peak_memory_bytes=10,
+        data_wait_fraction=0.1,
+        device="cpu",
+        world_size=1,
+    )
     e = Export.from_result(TUNED, result, baseline_samples_per_s=10.0, study={"name": "s"})
     assert e.speedup == pytest.approx(3.0)
     assert e.metrics["samples_per_s"] == 30.0
@@ -166,7 +199,10 @@ def test_load_config_never_runs_yaml_tags(tmp_path: Path) -> None:
     "url, expected",
     [
         ("postgresql://u:secret@h/db", "postgresql://u:***@h/db"),
-        ("postgresql+psycopg://alice:s3cr3t@db.example:5432/optuna", "postgresql+psycopg://alice:***@db.example:5432/optuna"),
+        (
+            "postgresql+psycopg://alice:s3cr3t@db.example:5432/optuna",
+            "postgresql+psycopg://alice:***@db.example:5432/optuna",
+        ),
         ("mysql://root:p@ss@localhost/x", "mysql://root:***@localhost/x"),
         ("redis://:secret@cache:6379/0", "redis://:***@cache:6379/0"),
     ],
@@ -224,7 +260,7 @@ def test_python_snippets_parse(cfg: TrialConfig) -> None:
         ast.parse(to_lightning(cfg, device=device))
         ast.parse(to_hf(cfg, device=device))
         rendered = to_accelerate(cfg, device=device)
-        script = rendered[rendered.index("# In train.py"):].splitlines()[1:]
+        script = rendered[rendered.index("# In train.py") :].splitlines()[1:]
         ast.parse("\n".join(line[4:] for line in script if line.startswith("#   ")))
 
 
@@ -242,10 +278,16 @@ def test_lightning_fields() -> None:
     """What the CPU-trained export cannot show: the GPU/DDP layout, the other precisions, compile, apex."""
     text = to_lightning(TUNED, device="cuda")
     trainer = _dict_call(text, "trainer_kwargs")
-    assert trainer == {"accelerator": "gpu", "devices": 2, "strategy": "ddp", "precision": "bf16-mixed",
-                       "benchmark": True, "accumulate_grad_batches": 1}
+    assert trainer == {
+        "accelerator": "gpu",
+        "devices": 2,
+        "strategy": "ddp",
+        "precision": "bf16-mixed",
+        "benchmark": True,
+        "accumulate_grad_batches": 1,
+    }
     # Global batch 12 x 2 = 24, three times the baseline's 8: lr 3e-4 scaled by sqrt(3), the rule named.
-    assert f"torch.optim.AdamW(self.parameters(), lr={3e-4 * 3 ** 0.5!r}, weight_decay=0.01, fused=True)" in text
+    assert f"torch.optim.AdamW(self.parameters(), lr={3e-4 * 3**0.5!r}, weight_decay=0.01, fused=True)" in text
     assert "scaled by the sqrt rule for 24" in text
     single = _dict_call(to_lightning(TrialConfig(precision="fp16")), "trainer_kwargs")
     assert "strategy" not in single and single["precision"] == "16-mixed" and single["accelerator"] == "auto"
@@ -278,8 +320,12 @@ def test_accelerate_fields() -> None:
     assert data["distributed_type"] == "MULTI_GPU"
     assert data["num_processes"] == 2
     assert data["mixed_precision"] == "bf16"
-    assert data["dynamo_config"] == {"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune",
-                                     "dynamo_use_dynamic": False, "dynamo_use_fullgraph": False}
+    assert data["dynamo_config"] == {
+        "dynamo_backend": "INDUCTOR",
+        "dynamo_mode": "max-autotune",
+        "dynamo_use_dynamic": False,
+        "dynamo_use_fullgraph": False,
+    }
     base_text = to_accelerate(TrialConfig())
     base = yaml.safe_load(base_text)
     # 'NO' and 'no' must stay strings: YAML 1.1 would read them bare as false
@@ -340,11 +386,14 @@ def test_write_atomic_cleans_up_on_failure(tmp_path: Path, monkeypatch: pytest.M
     assert os.listdir(tmp_path) == ["best.yaml"]
 
 
-@pytest.mark.parametrize("device, accelerator, use_cpu", [
-    ("NVIDIA H200", "gpu", False),  # what a GPU trial records: the device's name, not "cuda"
-    ("Tesla V100-SXM2-16GB", "gpu", False),
-    ("cpu", "cpu", True),
-])
+@pytest.mark.parametrize(
+    "device, accelerator, use_cpu",
+    [
+        ("NVIDIA H200", "gpu", False),  # what a GPU trial records: the device's name, not "cuda"
+        ("Tesla V100-SXM2-16GB", "gpu", False),
+        ("cpu", "cpu", True),
+    ],
+)
 def test_exports_recognise_the_device_a_trial_recorded(device: str, accelerator: str, use_cpu: bool) -> None:
     e = make_export(TUNED.replace(gpus=1), device=device)
     assert f"accelerator={accelerator!r}" in render("lightning", e)
@@ -381,14 +430,18 @@ def test_every_format_names_the_fsdp_strategy() -> None:
     assert "parallel: fsdp" in to_yaml(make_export(FSDP))
     acc = yaml.safe_load(to_accelerate(FSDP, device="cuda"))
     assert acc["distributed_type"] == "FSDP" and acc["fsdp_config"]["fsdp_version"] == 2
-    assert acc["fsdp_config"]["fsdp_reshard_after_forward"] is False and acc["fsdp_config"]["fsdp_offload_params"] is True
+    assert (
+        acc["fsdp_config"]["fsdp_reshard_after_forward"] is False and acc["fsdp_config"]["fsdp_offload_params"] is True
+    )
     assert "reduce_dtype=torch.bfloat16" in to_accelerate(FSDP)
     hf = to_hf(FSDP)
     assert "fsdp=True," in hf and "'version': 2, 'reshard_after_forward': False, 'cpu_offload': True" in hf
     assert "reduce_dtype=torch.bfloat16" in hf  # no TrainingArguments field: said, not dropped
     lightning = to_lightning(FSDP)
     assert "strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)" in lightning
-    assert "fully_shard(block, reshard_after_forward=False, mp_policy=mp, offload_policy=CPUOffloadPolicy())" in lightning
+    assert (
+        "fully_shard(block, reshard_after_forward=False, mp_policy=mp, offload_policy=CPUOffloadPolicy())" in lightning
+    )
 
 
 def test_ddp_and_one_process_exports_say_nothing_of_fsdp() -> None:

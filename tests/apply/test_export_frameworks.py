@@ -7,6 +7,7 @@ GPU shows (fp16, fused CUDA AdamW, pinned memory in effect) is checked as the ob
 it: the plugin, the optimizer's flags, the loader's fields. The fp16/compile/apex/multi-GPU renderings
 are checked as text in test_export.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,20 @@ from autotune.trial.knobs import WEIGHT_DECAY as TRIAL_WEIGHT_DECAY
 # Every knob a CPU can carry away from the frameworks' defaults: bf16, accumulation 2 (global batch 8 of
 # micro-batches of 4), one loader worker with its own prefetch, fused AdamW, kept (zeroed) gradients.
 LIVE = TrialConfig(
-    num_workers=1, pin_memory=True, batch_size=4, precision="bf16", optimizer_fusion="fused", gpus=1,
-    channels_last=True, cudnn_benchmark=True, persistent_workers=True, prefetch_factor=3, set_to_none=False,
-    num_threads=1, lr=3e-3, global_batch=8,
+    num_workers=1,
+    pin_memory=True,
+    batch_size=4,
+    precision="bf16",
+    optimizer_fusion="fused",
+    gpus=1,
+    channels_last=True,
+    cudnn_benchmark=True,
+    persistent_workers=True,
+    prefetch_factor=3,
+    set_to_none=False,
+    num_threads=1,
+    lr=3e-3,
+    global_batch=8,
 )
 STEPS = 3  # optimizer steps each export trains
 
@@ -124,8 +136,15 @@ def test_lightning_export_trains_with_every_knob(tmp_path: Path) -> None:
     model = _lightning_module(ns["AutotuneHooks"])
     # One process of what gpus=2 runs: DDP (over gloo here), where a late channels_last costs a copy per step.
     trainer_kwargs = {**ns["trainer_kwargs"], "strategy": "ddp"}
-    trainer = pl.Trainer(**trainer_kwargs, max_steps=STEPS, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        **trainer_kwargs,
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     assert torch.backends.cudnn.benchmark is True
     loader = torch.utils.data.DataLoader(_images(8 * STEPS), shuffle=True, **ns["dataloader_kwargs"])
     with warnings.catch_warnings(record=True) as caught:
@@ -178,12 +197,20 @@ def test_hf_export_trains_with_every_knob(tmp_path: Path, monkeypatch: pytest.Mo
     ns: dict[str, Any] = {}
     exec(compile(to_hf(cfg, device="cpu"), "hf_export.py", "exec"), ns)
     assert torch.backends.cudnn.benchmark is True and torch.get_num_threads() == cfg.num_threads
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), **ns["training_args"], max_steps=STEPS,
-                                          report_to="none", save_strategy="no", logging_strategy="no",
-                                          disable_tqdm=True)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16,
-                                                                 n_layer=1, n_head=2, bos_token_id=0,
-                                                                 eos_token_id=0))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        **ns["training_args"],
+        max_steps=STEPS,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+        )
+    )
     loaders = _Loaders()
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[loaders])
     trainer.train()
@@ -204,7 +231,7 @@ def test_hf_export_trains_with_every_knob(tmp_path: Path, monkeypatch: pytest.Mo
 
 # -------------------------------------------------------------------------------------- accelerate
 
-_SCRIPT = '''\
+_SCRIPT = """\
 import json, sys
 import torch
 from torch import nn
@@ -234,7 +261,7 @@ json.dump({{
     "inputs_cl": all(inputs_cl), "grads": "none" if weight.grad is None else "zero" if not weight.grad.any() else "acc",
     "cudnn_benchmark": torch.backends.cudnn.benchmark, "threads": torch.get_num_threads(),
 }}, open(sys.argv[1], "w"))
-'''
+"""
 
 
 def _script_part(rendered: str) -> str:
@@ -252,8 +279,14 @@ def test_accelerate_export_trains_with_every_knob(tmp_path: Path) -> None:
     out = tmp_path / "knobs.json"
     # `accelerate launch`, without the CLI's import of every other subcommand (6 s of start-up here).
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "accelerate.yaml")]
-    run = subprocess.run([*launch, str(tmp_path / "train.py"), str(out)], capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    run = subprocess.run(
+        [*launch, str(tmp_path / "train.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(out.read_text())
     assert yaml.safe_load(rendered)["mixed_precision"] == got["mixed_precision"] == "bf16"
@@ -278,12 +311,16 @@ def _readme_example(first_line: str) -> str:
     return next(b.split("```")[0] for b in blocks if b.startswith(first_line))
 
 
-@pytest.mark.parametrize("fmt, module, script", [
-    ("lightning", "autotune_lightning", "train_lightning.py"),
-    ("hf", "autotune_hf", "train_hf.py"),
-])
-def test_readme_examples_train_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, module: str,
-                                          script: str) -> None:
+@pytest.mark.parametrize(
+    "fmt, module, script",
+    [
+        ("lightning", "autotune_lightning", "train_lightning.py"),
+        ("hf", "autotune_hf", "train_hf.py"),
+    ],
+)
+def test_readme_examples_train_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, module: str, script: str
+) -> None:
     """The export written where the README's `autotune export -o` puts it, then the README's script run."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)  # the scripts' logs, checkpoints and out/ land here
@@ -302,8 +339,9 @@ def test_readme_examples_train_as_written(tmp_path: Path, monkeypatch: pytest.Mo
 
 # ------------------------------------------------------------------------------------ the fsdp strategy
 
-FSDP = TrialConfig(gpus=2, batch_size=4, parallel="fsdp", fsdp_reshard=False, fsdp_reduce_dtype="bf16",
-                   fsdp_offload=True)
+FSDP = TrialConfig(
+    gpus=2, batch_size=4, parallel="fsdp", fsdp_reshard=False, fsdp_reduce_dtype="bf16", fsdp_offload=True
+)
 
 
 class _Block(nn.Module):
@@ -366,17 +404,30 @@ def test_accelerate_export_configures_its_fsdp2_plugin(tmp_path: Path) -> None:
     rendered = to_accelerate(FSDP, device="cpu")
     (tmp_path / "accelerate.yaml").write_text(rendered)
     lines = _script_part(rendered).splitlines()
-    setup = "\n".join(line for line in lines if line.startswith(("import", "from", "plugin", "    fsdp_version", "accelerator")))
+    setup = "\n".join(
+        line for line in lines if line.startswith(("import", "from", "plugin", "    fsdp_version", "accelerator"))
+    )
     (tmp_path / "train.py").write_text(setup + "\n" + _FSDP_REPORT)
     out = tmp_path / "plugin.json"
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "accelerate.yaml")]
-    run = subprocess.run([*launch, str(tmp_path / "train.py"), str(out)], capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    run = subprocess.run(
+        [*launch, str(tmp_path / "train.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(out.read_text())
     assert yaml.safe_load(rendered)["distributed_type"] == "FSDP"
-    assert got == {"version": 2, "reshard": False, "offload": "CPUOffloadPolicy", "param_dtype": "torch.float32",
-                   "reduce_dtype": "torch.bfloat16"}
+    assert got == {
+        "version": 2,
+        "reshard": False,
+        "offload": "CPUOffloadPolicy",
+        "param_dtype": "torch.float32",
+        "reduce_dtype": "torch.bfloat16",
+    }
 
 
 _FSDP_REPORT = """

@@ -1,4 +1,5 @@
 """autotune train: real epochs, validation IoU, checkpoints that load into the plain model, --compare-baseline."""
+
 from __future__ import annotations
 
 import argparse
@@ -58,11 +59,18 @@ def test_plain_state_dict_strips_wrappers() -> None:
 @pytest.mark.slow
 def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # bf16 + fused AdamW + one checkpointed stage + channels_last, batch 4: the baseline is fp32, batch 8.
-    cfg = write_config(tmp_path / "best.yaml", precision="bf16", optimizer_fusion="fused", batch_size=4,
-                       checkpoint_segments=1, channels_last=True)
+    cfg = write_config(
+        tmp_path / "best.yaml",
+        precision="bf16",
+        optimizer_fusion="fused",
+        batch_size=4,
+        checkpoint_segments=1,
+        channels_last=True,
+    )
     out = tmp_path / "out"
-    args = parse(["train", "--config", str(cfg), "--epochs", "1", "--data", str(data), "--compare-baseline",
-                  "--out", str(out)])
+    args = parse(
+        ["train", "--config", str(cfg), "--epochs", "1", "--data", str(data), "--compare-baseline", "--out", str(out)]
+    )
     assert args.func(args) == 0
     text = capfd.readouterr().out
     print(text)  # the measured figures, kept in the test log
@@ -91,8 +99,19 @@ def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.Ca
 def test_bad_data_is_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     cfg = write_config(tmp_path / "c.yaml", batch_size=2)
-    args = parse(["train", "--config", str(cfg), "--epochs", "1", "--data", str(tmp_path / "empty"),
-                  "--out", str(tmp_path / "out")])
+    args = parse(
+        [
+            "train",
+            "--config",
+            str(cfg),
+            "--epochs",
+            "1",
+            "--data",
+            str(tmp_path / "empty"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     with pytest.raises(AutotuneError, match="images"):
         args.func(args)
 
@@ -125,8 +144,13 @@ def test_a_failing_ddp_rank_gives_its_own_exit_code_promptly(tmp_path: Path) -> 
 @pytest.mark.usefixtures("repo_on_path")
 def test_out_of_memory_in_train_exits_3_not_1(tmp_path: Path) -> None:
     with pytest.raises(train.TrainFailed, match="oom: CUDA out of memory") as e:
-        train.run_config(TrialConfig(pipeline="tests.fault_pipelines:oom", batch_size=4), 1, tmp_path / "out",
-                         "config", lambda s: None)
+        train.run_config(
+            TrialConfig(pipeline="tests.fault_pipelines:oom", batch_size=4),
+            1,
+            tmp_path / "out",
+            "config",
+            lambda s: None,
+        )
     assert e.value.code == 3
 
 
@@ -157,8 +181,14 @@ def test_fsdp_training_validates_and_saves_the_whole_model(tmp_path: Path) -> No
     Validation is a collective there (each block all-gathers), so both ranks run it: no hang."""
     from autotune.pipelines.examples.language_model import LanguageModelPipeline
 
-    cfg = TrialConfig(pipeline="autotune.pipelines.examples.language_model:make_w64_d2", image_size=32, gpus=2,
-                      batch_size=32, parallel="fsdp", checkpoint_segments=1)
+    cfg = TrialConfig(
+        pipeline="autotune.pipelines.examples.language_model:make_w64_d2",
+        image_size=32,
+        gpus=2,
+        batch_size=32,
+        parallel="fsdp",
+        checkpoint_segments=1,
+    )
     run = train.run_config(cfg, 1, tmp_path, "fsdp", say=lambda line: None)
     assert run["world"] == 2 and run["history"][0]["iou"] is not None  # the LM's metric: next-token accuracy
     weights = torch.load(run["checkpoint"], weights_only=True)["model"]

@@ -1,4 +1,5 @@
 """Bad input: exit 2, one line naming the problem, no traceback, nothing written to the study."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -36,15 +37,18 @@ def test_bad_budget(capsys: pytest.CaptureFixture[str], data: Path, budget: str)
     assert "--budget" in bad(capsys, "search", "--budget", budget, "--data", str(data))
 
 
-@pytest.mark.parametrize("text, knob", [
-    ("knobs: [1, 2", ""),  # malformed YAML
-    ("- a\n- b\n", ""),  # not a mapping
-    ("knobs:\n  precison: [fp32]\n", "precison"),
-    ("knobs:\n  batch_size: [four]\n", "batch_size"),
-    ("knobs:\n  num_workers: {low: 4, high: 1}\n", "num_workers"),
-    ("knobs:\n  gpus: 4\n", "gpus"),  # more devices than present
-    ("knobs:\n  precision: fp16\n", "precision"),  # conflicts with a CPU-only machine
-])
+@pytest.mark.parametrize(
+    "text, knob",
+    [
+        ("knobs: [1, 2", ""),  # malformed YAML
+        ("- a\n- b\n", ""),  # not a mapping
+        ("knobs:\n  precison: [fp32]\n", "precison"),
+        ("knobs:\n  batch_size: [four]\n", "batch_size"),
+        ("knobs:\n  num_workers: {low: 4, high: 1}\n", "num_workers"),
+        ("knobs:\n  gpus: 4\n", "gpus"),  # more devices than present
+        ("knobs:\n  precision: fp16\n", "precision"),  # conflicts with a CPU-only machine
+    ],
+)
 def test_bad_space(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, text: str, knob: str) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(text)
@@ -59,12 +63,16 @@ def test_sqlite_file_given_bare(capsys: pytest.CaptureFixture[str], data: Path) 
 
 def test_text_file_storage(capsys: pytest.CaptureFixture[str], data: Path) -> None:
     Path("notes.txt").write_text("hello\n")
-    assert "not an Optuna journal" in bad(capsys, "search", "--budget", "1m", "--storage", "notes.txt", "--data", str(data))
+    assert "not an Optuna journal" in bad(
+        capsys, "search", "--budget", "1m", "--storage", "notes.txt", "--data", str(data)
+    )
     assert Path("notes.txt").read_text() == "hello\n"
 
 
 def test_unreachable_storage_masks_password(capsys: pytest.CaptureFixture[str], data: Path) -> None:
-    line = bad(capsys, "search", "--budget", "1m", "--storage", "postgresql://bob:s3cret@127.0.0.1:1/db", "--data", str(data))
+    line = bad(
+        capsys, "search", "--budget", "1m", "--storage", "postgresql://bob:s3cret@127.0.0.1:1/db", "--data", str(data)
+    )
     assert "s3cret" not in line and "***" in line
 
 
@@ -103,9 +111,14 @@ def test_show_unknown_study(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no study" in bad(capsys, "show", "--study", "ghost")
 
 
-@pytest.mark.parametrize("argv", [["worker", "--study", "x"],  # --storage is required
-                                  ["search", "--budget", "1m", "--no-such-flag"],
-                                  ["trial", "--config", "c.yaml", "--timeout", "soon"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["worker", "--study", "x"],  # --storage is required
+        ["search", "--budget", "1m", "--no-such-flag"],
+        ["trial", "--config", "c.yaml", "--timeout", "soon"],
+    ],
+)
 def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -114,30 +127,39 @@ def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: 
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("argv, phrase", [
-    (["--global-batch", "0"], "--global-batch must be a positive"),
-    (["--global-batch", "-8"], "--global-batch must be a positive"),
-    (["--global-batch", "7", "--space", "SPACE"], "--global-batch 7: no micro-batch x GPU count in the space divides it"),
-    (["--memory-headroom", "90%"], "--memory-headroom must be in [0%, 90%)"),
-    (["--memory-headroom=-1%"], "--memory-headroom must be in [0%, 90%)"),
-    (["--memory-headroom", "plenty"], "--memory-headroom 'plenty'"),
-    (["--parity-steps", "-1"], "--parity-steps must be >= 0"),
-    (["--baseline", '{"lr": 1}'], "--baseline: unknown knob(s) lr"),
-    (["--baseline", '{"precision": "fp64"}'], "--baseline: precision must be one of"),
-    (["--baseline", "{nope"], "--baseline: not valid JSON"),
-    (["--baseline", '{"batch_size": 3}', "--global-batch", "16"], "--baseline: global_batch 16 is not a multiple"),
-    (["--baseline", "missing.yaml"], "missing.yaml: config file not found"),
-])
-def test_bad_training_math_flags(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, argv: list[str],
-                                 phrase: str) -> None:
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["--global-batch", "0"], "--global-batch must be a positive"),
+        (["--global-batch", "-8"], "--global-batch must be a positive"),
+        (
+            ["--global-batch", "7", "--space", "SPACE"],
+            "--global-batch 7: no micro-batch x GPU count in the space divides it",
+        ),
+        (["--memory-headroom", "90%"], "--memory-headroom must be in [0%, 90%)"),
+        (["--memory-headroom=-1%"], "--memory-headroom must be in [0%, 90%)"),
+        (["--memory-headroom", "plenty"], "--memory-headroom 'plenty'"),
+        (["--parity-steps", "-1"], "--parity-steps must be >= 0"),
+        (["--baseline", '{"lr": 1}'], "--baseline: unknown knob(s) lr"),
+        (["--baseline", '{"precision": "fp64"}'], "--baseline: precision must be one of"),
+        (["--baseline", "{nope"], "--baseline: not valid JSON"),
+        (["--baseline", '{"batch_size": 3}', "--global-batch", "16"], "--baseline: global_batch 16 is not a multiple"),
+        (["--baseline", "missing.yaml"], "missing.yaml: config file not found"),
+    ],
+)
+def test_bad_training_math_flags(
+    capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, argv: list[str], phrase: str
+) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("knobs:\n  batch_size: [2, 4, 8]\n")
     argv = [str(space) if a == "SPACE" else a for a in argv]
     assert phrase in bad(capsys, "search", "--budget", "1m", "--data", str(data), *argv)
 
 
-@pytest.mark.parametrize("cpus, phrase", [("0-", "not a CPU list"), ("3-1", "not a CPU list"),
-                                         ("100000", "are not available to this process")])
+@pytest.mark.parametrize(
+    "cpus, phrase",
+    [("0-", "not a CPU list"), ("3-1", "not a CPU list"), ("100000", "are not available to this process")],
+)
 def test_bad_cpu_list(capsys: pytest.CaptureFixture[str], data: Path, cpus: str, phrase: str) -> None:
     assert phrase in bad(capsys, "search", "--budget", "1m", "--data", str(data), "--cpus", cpus)
 
@@ -205,16 +227,19 @@ def blocked_paths(root: Path) -> dict[str, tuple[str, str]]:
     """Paths that can never be folders, as a new user types them: (path, what the one line says)."""
     (root / "notes.txt").write_text("a file, not a folder\n")
     (root / "loop").symlink_to(root / "loop")  # a link to itself: ELOOP
-    return {"under a file": (str(root / "notes.txt" / "studies"), "notes.txt is a file"),  # ENOTDIR
-            "a file": (str(root / "notes.txt"), "notes.txt is a file"),  # EEXIST when made a folder
-            "a link loop": (str(root / "loop" / "studies"), "leads to no folder"),  # ELOOP
-            "a name too long": (str(root / ("n" * 300) / "studies"), "too long")}  # ENAMETOOLONG
+    return {
+        "under a file": (str(root / "notes.txt" / "studies"), "notes.txt is a file"),  # ENOTDIR
+        "a file": (str(root / "notes.txt"), "notes.txt is a file"),  # EEXIST when made a folder
+        "a link loop": (str(root / "loop" / "studies"), "leads to no folder"),  # ELOOP
+        "a name too long": (str(root / ("n" * 300) / "studies"), "too long"),
+    }  # ENAMETOOLONG
 
 
 @pytest.mark.parametrize("case", ["under a file", "a file", "a link loop", "a name too long"])
 @pytest.mark.parametrize("with_data", [False, True])  # without --data, the default data goes under it first
-def test_studies_dir_that_cannot_be_a_folder(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path,
-                                             case: str, with_data: bool) -> None:
+def test_studies_dir_that_cannot_be_a_folder(
+    capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, case: str, with_data: bool
+) -> None:
     path, says = blocked_paths(tmp_path)[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     line = bad(capsys, "search", "--budget", "1m", "--studies-dir", path, *(["--data", str(data)] if with_data else []))
@@ -223,8 +248,9 @@ def test_studies_dir_that_cannot_be_a_folder(capsys: pytest.CaptureFixture[str],
 
 
 @pytest.mark.parametrize("case", ["under a file", "a link loop", "a name too long"])
-def test_journal_storage_in_a_folder_that_cannot_be_one(capsys: pytest.CaptureFixture[str], data: Path,
-                                                        tmp_path: Path, case: str) -> None:
+def test_journal_storage_in_a_folder_that_cannot_be_one(
+    capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Path, case: str
+) -> None:
     folder, says = blocked_paths(tmp_path)[case]
     storage = str(Path(folder) / "studies.db")
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -241,17 +267,21 @@ def test_journal_storage_that_is_a_folder(capsys: pytest.CaptureFixture[str], da
     assert list((tmp_path / "journals").iterdir()) == []
 
 
-@pytest.mark.parametrize("argv", [
-    ["make-data", "{blocked}/data"],
-    ["report", "--study", "s", "--studies-dir", "{blocked}"],
-    ["report", "--study", "s", "-o", "{blocked}/report.html"],
-    ["ablate", "--study", "s", "--studies-dir", "{blocked}"],
-    ["train", "--config", "{config}", "--out", "{blocked}/run"],
-    ["trial", "--config", "{config}", "--out", "{blocked}/result.json"],
-    ["export", "--study", "s", "-o", "{blocked}/best.yaml"],
-])
-def test_other_commands_refuse_a_folder_under_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                     argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["make-data", "{blocked}/data"],
+        ["report", "--study", "s", "--studies-dir", "{blocked}"],
+        ["report", "--study", "s", "-o", "{blocked}/report.html"],
+        ["ablate", "--study", "s", "--studies-dir", "{blocked}"],
+        ["train", "--config", "{config}", "--out", "{blocked}/run"],
+        ["trial", "--config", "{config}", "--out", "{blocked}/result.json"],
+        ["export", "--study", "s", "-o", "{blocked}/best.yaml"],
+    ],
+)
+def test_other_commands_refuse_a_folder_under_a_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
     blocked, _ = blocked_paths(tmp_path)["under a file"]
     config = tmp_path / "best.yaml"
     config.write_text("batch_size: 8\n")
@@ -259,8 +289,9 @@ def test_other_commands_refuse_a_folder_under_a_file(capsys: pytest.CaptureFixtu
     assert "notes.txt is a file" in line, line
 
 
-def test_a_path_error_no_command_checked_is_still_one_line(capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_path_error_no_command_checked_is_still_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The last guard: an OSError about a named path that cannot be used is bad input; any other is a bug."""
     import errno
 
@@ -287,10 +318,26 @@ def test_show_prints_the_memory_estimate_beside_the_peak(tmp_path: Path, capsys:
 
     db = str(tmp_path / "studies.db")
     study = optuna.create_study(study_name="autotune", storage=open_storage(db), direction="maximize")
-    estimate = {"params": 2**20, "grads": 2**20, "optimizer": 2 * 2**20, "activations": 96 * 2**20, "runtime": 0,
-                "total": 100 * 2**20, "strategy": "fsdp x2"}
-    study.add_trial(optuna.trial.create_trial(value=5.0, user_attrs={
-        "role": "baseline", "config": {"batch_size": 8}, "memory_estimate": estimate, "peak_memory_bytes": 80 * 2**20}))
+    estimate = {
+        "params": 2**20,
+        "grads": 2**20,
+        "optimizer": 2 * 2**20,
+        "activations": 96 * 2**20,
+        "runtime": 0,
+        "total": 100 * 2**20,
+        "strategy": "fsdp x2",
+    }
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=5.0,
+            user_attrs={
+                "role": "baseline",
+                "config": {"batch_size": 8},
+                "memory_estimate": estimate,
+                "peak_memory_bytes": 80 * 2**20,
+            },
+        )
+    )
     assert main(["show", "--storage", db]) == 0
     out = capsys.readouterr().out
     assert "memory: estimate before launch vs measured peak" in out and "fsdp x2" in out and "+25%" in out

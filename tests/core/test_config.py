@@ -1,4 +1,5 @@
 """autotune/config.py: every bad TrialConfig value is a ConfigError; dict round-trips; durations; SearchSettings."""
+
 from __future__ import annotations
 
 import math
@@ -70,10 +71,13 @@ def test_each_bad_value_is_a_config_error(bad: dict[str, Any]) -> None:
         TrialConfig.from_dict(bad)
 
 
-@pytest.mark.parametrize("text, word", [("precision: fp8\n", "precision"), ("batch_size: 0\n", "batch_size"),
-                                        ("batch_sise: 4\n", "batch_sise")])
-def test_bad_config_file_is_exit_2_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                            text: str, word: str) -> None:
+@pytest.mark.parametrize(
+    "text, word",
+    [("precision: fp8\n", "precision"), ("batch_size: 0\n", "batch_size"), ("batch_sise: 4\n", "batch_sise")],
+)
+def test_bad_config_file_is_exit_2_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, word: str
+) -> None:
     """A ConfigError reaches the user as bad input: exit 2, one line naming the key, no traceback, no trial run."""
     from autotune.cli import main
 
@@ -91,14 +95,33 @@ def test_bad_config_file_is_exit_2_one_line(tmp_path: Path, capsys: pytest.Captu
 def test_defaults_are_valid_and_a_plain_script() -> None:
     cfg = TrialConfig()
     assert (cfg.precision, cfg.optimizer_fusion, cfg.compile, cfg.checkpoint_segments, cfg.gpus) == (
-        "fp32", "none", "off", 0, 1)
+        "fp32",
+        "none",
+        "off",
+        0,
+        1,
+    )
 
 
 def test_good_values_are_accepted() -> None:
-    cfg = TrialConfig(num_workers=4, pin_memory=True, batch_size=16, precision="bf16", optimizer_fusion="fused",
-                      checkpoint_segments=3, gpus=2, channels_last=True, cudnn_benchmark=True, compile="default",
-                      persistent_workers=True, prefetch_factor=4, set_to_none=False, num_threads=2,
-                      seconds=2.5, lr=3e-4)
+    cfg = TrialConfig(
+        num_workers=4,
+        pin_memory=True,
+        batch_size=16,
+        precision="bf16",
+        optimizer_fusion="fused",
+        checkpoint_segments=3,
+        gpus=2,
+        channels_last=True,
+        cudnn_benchmark=True,
+        compile="default",
+        persistent_workers=True,
+        prefetch_factor=4,
+        set_to_none=False,
+        num_threads=2,
+        seconds=2.5,
+        lr=3e-4,
+    )
     assert cfg.knobs()["prefetch_factor"] == 4 and cfg.lr == 3e-4
 
 
@@ -117,8 +140,12 @@ def test_flat_dict_round_trip() -> None:
 
 def test_from_dict_accepts_an_exported_mapping() -> None:
     cfg = TrialConfig(num_workers=3, batch_size=4, precision="bf16", image_size=96, data_dir="/data", lr=1e-4)
-    exported = {"config": cfg.knobs(), "workload": cfg.workload(),
-                "metrics": {"samples_per_s": 12.0}, "speedup": 1.5}  # other sections are ignored
+    exported = {
+        "config": cfg.knobs(),
+        "workload": cfg.workload(),
+        "metrics": {"samples_per_s": 12.0},
+        "speedup": 1.5,
+    }  # other sections are ignored
     assert TrialConfig.from_dict(exported) == cfg
 
 
@@ -145,8 +172,14 @@ def test_replace_validates() -> None:
 
 
 def test_trial_result_round_trip_and_loss_finite() -> None:
-    r = TrialResult(status="ok", samples_per_s=10.0, loss_first=1.0, loss_last=0.5, windows=(9.0, 11.0),
-                    applied={"batch_size": {"requested": 2, "in_effect": 2}})
+    r = TrialResult(
+        status="ok",
+        samples_per_s=10.0,
+        loss_first=1.0,
+        loss_last=0.5,
+        windows=(9.0, 11.0),
+        applied={"batch_size": {"requested": 2, "in_effect": 2}},
+    )
     d = r.to_dict()
     assert d["loss_finite"] is True and d["windows"] == [9.0, 11.0]
     assert TrialResult.from_dict(d) == r
@@ -155,10 +188,20 @@ def test_trial_result_round_trip_and_loss_finite() -> None:
     assert set(r.metrics()) >= {"samples_per_s", "step_time_p50", "data_wait_fraction", "peak_memory_bytes"}
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("2h", 7200), ("90m", 5400), ("1h30m", 5400), ("45s", 45), ("10", 10), ("1.5h", 5400),
-    ("1h0m30s", 3630), (" 2H ", 7200), ("0.5", 0.5),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("2h", 7200),
+        ("90m", 5400),
+        ("1h30m", 5400),
+        ("45s", 45),
+        ("10", 10),
+        ("1.5h", 5400),
+        ("1h0m30s", 3630),
+        (" 2H ", 7200),
+        ("0.5", 0.5),
+    ],
+)
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -169,12 +212,22 @@ def test_parse_duration_rejects(text: str) -> None:
         parse_duration(text)
 
 
-@pytest.mark.parametrize("bad", [
-    {"budget_s": 0}, {"budget_s": -1}, {"budget_s": math.inf}, {"budget_s": math.nan}, {"budget_s": "2h"},
-    {"budget_s": 60, "sampler": "cmaes"}, {"budget_s": 60, "trial_timeout_s": 0},
-    {"budget_s": 60, "trial_timeout_s": -5}, {"budget_s": 60, "n_trials": 0},
-    {"budget_s": 60, "study": ""}, {"budget_s": 60, "study": "a/b"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"budget_s": 0},
+        {"budget_s": -1},
+        {"budget_s": math.inf},
+        {"budget_s": math.nan},
+        {"budget_s": "2h"},
+        {"budget_s": 60, "sampler": "cmaes"},
+        {"budget_s": 60, "trial_timeout_s": 0},
+        {"budget_s": 60, "trial_timeout_s": -5},
+        {"budget_s": 60, "n_trials": 0},
+        {"budget_s": 60, "study": ""},
+        {"budget_s": 60, "study": "a/b"},
+    ],
+)
 def test_search_settings_rejects(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         SearchSettings(**bad)

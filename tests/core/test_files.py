@@ -1,5 +1,6 @@
 """core/files.py: which OS errors are the disk's or the path's fault, and whether a path can be a folder,
 answered without creating anything."""
+
 from __future__ import annotations
 
 import errno

@@ -1,4 +1,5 @@
 """core/config.py's global batch and lr rule, and core/training.py's account of what a config changes."""
+
 from __future__ import annotations
 
 import math
@@ -18,12 +19,15 @@ def test_grad_accum_is_derived_from_the_global_batch() -> None:
     assert free.grad_accum == 1 and free.global_batch_size == 64
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(batch_size=3, global_batch=16), "not a multiple of batch_size x gpus"),
-    (dict(batch_size=8, gpus=4, global_batch=16), "not a multiple"),
-    (dict(global_batch=0, batch_size=1), "global_batch must be >= 1"),
-    (dict(lr_scaling="cubic"), "lr_scaling must be one of sqrt|linear|none"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(batch_size=3, global_batch=16), "not a multiple of batch_size x gpus"),
+        (dict(batch_size=8, gpus=4, global_batch=16), "not a multiple"),
+        (dict(global_batch=0, batch_size=1), "global_batch must be >= 1"),
+        (dict(lr_scaling="cubic"), "lr_scaling must be one of sqrt|linear|none"),
+    ],
+)
 def test_bad_global_batch_or_rule_is_a_config_error(kw: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         TrialConfig(**kw)
@@ -50,10 +54,16 @@ def test_a_user_baseline_is_what_every_config_is_compared_with() -> None:
     base = baseline_of(cfg)
     assert (base.batch_size, base.num_workers, base.precision, base.optimizer_fusion) == (16, 4, "bf16", "none")
     assert cfg.reference_batch == 16  # lr is meant for the user's batch
-    assert training_math(cfg, batch_norm=False) == ["global batch 16 -> 32", "lr 0.001 -> 0.00141 (sqrt rule)",
-                                                    "precision bf16 -> fp32"]
-    assert TrialConfig.from_dict(cfg.workload()).baseline == (("batch_size", 16), ("num_workers", 4),
-                                                              ("precision", "bf16"))
+    assert training_math(cfg, batch_norm=False) == [
+        "global batch 16 -> 32",
+        "lr 0.001 -> 0.00141 (sqrt rule)",
+        "precision bf16 -> fp32",
+    ]
+    assert TrialConfig.from_dict(cfg.workload()).baseline == (
+        ("batch_size", 16),
+        ("num_workers", 4),
+        ("precision", "bf16"),
+    )
     with pytest.raises(ConfigError, match="baseline: unknown knob"):
         TrialConfig(baseline={"lr": 1.0})
 
@@ -62,8 +72,12 @@ def test_training_math_lists_each_change_and_nothing_for_speed_knobs() -> None:
     speed_only = TrialConfig(num_workers=2, optimizer_fusion="fused", channels_last=True, checkpoint_segments=2)
     assert training_math(speed_only, batch_norm=True) == [] and shown([]) == "same"
     changes = training_math(TrialConfig(batch_size=64, precision="bf16"), batch_norm=True)
-    assert changes == ["global batch 8 -> 64", "lr 0.001 -> 0.00283 (sqrt rule)", "precision fp32 -> bf16",
-                       "batch-norm span 8 -> 64"]
+    assert changes == [
+        "global batch 8 -> 64",
+        "lr 0.001 -> 0.00283 (sqrt rule)",
+        "precision fp32 -> bf16",
+        "batch-norm span 8 -> 64",
+    ]
     micro = TrialConfig(batch_size=2, global_batch=8)  # the same step, but batch norm sees 2 samples
     assert training_math(micro, batch_norm=True) == ["batch-norm span 8 -> 2"]
     assert training_math(micro, batch_norm=False) == []

@@ -1,5 +1,6 @@
 """What the Lightning and transformers tests share: the README's examples as written, the CLI in a
 subprocess, and a check that a framework search exported something that round-trips through `trial`."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,20 @@ from autotune.core.config import KNOBS
 from tests.conftest import REPO_ROOT
 
 # A search long enough for the baseline, the warm start and a few more, short enough for the suite.
-SHORT_SEARCH = ("--budget", "30s", "--trial-seconds", "1", "--warmup-steps", "1", "--confirm-rounds", "0",
-                "--parity-steps", "0", "--seed", "0")
+SHORT_SEARCH = (
+    "--budget",
+    "30s",
+    "--trial-seconds",
+    "1",
+    "--warmup-steps",
+    "1",
+    "--confirm-rounds",
+    "0",
+    "--parity-steps",
+    "0",
+    "--seed",
+    "0",
+)
 
 
 def readme_example(name: str) -> str:
@@ -37,12 +50,15 @@ def readme_commands(name: str) -> list[list[str]]:
     return [shlex.split(line.split("#")[0])[1:] for line in block.splitlines() if line.startswith("autotune ")]
 
 
-def autotune(*args: str, cwd: Path, pythonpath: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def autotune(
+    *args: str, cwd: Path, pythonpath: Path | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
     paths = [str(pythonpath)] if pythonpath else []
     env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def ok(run: subprocess.CompletedProcess[str]) -> None:
@@ -52,7 +68,7 @@ def ok(run: subprocess.CompletedProcess[str]) -> None:
 def with_short_budget(command: list[str]) -> list[str]:
     """The README's search command, its 10-minute budget replaced by the suite's short search."""
     i = command.index("--budget")
-    return [*command[:i], *command[i + 2:], *SHORT_SEARCH]
+    return [*command[:i], *command[i + 2 :], *SHORT_SEARCH]
 
 
 def trials(storage: Path, study: str) -> list[Any]:
@@ -69,8 +85,11 @@ def no_trial_broke(storage: Path, study: str) -> list[Any]:
 
     done = trials(storage, study)
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in done) >= 2, "not even the baseline and one more"
-    bad = [(t.number, t.user_attrs.get("reason"), t.user_attrs.get("message"), t.user_attrs.get("log_tail", "")[-1500:])
-           for t in done if t.user_attrs.get("reason") in ("crash", "bad_config", "unsupported", "numerics")]
+    bad = [
+        (t.number, t.user_attrs.get("reason"), t.user_attrs.get("message"), t.user_attrs.get("log_tail", "")[-1500:])
+        for t in done
+        if t.user_attrs.get("reason") in ("crash", "bad_config", "unsupported", "numerics")
+    ]
     assert not bad, bad
     return done
 

@@ -1,5 +1,6 @@
 """Tiny transformers jobs for the tests: a GPT-2 built from a config (no download) on random tokens, with
 the user's base TrainingArguments, and factories that return the wrong things (`--pipeline hf:tests.pipelines.hf_jobs:...`)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,9 @@ import transformers
 
 
 def _model(seed: int) -> transformers.GPT2LMHeadModel:
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -22,8 +24,9 @@ def _tokens(seed: int, n: int = 256) -> list[dict[str, torch.Tensor]]:
 
 
 def base_args(**kw: Any) -> transformers.TrainingArguments:
-    return transformers.TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=3e-3,
-                                          report_to="none", **kw)
+    return transformers.TrainingArguments(
+        output_dir="out", per_device_train_batch_size=8, learning_rate=3e-3, report_to="none", **kw
+    )
 
 
 def make(cfg: Any) -> tuple[Any, Any, Any, Any]:

@@ -1,5 +1,6 @@
 """Tiny Lightning jobs for the tests: a LightningModule and a LightningDataModule that learn a toy task in
 a few steps, and factories that return the wrong things (`--pipeline lightning:tests.pipelines.lightning_jobs:...`)."""
+
 from __future__ import annotations
 
 from typing import Any

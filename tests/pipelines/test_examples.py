@@ -1,6 +1,7 @@
 """autotune/pipelines/examples: the example pipelines satisfy the protocol, learn, and tune end to end
 (trial, search, export, reproduce) through `--pipeline`, as does a pipeline defined outside the package.
 A factory that cannot be imported or returns the wrong thing is bad input: exit 2, saying what was expected."""
+
 from __future__ import annotations
 
 import json
@@ -40,13 +41,15 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def autotune(*args: str, cwd: Path, pythonpath: Path | None = None,
-             timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def autotune(
+    *args: str, cwd: Path, pythonpath: Path | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}  # wide: rich must not wrap the lines we grep
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def write_config(path: Path, **values: Any) -> Path:
@@ -59,6 +62,7 @@ def ok(run: subprocess.CompletedProcess[str]) -> None:
 
 
 # --- in process: the protocol, one step, and learning ---------------------------------------------
+
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_factory_satisfies_the_protocol(workdir: Path, name: str) -> None:
@@ -154,14 +158,22 @@ def test_language_model_dataset() -> None:
 
 # --- the CLI: exit 2 for a factory that can't be used ---------------------------------------------
 
-@pytest.mark.parametrize("spec, says", [
-    ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
-    ("autotune.pipelines.examples.classifier:nope", "no callable 'nope'"),
-    ("autotune.pipelines.examples.classifier", "expected 'module.path:factory'"),
-    ("tests.pipelines.test_examples:returns_42", "returned int, expected an object with build_model(), build_dataset() and loss"),
-])
-def test_search_refuses_a_bad_factory(workdir: Path, repo_on_path: Path, capsys: pytest.CaptureFixture[str],
-                                      spec: str, says: str) -> None:
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+        ("autotune.pipelines.examples.classifier:nope", "no callable 'nope'"),
+        ("autotune.pipelines.examples.classifier", "expected 'module.path:factory'"),
+        (
+            "tests.pipelines.test_examples:returns_42",
+            "returned int, expected an object with build_model(), build_dataset() and loss",
+        ),
+    ],
+)
+def test_search_refuses_a_bad_factory(
+    workdir: Path, repo_on_path: Path, capsys: pytest.CaptureFixture[str], spec: str, says: str
+) -> None:
     code = main(["search", "--budget", "1m", "--pipeline", spec])
     err = capsys.readouterr().err
     assert code == 2, err
@@ -170,10 +182,13 @@ def test_search_refuses_a_bad_factory(workdir: Path, repo_on_path: Path, capsys:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec, says", [
-    ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
-    ("tests.pipelines.test_examples:returns_42", "returned int, expected an object with build_model()"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+        ("tests.pipelines.test_examples:returns_42", "returned int, expected an object with build_model()"),
+    ],
+)
 def test_trial_refuses_a_bad_factory(tmp_path: Path, spec: str, says: str) -> None:
     cfg = write_config(tmp_path / "cfg.yaml")
     run = autotune("trial", "--pipeline", spec, "--config", str(cfg), cwd=tmp_path, pythonpath=REPO_ROOT)
@@ -182,6 +197,7 @@ def test_trial_refuses_a_bad_factory(tmp_path: Path, spec: str, says: str) -> No
 
 
 # --- the CLI: trials of the examples and of a pipeline from outside the package -------------------
+
 
 def _result(path: Path) -> dict[str, Any]:
     result = json.loads(path.read_text())
@@ -222,8 +238,17 @@ def test_language_model_refuses_channels_last(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_pipeline_from_outside_the_package(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", precision="bf16", num_workers=1, checkpoint_segments=2, batch_size=32)
-    run = autotune("trial", "--pipeline", "my_pipeline:make", "--config", str(cfg), "--out", "r.json",
-                   cwd=tmp_path, pythonpath=EXTERNAL_DIR)
+    run = autotune(
+        "trial",
+        "--pipeline",
+        "my_pipeline:make",
+        "--config",
+        str(cfg),
+        "--out",
+        "r.json",
+        cwd=tmp_path,
+        pythonpath=EXTERNAL_DIR,
+    )
     ok(run)
     applied = _result(tmp_path / "r.json")["applied"]
     assert applied["checkpoint_segments"]["in_effect"] == ["0", "2"]
@@ -235,13 +260,32 @@ def test_pipeline_from_outside_the_package(tmp_path: Path) -> None:
 
 # --- a one-minute search on each example, exported and reproduced ---------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_search_export_reproduce(tmp_path: Path, name: str) -> None:
     spec = EXAMPLES[name]
-    run = autotune("search", "--budget", "60s", "--pipeline", spec, "--image-size", "64", "--trial-seconds", "2",
-                   "--warmup-steps", "1", "--study", "ex", "--seed", "0", "--confirm-rounds", "0", cwd=tmp_path,
-                   timeout=300)
+    run = autotune(
+        "search",
+        "--budget",
+        "60s",
+        "--pipeline",
+        spec,
+        "--image-size",
+        "64",
+        "--trial-seconds",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--study",
+        "ex",
+        "--seed",
+        "0",
+        "--confirm-rounds",
+        "0",
+        cwd=tmp_path,
+        timeout=300,
+    )
     ok(run)
     if name == "lm":  # the knob the pipeline declared unsupported is taken out of the space, and said so
         assert "channels_last fixed to False: not supported by this pipeline" in run.stdout, run.stdout
@@ -270,8 +314,11 @@ def _no_trial_broke(storage: Path) -> None:
     study = optuna.load_study(study_name="ex", storage=open_storage(str(storage)))
     trials = study.get_trials(deepcopy=False)
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) >= 2, "not even the baseline and one more"
-    bad = [(t.number, t.user_attrs.get("reason"), t.user_attrs.get("message")) for t in trials
-           if t.user_attrs.get("reason") in ("crash", "bad_config", "unsupported", "numerics")]
+    bad = [
+        (t.number, t.user_attrs.get("reason"), t.user_attrs.get("message"))
+        for t in trials
+        if t.user_attrs.get("reason") in ("crash", "bad_config", "unsupported", "numerics")
+    ]
     assert not bad, bad
 
 
@@ -291,13 +338,16 @@ def test_the_language_model_scales_by_its_name() -> None:
     assert fingerprint(sized)["pipeline"] != fingerprint(sized.replace(pipeline=LM))["pipeline"]
 
 
-@pytest.mark.parametrize("name, words", [
-    ("make_w130_d2", "width must be a multiple of 4 from 16 to 256, or of 64 above"),
-    ("make_w8_d2", "got width 8, depth 2"),
-    ("make_w288_d2", "or of 64 above"),
-    ("make_w64_d0", "depth from 1 to 1024"),
-    ("make_wide", "has no callable 'make_wide'"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("make_w130_d2", "width must be a multiple of 4 from 16 to 256, or of 64 above"),
+        ("make_w8_d2", "got width 8, depth 2"),
+        ("make_w288_d2", "or of 64 above"),
+        ("make_w64_d0", "depth from 1 to 1024"),
+        ("make_wide", "has no callable 'make_wide'"),
+    ],
+)
 def test_a_bad_language_model_size_is_bad_input(name: str, words: str) -> None:
     from autotune.core.errors import PipelineError
 

@@ -1,5 +1,6 @@
 """The export of a framework study is the user's own objects, tuned, as the winning trial passed them:
 Trainer and DataLoader keyword arguments for Lightning, the changed TrainingArguments fields for HF."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -10,20 +11,40 @@ from autotune.apply.export import render
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.configfile import Export, to_yaml
 
-LIGHTNING = {"library": "lightning",
-             "trainer_kwargs": {"accelerator": "cpu", "devices": 1, "strategy": "auto", "precision": "bf16-mixed",
-                                "accumulate_grad_batches": 2, "benchmark": False},
-             "dataloader_kwargs": {"batch_size": 16, "num_workers": 2, "pin_memory": False,
-                                   "persistent_workers": True, "prefetch_factor": 4},
-             "lr_scale": 0.5}
-HF = {"library": "hf", "training_args": {"per_device_train_batch_size": 16, "dataloader_num_workers": 2},
-      "base": {"per_device_train_batch_size": 8, "dataloader_num_workers": 0}}
+LIGHTNING = {
+    "library": "lightning",
+    "trainer_kwargs": {
+        "accelerator": "cpu",
+        "devices": 1,
+        "strategy": "auto",
+        "precision": "bf16-mixed",
+        "accumulate_grad_batches": 2,
+        "benchmark": False,
+    },
+    "dataloader_kwargs": {
+        "batch_size": 16,
+        "num_workers": 2,
+        "pin_memory": False,
+        "persistent_workers": True,
+        "prefetch_factor": 4,
+    },
+    "lr_scale": 0.5,
+}
+HF = {
+    "library": "hf",
+    "training_args": {"per_device_train_batch_size": 16, "dataloader_num_workers": 2},
+    "base": {"per_device_train_batch_size": 8, "dataloader_num_workers": 0},
+}
 
 
 def export(framework: dict[str, Any], **knobs: Any) -> Export:
     result = TrialResult(status="ok", samples_per_s=10.0, applied={"framework": framework})
-    return Export.from_result(TrialConfig(pipeline=f"{framework['library']}:m:make", **knobs), result,
-                              baseline_samples_per_s=5.0, study={"name": "s", "trial": 3})
+    return Export.from_result(
+        TrialConfig(pipeline=f"{framework['library']}:m:make", **knobs),
+        result,
+        baseline_samples_per_s=5.0,
+        study={"name": "s", "trial": 3},
+    )
 
 
 def run(code: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`--pipeline hf:MODULE:FACTORY`: a trial is transformers' own Trainer.train on the user's model, dataset
 and collator, the knobs as TrainingArguments fields over the user's own, measured by a TrainerCallback; a
 search runs end to end on the README's example, and its export is the fields that differ from the base."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,15 @@ from autotune.cli import main
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
 from autotune.trial import worker
-from tests.pipelines.framework_helpers import (autotune, no_trial_broke, ok, readme_commands, readme_example,
-                                               round_trips, with_short_budget)
+from tests.pipelines.framework_helpers import (
+    autotune,
+    no_trial_broke,
+    ok,
+    readme_commands,
+    readme_example,
+    round_trips,
+    with_short_budget,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,8 +40,18 @@ def trial(spec: str = SPEC, **knobs: Any) -> Any:
 
 def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: Path) -> None:
     progress = tmp_path / "progress.jsonl"
-    cfg = TrialConfig(pipeline=SPEC, batch_size=4, global_batch=8, num_workers=1, checkpoint_segments=1,
-                      optimizer_fusion="fused", warmup_steps=2, timed_steps=4, window=2, num_threads=1)
+    cfg = TrialConfig(
+        pipeline=SPEC,
+        batch_size=4,
+        global_batch=8,
+        num_workers=1,
+        checkpoint_segments=1,
+        optimizer_fusion="fused",
+        warmup_steps=2,
+        timed_steps=4,
+        window=2,
+        num_threads=1,
+    )
     result = worker.run(cfg, progress)
     a = result.applied
     # Read back from the Trainer's own objects: its DataLoader, its optimizer, the model it checkpoints.
@@ -42,11 +60,20 @@ def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: P
     assert a["checkpoint_segments"]["in_effect"] is True
     assert "AdamW" in a["optimizer_fusion"]["in_effect"] and "'fused': True" in a["optimizer_fusion"]["in_effect"]
     assert a["precision"]["in_effect"] == "TrainingArguments(bf16=False, fp16=False)"
-    base = transformers.TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=3e-3,
-                                          report_to="none")
-    checkpointing = "activation_checkpointing" if hasattr(base, "activation_checkpointing") else "gradient_checkpointing"
-    want = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "dataloader_num_workers": 1,
-            "dataloader_prefetch_factor": 2, checkpointing: True, "optim": "adamw_torch_fused"}
+    base = transformers.TrainingArguments(
+        output_dir="out", per_device_train_batch_size=8, learning_rate=3e-3, report_to="none"
+    )
+    checkpointing = (
+        "activation_checkpointing" if hasattr(base, "activation_checkpointing") else "gradient_checkpointing"
+    )
+    want = {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "dataloader_num_workers": 1,
+        "dataloader_prefetch_factor": 2,
+        checkpointing: True,
+        "optim": "adamw_torch_fused",
+    }
     changed = {k: v for k, v in want.items() if getattr(getattr(base, k), "value", getattr(base, k)) != v}
     assert a["framework"]["library"] == "hf" and a["framework"]["training_args"] == changed
     assert a["framework"]["base"]["per_device_train_batch_size"] == 8
@@ -78,15 +105,28 @@ def test_a_base_optimizer_the_knob_cannot_express(repo_on_path: Path) -> None:
         trial("hf:tests.pipelines.hf_jobs:sgd", optimizer_fusion="fused")
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--pipeline", "hf:tests.pipelines.hf_jobs:three_parts"],
-     "returned tuple (GPT2LMHeadModel, list, TrainingArguments), expected (model, train_dataset, data_collator, "
-     "TrainingArguments)"),
-    (["--pipeline", SPEC, "--baseline", '{"set_to_none": false}'],
-     "--baseline sets set_to_none, which --pipeline 'hf:tests.pipelines.hf_jobs:make' cannot express"),
-])
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str], args: list[str], says: str) -> None:
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--pipeline", "hf:tests.pipelines.hf_jobs:three_parts"],
+            "returned tuple (GPT2LMHeadModel, list, TrainingArguments), expected (model, train_dataset, data_collator, "
+            "TrainingArguments)",
+        ),
+        (
+            ["--pipeline", SPEC, "--baseline", '{"set_to_none": false}'],
+            "--baseline sets set_to_none, which --pipeline 'hf:tests.pipelines.hf_jobs:make' cannot express",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path,
+    repo_on_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    says: str,
+) -> None:
     monkeypatch.chdir(tmp_path)
     code = main(["search", "--budget", "1m", *args])
     err = capsys.readouterr().err
@@ -94,8 +134,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, repo_on_path: Path, mo
     assert not (tmp_path / "studies.db").exists()
 
 
-def test_transformers_not_installed_is_bad_input(tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_transformers_not_installed_is_bad_input(
+    tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "transformers", None)
     code = main(["search", "--budget", "1m", "--pipeline", SPEC])
@@ -112,8 +153,10 @@ def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None
     search, export, again = readme_commands("my_hf")
     run = autotune(*with_short_budget(search), cwd=tmp_path, pythonpath=tmp_path)
     ok(run)
-    assert "channels_last fixed to False: not supported by this pipeline: TrainingArguments has no memory-layout " \
-           "field" in run.stdout, run.stdout
+    assert (
+        "channels_last fixed to False: not supported by this pipeline: TrainingArguments has no memory-layout "
+        "field" in run.stdout
+    ), run.stdout
     assert "checkpoint_segments: choices limited to [0, 1]" in run.stdout, run.stdout
     no_trial_broke(tmp_path / "studies.db", "hf")
 
@@ -127,8 +170,9 @@ def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None
     assert tuned["training_args"] == exported["framework"]["training_args"]
     import dataclasses
 
-    base = transformers.TrainingArguments(output_dir="out", per_device_train_batch_size=8, learning_rate=5e-4,
-                                          num_train_epochs=1, report_to="none")
+    base = transformers.TrainingArguments(
+        output_dir="out", per_device_train_batch_size=8, learning_rate=5e-4, num_train_epochs=1, report_to="none"
+    )
     args = dataclasses.replace(base, **tuned["training_args"])
     assert args.per_device_train_batch_size == exported["config"]["batch_size"]
 

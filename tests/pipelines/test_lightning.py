@@ -1,6 +1,7 @@
 """`--pipeline lightning:MODULE:FACTORY`: a trial is Lightning's own Trainer.fit on the user's module and
 datamodule, the knobs as Trainer arguments and a rebuilt train loader, measured by a Callback; a search
 runs end to end on the README's example, and its export is the Trainer's arguments, tuned."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,15 @@ from autotune.cli import main
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
 from autotune.trial import worker
-from tests.pipelines.framework_helpers import (autotune, no_trial_broke, ok, readme_commands, readme_example,
-                                               round_trips, with_short_budget)
+from tests.pipelines.framework_helpers import (
+    autotune,
+    no_trial_broke,
+    ok,
+    readme_commands,
+    readme_example,
+    round_trips,
+    with_short_budget,
+)
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -33,8 +41,16 @@ def trial(**knobs: Any) -> Any:
 
 def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Path) -> None:
     progress = tmp_path / "progress.jsonl"
-    cfg = TrialConfig(pipeline=SPEC, batch_size=16, global_batch=32, num_workers=1, warmup_steps=2, timed_steps=6,
-                      window=2, num_threads=1)
+    cfg = TrialConfig(
+        pipeline=SPEC,
+        batch_size=16,
+        global_batch=32,
+        num_workers=1,
+        warmup_steps=2,
+        timed_steps=6,
+        window=2,
+        num_threads=1,
+    )
     result = worker.run(cfg, progress)
     a = result.applied
     assert a["batch_size"]["in_effect"] == 16 and a["num_workers"]["in_effect"] == 1  # the rebuilt loader's
@@ -42,14 +58,26 @@ def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Pat
     assert a["precision"]["in_effect"] == "Trainer(precision='32-true')"
     assert a["gpus"]["in_effect"] == 1 and a["lr"]["in_effect"] == [0.01]  # the datamodule's own batch: its own lr
     assert a["sampler"]["in_effect"] == "RandomSampler"
-    assert a["framework"] == {"library": "lightning",
-                              "trainer_kwargs": {"accelerator": "cpu", "devices": 1, "strategy": "auto",
-                                                 "precision": "32-true", "accumulate_grad_batches": 2,
-                                                 "benchmark": False},
-                              "dataloader_kwargs": {"batch_size": 16, "num_workers": 1, "pin_memory": False,
-                                                    "persistent_workers": False, "prefetch_factor": 2},
-                              "num_threads": 1,  # not a Trainer argument: torch.set_num_threads, said in best.yaml
-                              "lr_scale": 1.0}
+    assert a["framework"] == {
+        "library": "lightning",
+        "trainer_kwargs": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "strategy": "auto",
+            "precision": "32-true",
+            "accumulate_grad_batches": 2,
+            "benchmark": False,
+        },
+        "dataloader_kwargs": {
+            "batch_size": 16,
+            "num_workers": 1,
+            "pin_memory": False,
+            "persistent_workers": False,
+            "prefetch_factor": 2,
+        },
+        "num_threads": 1,  # not a Trainer argument: torch.set_num_threads, said in best.yaml
+        "lr_scale": 1.0,
+    }
     # Measured as the worker measures: warm-up untimed, every step's loss, windows for pruning.
     assert result.timed_steps == 6 and len(result.losses) == 8 and all(map(math.isfinite, result.losses))
     assert len(result.windows) == 3 and len(progress.read_text().splitlines()) == 3
@@ -83,17 +111,32 @@ def test_a_knob_lightning_cannot_express_is_refused_with_why(repo_on_path: Path)
         trial(optimizer_fusion="fused")
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--pipeline", "lightning:tests.pipelines.lightning_jobs:swapped"],
-     "returned tuple (Toy, Classifier), expected (LightningModule, LightningDataModule)"),
-    (["--pipeline", "lightning:tests.pipelines.lightning_jobs:module_only"],
-     "returned Classifier, expected (LightningModule, LightningDataModule)"),
-    (["--pipeline", SPEC, "--baseline", '{"channels_last": true}'],
-     "--baseline sets channels_last, which --pipeline 'lightning:tests.pipelines.lightning_jobs:make' cannot express"),
-    (["--pipeline", "lightning:no_such_module_xyz:make"], "cannot import 'no_such_module_xyz'"),
-])
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str], args: list[str], says: str) -> None:
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--pipeline", "lightning:tests.pipelines.lightning_jobs:swapped"],
+            "returned tuple (Toy, Classifier), expected (LightningModule, LightningDataModule)",
+        ),
+        (
+            ["--pipeline", "lightning:tests.pipelines.lightning_jobs:module_only"],
+            "returned Classifier, expected (LightningModule, LightningDataModule)",
+        ),
+        (
+            ["--pipeline", SPEC, "--baseline", '{"channels_last": true}'],
+            "--baseline sets channels_last, which --pipeline 'lightning:tests.pipelines.lightning_jobs:make' cannot express",
+        ),
+        (["--pipeline", "lightning:no_such_module_xyz:make"], "cannot import 'no_such_module_xyz'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path,
+    repo_on_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    says: str,
+) -> None:
     monkeypatch.chdir(tmp_path)
     code = main(["search", "--budget", "1m", *args])
     err = capsys.readouterr().err
@@ -101,8 +144,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, repo_on_path: Path, mo
     assert not (tmp_path / "studies.db").exists()  # refused before any study was touched
 
 
-def test_lightning_not_installed_is_bad_input(tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_lightning_not_installed_is_bad_input(
+    tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)  # what an environment without it raises: ImportError
     code = main(["search", "--budget", "1m", "--pipeline", SPEC])
@@ -120,8 +164,10 @@ def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None
     run = autotune(*with_short_budget(search), cwd=tmp_path, pythonpath=tmp_path)  # parity: its own test below
     ok(run)
     # Knobs a Trainer cannot express are fixed, each with why.
-    assert ("optimizer_fusion fixed to 'none': not supported by this pipeline: the LightningModule builds its own "
-            "optimizer in configure_optimizers()") in run.stdout, run.stdout
+    assert (
+        "optimizer_fusion fixed to 'none': not supported by this pipeline: the LightningModule builds its own "
+        "optimizer in configure_optimizers()"
+    ) in run.stdout, run.stdout
     done = no_trial_broke(tmp_path / "studies.db", "lit")
     assert done[0].user_attrs["config"]["batch_size"] == 64  # --baseline: the job as the user runs it
 
@@ -137,7 +183,9 @@ def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None
     pl.Trainer(**tuned["trainer_kwargs"], logger=False)
     import torch
 
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 1)), **tuned["dataloader_kwargs"])
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.zeros(4, 1)), **tuned["dataloader_kwargs"]
+    )
     assert loader.batch_size == exported["config"]["batch_size"]
 
     ok(autotune(*again, cwd=tmp_path, pythonpath=tmp_path))

@@ -8,8 +8,15 @@ import torch
 from PIL import Image
 from torchvision.io import decode_image
 
-from autotune.pipelines.unet.data import (default_data_dir, ensure_data, make_data, parse_size, scan_folder,
-                                          screen_pairs, validate_folder)
+from autotune.pipelines.unet.data import (
+    default_data_dir,
+    ensure_data,
+    make_data,
+    parse_size,
+    scan_folder,
+    screen_pairs,
+    validate_folder,
+)
 from autotune.core.errors import ConfigError, DataError
 
 SIZE = (160, 120)
@@ -204,9 +211,9 @@ def test_default_and_ensure_data(tmp_path: Path) -> None:
 
 # --- validate_folder: every pair decoded once, up front ------------------------------------------
 
+
 def _stat_and_bytes(d: Path) -> dict[str, tuple[int, bytes]]:
-    return {str(p.relative_to(d)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(d.rglob("*"))
-            if p.is_file()}
+    return {str(p.relative_to(d)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
@@ -299,7 +306,9 @@ def test_dataset_names_the_bad_file(six: Path) -> None:
     with pytest.raises(DataItemError) as e:
         ds[1]
     assert e.value.path == "images/00001.jpg" and e.value.index == 1
-    assert str(e.value) == f"cannot load images/00001.jpg in data folder {six} (Unsupported image file); fix or remove it"
+    assert (
+        str(e.value) == f"cannot load images/00001.jpg in data folder {six} (Unsupported image file); fix or remove it"
+    )
 
 
 def test_unet_validate_data_hook(six: Path, monkeypatch: pytest.MonkeyPatch) -> None:

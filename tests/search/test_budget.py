@@ -1,4 +1,5 @@
 """search/budget.py: one clock for a search's run, and every phase's share of it."""
+
 from __future__ import annotations
 
 import dataclasses

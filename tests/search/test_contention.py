@@ -1,5 +1,6 @@
 """Contention metering: CPU time other processes used while a trial measured. A starved trial is
 marked contended, measured once more, and never ranks above a clean figure."""
+
 from __future__ import annotations
 
 import os
@@ -90,12 +91,21 @@ def test_too_short_a_window_judges_nothing() -> None:
 
 
 @pytest.mark.slow
-def test_a_starved_trial_is_contended_requeued_and_never_best(tmp_path: Path,
-                                                              burner: list[subprocess.Popen[bytes]]) -> None:
-    base = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, seconds=2.0, window=1,
-                       num_threads=1)
-    settings = SearchSettings(budget_s=600, n_trials=4, storage=str(tmp_path / "studies.db"),
-                              studies_dir=str(tmp_path / "studies"), base=base, confirm_rounds=0, parity_steps=0)
+def test_a_starved_trial_is_contended_requeued_and_never_best(
+    tmp_path: Path, burner: list[subprocess.Popen[bytes]]
+) -> None:
+    base = TrialConfig(
+        pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, seconds=2.0, window=1, num_threads=1
+    )
+    settings = SearchSettings(
+        budget_s=600,
+        n_trials=4,
+        storage=str(tmp_path / "studies.db"),
+        studies_dir=str(tmp_path / "studies"),
+        base=base,
+        confirm_rounds=0,
+        parity_steps=0,
+    )
 
     def started(number: int, role: str, cfg: TrialConfig) -> None:
         if number == 1:  # starve the warm start: two busy strangers on a 2-core machine

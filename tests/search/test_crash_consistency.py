@@ -2,6 +2,7 @@
 each kill the journal reads, every trial COMPLETE before it is COMPLETE with the same value, the
 resume step leaves nothing RUNNING, and no process is left in the folder. Also: a disk that fills
 mid-search fails the running trial with the reason, still exports the best, and exits non-zero."""
+
 from __future__ import annotations
 
 import errno
@@ -31,9 +32,28 @@ KILLS = 20
 
 
 def _start(tmp_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks")}
-    cmd = [sys.executable, "-m", "autotune", "search", "--budget", "10m", "--pipeline", "tests.fault_pipelines:tiny",
-           "--image-size", "64", "--trial-seconds", "0.3", "--warmup-steps", "1"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks"),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--budget",
+        "10m",
+        "--pipeline",
+        "tests.fault_pipelines:tiny",
+        "--image-size",
+        "64",
+        "--trial-seconds",
+        "0.3",
+        "--warmup-steps",
+        "1",
+    ]
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -70,12 +90,16 @@ def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
         before = now
     assert len(before) >= 5, f"only {len(before)} trials completed over {KILLS} kills: the test exercised too little"
     repaired = len(list(tmp_path.glob("studies.db.torn-*")))
-    print(f"\n{KILLS} kills: {len(before)} complete trials kept with their values, {stale} trial(s) killed "
-          f"mid-run marked stale, {repaired} torn tail(s) repaired")
+    print(
+        f"\n{KILLS} kills: {len(before)} complete trials kept with their values, {stale} trial(s) killed "
+        f"mid-run marked stale, {repaired} torn tail(s) repaired"
+    )
 
 
 @pytest.mark.slow
-def test_disk_full_mid_search_fails_the_trial_and_still_exports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_mid_search_fails_the_trial_and_still_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = launcher.run_trial
     calls = [0]
 
@@ -86,10 +110,14 @@ def test_disk_full_mid_search_fails_the_trial_and_still_exports(tmp_path: Path, 
         return real(*args, **kw)
 
     monkeypatch.setattr(launcher, "run_trial", fills_up)
-    settings = SearchSettings(budget_s=300, n_trials=4, storage=str(tmp_path / "studies.db"), space=str(DEFAULT_SPACE),
-                              studies_dir=str(tmp_path / "studies"),
-                              base=TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1,
-                                               timed_steps=3, window=1))
+    settings = SearchSettings(
+        budget_s=300,
+        n_trials=4,
+        storage=str(tmp_path / "studies.db"),
+        space=str(DEFAULT_SPACE),
+        studies_dir=str(tmp_path / "studies"),
+        base=TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1),
+    )
     outcome = SearchSession.create(settings, warm=False, say=lambda s: None).run()
     assert outcome.error and "No space left on device" in outcome.error
     assert outcome.trials == 1 and outcome.best_yaml is not None and outcome.best_yaml.is_file()

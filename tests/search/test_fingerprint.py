@@ -1,4 +1,5 @@
 """autotune/search/fingerprint.py: what this machine really is, and which differences make timings incomparable."""
+
 from __future__ import annotations
 
 import json
@@ -87,23 +88,44 @@ def test_fingerprint_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- differences ------------------------------------------------------------------------------------
 
-BASE = {"gpu_names": ["A100"], "gpu_count": 1, "gpu_memory": [40 * 2**30], "gpu_mig": ["off"], "driver": "535",
-        "cpu_model": "EPYC", "cpu_cores": 32, "torch": "2.5.0", "cuda": "12.4", "cudnn": 90100, "pipeline": "unet",
-        "image_size": 128, "host": "node-1"}
+BASE = {
+    "gpu_names": ["A100"],
+    "gpu_count": 1,
+    "gpu_memory": [40 * 2**30],
+    "gpu_mig": ["off"],
+    "driver": "535",
+    "cpu_model": "EPYC",
+    "cpu_cores": 32,
+    "torch": "2.5.0",
+    "cuda": "12.4",
+    "cudnn": 90100,
+    "pipeline": "unet",
+    "image_size": 128,
+    "host": "node-1",
+}
 
 
 def test_identical_fingerprints_have_no_differences() -> None:
     assert differences(BASE, dict(BASE)) == []
 
 
-@pytest.mark.parametrize("key, new", [
-    ("gpu_names", ["H100"]), ("gpu_count", 2), ("cpu_model", "Xeon"), ("cpu_cores", 16), ("torch", "2.6.0"),
-    ("cuda", "12.8"), ("pipeline", "pkg:make"), ("image_size", 256),
-    ("cudnn", 90300),  # another cuDNN: other kernels, other heuristics
-    ("gpu_mig", ["NVIDIA A100-SXM4-40GB MIG 3g.20gb"]),  # a MIG slice is not the whole GPU
-    ("gpu_mig", ["on"]),
-    ("gpu_memory", [80 * 2**30]),  # the 80 GB A100, same name on some drivers
-])
+@pytest.mark.parametrize(
+    "key, new",
+    [
+        ("gpu_names", ["H100"]),
+        ("gpu_count", 2),
+        ("cpu_model", "Xeon"),
+        ("cpu_cores", 16),
+        ("torch", "2.6.0"),
+        ("cuda", "12.8"),
+        ("pipeline", "pkg:make"),
+        ("image_size", 256),
+        ("cudnn", 90300),  # another cuDNN: other kernels, other heuristics
+        ("gpu_mig", ["NVIDIA A100-SXM4-40GB MIG 3g.20gb"]),  # a MIG slice is not the whole GPU
+        ("gpu_mig", ["on"]),
+        ("gpu_memory", [80 * 2**30]),  # the 80 GB A100, same name on some drivers
+    ],
+)
 def test_each_compared_key_is_named(key: str, new: object) -> None:
     diff = differences(BASE, {**BASE, key: new})
     assert len(diff) == 1
@@ -141,6 +163,7 @@ def test_per_gpu_values_nvml_could_not_read_are_unknown() -> None:
 
 # --- what NVML tells of the GPUs ----------------------------------------------------------------------
 
+
 def gpu_machine(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, names: list[str]) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -151,8 +174,11 @@ def gpu_machine(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml, names: list[str
 
 def test_fingerprint_records_memory_mig_and_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-    gpu_machine(monkeypatch, FakeNvml([FakeGpu(UUID_A, memory=80 * 2**30, mig_mode=None),
-                                       FakeGpu(UUID_B, memory=40 * 2**30)]), ["A100 40GB", "V100"])
+    gpu_machine(
+        monkeypatch,
+        FakeNvml([FakeGpu(UUID_A, memory=80 * 2**30, mig_mode=None), FakeGpu(UUID_B, memory=40 * 2**30)]),
+        ["A100 40GB", "V100"],
+    )
     fp = fingerprint(CFG)
     assert fp["gpu_memory"] == [40 * 2**30, 80 * 2**30]  # in CUDA's order: NVML's GPU 1 first
     assert fp["gpu_mig"] == ["off", "off"]  # MIG disabled; MIG not supported at all
@@ -163,8 +189,12 @@ def test_fingerprint_records_memory_mig_and_cudnn(monkeypatch: pytest.MonkeyPatc
 
 def test_fingerprint_tells_a_mig_slice_from_the_whole_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     whole = FakeGpu(UUID_A, memory=40 * 2**30, mig_mode=1, name="NVIDIA A100-SXM4-40GB")
-    mig = FakeGpu("MIG-5c4d3e2f-cccc-4a5b-8c7d-222222222222", memory=5 * 2**30, parent=whole,
-                  name="NVIDIA A100-SXM4-40GB MIG 1g.5gb")
+    mig = FakeGpu(
+        "MIG-5c4d3e2f-cccc-4a5b-8c7d-222222222222",
+        memory=5 * 2**30,
+        parent=whole,
+        name="NVIDIA A100-SXM4-40GB MIG 1g.5gb",
+    )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mig.uuid)
     gpu_machine(monkeypatch, FakeNvml([whole], slices=(mig,)), ["NVIDIA A100-SXM4-40GB MIG 1g.5gb"])
     on_slice = fingerprint(CFG)

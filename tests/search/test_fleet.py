@@ -1,5 +1,6 @@
 """Many workers, one PostgreSQL-backed study (and Optuna's gRPC storage proxy). Needs a real server:
 .ci/run starts one and exports AUTOTUNE_TEST_POSTGRES_URL; without it these tests are skipped."""
+
 from __future__ import annotations
 
 import os
@@ -28,32 +29,77 @@ SECRET = PG.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1] if PG and "@" i
 def fleet(tmp_path: Path):
     """A fresh study on the server, created the way users do: `autotune search --create-only`."""
     data = make_data(tmp_path / "data", n=16, size=(128, 96), seed=0)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AUTOTUNE_HEARTBEAT_S": "1", "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "AUTOTUNE_HEARTBEAT_S": "1",
+        "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks"),
+    }
     name = f"fleet-{uuid.uuid4().hex[:8]}"
     outputs: list[str] = []
 
     def run(*args: str, seconds: str = "1", timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([sys.executable, "-m", "autotune", *args], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=timeout)
+        r = subprocess.run(
+            [sys.executable, "-m", "autotune", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         outputs.append(r.stdout + r.stderr)
         return r
 
     def worker(*args: str, storage: str = PG or "") -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "autotune", "worker", "--storage", storage, "--study", name, *args],
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "autotune", "worker", "--storage", storage, "--study", name, *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def create(trial_seconds: str = "1", *extra: str) -> None:
         # No confirmation or parity unless a test asks: the last worker would run them after its trials.
         extra = extra or ("--confirm-rounds", "0", "--parity-steps", "0")
-        r = run("search", "--create-only", "--budget", "1h", "--storage", PG or "", "--study", name, "--data", str(data),
-                "--image-size", "64", "--trial-seconds", trial_seconds, "--warmup-steps", "1", *extra)
+        r = run(
+            "search",
+            "--create-only",
+            "--budget",
+            "1h",
+            "--storage",
+            PG or "",
+            "--study",
+            name,
+            "--data",
+            str(data),
+            "--image-size",
+            "64",
+            "--trial-seconds",
+            trial_seconds,
+            "--warmup-steps",
+            "1",
+            *extra,
+        )
         assert r.returncode == 0, r.stderr
 
     def study() -> optuna.Study:
         return optuna.load_study(study_name=name, storage=open_storage(PG))
 
-    yield type("Fleet", (), {"run": staticmethod(run), "worker": staticmethod(worker), "create": staticmethod(create),
-                             "study": staticmethod(study), "outputs": outputs, "tmp": tmp_path, "name": name})
+    yield type(
+        "Fleet",
+        (),
+        {
+            "run": staticmethod(run),
+            "worker": staticmethod(worker),
+            "create": staticmethod(create),
+            "study": staticmethod(study),
+            "outputs": outputs,
+            "tmp": tmp_path,
+            "name": name,
+        },
+    )
     # The password never appears in anything autotune printed or wrote.
     assert all(SECRET not in out for out in outputs)
     for path in tmp_path.rglob("*"):
@@ -92,8 +138,14 @@ def test_killed_worker_trial_failed_by_others(fleet) -> None:
     running = None
     while time.monotonic() < deadline and running is None:  # wait until its trial process is up
         time.sleep(0.5)
-        running = next((t for t in fleet.study().get_trials(states=(TrialState.RUNNING,))
-                        if "pgid" in t.user_attrs.get("owner", {})), None)
+        running = next(
+            (
+                t
+                for t in fleet.study().get_trials(states=(TrialState.RUNNING,))
+                if "pgid" in t.user_attrs.get("owner", {})
+            ),
+            None,
+        )
     assert running is not None, "the worker never started a trial"
     pgid = running.user_attrs["owner"]["pgid"]
     victim.send_signal(signal.SIGKILL)
@@ -115,8 +167,13 @@ def test_killed_worker_trial_failed_by_others(fleet) -> None:
 def test_storage_proxy_serves_two_workers(fleet) -> None:
     fleet.create()
     port = free_port()
-    proxy = subprocess.Popen([sys.executable, "-m", "autotune", "storage-proxy", "--storage", PG or "", "--port", str(port)],
-                             cwd=fleet.tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "storage-proxy", "--storage", PG or "", "--port", str(port)],
+        cwd=fleet.tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for _ in range(60):
             with socket.socket() as s:

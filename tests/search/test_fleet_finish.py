@@ -1,4 +1,5 @@
 """search/fleet.py: the worker that finishes a study last, and only that one, runs its confirmation."""
+
 from __future__ import annotations
 
 import subprocess
@@ -29,8 +30,9 @@ def test_a_dead_worker_does_not_hold_the_study_open(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(fleet, "SETTLE_S", 0.05)
     s = study(tmp_path)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    s.set_user_attr("worker:dead", {"host": fleet.socket.gethostname(), "pid": int(gone.stdout), "started": 0.0,
-                                    "state": "running"})
+    s.set_user_attr(
+        "worker:dead", {"host": fleet.socket.gethostname(), "pid": int(gone.stdout), "started": 0.0, "state": "running"}
+    )
     me = fleet.register(s)
     assert fleet.finishes(s, me)  # the crashed worker's pid is gone: it is not waited for
 

@@ -17,7 +17,8 @@ from autotune.core.configfile import Export
 from autotune.core.errors import SearchSpaceError
 from autotune.core.settings import SearchSettings
 from autotune.search.records import TrialRecord
-from autotune.search.session import MEMORY_PROBE_ENV, SearchSession
+from autotune.search.session import SearchSession
+from autotune.search.sizing import MEMORY_PROBE_ENV
 from autotune.search.space import Hardware
 
 LM = "autotune.pipelines.examples.language_model:make_w64_d2"
@@ -61,7 +62,9 @@ def settings(tmp_path: Path, space: str, base: TrialConfig = BASE, **kw: object)
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("two_devices")
-def test_a_search_over_ddp_and_fsdp_exports_the_winners_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_search_over_ddp_and_fsdp_exports_the_winners_strategy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")  # the estimate before launch, beside the peak after
     s = settings(
         tmp_path,
@@ -82,7 +85,9 @@ def test_a_search_over_ddp_and_fsdp_exports_the_winners_strategy(tmp_path: Path,
     assert by["fsdp"].memory_estimate["strategy"].startswith("fsdp x2"), by["fsdp"].memory_estimate
     assert by["ddp"].memory_estimate["strategy"] == "ddp x2", by["ddp"].memory_estimate
     # the sharded rank holds half the fp32 state DDP's holds: its estimate's params are smaller
-    assert by["fsdp"].memory_estimate["optimizer"] * 2 == pytest.approx(by["ddp"].memory_estimate["optimizer"], rel=0.01)
+    assert by["fsdp"].memory_estimate["optimizer"] * 2 == pytest.approx(
+        by["ddp"].memory_estimate["optimizer"], rel=0.01
+    )
     best = yaml.safe_load((tmp_path / "studies" / "autotune" / "best.yaml").read_text())
     strategy = best["config"]["parallel"]
     assert best["config"]["gpus"] == 2 and strategy in ("ddp", "fsdp")

@@ -1,6 +1,7 @@
 """The warm start against the machine it runs on: bf16 only where the GPU has it natively, decided
 without initialising CUDA in the controller; data-loader workers from the CPUs this process may use,
 shared by the trial's processes, as a count the space allows."""
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,11 @@ CPU = Hardware(cuda=False, gpu_count=0, cpu_count=8, apex=False)
 
 # --- bf16: native only, and CUDA left alone --------------------------------------------------------
 
+
 @pytest.fixture
 def gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU machine as the controller sees it, where any call that initialises CUDA fails the test."""
+
     def no_cuda_here() -> None:
         raise AssertionError("the controller initialised CUDA")
 
@@ -41,15 +44,19 @@ def nvml_with(monkeypatch: pytest.MonkeyPatch, *caps: tuple[int, int]) -> FakeNv
     return fake
 
 
-@pytest.mark.parametrize("cap, precision", [
-    ((7, 0), "fp16"),  # V100: bf16 only emulated, which torch's default is_bf16_supported() counts
-    ((7, 5), "fp16"),  # T4
-    ((8, 0), "bf16"),  # A100
-    ((8, 9), "bf16"),  # L4
-    ((9, 0), "bf16"),  # H100
-])
-def test_bf16_only_where_the_gpu_has_it(gpu_machine: None, monkeypatch: pytest.MonkeyPatch,
-                                        cap: tuple[int, int], precision: str) -> None:
+@pytest.mark.parametrize(
+    "cap, precision",
+    [
+        ((7, 0), "fp16"),  # V100: bf16 only emulated, which torch's default is_bf16_supported() counts
+        ((7, 5), "fp16"),  # T4
+        ((8, 0), "bf16"),  # A100
+        ((8, 9), "bf16"),  # L4
+        ((9, 0), "bf16"),  # H100
+    ],
+)
+def test_bf16_only_where_the_gpu_has_it(
+    gpu_machine: None, monkeypatch: pytest.MonkeyPatch, cap: tuple[int, int], precision: str
+) -> None:
     nvml_with(monkeypatch, cap, cap)
     assert warm_start(BASE, GPU).precision == precision
     assert not torch.cuda.is_initialized()
@@ -85,6 +92,7 @@ def test_on_cpu_the_warm_start_takes_bf16(monkeypatch: pytest.MonkeyPatch) -> No
 
 # --- usable CPUs -------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def cpu_max(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The container's cgroup v2 cpu.max, and an affinity mask of 8 CPUs on a 96-core machine."""
@@ -95,15 +103,18 @@ def cpu_max(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-@pytest.mark.parametrize("content, want", [
-    (None, 8),  # no cgroup v2 limit: the affinity mask
-    ("max 100000\n", 8),  # a cgroup without a quota
-    ("200000 100000\n", 2),  # a 2-CPU container
-    ("150000 100000\n", 2),  # 1.5 CPUs: rounded up
-    ("50000 100000\n", 1),
-    ("1600000 100000\n", 8),  # a quota above the mask: the mask
-    ("garbage\n", 8),
-])
+@pytest.mark.parametrize(
+    "content, want",
+    [
+        (None, 8),  # no cgroup v2 limit: the affinity mask
+        ("max 100000\n", 8),  # a cgroup without a quota
+        ("200000 100000\n", 2),  # a 2-CPU container
+        ("150000 100000\n", 2),  # 1.5 CPUs: rounded up
+        ("50000 100000\n", 1),
+        ("1600000 100000\n", 8),  # a quota above the mask: the mask
+        ("garbage\n", 8),
+    ],
+)
 def test_usable_cpus(cpu_max: Path, content: str | None, want: int) -> None:
     if content is not None:
         cpu_max.write_text(content)
@@ -122,6 +133,7 @@ def test_usable_cpus_of_this_process() -> None:
 
 # --- the warm start's workers ------------------------------------------------------------------------
 
+
 def space(spec: object) -> SearchSpace:
     return SearchSpace(knobs={"num_workers": spec})  # type: ignore[dict-item]
 
@@ -137,20 +149,24 @@ def test_warm_start_precision_follows_the_hardware() -> None:
     """AMP where it is fast: bf16 on a CPU with bf16 kernels, fp32 on one without (emulated bf16 is
     ~70x slower and would time the guides' own recommendation out)."""
     assert warm_start(BASE, Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)).precision == "bf16"
-    assert warm_start(BASE, Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False,
-                                     cpu_bf16=False)).precision == "fp32"
+    assert (
+        warm_start(BASE, Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False, cpu_bf16=False)).precision == "fp32"
+    )
 
 
-@pytest.mark.parametrize("spec, want", [
-    (IntRange(0, 1), 1),  # the space's max is 1: 1, not 8
-    (IntRange(0, 32), 8),
-    (IntRange(0, 16, step=4), 8),
-    (IntRange(0, 12, step=6), 6),
-    (Choices((0, 2, 6, 12)), 6),
-    (Choices((12, 16)), 12),  # all above the CPUs: the smallest the space allows
-    (IntRange(10, 20), 10),
-    (Fixed(3), 3),
-])
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        (IntRange(0, 1), 1),  # the space's max is 1: 1, not 8
+        (IntRange(0, 32), 8),
+        (IntRange(0, 16, step=4), 8),
+        (IntRange(0, 12, step=6), 6),
+        (Choices((0, 2, 6, 12)), 6),
+        (Choices((12, 16)), 12),  # all above the CPUs: the smallest the space allows
+        (IntRange(10, 20), 10),
+        (Fixed(3), 3),
+    ],
+)
 def test_warm_start_workers_are_in_the_space(spec: object, want: int) -> None:
     cfg = warm_start(BASE, Hardware(cuda=False, gpu_count=0, cpu_count=8, apex=False), space(spec))
     assert cfg.num_workers == want

@@ -1,5 +1,6 @@
 """The study store survives a torn write, refuses a corrupt middle, and a full or read-only disk is
 one clear line before any trial starts. Real journals, real files, a real tmpfs where it can be mounted."""
+
 from __future__ import annotations
 
 import errno
@@ -47,7 +48,9 @@ def test_scan_finds_torn_tails_and_corrupt_middles() -> None:
     assert journal.scan(rec + b"garbage\n" + rec)[2] == 2  # the middle: refused, by line
 
 
-def test_torn_tail_is_cut_with_a_copy_and_show_reads_every_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_torn_tail_is_cut_with_a_copy_and_show_reads_every_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "studies.db"
     make_study(db)
     original = db.read_bytes()
@@ -73,9 +76,21 @@ def test_corrupt_middle_is_refused_and_nothing_is_appended(tmp_path: Path, capsy
     lines.insert(3, b'{"op_code": 4, "trial_id": 0, "sta')  # a torn record with records after it
     db.write_bytes(b"\n".join(lines))
     before = db.read_bytes()
-    for argv in (["show", "--storage", str(db)], ["export", "--storage", str(db)],
-                 ["search", "--budget", "1m", "--storage", str(db), "--studies-dir", str(tmp_path / "st"),
-                  "--pipeline", "tests.fault_pipelines:tiny"]):
+    for argv in (
+        ["show", "--storage", str(db)],
+        ["export", "--storage", str(db)],
+        [
+            "search",
+            "--budget",
+            "1m",
+            "--storage",
+            str(db),
+            "--studies-dir",
+            str(tmp_path / "st"),
+            "--pipeline",
+            "tests.fault_pipelines:tiny",
+        ],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "line 4" in err and str(db) in err and len(err.strip().splitlines()) == 1
@@ -104,8 +119,21 @@ def test_full_disk_is_one_line_and_no_trial(tiny_disk: Path, capsys: pytest.Capt
             while True:
                 f.write(b"\0" * 4096)
     assert e.value.errno == errno.ENOSPC
-    code = main(["search", "--budget", "1m", "--storage", str(db), "--studies-dir", str(tiny_disk / "studies"),
-                 "--pipeline", "tests.fault_pipelines:tiny", "--image-size", "64"])
+    code = main(
+        [
+            "search",
+            "--budget",
+            "1m",
+            "--storage",
+            str(db),
+            "--studies-dir",
+            str(tiny_disk / "studies"),
+            "--pipeline",
+            "tests.fault_pipelines:tiny",
+            "--image-size",
+            "64",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "cannot write to" in err and "No space left" in err and len(err.strip().splitlines()) == 1
     assert len(trials(db)) == 1  # no trial was started; the study still reads
@@ -118,8 +146,19 @@ def test_read_only_folder_keeps_the_study_readable(tiny_disk: Path, capsys: pyte
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_disk)], check=True)
     assert main(["show", "--storage", str(db)]) == 0
     assert "20.00" in capsys.readouterr().out
-    code = main(["search", "--budget", "1m", "--storage", str(db), "--studies-dir", str(tiny_disk / "st"),
-                 "--pipeline", "tests.fault_pipelines:tiny"])
+    code = main(
+        [
+            "search",
+            "--budget",
+            "1m",
+            "--storage",
+            str(db),
+            "--studies-dir",
+            str(tiny_disk / "st"),
+            "--pipeline",
+            "tests.fault_pipelines:tiny",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "Read-only file system" in err and len(err.strip().splitlines()) == 1
 
@@ -153,12 +192,21 @@ def test_repair_does_not_cut_a_record_being_written(tmp_path: Path) -> None:
     """The check holds Optuna's journal lock: while another process holds it, the check waits."""
     db = tmp_path / "studies.db"
     make_study(db, n=1)
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom optuna.storages.journal import JournalFileSymlinkLock\n"
-        f"l = JournalFileSymlinkLock({str(db)!r}); l.acquire()\n"
-        f"open({str(db)!r}, 'ab').write(b'{{\"op_code\": 0, \"half')\n"
-        "print('held', flush=True); time.sleep(1.5)\n"
-        f"open({str(db)!r}, 'ab').write(b'\": 1}}\\n'); l.release()\n")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\nfrom optuna.storages.journal import JournalFileSymlinkLock\n"
+                f"l = JournalFileSymlinkLock({str(db)!r}); l.acquire()\n"
+                f"open({str(db)!r}, 'ab').write(b'{{\"op_code\": 0, \"half')\n"
+                "print('held', flush=True); time.sleep(1.5)\n"
+                f"open({str(db)!r}, 'ab').write(b'\": 1}}\\n'); l.release()\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     assert journal.check(db, say=lambda s: None) is None  # waited for the writer: nothing torn, nothing cut
     holder.wait(timeout=10)

@@ -1,4 +1,5 @@
 """autotune/search/locks.py: GPU trials take turns per physical device; CPU trials overlap, but know it."""
+
 from __future__ import annotations
 
 import os
@@ -87,6 +88,7 @@ class Holder:
 
 # --- the lock folder ------------------------------------------------------------------------------
 
+
 def test_lock_dir_is_created_where_the_environment_says(lock_dir: Path) -> None:
     assert not lock_dir.exists()
     assert locks.lock_dir() == lock_dir
@@ -101,6 +103,7 @@ def test_cpu_lease_uses_the_lock_folder(lock_dir: Path, monkeypatch: pytest.Monk
 
 
 # --- CPU: overlap is allowed, and flagged ---------------------------------------------------------
+
 
 def test_a_lone_cpu_lease_is_not_contended(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu_only(monkeypatch)
@@ -140,16 +143,19 @@ def test_cpu_lease_contended_at_its_end_only(monkeypatch: pytest.MonkeyPatch) ->
 def test_cpu_lease_seen_across_processes(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two searches are two processes: the lease must be visible to another process, not just a thread."""
     cpu_only(monkeypatch)
-    code = ("import sys\n"
-            "from autotune.search import locks\n"
-            "locks._cuda_devices = lambda: ()\n"
-            "with locks.device_lock(1) as lease:\n"
-            "    print('in', lease.contended, flush=True)\n"
-            "    sys.stdin.readline()\n"
-            "print('out', lease.contended, flush=True)\n")
+    code = (
+        "import sys\n"
+        "from autotune.search import locks\n"
+        "locks._cuda_devices = lambda: ()\n"
+        "with locks.device_lock(1) as lease:\n"
+        "    print('in', lease.contended, flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "print('out', lease.contended, flush=True)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "AUTOTUNE_LOCK_DIR": str(lock_dir)}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline().split() == ["in", "False"]
@@ -169,6 +175,7 @@ def test_cpu_lease_seen_across_processes(lock_dir: Path, monkeypatch: pytest.Mon
 
 
 # --- GPU: exclusive per physical device ------------------------------------------------------------
+
 
 def test_gpu_leases_on_the_same_device_take_turns(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gpus(monkeypatch, "0")
@@ -230,15 +237,18 @@ def test_no_cuda_means_a_cpu_lease(lock_dir: Path, monkeypatch: pytest.MonkeyPat
 
 # --- one physical GPU, however a search names it ---------------------------------------------------
 
-@pytest.mark.parametrize("visible, want", [
-    (None, (UUID_A, UUID_B)),
-    ("1", (UUID_B,)),
-    (UUID_B, (UUID_B,)),
-    (UUID_B[:12], (UUID_B,)),  # CUDA takes an unambiguous UUID prefix
-    ("1,0", (UUID_B, UUID_A)),
-])
-def test_devices_are_named_by_uuid(monkeypatch: pytest.MonkeyPatch, visible: str | None,
-                                   want: tuple[str, ...]) -> None:
+
+@pytest.mark.parametrize(
+    "visible, want",
+    [
+        (None, (UUID_A, UUID_B)),
+        ("1", (UUID_B,)),
+        (UUID_B, (UUID_B,)),
+        (UUID_B[:12], (UUID_B,)),  # CUDA takes an unambiguous UUID prefix
+        ("1,0", (UUID_B, UUID_A)),
+    ],
+)
+def test_devices_are_named_by_uuid(monkeypatch: pytest.MonkeyPatch, visible: str | None, want: tuple[str, ...]) -> None:
     two_cuda_gpus(monkeypatch, visible)
     assert locks._cuda_devices() == want
 
@@ -270,8 +280,9 @@ MIG_1 = "MIG-9e8d7c6b-dddd-4f0e-8a9b-333333333333"
 def mig_gpu(monkeypatch: pytest.MonkeyPatch, visible: str | None) -> None:
     """One GPU in MIG mode with two slices; this search sees `visible` (None: CUDA_VISIBLE_DEVICES unset)."""
     gpu = FakeGpu(UUID_A, mig_mode=1)
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([gpu], slices=(FakeGpu(MIG_0, parent=gpu),
-                                                                       FakeGpu(MIG_1, parent=gpu))))
+    monkeypatch.setitem(
+        sys.modules, "pynvml", FakeNvml([gpu], slices=(FakeGpu(MIG_0, parent=gpu), FakeGpu(MIG_1, parent=gpu)))
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one process sees one MIG slice
     if visible is None:
@@ -281,10 +292,12 @@ def mig_gpu(monkeypatch: pytest.MonkeyPatch, visible: str | None) -> None:
     REAL_CUDA_DEVICES.cache_clear()
 
 
-@pytest.mark.parametrize("visible, want", [(None, MIG_0), ("0", MIG_0), (UUID_A, MIG_0), (MIG_0, MIG_0),
-                                           (MIG_1, MIG_1)])
-def test_under_mig_the_gpu_is_named_by_the_slice_cuda_runs_on(monkeypatch: pytest.MonkeyPatch,
-                                                              visible: str | None, want: str) -> None:
+@pytest.mark.parametrize(
+    "visible, want", [(None, MIG_0), ("0", MIG_0), (UUID_A, MIG_0), (MIG_0, MIG_0), (MIG_1, MIG_1)]
+)
+def test_under_mig_the_gpu_is_named_by_the_slice_cuda_runs_on(
+    monkeypatch: pytest.MonkeyPatch, visible: str | None, want: str
+) -> None:
     mig_gpu(monkeypatch, visible)
     assert locks._cuda_devices() == (want,)
 
@@ -316,6 +329,7 @@ def test_old_style_mig_uuid_is_a_file_name(lock_dir: Path, monkeypatch: pytest.M
 
 # --- the folder is shared by every user -------------------------------------------------------------
 
+
 @pytest.fixture
 def umask_022() -> Iterator[None]:
     old = os.umask(0o022)  # the usual umask: what mkdir/open alone would leave is not shareable
@@ -323,8 +337,9 @@ def umask_022() -> Iterator[None]:
     os.umask(old)
 
 
-def test_lock_folder_is_world_writable_and_sticky(lock_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  umask_022: None) -> None:
+def test_lock_folder_is_world_writable_and_sticky(
+    lock_dir: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
+) -> None:
     locks.lock_dir()
     mode = os.stat(lock_dir).st_mode
     assert stat.S_IMODE(mode) == 0o1777 and mode & stat.S_ISVTX
@@ -361,6 +376,7 @@ def test_lock_files_of_another_user_are_opened_without_o_creat(lock_dir: Path, m
 
 
 # --- GPU trials share the CPUs: their contention is metered too --------------------------------------
+
 
 def test_a_gpu_lease_overlapped_by_a_cpu_lease_is_contended(monkeypatch: pytest.MonkeyPatch) -> None:
     gpus(monkeypatch, "0")
@@ -400,11 +416,13 @@ def test_a_short_lease_inside_a_long_one_flags_both(monkeypatch: pytest.MonkeyPa
 
 def test_a_short_lease_inside_a_long_one_across_processes(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cpu_only(monkeypatch)
-    code = ("from autotune.search import locks\n"
-            "locks._cuda_devices = lambda: ()\n"
-            "with locks.device_lock(1) as lease:\n"
-            "    pass\n"
-            "print(lease.contended, flush=True)\n")
+    code = (
+        "from autotune.search import locks\n"
+        "locks._cuda_devices = lambda: ()\n"
+        "with locks.device_lock(1) as lease:\n"
+        "    pass\n"
+        "print(lease.contended, flush=True)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "AUTOTUNE_LOCK_DIR": str(lock_dir)}
     with locks.device_lock(1) as outer:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)

@@ -1,4 +1,5 @@
 """search/micro_batch.py: a study's global batch narrows the space to combinations that divide it."""
+
 from __future__ import annotations
 
 import optuna
@@ -25,8 +26,10 @@ def test_free_batch_leaves_the_space_alone() -> None:
 def test_micro_batches_that_do_not_divide_are_dropped_and_said() -> None:
     s, notes = narrow(space(batch_size=Choices((2, 4, 8, 16, 32, 6)), gpus=Fixed(1)), 16, BASE)
     assert s["batch_size"] == Choices((2, 4, 8, 16))
-    assert notes == ["batch_size: dropped 32, 6 (global batch 16 must be batch_size x gpus x a whole number of "
-                     "accumulation steps, for some GPU count in the space)"]
+    assert notes == [
+        "batch_size: dropped 32, 6 (global batch 16 must be batch_size x gpus x a whole number of "
+        "accumulation steps, for some GPU count in the space)"
+    ]
 
 
 def test_a_micro_batch_is_kept_when_some_gpu_count_can_use_it() -> None:
@@ -35,8 +38,10 @@ def test_a_micro_batch_is_kept_when_some_gpu_count_can_use_it() -> None:
     s, notes = narrow(space(batch_size=Choices((8, 16, 32, 64)), gpus=IntRange(1, 8)), 64, BASE)
     assert s["batch_size"] == Choices((8, 16, 32, 64))
     assert s["gpus"] == Choices((1, 2, 4, 8))
-    assert notes == ["gpus: dropped 3, 5, 6, 7 (global batch 64 must be batch_size x gpus x a whole number of "
-                     "accumulation steps, for some batch_size in the space)"]
+    assert notes == [
+        "gpus: dropped 3, 5, 6, 7 (global batch 64 must be batch_size x gpus x a whole number of "
+        "accumulation steps, for some batch_size in the space)"
+    ]
 
 
 def test_each_gpu_count_samples_its_own_divisors() -> None:

@@ -1,5 +1,6 @@
 """autotune.search._optuna is the one place that touches Optuna's private API. Pin the versions it was
 checked against, and exercise every helper on real storages, so an Optuna upgrade fails here first."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,14 +16,19 @@ from autotune.search.storage import open_storage
 def test_installed_optuna_is_in_the_supported_range() -> None:
     low, high = _optuna.SUPPORTED
     version = tuple(int(p) for p in optuna.__version__.split(".")[:2])
-    assert low <= version < high, f"optuna {optuna.__version__}: re-check autotune/search/_optuna.py, then widen SUPPORTED"
+    assert low <= version < high, (
+        f"optuna {optuna.__version__}: re-check autotune/search/_optuna.py, then widen SUPPORTED"
+    )
 
 
 def test_no_other_module_imports_optuna_private_names() -> None:
     root = Path(__file__).resolve().parents[2] / "autotune"
-    users = [p.relative_to(root) for p in root.rglob("*.py")
-             if "._" in "".join(line for line in p.read_text().splitlines() if "optuna" in line and "import" in line)
-             and p.name != "_optuna.py"]
+    users = [
+        p.relative_to(root)
+        for p in root.rglob("*.py")
+        if "._" in "".join(line for line in p.read_text().splitlines() if "optuna" in line and "import" in line)
+        and p.name != "_optuna.py"
+    ]
     assert users == []
 
 

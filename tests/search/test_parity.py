@@ -2,6 +2,7 @@
 weights on the same data order, and fails when its loss trajectory strays further from the baseline's
 than a fraction of what a reshuffle of the data does. bf16 on the Unet passes; a model whose numerics
 break in bf16 without a NaN fails; accumulation that keeps the global batch passes; a crash is a fail."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,13 @@ K = 30
 TIMEOUT_S = 300.0
 # One intra-op thread everywhere: on a shared 2-core machine two contending threads run a step several
 # times slower. The offset pipeline is healthy in fp32 (its baseline and twin) and broken in bf16.
-RULE = TrialConfig(pipeline="tests.parity_pipelines:offset", image_size=64, batch_size=8, global_batch=8,
-                   num_threads=1)
+RULE = TrialConfig(pipeline="tests.parity_pipelines:offset", image_size=64, batch_size=8, global_batch=8, num_threads=1)
 # conftest's `server` fixture: one warm server for every trial here, a fork per run.
 WARM_PRELOAD = (*DEFAULT_PRELOAD, *preload_modules("unet"), "tests.parity_pipelines")
 
 
 # --- the metric, no processes -------------------------------------------------------------------
+
 
 def test_deviation_is_zero_for_the_same_trajectory_and_a_ratio_of_mean_differences() -> None:
     base = [2.0 - 0.05 * i for i in range(K)]
@@ -43,7 +44,7 @@ def test_a_larger_global_batch_is_compared_at_equal_samples_seen() -> None:
     # Batch 8 for 240 steps; batch 64 whose every step's loss is the mean of the 8 small steps that saw
     # the same samples: equal at equal samples seen, so no deviation, though step by step they differ.
     small = [3.0 / (1 + 0.05 * i) for i in range(8 * K)]
-    large = [sum(small[8 * j: 8 * j + 8]) / 8 for j in range(K)]
+    large = [sum(small[8 * j : 8 * j + 8]) / 8 for j in range(K)]
     assert parity.deviation(large, 64, small, 8, 64 * K) == pytest.approx(0.0, abs=1e-12)
     assert parity.deviation(large, 8, small[:K], 8, 8 * K) > 0.5  # what step by step would say
     with pytest.raises(ValueError, match="do not cover"):
@@ -57,8 +58,17 @@ def test_the_tolerance_is_a_fraction_of_the_noise_with_a_floor() -> None:
 
 
 def test_verdict_and_reference_are_json() -> None:
-    v = parity.Verdict(steps=K, samples=8 * K, deviation=0.0123456789, tolerance=0.02, noise=0.04, passed=True,
-                       reason="loss trajectory within 1.2% ...", seconds=12.34, runs=1)
+    v = parity.Verdict(
+        steps=K,
+        samples=8 * K,
+        deviation=0.0123456789,
+        tolerance=0.02,
+        noise=0.04,
+        passed=True,
+        reason="loss trajectory within 1.2% ...",
+        seconds=12.34,
+        runs=1,
+    )
     d = json.loads(json.dumps(v.to_dict()))
     assert {"steps", "deviation", "tolerance", "verdict", "reason", "seconds", "noise"} <= set(d)
     assert d["verdict"] == "pass" and d["deviation"] == pytest.approx(0.012346) and d["steps"] == K
@@ -75,6 +85,7 @@ def test_a_reference_of_another_baseline_is_refused(tmp_path: Path) -> None:
 
 # --- real trials ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def rule_ref(server: WarmServer, tmp_path_factory: pytest.TempPathFactory) -> parity.Reference:
     return parity.noise_reference(RULE, K, tmp_path_factory.mktemp("rule-ref"), TIMEOUT_S, server)
@@ -84,8 +95,9 @@ def candidate_losses(folder: Path) -> list[float]:
     return json.loads((folder / "candidate" / "result.json").read_text())["losses"]
 
 
-def test_the_baseline_against_itself_deviates_by_exactly_zero(rule_ref: parity.Reference, server: WarmServer,
-                                                               tmp_path: Path) -> None:
+def test_the_baseline_against_itself_deviates_by_exactly_zero(
+    rule_ref: parity.Reference, server: WarmServer, tmp_path: Path
+) -> None:
     assert len(rule_ref.losses) == K and rule_ref.losses != rule_ref.twin_losses  # the twin saw other data
     assert rule_ref.losses[0] > rule_ref.losses[-1] + 0.1  # it learns
     assert 0 < rule_ref.noise < 0.2
@@ -94,8 +106,9 @@ def test_the_baseline_against_itself_deviates_by_exactly_zero(rule_ref: parity.R
     assert v.noise == pytest.approx(rule_ref.noise) and v.tolerance == pytest.approx(parity.tolerance_for(v.noise))
 
 
-def test_numerics_that_break_in_bf16_without_nan_fail(rule_ref: parity.Reference, server: WarmServer,
-                                                      tmp_path: Path) -> None:
+def test_numerics_that_break_in_bf16_without_nan_fail(
+    rule_ref: parity.Reference, server: WarmServer, tmp_path: Path
+) -> None:
     v = parity.check(RULE.replace(precision="bf16"), RULE, K, tmp_path, TIMEOUT_S, server, reference=rule_ref)
     losses = candidate_losses(tmp_path)
     assert len(losses) == K and all(math.isfinite(x) for x in losses)  # nothing a NaN guard would see
@@ -106,15 +119,17 @@ def test_numerics_that_break_in_bf16_without_nan_fail(rule_ref: parity.Reference
     assert v.to_dict()["verdict"] == "fail"
 
 
-def test_accumulated_micro_batches_of_the_same_global_batch_pass(rule_ref: parity.Reference, server: WarmServer,
-                                                                  tmp_path: Path) -> None:
+def test_accumulated_micro_batches_of_the_same_global_batch_pass(
+    rule_ref: parity.Reference, server: WarmServer, tmp_path: Path
+) -> None:
     v = parity.check(RULE.replace(batch_size=4), RULE, K, tmp_path, TIMEOUT_S, server, reference=rule_ref)
     assert v.passed and v.runs == 1 and v.candidate_steps == K and v.samples == 8 * K
     assert v.deviation is not None and v.deviation < 1e-3  # the same step up to rounding (no batch norm)
 
 
-def test_a_candidate_that_crashes_is_a_failed_verdict(rule_ref: parity.Reference, server: WarmServer,
-                                                      tmp_path: Path) -> None:
+def test_a_candidate_that_crashes_is_a_failed_verdict(
+    rule_ref: parity.Reference, server: WarmServer, tmp_path: Path
+) -> None:
     crash = RULE.replace(pipeline="tests.parity_pipelines:crashes_in_bf16", precision="bf16")
     v = parity.check(crash, RULE, K, tmp_path, TIMEOUT_S, server, reference=rule_ref)
     assert not v.passed and v.failure == "crash" and v.deviation is None and v.runs == 1

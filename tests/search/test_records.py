@@ -1,5 +1,6 @@
 """The typed records of a study's user attrs: they round-trip through a real Optuna storage, and a
 write never erases what another writer stored."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,15 @@ from autotune.search import records
 from autotune.search.records import StudyRecord, TrialRecord, of_result, write
 from autotune.search.storage import open_storage
 
-RESULT = TrialResult(status="ok", samples_per_s=12.5, step_time_p50=0.2, data_wait_fraction=0.1,
-                     peak_memory_bytes=2**20, windows=(11.0, 12.0), applied={"precision": {"in_effect": "bf16"}})
+RESULT = TrialResult(
+    status="ok",
+    samples_per_s=12.5,
+    step_time_p50=0.2,
+    data_wait_fraction=0.1,
+    peak_memory_bytes=2**20,
+    windows=(11.0, 12.0),
+    applied={"precision": {"in_effect": "bf16"}},
+)
 
 
 def study(tmp_path: Path) -> optuna.Study:
@@ -41,8 +49,13 @@ def test_missing_attrs_have_one_default() -> None:
 
 def test_study_record_round_trips(tmp_path: Path) -> None:
     s = study(tmp_path)
-    StudyRecord(fingerprint={"cpu_cores": 2}, space={"batch_size": [4, 8]}, workload={"image_size": 64},
-                sampler="gp", trial_timeout_s=90.0).write(s)
+    StudyRecord(
+        fingerprint={"cpu_cores": 2},
+        space={"batch_size": [4, 8]},
+        workload={"image_size": 64},
+        sampler="gp",
+        trial_timeout_s=90.0,
+    ).write(s)
     back = StudyRecord.of(optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "studies.db"))))
     assert back.fingerprint == {"cpu_cores": 2} and back.space == {"batch_size": [4, 8]}
     assert back.sampler == "gp" and back.trial_timeout_s == 90.0 and back.ablation is None
@@ -101,8 +114,15 @@ def test_a_queued_trial_carries_its_record(tmp_path: Path) -> None:
 def test_the_memory_estimate_and_the_model_facts_round_trip(tmp_path: Path) -> None:
     s = study(tmp_path)
     trial = s.ask()
-    estimate: records.MemoryEstimate = {"params": 4, "grads": 4, "optimizer": 8, "activations": 16, "runtime": 0,
-                                        "total": 32, "strategy": "one process"}
+    estimate: records.MemoryEstimate = {
+        "params": 4,
+        "grads": 4,
+        "optimizer": 8,
+        "activations": 16,
+        "runtime": 0,
+        "total": 32,
+        "strategy": "one process",
+    }
     write(trial, TrialRecord(role="search", memory_estimate=estimate))
     write(trial, of_result("search", TrialConfig(), RESULT, speedup=None, contended=False))  # keeps the estimate
     s.tell(trial, 1.0)

@@ -1,6 +1,7 @@
 """search/runner.py: run_one's verdicts that depend on where a trial stands, not on how it ran (the baseline and the
 memory headroom; the near-full device is what this machine lacks, so the launcher's result is given), and a
 config measured before reused, not run."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,13 @@ GIB = 2**30
 
 def near_full(sps: float) -> TrialResult:
     """A run that peaked at 95% of its device: 5% free, under the default 10% headroom."""
-    return TrialResult(status="ok", samples_per_s=sps, peak_memory_bytes=int(0.95 * 80 * GIB),
-                       memory_total_bytes=80 * GIB, device="cuda:0")
+    return TrialResult(
+        status="ok",
+        samples_per_s=sps,
+        peak_memory_bytes=int(0.95 * 80 * GIB),
+        memory_total_bytes=80 * GIB,
+        device="cuda:0",
+    )
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The search session: it owns its signal handlers (installed for the run, restored after), stores the
 trial timeout for workers, names the objective, and runs without a budget when --n-trials bounds it."""
+
 from __future__ import annotations
 
 import signal
@@ -21,8 +22,14 @@ TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_
 
 
 def settings(tmp_path: Path, **kw: Any) -> SearchSettings:
-    base = dict(budget_s=120.0, storage=str(tmp_path / "studies.db"), space=str(DEFAULT_SPACE),
-                studies_dir=str(tmp_path / "studies"), base=TINY, parity_steps=0)
+    base = dict(
+        budget_s=120.0,
+        storage=str(tmp_path / "studies.db"),
+        space=str(DEFAULT_SPACE),
+        studies_dir=str(tmp_path / "studies"),
+        base=TINY,
+        parity_steps=0,
+    )
     return SearchSettings(**{**base, **kw})
 
 
@@ -62,8 +69,9 @@ def test_run_installs_and_restores_signal_handlers(tmp_path: Path) -> None:
 
     from autotune.search.runner import Events
 
-    events = Events(started=lambda n, role, cfg: seen.append((signal.getsignal(signal.SIGINT),
-                                                              signal.getsignal(signal.SIGTERM))))
+    events = Events(
+        started=lambda n, role, cfg: seen.append((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
+    )
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a shell's background job
     old_term = signal.getsignal(signal.SIGTERM)
     try:
@@ -98,8 +106,14 @@ def test_create_only_defers_the_space_to_the_first_worker(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_search_stops_after_consecutive_data_failures(tmp_path: Path) -> None:
     """Bad data fails every config the same way: three in a row end the search, with the reason."""
-    base = TrialConfig(pipeline="tests.trial.data_fault_pipelines:make_large", image_size=64, batch_size=2,
-                       warmup_steps=1, timed_steps=4, window=1)
+    base = TrialConfig(
+        pipeline="tests.trial.data_fault_pipelines:make_large",
+        image_size=64,
+        batch_size=2,
+        warmup_steps=1,
+        timed_steps=4,
+        window=1,
+    )
     session = SearchSession.create(settings(tmp_path, n_trials=6, base=base), warm=False, say=lambda s: None)
     outcome = session.run()
     assert outcome.trials == 3 and outcome.code == 2
@@ -119,7 +133,8 @@ def test_bad_unet_data_is_refused_before_any_trial(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=bad.name):
         SearchSession.create(settings(tmp_path, base=unet), warm=False, say=lambda s: None)
     assert not (tmp_path / "studies.db").exists() or not optuna.get_all_study_summaries(
-        open_storage(str(tmp_path / "studies.db")))
+        open_storage(str(tmp_path / "studies.db"))
+    )
     notes: list[str] = []
     SearchSession.create(settings(tmp_path, base=unet, skip_bad_data=True), warm=False, say=notes.append)
     assert any("dropped 1" in n for n in notes)

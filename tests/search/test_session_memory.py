@@ -15,10 +15,12 @@ from autotune.apply.report import memory_rows
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.search import session as session_module
+from autotune.search import sizing
 from autotune.search.memory import ModelFacts
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.results import feasible
-from autotune.search.session import MEMORY_PROBE_ENV, SearchSession
+from autotune.search.session import SearchSession
+from autotune.search.sizing import MEMORY_PROBE_ENV
 from autotune.search.space import Hardware, SearchSpace
 from autotune.trial.probe import ProbeError
 
@@ -60,9 +62,9 @@ def small_machine(monkeypatch: pytest.MonkeyPatch) -> None:
             )
         ),
     )
-    monkeypatch.setattr(session_module, "run_probe", lambda cfg, folder, timeout_s: FACTS.to_dict())
+    monkeypatch.setattr(sizing, "run_probe", lambda cfg, folder, timeout_s: FACTS.to_dict())
     # The machine is pretend, the trials' RSS real (hundreds of MiB): no calibrating the one by the other.
-    monkeypatch.setattr(SearchSession, "_calibrate", lambda self, frozen: None)
+    monkeypatch.setattr(sizing.Sizer, "calibrate", lambda self, frozen: None)
 
 
 def test_micro_batches_that_cannot_fit_are_dropped_before_the_study_and_said(
@@ -87,7 +89,7 @@ def test_without_the_probe_nothing_is_sized(
 ) -> None:
     monkeypatch.setenv(MEMORY_PROBE_ENV, "0")
     session = SearchSession.create(settings(tmp_path, "knobs:\n  batch_size: [4, 64]\n"), warm=False, say=print)
-    assert session.fit is None and StudyRecord.of(session.study).model_facts is None
+    assert session.sizer.fit is None and StudyRecord.of(session.study).model_facts is None
 
 
 @pytest.mark.slow
@@ -164,10 +166,10 @@ def test_a_worker_sizes_configs_with_the_facts_its_study_stored(
 ) -> None:
     s = settings(tmp_path, "knobs:\n  batch_size: [4, 8]\n")
     SearchSession.create(s, warm=False, say=print)
-    monkeypatch.setattr(session_module, "run_probe", lambda *a: pytest.fail("a worker must not probe again"))
+    monkeypatch.setattr(sizing, "run_probe", lambda *a: pytest.fail("a worker must not probe again"))
     worker = SearchSession.join(s, None, warm=False, say=print)
-    assert worker.fit is not None and worker.fit.facts == FACTS and not worker.fit.cuda
-    assert worker.fit.usable == session_module.memory_bytes(False)  # this machine's RAM, --memory-headroom 0
+    assert worker.sizer.fit is not None and worker.sizer.fit.facts == FACTS and not worker.sizer.fit.cuda
+    assert worker.sizer.fit.usable == sizing.memory_bytes(False)  # this machine's RAM, --memory-headroom 0
 
 
 def test_a_model_that_cannot_be_probed_is_said_and_the_search_goes_on(
@@ -176,10 +178,10 @@ def test_a_model_that_cannot_be_probed_is_said_and_the_search_goes_on(
     def refuse(*a: Any) -> dict[str, Any]:
         raise ProbeError("exited with code 1: RuntimeError: boom")
 
-    monkeypatch.setattr(session_module, "run_probe", refuse)
+    monkeypatch.setattr(sizing, "run_probe", refuse)
     said: list[str] = []
     session = SearchSession.create(settings(tmp_path, "knobs:\n  batch_size: [4, 64]\n"), warm=False, say=said.append)
-    assert session.fit is None
+    assert session.sizer.fit is None
     assert any(
         line.startswith("memory: no estimate, the model could not be probed (exited with code 1") for line in said
     )

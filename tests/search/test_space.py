@@ -38,33 +38,36 @@ def test_default_has_every_knob() -> None:
     assert space.grid_size() > 1
 
 
-@pytest.mark.parametrize("body, knob, words", [
-    ("knobs:\n  precison: [fp32]\n", "precison", "unknown knob"),
-    ("knobs:\n  batch_size: [8, x]\n", "batch_size", "integer"),
-    ("knobs:\n  batch_size: [8, 4.5]\n", "batch_size", "integer"),
-    ("knobs:\n  pin_memory: [true, 1]\n", "pin_memory", "true or false"),
-    ("knobs:\n  precision: [fp32, fp8]\n", "precision", "fp8"),
-    ("knobs:\n  optimizer_fusion: fusedd\n", "optimizer_fusion", "fusedd"),
-    ("knobs:\n  compile: [true]\n", "compile", "quote"),
-    ("knobs:\n  batch_size: []\n", "batch_size", "empty choice list"),
-    ("knobs:\n  batch_size: [8, 8]\n", "batch_size", "duplicate"),
-    ("knobs:\n  batch_size: 0\n", "batch_size", ">= 1"),
-    ("knobs:\n  num_workers: {low: 4, high: 2}\n", "num_workers", "low 4 > high 2"),
-    ("knobs:\n  num_workers: {low: 0, high: 8, step: 0}\n", "num_workers", "step"),
-    ("knobs:\n  num_workers: {low: 0, high: 8, step: -2}\n", "num_workers", "step"),
-    ("knobs:\n  num_workers: {low: 0, high: 7, step: 2}\n", "num_workers", "multiple of step"),
-    ("knobs:\n  num_threads: {low: 0, high: 8, log: true}\n", "num_threads", "low >= 1"),
-    ("knobs:\n  batch_size: {low: 4, high: 64, log: yes_please}\n", "batch_size", "log"),
-    ("knobs:\n  batch_size: {low: 4, high: 64, log: true, step: 2}\n", "batch_size", "step"),
-    ("knobs:\n  precision: {low: 0, high: 1}\n", "precision", "integer knob"),
-    ("knobs:\n  pin_memory: {low: 0, high: 1}\n", "pin_memory", "integer knob"),
-    ("knobs:\n  num_workers: {low: 0, hgh: 8}\n", "num_workers", "hgh"),
-    ("knobs:\n  num_workers: {low: 0}\n", "num_workers", "low and high"),
-    ("knobs:\n  gpus: {low: 0, high: 2}\n", "gpus", ">= 1"),
-    ("knobs:\n  num_workers: 0\n  prefetch_factor: [2, 4]\n", "prefetch_factor", "num_workers is fixed to 0"),
-    ("knobs:\n  num_workers: [0]\n  persistent_workers: [false, true]\n", "persistent_workers", "num_workers"),
-    ("knobs:\n  persistent_workers: true\n", "persistent_workers", "num_workers"),  # omitted = 0
-])
+@pytest.mark.parametrize(
+    "body, knob, words",
+    [
+        ("knobs:\n  precison: [fp32]\n", "precison", "unknown knob"),
+        ("knobs:\n  batch_size: [8, x]\n", "batch_size", "integer"),
+        ("knobs:\n  batch_size: [8, 4.5]\n", "batch_size", "integer"),
+        ("knobs:\n  pin_memory: [true, 1]\n", "pin_memory", "true or false"),
+        ("knobs:\n  precision: [fp32, fp8]\n", "precision", "fp8"),
+        ("knobs:\n  optimizer_fusion: fusedd\n", "optimizer_fusion", "fusedd"),
+        ("knobs:\n  compile: [true]\n", "compile", "quote"),
+        ("knobs:\n  batch_size: []\n", "batch_size", "empty choice list"),
+        ("knobs:\n  batch_size: [8, 8]\n", "batch_size", "duplicate"),
+        ("knobs:\n  batch_size: 0\n", "batch_size", ">= 1"),
+        ("knobs:\n  num_workers: {low: 4, high: 2}\n", "num_workers", "low 4 > high 2"),
+        ("knobs:\n  num_workers: {low: 0, high: 8, step: 0}\n", "num_workers", "step"),
+        ("knobs:\n  num_workers: {low: 0, high: 8, step: -2}\n", "num_workers", "step"),
+        ("knobs:\n  num_workers: {low: 0, high: 7, step: 2}\n", "num_workers", "multiple of step"),
+        ("knobs:\n  num_threads: {low: 0, high: 8, log: true}\n", "num_threads", "low >= 1"),
+        ("knobs:\n  batch_size: {low: 4, high: 64, log: yes_please}\n", "batch_size", "log"),
+        ("knobs:\n  batch_size: {low: 4, high: 64, log: true, step: 2}\n", "batch_size", "step"),
+        ("knobs:\n  precision: {low: 0, high: 1}\n", "precision", "integer knob"),
+        ("knobs:\n  pin_memory: {low: 0, high: 1}\n", "pin_memory", "integer knob"),
+        ("knobs:\n  num_workers: {low: 0, hgh: 8}\n", "num_workers", "hgh"),
+        ("knobs:\n  num_workers: {low: 0}\n", "num_workers", "low and high"),
+        ("knobs:\n  gpus: {low: 0, high: 2}\n", "gpus", ">= 1"),
+        ("knobs:\n  num_workers: 0\n  prefetch_factor: [2, 4]\n", "prefetch_factor", "num_workers is fixed to 0"),
+        ("knobs:\n  num_workers: [0]\n  persistent_workers: [false, true]\n", "persistent_workers", "num_workers"),
+        ("knobs:\n  persistent_workers: true\n", "persistent_workers", "num_workers"),  # omitted = 0
+    ],
+)
 def test_validation_errors_name_file_and_knob(tmp_path: Path, body: str, knob: str, words: str) -> None:
     p = write(tmp_path, body, "bad_space.yaml")
     with pytest.raises(SearchSpaceError) as e:
@@ -74,14 +77,17 @@ def test_validation_errors_name_file_and_knob(tmp_path: Path, body: str, knob: s
     assert "bad_space.yaml" in msg and f"'{knob}'" in msg and words in msg, msg
 
 
-@pytest.mark.parametrize("body, words", [
-    (None, "not found"),
-    ("knobs: [a\n  b: }", "malformed YAML"),
-    ("- 1\n- 2\n", "top level must be a mapping"),
-    ("knobs: 3\n", "'knobs:' must be a mapping"),
-    ("batch_size: [8]\n", "unknown top-level key"),
-    ("", "top level must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (None, "not found"),
+        ("knobs: [a\n  b: }", "malformed YAML"),
+        ("- 1\n- 2\n", "top level must be a mapping"),
+        ("knobs: 3\n", "'knobs:' must be a mapping"),
+        ("batch_size: [8]\n", "unknown top-level key"),
+        ("", "top level must be a mapping"),
+    ],
+)
 def test_file_level_errors(tmp_path: Path, body: str | None, words: str) -> None:
     p = tmp_path / "broken.yaml"
     if body is not None:
@@ -93,8 +99,13 @@ def test_file_level_errors(tmp_path: Path, body: str | None, words: str) -> None
 
 
 def test_yaml11_tolerance_and_omitted_knobs(tmp_path: Path) -> None:
-    space = load_space(write(tmp_path, "knobs:\n  compile: [off, default]\n  set_to_none: true\n"
-                                       "  prefetch_factor: [null, 2]\n  num_workers: [0, 2]\n"))
+    space = load_space(
+        write(
+            tmp_path,
+            "knobs:\n  compile: [off, default]\n  set_to_none: true\n"
+            "  prefetch_factor: [null, 2]\n  num_workers: [0, 2]\n",
+        )
+    )
     assert space["compile"] == Choices(("off", "default"))
     assert space["set_to_none"] == Fixed(True)
     assert set(space.knobs) == {"compile", "set_to_none", "prefetch_factor", "num_workers"}
@@ -120,13 +131,13 @@ def test_resolve_cpu() -> None:
 
 def test_resolve_cpu_without_bf16_kernels() -> None:
     """An AVX2-only CPU emulates bf16 about 70x slower: searching it would only time trials out."""
-    space, notes = resolve(load_space(DEFAULT), Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False,
-                                                         cpu_bf16=False))
+    space, notes = resolve(
+        load_space(DEFAULT), Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False, cpu_bf16=False)
+    )
     assert space["precision"] == Fixed("fp32")
     assert any("precision" in n and "native bf16" in n for n in notes)
     # a GPU machine keeps bf16 whatever its CPU has: autocast runs on the GPU
-    space, _ = resolve(load_space(DEFAULT), Hardware(cuda=True, gpu_count=1, cpu_count=8, apex=False,
-                                                     cpu_bf16=False))
+    space, _ = resolve(load_space(DEFAULT), Hardware(cuda=True, gpu_count=1, cpu_count=8, apex=False, cpu_bf16=False))
     assert "bf16" in space["precision"].values  # type: ignore[union-attr]
 
 
@@ -156,13 +167,16 @@ def test_resolve_apex_kept_when_installed() -> None:
     assert "apex" in space["optimizer_fusion"].values  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("body, words", [
-    ("knobs:\n  gpus: 4\n", "gpus=4 but only 1 device present"),
-    ("knobs:\n  gpus: [2, 4]\n", "gpus=2 but only 1 device present"),
-    ("knobs:\n  gpus: {low: 2, high: 4}\n", "only 1 device present"),
-    ("knobs:\n  precision: fp16\n", "choices conflict with the hardware"),
-    ("knobs:\n  optimizer_fusion: [apex]\n", "choices conflict with the hardware"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("knobs:\n  gpus: 4\n", "gpus=4 but only 1 device present"),
+        ("knobs:\n  gpus: [2, 4]\n", "gpus=2 but only 1 device present"),
+        ("knobs:\n  gpus: {low: 2, high: 4}\n", "only 1 device present"),
+        ("knobs:\n  precision: fp16\n", "choices conflict with the hardware"),
+        ("knobs:\n  optimizer_fusion: [apex]\n", "choices conflict with the hardware"),
+    ],
+)
 def test_resolve_conflicts(tmp_path: Path, body: str, words: str) -> None:
     space = load_space(write(tmp_path, body, "hw.yaml"))
     with pytest.raises(SearchSpaceError) as e:
@@ -228,8 +242,12 @@ def test_suggest_30_trials(hw: Hardware) -> None:
 
 
 def test_fixed_knobs_not_in_params(tmp_path: Path) -> None:
-    space = load_space(write(tmp_path, "knobs:\n  batch_size: 16\n  precision: [bf16]\n"
-                                       "  num_workers: {low: 2, high: 2}\n  gpus: [1, 2]\n"))
+    space = load_space(
+        write(
+            tmp_path,
+            "knobs:\n  batch_size: 16\n  precision: [bf16]\n  num_workers: {low: 2, high: 2}\n  gpus: [1, 2]\n",
+        )
+    )
     space, _ = resolve(space, GPU4)
     trial = optuna.create_study().ask()
     cfg = suggest(trial, space, BASELINE)
@@ -252,11 +270,22 @@ def test_grid_size() -> None:
 
 
 @pytest.mark.parametrize("hw", [CPU, GPU4])
-@pytest.mark.parametrize("cfg", [
-    BASELINE,
-    BASELINE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True, batch_size=32,
-                     precision="bf16", optimizer_fusion="fused", channels_last=True, set_to_none=False),
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        BASELINE,
+        BASELINE.replace(
+            num_workers=2,
+            prefetch_factor=4,
+            persistent_workers=True,
+            batch_size=32,
+            precision="bf16",
+            optimizer_fusion="fused",
+            channels_last=True,
+            set_to_none=False,
+        ),
+    ],
+)
 def test_enqueued_config_comes_back(hw: Hardware, cfg: TrialConfig) -> None:
     space, _ = resolve(load_space(DEFAULT), hw)
     study = optuna.create_study()
@@ -317,8 +346,9 @@ def test_detect_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one core, not a crash
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(space_module, "cpu_bf16_native", lambda: False)
-    assert Hardware.detect() == Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False, cpu_bf16=False,
-                                         memory_bytes=space_module.memory_bytes(False))
+    assert Hardware.detect() == Hardware(
+        cuda=False, gpu_count=0, cpu_count=1, apex=False, cpu_bf16=False, memory_bytes=space_module.memory_bytes(False)
+    )
 
 
 def test_memory_is_the_smallest_visible_gpus_or_the_ram(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -332,8 +362,9 @@ def test_memory_is_the_smallest_visible_gpus_or_the_ram(monkeypatch: pytest.Monk
     ram = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0]) * 1024
     assert memory_bytes(False) == ram  # the whole RAM: the same on every run, so the narrowed space is too
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(UUID_A, memory=80 * 2**30),
-                                                         FakeGpu(UUID_B, memory=40 * 2**30)]))
+    monkeypatch.setitem(
+        sys.modules, "pynvml", FakeNvml([FakeGpu(UUID_A, memory=80 * 2**30), FakeGpu(UUID_B, memory=40 * 2**30)])
+    )
     assert memory_bytes(True) == 40 * 2**30 and not torch.cuda.is_initialized()
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], init_fails=True))
     assert memory_bytes(True) is None  # no NVML: not sized
@@ -366,24 +397,36 @@ def test_the_strategy_is_searched_with_several_gpus_and_inert_with_one() -> None
     assert space["parallel"] == Choices(("ddp", "fsdp"))
     assert space["fsdp_reduce_dtype"] == Choices(("fp32", "bf16")) and space["fsdp_offload"] == Choices((False, True))
     space, notes = resolve(load_space(DEFAULT), CPU, stages=2)  # one process: nothing to shard
-    assert space["parallel"] == Fixed("ddp") and all(space[k] == Fixed(v) for k, v in
-                                                     zip(FSDP_SUBS, (True, "fp32", "fp32", False)))
+    assert space["parallel"] == Fixed("ddp") and all(
+        space[k] == Fixed(v) for k, v in zip(FSDP_SUBS, (True, "fp32", "fp32", False))
+    )
     assert any(n.startswith("parallel fixed to 'ddp': gpus is 1") for n in notes)
 
 
 def test_two_cpu_processes_search_fsdp_without_offload(tmp_path: Path) -> None:
     """Two gloo ranks on a CPU (the tests' DDP): the parameters already live in host memory."""
     two = Hardware(cuda=False, gpu_count=2, cpu_count=2, apex=False)
-    space, notes = resolve(load_space(write(tmp_path, "knobs:\n  gpus: 2\n  parallel: [ddp, fsdp]\n"
-                                                      "  fsdp_offload: [false, true]\n  fsdp_reduce_dtype: [fp32, bf16]\n")),
-                           two, stages=2)
+    space, notes = resolve(
+        load_space(
+            write(
+                tmp_path,
+                "knobs:\n  gpus: 2\n  parallel: [ddp, fsdp]\n"
+                "  fsdp_offload: [false, true]\n  fsdp_reduce_dtype: [fp32, bf16]\n",
+            )
+        ),
+        two,
+        stages=2,
+    )
     assert space["parallel"] == Choices(("ddp", "fsdp")) and space["fsdp_reduce_dtype"] == Choices(("fp32", "bf16"))
     assert space["fsdp_offload"] == Fixed(False) and any("host memory" in n for n in notes)
 
 
 def test_fsdp_sub_knobs_are_inert_when_parallel_is_ddp(tmp_path: Path) -> None:
-    space, notes = resolve(load_space(write(tmp_path, "knobs:\n  gpus: [1, 2]\n  parallel: ddp\n"
-                                                      "  fsdp_reshard: [true, false]\n")), GPU4, stages=2)
+    space, notes = resolve(
+        load_space(write(tmp_path, "knobs:\n  gpus: [1, 2]\n  parallel: ddp\n  fsdp_reshard: [true, false]\n")),
+        GPU4,
+        stages=2,
+    )
     assert space["fsdp_reshard"] == Fixed(True) and any("parallel is not fsdp" in n for n in notes)
 
 
@@ -403,11 +446,14 @@ def test_fsdp_on_a_pipeline_without_blocks_is_bad_input_or_narrowed(tmp_path: Pa
     assert any("neither `stages` nor `blocks`" in n for n in notes)
 
 
-@pytest.mark.parametrize("body, words", [
-    ("knobs:\n  parallel: [ddp, zero3]\n", "knob 'parallel': parallel must be one of ddp|fsdp, got 'zero3'"),
-    ("knobs:\n  fsdp_reduce_dtype: fp16\n", "knob 'fsdp_reduce_dtype': fsdp_reduce_dtype must be one of fp32|bf16"),
-    ("knobs:\n  fsdp_offload: [no_such]\n", "knob 'fsdp_offload'"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("knobs:\n  parallel: [ddp, zero3]\n", "knob 'parallel': parallel must be one of ddp|fsdp, got 'zero3'"),
+        ("knobs:\n  fsdp_reduce_dtype: fp16\n", "knob 'fsdp_reduce_dtype': fsdp_reduce_dtype must be one of fp32|bf16"),
+        ("knobs:\n  fsdp_offload: [no_such]\n", "knob 'fsdp_offload'"),
+    ],
+)
 def test_a_bad_strategy_in_the_space_file_is_one_line(tmp_path: Path, body: str, words: str) -> None:
     with pytest.raises(SearchSpaceError, match=words) as e:
         load_space(write(tmp_path, body))
@@ -415,8 +461,14 @@ def test_a_bad_strategy_in_the_space_file_is_one_line(tmp_path: Path, body: str,
 
 
 def test_suggest_asks_for_the_strategy_only_where_it_can_matter() -> None:
-    space = SearchSpace({"gpus": Choices((1, 2)), "parallel": Choices(("ddp", "fsdp")),
-                         "fsdp_reshard": Choices((True, False)), "fsdp_reduce_dtype": Choices(("fp32", "bf16"))})
+    space = SearchSpace(
+        {
+            "gpus": Choices((1, 2)),
+            "parallel": Choices(("ddp", "fsdp")),
+            "fsdp_reshard": Choices((True, False)),
+            "fsdp_reduce_dtype": Choices(("fp32", "bf16")),
+        }
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen: dict[tuple[int, str], set[str]] = {}
     for _ in range(40):
@@ -432,8 +484,9 @@ def test_suggest_asks_for_the_strategy_only_where_it_can_matter() -> None:
 
 
 def test_an_enqueued_fsdp_config_comes_back_exactly() -> None:
-    space = SearchSpace({"gpus": Choices((1, 2)), "parallel": Choices(("ddp", "fsdp")),
-                         "fsdp_reshard": Choices((True, False))})
+    space = SearchSpace(
+        {"gpus": Choices((1, 2)), "parallel": Choices(("ddp", "fsdp")), "fsdp_reshard": Choices((True, False))}
+    )
     cfg = TrialConfig(gpus=2, parallel="fsdp", fsdp_reshard=False)
     assert config_params(cfg, space) == {"gpus": 2, "parallel": "fsdp", "fsdp_reshard": False}
     assert config_params(TrialConfig(gpus=1), space) == {"gpus": 1}  # the strategy is not a param of one process

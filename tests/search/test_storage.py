@@ -1,4 +1,5 @@
 """autotune/search/storage.py: what the user typed becomes a real Optuna storage, or one clear StorageError."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -24,6 +25,7 @@ def add_trials(storage: object, name: str = "s", values: tuple[float, ...] = (1.
 
 
 # --- a bare path is a JournalFile ---------------------------------------------------------------------
+
 
 def test_bare_path_is_a_journal_that_reads_back(tmp_path: Path) -> None:
     path = tmp_path / "studies.db"
@@ -61,6 +63,7 @@ def test_sqlite_url_is_an_rdb_storage(tmp_path: Path) -> None:
 
 
 # --- refused paths ------------------------------------------------------------------------------------
+
 
 def test_sqlite_file_given_as_a_path_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "x.db"
@@ -117,8 +120,10 @@ def test_storage_errors_are_bad_input(tmp_path: Path) -> None:
 
 # --- refused URLs -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("url, scheme", [("ftp://x/y", "ftp"), ("redis://localhost:6379/0", "redis"),
-                                         ("http://localhost:8080", "http")])
+
+@pytest.mark.parametrize(
+    "url, scheme", [("ftp://x/y", "ftp"), ("redis://localhost:6379/0", "redis"), ("http://localhost:8080", "http")]
+)
 def test_unknown_scheme_is_refused(url: str, scheme: str) -> None:
     with pytest.raises(StorageError, match=f"unknown scheme '{scheme}'"):
         open_storage(url)
@@ -136,16 +141,19 @@ def test_bad_grpc_url_is_refused(url: str) -> None:
         open_storage(url)
 
 
-@pytest.mark.parametrize("url", [
-    "postgresql://bob:s3cret@127.0.0.1:1/db",
-    "postgresql+psycopg://bob:s3cret@127.0.0.1:1/db",
-    "postgresql://bob@127.0.0.1:1/db?password=s3cret",
-    "postgresql://bob:s3cr%40t@127.0.0.1:1/db",  # an escaped '@' in the password
-    "postgresql://bob:s3cret@127.0.0.1:1/db?sslmode=bogus",  # a driver error about the URL itself
-    "mysql://bob:s3cret@127.0.0.1:1/db",
-    "sqlite://127.0.0.1/x.db?password=s3cret",  # SQLAlchemy repeats this URL in its error, query and all
-    "sqlite://bob:s3cret@127.0.0.1/x.db",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://bob:s3cret@127.0.0.1:1/db",
+        "postgresql+psycopg://bob:s3cret@127.0.0.1:1/db",
+        "postgresql://bob@127.0.0.1:1/db?password=s3cret",
+        "postgresql://bob:s3cr%40t@127.0.0.1:1/db",  # an escaped '@' in the password
+        "postgresql://bob:s3cret@127.0.0.1:1/db?sslmode=bogus",  # a driver error about the URL itself
+        "mysql://bob:s3cret@127.0.0.1:1/db",
+        "sqlite://127.0.0.1/x.db?password=s3cret",  # SQLAlchemy repeats this URL in its error, query and all
+        "sqlite://bob:s3cret@127.0.0.1/x.db",
+    ],
+)
 def test_unreachable_database_never_shows_the_password(url: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(StorageError) as e:

@@ -1,5 +1,6 @@
 """The default strategy (`--sampler auto`): enqueued trials as enqueued, then a one-knob-at-a-time pass from
 the best feasible config, never re-proposing a measured config, then TPE; all of it derived from the study."""
+
 from __future__ import annotations
 
 import warnings
@@ -26,16 +27,19 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
 SPACE = resolve(load_space(DEFAULT_SPACE), CPU, stages=5)[0]
 BASE = TrialConfig()
-WARM = BASE.replace(num_workers=2, precision="bf16", optimizer_fusion="fused", persistent_workers=True,
-                    prefetch_factor=2)
+WARM = BASE.replace(
+    num_workers=2, precision="bf16", optimizer_fusion="fused", persistent_workers=True, prefetch_factor=2
+)
 Objective = Callable[[TrialConfig], "float | None"]  # None: infeasible (an OOM, say)
 
 
-def new_study(sampler: optuna.samplers.BaseSampler | None = None, storage: Any = None,
-              name: str | None = None) -> optuna.Study:
+def new_study(
+    sampler: optuna.samplers.BaseSampler | None = None, storage: Any = None, name: str | None = None
+) -> optuna.Study:
     """As autotune's open_study: trial 0 the baseline, trial 1 the warm start, enqueued with fixed params."""
-    study = optuna.create_study(direction="maximize", sampler=sampler or CoordinateSampler(seed=0),
-                                storage=storage, study_name=name)
+    study = optuna.create_study(
+        direction="maximize", sampler=sampler or CoordinateSampler(seed=0), storage=storage, study_name=name
+    )
     for cfg in (BASE, WARM):
         study.enqueue_trial(config_params(cfg, SPACE))
     return study
@@ -71,8 +75,11 @@ OPTIMUM = dict(precision="bf16", batch_size=64, num_workers=2, channels_last=Tru
 
 
 def moves(study: optuna.Study) -> list[tuple[str, Any]]:
-    return [(t.system_attrs[MOVE_KEY]["knob"], t.system_attrs[MOVE_KEY]["value"])
-            for t in study.get_trials(deepcopy=False) if MOVE_KEY in t.system_attrs]
+    return [
+        (t.system_attrs[MOVE_KEY]["knob"], t.system_attrs[MOVE_KEY]["value"])
+        for t in study.get_trials(deepcopy=False)
+        if MOVE_KEY in t.system_attrs
+    ]
 
 
 def changed(a: TrialConfig, b: TrialConfig) -> set[str]:
@@ -221,13 +228,16 @@ def test_concurrent_workers_take_different_moves() -> None:
     assert all(len(changed(BASE, c) - set(WORKER_KNOBS)) == 1 for c in cfgs[2:])  # from the queued baseline
 
 
-@pytest.mark.parametrize("dist, was, expected", [
-    (IntDistribution(0, 8), 0, [8, 4]),
-    (IntDistribution(0, 8), 8, [4, 0]),
-    (IntDistribution(1, 8), 1, [8, 4]),
-    (CategoricalDistribution([4, 8, 16, 32, 64]), 8, [64, 16]),
-    (CategoricalDistribution(["fp32", "bf16", "fp16"]), "fp32", ["bf16", "fp16"]),
-    (CategoricalDistribution([False, True]), False, [True]),
-])
+@pytest.mark.parametrize(
+    "dist, was, expected",
+    [
+        (IntDistribution(0, 8), 0, [8, 4]),
+        (IntDistribution(0, 8), 8, [4, 0]),
+        (IntDistribution(1, 8), 1, [8, 4]),
+        (CategoricalDistribution([4, 8, 16, 32, 64]), 8, [64, 16]),
+        (CategoricalDistribution(["fp32", "bf16", "fp16"]), "fp32", ["bf16", "fp16"]),
+        (CategoricalDistribution([False, True]), False, [True]),
+    ],
+)
 def test_move_values_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
     assert move_values(dist, was) == expected

@@ -1,4 +1,5 @@
 """The study: baseline and warm start enqueued once, fingerprints enforced, and one real search end to end."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,16 @@ from tests.fakes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
-FP = {"gpu_names": [], "gpu_count": 0, "cpu_model": "test", "cpu_cores": 2, "torch": "x", "cuda": None,
-      "pipeline": "unet", "image_size": 64}
+FP = {
+    "gpu_names": [],
+    "gpu_count": 0,
+    "cpu_model": "test",
+    "cpu_cores": 2,
+    "torch": "x",
+    "cuda": None,
+    "pipeline": "unet",
+    "image_size": 64,
+}
 
 
 @pytest.fixture(params=["journal", "sqlite"])
@@ -81,8 +90,24 @@ def test_search_end_to_end(tmp_path: Path) -> None:
 
     data = make_data(tmp_path / "data", n=24, size=(160, 120), seed=0)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "autotune", "search", "--budget", "150s", "--data", str(data), "--image-size", "64",
-           "--trial-seconds", "2", "--warmup-steps", "1", "--seed", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--budget",
+        "150s",
+        "--data",
+        str(data),
+        "--image-size",
+        "64",
+        "--trial-seconds",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--seed",
+        "0",
+    ]
     t0 = time.monotonic()
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     wall = time.monotonic() - t0
@@ -110,19 +135,51 @@ def test_search_end_to_end(tmp_path: Path) -> None:
     low, high = exported["confirmed"]["speedup_range"]
     assert low <= exported["speedup"] <= high
     out = tmp_path / "again" / "result.json"
-    again = subprocess.run([sys.executable, "-m", "autotune", "trial", "--config", str(best), "--out", str(out),
-                            "--steps", "2", "--seconds", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "trial",
+            "--config",
+            str(best),
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--seconds",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["status"] == "ok"
-    assert {k: v["requested"] for k, v in result["applied"].items() if k in exported["config"]} == \
-        {k: v for k, v in exported["config"].items() if k in result["applied"]}
+    assert {k: v["requested"] for k, v in result["applied"].items() if k in exported["config"]} == {
+        k: v for k, v in exported["config"].items() if k in result["applied"]
+    }
 
     # `optuna-dashboard studies.db`, exactly as typed, lists the study and its trials.
     port = free_port()
-    dash = subprocess.Popen([str(Path(sys.executable).parent / "optuna-dashboard"), "studies.db", "--port", str(port),
-                             "--host", "127.0.0.1", "--quiet"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dash = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "optuna-dashboard"),
+            "studies.db",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         body = None
         for _ in range(60):

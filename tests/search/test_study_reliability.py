@@ -1,4 +1,5 @@
 """A search survives every trial fault, a killed controller, Ctrl-C/SIGTERM and concurrent searches."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,16 @@ from autotune.search.study import open_study
 from tests.conftest import REPO_ROOT, wait_until_gone
 
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
-FP = {"gpu_names": [], "gpu_count": 0, "cpu_model": "test", "cpu_cores": 2, "torch": "x", "cuda": None,
-      "pipeline": "tests.fault_pipelines:fault_by_batch_size", "image_size": 64}
+FP = {
+    "gpu_names": [],
+    "gpu_count": 0,
+    "cpu_model": "test",
+    "cpu_cores": 2,
+    "torch": "x",
+    "cuda": None,
+    "pipeline": "tests.fault_pipelines:fault_by_batch_size",
+    "image_size": 64,
+}
 PIPELINE = "tests.fault_pipelines:fault_by_batch_size"
 
 
@@ -36,8 +45,9 @@ PIPELINE = "tests.fault_pipelines:fault_by_batch_size"
 @pytest.mark.usefixtures("repo_on_path")
 def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> None:
     base = TrialConfig(pipeline=PIPELINE, warmup_steps=1, timed_steps=6, window=2)
-    settings = SearchSettings(budget_s=600, storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path / "studies"),
-                              base=base)
+    settings = SearchSettings(
+        budget_s=600, storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path / "studies"), base=base
+    )
     space = resolve(load_space(REPO_ROOT / "search_spaces" / "default.yaml"), CPU, stages=2)[0]
     study = open_study(settings, open_storage(settings.storage), FP, space, CPU)
     cases = [  # (knobs, expected state, reason)
@@ -80,11 +90,34 @@ def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> Non
 def _search(tmp_path: Path, *extra: str, sigint: Any = signal.SIG_DFL) -> subprocess.Popen[str]:
     """`autotune search` in a subprocess. `sigint` is the SIGINT disposition it inherits: a shell's
     background job starts with SIGINT ignored, and Ctrl-C must work however autotune was started."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks")}
-    cmd = [sys.executable, "-m", "autotune", "search", "--pipeline", "tests.fault_pipelines:slow",
-           "--trial-seconds", "3", "--warmup-steps", "1", *extra]
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks"),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--pipeline",
+        "tests.fault_pipelines:slow",
+        "--trial-seconds",
+        "3",
+        "--warmup-steps",
+        "1",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
+    )
 
 
 def group_gone(pgid: int, timeout_s: float = 15.0) -> bool:
@@ -156,8 +189,11 @@ def test_killed_controller_resumes_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, inherited", [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL)],
-                         ids=["SIGINT-inherited-ignored", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig, inherited",
+    [(signal.SIGINT, signal.SIG_IGN), (signal.SIGTERM, signal.SIG_DFL)],
+    ids=["SIGINT-inherited-ignored", "SIGTERM"],
+)
 def test_interrupt_records_exports_and_exits_130(tmp_path: Path, sig: signal.Signals, inherited: Any) -> None:
     search = _search(tmp_path, "--budget", "5m", sigint=inherited)
     running = _wait_running(tmp_path, completed=1)

@@ -1,5 +1,6 @@
 """search/target.py and search/classes.py: a changed optimizer step is judged by the time it takes to reach
 the baseline's loss; each training-math class is checked once, and a failed class is never run again."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,11 +26,17 @@ HEALTHY = TrialConfig(pipeline="tests.parity_pipelines:healthy", image_size=32, 
 
 
 def reference(losses: list[float], twin: list[float] | None = None) -> Reference:
-    return Reference(TrialConfig(batch_size=8).replace(warmup_steps=0, timed_steps=len(losses)), len(losses),
-                     tuple(losses), tuple(twin or losses), 1.0)
+    return Reference(
+        TrialConfig(batch_size=8).replace(warmup_steps=0, timed_steps=len(losses)),
+        len(losses),
+        tuple(losses),
+        tuple(twin or losses),
+        1.0,
+    )
 
 
 # --- the verdict, on given trajectories -----------------------------------------------------------------
+
 
 def test_reaching_the_loss_sooner_in_wall_time_passes() -> None:
     ref = reference([1.0 - 0.02 * i for i in range(10)])  # the baseline: 80 samples to reach its own end
@@ -55,6 +62,7 @@ def test_slower_in_wall_time_or_diverging_after_fails() -> None:
 
 
 # --- real runs ------------------------------------------------------------------------------------------
+
 
 def record(study: optuna.Study, role: str, cfg: TrialConfig, sps: float, base_sps: float = 10.0) -> None:
     trial = study.ask()
@@ -106,9 +114,18 @@ def test_a_failed_class_is_checked_during_the_search_and_never_run_again(tmp_pat
     space = tmp_path / "space.yaml"
     space.write_text("knobs:\n  batch_size: [8, 64]\n  num_threads: [1, 2]\n")
     base = HEALTHY.replace(warmup_steps=1, timed_steps=6, window=2, lr_scaling="none")
-    settings = SearchSettings(budget_s=None, n_trials=4, storage=str(tmp_path / "studies.db"), space=str(space),
-                              studies_dir=str(tmp_path / "studies"), base=base, parity_steps=10, confirm_rounds=0,
-                              sampler="auto", seed=0)
+    settings = SearchSettings(
+        budget_s=None,
+        n_trials=4,
+        storage=str(tmp_path / "studies.db"),
+        space=str(space),
+        studies_dir=str(tmp_path / "studies"),
+        base=base,
+        parity_steps=10,
+        confirm_rounds=0,
+        sampler="auto",
+        seed=0,
+    )
     said: list[str] = []
     session = SearchSession.create(settings, warm=False, say=said.append)
     session.run()
@@ -121,8 +138,11 @@ def test_a_failed_class_is_checked_during_the_search_and_never_run_again(tmp_pat
             session = SearchSession.create(settings, warm=False, say=said.append)
         session.study.enqueue_trial({"batch_size": 64, "num_threads": 2})  # the sampler proposes it again
         session.run()
-        again = [t for t in session.study.trials if t.number > verdict["trial"]
-                 and TrialRecord.from_frozen(t).config.get("batch_size") == 64]
+        again = [
+            t
+            for t in session.study.trials
+            if t.number > verdict["trial"] and TrialRecord.from_frozen(t).config.get("batch_size") == 64
+        ]
         assert again and all(TrialRecord.from_frozen(t).reason == "class_failed" for t in again), again
         assert all(t.constraints == {FEASIBLE_KEY: 1.0} for t in again)
         assert not any((Path(settings.studies_dir) / "autotune" / f"trial-{t.number}").exists() for t in again)

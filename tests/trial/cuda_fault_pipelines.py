@@ -4,6 +4,7 @@ out, so the real worker process must classify it.
 
 Named as `tests.trial.cuda_fault_pipelines:<factory>` in TrialConfig.pipeline.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,13 +25,17 @@ CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(hand
 CUDNN8 = "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"
 CUDNN9 = "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"
 # C10D_NCCL_CHECK (c10d/NCCLUtils.hpp): "NCCL error in: <file>:<line>, <ncclGetErrorWithVersion>\n<detail>".
-NCCL = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, unhandled cuda error "
-        "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\nncclUnhandledCudaError: Call to CUDA "
-        "function failed.\nLast error:\nCuda failure 2 'out of memory'")
+NCCL = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, unhandled cuda error "
+    "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\nncclUnhandledCudaError: Call to CUDA "
+    "function failed.\nLast error:\nCuda failure 2 'out of memory'"
+)
 # C10_CUDA_CHECK(cudaHostAlloc(...)) in the caching host allocator: cudaErrorMemoryAllocation.
-HOST_ALLOC = ("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API "
-              "call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
-              "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+HOST_ALLOC = (
+    "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API "
+    "call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
+    "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
 
 
 def pin_thread_error() -> BaseException:
@@ -53,11 +58,15 @@ def pin_thread_error() -> BaseException:
 def make_error(kind: str) -> BaseException:
     import torch.distributed as dist
 
-    return {"cublas": lambda: RuntimeError(CUBLAS), "cudnn8": lambda: RuntimeError(CUDNN8),
-            "cudnn9": lambda: RuntimeError(CUDNN9), "nccl": lambda: dist.DistBackendError(NCCL),
-            "pin": pin_thread_error,
-            # Not out of memory, though it says "memory": a bug, which must stay a crash.
-            "illegal": lambda: torch.AcceleratorError("CUDA error: an illegal memory access was encountered")}[kind]()
+    return {
+        "cublas": lambda: RuntimeError(CUBLAS),
+        "cudnn8": lambda: RuntimeError(CUDNN8),
+        "cudnn9": lambda: RuntimeError(CUDNN9),
+        "nccl": lambda: dist.DistBackendError(NCCL),
+        "pin": pin_thread_error,
+        # Not out of memory, though it says "memory": a bug, which must stay a crash.
+        "illegal": lambda: torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+    }[kind]()
 
 
 class RaisesAtFirstStep(TinyPipeline):
@@ -72,11 +81,13 @@ def _raising(kind: str) -> Any:
         p = RaisesAtFirstStep(cfg)
         p.kind = kind
         return p
+
     return factory
 
 
-cublas, cudnn8, cudnn9, nccl, pin, illegal = (_raising(k) for k in ("cublas", "cudnn8", "cudnn9", "nccl", "pin",
-                                                                     "illegal"))
+cublas, cudnn8, cudnn9, nccl, pin, illegal = (
+    _raising(k) for k in ("cublas", "cudnn8", "cudnn9", "nccl", "pin", "illegal")
+)
 
 
 class CublasOomOnRankOne(TinyPipeline):

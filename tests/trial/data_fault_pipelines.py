@@ -3,6 +3,7 @@
 Named as `tests.trial.data_fault_pipelines:make` in TrialConfig.pipeline. Four items, so a batch of
 two over a shuffled epoch reaches the bad one within the first two steps.
 """
+
 from __future__ import annotations
 
 from typing import Any

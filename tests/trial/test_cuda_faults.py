@@ -2,6 +2,7 @@
 signatures), out-of-memory errors as cuBLAS, cuDNN, NCCL and the pin-memory thread raise them (through
 the real worker process, one DDP rank alone too), DDP ranks' thread count, the warm-up's time (where
 torch.compile compiles) and a dataset smaller than a batch."""
+
 from __future__ import annotations
 
 import inspect
@@ -40,6 +41,7 @@ def inproc(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- apex: a fake package with apex's signatures (tests/fakes.py) --------------------------------
+
 
 def test_fake_apex_is_detected_and_only_with_its_kernels(fake_apex_python_only: Path) -> None:
     import importlib
@@ -87,24 +89,40 @@ def test_apex_without_cuda_is_unsupported(fake_apex: Path) -> None:
 
 # --- out of memory, as each library says it -------------------------------------------------------
 
-@pytest.mark.parametrize("error", [
-    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-    RuntimeError(faults.CUBLAS), RuntimeError(faults.CUDNN8), RuntimeError(faults.CUDNN9),
-    torch.distributed.DistBackendError(faults.NCCL), faults.pin_thread_error(),
-], ids=["torch", "cublas", "cudnn8", "cudnn9", "nccl", "pin_thread"])
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError(faults.CUBLAS),
+        RuntimeError(faults.CUDNN8),
+        RuntimeError(faults.CUDNN9),
+        torch.distributed.DistBackendError(faults.NCCL),
+        faults.pin_thread_error(),
+    ],
+    ids=["torch", "cublas", "cudnn8", "cudnn9", "nccl", "pin_thread"],
+)
 def test_out_of_memory_is_recognised(error: BaseException) -> None:
     assert harness.is_out_of_memory(error)
     assert "out of memory" in harness.oom_message(error).lower() or "ALLOC" in harness.oom_message(error)
 
 
-@pytest.mark.parametrize("error", [
-    torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
-    RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."),
-    RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, ...)`"),
-    RuntimeError("out of memory"),  # not a library's words: no library says only this
-    torch.distributed.DistBackendError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"),
-    ValueError("CUDA error: out of memory"),  # no library raises that type
-], ids=["illegal_access", "cudnn_not_supported", "cublas_execution", "bare_words", "dist_peer_gone", "not_runtime"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+        RuntimeError(
+            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
+        ),
+        RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, ...)`"),
+        RuntimeError("out of memory"),  # not a library's words: no library says only this
+        torch.distributed.DistBackendError(
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+        ),
+        ValueError("CUDA error: out of memory"),  # no library raises that type
+    ],
+    ids=["illegal_access", "cudnn_not_supported", "cublas_execution", "bare_words", "dist_peer_gone", "not_runtime"],
+)
 def test_other_errors_are_not_out_of_memory(error: BaseException) -> None:
     assert not harness.is_out_of_memory(error)
 
@@ -112,8 +130,9 @@ def test_other_errors_are_not_out_of_memory(error: BaseException) -> None:
 def test_pin_thread_message_names_the_allocation() -> None:
     e = faults.pin_thread_error()
     assert str(e).startswith("Caught AcceleratorError in pin memory thread")  # what the trial log shows first
-    assert harness.oom_message(e) == ("torch.AcceleratorError: CUDA error: out of memory "
-                                      "(Caught AcceleratorError in pin memory thread for device 0.)")
+    assert harness.oom_message(e) == (
+        "torch.AcceleratorError: CUDA error: out of memory (Caught AcceleratorError in pin memory thread for device 0.)"
+    )
 
 
 @pytest.mark.slow
@@ -145,6 +164,7 @@ def test_oom_on_one_ddp_rank_ends_the_trial_promptly(tmp_path: Path) -> None:
 
 # --- DDP ranks' threads, warm-up time: a real 2-rank trial over gloo ----------------------------------
 
+
 @pytest.mark.slow
 def test_ddp_ranks_share_the_cores_and_report_warmup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.core.cpus import usable_cpus
@@ -163,8 +183,11 @@ def test_ddp_ranks_share_the_cores_and_report_warmup(tmp_path: Path, monkeypatch
 
 @pytest.mark.slow
 def test_ddp_records_the_global_batch_loss_not_rank_0s(tmp_path: Path) -> None:
-    r = launcher.run_trial(cfg("tests.fault_pipelines:shard_loss", gpus=2, batch_size=4, timed_steps=3, window=1),
-                           tmp_path / "t", timeout_s=300)
+    r = launcher.run_trial(
+        cfg("tests.fault_pipelines:shard_loss", gpus=2, batch_size=4, timed_steps=3, window=1),
+        tmp_path / "t",
+        timeout_s=300,
+    )
     assert r.world_size == 2
     # Each step's global batch is the whole 8-sample epoch: its mean index is 3.5 whatever the shuffle.
     assert r.losses == pytest.approx([3.5] * 4)
@@ -172,6 +195,7 @@ def test_ddp_records_the_global_batch_loss_not_rank_0s(tmp_path: Path) -> None:
 
 
 # --- warm-up time, apart from the timed steps -----------------------------------------------------
+
 
 def test_warmup_is_timed_apart_and_kept_out_of_samples_per_s(inproc: None) -> None:
     c = cfg(f"{PIPELINES}:slow_warmup", warmup_steps=2, timed_steps=4, window=2)
@@ -188,14 +212,19 @@ def test_warmup_is_timed_apart_and_kept_out_of_samples_per_s(inproc: None) -> No
 
 # --- effects observed inside the worker (what scripts/gpu_check.sh asserts on a GPU) -----------------
 
-@pytest.mark.parametrize("changes, want", [
-    ({}, {"conv_output_dtype": "float32", "conv_input_channels_last": False, "conv_output_channels_last": False}),
-    ({"channels_last": True}, {"conv_input_channels_last": True, "conv_output_channels_last": True}),
-    ({"precision": "bf16"}, {"conv_output_dtype": "bfloat16"}),  # a 16x16 conv: bf16's slow CPU path is cheap here
-    ({"checkpoint_segments": 1}, {"conv_output_dtype": "float32"}),  # the recompute does not overwrite it
-])
-def test_worker_observes_what_the_first_conv_really_did(inproc: None, changes: dict[str, Any],
-                                                       want: dict[str, Any]) -> None:
+
+@pytest.mark.parametrize(
+    "changes, want",
+    [
+        ({}, {"conv_output_dtype": "float32", "conv_input_channels_last": False, "conv_output_channels_last": False}),
+        ({"channels_last": True}, {"conv_input_channels_last": True, "conv_output_channels_last": True}),
+        ({"precision": "bf16"}, {"conv_output_dtype": "bfloat16"}),  # a 16x16 conv: bf16's slow CPU path is cheap here
+        ({"checkpoint_segments": 1}, {"conv_output_dtype": "float32"}),  # the recompute does not overwrite it
+    ],
+)
+def test_worker_observes_what_the_first_conv_really_did(
+    inproc: None, changes: dict[str, Any], want: dict[str, Any]
+) -> None:
     r = trial.run(cfg(warmup_steps=1, timed_steps=1, window=1, **changes))
     seen = r.applied["observed"]
     assert {k: seen.get(k) for k in want} == want
@@ -225,6 +254,7 @@ def test_a_compiled_model_gets_no_hook_and_says_it_is_compiled(monkeypatch: pyte
 
 
 # --- a dataset smaller than one batch -------------------------------------------------------------
+
 
 def test_a_batch_larger_than_the_dataset_runs_in_a_trial(inproc: None) -> None:
     r = trial.run(cfg(f"{PIPELINES}:few_items", batch_size=8, warmup_steps=1, timed_steps=3, window=1))

@@ -1,5 +1,6 @@
 """A dataset item that cannot be loaded fails the trial as "data" (exit code 2, TrialDataError) with
 the file or item named, rather than as a crash with a decoder's traceback: real worker processes."""
+
 from __future__ import annotations
 
 import pickle
@@ -32,15 +33,16 @@ def bad_folder(tmp_path: Path) -> Path:
 
 
 def unet_cfg(data: Path, **changes: Any) -> TrialConfig:
-    return TrialConfig(image_size=64, batch_size=2, warmup_steps=1, timed_steps=2, window=1, num_threads=1,
-                       data_dir=str(data)).replace(**changes)
+    return TrialConfig(
+        image_size=64, batch_size=2, warmup_steps=1, timed_steps=2, window=1, num_threads=1, data_dir=str(data)
+    ).replace(**changes)
 
 
 # --- the built-in Unet: the file is named --------------------------------------------------------
 
+
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_unet_bad_image_is_trial_data_error_naming_the_file(bad_folder: Path, tmp_path: Path,
-                                                            num_workers: int) -> None:
+def test_unet_bad_image_is_trial_data_error_naming_the_file(bad_folder: Path, tmp_path: Path, num_workers: int) -> None:
     trial_dir = tmp_path / f"trial-{num_workers}"
     with pytest.raises(errors.TrialDataError) as e:
         launcher.run_trial(unet_cfg(bad_folder, num_workers=num_workers), trial_dir, timeout_s=300)
@@ -50,9 +52,9 @@ def test_unet_bad_image_is_trial_data_error_naming_the_file(bad_folder: Path, tm
     assert not wait_until_gone(str(trial_dir))
 
 
-def test_cli_trial_on_a_bad_folder_exits_2_naming_the_file(bad_folder: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_trial_on_a_bad_folder_exits_2_naming_the_file(
+    bad_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     cfg_yaml = tmp_path / "cfg.yaml"
     cfg_yaml.write_text(yaml.safe_dump(unet_cfg(bad_folder).to_dict()))
@@ -64,10 +66,17 @@ def test_cli_trial_on_a_bad_folder_exits_2_naming_the_file(bad_folder: Path, tmp
 
 # --- a user's pipeline: the item is named --------------------------------------------------------
 
+
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_user_dataset_error_is_trial_data_error_naming_the_item(tmp_path: Path, num_workers: int) -> None:
-    cfg = TrialConfig(pipeline="tests.trial.data_fault_pipelines:make", batch_size=2, warmup_steps=1,
-                      timed_steps=2, window=1, num_workers=num_workers)
+    cfg = TrialConfig(
+        pipeline="tests.trial.data_fault_pipelines:make",
+        batch_size=2,
+        warmup_steps=1,
+        timed_steps=2,
+        window=1,
+        num_workers=num_workers,
+    )
     trial_dir = tmp_path / "t"
     with pytest.raises(errors.TrialDataError) as e:
         launcher.run_trial(cfg, trial_dir, timeout_s=120)
@@ -78,6 +87,7 @@ def test_user_dataset_error_is_trial_data_error_naming_the_item(tmp_path: Path, 
 
 
 # --- the wrapper, in process ---------------------------------------------------------------------
+
 
 class Exploding(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __init__(self, exc: BaseException) -> None:
@@ -90,8 +100,15 @@ class Exploding(torch.utils.data.Dataset):  # type: ignore[type-arg]
         raise self.exc
 
 
-@pytest.mark.parametrize("exc", [torch.OutOfMemoryError("CUDA out of memory"), MemoryError(), KeyboardInterrupt(),
-                                 errors.DataItemError("cannot load a.jpg in data folder /x (bad)", path="a.jpg")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        torch.OutOfMemoryError("CUDA out of memory"),
+        MemoryError(),
+        KeyboardInterrupt(),
+        errors.DataItemError("cannot load a.jpg in data folder /x (bad)", path="a.jpg"),
+    ],
+)
 def test_wrapper_passes_through_what_is_not_an_item_failure(exc: BaseException) -> None:
     with pytest.raises(type(exc)) as e:
         harness.checked(Exploding(exc))[1]

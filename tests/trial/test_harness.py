@@ -1,4 +1,5 @@
 """autotune/trial/harness.py: build() applies every knob and says what it applied; step() really trains."""
+
 from __future__ import annotations
 
 import math
@@ -80,9 +81,19 @@ def test_more_segments_than_stages_is_unsupported() -> None:
 
 
 def test_applied_records_every_knob_as_requested() -> None:
-    c = cfg(num_workers=1, pin_memory=True, precision="bf16", optimizer_fusion="foreach", checkpoint_segments=1,
-            channels_last=True, cudnn_benchmark=True, persistent_workers=True, prefetch_factor=3, num_threads=1,
-            set_to_none=False)
+    c = cfg(
+        num_workers=1,
+        pin_memory=True,
+        precision="bf16",
+        optimizer_fusion="foreach",
+        checkpoint_segments=1,
+        channels_last=True,
+        cudnn_benchmark=True,
+        persistent_workers=True,
+        prefetch_factor=3,
+        num_threads=1,
+        set_to_none=False,
+    )
     h = harness.build(c)
     missing = set(KNOBS) - set(h.applied)
     assert not missing, missing
@@ -92,8 +103,17 @@ def test_applied_records_every_knob_as_requested() -> None:
 
 
 def test_applied_says_what_really_took_effect_on_cpu() -> None:
-    c = cfg(num_workers=1, pin_memory=True, precision="bf16", optimizer_fusion="foreach", channels_last=True,
-            cudnn_benchmark=True, persistent_workers=True, prefetch_factor=3, num_threads=1)
+    c = cfg(
+        num_workers=1,
+        pin_memory=True,
+        precision="bf16",
+        optimizer_fusion="foreach",
+        channels_last=True,
+        cudnn_benchmark=True,
+        persistent_workers=True,
+        prefetch_factor=3,
+        num_threads=1,
+    )
     h = harness.build(c)
     a = h.applied
     assert h.device == torch.device("cpu") and (h.rank, h.world) == (0, 1)
@@ -128,6 +148,7 @@ def test_fp16_on_cpu_records_why() -> None:
 
 
 # --- gradient accumulation: the global batch's optimizer step, whatever the micro-batch ---------------
+
 
 def test_accumulated_micro_batches_make_the_full_batch_step() -> None:
     full = harness.build(cfg(batch_size=8, global_batch=8))

@@ -4,6 +4,7 @@ On CPU some knobs cannot have an effect (pin_memory, cudnn.benchmark, fp16 tenso
 the tests prove that the request got through and that `applied` says, with a reason, that it is
 not in effect.
 """
+
 from __future__ import annotations
 
 
@@ -38,6 +39,7 @@ def unet() -> nn.Module:
 
 # --- process-wide knobs ---------------------------------------------------------------------------
 
+
 def test_num_threads_reaches_torch() -> None:
     applied = knobs.setup_process(TrialConfig(num_threads=1), CPU)
     assert torch.get_num_threads() == 1  # conftest restores the count after the test
@@ -61,12 +63,16 @@ def cgroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("quota", [
-    ("cpu.max", "800000 100000\n"),  # cgroup v2: 8 CPUs
-    ("cpu/cpu.cfs_quota_us", "750000\n"),  # cgroup v1: 7.5 CPUs, rounded up
-])
+@pytest.mark.parametrize(
+    "quota",
+    [
+        ("cpu.max", "800000 100000\n"),  # cgroup v2: 8 CPUs
+        ("cpu/cpu.cfs_quota_us", "750000\n"),  # cgroup v1: 7.5 CPUs, rounded up
+    ],
+)
 def test_num_threads_zero_shares_the_cpu_quota_not_the_host_among_ranks(
-        monkeypatch: pytest.MonkeyPatch, cgroup: Path, quota: tuple[str, str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, cgroup: Path, quota: tuple[str, str]
+) -> None:
     # Two ranks in an 8-CPU pod on a 64-core host: 4 threads each, not 32.
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -92,7 +98,8 @@ def test_cpu_quota_in_whole_cpus(cgroup: Path, text: str, want: int | None) -> N
 @pytest.mark.usefixtures("cgroup")
 @pytest.mark.parametrize("cpus, local_world, want", [(8, 2, 4), (8, 3, 2), (2, 2, 1), (2, 4, 1)])
 def test_num_threads_zero_shares_the_cores_among_torchrun_ranks(
-        monkeypatch: pytest.MonkeyPatch, cpus: int, local_world: int, want: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, cpus: int, local_world: int, want: int
+) -> None:
     # What torchrun gives every rank: its own OMP_NUM_THREADS=1 and the world sizes.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("WORLD_SIZE", str(local_world))
@@ -132,11 +139,15 @@ def test_to_device_channels_last() -> None:
 
 # --- optimizer fusion -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fusion, key, value, other", [
-    ("none", "foreach", False, ("fused", None)),
-    ("foreach", "foreach", True, ("fused", None)),
-    ("fused", "fused", True, ("foreach", None)),
-])
+
+@pytest.mark.parametrize(
+    "fusion, key, value, other",
+    [
+        ("none", "foreach", False, ("fused", None)),
+        ("foreach", "foreach", True, ("fused", None)),
+        ("fused", "fused", True, ("foreach", None)),
+    ],
+)
 def test_optimizer_fusion_reaches_adamw(fusion: str, key: str, value: bool, other: tuple[str, Any]) -> None:
     model = nn.Linear(4, 2)
     opt, applied = knobs.build_optimizer(model.parameters(), TrialConfig(optimizer_fusion=fusion, lr=0.01))
@@ -169,6 +180,7 @@ def test_apex_is_not_installed_here() -> None:
 
 
 # --- precision ------------------------------------------------------------------------------------
+
 
 def test_fp32_disables_autocast_and_scaler() -> None:
     p = knobs.Precision(TrialConfig(precision="fp32"), CPU)
@@ -207,6 +219,7 @@ def test_fp16_enables_grad_scaler_and_says_why_on_cpu() -> None:
 
 
 # --- model knobs ----------------------------------------------------------------------------------
+
 
 def conv_net() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
@@ -247,6 +260,7 @@ def test_compile_wraps_a_tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- activation checkpointing ---------------------------------------------------------------------
 
+
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("k", [0, 3, len(UnetPipeline.stages)])
 def test_wrap_checkpoints_wraps_exactly_the_first_k_stages(k: int) -> None:
@@ -281,8 +295,13 @@ def test_checkpointed_unet_computes_the_same_output_and_gradients() -> None:
 
 def bn_stages(momentum: float | None) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(*(nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=momentum), nn.ReLU())
-                           for c in (3, 4)), nn.Conv2d(4, 1, 1))
+    return nn.Sequential(
+        *(
+            nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=momentum), nn.ReLU())
+            for c in (3, 4)
+        ),
+        nn.Conv2d(4, 1, 1),
+    )
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -346,6 +365,7 @@ def test_saved_activations_fall_as_checkpoint_segments_grow() -> None:
 
 
 # --- DDP on a machine with fewer GPUs than ranks: AUTOTUNE_DDP_BACKEND=gloo ------------------------
+
 
 @pytest.mark.parametrize("value, want", [(None, "gloo"), ("gloo", "gloo"), ("GLOO ", "gloo")])
 def test_ddp_backend_on_cpu(monkeypatch: pytest.MonkeyPatch, value: str | None, want: str) -> None:

@@ -1,5 +1,6 @@
 """autotune/launcher.py: a trial becomes an isolated process group with a timeout; every way it can
 end comes back as a TrialResult or as the TrialFailure that names it, and nothing is left running."""
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ def assert_nothing_left(trial_dir: Path, pids: Sequence[int] = ()) -> None:
 
 # --- the command ----------------------------------------------------------------------------------
 
+
 def test_command_single_process(tmp_path: Path) -> None:
     cmd = launcher.command(TrialConfig(), tmp_path)
     assert cmd[:3] == [sys.executable, "-m", "autotune.trial"]
@@ -52,6 +54,7 @@ def test_command_torchrun_for_several_gpus(tmp_path: Path) -> None:
 
 # --- classifying an exit (no process needed) ------------------------------------------------------
 
+
 def write(trial_dir: Path, name: str, data: dict[str, Any]) -> None:
     (trial_dir / name).write_text(json.dumps(data))
 
@@ -61,10 +64,17 @@ def test_classify_ok(tmp_path: Path) -> None:
     assert launcher._classify(0, tmp_path, tmp_path / "trial.log", []).samples_per_s == 5.0
 
 
-@pytest.mark.parametrize("code, exc", [
-    (3, errors.TrialOOM), (4, errors.TrialNumerics), (5, errors.TrialUnsupported),
-    (2, errors.TrialBadConfig), (1, errors.TrialCrashed), (0, errors.TrialCrashed),  # 0 without a result
-])
+@pytest.mark.parametrize(
+    "code, exc",
+    [
+        (3, errors.TrialOOM),
+        (4, errors.TrialNumerics),
+        (5, errors.TrialUnsupported),
+        (2, errors.TrialBadConfig),
+        (1, errors.TrialCrashed),
+        (0, errors.TrialCrashed),  # 0 without a result
+    ],
+)
 def test_classify_by_exit_code_without_a_result(tmp_path: Path, code: int, exc: type[Exception]) -> None:
     (tmp_path / "trial.log").write_text("line 1\nlast words\n")
     with pytest.raises(exc) as info:
@@ -89,8 +99,9 @@ def test_classify_prefers_a_named_failure_on_any_rank(tmp_path: Path) -> None:
 def test_classify_an_nccl_watchdog_abort_as_a_communication_failure(tmp_path: Path) -> None:
     # torchrun exits 1; the aborted rank wrote nothing, its peer only saw the connection close.
     write(tmp_path, "result.json", {"status": "error", "message": "RuntimeError: Connection closed by peer"})
-    (tmp_path / "trial.log").write_text(f"step 1\n{WATCHDOG_LINE}\nterminate called after throwing ...\n"
-                                        "failed (exitcode: -6) local_rank: 1\n")
+    (tmp_path / "trial.log").write_text(
+        f"step 1\n{WATCHDOG_LINE}\nterminate called after throwing ...\nfailed (exitcode: -6) local_rank: 1\n"
+    )
     with pytest.raises(errors.TrialCommFailure) as info:
         launcher._classify(1, tmp_path, tmp_path / "trial.log", [])
     assert str(info.value) == WATCHDOG_LINE and info.value.reason == "comm"
@@ -114,11 +125,19 @@ def test_a_rank_aborted_by_the_watchdog_is_a_communication_failure(tmp_path: Pat
 
 # --- real trials ----------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_unet_trial_end_to_end(tiny_config: TrialConfig, tmp_path: Path) -> None:
-    cfg = tiny_config.replace(num_workers=2, precision="bf16", optimizer_fusion="fused", channels_last=True,
-                              checkpoint_segments=2, timed_steps=4, window=2,
-                              num_threads=1)  # one thread: steady speed on a shared 2-core machine
+    cfg = tiny_config.replace(
+        num_workers=2,
+        precision="bf16",
+        optimizer_fusion="fused",
+        channels_last=True,
+        checkpoint_segments=2,
+        timed_steps=4,
+        window=2,
+        num_threads=1,
+    )  # one thread: steady speed on a shared 2-core machine
     r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=300)
     assert r.status == "ok", r.message
     assert set(KNOBS) <= set(r.applied), f"not recorded: {set(KNOBS) - set(r.applied)}"
@@ -230,7 +249,8 @@ class LauncherClock:
 @pytest.mark.slow
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_hang_in_loss_with_workers_times_out_and_kills_every_process(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int
+) -> None:
     report = tmp_path / "pids"
     monkeypatch.setenv("AUTOTUNE_TEST_PIDS", str(report))
     clock = LauncherClock()
@@ -250,8 +270,12 @@ def test_hang_in_loss_with_workers_times_out_and_kills_every_process(
 
     trial_dir = tmp_path / "t"
     with pytest.raises(errors.TrialTimeout, match="process group killed"):
-        launcher.run_trial(fault_cfg("hang_loss_reporting", num_workers=2, gpus=gpus, warmup_steps=0, window=1),
-                           trial_dir, timeout_s=300, on_window=on_window)
+        launcher.run_trial(
+            fault_cfg("hang_loss_reporting", num_workers=2, gpus=gpus, warmup_steps=0, window=1),
+            trial_dir,
+            timeout_s=300,
+            on_window=on_window,
+        )
     assert sorted(r["rank"] for r in reports) == list(range(gpus)), "the trial never reached its second loss"
     assert all(len(r["children"]) >= 2 for r in reports), reports  # the loader workers were running
     pids = [pid for r in reports for pid in (r["pid"], *r["children"])]
@@ -268,8 +292,7 @@ def test_pruned_trial_keeps_partial_windows(tmp_path: Path) -> None:
 
     trial_dir = tmp_path / "t"
     with pytest.raises(errors.TrialPruned) as info:
-        launcher.run_trial(fault_cfg("slow", timed_steps=200, window=1), trial_dir, timeout_s=120,
-                           on_window=on_window)
+        launcher.run_trial(fault_cfg("slow", timed_steps=200, window=1), trial_dir, timeout_s=120, on_window=on_window)
     windows = info.value.partial["windows"]
     assert len(windows) >= 3 and all(w > 0 for w in windows)
     assert [s for s, _ in seen] == list(range(1, len(seen) + 1))

@@ -1,5 +1,6 @@
 """autotune/trial/loading.py: the loader knobs reach the DataLoader, and the samplers keep the data order
 (and each sample's augmentations) whatever the workers, the micro-batch or the ranks."""
+
 from __future__ import annotations
 
 import itertools
@@ -20,6 +21,7 @@ def dataset(n: int = 16) -> TensorDataset:
 
 
 # --- DataLoader knobs -----------------------------------------------------------------------------
+
 
 def test_loader_gets_worker_knobs() -> None:
     cfg = TrialConfig(num_workers=2, persistent_workers=True, prefetch_factor=3, batch_size=4, pin_memory=True)
@@ -81,6 +83,7 @@ def test_endless_loader_batches_are_always_whole() -> None:
 
 # --- the endless sampler (trials) -----------------------------------------------------------------
 
+
 def test_endless_loader_is_one_iterator_across_epochs() -> None:
     from tests.trial.cuda_fault_pipelines import WorkerPid
 
@@ -93,7 +96,7 @@ def test_endless_loader_is_one_iterator_across_epochs() -> None:
     items, pids = five_batches(endless=True)  # 20 items from a dataset of 6: over three epochs
     assert len(pids) == 1, pids  # the one worker served every epoch: the loader never restarted
     for e in range(3):
-        assert sorted(items[6 * e: 6 * e + 6]) == list(range(6))  # each epoch is a whole permutation
+        assert sorted(items[6 * e : 6 * e + 6]) == list(range(6))  # each epoch is a whole permutation
     _, restarted = five_batches(endless=False)  # the epoch-sized loader (4 + 2 per epoch): a new worker each epoch
     assert len(restarted) == 3
 

@@ -1,4 +1,5 @@
 """autotune/measure.py: percentiles, clocks, peak memory, and the NVML sampler: a no-op on CPU, sampling on a (fake) GPU."""
+
 from __future__ import annotations
 
 import math
@@ -17,16 +18,19 @@ from tests.fakes import ALWAYS, FakeGpu, FakeNvml
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("xs, q, want", [
-    ([1.0, 2.0, 3.0, 4.0], 0.5, 2.5),
-    ([4.0, 1.0, 3.0, 2.0], 0.5, 2.5),  # unsorted input
-    ([1.0, 2.0, 3.0, 4.0], 0.0, 1.0),
-    ([1.0, 2.0, 3.0, 4.0], 1.0, 4.0),
-    ([0.0, 10.0], 0.9, 9.0),  # linear interpolation between neighbours
-    ([1.0, 2.0, 3.0, 4.0, 5.0], 0.9, 4.6),
-    ([7.0], 0.5, 7.0),
-    ([7.0], 0.9, 7.0),
-])
+@pytest.mark.parametrize(
+    "xs, q, want",
+    [
+        ([1.0, 2.0, 3.0, 4.0], 0.5, 2.5),
+        ([4.0, 1.0, 3.0, 2.0], 0.5, 2.5),  # unsorted input
+        ([1.0, 2.0, 3.0, 4.0], 0.0, 1.0),
+        ([1.0, 2.0, 3.0, 4.0], 1.0, 4.0),
+        ([0.0, 10.0], 0.9, 9.0),  # linear interpolation between neighbours
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 0.9, 4.6),
+        ([7.0], 0.5, 7.0),
+        ([7.0], 0.9, 7.0),
+    ],
+)
 def test_percentile(xs: list[float], q: float, want: float) -> None:
     assert measure.percentile(xs, q) == pytest.approx(want)
 
@@ -72,22 +76,25 @@ def test_gpu_util_sampler_mean() -> None:
 
 # --- the NVML sampler on a (fake) GPU -------------------------------------------------------------------
 
+
 def gpus(n: int, util: list[float], init_fails: bool = False, **gpu: Any) -> FakeNvml:
     """NVML with n GPUs, each answering `util` in turn (gpu: FakeGpu's fields, e.g. fail_at)."""
-    return FakeNvml([FakeGpu(f"GPU-{i:08d}-0000-4000-8000-000000000000", util=list(util), **gpu) for i in range(n)],
-                    init_fails=init_fails)
+    return FakeNvml(
+        [FakeGpu(f"GPU-{i:08d}-0000-4000-8000-000000000000", util=list(util), **gpu) for i in range(n)],
+        init_fails=init_fails,
+    )
 
 
 @pytest.fixture(autouse=True)
 def index_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fake GPU is found by index: no CUDA_VISIBLE_DEVICES, and torch cannot tell a device's UUID
     (tests/trial/test_nvml.py covers the UUID mapping)."""
+
     def no_props(device: object = None) -> object:
         raise AssertionError("Torch not compiled with CUDA enabled")
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_props)
-
 
 
 def test_gpu_util_sampler_samples_nvml_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
 """autotune/trial/measure.py, NVML side: CUDA device -> NVML handle (CUDA_VISIBLE_DEVICES, UUIDs, MIG)
 and a sampler that survives NVML errors. pynvml is a fake (tests/fakes.py): this machine has no GPU and no NVML."""
+
 from __future__ import annotations
 
 import sys
@@ -23,6 +24,7 @@ def two_gpus(**b: Any) -> FakeNvml:
 
 def no_torch_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch cannot name the device's UUID (an old torch, or no CUDA here): CUDA_VISIBLE_DEVICES decides."""
+
     def fail(device: object = None) -> object:
         raise AssertionError("Torch not compiled with CUDA enabled")
 
@@ -31,12 +33,12 @@ def no_torch_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def torch_uuids(monkeypatch: pytest.MonkeyPatch, *uuids: str) -> None:
     """torch's cuda:i has cudaDeviceProp.uuid uuids[i], printed as torch does: no GPU-/MIG- prefix."""
+
     def props(device: object = None) -> types.SimpleNamespace:
         i = device.index if isinstance(device, torch.device) else int(device)  # type: ignore[arg-type]
         return types.SimpleNamespace(uuid=uuids[i].split("-", 1)[1], major=9, minor=0)
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
-
 
 
 def sample(fake: FakeNvml, device: torch.device, n: int = 3) -> measure.GpuUtilSampler:
@@ -56,6 +58,7 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
 
 
 # --- which GPU is sampled ---------------------------------------------------------------------------
+
 
 def test_visible_index_maps_to_that_nvml_device(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA_VISIBLE_DEVICES=1: this process's cuda:0 is NVML's GPU 1, not NVML's GPU 0."""
@@ -100,13 +103,25 @@ def test_a_device_nvml_cannot_map_is_not_sampled(nvml: FakeNvml, monkeypatch: py
     assert util.mean is None and util.first_error and "GPU-ffff" in util.first_error
 
 
-@pytest.mark.parametrize("value, want", [
-    (None, None), ("", []), ("1", ["1"]), ("3, 5", ["3", "5"]), ("1gpu,0", ["1", "0"]),
-    ("1,-1,0", ["1"]), ("1,x,0", ["1"]), ("0,0", []), (f"{UUID_A},{UUID_B}", [UUID_A, UUID_B]),
-    (f"{UUID_A},1", [UUID_A]), ("MIG-abc", ["MIG-abc"]),
-])
-def test_visible_devices_are_read_as_cuda_reads_them(monkeypatch: pytest.MonkeyPatch, value: str | None,
-                                                     want: list[str] | None) -> None:
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        (None, None),
+        ("", []),
+        ("1", ["1"]),
+        ("3, 5", ["3", "5"]),
+        ("1gpu,0", ["1", "0"]),
+        ("1,-1,0", ["1"]),
+        ("1,x,0", ["1"]),
+        ("0,0", []),
+        (f"{UUID_A},{UUID_B}", [UUID_A, UUID_B]),
+        (f"{UUID_A},1", [UUID_A]),
+        ("MIG-abc", ["MIG-abc"]),
+    ],
+)
+def test_visible_devices_are_read_as_cuda_reads_them(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, want: list[str] | None
+) -> None:
     if value is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     assert measure.visible_devices() == want
@@ -123,6 +138,7 @@ def test_old_pynvml_bytes_are_decoded() -> None:
 
 
 # --- NVML errors while sampling ---------------------------------------------------------------------
+
 
 def test_an_nvml_error_costs_one_sample_only(monkeypatch: pytest.MonkeyPatch) -> None:
     died: list[BaseException | None] = []

@@ -1,6 +1,7 @@
 """A trial's processes in other process groups than its leader's: torchrun starts each rank in its own
 session, so the launcher finds, records and kills those groups too, and a dead controller still takes
 its ranks with it. And the warm server's CUDA: a fork that lost the GPU fails loudly, never runs on CPU."""
+
 from __future__ import annotations
 
 import json
@@ -58,9 +59,11 @@ def reaper() -> Iterator[list[str]]:
 
 # --- a process in a new session, no torch needed ------------------------------------------------------
 
-SESSION_CHILD = ("import subprocess, sys, time; "
-                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]], "
-                 "start_new_session=True); time.sleep(600)")
+SESSION_CHILD = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]], "
+    "start_new_session=True); time.sleep(600)"
+)
 
 
 def start_with_session_child(marker: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -121,6 +124,7 @@ def test_die_with_parent_kills_a_process_whose_controller_is_already_dead(tmp_pa
 
 # --- real torchrun trials ---------------------------------------------------------------------------
 
+
 class StuckLoaderWorker(TinyPipeline):
     """A rank whose loader worker gets stuck reading its second batch in a way SIGTERM can't end: a hung
     network filesystem puts a reader in uninterruptible (killable) sleep, where only SIGKILL gets
@@ -136,8 +140,13 @@ class StuckLoaderWorker(TinyPipeline):
         report = os.environ["AUTOTUNE_TEST_PIDS"]
         me = psutil.Process()
         children = [c.pid for c in me.children(recursive=True)]
-        pids = {"rank": int(os.environ["RANK"]), "pid": me.pid, "pgid": os.getpgid(0), "children": children,
-                "children_pgids": [os.getpgid(c) for c in children]}
+        pids = {
+            "rank": int(os.environ["RANK"]),
+            "pid": me.pid,
+            "pgid": os.getpgid(0),
+            "children": children,
+            "children_pgids": [os.getpgid(c) for c in children],
+        }
         with open(f"{report}.{me.pid}.tmp", "w") as f:
             json.dump(pids, f)
         os.replace(f"{report}.{me.pid}.tmp", f"{report}.{me.pid}")
@@ -165,8 +174,6 @@ def stuck_loader_worker(cfg: Any) -> StuckLoaderWorker:
     return StuckLoaderWorker(cfg)
 
 
-
-
 def read_reports(prefix: Path, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -179,7 +186,8 @@ def read_reports(prefix: Path, n: int, timeout_s: float = 60.0) -> list[dict[str
 @pytest.mark.slow
 @pytest.mark.parametrize("end", ["pruned", "timeout"])
 def test_a_torchrun_trial_leaves_no_rank_and_no_loader_worker(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reaper: list[str], end: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reaper: list[str], end: str
+) -> None:
     report, trial_dir = tmp_path / "pids", tmp_path / "t"
     reaper.append(str(trial_dir))
     monkeypatch.setenv("AUTOTUNE_TEST_PIDS", str(report))
@@ -196,8 +204,15 @@ def test_a_torchrun_trial_leaves_no_rank_and_no_loader_worker(
             clock.skip = 1e6  # the deadline passes at the next poll
         return end == "pruned"
 
-    cfg = fault_cfg("stuck_loader_worker", "tests.trial.test_process_groups", gpus=2, num_workers=1,
-                    warmup_steps=0, window=1, timed_steps=1000)
+    cfg = fault_cfg(
+        "stuck_loader_worker",
+        "tests.trial.test_process_groups",
+        gpus=2,
+        num_workers=1,
+        warmup_steps=0,
+        window=1,
+        timed_steps=1000,
+    )
     with pytest.raises(errors.TrialPruned if end == "pruned" else errors.TrialTimeout):
         launcher.run_trial(cfg, trial_dir, timeout_s=300, on_window=on_window, on_start=leaders.append)
     assert sorted(r["rank"] for r in reports) == [0, 1], "the trial never reached its first loss"
@@ -230,8 +245,9 @@ def test_a_killed_controller_leaves_no_torchrun_and_no_rank(tmp_path: Path, reap
     reaper.append(str(trial_dir))
     cfg = fault_cfg("hang_loss_reporting", gpus=2, num_workers=1, warmup_steps=0, window=1)
     env = {**os.environ, "AUTOTUNE_TEST_PIDS": str(report)}
-    controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, json.dumps(cfg.to_dict()), str(trial_dir)],
-                                  env=env)
+    controller = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, json.dumps(cfg.to_dict()), str(trial_dir)], env=env
+    )
     try:
         reports = read_reports(report, 2, timeout_s=120)
         assert sorted(r["rank"] for r in reports) == [0, 1], "the ranks never reached their hang"

@@ -1,6 +1,7 @@
 """autotune/warm.py: a trial forked by the warm server is, to the launcher, a cold trial process that
 started faster: same result, same exit codes, killable by process group (loader workers included),
 fresh RNG state, and nothing left running when the trial, the server or the controller goes away."""
+
 from __future__ import annotations
 
 import json
@@ -97,6 +98,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 # --- a healthy trial ------------------------------------------------------------------------------
 
+
 def test_warm_result_has_the_cold_shape(server: WarmServer, cold: dict[str, Any], tmp_path: Path) -> None:
     p = spawn(server, fault_cfg(), tmp_path)
     assert os.getpgid(p.pid) == p.pid  # its own group, from the moment its pid is known
@@ -121,11 +123,18 @@ def test_warm_startup_is_much_shorter_than_cold(server: WarmServer, cold: dict[s
 
 # --- failures -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("factory, code, exc", [
-    ("oom", 3, errors.TrialOOM), ("nan", 4, errors.TrialNumerics), ("broken", 1, errors.TrialCrashed),
-])
-def test_exit_codes_pass_through(server: WarmServer, tmp_path: Path, factory: str, code: int,
-                                 exc: type[Exception]) -> None:
+
+@pytest.mark.parametrize(
+    "factory, code, exc",
+    [
+        ("oom", 3, errors.TrialOOM),
+        ("nan", 4, errors.TrialNumerics),
+        ("broken", 1, errors.TrialCrashed),
+    ],
+)
+def test_exit_codes_pass_through(
+    server: WarmServer, tmp_path: Path, factory: str, code: int, exc: type[Exception]
+) -> None:
     p = spawn(server, fault_cfg(factory), tmp_path)
     assert p.wait(timeout=120) == code, log(tmp_path)
     with pytest.raises(exc):
@@ -134,8 +143,7 @@ def test_exit_codes_pass_through(server: WarmServer, tmp_path: Path, factory: st
 
 def test_killpg_kills_the_trial_and_its_loader_workers(server: WarmServer, tmp_path: Path) -> None:
     report = tmp_path / "pids"
-    p = spawn(server, fault_cfg("hang_loss_reporting", num_workers=2), tmp_path / "t",
-              AUTOTUNE_TEST_PIDS=str(report))
+    p = spawn(server, fault_cfg("hang_loss_reporting", num_workers=2), tmp_path / "t", AUTOTUNE_TEST_PIDS=str(report))
     pids = reported_pids(report)
     assert pids["pid"] == p.pid and len(pids["children"]) >= 2, pids  # the two loader workers
     assert {os.getpgid(c) for c in pids["children"]} == {p.pid}
@@ -160,8 +168,9 @@ def test_closing_the_server_kills_its_running_trials(tmp_path: Path) -> None:
     report = tmp_path / "pids"
     server = WarmServer.start(LIGHT_PRELOAD)
     try:
-        p = spawn(server, fault_cfg("hang_loss_reporting", num_workers=2), tmp_path / "t",
-                  AUTOTUNE_TEST_PIDS=str(report))
+        p = spawn(
+            server, fault_cfg("hang_loss_reporting", num_workers=2), tmp_path / "t", AUTOTUNE_TEST_PIDS=str(report)
+        )
         pids = reported_pids(report)
     finally:
         server.close()
@@ -186,10 +195,17 @@ def test_a_killed_controller_leaves_no_server_and_no_trial(tmp_path: Path) -> No
     trial_dir.mkdir()
     cfg = fault_cfg("hang_loss_reporting", num_workers=2)
     write_json_atomic(trial_dir / "config.json", cfg.to_dict())
-    request = [launcher.command(cfg, trial_dir)[3:], trial_env(AUTOTUNE_TEST_PIDS=str(report)), os.getcwd(),
-               str(trial_dir / "trial.log")]
-    controller = subprocess.Popen([sys.executable, "-c", CONTROLLER.format(light=LIGHT_PRELOAD), json.dumps(request)],
-                                  stdout=subprocess.PIPE, env=os.environ.copy())
+    request = [
+        launcher.command(cfg, trial_dir)[3:],
+        trial_env(AUTOTUNE_TEST_PIDS=str(report)),
+        os.getcwd(),
+        str(trial_dir / "trial.log"),
+    ]
+    controller = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER.format(light=LIGHT_PRELOAD), json.dumps(request)],
+        stdout=subprocess.PIPE,
+        env=os.environ.copy(),
+    )
     try:
         assert controller.stdout is not None
         ready, _, _ = select.select([controller.stdout], [], [], 90)
@@ -207,6 +223,7 @@ def test_a_killed_controller_leaves_no_server_and_no_trial(tmp_path: Path) -> No
 
 # --- isolation ------------------------------------------------------------------------------------
 
+
 class SeedReporter(TinyPipeline):
     """Writes the RNG draws it sees when the trial builds it, before anything reseeds them."""
 
@@ -214,9 +231,14 @@ class SeedReporter(TinyPipeline):
         import numpy as np
 
         super().__init__(cfg)
-        draws = {"random": random.random(), "numpy": float(np.random.random_sample()),
-                 "cwd": os.getcwd(), "argv0": sys.argv[0], "marker": os.environ.get("AUTOTUNE_TEST_MARKER"),
-                 "fds": {fd: _readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")}}
+        draws = {
+            "random": random.random(),
+            "numpy": float(np.random.random_sample()),
+            "cwd": os.getcwd(),
+            "argv0": sys.argv[0],
+            "marker": os.environ.get("AUTOTUNE_TEST_MARKER"),
+            "fds": {fd: _readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")},
+        }
         Path(os.environ["AUTOTUNE_TEST_SEEDS"]).write_text(json.dumps(draws))
 
 
@@ -231,15 +253,21 @@ def seed_reporter(cfg: Any) -> SeedReporter:
     return SeedReporter(cfg)
 
 
-def test_children_get_fresh_rng_state_env_and_cwd(server: WarmServer, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_children_get_fresh_rng_state_env_and_cwd(
+    server: WarmServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     draws = []
     for i in range(2):
         here = tmp_path / f"cwd{i}"
         here.mkdir()
         monkeypatch.chdir(here)
-        p = spawn(server, fault_cfg().replace(pipeline="tests.trial.test_warm:seed_reporter"), tmp_path / f"t{i}",
-                  AUTOTUNE_TEST_SEEDS=str(tmp_path / f"seeds{i}"), AUTOTUNE_TEST_MARKER=str(i))
+        p = spawn(
+            server,
+            fault_cfg().replace(pipeline="tests.trial.test_warm:seed_reporter"),
+            tmp_path / f"t{i}",
+            AUTOTUNE_TEST_SEEDS=str(tmp_path / f"seeds{i}"),
+            AUTOTUNE_TEST_MARKER=str(i),
+        )
         assert p.wait(timeout=120) == 0, log(tmp_path / f"t{i}")
         draws.append(json.loads((tmp_path / f"seeds{i}").read_text()))
         assert draws[i]["cwd"] == str(here) and draws[i]["marker"] == str(i)
@@ -252,6 +280,7 @@ def test_children_get_fresh_rng_state_env_and_cwd(server: WarmServer, tmp_path: 
 
 
 # --- refusing, so the launcher can start the trial cold -------------------------------------------
+
 
 def test_bad_argv_exits_2_like_argparse(tmp_path: Path) -> None:
     with WarmServer.start(preload=()) as server:

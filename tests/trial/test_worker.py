@@ -1,5 +1,6 @@
 """autotune/trial.py: the worker measures what it says, records every knob, and exits with a code
 that names the failure (0 ok, 1 error, 2 bad config, 3 oom, 4 numerics, 5 unsupported)."""
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def inproc(repo_on_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- in-process: what one run measures and records ------------------------------------------------
 
+
 def test_run_measures_and_records_every_knob(inproc: None, tmp_path: Path) -> None:
     progress = tmp_path / "progress.jsonl"
     cfg = tiny_cfg(timed_steps=6, window=2)
@@ -58,9 +60,22 @@ def test_run_measures_and_records_every_knob(inproc: None, tmp_path: Path) -> No
 
 
 def test_applied_records_what_was_requested(inproc: None) -> None:
-    cfg = tiny_cfg(num_workers=1, persistent_workers=True, prefetch_factor=3, pin_memory=True, batch_size=2,
-                   precision="bf16", optimizer_fusion="foreach", checkpoint_segments=1, channels_last=True,
-                   cudnn_benchmark=True, set_to_none=False, num_threads=1, timed_steps=2, window=1)
+    cfg = tiny_cfg(
+        num_workers=1,
+        persistent_workers=True,
+        prefetch_factor=3,
+        pin_memory=True,
+        batch_size=2,
+        precision="bf16",
+        optimizer_fusion="foreach",
+        checkpoint_segments=1,
+        channels_last=True,
+        cudnn_benchmark=True,
+        set_to_none=False,
+        num_threads=1,
+        timed_steps=2,
+        window=1,
+    )
     r = trial.run(cfg)
     for k in KNOBS:
         assert r.applied[k]["requested"] == getattr(cfg, k), k
@@ -117,7 +132,7 @@ def test_batches_go_on_past_one_epoch_and_reshuffle() -> None:
     got = [next(stream)[0] for _ in range(6)]  # three epochs of two batches
     assert all(b.shape == (4,) for b in got)
     for epoch in range(3):
-        assert sorted(torch.cat(got[2 * epoch: 2 * epoch + 2]).tolist()) == list(range(8))
+        assert sorted(torch.cat(got[2 * epoch : 2 * epoch + 2]).tolist()) == list(range(8))
 
 
 def test_write_json_atomic(tmp_path: Path) -> None:
@@ -128,6 +143,7 @@ def test_write_json_atomic(tmp_path: Path) -> None:
 
 
 # --- the Unet really learns -----------------------------------------------------------------------
+
 
 @pytest.mark.usefixtures("one_thread")
 def test_unet_loss_falls(tiny_data: Path) -> None:
@@ -178,7 +194,12 @@ def worker_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         config.write_text(content if isinstance(content, str) else json.dumps(content))
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "autotune.trial", "--config", str(config), "--out", str(d / "result.json")],
-            cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=d,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     runs = {}
     try:
         for name, proc in procs.items():
@@ -216,14 +237,23 @@ def test_worker_ok_result_is_a_full_trial_result(worker_runs: dict[str, tuple[in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, words", [
-    ("unknown_key", ["batch_sise"]), ("bad_value", ["precision", "fp8"]), ("bad_type", ["batch_size"]),
-    ("no_data", ["/nonexistent/autotune-data"]), ("no_module", ["tests.no_such_module"]),
-    ("oom", ["out of memory"]), ("nan", ["nan"]), ("apex", ["apex", "not installed"]),
-    ("bug", ["RuntimeError", "user's model code"]),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("unknown_key", ["batch_sise"]),
+        ("bad_value", ["precision", "fp8"]),
+        ("bad_type", ["batch_size"]),
+        ("no_data", ["/nonexistent/autotune-data"]),
+        ("no_module", ["tests.no_such_module"]),
+        ("oom", ["out of memory"]),
+        ("nan", ["nan"]),
+        ("apex", ["apex", "not installed"]),
+        ("bug", ["RuntimeError", "user's model code"]),
+    ],
+)
 def test_worker_failure_message_says_what_went_wrong(
-        worker_runs: dict[str, tuple[int, str, dict[str, Any]]], name: str, words: list[str]) -> None:
+    worker_runs: dict[str, tuple[int, str, dict[str, Any]]], name: str, words: list[str]
+) -> None:
     message = worker_runs[name][2]["message"]
     for w in words:
         assert w in message, message

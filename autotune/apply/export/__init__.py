@@ -6,6 +6,7 @@ its winning trial passed them (`framework.py`). The framework renderings are one
 each lists every tuned knob, either as a field the framework has or as a comment saying where it goes,
 so nothing the search found is dropped silently.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

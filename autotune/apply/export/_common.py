@@ -1,5 +1,6 @@
 """What every framework rendering shares: the per-knob table of where each tuned knob goes, the optimizer
 the trials built, and the DataLoader arguments."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,10 +39,14 @@ def accelerator(device: str | None) -> str:
 def optimizer_expr(cfg: TrialConfig, params: str) -> str:
     if cfg.optimizer_fusion == "apex":
         # apex's weight decay defaults to 0 and its zero_grad() takes no set_to_none: both go here.
-        return (f"apex.optimizers.FusedAdam({params}, lr={cfg.effective_lr!r}, adam_w_mode=True, "
-                f"weight_decay={WEIGHT_DECAY}, set_grad_none={cfg.set_to_none!r})")
-    return (f"torch.optim.AdamW({params}, lr={cfg.effective_lr!r}, weight_decay={WEIGHT_DECAY}, "
-            f"{_ADAMW_KW[cfg.optimizer_fusion]})")
+        return (
+            f"apex.optimizers.FusedAdam({params}, lr={cfg.effective_lr!r}, adam_w_mode=True, "
+            f"weight_decay={WEIGHT_DECAY}, set_grad_none={cfg.set_to_none!r})"
+        )
+    return (
+        f"torch.optim.AdamW({params}, lr={cfg.effective_lr!r}, weight_decay={WEIGHT_DECAY}, "
+        f"{_ADAMW_KW[cfg.optimizer_fusion]})"
+    )
 
 
 def loader_kwargs(cfg: TrialConfig, indent: str = "    ") -> list[str]:
@@ -57,20 +62,28 @@ def loader_kwargs(cfg: TrialConfig, indent: str = "    ") -> list[str]:
 
 def training_lines(cfg: TrialConfig) -> list[str]:
     """Comment lines: the optimizer step this config computes (global batch, accumulation, lr and its rule)."""
-    lines = [f"# global batch {cfg.global_batch_size} = {cfg.batch_size} per process x {cfg.gpus} process(es) x "
-             f"{cfg.grad_accum} accumulation step(s)"]
+    lines = [
+        f"# global batch {cfg.global_batch_size} = {cfg.batch_size} per process x {cfg.gpus} process(es) x "
+        f"{cfg.grad_accum} accumulation step(s)"
+    ]
     if cfg.effective_lr != cfg.lr:
-        lines.append(f"# lr {cfg.effective_lr:.6g}: {cfg.lr:g} for global batch {cfg.reference_batch}, scaled by the "
-                     f"{cfg.lr_scaling} rule for {cfg.global_batch_size}")
+        lines.append(
+            f"# lr {cfg.effective_lr:.6g}: {cfg.lr:g} for global batch {cfg.reference_batch}, scaled by the "
+            f"{cfg.lr_scaling} rule for {cfg.global_batch_size}"
+        )
     else:
-        lines.append(f"# lr {cfg.effective_lr:g}: the learning rate autotune trained with (global batch "
-                     f"{cfg.global_batch_size})")
+        lines.append(
+            f"# lr {cfg.effective_lr:g}: the learning rate autotune trained with (global batch {cfg.global_batch_size})"
+        )
     return lines
 
 
 def zero_grad_call(cfg: TrialConfig) -> str:
     """apex's FusedAdam.zero_grad() takes no arguments (set_grad_none was given to its constructor)."""
     if cfg.optimizer_fusion == "apex":
-        return "optimizer.zero_grad()" if cfg.set_to_none else \
-            "torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)"
+        return (
+            "optimizer.zero_grad()"
+            if cfg.set_to_none
+            else "torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)"
+        )
     return f"optimizer.zero_grad(set_to_none={cfg.set_to_none!r})"

@@ -1,4 +1,5 @@
 """An `accelerate launch --config_file` YAML, with comments for the knobs accelerate does not hold."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -48,17 +49,19 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "precision": f"mixed_precision: {_ACC_PRECISION[cfg.precision]}",
         "optimizer_fusion": f"{in_script}, {optimizer_expr(cfg, 'model.parameters()')}",
         "checkpoint_segments": f"{in_script}, torch.utils.checkpoint on the first k blocks"
-        if cfg.checkpoint_segments else "off, nothing to do",
+        if cfg.checkpoint_segments
+        else "off, nothing to do",
         "gpus": f"num_processes: {n}, distributed_type: {dist}",
         "channels_last": f"{in_script}, model.to(memory_format=torch.channels_last) + 4-D inputs"
-        if cfg.channels_last else "off, nothing to do",
+        if cfg.channels_last
+        else "off, nothing to do",
         "cudnn_benchmark": f"{in_script}, torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark}",
-        "compile": "dynamo_config (backend INDUCTOR, dynamo_mode)" if cfg.compile != "off"
-        else "off: no dynamo_config",
+        "compile": "dynamo_config (backend INDUCTOR, dynamo_mode)" if cfg.compile != "off" else "off: no dynamo_config",
         "persistent_workers": f"{in_script}, DataLoader(persistent_workers=...)",
         "prefetch_factor": f"{in_script}, DataLoader(prefetch_factor=...)",
         "set_to_none": f"{in_script}, {zero_grad_call(cfg)}",
-        "num_threads": f"{in_script}, torch.set_num_threads({cfg.num_threads})" if cfg.num_threads
+        "num_threads": f"{in_script}, torch.set_num_threads({cfg.num_threads})"
+        if cfg.num_threads
         else "0 = torch's default; nothing to set",
     }
     header = [
@@ -87,18 +90,24 @@ def script_lines(cfg: TrialConfig) -> list[str]:
     if cfg.channels_last:
         code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs likewise, in the loop")
     if cfg.checkpoint_segments:
-        code.append(f"# checkpoint_segments={cfg.checkpoint_segments}: run the first {cfg.checkpoint_segments} "
-                    "blocks of forward() through torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)")
+        code.append(
+            f"# checkpoint_segments={cfg.checkpoint_segments}: run the first {cfg.checkpoint_segments} "
+            "blocks of forward() through torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"
+        )
     code += [
-        "loader = torch.utils.data.DataLoader(", "    dataset, shuffle=True,", *loader_kwargs(cfg), ")",
+        "loader = torch.utils.data.DataLoader(",
+        "    dataset, shuffle=True,",
+        *loader_kwargs(cfg),
+        ")",
         f"optimizer = {optimizer_expr(cfg, 'model.parameters()')}",
         "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
         "for batch in loader:",
-        "    with accelerator.accumulate(model):  # steps the optimizer every "
-        f"{cfg.grad_accum} batch(es)",
+        f"    with accelerator.accumulate(model):  # steps the optimizer every {cfg.grad_accum} batch(es)",
         "        accelerator.backward(loss_fn(model, batch))",
         "        optimizer.step()",
         f"        {zero_grad_call(cfg)}",
     ]
-    return ["# In train.py, what accelerate does not hold (the constant lr: no scheduler):",
-            *(f"#   {line}" for line in code)]
+    return [
+        "# In train.py, what accelerate does not hold (the constant lr: no scheduler):",
+        *(f"#   {line}" for line in code),
+    ]

@@ -3,6 +3,7 @@ tuned. For Lightning, the Trainer's keyword arguments and the train DataLoader's
 TrainingArguments fields that differ from the user's base arguments. Each is the dict the winning
 trial passed, recorded by the trial itself (`applied.framework`), so what is pasted is what was measured.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,9 +26,11 @@ def render(e: Export) -> str:
 def _header(e: Export, what: str) -> list[str]:
     trial = e.study.get("trial")
     speed = f"x{e.speedup:.2f} samples/s over the baseline" if e.speedup else "speedup unknown"
-    return [f"# {what}, as autotune measured them",
-            f"# (study {e.study.get('name')!r}, trial {trial}: {speed}; `autotune trial --config best.yaml` "
-            "re-measures it)."]
+    return [
+        f"# {what}, as autotune measured them",
+        f"# (study {e.study.get('name')!r}, trial {trial}: {speed}; `autotune trial --config best.yaml` "
+        "re-measures it).",
+    ]
 
 
 def _kwargs(name: str, values: Mapping[str, Any], comments: Mapping[str, str] | None = None) -> list[str]:
@@ -40,12 +43,16 @@ def _notes(e: Export, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> 
     cfg = e.config
     out = []
     if lr_scale != 1:
-        out.append(f"# lr: multiply your learning rate by {lr_scale:.4g}, as the trials did ({cfg.lr_scaling} rule, "
-                   f"from your own batch to global batch {cfg.global_batch_size})")
+        out.append(
+            f"# lr: multiply your learning rate by {lr_scale:.4g}, as the trials did ({cfg.lr_scaling} rule, "
+            f"from your own batch to global batch {cfg.global_batch_size})"
+        )
     if cfg.num_threads:
         out.append(f"torch.set_num_threads({cfg.num_threads})  # num_threads, at the start of your script")
     if cfg.gpus > 1:
-        out.append(f"# gpus={cfg.gpus}: one process per device (torchrun --nproc-per-node {cfg.gpus}, or the Trainer's own launch)")
+        out.append(
+            f"# gpus={cfg.gpus}: one process per device (torchrun --nproc-per-node {cfg.gpus}, or the Trainer's own launch)"
+        )
     out += [f"# {k}: not tuned, {why}" for k, why in unsupported.items()]
     return out
 
@@ -55,8 +62,11 @@ def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
         *_header(e, "Lightning Trainer and train DataLoader arguments for your LightningModule"),
         *(["import torch"] if e.config.num_threads else []),
         "",
-        *_kwargs("trainer_kwargs", fw.get("trainer_kwargs") or {},
-                 {"accumulate_grad_batches": f"global batch {e.config.global_batch_size}"}),
+        *_kwargs(
+            "trainer_kwargs",
+            fw.get("trainer_kwargs") or {},
+            {"accumulate_grad_batches": f"global batch {e.config.global_batch_size}"},
+        ),
         "",
         "# your datamodule's train_dataloader(): the same dataset, sampler and collate_fn, with these",
         *_kwargs("dataloader_kwargs", fw.get("dataloader_kwargs") or {}, {"batch_size": "per process"}),
@@ -81,8 +91,11 @@ def _hf(e: Export, fw: Mapping[str, Any]) -> str:
         "import dataclasses",
         *(["import torch"] if cfg.num_threads or cfg.cudnn_benchmark else []),
         "",
-        *(_kwargs("training_args", changed, {k: f"yours: {base.get(k)!r}" for k in changed}) if changed
-          else ["training_args = dict()  # your base arguments were already the fastest measured"]),
+        *(
+            _kwargs("training_args", changed, {k: f"yours: {base.get(k)!r}" for k in changed})
+            if changed
+            else ["training_args = dict()  # your base arguments were already the fastest measured"]
+        ),
         "",
         *notes,
         "",

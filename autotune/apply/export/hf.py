@@ -1,4 +1,5 @@
 """Python for transformers.TrainingArguments, with comments for what it cannot hold."""
+
 from __future__ import annotations
 
 from autotune.apply.export import _strategy
@@ -11,8 +12,11 @@ _HF_OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_to
 def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
     """Python for transformers.TrainingArguments, plus comments for what TrainingArguments cannot hold."""
     n = cfg.gpus
-    launch = (f"torchrun --nproc-per-node {n} train.py  (or: accelerate launch --num_processes {n} train.py)"
-              if n > 1 else "python train.py (one process)")
+    launch = (
+        f"torchrun --nproc-per-node {n} train.py  (or: accelerate launch --num_processes {n} train.py)"
+        if n > 1
+        else "python train.py (one process)"
+    )
     where = {
         "num_workers": "dataloader_num_workers",
         "pin_memory": "dataloader_pin_memory",
@@ -27,7 +31,8 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         "persistent_workers": "dataloader_persistent_workers",
         "prefetch_factor": "dataloader_prefetch_factor",
         "set_to_none": "not a TrainingArguments field (see below)",
-        "num_threads": "not a TrainingArguments field: torch.set_num_threads (below)" if cfg.num_threads
+        "num_threads": "not a TrainingArguments field: torch.set_num_threads (below)"
+        if cfg.num_threads
         else "0 = torch's default; nothing to set",
     }
     args = [
@@ -47,8 +52,10 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         f"    optim={_HF_OPTIM[cfg.optimizer_fusion]!r},  # optimizer_fusion={cfg.optimizer_fusion}",
     ]
     if cfg.checkpoint_segments:
-        args.append(f"    gradient_checkpointing=True,  # checkpoint_segments={cfg.checkpoint_segments}: "
-                    "HF checkpoints every layer, not the first k")
+        args.append(
+            f"    gradient_checkpointing=True,  # checkpoint_segments={cfg.checkpoint_segments}: "
+            "HF checkpoints every layer, not the first k"
+        )
     else:
         args.append("    gradient_checkpointing=False,  # checkpoint_segments=0")
     args.append(f"    torch_compile={cfg.compile != 'off'!r},  # compile={cfg.compile}")
@@ -63,22 +70,31 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
     notes += [
         f"# gpus={n}: launch with {launch}",
         f"# channels_last={cfg.channels_last}: "
-        + ("model = model.to(memory_format=torch.channels_last) before Trainer(...), and return 4-D "
-           "image batches as .contiguous(memory_format=torch.channels_last) from the data collator"
-           if cfg.channels_last else "off, nothing to do"),
+        + (
+            "model = model.to(memory_format=torch.channels_last) before Trainer(...), and return 4-D "
+            "image batches as .contiguous(memory_format=torch.channels_last) from the data collator"
+            if cfg.channels_last
+            else "off, nothing to do"
+        ),
         f"# set_to_none={cfg.set_to_none}: Trainer calls model.zero_grad(), which frees grads (set_to_none=True) "
         "in torch >= 2.0" + ("" if cfg.set_to_none else "; to keep zeroed grads, override Trainer.training_step"),
     ]
     notes += _strategy.hf_notes(cfg)
     if cfg.checkpoint_segments:
-        notes.append(f"# checkpoint_segments={cfg.checkpoint_segments}: gradient_checkpointing needs a model with "
-                     "gradient_checkpointing_enable() (a transformers PreTrainedModel); it saves more memory and "
-                     "costs more time than autotune's first-k segments")
-    notes.append(f"# weight_decay={WEIGHT_DECAY}: the Trainer exempts biases and LayerNorm weights from it; the trials "
-                 "decayed every parameter")
+        notes.append(
+            f"# checkpoint_segments={cfg.checkpoint_segments}: gradient_checkpointing needs a model with "
+            "gradient_checkpointing_enable() (a transformers PreTrainedModel); it saves more memory and "
+            "costs more time than autotune's first-k segments"
+        )
+    notes.append(
+        f"# weight_decay={WEIGHT_DECAY}: the Trainer exempts biases and LayerNorm weights from it; the trials "
+        "decayed every parameter"
+    )
     if cfg.optimizer_fusion == "none":
-        notes.append("# optimizer_fusion=none: 'adamw_torch' lets torch choose (foreach on CUDA). To force the "
-                     "for-loop AdamW: Trainer(optimizers=(torch.optim.AdamW(model.parameters(), foreach=False), None))")
+        notes.append(
+            "# optimizer_fusion=none: 'adamw_torch' lets torch choose (foreach on CUDA). To force the "
+            "for-loop AdamW: Trainer(optimizers=(torch.optim.AdamW(model.parameters(), foreach=False), None))"
+        )
     elif cfg.optimizer_fusion == "foreach":
         notes.append("# optimizer_fusion=foreach: 'adamw_torch' uses torch's foreach AdamW on CUDA by default")
     parts = [
@@ -88,7 +104,9 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         *training_lines(cfg),
         "import torch",
         "",
-        "training_args = dict(", *args, ")",
+        "training_args = dict(",
+        *args,
+        ")",
         "",
         *notes,
         "",

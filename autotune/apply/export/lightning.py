@@ -1,9 +1,16 @@
 """Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and hooks for the rest."""
+
 from __future__ import annotations
 
 from autotune.apply.export import _strategy
-from autotune.apply.export._common import (accelerator, knob_table, loader_kwargs, optimizer_expr, training_lines,
-                                           zero_grad_call)
+from autotune.apply.export._common import (
+    accelerator,
+    knob_table,
+    loader_kwargs,
+    optimizer_expr,
+    training_lines,
+    zero_grad_call,
+)
 from autotune.core.config import TrialConfig
 
 _LIGHTNING_PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
@@ -20,14 +27,17 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "optimizer_fusion": "AutotuneHooks.configure_optimizers",
         "checkpoint_segments": "no Trainer flag: wrap the first k blocks yourself (see below)",
         "gpus": "trainer_kwargs['devices']" + (" + strategy='ddp'" if multi else ""),
-        "channels_last": "no Trainer flag: AutotuneHooks converts model and batches" if cfg.channels_last
+        "channels_last": "no Trainer flag: AutotuneHooks converts model and batches"
+        if cfg.channels_last
         else "no Trainer flag; off, nothing to do",
         "cudnn_benchmark": "trainer_kwargs['benchmark'] (sets torch.backends.cudnn.benchmark)",
         "compile": "no Trainer flag: torch.compile(model) before trainer.fit (see below)",
         "persistent_workers": "dataloader_kwargs['persistent_workers']",
         "prefetch_factor": "dataloader_kwargs['prefetch_factor']",
         "set_to_none": "AutotuneHooks.optimizer_zero_grad",
-        "num_threads": "torch.set_num_threads (see below)" if cfg.num_threads else "0 = torch's default; nothing to set",
+        "num_threads": "torch.set_num_threads (see below)"
+        if cfg.num_threads
+        else "0 = torch's default; nothing to set",
     }
     trainer = [
         f"    accelerator={accelerator(device)!r},",
@@ -73,13 +83,23 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
     extra = []
     if cfg.num_threads:
         extra.append(f"torch.set_num_threads({cfg.num_threads!r})  # num_threads, before building the DataLoader")
-    extra.append(f"# compile={cfg.compile}: "
-                 + ("no change" if cfg.compile == "off"
-                    else f"model = torch.compile(model, mode={cfg.compile!r}) before trainer.fit(model)"))
-    extra.append(f"# checkpoint_segments={cfg.checkpoint_segments}: "
-                 + ("off" if cfg.checkpoint_segments == 0 else
-                    f"in forward(), run the first {cfg.checkpoint_segments} encoder stages through "
-                    "torch.utils.checkpoint.checkpoint(stage, x, use_reentrant=False)"))
+    extra.append(
+        f"# compile={cfg.compile}: "
+        + (
+            "no change"
+            if cfg.compile == "off"
+            else f"model = torch.compile(model, mode={cfg.compile!r}) before trainer.fit(model)"
+        )
+    )
+    extra.append(
+        f"# checkpoint_segments={cfg.checkpoint_segments}: "
+        + (
+            "off"
+            if cfg.checkpoint_segments == 0
+            else f"in forward(), run the first {cfg.checkpoint_segments} encoder stages through "
+            "torch.utils.checkpoint.checkpoint(stage, x, use_reentrant=False)"
+        )
+    )
     parts = [
         "# Lightning (lightning.pytorch) settings for the configuration autotune measured.",
         "# Every tuned knob, and where it goes:",
@@ -87,11 +107,19 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         *training_lines(cfg),
         "import torch",
         *(["from lightning.pytorch.strategies import ModelParallelStrategy"] if _strategy.fsdp_on(cfg) else []),
-        *(["import apex.optimizers  # optimizer_fusion=apex needs NVIDIA apex"] if cfg.optimizer_fusion == "apex" else []),
+        *(
+            ["import apex.optimizers  # optimizer_fusion=apex needs NVIDIA apex"]
+            if cfg.optimizer_fusion == "apex"
+            else []
+        ),
         "",
-        "trainer_kwargs = dict(", *trainer, ")",
+        "trainer_kwargs = dict(",
+        *trainer,
+        ")",
         "",
-        "dataloader_kwargs = dict(", *loader_kwargs(cfg), ")",
+        "dataloader_kwargs = dict(",
+        *loader_kwargs(cfg),
+        ")",
         "",
         *hooks,
         "",

@@ -10,6 +10,7 @@ working directory, and reused by every later trial and run.
 Images are decoded and augmented (RandomResizedCrop to image_size, horizontal flip) inside
 __getitem__, so DataLoader workers do real work and num_workers matters, as in a real job.
 """
+
 from __future__ import annotations
 
 import colorsys
@@ -43,6 +44,7 @@ CLASSES = (("red_circles", 0.0), ("green_squares", 0.33), ("blue_triangles", 0.6
 
 
 # ------------------------------------------------------------------------------------ synthetic data
+
 
 def _rgb(h: float, s: float, v: float) -> tuple[int, int, int]:
     r, g, b = colorsys.hsv_to_rgb(h % 1.0, s, v)
@@ -93,9 +95,11 @@ def make_synthetic(out: str | os.PathLike[str], n: int = SYNTHETIC_N, seed: int 
             # One generator per image: the set is the same whatever order or process writes it.
             image = synthetic_image(label, np.random.default_rng([seed, i]))
             image.save(tmp / CLASSES[label][0] / f"{i:05d}.jpg", quality=90)
-        (tmp / "README.txt").write_text(f"autotune synthetic classification set\nn: {n}\nsize: "
-                                        f"{SYNTHETIC_SIZE[0]}x{SYNTHETIC_SIZE[1]}\nseed: {seed}\n"
-                                        "classes: " + ", ".join(c for c, _ in CLASSES) + "\n")
+        (tmp / "README.txt").write_text(
+            f"autotune synthetic classification set\nn: {n}\nsize: "
+            f"{SYNTHETIC_SIZE[0]}x{SYNTHETIC_SIZE[1]}\nseed: {seed}\n"
+            "classes: " + ", ".join(c for c, _ in CLASSES) + "\n"
+        )
         try:
             os.replace(tmp, out)  # replaces a missing or empty folder atomically; fails if one is there
         except OSError:
@@ -125,13 +129,21 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
         raise DataError(f"data folder {root} does not exist")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if classes == ["images", "masks"]:  # would "work" as two classes, and train on nonsense
-        raise DataError(f"data folder {root} is a segmentation set (images/ + masks/); the classifier "
-                        "needs one subfolder per class, e.g. DIR/cat/*.jpg")
+        raise DataError(
+            f"data folder {root} is a segmentation set (images/ + masks/); the classifier "
+            "needs one subfolder per class, e.g. DIR/cat/*.jpg"
+        )
     if len(classes) < 2:
-        raise DataError(f"data folder {root} needs one subfolder per class (at least 2), e.g. {root}/cat/*.jpg; "
-                        f"found {len(classes)}")
-    samples = [(p, label) for label, c in enumerate(classes) for p in sorted((root / c).iterdir())
-               if p.suffix.lower() in SUFFIXES and p.is_file() and not p.name.startswith(".")]
+        raise DataError(
+            f"data folder {root} needs one subfolder per class (at least 2), e.g. {root}/cat/*.jpg; "
+            f"found {len(classes)}"
+        )
+    samples = [
+        (p, label)
+        for label, c in enumerate(classes)
+        for p in sorted((root / c).iterdir())
+        if p.suffix.lower() in SUFFIXES and p.is_file() and not p.name.startswith(".")
+    ]
     if not samples:
         raise DataError(f"data folder {root} has no images in its class folders (*.jpg, *.jpeg, *.png)")
     return classes, samples
@@ -139,14 +151,17 @@ def scan_image_folder(root: str | os.PathLike[str]) -> tuple[list[str], list[tup
 
 # -------------------------------------------------------------------------------------- the pipeline
 
+
 class ImageFolderDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Decode + augment in __getitem__: the work num_workers spreads over processes."""
 
     def __init__(self, samples: list[tuple[Path, int]], size: int, train: bool = True) -> None:
         self.samples = samples
-        self.transform = (v2.Compose([v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True),
-                                      v2.RandomHorizontalFlip()])
-                          if train else v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)]))
+        self.transform = (
+            v2.Compose([v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True), v2.RandomHorizontalFlip()])
+            if train
+            else v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
+        )
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -24,6 +24,7 @@
 - channels_last is unsupported: there are no 4-D tensors to lay out. A trial that asks for it exits
   with code 5; a search fixes it to false.
 """
+
 from __future__ import annotations
 
 import re
@@ -74,15 +75,18 @@ class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 class TinyLM(nn.Module):
-    def __init__(self, seq_len: int, vocab: int = VOCAB, d_model: int = D_MODEL, n_layers: int = N_LAYERS,
-                 n_heads: int = N_HEADS) -> None:
+    def __init__(
+        self, seq_len: int, vocab: int = VOCAB, d_model: int = D_MODEL, n_layers: int = N_LAYERS, n_heads: int = N_HEADS
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=0.0, activation="gelu",
-                                       batch_first=True, norm_first=True)
-            for _ in range(n_layers))
+            nn.TransformerEncoderLayer(
+                d_model, n_heads, 4 * d_model, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+            )
+            for _ in range(n_layers)
+        )
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
         # True = may not attend. Bool, so it suits every autocast dtype.
@@ -140,8 +144,10 @@ def __getattr__(name: str) -> Callable[[TrialConfig], LanguageModelPipeline]:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     width, depth = int(m[1]), int(m[2])
     if width < 16 or width % (4 if width <= 256 else 64) or not 1 <= depth <= 1024:
-        raise PipelineError(f"language_model:{name}: width must be a multiple of 4 from 16 to 256, or of 64 above "
-                            f"(one attention head per 64), and depth from 1 to 1024; got width {width}, depth {depth}")
+        raise PipelineError(
+            f"language_model:{name}: width must be a multiple of 4 from 16 to 256, or of 64 above "
+            f"(one attention head per 64), and depth from 1 to 1024; got width {width}, depth {depth}"
+        )
 
     def make_sized(cfg: TrialConfig) -> LanguageModelPipeline:
         return LanguageModelPipeline(cfg, width, depth)

@@ -11,6 +11,7 @@ a reason per knob, which the search fixes to its default and says).
 The frameworks are imported only when such a pipeline is named, so autotune runs without them.
 May import: autotune.core (and the frameworks, lazily).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,12 +25,16 @@ if TYPE_CHECKING:
 
 # prefix -> (the module checked and used, what to install). lightning.pytorch, not pytorch_lightning:
 # the two packages define distinct classes, and a trial must build the Trainer of the module's package.
-LIBRARIES = {"lightning": ("lightning.pytorch", "pip install lightning"),
-             "hf": ("transformers", "pip install transformers accelerate")}
+LIBRARIES = {
+    "lightning": ("lightning.pytorch", "pip install lightning"),
+    "hf": ("transformers", "pip install transformers accelerate"),
+}
 # What a warm server imports once, so forked trials start with it: transformers imports its Trainer lazily.
 PRELOAD = {"lightning": ("lightning.pytorch",), "hf": ("transformers", "transformers.trainer")}
-EXPECTED = {"lightning": "(LightningModule, LightningDataModule)",
-            "hf": "(model, train_dataset, data_collator, TrainingArguments)"}
+EXPECTED = {
+    "lightning": "(LightningModule, LightningDataModule)",
+    "hf": "(model, train_dataset, data_collator, TrainingArguments)",
+}
 
 
 def split(spec: str) -> tuple[str, str] | None:
@@ -60,8 +65,10 @@ def preload(spec: str) -> tuple[str, ...]:
 
 # The strategy knobs: autotune runs a framework's Trainer with the Trainer's own DDP; handing it FSDP (and
 # FSDP's sub-knobs) is not wired, so a search keeps them at their defaults and says why.
-STRATEGY = {k: "autotune runs the Trainer with its own DDP strategy; fsdp is searched in autotune's own loop only"
-            for k in ("parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")}
+STRATEGY = {
+    k: "autotune runs the Trainer with its own DDP strategy; fsdp is searched in autotune's own loop only"
+    for k in ("parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")
+}
 
 
 class Unsupported(frozenset):
@@ -81,15 +88,18 @@ class FrameworkJob:
 
     library = ""
 
-    def __init__(self, spec: str, parts: tuple[Any, ...], unsupported: Mapping[str, str],
-                 stages: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, spec: str, parts: tuple[Any, ...], unsupported: Mapping[str, str], stages: tuple[str, ...] = ()
+    ) -> None:
         self.spec, self.parts, self.stages = spec, parts, stages
         self.unsupported = Unsupported(unsupported)
 
     # `autotune train` builds a Pipeline's parts itself; a framework job trains under its own Trainer.
     def build_model(self) -> Any:
-        raise PipelineError(f"--pipeline {self.spec!r} trains under {self.library}'s own Trainer: `autotune train` "
-                            f"cannot run it; apply the tuned settings (autotune export --format {self.library})")
+        raise PipelineError(
+            f"--pipeline {self.spec!r} trains under {self.library}'s own Trainer: `autotune train` "
+            f"cannot run it; apply the tuned settings (autotune export --format {self.library})"
+        )
 
     build_dataset = build_model
 
@@ -114,8 +124,7 @@ def load(cfg: TrialConfig) -> FrameworkJob:
         from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
     job = adapter.check(cfg.pipeline, library, returned)
     if job is None:
-        raise PipelineError(f"--pipeline {cfg.pipeline!r} returned {describe(returned)}, expected "
-                            f"{EXPECTED[prefix]}")
+        raise PipelineError(f"--pipeline {cfg.pipeline!r} returned {describe(returned)}, expected {EXPECTED[prefix]}")
     return job
 
 

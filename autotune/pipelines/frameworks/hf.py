@@ -3,6 +3,7 @@
 Knobs map onto TrainingArguments fields (`tuned_fields`); a trial runs Trainer.train on the user's
 arguments with those fields replaced, and the export is the fields that differ from the user's base.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,13 +56,18 @@ def check(spec: str, transformers: Any, returned: Any) -> HFJob | None:
         return None
     model, dataset, collator, args = returned
     sized = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
-    if not (isinstance(model, torch.nn.Module) and (sized or isinstance(dataset, torch.utils.data.IterableDataset))
-            and (collator is None or callable(collator)) and isinstance(args, transformers.TrainingArguments)):
+    if not (
+        isinstance(model, torch.nn.Module)
+        and (sized or isinstance(dataset, torch.utils.data.IterableDataset))
+        and (collator is None or callable(collator))
+        and isinstance(args, transformers.TrainingArguments)
+    ):
         return None
     unsupported = dict(UNSUPPORTED)
     if optim_of(args) not in ADAMW:
-        unsupported["optimizer_fusion"] = (f"the base TrainingArguments train with optim={optim_of(args)!r}; "
-                                           "the knob chooses among AdamW kernels")
+        unsupported["optimizer_fusion"] = (
+            f"the base TrainingArguments train with optim={optim_of(args)!r}; the knob chooses among AdamW kernels"
+        )
     stages = STAGES if getattr(model, "supports_gradient_checkpointing", False) else ()
     if not stages:
         unsupported["checkpoint_segments"] = "the model has no gradient_checkpointing_enable()"
@@ -113,6 +119,7 @@ def own_batch(base: Any) -> int:
 
 def changes(base: Any, tuned: Mapping[str, Any]) -> dict[str, Any]:
     """The tuned fields whose value differs from the user's base: the export, ready to paste."""
+
     def plain(v: Any) -> Any:
         return getattr(v, "value", v)  # enums (optim) compare and print as their strings
 

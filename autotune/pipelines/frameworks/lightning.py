@@ -5,6 +5,7 @@ benchmark) and onto the DataLoader that the datamodule's train_dataloader() retu
 own dataset, sampler and collate function (batch_size, num_workers, pin_memory, persistent_workers,
 prefetch_factor). What the module owns itself cannot be set from outside, so it is not searched.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,8 +40,12 @@ class LightningJob(FrameworkJob):
 
 def check(spec: str, pl: Any, returned: Any) -> LightningJob | None:
     """The job, or None when the factory returned something else than the two Lightning objects."""
-    if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[0], pl.LightningModule)
-            and isinstance(returned[1], pl.LightningDataModule)):
+    if not (
+        isinstance(returned, tuple)
+        and len(returned) == 2
+        and isinstance(returned[0], pl.LightningModule)
+        and isinstance(returned[1], pl.LightningDataModule)
+    ):
         return None
     return LightningJob(spec, returned, UNSUPPORTED)
 

@@ -4,6 +4,7 @@ Layout (both kinds): DIR/images/<stem>.{jpg,jpeg,png} and DIR/masks/<stem>.png, 
 0 = background and 255 = person. The synthetic set exists so that a search can run with no data at
 all while still paying the real costs: JPEG decoding, PNG masks, file opens.
 """
+
 from __future__ import annotations
 
 import colorsys
@@ -44,6 +45,7 @@ def parse_size(text: str) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 # synthetic images
 
+
 def _rgb(h: float, s: float, v: float) -> tuple[int, int, int]:
     r, g, b = colorsys.hsv_to_rgb(h % 1.0, s, v)
     return int(r * 255), int(g * 255), int(b * 255)
@@ -54,11 +56,15 @@ def _muted(rng: np.random.Generator) -> tuple[int, int, int]:
     return _rgb(rng.random(), rng.uniform(0.0, 0.35), rng.uniform(0.25, 0.9))
 
 
-def _smooth(rng: np.random.Generator, grid: tuple[int, int], size: tuple[int, int], scale: float,
-            channels: int = 3) -> np.ndarray:
+def _smooth(
+    rng: np.random.Generator, grid: tuple[int, int], size: tuple[int, int], scale: float, channels: int = 3
+) -> np.ndarray:
     """A random low-res field upsampled bicubically: cheap, smooth variation at any size."""
     small = rng.uniform(-scale, scale, size=(grid[1], grid[0], channels)).astype(np.float32)
-    chans = [np.asarray(Image.fromarray(small[..., c], mode="F").resize(size, Image.Resampling.BICUBIC)) for c in range(channels)]
+    chans = [
+        np.asarray(Image.fromarray(small[..., c], mode="F").resize(size, Image.Resampling.BICUBIC))
+        for c in range(channels)
+    ]
     return np.stack(chans, axis=-1)
 
 
@@ -68,7 +74,9 @@ def _background(rng: np.random.Generator, size: tuple[int, int]) -> Image.Image:
     # Mostly brightness gradients (shared by all channels) with a milder tint: like lit rooms, and
     # less saturated than people's clothes, which keeps the task learnable.
     light = _smooth(rng, (3, 3), size, 50.0, channels=1)
-    field = base + light + _smooth(rng, (3, 3), size, 30.0) + _smooth(rng, (max(2, w // 40), max(2, h // 40)), size, 15.0)
+    field = (
+        base + light + _smooth(rng, (3, 3), size, 30.0) + _smooth(rng, (max(2, w // 40), max(2, h // 40)), size, 15.0)
+    )
     return Image.fromarray(np.clip(field, 0, 255).astype(np.uint8), mode="RGB")
 
 
@@ -101,11 +109,15 @@ def _person(draws: list[ImageDraw.ImageDraw], rng: np.random.Generator, size: tu
     hip_y = neck_y + torso_h
     limb = max(2, int(0.07 * ph))
     legs = [(cx + s * torso_w * 0.25, cx + s * rng.uniform(0.05, 0.2) * ph) for s in (-1, 1)]
-    arms = [(cx + s * torso_w * 0.5, cx + s * rng.uniform(0.15, 0.3) * ph, neck_y + rng.uniform(0.15, 0.45) * ph)
-            for s in (-1, 1)]
+    arms = [
+        (cx + s * torso_w * 0.5, cx + s * rng.uniform(0.15, 0.3) * ph, neck_y + rng.uniform(0.15, 0.45) * ph)
+        for s in (-1, 1)
+    ]
     for d, is_mask in zip(draws, (False, True)):
+
         def fill(c: tuple[int, int, int], is_mask: bool = is_mask) -> int | tuple[int, int, int]:
             return 255 if is_mask else c
+
         for hx, fx in legs:
             d.line((hx, hip_y - limb, fx, top + ph - limb / 2), fill=fill(trousers), width=limb)
             d.ellipse((fx - limb / 2, top + ph - limb, fx + limb / 2, top + ph), fill=fill(trousers))
@@ -169,6 +181,7 @@ def make_data(out_dir: str | os.PathLike[str], n: int, size: tuple[int, int] = (
 # ---------------------------------------------------------------------------------------------
 # real folders
 
+
 def _by_stem(folder: Path, suffixes: tuple[str, ...]) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for p in sorted(folder.iterdir()):
@@ -228,8 +241,9 @@ def decode_reason(e: BaseException) -> str:
     return text.split(". ")[0].rstrip(".")[:120]
 
 
-def _check_all(pairs: list[Pair], check: Callable[[Path, Path], tuple[Path, str] | None],
-               progress: Progress | None) -> list[tuple[Path, str] | None]:
+def _check_all(
+    pairs: list[Pair], check: Callable[[Path, Path], tuple[Path, str] | None], progress: Progress | None
+) -> list[tuple[Path, str] | None]:
     """check(image, mask) for every pair on a few threads; its verdicts in the pairs' order."""
     verdicts: list[tuple[Path, str] | None] = [None] * len(pairs)
     done = 0
@@ -253,8 +267,9 @@ def _decodes(image: Path, mask: Path) -> tuple[Path, str] | None:
     return None
 
 
-def validate_folder(data_dir: str | os.PathLike[str], *, skip_bad: bool = False,
-                    progress: Progress | None = None) -> list[Pair]:
+def validate_folder(
+    data_dir: str | os.PathLike[str], *, skip_bad: bool = False, progress: Progress | None = None
+) -> list[Pair]:
     """Decode every image/mask pair once, exactly as training will (same decoder, same modes, sizes
     must match), so one bad file is named up front instead of failing every trial. Returns the
     pairs that decode; a DataError naming the bad ones unless skip_bad. Reads only: nothing in the
@@ -268,8 +283,10 @@ def validate_folder(data_dir: str | os.PathLike[str], *, skip_bad: bool = False,
     if bad and not skip_bad:
         shown = ", ".join(f"{_relative(path, root)} ({reason})" for path, reason in bad[:SHOWN_BAD])
         more = f", and {len(bad) - SHOWN_BAD} more" if len(bad) > SHOWN_BAD else ""
-        raise DataError(f"data {root}: {len(bad)} of {len(pairs)} image/mask pairs cannot be decoded: {shown}{more}; "
-                        "fix or remove them, or pass --skip-bad-data")
+        raise DataError(
+            f"data {root}: {len(bad)} of {len(pairs)} image/mask pairs cannot be decoded: {shown}{more}; "
+            "fix or remove them, or pass --skip-bad-data"
+        )
     return [pair for pair, verdict in zip(pairs, verdicts) if verdict is None]
 
 
@@ -311,8 +328,10 @@ def screen_pairs(pairs: list[Pair]) -> tuple[list[Pair], list[tuple[Path, str]]]
     """A cheap check of every pair (headers, checksums, sizes; no decoding), for trial processes to
     drop the files validate_folder(skip_bad=True) dropped up front: (good pairs, bad files)."""
     verdicts = _check_all(pairs, _headers_ok, None)
-    return ([pair for pair, verdict in zip(pairs, verdicts) if verdict is None],
-            [verdict for verdict in verdicts if verdict is not None])
+    return (
+        [pair for pair, verdict in zip(pairs, verdicts) if verdict is None],
+        [verdict for verdict in verdicts if verdict is not None],
+    )
 
 
 def default_data_dir(root: str | os.PathLike[str], n: int, size: tuple[int, int], seed: int) -> Path:

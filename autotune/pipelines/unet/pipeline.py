@@ -1,4 +1,5 @@
 """The seed's pipeline: smp Unet-resnet34, binary person segmentation, images decoded from disk."""
+
 from __future__ import annotations
 
 import os
@@ -62,13 +63,16 @@ class SegmentationFolder(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Decode + random-resized-crop + flip inside __getitem__, so DataLoader workers do real work.
     A file that cannot be used raises DataItemError naming it relative to `root`."""
 
-    def __init__(self, pairs: list[tuple[Path, Path]], size: int, train: bool = True,
-                 root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, pairs: list[tuple[Path, Path]], size: int, train: bool = True, root: str | os.PathLike[str] | None = None
+    ) -> None:
         self.pairs = pairs
         self.root = Path(root) if root is not None else None
-        self.transform = (v2.Compose([v2.RandomResizedCrop(size, scale=(0.25, 1.0), antialias=True),
-                                      v2.RandomHorizontalFlip()])
-                          if train else v2.Resize((size, size), antialias=True))
+        self.transform = (
+            v2.Compose([v2.RandomResizedCrop(size, scale=(0.25, 1.0), antialias=True), v2.RandomHorizontalFlip()])
+            if train
+            else v2.Resize((size, size), antialias=True)
+        )
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -78,8 +82,11 @@ class SegmentationFolder(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             decoded = decode_pair(*self.pairs[i])
         except BadPairFile as e:
             name = _relative(e.path, self.root)
-            raise DataItemError(f"cannot load {name} in data folder {self.root or e.path.parent} ({e.reason}); "
-                                "fix or remove it", path=name, index=i) from None
+            raise DataItemError(
+                f"cannot load {name} in data folder {self.root or e.path.parent} ({e.reason}); fix or remove it",
+                path=name,
+                index=i,
+            ) from None
         image, mask = tv_tensors.Image(decoded[0]), tv_tensors.Mask(decoded[1])
         image, mask = self.transform(image, mask)  # one crop for both: masks use nearest
         x = (image.as_subclass(torch.Tensor).float() / 255 - MEAN) / STD
@@ -111,8 +118,18 @@ class UnetPipeline:
     """smp.Unet('resnet34', encoder_weights=None). AUTOTUNE_ENCODER_WEIGHTS may name a local state_dict."""
 
     # checkpoint_segments wraps the first k of these, in forward order.
-    stages = ("encoder.conv1", "encoder.layer1", "encoder.layer2", "encoder.layer3", "encoder.layer4",
-              "decoder.blocks.0", "decoder.blocks.1", "decoder.blocks.2", "decoder.blocks.3", "decoder.blocks.4")
+    stages = (
+        "encoder.conv1",
+        "encoder.layer1",
+        "encoder.layer2",
+        "encoder.layer3",
+        "encoder.layer4",
+        "decoder.blocks.0",
+        "decoder.blocks.1",
+        "decoder.blocks.2",
+        "decoder.blocks.3",
+        "decoder.blocks.4",
+    )
     unsupported: frozenset[str] = frozenset()
 
     def __init__(self, cfg: TrialConfig) -> None:
@@ -164,8 +181,11 @@ class UnetPipeline:
 
         good, bad = screen_pairs(pairs)
         if bad:
-            print(f"autotune: {SKIP_BAD_DATA_ENV}: skipping {len(bad)} of {len(pairs)} image/mask pairs with a bad "
-                  f"file (first: {_relative(bad[0][0], Path(self.data_dir))}: {bad[0][1]})", file=sys.stderr)
+            print(
+                f"autotune: {SKIP_BAD_DATA_ENV}: skipping {len(bad)} of {len(pairs)} image/mask pairs with a bad "
+                f"file (first: {_relative(bad[0][0], Path(self.data_dir))}: {bad[0][1]})",
+                file=sys.stderr,
+            )
         return good
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

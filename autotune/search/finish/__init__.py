@@ -5,6 +5,7 @@ The trial loop never uses it; `run` is the one sequence, each step spending what
 
 May import: autotune.core, autotune.trial, and the rest of autotune.search (never the session).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,13 +30,21 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
     if not budget.reserve_s:
         return None
     s = settings
-    return (f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
-            f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check "
-            f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)")
+    return (
+        f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
+        f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check "
+        f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)"
+    )
 
 
-def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
-        server: WarmServer | None = None, say: Callable[[str], None] = print) -> ConfirmationSummary | None:
+def run(
+    study: optuna.Study,
+    settings: SearchSettings,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> ConfirmationSummary | None:
     """Confirm, check parity, and confirm the export too when the gate passed a config the rounds did not
     measure. Returns the confirmation summary (search/records.py), None when confirmation did not run or
     had nothing to compare."""

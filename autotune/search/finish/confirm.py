@@ -6,6 +6,7 @@ noise (another process, a thermal state, the page cache) moves single figures by
 and a contended one by far more. Alternating the order each round spreads slow drift evenly, and the
 winner is the config with the best *median* over the rounds, with its spread stated beside it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -51,8 +52,12 @@ def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Can
         if key in seen or (failed and class_label(t) in failed):
             continue
         seen.add(key)
-        c = Candidate("baseline" if record.role == "baseline" else f"trial {t.number}", t.number,
-                      record.config_for(workload), float(t.value or 0))
+        c = Candidate(
+            "baseline" if record.role == "baseline" else f"trial {t.number}",
+            t.number,
+            record.config_for(workload),
+            float(t.value or 0),
+        )
         if record.role == "baseline":
             baseline = c
         elif len(out) < top:
@@ -60,8 +65,14 @@ def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Can
     return out + ([baseline] if baseline else [])
 
 
-def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
-        server: WarmServer | None = None, say: Callable[[str], None] = print) -> ConfirmationSummary | None:
+def run(
+    study: optuna.Study,
+    settings: SearchSettings,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> ConfirmationSummary | None:
     """Measure the top --confirm-top candidates in up to --confirm-rounds interleaved rounds, only whole
     rounds that end by the budget's end (none: no limit); store and return the summary. None if there is
     nothing to compare (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
@@ -70,8 +81,9 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
     if rounds == 0 or not any(c.label != "baseline" for c in pool):
         return None
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
-    samples, done, trial_s = _rounds(pool, rounds, end_folder(settings, study, "confirm"),
-                                     settings, server, say, budget.end if budget else None)
+    samples, done, trial_s = _rounds(
+        pool, rounds, end_folder(settings, study, "confirm"), settings, server, say, budget.end if budget else None
+    )
     if done == 0:
         return None
     summary = summarize(pool, samples, done)
@@ -80,8 +92,15 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
     return summary
 
 
-def extend(study: optuna.Study, settings: SearchSettings, number: int, budget: Budget | None = None, *,
-           server: WarmServer | None = None, say: Callable[[str], None] = print) -> ConfirmationSummary | None:
+def extend(
+    study: optuna.Study,
+    settings: SearchSettings,
+    number: int,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> ConfirmationSummary | None:
     """Confirm trial `number` too, when the export falls to a config the confirmation did not measure
     (the parity gate failed the ones it did): it and the baseline in --confirm-rounds interleaved rounds
     that end by the budget's late end (its end plus the grace; none: no limit). Its samples join the
@@ -96,11 +115,14 @@ def extend(study: optuna.Study, settings: SearchSettings, number: int, budget: B
     if number not in board or base is None:
         return summary
     pool = [board[number], base]
-    say(f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
-        "before it did not pass parity")
+    say(
+        f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
+        "before it did not pass parity"
+    )
     folder = end_folder(settings, study, "confirm") / f"trial-{number}"
-    new, done, _ = _rounds(pool, rounds, folder, settings, server, say, budget.late_end if budget else None,
-                           summary.get("trial_s"))
+    new, done, _ = _rounds(
+        pool, rounds, folder, settings, server, say, budget.late_end if budget else None, summary.get("trial_s")
+    )
     if done == 0:
         return summary
     old = {r["label"]: r for r in summary["rows"]}
@@ -120,9 +142,16 @@ def extension_s(study: optuna.Study) -> float:
     return 2 * float(summary.get("trial_s") or 0) if summary else 0.0
 
 
-def _rounds(pool: list[Candidate], rounds: int, folder: Path, settings: SearchSettings, server: WarmServer | None,
-            say: Callable[[str], None], deadline: float | None,
-            trial_s: float | None = None) -> tuple[dict[str, list[float]], int, float]:
+def _rounds(
+    pool: list[Candidate],
+    rounds: int,
+    folder: Path,
+    settings: SearchSettings,
+    server: WarmServer | None,
+    say: Callable[[str], None],
+    deadline: float | None,
+    trial_s: float | None = None,
+) -> tuple[dict[str, list[float]], int, float]:
     """Up to `rounds` interleaved rounds over `pool`, only whole rounds that fit before `deadline`:
     the samples by label, the rounds done, and the measured seconds per trial."""
     samples: dict[str, list[float]] = {c.label: [] for c in pool}
@@ -133,7 +162,7 @@ def _rounds(pool: list[Candidate], rounds: int, folder: Path, settings: SearchSe
             say(f"confirmation: {done} of {rounds} round(s) fit in the budget")
             break
         t0 = time.monotonic()
-        for c in (pool if r % 2 == 0 else pool[::-1]):  # alternate the order: drift falls on everyone
+        for c in pool if r % 2 == 0 else pool[::-1]:  # alternate the order: drift falls on everyone
             sps = _measure(c, folder / f"round-{r}" / c.label.replace(" ", "-"), settings, server, say)
             if sps is not None:
                 samples[c.label].append(sps)
@@ -141,8 +170,9 @@ def _rounds(pool: list[Candidate], rounds: int, folder: Path, settings: SearchSe
     return samples, done, trial_s
 
 
-def _measure(c: Candidate, trial_dir: Path, settings: SearchSettings, server: WarmServer | None,
-             say: Callable[[str], None]) -> float | None:
+def _measure(
+    c: Candidate, trial_dir: Path, settings: SearchSettings, server: WarmServer | None, say: Callable[[str], None]
+) -> float | None:
     try:
         result, _ = locked_trial(c.config, trial_dir, settings.trial_timeout, server=server)
     except TrialFailure as e:  # a config that fails now is not confirmed; the others still are
@@ -159,15 +189,31 @@ def summarize(pool: list[Candidate], samples: dict[str, list[float]], rounds: in
     for c in pool:
         xs = samples[c.label]
         med = statistics.median(xs) if xs else None
-        rows.append({"label": c.label, "trial": c.trial, "search_samples_per_s": c.search_sps, "samples": xs,
-                     "samples_per_s_median": med, "min": min(xs) if xs else None, "max": max(xs) if xs else None,
-                     "speedup_median": med / base if med and base else None,
-                     "speedup_range": [min(xs) / base, max(xs) / base] if xs and base else None})
-    ranked = sorted((r for r in rows if r["label"] != "baseline" and r["samples_per_s_median"]),
-                    key=lambda r: -r["samples_per_s_median"])
+        rows.append(
+            {
+                "label": c.label,
+                "trial": c.trial,
+                "search_samples_per_s": c.search_sps,
+                "samples": xs,
+                "samples_per_s_median": med,
+                "min": min(xs) if xs else None,
+                "max": max(xs) if xs else None,
+                "speedup_median": med / base if med and base else None,
+                "speedup_range": [min(xs) / base, max(xs) / base] if xs and base else None,
+            }
+        )
+    ranked = sorted(
+        (r for r in rows if r["label"] != "baseline" and r["samples_per_s_median"]),
+        key=lambda r: -r["samples_per_s_median"],
+    )
     search_order = [c.label for c in pool if c.label != "baseline"]
     confirmed_order = [r["label"] for r in ranked]
-    return {"rounds": rounds, "baseline_median": base, "rows": rows,
-            "winner": ranked[0]["trial"] if ranked else None,
-            "order_changed": confirmed_order != search_order[: len(confirmed_order)],
-            "search_order": search_order, "confirmed_order": confirmed_order}
+    return {
+        "rounds": rounds,
+        "baseline_median": base,
+        "rows": rows,
+        "winner": ranked[0]["trial"] if ranked else None,
+        "order_changed": confirmed_order != search_order[: len(confirmed_order)],
+        "search_order": search_order,
+        "confirmed_order": confirmed_order,
+    }

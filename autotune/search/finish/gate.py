@@ -12,6 +12,7 @@ config that passed is exported before one that could not be checked (results.exp
 baseline's reference trajectory is measured once per study and kept in the study, so a resumed
 search or another worker reuses it.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,8 +32,14 @@ from autotune.search.results import class_label, class_verdict, confirmed_figure
 from autotune.trial.warm import WarmServer
 
 
-def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = None, *,
-        server: WarmServer | None = None, say: Callable[[str], None] = print) -> dict[str, Any] | None:
+def run(
+    study: optuna.Study,
+    settings: SearchSettings,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any] | None:
     """Check candidates until one passes; returns the verdicts by trial number (also stored in the
     study), or None when parity is off or there is nothing but the baseline to export."""
     steps, order = settings.parity_steps, _worth_checking(study)
@@ -40,9 +47,11 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
         return None
     verdicts: dict[str, Any] = dict(records.parity_verdicts(study))
     folder = end_folder(settings, study, "parity")
-    say(f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
+    say(
+        f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
         "its optimizer step differs), from the same weights on the same data, in fresh processes "
-        "(--parity-steps 0: off)")
+        "(--parity-steps 0: off)"
+    )
     for t in order:
         key = str(t.number)
         standing = _standing(study, t, verdicts)
@@ -56,10 +65,14 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
         if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
             need += confirm.extension_s(study)
         if not Budget.fits(need, budget.late_end if budget else None):
-            say(f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
-                "a cheaper one is tried")
-            verdicts[key] = {"verdict": "not checked", "reason": f"the budget left was shorter than the check "
-                             f"(about {need:.0f} s)"}
+            say(
+                f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
+                "a cheaper one is tried"
+            )
+            verdicts[key] = {
+                "verdict": "not checked",
+                "reason": f"the budget left was shorter than the check (about {need:.0f} s)",
+            }
             continue
         try:
             verdict = classes.run_check(study, settings, t, cfg, folder, server)
@@ -70,8 +83,10 @@ def run(study: optuna.Study, settings: SearchSettings, budget: Budget | None = N
         verdicts[key] = verdict
         records.write_parity_verdicts(study, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
         passed = verdict["verdict"] == "pass"
-        say(f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
-            f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead"))
+        say(
+            f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
+            f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead")
+        )
         if passed:
             break
     records.write_parity_verdicts(study, verdicts)
@@ -93,5 +108,8 @@ def _standing(study: optuna.Study, t: FrozenTrial, verdicts: dict[str, Any]) -> 
     known = class_verdict(study, t)
     if known is None:
         return None
-    return {**known, "reason": f"its training math ({class_label(t)}) was checked at trial {known.get('trial')}: "
-                               f"{known.get('reason', '')}"}
+    return {
+        **known,
+        "reason": f"its training math ({class_label(t)}) was checked at trial {known.get('trial')}: "
+        f"{known.get('reason', '')}",
+    }

@@ -8,6 +8,7 @@ The result is the worker's TrialResult, so the search, parity and time to target
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial; the frameworks lazily.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,16 +37,17 @@ FOREVER = 10**9
 class Clock:
     """The worker's measurement of one trial, fed by a framework's callback hooks:
 
-        begin()      training starts (loader and model ready): start-up ends here
-        fetched()    the loop holds its next batch (HF: a step's batches): the wait on the loader ends
-        computed()   a micro-batch finished without an optimizer step: the loader is waited on again
-        step_end()   an optimizer step finished; True when the trial has measured enough
-        loss(x)      that step's loss, when the framework hands it over after step_end (HF's on_log)
-        close()      training ended: the timed window closes if it is still open
+    begin()      training starts (loader and model ready): start-up ends here
+    fetched()    the loop holds its next batch (HF: a step's batches): the wait on the loader ends
+    computed()   a micro-batch finished without an optimizer step: the loader is waited on again
+    step_end()   an optimizer step finished; True when the trial has measured enough
+    loss(x)      that step's loss, when the framework hands it over after step_end (HF's on_log)
+    close()      training ended: the timed window closes if it is still open
     """
 
-    def __init__(self, cfg: TrialConfig, device: torch.device, rank: int, world: int, progress: Path | None,
-                 launched: float) -> None:
+    def __init__(
+        self, cfg: TrialConfig, device: torch.device, rank: int, world: int, progress: Path | None, launched: float
+    ) -> None:
         self.cfg, self.device, self.rank, self.world = cfg, device, rank, world
         self.progress, self.launched = progress, launched
         self.losses: list[float] = []
@@ -112,7 +114,9 @@ class Clock:
         if self.world == 1 or not torch.distributed.is_initialized():
             return
         dist = torch.distributed
-        t = torch.tensor([self.elapsed or 0.0, float(self.peak), self.warmup_s], dtype=torch.float64, device=self.device)
+        t = torch.tensor(
+            [self.elapsed or 0.0, float(self.peak), self.warmup_s], dtype=torch.float64, device=self.device
+        )
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time, the largest peak
         self.elapsed, self.peak, self.warmup_s = float(t[0]), int(t[1]), float(t[2])
         if losses_per_rank and self.losses:
@@ -155,22 +159,36 @@ class Clock:
 
     def result(self, applied: dict[str, Any], memory_total: int | None) -> TrialResult:
         if self.elapsed is None or not self.step_times:
-            raise ConfigError(f"the framework's loop ended after {self.steps} optimizer step(s), before the "
-                              f"{self.cfg.warmup_steps} warm-up step(s) and a timed one; its dataset may be too small")
+            raise ConfigError(
+                f"the framework's loop ended after {self.steps} optimizer step(s), before the "
+                f"{self.cfg.warmup_steps} warm-up step(s) and a timed one; its dataset may be too small"
+            )
         util, others = self._util, self._others
         samples = len(self.step_times) * self.cfg.batch_size * self.cfg.grad_accum * self.world
         device = self.device
         return TrialResult(
-            status="ok", samples_per_s=samples / self.elapsed,
-            step_time_p50=measure.percentile(self.step_times, 0.5), step_time_p90=measure.percentile(self.step_times, 0.9),
-            data_wait_fraction=sum(self.waits) / sum(self.step_times), peak_memory_bytes=self.peak,
-            gpu_util=util.mean if util else None, gpu_util_errors=util.errors if util else 0,
-            gpu_util_error=util.first_error if util else None, others_cpu=others.cpus if others else None,
-            loss_first=self.losses[0] if self.losses else None, loss_last=self.losses[-1] if self.losses else None,
-            losses=tuple(self.losses), memory_total_bytes=memory_total, startup_s=self.startup_s,
-            warmup_s=self.warmup_s, timed_steps=len(self.step_times), world_size=self.world,
+            status="ok",
+            samples_per_s=samples / self.elapsed,
+            step_time_p50=measure.percentile(self.step_times, 0.5),
+            step_time_p90=measure.percentile(self.step_times, 0.9),
+            data_wait_fraction=sum(self.waits) / sum(self.step_times),
+            peak_memory_bytes=self.peak,
+            gpu_util=util.mean if util else None,
+            gpu_util_errors=util.errors if util else 0,
+            gpu_util_error=util.first_error if util else None,
+            others_cpu=others.cpus if others else None,
+            loss_first=self.losses[0] if self.losses else None,
+            loss_last=self.losses[-1] if self.losses else None,
+            losses=tuple(self.losses),
+            memory_total_bytes=memory_total,
+            startup_s=self.startup_s,
+            warmup_s=self.warmup_s,
+            timed_steps=len(self.step_times),
+            world_size=self.world,
             device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-            windows=tuple(self.windows), applied=applied)
+            windows=tuple(self.windows),
+            applied=applied,
+        )
 
 
 def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult:
@@ -191,8 +209,11 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
         from autotune.trial.frameworks.hf import train  # type: ignore[assignment]
     applied |= train(cfg, job, clock, device, workdir)  # type: ignore[arg-type]  # the job matches the library just chosen
     if cfg.profile:
-        applied["profile"] = {"requested": True, "in_effect": False,
-                              "why": "the framework owns the loop: profile it with its own profiler"}
+        applied["profile"] = {
+            "requested": True,
+            "in_effect": False,
+            "why": "the framework owns the loop: profile it with its own profiler",
+        }
     return clock.result(applied, memory_total)
 
 
@@ -208,11 +229,14 @@ def refuse_unsupported(cfg: TrialConfig, job: FrameworkJob) -> None:
     default = TrialConfig()
     refused = [k for k in sorted(job.unsupported & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
     if refused:
-        raise TrialUnsupported("the pipeline does not support: " + ", ".join(
-            f"{k} ({job.unsupported.why[k]})" for k in refused))
+        raise TrialUnsupported(
+            "the pipeline does not support: " + ", ".join(f"{k} ({job.unsupported.why[k]})" for k in refused)
+        )
     if cfg.checkpoint_segments > len(job.stages):
-        raise TrialUnsupported(f"checkpoint_segments={cfg.checkpoint_segments} but the pipeline declares "
-                               f"{len(job.stages)} stage(s) {list(job.stages)}")
+        raise TrialUnsupported(
+            f"checkpoint_segments={cfg.checkpoint_segments} but the pipeline declares "
+            f"{len(job.stages)} stage(s) {list(job.stages)}"
+        )
 
 
 def unsupported_effects(cfg: TrialConfig, job: FrameworkJob) -> dict[str, Any]:
@@ -224,5 +248,9 @@ def lr_effect(cfg: TrialConfig, before: Any, after: Any, own_batch: int) -> dict
     """The user's own lr, meant for its own global batch, and the lr the trial trained with."""
     if cfg.global_batch_size == own_batch or cfg.lr_scaling == "none":
         return knob_effect(before, after, f"the pipeline's own learning rate (its global batch {own_batch})")
-    return knob_effect(before, after, f"the pipeline's own lr, meant for its global batch {own_batch}, x "
-                       f"{lr_scale(cfg, own_batch):.4g}: {cfg.lr_scaling} rule for global batch {cfg.global_batch_size}")
+    return knob_effect(
+        before,
+        after,
+        f"the pipeline's own lr, meant for its global batch {own_batch}, x "
+        f"{lr_scale(cfg, own_batch):.4g}: {cfg.lr_scaling} rule for global batch {cfg.global_batch_size}",
+    )

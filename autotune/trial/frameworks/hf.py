@@ -1,5 +1,6 @@
 """A transformers trial: the user's model, dataset and collator under Trainer.train, with the knobs as
 TrainingArguments fields over the user's own, measured by a TrainerCallback."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,15 +28,23 @@ def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, work
     tuned = tuned_fields(cfg, base, cuda, job.unsupported)
     args = arguments(cfg, job, tuned, workdir)
     seen: dict[str, Any] = {}
-    trainer = transformers.Trainer(model=job.model, args=args, train_dataset=dataset_of(job),
-                                   data_collator=job.collator, callbacks=[meter(transformers, clock, seen)])
+    trainer = transformers.Trainer(
+        model=job.model,
+        args=args,
+        train_dataset=dataset_of(job),
+        data_collator=job.collator,
+        callbacks=[meter(transformers, clock, seen)],
+    )
     for chatty in (transformers.PrinterCallback, transformers.ProgressCallback):  # a log line per step otherwise
         trainer.remove_callback(chatty)
     trainer.train()
     applied = effects(cfg, job, args, seen)
-    applied["framework"] = {"library": "hf", "training_args": changes(base, tuned),
-                            "base": {k: getattr(getattr(base, k, None), "value", getattr(base, k, None))
-                                     for k in changes(base, tuned)}, **threads(cfg)}
+    applied["framework"] = {
+        "library": "hf",
+        "training_args": changes(base, tuned),
+        "base": {k: getattr(getattr(base, k, None), "value", getattr(base, k, None)) for k in changes(base, tuned)},
+        **threads(cfg),
+    }
     return applied
 
 
@@ -46,10 +55,21 @@ def arguments(cfg: TrialConfig, job: HFJob, tuned: dict[str, Any], workdir: Path
     n = len(job.dataset) if hasattr(job.dataset, "__len__") else None
     needed = cfg.warmup_steps + (cfg.timed_steps if cfg.seconds is None else cfg.window)
     span = horizon(base, n, cfg.global_batch_size)
-    trial = dict(output_dir=str(workdir / "hf"), max_steps=max(span or FOREVER, needed), logging_strategy="steps",
-                 logging_steps=1, logging_nan_inf_filter=False, save_strategy="no",
-                 eval_strategy="no", load_best_model_at_end=False, report_to="none", disable_tqdm=True,
-                 push_to_hub=False, seed=cfg.seed, data_seed=cfg.seed if cfg.data_seed is None else cfg.data_seed)
+    trial = dict(
+        output_dir=str(workdir / "hf"),
+        max_steps=max(span or FOREVER, needed),
+        logging_strategy="steps",
+        logging_steps=1,
+        logging_nan_inf_filter=False,
+        save_strategy="no",
+        eval_strategy="no",
+        load_best_model_at_end=False,
+        report_to="none",
+        disable_tqdm=True,
+        push_to_hub=False,
+        seed=cfg.seed,
+        data_seed=cfg.seed if cfg.data_seed is None else cfg.data_seed,
+    )
     if cfg.compile != "off":
         trial["torch_compile_backend"] = os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor")
     try:
@@ -103,21 +123,40 @@ def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> di
     pin_why = "" if cuda else "no CUDA device: pinning is a no-op, and dataloader_pin_memory stays as yours"
     fused = {k: optimizer.defaults.get(k) for k in ("fused", "foreach")} if optimizer is not None else {}
     return {
-        "batch_size": knob_effect(cfg.batch_size, getattr(loader, "batch_size", None) or args.per_device_train_batch_size),
+        "batch_size": knob_effect(
+            cfg.batch_size, getattr(loader, "batch_size", None) or args.per_device_train_batch_size
+        ),
         "grad_accum": knob_effect(cfg.grad_accum, args.gradient_accumulation_steps),
         "precision": knob_effect(cfg.precision, f"TrainingArguments(bf16={args.bf16}, fp16={args.fp16})"),
         "num_workers": knob_effect(cfg.num_workers, getattr(loader, "num_workers", args.dataloader_num_workers)),
         "pin_memory": knob_effect(cfg.pin_memory, pinned, pin_why),
         "persistent_workers": knob_effect(cfg.persistent_workers, getattr(loader, "persistent_workers", None)),
         "prefetch_factor": knob_effect(cfg.prefetch_factor, getattr(loader, "prefetch_factor", None)),
-        "gpus": knob_effect(cfg.gpus, args.world_size, "one process per device, under torchrun" if cfg.gpus > 1 else ""),
+        "gpus": knob_effect(
+            cfg.gpus, args.world_size, "one process per device, under torchrun" if cfg.gpus > 1 else ""
+        ),
         "compile": knob_effect(cfg.compile, f"torch_compile={args.torch_compile}, mode={args.torch_compile_mode}"),
-        **({"optimizer_fusion": knob_effect(cfg.optimizer_fusion, f"optim={getattr(args.optim, 'value', args.optim)} "
-                                            f"-> {type(optimizer).__name__}({fused})")}
-           if "optimizer_fusion" not in job.unsupported else {}),
-        **({"checkpoint_segments": knob_effect(cfg.checkpoint_segments, checkpointing(model),
-                                               "activation (gradient) checkpointing: every layer, or none")}
-           if "checkpoint_segments" not in job.unsupported else {}),
+        **(
+            {
+                "optimizer_fusion": knob_effect(
+                    cfg.optimizer_fusion,
+                    f"optim={getattr(args.optim, 'value', args.optim)} -> {type(optimizer).__name__}({fused})",
+                )
+            }
+            if "optimizer_fusion" not in job.unsupported
+            else {}
+        ),
+        **(
+            {
+                "checkpoint_segments": knob_effect(
+                    cfg.checkpoint_segments,
+                    checkpointing(model),
+                    "activation (gradient) checkpointing: every layer, or none",
+                )
+            }
+            if "checkpoint_segments" not in job.unsupported
+            else {}
+        ),
         **unsupported_effects(cfg, job),
         "lr": lr_effect(cfg, job.args.learning_rate, args.learning_rate, own_batch(job.args)),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.model.modules()),

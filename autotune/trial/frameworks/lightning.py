@@ -1,6 +1,7 @@
 """A Lightning trial: the user's LightningModule and LightningDataModule under Lightning's own
 Trainer.fit, with the knobs as Trainer arguments and the datamodule's train loader rebuilt, measured by
 a Callback."""
+
 from __future__ import annotations
 
 import os
@@ -44,11 +45,17 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
         module = torch.compile(module, backend=backend, mode=cfg.compile if backend == "inductor" else None)
     trainer = pl.Trainer(
         **trainer_kwargs(cfg, cuda),
-        max_steps=cfg.warmup_steps + cfg.timed_steps if cfg.seconds is None else FOREVER, max_epochs=-1,
-        callbacks=[meter(pl, cfg, clock, applied, own_batches)], logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0,  # the trial measures training; validation is not timed
-        default_root_dir=str(workdir))
+        max_steps=cfg.warmup_steps + cfg.timed_steps if cfg.seconds is None else FOREVER,
+        max_epochs=-1,
+        callbacks=[meter(pl, cfg, clock, applied, own_batches)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,  # the trial measures training; validation is not timed
+        default_root_dir=str(workdir),
+    )
     trainer.fit(module, datamodule=job.datamodule)
     applied |= effects(cfg, job, trainer, cuda)
     applied["framework"]["lr_scale"] = lr_scale(cfg, own_batches[0])
@@ -112,32 +119,50 @@ def rebuild(loader: Any, cfg: TrialConfig, cuda: bool, data_seed: int) -> tuple[
     """The datamodule's train DataLoader again, around its own dataset, sampler and collate_fn, with the
     config's loader knobs. A shuffling sampler draws from the trial's data seed (parity's twin changes it)."""
     if not isinstance(loader, DataLoader):
-        raise PipelineError(f"the datamodule's train_dataloader() returned {type(loader).__name__}, expected a "
-                            "torch DataLoader")
+        raise PipelineError(
+            f"the datamodule's train_dataloader() returned {type(loader).__name__}, expected a torch DataLoader"
+        )
     if loader.batch_size is None:
-        raise PipelineError("the datamodule's train DataLoader has a batch_sampler of its own; expected one built "
-                            "with batch_size, which autotune sets")
+        raise PipelineError(
+            "the datamodule's train DataLoader has a batch_sampler of its own; expected one built "
+            "with batch_size, which autotune sets"
+        )
     dataset, sampler = loader.dataset, loader.sampler
     iterable = isinstance(dataset, IterableDataset)
     if isinstance(sampler, RandomSampler):
-        sampler = RandomSampler(dataset, replacement=sampler.replacement, num_samples=sampler._num_samples,  # type: ignore[arg-type]  # map-style datasets have __len__
-                                generator=torch.Generator().manual_seed(data_seed))
+        sampler = RandomSampler(
+            dataset,  # type: ignore[arg-type]  # map-style datasets have __len__
+            replacement=sampler.replacement,
+            num_samples=sampler._num_samples,
+            generator=torch.Generator().manual_seed(data_seed),
+        )
     kw = loader_kwargs(cfg)
     kw["pin_memory"] = cfg.pin_memory and cuda
     if cfg.num_workers > 0:
         kw["multiprocessing_context"] = loader.multiprocessing_context
-    rebuilt = DataLoader(dataset if iterable else checked(dataset), sampler=None if iterable else sampler,
-                         collate_fn=loader.collate_fn, drop_last=loader.drop_last, worker_init_fn=loader.worker_init_fn,
-                         timeout=loader.timeout, **kw)
+    rebuilt = DataLoader(
+        dataset if iterable else checked(dataset),
+        sampler=None if iterable else sampler,
+        collate_fn=loader.collate_fn,
+        drop_last=loader.drop_last,
+        worker_init_fn=loader.worker_init_fn,
+        timeout=loader.timeout,
+        **kw,
+    )
     return rebuilt, {
         "batch_size": knob_effect(cfg.batch_size, rebuilt.batch_size),
         "num_workers": knob_effect(cfg.num_workers, rebuilt.num_workers),
-        "pin_memory": knob_effect(cfg.pin_memory, rebuilt.pin_memory,
-                                  "" if cuda or not cfg.pin_memory else "no CUDA device: nothing to pin for"),
+        "pin_memory": knob_effect(
+            cfg.pin_memory,
+            rebuilt.pin_memory,
+            "" if cuda or not cfg.pin_memory else "no CUDA device: nothing to pin for",
+        ),
         "persistent_workers": knob_effect(cfg.persistent_workers, rebuilt.persistent_workers),
         "prefetch_factor": knob_effect(cfg.prefetch_factor, rebuilt.prefetch_factor if cfg.num_workers else None),
-        "sampler": {"in_effect": type(sampler).__name__ if sampler is not None else None,
-                    "why": "the datamodule's own; a RandomSampler reseeded with the trial's data seed"},
+        "sampler": {
+            "in_effect": type(sampler).__name__ if sampler is not None else None,
+            "why": "the datamodule's own; a RandomSampler reseeded with the trial's data seed",
+        },
     }
 
 
@@ -146,12 +171,18 @@ def effects(cfg: TrialConfig, job: LightningJob, trainer: Any, cuda: bool) -> di
     return {
         "precision": knob_effect(cfg.precision, f"Trainer(precision={trainer.precision!r})"),
         "grad_accum": knob_effect(cfg.grad_accum, trainer.accumulate_grad_batches),
-        "gpus": knob_effect(cfg.gpus, trainer.world_size, f"Trainer(devices={cfg.gpus}, strategy="
-                            f"{type(trainer.strategy).__name__})"),
-        "compile": knob_effect(cfg.compile, cfg.compile, "torch.compile(module) before Trainer.fit"
-                               if cfg.compile != "off" else ""),
+        "gpus": knob_effect(
+            cfg.gpus, trainer.world_size, f"Trainer(devices={cfg.gpus}, strategy={type(trainer.strategy).__name__})"
+        ),
+        "compile": knob_effect(
+            cfg.compile, cfg.compile, "torch.compile(module) before Trainer.fit" if cfg.compile != "off" else ""
+        ),
         **unsupported_effects(cfg, job),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.module.modules()),
-        "framework": {"library": "lightning", "trainer_kwargs": trainer_kwargs(cfg, cuda),
-                      "dataloader_kwargs": loader_kwargs(cfg), **threads(cfg)},
+        "framework": {
+            "library": "lightning",
+            "trainer_kwargs": trainer_kwargs(cfg, cuda),
+            "dataloader_kwargs": loader_kwargs(cfg),
+            **threads(cfg),
+        },
     }

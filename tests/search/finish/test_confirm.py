@@ -1,5 +1,6 @@
 """Confirmation: the winner is chosen by the median of interleaved re-measurements, side by side with
 the baseline; the speedup exported is that median, with its range; a reordering is said."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,17 +22,25 @@ from tests.search.test_results import TINY, study_with
 
 
 def test_candidates_are_distinct_top_configs_then_the_baseline(tmp_path: Path) -> None:
-    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0),
-                                  ("search", {"batch_size": 4}, 29.0), ("search", {"batch_size": 16}, 20.0),
-                                  ("search", {"batch_size": 32}, 15.0)])
+    study = study_with(
+        tmp_path,
+        [
+            ("baseline", {}, 10.0),
+            ("search", {"batch_size": 4}, 30.0),
+            ("search", {"batch_size": 4}, 29.0),
+            ("search", {"batch_size": 16}, 20.0),
+            ("search", {"batch_size": 32}, 15.0),
+        ],
+    )
     pool = confirm.candidates(study, TINY, top=2)
     assert [c.label for c in pool] == ["trial 1", "trial 3", "baseline"]  # trial 2 repeats trial 1's config
     assert pool[0].config.batch_size == 4 and pool[-1].config.batch_size == TINY.batch_size
 
 
 def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path) -> None:
-    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0),
-                                  ("search", {"batch_size": 16}, 20.0)])
+    study = study_with(
+        tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0), ("search", {"batch_size": 16}, 20.0)]
+    )
     pool = confirm.candidates(study, TINY, top=2)
     # The search's best was one lucky measurement; side by side, trial 2 is faster in 2 of 3 rounds.
     samples = {"trial 1": [19.0, 31.0, 18.0], "trial 2": [21.0, 20.0, 22.0], "baseline": [10.0, 9.0, 11.0]}
@@ -65,9 +74,16 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.parametrize("rounds", [2, 0])
 def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) -> None:
-    settings = SearchSettings(budget_s=600, n_trials=4, storage=str(tmp_path / "studies.db"),
-                              studies_dir=str(tmp_path / "studies"), base=TINY, confirm_rounds=rounds, confirm_top=2,
-                              parity_steps=0)
+    settings = SearchSettings(
+        budget_s=600,
+        n_trials=4,
+        storage=str(tmp_path / "studies.db"),
+        studies_dir=str(tmp_path / "studies"),
+        base=TINY,
+        confirm_rounds=rounds,
+        confirm_top=2,
+        parity_steps=0,
+    )
     said: list[str] = []
     outcome = SearchSession.create(settings, warm=True, say=said.append).run()
     exported = yaml.safe_load(outcome.best_yaml.read_text())
@@ -90,10 +106,12 @@ def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) 
 
 @pytest.mark.slow
 def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_too(tmp_path: Path) -> None:
-    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0),
-                                  ("search", {"batch_size": 16}, 20.0)])
-    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=1,
-                              confirm_top=1, parity_steps=0)
+    study = study_with(
+        tmp_path, [("baseline", {}, 10.0), ("search", {"batch_size": 4}, 30.0), ("search", {"batch_size": 16}, 20.0)]
+    )
+    settings = SearchSettings(
+        budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=1, confirm_top=1, parity_steps=0
+    )
     said: list[str] = []
     first = confirm.run(study, settings, say=said.append)
     assert first is not None and [r["label"] for r in first["rows"]] == ["trial 1", "baseline"]

@@ -1,5 +1,6 @@
 """search/finish/gate.py: a winner whose numerics break without NaN fails parity and is not exported; the next
 best is checked instead, and the baseline's reference trajectory is measured once per study."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,13 +33,20 @@ def record(study: optuna.Study, role: str, cfg: TrialConfig, sps: float) -> None
 
 
 def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path: Path) -> None:
-    study = optuna.create_study(study_name="g", storage=open_storage(str(tmp_path / "studies.db")),
-                                direction="maximize")
+    study = optuna.create_study(
+        study_name="g", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize"
+    )
     record(study, "baseline", BROKEN, 10.0)
     record(study, "search", BROKEN.replace(precision="bf16"), 30.0)  # fastest, but bf16 rounds the net away
     record(study, "search", BROKEN.replace(num_threads=1), 20.0)  # the same training, one thread
-    settings = SearchSettings(budget_s=600, storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path / "s"),
-                              study="g", base=BROKEN, parity_steps=20)
+    settings = SearchSettings(
+        budget_s=600,
+        storage=str(tmp_path / "studies.db"),
+        studies_dir=str(tmp_path / "s"),
+        study="g",
+        base=BROKEN,
+        parity_steps=20,
+    )
     said: list[str] = []
     verdicts = gate.run(study, settings, say=said.append)
     assert verdicts is not None and verdicts["1"]["verdict"] == "fail" and verdicts["2"]["verdict"] == "pass"
