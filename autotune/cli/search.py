@@ -203,7 +203,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
     from autotune.core.config import TrialConfig
     from autotune.core.configfile import load_baseline
     from autotune.core.errors import ConfigError
-    from autotune.core.settings import SearchSettings, parse_duration, parse_percent
+    from autotune.core.settings import SearchSettings, parse_percent
     from autotune.pipelines import workload
 
     if args.budget is None and not args.create_only:
@@ -229,20 +229,11 @@ def _search_settings(args: argparse.Namespace) -> Any:
         **batch,
     )
     return SearchSettings(
-        budget_s=parse_duration(args.budget) if args.budget is not None else None,
-        study=args.study,
-        storage=args.storage,
+        **_shared_settings(args),
         space=args.space,
         sampler=args.sampler,
         seed=args.seed,
-        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout")
-        if args.trial_timeout is not None
-        else None,
-        n_trials=args.n_trials,
-        force=args.force,
-        studies_dir=args.studies_dir,
         base=base,
-        skip_bad_data=args.skip_bad_data,
         confirm_rounds=args.confirm_rounds,
         confirm_top=args.confirm_top,
         parity_steps=args.parity_steps,
@@ -250,10 +241,27 @@ def _search_settings(args: argparse.Namespace) -> Any:
     )
 
 
+def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `search` and `worker` take alike."""
+    from autotune.core.settings import parse_duration
+
+    timeout = args.trial_timeout
+    return dict(
+        budget_s=parse_duration(args.budget) if args.budget is not None else None,
+        study=args.study,
+        storage=args.storage,
+        trial_timeout_s=parse_duration(timeout, "--trial-timeout") if timeout is not None else None,
+        n_trials=args.n_trials,
+        force=args.force,
+        studies_dir=args.studies_dir,
+        skip_bad_data=args.skip_bad_data,
+    )
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     import optuna
 
-    from autotune.core.settings import SearchSettings, parse_duration
+    from autotune.core.settings import SearchSettings
     from autotune.core.errors import AutotuneError
     from autotune.search.session import SearchSession
 
@@ -263,18 +271,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     check_journal(args.storage)
     apply_cpus(args)
     apply_nodes(args)
-    settings = SearchSettings(
-        budget_s=parse_duration(args.budget) if args.budget is not None else None,
-        study=args.study,
-        storage=args.storage,
-        trial_timeout_s=parse_duration(args.trial_timeout, "--trial-timeout")
-        if args.trial_timeout is not None
-        else None,
-        n_trials=args.n_trials,
-        force=args.force,
-        studies_dir=args.studies_dir,
-        skip_bad_data=args.skip_bad_data,
-    )
+    settings = SearchSettings(**_shared_settings(args))
     # Confirmation, parity and headroom come from the study; the worker that finishes last confirms.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()

@@ -62,7 +62,7 @@ REFERENCE_BATCH = 8
 
 
 # The string knobs and workload fields, with what each may be.
-_CHOICES = {
+CHOICES = {
     "precision": PRECISIONS,
     "optimizer_fusion": FUSIONS,
     "compile": COMPILES,
@@ -135,7 +135,7 @@ class TrialConfig:
             unknown = sorted(map(str, set(pairs) - set(KNOBS)))  # type: ignore[arg-type]
             need(not unknown, f"baseline: unknown knob(s) {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
             object.__setattr__(self, "baseline", tuple(sorted(pairs.items())))  # type: ignore[union-attr]
-        for k, allowed in _CHOICES.items():
+        for k, allowed in CHOICES.items():
             v = getattr(self, k)
             need(v in allowed, f"{k} must be one of {'|'.join(allowed)}, got {v!r}")
 

@@ -10,21 +10,14 @@ from typing import Any
 
 import yaml
 
-from autotune.core.config import COMPILES, FSDP_DTYPES, FUSIONS, KNOBS, PARALLELS, PRECISIONS, TrialConfig
+from autotune.core.config import CHOICES, KNOBS, TrialConfig
 from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.search.space import _DEFAULTS, WORKER_KNOBS, Choices, Fixed, IntRange, SearchSpace, Spec, _singles
 
 _TYPES = {f.name: f.type for f in fields(TrialConfig) if f.name in KNOBS}
 INT_KNOBS = frozenset(k for k, t in _TYPES.items() if t in ("int", "int | None"))
 BOOL_KNOBS = frozenset(k for k, t in _TYPES.items() if t == "bool")
-STR_KNOBS = {
-    "precision": PRECISIONS,
-    "optimizer_fusion": FUSIONS,
-    "compile": COMPILES,
-    "parallel": PARALLELS,
-    "fsdp_param_dtype": FSDP_DTYPES,
-    "fsdp_reduce_dtype": FSDP_DTYPES,
-}
+STR_KNOBS = {k: allowed for k, allowed in CHOICES.items() if k in KNOBS}
 _RANGE_KEYS = ("low", "high", "step", "log")
 
 
