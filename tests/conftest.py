@@ -111,6 +111,23 @@ def wait_until_gone(marker: str, timeout_s: float = 10.0) -> list[psutil.Process
         time.sleep(0.1)
 
 
+def all_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
+    """The pids still alive (not zombies) after up to timeout_s. A process killed a moment ago can read
+    as running while the kernel tears it down (its command line is already empty), so poll, not look once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
     """Poll `cond` until it holds (True) or timeout_s passes (False)."""
     deadline = time.monotonic() + timeout_s

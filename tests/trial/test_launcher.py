@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
-import psutil
 import pytest
 
 from autotune.core import errors
 
 from autotune.trial import launcher
 from autotune.core.config import KNOBS, TrialConfig, TrialResult
-from tests.conftest import live_processes, wait_until_gone
+from tests.conftest import all_gone, live_processes, wait_until_gone
 from tests.fakes import fault_cfg
 from tests.fault_pipelines import WATCHDOG_LINE
 
@@ -29,11 +28,8 @@ pytestmark = pytest.mark.usefixtures("repo_on_path")
 def assert_nothing_left(trial_dir: Path, pids: Sequence[int] = ()) -> None:
     left = wait_until_gone(str(trial_dir))
     assert not left, [(p.pid, p.info.get("cmdline")) for p in left]
-    for pid in pids:
-        try:
-            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"pid {pid} still alive"
-        except psutil.NoSuchProcess:
-            pass
+    alive = all_gone(list(pids))
+    assert not alive, f"pids {alive} still alive"
 
 
 # --- the command ----------------------------------------------------------------------------------

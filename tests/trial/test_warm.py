@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from autotune.core import errors
@@ -26,7 +25,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.files import write_json_atomic
 from autotune.trial.worker import LAUNCH_TIME_ENV
 from autotune.trial.warm import WarmProcess, WarmServer, WarmServerError
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, all_gone
 from tests.fakes import LIGHT_PRELOAD, fault_cfg
 from tests.fault_pipelines import TinyPipeline
 
@@ -49,22 +48,6 @@ def spawn(server: WarmServer, cfg: TrialConfig, trial_dir: Path, **env: str) -> 
 
 def log(trial_dir: Path) -> str:
     return (trial_dir / "trial.log").read_text(errors="replace")
-
-
-def all_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
-    """The pids still alive (not zombies) after up to timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.1)
 
 
 def reported_pids(prefix: Path, timeout_s: float = 90.0) -> dict[str, Any]:
