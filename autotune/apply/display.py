@@ -176,8 +176,8 @@ def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]
             )
         )
     return (
-        f"{summary['rounds']} interleaved round(s), each a fresh process; speedup: median over the "
-        f"baseline's median; {_fastest(summary)}"
+        f"{summary['rounds']} interleaved round(s), each a fresh process; speedup: median of each round's "
+        f"ratio to the baseline beside it; {_fastest(summary)}"
     ), rows
 
 
@@ -196,7 +196,7 @@ def _fig(x: float | None) -> str:
 
 
 def confirmation_table(study: optuna.Study) -> FitTable | None:
-    """The confirmation rounds (median, range, speedup over the baseline's median), or None."""
+    """The confirmation rounds (median, range, speedup: the median per-round ratio to the baseline), or None."""
     confirmed = confirmation_summary(study)
     if confirmed is None:
         return None

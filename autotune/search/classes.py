@@ -87,10 +87,12 @@ def reference(
 
 
 def speeds(study: optuna.Study, t: FrozenTrial) -> tuple[float, float]:
-    """(the candidate's samples/s, the baseline's), from the confirmation rounds when they measured both."""
+    """(the candidate's samples/s, the baseline's), from the confirmation rounds when they measured both:
+    the baseline's median and the candidate's at the median of its per-round ratios to it."""
     rounds = confirmed_figures(study, t.number)
     if rounds is not None:
-        return float(rounds["samples_per_s_median"]), float(rounds["baseline_median"])
+        base = float(rounds["baseline_median"])
+        return float(rounds["speedup_median"]) * base, base
     return float(t.value or 0), float(baseline_sps(study) or 0)
 
 

@@ -55,7 +55,7 @@ class ConfirmationSummary(TypedDict, total=False):
 
     rounds: int
     baseline_median: float | None
-    rows: list[dict[str, Any]]  # label, trial, search_samples_per_s, samples, median, min, max, speedups
+    rows: list[dict[str, Any]]  # label, trial, search_samples_per_s, samples, median, min, max, ratios, speedups
     winner: int | None
     order_changed: bool
     search_order: list[str]

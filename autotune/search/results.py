@@ -118,24 +118,26 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
 
 
 def export_order(study: optuna.Study) -> list[FrozenTrial]:
-    """The order in which configs are considered for export: the confirmed ones by their median, then
-    the rest of the leaderboard, fastest first. A confirmed config whose median is not above the
-    baseline's (measured in the same rounds) goes just below the baseline: it is neither checked nor
+    """The order in which configs are considered for export: the confirmed ones by their median speedup
+    over the baseline measured beside them, then the rest of the leaderboard, fastest first. A confirmed
+    config whose median speedup is not above 1 goes just below the baseline: it is neither checked nor
     exported on its single search figure. A config that changes the optimizer step and has a time to
-    target ranks by it (its samples/s scaled to the rate at which it reaches the target)."""
+    target ranks by it (its speedup scaled to the rate at which it reaches the target)."""
     board = leaderboard(study)
     summary = records.confirmation(study) or {}
-    rows = [r for r in summary.get("rows", []) if r.get("samples_per_s_median")]
-    base_median = next((r["samples_per_s_median"] for r in rows if r["label"] == "baseline"), None)
-    medians = {r["trial"]: r["samples_per_s_median"] for r in rows if r["label"] != "baseline"}
-    slower = {n for n, m in medians.items() if base_median is not None and m <= base_median}
+    speedups = {
+        r["trial"]: r["speedup_median"]
+        for r in summary.get("rows", [])
+        if r["label"] != "baseline" and r.get("speedup_median")
+    }
+    slower = {n for n, x in speedups.items() if x <= 1.0}
     place = {t.number: i for i, t in enumerate(board)}  # the leaderboard's order (contended last) breaks ties
 
     def key(t: FrozenTrial) -> tuple[float, int]:
-        return -medians[t.number] * to_target_factor(study, t), place[t.number]
+        return -speedups[t.number] * to_target_factor(study, t), place[t.number]
 
-    confirmed = sorted((t for t in board if t.number in medians and t.number not in slower), key=key)
-    rest = [t for t in board if t.number not in medians]
+    confirmed = sorted((t for t in board if t.number in speedups and t.number not in slower), key=key)
+    rest = [t for t in board if t.number not in speedups]
     roles = [TrialRecord.from_frozen(t).role for t in rest]
     at = roles.index("baseline") + 1 if "baseline" in roles else len(rest)
     below = sorted((t for t in board if t.number in slower), key=key)
@@ -213,8 +215,8 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     )
     if rounds is None:
         return export
-    # Every figure from the same rounds: the speedup is median over median, so samples/s is the median too
-    # (the search's single measurement stays beside it).
+    # Every figure from the same rounds: samples/s is the config's median over them (the search's single
+    # measurement stays beside it), the speedup the median of its per-round ratios to the baseline.
     metrics = {
         **export.metrics,
         "samples_per_s": rounds["samples_per_s_median"],

@@ -56,8 +56,20 @@ def test_a_config_the_rounds_measured_slower_than_the_baseline_is_not_exported(t
         CONFIRMATION,
         {
             "rows": [
-                {"label": "trial 1", "trial": 1, "samples_per_s_median": 5.26, "samples": [5.26]},
-                {"label": "baseline", "trial": 0, "samples_per_s_median": 5.53, "samples": [5.53]},
+                {
+                    "label": "trial 1",
+                    "trial": 1,
+                    "samples_per_s_median": 5.26,
+                    "samples": [5.26],
+                    "speedup_median": 0.95,
+                },
+                {
+                    "label": "baseline",
+                    "trial": 0,
+                    "samples_per_s_median": 5.53,
+                    "samples": [5.53],
+                    "speedup_median": 1.0,
+                },
             ]
         },
     )
@@ -66,9 +78,27 @@ def test_a_config_the_rounds_measured_slower_than_the_baseline_is_not_exported(t
         CONFIRMATION,
         {
             "rows": [
-                {"label": "trial 1", "trial": 1, "samples_per_s_median": 5.26, "samples": [5.26]},
-                {"label": "trial 2", "trial": 2, "samples_per_s_median": 5.00, "samples": [5.00]},
-                {"label": "baseline", "trial": 0, "samples_per_s_median": 5.53, "samples": [5.53]},
+                {
+                    "label": "trial 1",
+                    "trial": 1,
+                    "samples_per_s_median": 5.26,
+                    "samples": [5.26],
+                    "speedup_median": 0.95,
+                },
+                {
+                    "label": "trial 2",
+                    "trial": 2,
+                    "samples_per_s_median": 5.00,
+                    "samples": [5.00],
+                    "speedup_median": 0.90,
+                },
+                {
+                    "label": "baseline",
+                    "trial": 0,
+                    "samples_per_s_median": 5.53,
+                    "samples": [5.53],
+                    "speedup_median": 1.0,
+                },
             ]
         },
     )

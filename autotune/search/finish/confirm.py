@@ -3,8 +3,13 @@ side by side, in interleaved rounds, each a fresh trial process.
 
 One short measurement per config, taken at different moments, is what a search ranks by; machine
 noise (another process, a thermal state, the page cache) moves single figures by several percent
-and a contended one by far more. Alternating the order each round spreads slow drift evenly, and the
-winner is the config with the best *median* over the rounds, with its spread stated beside it.
+and a contended one by far more. Alternating the order each round spreads slow drift evenly. A
+config's speedup is the *median of its per-round ratios*: its figure over the baseline's measured
+beside it in the same round, so drift between rounds (a shared VM's minutes-long slow spells) falls
+on both sides of each ratio instead of on one median. The winner is the config with the best such
+median, with the ratios' spread stated beside it. (On a 2-core VM, a Lightning winner's ratio of the
+two medians read x1.00 where the paired median read x1.11 and the user's own runs x1.17:
+benchmarks/README.md, lightning_export.py.)
 """
 
 from __future__ import annotations
@@ -81,12 +86,12 @@ def run(
     if rounds == 0 or not any(c.label != "baseline" for c in pool):
         return None
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
-    samples, done, trial_s = _rounds(
+    figures, trial_s = _rounds(
         pool, rounds, end_folder(settings, study, "confirm"), settings, server, say, budget.end if budget else None
     )
-    if done == 0:
+    if not figures:
         return None
-    summary = summarize(pool, samples, done)
+    summary = summarize(pool, *tally(figures), len(figures))
     summary["trial_s"] = trial_s
     records.write_confirmation(study, summary)
     return summary
@@ -120,17 +125,19 @@ def extend(
         "before it did not pass parity"
     )
     folder = end_folder(settings, study, "confirm") / f"trial-{number}"
-    new, done, _ = _rounds(
+    figures, _ = _rounds(
         pool, rounds, folder, settings, server, say, budget.late_end if budget else None, summary.get("trial_s")
     )
-    if done == 0:
+    if not figures:
         return summary
+    new, new_ratios = tally(figures)
     old = {r["label"]: r for r in summary["rows"]}
     samples = {label: list(r["samples"]) for label, r in old.items()}
-    samples[pool[0].label] = new[pool[0].label]
+    ratios = {label: list(r.get("ratios") or ()) for label, r in old.items()}
+    samples[pool[0].label], ratios[pool[0].label] = new[pool[0].label], new_ratios[pool[0].label]
     samples["baseline"] = samples.get("baseline", []) + new["baseline"]
     merged = [c for c in board.values() if c.label in old and c.label != "baseline"] + pool
-    summary = {**summarize(merged, samples, summary["rounds"]), "trial_s": summary.get("trial_s")}
+    summary = {**summarize(merged, samples, ratios, summary["rounds"]), "trial_s": summary.get("trial_s")}
     records.write_confirmation(study, summary)
     return summary
 
@@ -151,23 +158,40 @@ def _rounds(
     say: Callable[[str], None],
     deadline: float | None,
     trial_s: float | None = None,
-) -> tuple[dict[str, list[float]], int, float]:
-    """Up to `rounds` interleaved rounds over `pool`, only whole rounds that fit before `deadline`:
-    the samples by label, the rounds done, and the measured seconds per trial."""
-    samples: dict[str, list[float]] = {c.label: [] for c in pool}
-    done = 0
+) -> tuple[list[dict[str, float | None]], float]:
+    """Up to `rounds` interleaved rounds over `pool`, only whole rounds that fit before `deadline`: each
+    round's figure by label (None: that measurement failed), and the measured seconds per trial."""
+    figures: list[dict[str, float | None]] = []
     trial_s = trial_s or trial_seconds(settings.base)  # a first guess, then measured
     for r in range(rounds):
         if not Budget.fits(trial_s * len(pool), deadline):
-            say(f"confirmation: {done} of {rounds} round(s) fit in the budget")
+            say(f"confirmation: {len(figures)} of {rounds} round(s) fit in the budget")
             break
         t0 = time.monotonic()
-        for c in pool if r % 2 == 0 else pool[::-1]:  # alternate the order: drift falls on everyone
-            sps = _measure(c, folder / f"round-{r}" / c.label.replace(" ", "-"), settings, server, say)
-            if sps is not None:
-                samples[c.label].append(sps)
-        done, trial_s = done + 1, (time.monotonic() - t0) / len(pool)
-    return samples, done, trial_s
+        figures.append(
+            {  # alternate the order: drift falls on everyone
+                c.label: _measure(c, folder / f"round-{r}" / c.label.replace(" ", "-"), settings, server, say)
+                for c in (pool if r % 2 == 0 else pool[::-1])
+            }
+        )
+        trial_s = (time.monotonic() - t0) / len(pool)
+    return figures, trial_s
+
+
+def tally(figures: list[dict[str, float | None]]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The rounds' figures by label, and each config's ratios to the baseline measured in the same round
+    (a round where either measurement failed has no ratio)."""
+    labels = [label for round_ in figures for label in round_]
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    ratios: dict[str, list[float]] = {label: [] for label in labels if label != "baseline"}
+    for round_ in figures:
+        base = round_.get("baseline")
+        for label, x in round_.items():
+            if x is not None:
+                samples[label].append(x)
+                if label != "baseline" and base:
+                    ratios[label].append(x / base)
+    return samples, ratios
 
 
 def _measure(
@@ -181,14 +205,18 @@ def _measure(
     return float(result.samples_per_s or 0.0)
 
 
-def summarize(pool: list[Candidate], samples: dict[str, list[float]], rounds: int) -> ConfirmationSummary:
-    """Medians, ranges and speedups over the rounds; the winner by median, and whether the order of
-    the search's figures held."""
+def summarize(
+    pool: list[Candidate], samples: dict[str, list[float]], ratios: dict[str, list[float]], rounds: int
+) -> ConfirmationSummary:
+    """Medians and ranges over the rounds; each config's speedup the median of its per-round ratios to
+    the baseline (`tally`); the winner by that median, and whether the order of the search's figures held."""
     base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
     rows: list[dict[str, Any]] = []
     for c in pool:
         xs = samples[c.label]
         med = statistics.median(xs) if xs else None
+        # The baseline's own row: its spread over its median, the rounds' noise in view.
+        rs = [x / base for x in xs] if c.label == "baseline" and base else ratios.get(c.label, [])
         rows.append(
             {
                 "label": c.label,
@@ -198,13 +226,14 @@ def summarize(pool: list[Candidate], samples: dict[str, list[float]], rounds: in
                 "samples_per_s_median": med,
                 "min": min(xs) if xs else None,
                 "max": max(xs) if xs else None,
-                "speedup_median": med / base if med and base else None,
-                "speedup_range": [min(xs) / base, max(xs) / base] if xs and base else None,
+                "ratios": rs,
+                "speedup_median": statistics.median(rs) if rs else None,
+                "speedup_range": [min(rs), max(rs)] if rs else None,
             }
         )
     ranked = sorted(
-        (r for r in rows if r["label"] != "baseline" and r["samples_per_s_median"]),
-        key=lambda r: -r["samples_per_s_median"],
+        (r for r in rows if r["label"] != "baseline" and r["speedup_median"]),
+        key=lambda r: -r["speedup_median"],
     )
     search_order = [c.label for c in pool if c.label != "baseline"]
     confirmed_order = [r["label"] for r in ranked]

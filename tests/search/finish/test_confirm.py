@@ -1,5 +1,5 @@
-"""Confirmation: the winner is chosen by the median of interleaved re-measurements, side by side with
-the baseline; the speedup exported is that median, with its range; a reordering is said."""
+"""Confirmation: the winner is chosen by the median of interleaved re-measurements, each a ratio to the
+baseline measured beside it; the speedup exported is that median, with its range; a reordering is said."""
 
 from __future__ import annotations
 
@@ -43,18 +43,23 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     )
     pool = confirm.candidates(study, TINY, top=2)
     # The search's best was one lucky measurement; side by side, trial 2 is faster in 2 of 3 rounds.
-    samples = {"trial 1": [19.0, 31.0, 18.0], "trial 2": [21.0, 20.0, 22.0], "baseline": [10.0, 9.0, 11.0]}
-    summary = confirm.summarize(pool, samples, rounds=3)
+    figures = [
+        {"trial 1": 19.0, "trial 2": 21.0, "baseline": 10.0},
+        {"baseline": 9.0, "trial 2": 20.0, "trial 1": 31.0},
+        {"trial 1": 18.0, "trial 2": 22.0, "baseline": 11.0},
+    ]
+    summary = confirm.summarize(pool, *confirm.tally(figures), rounds=3)
     assert summary["winner"] == 2 and summary["order_changed"]
     assert summary["confirmed_order"] == ["trial 2", "trial 1"] and summary["baseline_median"] == 10.0
     row = next(r for r in summary["rows"] if r["trial"] == 2)
-    assert row["speedup_median"] == pytest.approx(2.1) and row["speedup_range"] == pytest.approx([2.0, 2.2])
+    # Each round's ratio to the baseline measured beside it (2.1, 20/9, 2.0): their median, their range.
+    assert row["speedup_median"] == pytest.approx(2.1) and row["speedup_range"] == pytest.approx([2.0, 20 / 9])
     study.set_user_attr("confirmation", summary)
     assert [t.number for t in export_order(study)] == [2, 1, 0] and exported(study).number == 2
     assert confirmed_figures(study, 2)["rounds"] == 3
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert best["study"]["trial"] == 2 and best["speedup"] == pytest.approx(2.1)
-    assert best["confirmed"]["speedup_range"] == pytest.approx([2.0, 2.2]) and best["confirmed"]["order_changed"]
+    assert best["confirmed"]["speedup_range"] == pytest.approx([2.0, 20 / 9]) and best["confirmed"]["order_changed"]
     assert best["baseline"]["samples_per_s"] == 10.0
     # samples/s from the same rounds as the speedup; the search's one measurement beside it
     assert best["metrics"]["samples_per_s"] == 21.0 and best["metrics"]["search_samples_per_s"] == 20.0
@@ -93,12 +98,13 @@ def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) 
     summary = outcome.confirmation
     assert summary["rounds"] == 2 and [r["label"] for r in summary["rows"]][-1] == "baseline"
     assert all(len(r["samples"]) == 2 for r in summary["rows"])  # every candidate measured in every round
-    medians = {r["trial"]: r["samples_per_s_median"] for r in summary["rows"] if r["label"] != "baseline"}
-    base_median = next(r["samples_per_s_median"] for r in summary["rows"] if r["label"] == "baseline")
-    if medians[summary["winner"]] > base_median:
+    # Every round measured every config: each has one ratio to the baseline per round, the speedup their median.
+    speedups = {r["trial"]: r["speedup_median"] for r in summary["rows"] if r["label"] != "baseline"}
+    assert all(len(r["ratios"]) == 2 for r in summary["rows"])
+    if speedups[summary["winner"]] > 1:
         assert exported["confirmed"]["rounds"] == 2 and exported["study"]["trial"] == summary["winner"]
     else:  # tiny trials, near-equal speeds: a config the rounds found slower than the baseline is never exported
-        assert exported["study"]["trial"] not in medians or medians[exported["study"]["trial"]] > base_median
+        assert exported["study"]["trial"] not in speedups or speedups[exported["study"]["trial"]] > 1
     assert any(s.startswith("confirmation:") for s in said)  # the reserve is announced up front
     logs = sorted((tmp_path / "studies" / "autotune" / "confirm").rglob("trial.log"))
     assert len(logs) == 2 * len(summary["rows"])  # each measurement a fresh trial process of its own
@@ -131,7 +137,8 @@ def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_t
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
     base = statistics.median(rows["baseline"]["samples"])
     assert best["study"]["trial"] == 2 and best["confirmed"]["rounds"] == 2
-    assert best["speedup"] == pytest.approx(statistics.median(rows["trial 2"]["samples"]) / base)
+    assert len(rows["trial 2"]["ratios"]) == 2  # paired with the baseline's figures of its own rounds
+    assert best["speedup"] == pytest.approx(statistics.median(rows["trial 2"]["ratios"]))
     assert best["baseline"]["samples_per_s"] == pytest.approx(base)
     (extra,) = (tmp_path / "s" / "c" / "confirm").glob("*/trial-2")  # this run's own folder
     assert len(list(extra.rglob("trial.log"))) == 4  # each measurement a fresh process
