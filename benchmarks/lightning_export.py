@@ -328,9 +328,12 @@ def child(which: str, export_path: Path, steps: int, lr_scale: float, result: Pa
     return 0
 
 
-def user_run(which: str, out: Path, r: int, steps: int, lr_scale: float) -> dict[str, Any]:
-    result, log = out / "runs" / f"round-{r}-{which}.json", out / "runs" / f"round-{r}-{which}.log"
-    result.parent.mkdir(exist_ok=True)
+def user_run(which: str, out: Path, r: int, steps: int, lr_scale: float, runs: Path | None = None) -> dict[str, Any]:
+    """One fresh `Trainer.fit` of the rendered export in `out` (baseline or tuned, as a user runs it); its
+    figures and log go to `runs` (default out/runs) as round-R-WHICH.json / .log."""
+    runs = runs or out / "runs"
+    result, log = runs / f"round-{r}-{which}.json", runs / f"round-{r}-{which}.log"
+    result.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),

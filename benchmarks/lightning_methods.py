@@ -5,7 +5,9 @@ lightning_export.py compares the search's confirmed ratio, taken during the sear
 runs taken minutes later. When the two disagree, this script asks whether the way autotune measures
 differs from the user's script, or whether the machine drifted between the two: it takes the baseline
 and the exported config by each method, six fresh processes a round, the order reversed on odd rounds,
-and prints each method's median of per-round ratios (tuned / baseline, the same round).
+and prints each method's median of per-round ratios (tuned / baseline, the same round), then each trial
+method's ratio against the user's ratio of the same round. The user's runs are lightning_export.py's
+(`user_run`, with the export's lr factor).
 
     PYTHONPATH=. python benchmarks/lightning_methods.py --from DIR [--rounds 4]
 
@@ -19,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.lightning_export import EXPORT, STUDY, Parser, env, uptime  # noqa: E402
+from benchmarks.lightning_export import EXPORT, STUDY, Parser, uptime, user_run  # noqa: E402
 
 KINDS = ("user baseline", "cold baseline", "warm baseline", "user tuned", "cold tuned", "warm tuned")
 
@@ -54,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
     exported = yaml.safe_load(best.read_text())
     tuned = TrialConfig.from_dict({**exported["workload"], **exported["config"]})
+    lr_scale = float((exported.get("framework") or {}).get("lr_scale") or 1.0)
     base = TrialConfig.from_dict({**exported["workload"], **BASELINE.knobs()})
     out = src / "methods"
     print(f"command: {' '.join([sys.executable, *sys.argv])}\nload at start: {uptime()}", flush=True)
+    print(f"exported config {exported['config']}; the user's tuned runs train at lr x{lr_scale:.4g}", flush=True)
     server = WarmServer.start(preload=(*DEFAULT_PRELOAD, *pipelines.preload_modules(tuned.pipeline)))
     figures: dict[str, list[float]] = {k: [] for k in KINDS}
     try:
@@ -65,25 +68,14 @@ def main(argv: list[str] | None = None) -> int:
                 how, which = kind.split()
                 folder = out / f"round-{r}" / kind.replace(" ", "-")
                 folder.mkdir(parents=True, exist_ok=True)
-                if how == "user":
-                    cmd = [sys.executable, str(ROOT / "benchmarks" / "lightning_export.py"), "--child", which]
-                    cmd += [
-                        "--export",
-                        str(src / EXPORT),
-                        "--steps",
-                        str(args.steps),
-                        "--result",
-                        str(folder / "r.json"),
-                    ]
-                    with (folder / "run.log").open("w") as log:
-                        subprocess.run(cmd, cwd=src, env=env(), stdout=log, stderr=subprocess.STDOUT, check=True)
-                    sps = json.loads((folder / "r.json").read_text())["samples_per_s"]
+                if how == "user":  # with the export's lr factor, as lightning_export.py's own user runs
+                    sps = user_run(which, src, r, args.steps, lr_scale, runs=folder)["samples_per_s"]
                 else:
                     cfg = tuned if which == "tuned" else base
                     sps = launcher.run_trial(cfg, folder, 900, server=server if how == "warm" else None).samples_per_s
                 figures[kind].append(float(sps or 0))
                 print(f"round {r} {kind:14s} {sps:8.1f} samples/s  load {os.getloadavg()[0]:.2f}", flush=True)
-    except (subprocess.CalledProcessError, TrialFailure) as e:
+    except (RuntimeError, TrialFailure) as e:
         print(f"lightning_methods.py: a run failed: {e}", file=sys.stderr)
         return 1
     finally:
@@ -92,9 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     for kind, xs in figures.items():
         print(f"  {kind:14s} {statistics.median(xs):8.1f}   " + "  ".join(f"{x:.1f}" for x in xs))
     print("tuned / baseline, same round: the median (per round)")
-    for how in ("user", "cold", "warm"):
-        ratios = [t / b for t, b in zip(figures[f"{how} tuned"], figures[f"{how} baseline"])]
-        print(f"  {how:5s} x{statistics.median(ratios):.3f}   " + "  ".join(f"{x:.2f}" for x in ratios))
+    ratios = {
+        how: [t / b for t, b in zip(figures[f"{how} tuned"], figures[f"{how} baseline"])]
+        for how in ("user", "cold", "warm")
+    }
+    for how, xs in ratios.items():
+        print(f"  {how:5s} x{statistics.median(xs):.3f}   " + "  ".join(f"{x:.2f}" for x in xs))
+    # The methods compared round by round: a slow spell that moves one round's ratios moves them alike.
+    print("a trial's ratio / the user's ratio - 1, same round: the median (per round)")
+    for how in ("cold", "warm"):
+        gaps = [a / u - 1 for a, u in zip(ratios[how], ratios["user"])]
+        print(f"  {how:5s} {statistics.median(gaps):+.1%}   " + "  ".join(f"{x:+.0%}" for x in gaps))
     (out / "figures.json").write_text(json.dumps(figures, indent=1))
     print(f"load at end: {uptime()}")
     return 0

@@ -142,8 +142,9 @@ def checked(verdict: Mapping[str, Any] | None) -> str:
 def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
     """The leaderboard at any width: a full table where it fits, else the training math and config
     under each trial's row (an 80-column terminal would otherwise wrap them a letter per line)."""
+    n = len(study.trials)
     return FitTable(
-        f"study {study.study_name}: top {top} of {len(study.trials)} trials",
+        f"study {study.study_name}: " + (f"top {top} of {n} trials" if n > top else f"{n} trials"),
         LEADERBOARD_COLUMNS,
         leaderboard_rows(study, top),
         long=LONG_COLUMNS,

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 GREEN, RED, GREY, BLUE = "#2ca02c", "#d62728", "#7f7f7f", "#1f77b4"
 
 
-def _e(x: Any) -> str:
+def escaped(x: Any) -> str:
+    """x as HTML text, quotes included (it lands in attributes too)."""
     return html.escape(str(x), quote=True)
 
 
@@ -83,10 +84,10 @@ def waterfall_figure(steps: Sequence[dict[str, Any]]) -> Any:
     text = [f"{hi:.2f} samples/s, x{sp:.2f}" for _, _, hi, sp in rows]
     fig = go.Figure(
         go.Waterfall(
-            x=[_e(r[0]) for r in rows],
+            x=[escaped(r[0]) for r in rows],
             y=y,
             measure=measure,
-            text=[_e(t) for t in text],
+            text=[escaped(t) for t in text],
             textposition="outside",
             increasing={"marker": {"color": GREEN}},
             decreasing={"marker": {"color": RED}},
@@ -174,7 +175,7 @@ def pareto_figure(study: Any) -> tuple[Any | None, str]:
                 mode="lines+markers" if on else "markers",
                 marker={"color": color, "size": 9},
                 line={"shape": "hv"} if on else None,
-                text=[_e(f"trial {p[0]}: {p[4]}") for p in sel],
+                text=[escaped(f"trial {p[0]}: {p[4]}") for p in sel],
                 hoverinfo="text+x+y",
             )
         )

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import datetime as _dt
-import html
 from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
 from autotune.apply.figures import (
+    escaped,
     figure_png,
     history_figure,
     importance_figure,
@@ -19,19 +19,15 @@ from autotune.apply.figures import (
 )
 
 
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
 # ---- tables and the page ---------------------------------------------------------------------
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], long: Sequence[str] = ()) -> str:
     """Figures stay on one line (a range such as x1.20 .. x1.35 broken in two reads as two values); only
     the `long` columns (free text) wrap, and a window too narrow for the rest scrolls the table sideways."""
-    th = "".join(f"<th>{_e(h)}</th>" for h in head)
+    th = "".join(f"<th>{escaped(h)}</th>" for h in head)
     cls = ["" if h in long else " class=fig" for h in head]
-    body = "".join("<tr>" + "".join(f"<td{k}>{_e(c)}</td>" for k, c in zip(cls, r)) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td{k}>{escaped(c)}</td>" for k, c in zip(cls, r)) + "</tr>" for r in rows)
     return f"<div class=scroll><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
@@ -56,8 +52,8 @@ def confirmation_html(study: Any) -> str:
     note = order_note(study)
     return (
         head
-        + f"<p>{_e(heading)}</p>"
-        + (f"<p>{_e(note)}</p>" if note else "")
+        + f"<p>{escaped(heading)}</p>"
+        + (f"<p>{escaped(note)}</p>" if note else "")
         + _table(CONFIRMATION_COLUMNS, rows)
         + "</section>"
     )
@@ -141,9 +137,9 @@ def write_report(study: Any, out: Path) -> list[Path]:
     fp = record.fingerprint
     page = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>autotune report: {_e(study.study_name)}</title><style>{CSS}</style></head><body>",
-        f"<h1>autotune report: study {_e(study.study_name)}</h1>",
-        f"<p class=note>generated {_e(_dt.datetime.now().isoformat(timespec='seconds'))}</p>",
+        f"<title>autotune report: {escaped(study.study_name)}</title><style>{CSS}</style></head><body>",
+        f"<h1>autotune report: study {escaped(study.study_name)}</h1>",
+        f"<p class=note>generated {escaped(_dt.datetime.now().isoformat(timespec='seconds'))}</p>",
         _table(("", ""), _summary(study, base), long=("",)),
         '<section id="leaderboard"><h2>Leaderboard</h2>',
         leaderboard_html(study),
@@ -181,7 +177,7 @@ def _figure_sections(study: Any, base: float | None, ablation: Any, out: Path) -
     written, parts, first = [], [], True
     for fid, heading, fig, note in figures:
         if fig is None:
-            parts.append(f'<section id="{fid}"><h2>{_e(heading)}</h2><p class=note>{_e(note)}</p></section>')
+            parts.append(f'<section id="{fid}"><h2>{escaped(heading)}</h2><p class=note>{escaped(note)}</p></section>')
             continue
         png = out.with_name(f"{out.stem}-{fid}.png")
         written.append(waterfall_png(ablation or [], png) if fid == "ablation" else figure_png(fig, png))
@@ -189,7 +185,7 @@ def _figure_sections(study: Any, base: float | None, ablation: Any, out: Path) -
         div = fig.to_html(full_html=False, include_plotlyjs=first, div_id=f"fig-{fid}", config=config)
         first = False  # plotly.js is inlined once, with the first figure: no CDN, works offline
         parts.append(
-            f'<section id="{fid}"><h2>{_e(heading)}</h2>{div}<p><a href="{_e(png.name)}">PNG</a></p></section>'
+            f'<section id="{fid}"><h2>{escaped(heading)}</h2>{div}<p><a href="{escaped(png.name)}">PNG</a></p></section>'
         )
     return written, parts
 

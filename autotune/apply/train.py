@@ -22,7 +22,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
-from autotune.trial.launcher import python_for
+from autotune.trial.nodes import python_for
 
 Say = Callable[[str], None]
 

@@ -198,13 +198,14 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _search_settings(args: argparse.Namespace) -> Any:
-    """`search`'s flags checked and resolved into SearchSettings, before anything is written (the default
-    data is made on first use, later)."""
+    """`search`'s flags checked and resolved into SearchSettings. Every flag is read before the last step,
+    which makes the default data on first use (under --studies-dir): bad input writes nothing."""
     from autotune.core.config import TrialConfig
     from autotune.core.configfile import load_baseline
     from autotune.core.errors import ConfigError
     from autotune.core.settings import SearchSettings, parse_percent
     from autotune.pipelines import workload
+    from autotune.search.space_file import load_space
 
     if args.budget is None and not args.create_only:
         raise ConfigError("search needs --budget (e.g. --budget 10m)")
@@ -214,6 +215,10 @@ def _search_settings(args: argparse.Namespace) -> Any:
     check_journal(args.storage)
     apply_cpus(args)
     apply_nodes(args)
+    shared = _shared_settings(args)
+    headroom = parse_percent(args.memory_headroom, "--memory-headroom")
+    if args.space is not None:  # its own file's errors (the session reads it again, against the hardware)
+        load_space(args.space)
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
     baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
     base = workload(
@@ -229,7 +234,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
         **batch,
     )
     return SearchSettings(
-        **_shared_settings(args),
+        **shared,
         space=args.space,
         sampler=args.sampler,
         seed=args.seed,
@@ -237,7 +242,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
         confirm_rounds=args.confirm_rounds,
         confirm_top=args.confirm_top,
         parity_steps=args.parity_steps,
-        memory_headroom=parse_percent(args.memory_headroom, "--memory-headroom"),
+        memory_headroom=headroom,
     )
 
 

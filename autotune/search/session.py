@@ -40,6 +40,7 @@ from autotune.search.space import DEFAULT_SPACE, Hardware, SearchSpace, resolve
 from autotune.search.space_file import load_space
 from autotune.search.storage import check_writable, open_storage
 from autotune.search.study import config_for, enqueue_starts, fail_stale, load_study, open_study, study_workload
+from autotune.trial.nodes import Placement
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 Say = Callable[[str], None]
@@ -289,8 +290,9 @@ class SearchSession:
         return True
 
     def _warm_server(self) -> Any:
-        """Trials fork from a process that imported torch and the pipeline once (fast start-up)."""
-        if not self.warm:
+        """Trials fork from a process that imported torch and the pipeline once (fast start-up). Not when
+        trials span nodes: each starts under the node launcher, so a server here would only idle."""
+        if not self.warm or Placement.from_env().nodes > 1:
             return contextlib.nullcontext(None)
         try:
             return WarmServer.start(preload=(*DEFAULT_PRELOAD, *pipelines.preload_modules(self.settings.base.pipeline)))

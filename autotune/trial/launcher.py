@@ -20,7 +20,6 @@ from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV, die_with_parent, process_identity, signal_groups
 from autotune.trial.nodes import Placement, launcher_for
-from autotune.trial.nodes import python_for as python_for  # `autotune train` starts its processes with it
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, WarmProcess, WarmServer, WarmServerError
 from autotune.trial.worker import LAUNCH_TIME_ENV
 

@@ -177,7 +177,10 @@ def test_table_renders_the_rows(search: tuple[optuna.Study, dict[str, FrozenTria
     c = console()
     c.print(leaderboard_table(study, top=10))
     text = c.export_text()
-    assert "study disp: top 10 of 6 trials" in text
+    assert "study disp: 6 trials" in text and "top 10" not in text
+    c = console()
+    c.print(leaderboard_table(study, top=2))
+    assert "study disp: top 2 of 6 trials" in c.export_text()
     for col in ("samples/s", "speedup", "peak MiB", "data wait", "config"):
         assert col in text
     lines = text.splitlines()

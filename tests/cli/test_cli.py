@@ -56,6 +56,15 @@ def test_bad_space(capsys: pytest.CaptureFixture[str], data: Path, tmp_path: Pat
     assert "space.yaml" in line and knob in line
 
 
+def test_bad_input_writes_nothing_not_even_the_default_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Without --data a search makes its default set under studies/ first: every flag is read before."""
+    (tmp_path / "space.yaml").write_text("knobs:\n  num_workers: [0, banana]\n")
+    assert "num_workers" in bad(capsys, "search", "--budget", "1m", "--space", str(tmp_path / "space.yaml"))
+    assert "--memory-headroom" in bad(capsys, "search", "--budget", "1m", "--memory-headroom", "lots")
+    assert "--trial-timeout" in bad(capsys, "search", "--budget", "1m", "--trial-timeout", "soon")
+    assert not Path("studies").exists()
+
+
 def test_sqlite_file_given_bare(capsys: pytest.CaptureFixture[str], data: Path) -> None:
     sqlite3.connect("x.db").execute("create table t (a)").connection.commit()
     assert "sqlite:///" in bad(capsys, "search", "--budget", "1m", "--storage", "x.db", "--data", str(data))

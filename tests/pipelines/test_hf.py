@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,15 @@ def trial(spec: str = SPEC, **knobs: Any) -> Any:
     compute thread: on a small shared machine two threads run a step many times slower)."""
     knobs = {"warmup_steps": 1, "timed_steps": 3, "window": 1, "num_threads": 1, **knobs}
     return worker.run(TrialConfig(pipeline=spec, **knobs))
+
+
+def test_an_in_process_trial_leaves_no_scratch_folder(
+    tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a progress file the Trainer's output_dir is a temporary folder, removed when the trial ends."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert trial().status == "ok"
+    assert list(tmp_path.glob("autotune-trial-*")) == []
 
 
 def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: Path) -> None:

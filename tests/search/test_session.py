@@ -17,6 +17,7 @@ from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.session import SearchSession
 from autotune.search.space import DEFAULT_SPACE
 from autotune.search.storage import open_storage
+from autotune.trial.nodes import Placement
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 
@@ -40,6 +41,17 @@ def test_create_stores_timeout_and_names_the_objective(tmp_path: Path) -> None:
     assert record.trial_timeout_s == 77.0 and record.space and record.workload["pipeline"] == TINY.pipeline
     roles = [t.user_attrs["role"] for t in session.study.get_trials(deepcopy=False)]
     assert roles == ["baseline", "warm_start"]  # enqueued, not run: create never runs a trial
+
+
+def test_no_warm_server_when_trials_span_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each trial of a multi-node session starts under the node launcher: a fork server would only idle."""
+    for key, value in Placement(2, "torchx", "local_cwd").to_env().items():
+        monkeypatch.setenv(key, value)
+    said: list[str] = []
+    session = SearchSession.create(settings(tmp_path), warm=True, say=said.append)
+    with session._warm_server() as server:
+        assert server is None
+    assert not any("warm start" in line for line in said)
 
 
 def test_create_needs_no_budget(tmp_path: Path) -> None:

@@ -59,4 +59,3 @@ def test_one_node_commands_are_todays(tmp_path: Path) -> None:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "autotune.trial", *worker,
     ]  # fmt: skip
-    assert launcher.python_for(2) == nodes.python_for(2)  # `autotune train` still imports it from the launcher

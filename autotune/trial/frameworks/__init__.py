@@ -11,6 +11,7 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial; the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -202,12 +203,15 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     refuse_unsupported(cfg, job)
     memory_total = measure.memory_total_bytes(device)
     clock = Clock(cfg, device, rank, world, progress, launched)
-    workdir = progress.parent if progress is not None else Path(tempfile.mkdtemp(prefix="autotune-trial-"))
     if job.library == "lightning":
         from autotune.trial.frameworks.lightning import train
     else:
         from autotune.trial.frameworks.hf import train  # type: ignore[assignment]
-    applied |= train(cfg, job, clock, device, workdir)  # type: ignore[arg-type]  # the job matches the library just chosen
+    with contextlib.ExitStack() as stack:
+        # The framework's own files (HF's output_dir, Lightning's root dir): beside the progress file, or,
+        # for a trial run in-process without one, in a folder removed afterwards.
+        workdir = progress.parent if progress is not None else Path(stack.enter_context(_scratch()))
+        applied |= train(cfg, job, clock, device, workdir)  # type: ignore[arg-type]  # the job matches the library just chosen
     if cfg.profile:
         applied["profile"] = {
             "requested": True,
@@ -215,6 +219,10 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
             "why": "the framework owns the loop: profile it with its own profiler",
         }
     return clock.result(applied, memory_total)
+
+
+def _scratch() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix="autotune-trial-", ignore_cleanup_errors=True)
 
 
 def seed_all(seed: int) -> None:
