@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # One entry point: set up on first use, then run an autotune subcommand.
 #   ./launch.sh search --budget 10m     ./launch.sh test [pytest args]     ./launch.sh lint
+# User commands install the runtime only; `test` and `lint` add the test tools (and every extra the
+# suite exercises) on their first use.
 # AUTOTUNE_VENV picks the virtual environment (default .venv next to this file),
 # so CI can reuse one venv across fresh clones instead of installing 5.6 GB each time.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${AUTOTUNE_VENV:-$here/.venv}"
-stamp="$venv/.autotune-installed"
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+
+case "$cmd" in
+  test | lint) target="$here[test]"; stamp="$venv/.autotune-test-installed" ;;
+  *) target="$here"; stamp="$venv/.autotune-installed" ;;
+esac
 # The install is keyed by the files that define it, and by this checkout's path (the project is
 # installed editable, so a shared venv must be re-pointed at a new clone); a change re-runs pip.
 want="$( (cat "$here/pyproject.toml" "$here/launch.sh"; echo "$here") | sha256sum | cut -c1-16)"
@@ -14,13 +22,15 @@ want="$( (cat "$here/pyproject.toml" "$here/launch.sh"; echo "$here") | sha256su
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+# The test install holds the runtime too, so a venv set up for tests needs nothing more for a search.
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] && [ "$(cat "$venv/.autotune-test-installed" 2>/dev/null)" != "$want" ]; then
   log="$venv/install.log"
-  echo "autotune: installing into $venv (first run only, a few minutes: torch is large; log: $log)" >&2
+  what="autotune"; [ "$stamp" = "$venv/.autotune-test-installed" ] && what="autotune's test tools"
+  echo "autotune: installing $what into $venv (first run only, a few minutes: torch is large; log: $log)" >&2
   # torch/torchvision pinned here, for a reproducible install; the package itself accepts the torch you have.
   if ! { "$venv/bin/pip" install --upgrade pip \
          && "$venv/bin/pip" install "torch==2.14.1" "torchvision==0.29.1" \
-         && "$venv/bin/pip" install -e "$here[test,postgres]"; } >"$log" 2>&1; then
+         && "$venv/bin/pip" install -e "$target"; } >"$log" 2>&1; then
     tail -n 30 "$log" >&2
     echo "autotune: install failed; the whole log is in $log" >&2
     exit 1
@@ -29,8 +39,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 export HF_HUB_OFFLINE=1
-cmd="${1:-}"
-[ $# -gt 0 ] && shift
 case "$cmd" in
   test)
     cd "$here"

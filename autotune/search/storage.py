@@ -61,6 +61,7 @@ def open_storage(url: str | None) -> Any:
         journal.check(path, say=lambda line: print(line, file=sys.stderr))  # never append after a torn record
         return JournalStorage(JournalFileBackend(str(path), lock_obj=journal.journal_lock(path)))
     scheme = url.split("://", 1)[0]
+    _check_driver(scheme, shown)
     try:
         if scheme == "grpc":
             host, _, port = url.split("://", 1)[1].rstrip("/").rpartition(":")
@@ -87,6 +88,28 @@ def open_storage(url: str | None) -> Any:
     raise StorageError(
         f"storage {shown}: unknown scheme {scheme!r} (use a path, sqlite:///, postgresql://, mysql:// or grpc://)"
     )
+
+
+# scheme -> (the modules, any one of which serves it; the extra that installs one). A missing driver is
+# bad input named by the extra, not sqlalchemy's NoSuchModuleError several frames deep.
+DRIVERS = {
+    "grpc": (("grpc",), "postgres"),
+    "postgresql": (("psycopg", "psycopg2"), "postgres"),
+    "postgresql+psycopg": (("psycopg",), "postgres"),
+    "postgresql+psycopg2": (("psycopg2",), "postgres"),
+}
+
+
+def _check_driver(scheme: str, shown: str) -> None:
+    import importlib.util
+
+    if scheme not in DRIVERS:
+        return
+    modules, extra = DRIVERS[scheme]
+    if not any(importlib.util.find_spec(m) for m in modules):
+        raise StorageError(
+            f"storage {shown} needs {' or '.join(modules)}, which is not installed: pip install 'autotune[{extra}]'"
+        )
 
 
 PROBE_BYTES = 1 << 20  # room for a trial's logs and a few journal records

@@ -152,7 +152,7 @@ def test_transformers_not_installed_is_bad_input(
     code = main(["search", "--budget", "1m", "--pipeline", SPEC])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "needs transformers, which cannot be imported" in err and "pip install transformers" in err, err
+    assert "needs transformers, which cannot be imported" in err and "pip install 'autotune[frameworks]'" in err, err
 
 
 @pytest.mark.slow

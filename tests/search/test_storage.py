@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
@@ -168,3 +169,21 @@ def test_unreachable_database_never_shows_the_password(url: str) -> None:
 def test_unopenable_sqlite_url_is_a_storage_error(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="cannot open storage"):
         open_storage(f"sqlite:///{tmp_path / 'no' / 'such' / 'x.db'}")
+
+
+@pytest.mark.parametrize(
+    "url, modules",
+    [
+        ("postgresql://u:secret@127.0.0.1:1/db", ("psycopg", "psycopg2")),
+        ("postgresql+psycopg://u:secret@127.0.0.1:1/db", ("psycopg",)),
+        ("grpc://127.0.0.1:1", ("grpc",)),
+    ],
+)
+def test_a_missing_driver_names_the_extra(url: str, modules: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    for m in modules:  # what an environment without the postgres extra finds: nothing to import
+        monkeypatch.setitem(sys.modules, m, None)
+    with pytest.raises(StorageError) as e:
+        open_storage(url)
+    msg = str(e.value)
+    assert "pip install 'autotune[postgres]'" in msg and "not installed" in msg, msg
+    assert "secret" not in msg and len(msg.splitlines()) == 1

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 # prefix -> (the module checked and used, what to install). lightning.pytorch, not pytorch_lightning:
 # the two packages define distinct classes, and a trial must build the Trainer of the module's package.
 LIBRARIES = {
-    "lightning": ("lightning.pytorch", "pip install lightning"),
-    "hf": ("transformers", "pip install transformers accelerate"),
+    "lightning": ("lightning.pytorch", "pip install 'autotune[frameworks]'"),
+    "hf": ("transformers", "pip install 'autotune[frameworks]'"),
 }
 # What a warm server imports once, so forked trials start with it: transformers imports its Trainer lazily.
 PRELOAD = {"lightning": ("lightning.pytorch",), "hf": ("transformers", "transformers.trainer")}
