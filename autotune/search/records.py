@@ -10,6 +10,7 @@ the TypedDicts below name their shape.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 from collections.abc import Mapping
@@ -28,9 +29,11 @@ CONFIRMATION = "confirmation"  # the last confirmation's summary (search/finish/
 # Trial number (str) -> its parity verdict (search/finish/gate.py). A study attr, because a finished
 # trial's own attrs can no longer be written.
 PARITY = "parity"
-# Training-math class (its label, core/training.shown) -> the verdict of its one check (parity for a
-# class that keeps the optimizer step, time to target for one that changes it; search/classes.py).
-CLASSES = "class_verdicts"
+# One attr per training-math class checked: "class:<hash of its label>" -> its verdict, label included
+# (parity for a class that keeps the optimizer step, time to target for one that changes it;
+# search/classes.py). One key each, so fleet workers finishing checks at once never drop one another's.
+CLASS_PREFIX = "class:"
+CLASSES = "class_verdicts"  # how studies before per-class keys stored them: one dict, read still
 REFERENCE = "parity_reference"  # parity.Reference.to_dict(), measured once per study
 WORKER_PREFIX = "worker:"  # one attr per fleet worker: "worker:<host>:<pid>:<uuid>" -> WorkerEntry
 RESOLVER = "resolver"  # the claim of the worker that resolves a `--create-only` study's space
@@ -277,11 +280,22 @@ def write_parity_verdicts(study: optuna.Study, verdicts: Mapping[str, Any]) -> N
 
 def class_verdicts(study: optuna.Study) -> dict[str, StoredVerdict]:
     """The verdict of each training-math class checked, by its label; {} when none was."""
-    return dict(study.user_attrs.get(CLASSES) or {})
+    attrs = study.user_attrs
+    out: dict[str, StoredVerdict] = dict(attrs.get(CLASSES) or {})
+    for k, v in attrs.items():
+        if k.startswith(CLASS_PREFIX) and isinstance(v, dict) and "label" in v:
+            out[str(v["label"])] = {key: val for key, val in v.items() if key != "label"}  # type: ignore[assignment]
+    return out
+
+
+def class_key(label: str) -> str:
+    """A class's attr key: a hash, since a label can outgrow a storage's indexed key column."""
+    return CLASS_PREFIX + hashlib.sha256(label.encode()).hexdigest()[:20]
 
 
 def write_class_verdict(study: optuna.Study, label: str, verdict: Mapping[str, Any]) -> None:
-    study.set_user_attr(CLASSES, {**class_verdicts(study), label: dict(verdict)})
+    """One write of the class's own key: no read-modify-write of a shared dict."""
+    study.set_user_attr(class_key(label), {**dict(verdict), "label": label})
 
 
 def parity_reference(study: optuna.Study) -> dict[str, Any] | None:

@@ -3,6 +3,10 @@ write never erases what another writer stored."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -131,3 +135,55 @@ def test_the_memory_estimate_and_the_model_facts_round_trip(tmp_path: Path) -> N
     StudyRecord(sampler="auto").write(s)
     records.write_model_facts(s, {"param_count": 1})
     assert StudyRecord.of(s).model_facts == {"param_count": 1} and StudyRecord.of(s).sampler == "auto"
+
+
+_WRITER = """
+import sys, time
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+import optuna
+from autotune.search import records
+from autotune.search.storage import open_storage
+folder, me = Path(sys.argv[1]), sys.argv[2]
+s = optuna.load_study(study_name="s", storage=open_storage(str(folder / "studies.db")))
+(folder / f"ready-{me}").touch()
+while not (folder / "go").exists():  # both writers start together, so their writes interleave
+    time.sleep(0.005)
+for i in range(15):
+    records.write_class_verdict(s, f"class {me}-{i}", {"verdict": "pass", "trial": i})
+"""
+
+
+def test_class_verdicts_written_at_once_by_two_processes_are_all_kept(tmp_path: Path) -> None:
+    """Two fleet workers finishing class checks at once: each verdict is its own key, none is dropped
+    (a read-modify-write of one shared dict loses the other writer's verdicts)."""
+    study(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), me], env=env, stderr=subprocess.PIPE)
+        for me in ("a", "b")
+    ]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{me}").exists() for me in ("a", "b")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (tmp_path / "go").touch()
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()[-2000:]
+    back = optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "studies.db")))
+    want = {f"class {me}-{i}" for me in ("a", "b") for i in range(15)}
+    assert set(records.class_verdicts(back)) == want
+    assert records.class_verdicts(back)["class b-7"] == {"verdict": "pass", "trial": 7}
+
+
+def test_a_study_s_older_class_verdict_dict_is_still_read(tmp_path: Path) -> None:
+    s = study(tmp_path)
+    s.set_user_attr(records.CLASSES, {"precision fp32 -> bf16": {"verdict": "fail", "trial": 2}})
+    records.write_class_verdict(s, "global batch 8 -> 16", {"verdict": "pass", "trial": 4})
+    assert records.class_verdicts(s) == {
+        "precision fp32 -> bf16": {"verdict": "fail", "trial": 2},
+        "global batch 8 -> 16": {"verdict": "pass", "trial": 4},
+    }

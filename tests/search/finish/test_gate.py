@@ -86,7 +86,7 @@ def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: 
     verdicts = gate.run(study, settings, say=said.append)
     assert verdicts is not None and verdicts["1"]["kind"] == "time to target"
     label = "global batch 8 -> 32; lr 0.001 -> 0.002 (sqrt rule)"
-    assert study.user_attrs["class_verdicts"][label]["trial"] == 1
+    assert records.class_verdicts(study)[label]["trial"] == 1
     if verdicts["1"]["verdict"] == "fail":
         assert verdicts["2"]["verdict"] == "fail" and "was checked at trial 1" in verdicts["2"]["reason"]
         assert verdicts["3"]["kind"] == "parity" and exported(study).number == 3
