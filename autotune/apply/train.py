@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -22,7 +21,9 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
+from autotune.trial.launcher import run_process
 from autotune.trial.nodes import python_for
+from autotune.trial.outcome import TRACEBACK_WORTHY, named_failure, read_verdicts, status_of
 
 Say = Callable[[str], None]
 
@@ -231,11 +232,11 @@ def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) ->
     ]
     if cfg.gpus > 1:
         say(f"[{name}] DDP over {cfg.gpus} processes: {' '.join(cmd[1:])}")
-    code = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent).returncode
+    code = run_process(cmd)  # its output to this terminal: the run's own progress lines
     if error_path.is_file():  # bad input found by the worker (e.g. no images in the data folder)
         raise AutotuneError(error_path.read_text().strip())
     if code != 0 or not summary_path.is_file():
-        verdict = _named_failure(out, name)
+        verdict = named_failure(read_verdicts(out.glob(f"{name}.failed.rank*.json")))
         if verdict is not None:
             raise TrainFailed(
                 f"training {name} failed: {verdict['status']}: {verdict.get('message', '')}",
@@ -291,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = train_one(load_config(args.config), args.epochs, args.out, args.name, say)
     except Exception as e:
-        status, message = failure_of(e)
-        if status in ("oom", "error"):
+        status, message = status_of(e)
+        if status in TRACEBACK_WORTHY:
             traceback.print_exc()  # kept in the output, above the one line
         return _fail(args.out, args.name, status, message)
     if rank == 0:
@@ -303,25 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return ExitCode.OK
-
-
-def failure_of(e: BaseException) -> tuple[str, str]:
-    """(status, one line) for what ended a training process: the trial worker's statuses, so the exit
-    code is the one every command gives for that cause (errors.exit_code_for)."""
-    from autotune.core.errors import DataItemError, TrialUnsupported
-    from autotune.trial.harness import NonFiniteLoss, is_out_of_memory, oom_message
-
-    if isinstance(e, AutotuneError):
-        return "bad_config", str(e)
-    if isinstance(e, DataItemError):  # an undecodable item: named, one line, like any bad input
-        return "data", e.summary
-    if isinstance(e, TrialUnsupported):
-        return "unsupported", f"knob unsupported here: {e}"
-    if isinstance(e, NonFiniteLoss):
-        return "numerics", f"diverged: {e}"
-    if is_out_of_memory(e):
-        return "oom", oom_message(e)
-    return "error", f"{type(e).__name__}: {e}"
 
 
 def _verdict_path(out: Path, name: str, rank: int) -> Path:
@@ -341,18 +323,6 @@ def _fail(out: Path, name: str, status: str, message: str) -> int:
     if world > 1:
         exit_now(code)
     return code
-
-
-def _named_failure(out: Path, name: str) -> dict[str, Any] | None:
-    """The ranks' verdict that names the cause: a peer of the rank that failed fails too, in a collective
-    ("error", connection closed), so a named status (oom, numerics, ...) wins over "error"."""
-    verdicts = []
-    for path in sorted(out.glob(f"{name}.failed.rank*.json")):
-        try:
-            verdicts.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return min(verdicts, key=lambda v: v.get("status") == "error", default=None)
 
 
 if __name__ == "__main__":

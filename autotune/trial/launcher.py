@@ -1,7 +1,11 @@
-"""Turn a TrialConfig into an isolated process, wait for it with a timeout, classify the exit."""
+"""Every fresh process autotune starts: a trial (warm fork, cold, torchrun or across nodes), the memory
+probe and each of `train`'s runs. Each gets its own session and dies with its parent; its process groups
+(torchrun's ranks included) are found while it lives and killed together at its timeout or on an
+interrupt; the ranks' verdict files are read back as one cause (trial/outcome.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -11,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 from typing import IO
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import psutil
 
@@ -20,6 +24,7 @@ from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV, die_with_parent, process_identity, signal_groups
 from autotune.trial.nodes import Placement, launcher_for
+from autotune.trial.outcome import named_failure, read_verdicts
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, WarmProcess, WarmServer, WarmServerError
 from autotune.trial.worker import LAUNCH_TIME_ENV
 
@@ -230,14 +235,50 @@ def _start(
         except WarmServerError as e:
             log.write(f"autotune: warm start unavailable, starting cold: {e}\n".encode())
             log.flush()
+    return _spawn(command(cfg, trial_dir), env, log)
+
+
+def _spawn(cmd: list[str], env: Mapping[str, str], log: IO[bytes] | None) -> subprocess.Popen[bytes]:
+    """A process in its own session (so its whole group can be signalled) that dies with this one; its
+    output to `log`, or to this terminal when there is none."""
     return subprocess.Popen(
-        command(cfg, trial_dir),
+        cmd,
         stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
+        stderr=subprocess.STDOUT if log is not None else None,
+        env=dict(env),
         start_new_session=True,
         preexec_fn=die_with_parent,
     )
+
+
+def run_process(
+    cmd: list[str],
+    log_path: Path | None = None,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    poll_s: float = 0.25,
+) -> int:
+    """Run `cmd` (a probe, a training run) to its end and return its exit code. At `timeout_s` its process
+    groups are killed and TrialTimeout raised; on an interrupt they are killed before it propagates."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(log_path.open("wb")) if log_path is not None else None
+        proc = _spawn(cmd, env, log)
+        groups = TrialGroups(proc.pid)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=poll_s)
+                except subprocess.TimeoutExpired:
+                    pass
+                if deadline is not None and time.monotonic() > deadline:
+                    raise errors.TrialTimeout(
+                        f"no result after {timeout_s:.0f} s; process group killed", tail(log_path) if log_path else ""
+                    )
+                groups.refresh()
+        finally:
+            kill_group(proc, grace_s=1.0, groups=groups)
 
 
 def _with_cuda_expectation(env: dict[str, str]) -> dict[str, str]:
@@ -280,15 +321,11 @@ def _read_progress(path: Path, offset: int, windows: list[float], on_window: OnW
 
 
 def _classify(code: int, trial_dir: Path, log_path: Path, windows: list[float]) -> TrialResult:
-    verdicts = [json.loads(p.read_text()) for p in sorted(trial_dir.glob("result.json*")) if p.is_file()]
+    verdicts = read_verdicts(p for p in trial_dir.glob("result.json*") if p.is_file())
     ok = next((v for v in verdicts if v.get("status") == "ok"), None)
     if code == 0 and ok is not None:
         return TrialResult.from_dict(ok)
-    # Under DDP one rank's OOM leaves the others failing in a collective ("error", connection closed):
-    # a named failure on any rank is the cause, so it wins over a generic one.
-    failed = min(
-        (v for v in verdicts if v.get("status") != "ok"), key=lambda v: v.get("status") == "error", default=None
-    )
+    failed = named_failure(verdicts)
     status = failed["status"] if failed else errors.reason_for_exit(code)
     watchdog = comm_failure(log_path) if status == "error" else None
     if watchdog is not None:

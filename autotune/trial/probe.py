@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,19 +36,14 @@ def run_probe(cfg: TrialConfig, folder: Path, timeout_s: float) -> dict[str, Any
     write_json_atomic(folder / "config.json", cfg.to_dict())
     out, log = folder / "facts.json", folder / "probe.log"
     out.unlink(missing_ok=True)
+    from autotune.core.errors import TrialTimeout
+    from autotune.trial.launcher import run_process  # not at import: the probe's own process needs none of it
+
     cmd = [sys.executable, "-m", "autotune.trial.probe", "--config", str(folder / "config.json"), "--out", str(out)]
-    with log.open("wb") as f:
-        try:
-            code = subprocess.run(
-                cmd,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=timeout_s,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            raise ProbeError(f"no result after {timeout_s:.0f} s") from None
+    try:
+        code = run_process(cmd, log, timeout_s)
+    except TrialTimeout:
+        raise ProbeError(f"no result after {timeout_s:.0f} s") from None
     if code != 0 or not out.is_file():
         lines = log.read_text(errors="replace").strip().splitlines()
         raise ProbeError(f"exited with code {code}: {lines[-1] if lines else 'no output'}")
@@ -179,9 +173,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=PROBE_BATCH)
     args = parser.parse_args(argv)
     die_with_parent()
-    from autotune.core.configfile import load_config
+    import traceback
 
-    write_json_atomic(args.out, measure(load_config(args.config), args.batch))
+    from autotune.core.configfile import load_config
+    from autotune.core.errors import exit_code_for
+    from autotune.trial.outcome import TRACEBACK_WORTHY, status_of
+
+    try:
+        facts = measure(load_config(args.config), args.batch)
+    except Exception as e:
+        status, message = status_of(e)
+        if status in TRACEBACK_WORTHY:
+            traceback.print_exc()  # kept in probe.log, above the one line run_probe reports
+        print(f"autotune probe: {status}: {message}", file=sys.stderr, flush=True)
+        return int(exit_code_for(status))
+    write_json_atomic(args.out, facts)
     return 0
 
 

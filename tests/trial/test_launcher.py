@@ -332,3 +332,39 @@ def test_ddp_compile_and_checkpointing_train_together(tmp_path: Path, monkeypatc
     assert r.applied["checkpoint_segments"]["in_effect"] == ["0", "2"]  # the stages wrapped
     assert r.loss_last is not None and math.isfinite(r.loss_last)
     assert_nothing_left(tmp_path / "t")
+
+
+# --- every other fresh process: the probe, train's runs ---------------------------------------------
+
+_SPAWNS_A_SLEEPER = """
+import subprocess, sys, time
+# A child in a session of its own, like a torchrun rank: a kill of the leader's group alone misses it.
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]], start_new_session=True)
+time.sleep(600)
+"""
+
+
+def test_run_process_returns_the_exit_code_and_keeps_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "p.log"
+    code = launcher.run_process([sys.executable, "-c", "print('hello'); raise SystemExit(7)"], log, timeout_s=60)
+    assert code == 7 and log.read_text().strip() == "hello"
+
+
+def test_run_process_at_its_timeout_kills_every_group_it_started(tmp_path: Path) -> None:
+    marker = str(tmp_path / "sleeper-marker")
+    t0 = time.monotonic()
+    with pytest.raises(errors.TrialTimeout, match="no result after 3 s"):
+        launcher.run_process(
+            [sys.executable, "-c", _SPAWNS_A_SLEEPER, marker], tmp_path / "p.log", timeout_s=3, poll_s=0.1
+        )
+    assert time.monotonic() - t0 < 30
+    left = wait_until_gone(marker)
+    assert not left, [(p.pid, p.info.get("cmdline")) for p in left]
+
+
+def test_probe_and_train_start_through_the_launcher() -> None:
+    """One way to start a fresh process: neither the probe nor train spawns one of its own."""
+    root = Path(launcher.__file__).resolve().parents[1]
+    for module in ("trial/probe.py", "apply/train.py"):
+        text = (root / module).read_text()
+        assert "subprocess" not in text and "run_process(" in text, module

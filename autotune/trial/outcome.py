@@ -1,0 +1,53 @@
+"""What ended a process's work, in the one vocabulary of statuses (core/errors.py): the trial worker,
+`train`'s runs and the probe each turn an exception into (status, one line) here, and their launcher
+reads the ranks' verdicts back through `named_failure`, so one cause gets one status and one exit code
+whichever command met it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from collections.abc import Iterable
+
+from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
+
+# Statuses whose traceback helps whoever reads the log: the others are said fully by their one line.
+TRACEBACK_WORTHY = frozenset({"data", "oom", "error"})
+
+
+def status_of(e: BaseException) -> tuple[str, str]:
+    """(status, one line) for the exception that ended a trial, a training run or a probe."""
+    from autotune.trial.harness import NonFiniteLoss, is_out_of_memory, oom_message
+
+    if isinstance(e, AutotuneError):
+        return "bad_config", str(e)
+    if isinstance(e, DataItemError):  # an undecodable item: named, one line, like any bad input
+        return "data", e.summary
+    if isinstance(e, TrialUnsupported):
+        return "unsupported", str(e)
+    if isinstance(e, NonFiniteLoss):
+        return "numerics", str(e)
+    if is_out_of_memory(e):
+        return "oom", oom_message(e)
+    return "error", f"{type(e).__name__}: {e}"
+
+
+def read_verdicts(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The verdicts the ranks left (one JSON object each); an unreadable one is skipped."""
+    out = []
+    for path in sorted(paths):
+        try:
+            v = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(v, dict):
+            out.append(v)
+    return out
+
+
+def named_failure(verdicts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The failed ranks' verdict that names the cause. Under DDP a peer of the rank that failed fails too,
+    in a collective ("error", connection closed), so a named status (oom, numerics, ...) wins over "error"."""
+    failed = [v for v in verdicts if v.get("status") != "ok"]
+    return min(failed, key=lambda v: v.get("status") == "error", default=None)
