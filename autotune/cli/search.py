@@ -142,7 +142,10 @@ def register(sub: Any) -> None:
         help="join an existing study and run trials (many machines, one study)",
         description="Join a study created by `autotune search` (usually on PostgreSQL) and run its "
         "trials until --budget or --n-trials is spent. The space, workload, trial timeout and "
-        "fingerprint come from the study; a machine whose fingerprint differs is refused.",
+        "fingerprint come from the study; a machine whose fingerprint differs is refused. The study "
+        "names the pipeline its trials import, so whoever can write the study chooses the code a worker "
+        "runs: a worker runs only a pipeline its own --pipeline names (the built-in unet without it) and "
+        "refuses any other study before importing anything of it.",
     )
     w.add_argument("--storage", required=True, help="the study's storage URL (postgresql://…, grpc://host:port, …)")
     w.add_argument("--study", required=True, help="study name")
@@ -151,6 +154,15 @@ def register(sub: Any) -> None:
     w.add_argument("--trial-timeout", default=None, help="kill a trial after this long (default: the study's)")
     w.add_argument(
         "--data", default=None, metavar="DIR", help="this machine's copy of the dataset, if not at the study's path"
+    )
+    w.add_argument(
+        "--pipeline",
+        action="append",
+        default=None,
+        metavar="MODULE:FACTORY",
+        help="the pipeline this worker may run, as given to `autotune search --pipeline`; repeat it to "
+        "allow several. A study naming any other is refused (exit 2) before it is imported "
+        "(default: unet, the built-in one, only)",
     )
     w.add_argument("--studies-dir", default="studies", help="where trial logs and artifacts go")
     w.add_argument("--force", action="store_true", help="join although this machine's fingerprint differs")
@@ -164,11 +176,24 @@ def register(sub: Any) -> None:
         "storage-proxy",
         help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
         description="Run Optuna's gRPC storage proxy in front of one RDB storage, so a large fleet "
-        "needs one database connection pool instead of one per worker. Workers use --storage grpc://HOST:PORT.",
+        "needs one database connection pool instead of one per worker. Workers use --storage grpc://HOST:PORT. "
+        "The proxy has no TLS and no authentication: anyone who reaches the port can read and rewrite "
+        "every study behind it. It listens on loopback only, for workers on this machine or behind an "
+        "SSH tunnel, unless --trusted-network says that only trusted machines can reach --host.",
     )
     p.add_argument("--storage", required=True, help="the RDB storage URL to serve")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); one that is not loopback needs --trusted-network",
+    )
     p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
+    p.add_argument(
+        "--trusted-network",
+        action="store_true",
+        help="listen on a --host that is not loopback: you vouch that every machine that can reach it may "
+        "read and write the studies, and so choose the code the workers run (a private network)",
+    )
     p.set_defaults(func=cmd_storage_proxy)
 
 
@@ -268,6 +293,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from autotune.core.settings import SearchSettings
     from autotune.core.errors import AutotuneError
+    from autotune.search import fleet
     from autotune.search.session import SearchSession
 
     if args.budget is None and args.n_trials is None:
@@ -282,7 +308,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     console = _console()
     with _data_progress(console) as progress:
         session = SearchSession.join(
-            settings, args.data, warm=not args.cold_start, say=_plain(console), progress=progress
+            settings,
+            args.data,
+            warm=not args.cold_start,
+            say=_plain(console),
+            progress=progress,
+            allowed=args.pipeline or fleet.DEFAULT_ALLOWED,
         )
     return _run(session, console)
 
@@ -383,7 +414,35 @@ def cmd_storage_proxy(args: argparse.Namespace) -> int:
     from autotune.search.results import shown_storage
     from autotune.search.storage import open_storage
 
+    _check_listen(args.host, args.port, args.trusted_network)
     storage = open_storage(args.storage)
     print(f"autotune: serving {shown_storage(args.storage)} on grpc://{args.host}:{args.port}", flush=True)
     optuna.storages.run_grpc_proxy_server(storage, host=args.host, port=args.port)
     return 0
+
+
+def _check_listen(host: str, port: int, trusted: bool) -> None:
+    """The proxy lets whoever reaches it rewrite a study, and so the code every worker imports: off
+    loopback only when the operator says the network is trusted. Bad input before anything is opened."""
+    from autotune.core.errors import ConfigError
+
+    if trusted or _loopback(host):
+        return
+    raise ConfigError(
+        f"--host {host}: Optuna's gRPC proxy has no TLS and no authentication, and whoever reaches "
+        f"{host}:{port} can make every worker run code of their choosing; listen on 127.0.0.1 and reach it "
+        "through an SSH tunnel, or pass --trusted-network if only trusted machines can reach that address"
+    )
+
+
+def _loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (bracketed or not) or localhost; any other name or address is not loopback."""
+    import ipaddress
+
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False

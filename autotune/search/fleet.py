@@ -6,6 +6,10 @@ records itself in the study when it joins and marks itself done when its trials 
 one that finds no other worker still alive (a crashed one counts as gone: same host, its pid is gone;
 another host, no heartbeat for STALE_AFTER_S) is elected among those finishing at once, last writer
 wins, as the resolver of a deferred study is.
+
+Whoever can write a study chooses the code its workers import (the pipeline is `module:factory`), so a
+worker checks the study's pipeline against the ones its own command line allows (`check_pipeline`)
+before it imports anything the study names.
 """
 
 from __future__ import annotations
@@ -14,13 +18,42 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Collection
 
 import optuna
 
+from autotune.core.config import TrialConfig
+from autotune.core.errors import PipelineError
+from autotune.pipelines import BUILTIN
 from autotune.search import _optuna, records
 from autotune.search.study import _owner_alive
 
 SETTLE_S = 1.0  # workers that finish together all write their claim within this; the last one wins
+# What a worker imports when its command line names no pipeline: autotune's own code, nothing the study names.
+DEFAULT_ALLOWED = ("unet",)
+
+
+def check_pipeline(study: optuna.Study, allowed: Collection[str]) -> None:
+    """Refuse (bad input, one line) a study whose pipeline is not one of `allowed`, the worker's own
+    --pipeline values, before anything of the study is imported. The pipeline is read as joining reads
+    it (TrialConfig.from_dict of the workload), so the name checked is the name that would be imported."""
+    workload = records.StudyRecord.of(study).workload
+    if workload is None:  # joining refuses a study `autotune search` did not make, importing nothing
+        return
+    spec = TrialConfig.from_dict(workload).pipeline
+    if _target(spec) in {_target(a) for a in allowed}:
+        return
+    # repr: the name comes from whoever wrote the study; it must not reach the terminal raw.
+    raise PipelineError(
+        f"study {study.study_name!r} names pipeline {spec!r}, not one this worker may run "
+        f"({', '.join(map(repr, allowed))}): whoever can write a study chooses the code its workers "
+        "import; if you trust them, start the worker with --pipeline naming it"
+    )
+
+
+def _target(spec: str) -> str:
+    """A built-in's short name and its module:factory are the same import."""
+    return BUILTIN.get(spec, spec)
 
 
 def register(study: optuna.Study) -> str:

@@ -19,7 +19,8 @@ import optuna
 from optuna.study import StudySummary
 from optuna.trial import FrozenTrial
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import KNOBS, TrialConfig, TrialResult
+from autotune.core.errors import AutotuneError
 from autotune.core.training import training_math
 from autotune.search import _optuna
 
@@ -161,7 +162,16 @@ class TrialRecord:
 
     def config_for(self, base: TrialConfig) -> TrialConfig:
         """The config this trial ran: `base` (the study's workload) with its knobs."""
-        return base.replace(**self.config)
+        return base.replace(**self.knob_values())
+
+    def knob_values(self) -> dict[str, Any]:
+        """The stored knobs, and only knobs: the workload (the pipeline to import, the data) is the study's
+        and the worker's to decide, so a record that names anything else, written by whoever can write
+        the study, is refused rather than applied."""
+        extra = sorted(set(self.config) - set(KNOBS))
+        if extra:
+            raise AutotuneError(f"a trial record sets {', '.join(map(repr, extra))}, which are not knobs: refused")
+        return dict(self.config)
 
     knobs = config_for  # the old name, kept while apply/ablate.py still calls it
 

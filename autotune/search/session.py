@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import optuna
 
@@ -123,10 +123,16 @@ class SearchSession:
         warm: bool = True,
         say: Say = print,
         progress: Progress | None = None,
+        allowed: Collection[str] | None = None,
     ) -> SearchSession:
-        """Attach to a study made by `autotune search`: its space, workload and trial timeout come from it."""
-        check_writable(settings.storage, settings.studies_dir)
+        """Attach to a study made by `autotune search`: its space, workload and trial timeout come from it.
+        With `allowed` (`autotune worker` passes its own --pipeline values), the study's pipeline must be
+        one of them: checked on the study as loaded here, before anything it names is imported. A caller
+        of this function that passes none already runs code of its choosing."""
         study = load_study(settings.storage, settings.study)
+        if allowed is not None:  # before anything is written, too: a refused study leaves no trace
+            fleet.check_pipeline(study, allowed)
+        check_writable(settings.storage, settings.studies_dir)
         record = StudyRecord.of(study)
         if record.space is None:
             raise AutotuneError(f"study {settings.study!r} was not created by `autotune search` (no space attr)")

@@ -199,7 +199,7 @@ def fail_stale(study: optuna.Study, ownerless_after_s: float = OWNERLESS_STALE_S
 
 def config_for(trial: optuna.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
     cfg = suggest(trial, space, base)
-    fixed = TrialRecord.of(trial).config  # baseline / warm start run exactly as enqueued
+    fixed = TrialRecord.of(trial).knob_values()  # baseline / warm start run exactly as enqueued
     return cfg.replace(**fixed) if fixed else cfg
 
 

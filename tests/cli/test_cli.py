@@ -350,3 +350,32 @@ def test_show_prints_the_memory_estimate_beside_the_peak(tmp_path: Path, capsys:
     assert main(["show", "--storage", db]) == 0
     out = capsys.readouterr().out
     assert "memory: estimate before launch vs measured peak" in out and "fsdp x2" in out and "+25%" in out
+
+
+@pytest.fixture
+def proxy_served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """Optuna's proxy server replaced by a recorder: it would otherwise serve until killed."""
+    import optuna
+
+    served: list[dict[str, object]] = []
+    monkeypatch.setattr(optuna.storages, "run_grpc_proxy_server", lambda storage, **kw: served.append(kw))
+    return served
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "db-host"])
+def test_storage_proxy_stays_on_loopback_unless_the_network_is_trusted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, proxy_served: list[dict[str, object]], host: str
+) -> None:
+    """No TLS, no authentication: whoever reaches the proxy rewrites the studies and so the workers' code."""
+    db = tmp_path / "served.db"
+    line = bad(capsys, "storage-proxy", "--storage", f"sqlite:///{db}", "--host", host)
+    assert f"--host {host}" in line and "--trusted-network" in line, line
+    assert proxy_served == [] and not db.exists()  # nothing served, nothing opened
+
+
+@pytest.mark.parametrize("argv", [["--host", "::1"], ["--host", "0.0.0.0", "--trusted-network"]])
+def test_storage_proxy_serves_loopback_or_a_trusted_network(
+    tmp_path: Path, proxy_served: list[dict[str, object]], argv: list[str]
+) -> None:
+    assert main(["storage-proxy", "--storage", f"sqlite:///{tmp_path / 'served.db'}", *argv]) == 0
+    assert proxy_served == [{"host": argv[1], "port": 13000}]

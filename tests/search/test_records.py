@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 
 from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.errors import AutotuneError
 from autotune.search import records
 from autotune.search.records import StudyRecord, TrialRecord, of_result, write
 from autotune.search.storage import open_storage
@@ -145,6 +147,7 @@ import sys
 import time
 from pathlib import Path
 import optuna
+import pytest
 from autotune.search import records
 from autotune.search.storage import open_storage
 folder, me = Path(sys.argv[1]), sys.argv[2]
@@ -187,3 +190,12 @@ def test_a_study_s_older_class_verdict_dict_is_still_read(tmp_path: Path) -> Non
         "precision fp32 -> bf16": {"verdict": "fail", "trial": 2},
         "global batch 8 -> 16": {"verdict": "pass", "trial": 4},
     }
+
+
+def test_a_trial_record_that_names_more_than_knobs_is_refused_not_applied() -> None:
+    """Whoever can write a study could queue a trial whose stored config names a pipeline to import: only
+    knobs are applied from a record; anything else is refused."""
+    base = TrialConfig(pipeline="unet")
+    assert TrialRecord(config={"num_workers": 2}).config_for(base).num_workers == 2
+    with pytest.raises(AutotuneError, match="'pipeline'.*not knobs"):
+        TrialRecord(config={"num_workers": 2, "pipeline": "evil_mod:make"}).config_for(base)
