@@ -31,6 +31,7 @@ from autotune.apply.export._common import WEIGHT_DECAY
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.trial.knobs import WEIGHT_DECAY as TRIAL_WEIGHT_DECAY
+from tests.docs_pages import DOCS, python_block
 
 # Every knob a CPU can carry away from the frameworks' defaults: bf16, accumulation 2 (global batch 8 of
 # micro-batches of 4), one loader worker with its own prefetch, fused AdamW, kept (zeroed) gradients.
@@ -300,15 +301,9 @@ def test_accelerate_export_trains_with_every_knob(tmp_path: Path) -> None:
     assert got["cudnn_benchmark"] is True and got["threads"] == LIVE.num_threads
 
 
-# ------------------------------------------------------------------------------------ README examples
+# ------------------------------------------------------------------------------------ the docs' examples
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def _readme_example(first_line: str) -> str:
-    """The README's ```python block that opens with `first_line`, as written."""
-    blocks = README.read_text().split("```python\n")[1:]
-    return next(b.split("```")[0] for b in blocks if b.startswith(first_line))
+APPLY_PAGE = DOCS / "apply.md"  # "Exports for Lightning, transformers and accelerate"
 
 
 @pytest.mark.parametrize(
@@ -318,16 +313,16 @@ def _readme_example(first_line: str) -> str:
         ("hf", "autotune_hf", "train_hf.py"),
     ],
 )
-def test_readme_examples_train_as_written(
+def test_docs_examples_train_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, module: str, script: str
 ) -> None:
-    """The export written where the README's `autotune export -o` puts it, then the README's script run."""
+    """The export written where the page's `autotune export -o` puts it, then the page's script run."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)  # the scripts' logs, checkpoints and out/ land here
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, module, raising=False)
     (tmp_path / f"{module}.py").write_text(render(fmt, _cpu_export(LIVE)))
-    (tmp_path / script).write_text(_readme_example(f"# {script}"))
+    (tmp_path / script).write_text(python_block(APPLY_PAGE, f"# {script}"))
     try:
         ran = runpy.run_path(str(tmp_path / script), run_name="__main__")
     finally:

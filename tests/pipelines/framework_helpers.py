@@ -1,12 +1,11 @@
-"""What the Lightning and transformers tests share: the README's examples as written, the CLI in a
-subprocess, and a check that a framework search exported something that round-trips through `trial`."""
+"""What the Lightning and transformers tests share: the docs' examples as written (docs/own-model.md),
+the CLI in a subprocess, and a check that a framework search exported something that round-trips
+through `trial`."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,10 @@ import yaml
 
 from autotune.core.config import KNOBS
 from tests.conftest import REPO_ROOT
+from tests.docs_pages import DOCS, autotune_commands, python_block
+
+# The page of the framework jobs' examples: "Your Lightning module or HF Trainer job".
+EXAMPLES_PAGE = DOCS / "own-model.md"
 
 # A search long enough for the baseline, the warm start and a few more, short enough for the suite.
 SHORT_SEARCH = (
@@ -34,20 +37,16 @@ SHORT_SEARCH = (
 )
 
 
-def readme_example(name: str) -> str:
-    """The README's Python block that starts with `# <name>`: the example exactly as a reader copies it."""
-    text = (REPO_ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    found = [b for b in blocks if b.startswith(f"# {name}")]
-    assert len(found) == 1, f"README has {len(found)} python blocks starting with '# {name}'"
-    return found[0]
+def doc_example(name: str) -> str:
+    """The page's Python block that opens with `# <name>`: the example exactly as a reader copies it."""
+    block = python_block(EXAMPLES_PAGE, f"# {name}")
+    assert block.startswith(f"# {name}"), block[:80]
+    return block
 
 
-def readme_commands(name: str) -> list[list[str]]:
-    """The README's `autotune ...` lines of the bash block that uses `name`, as argument lists."""
-    text = (REPO_ROOT / "README.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S) if f":{name}:make" in b)
-    return [shlex.split(line.split("#")[0])[1:] for line in block.splitlines() if line.startswith("autotune ")]
+def doc_commands(name: str) -> list[list[str]]:
+    """The page's `autotune ...` lines of the bash block that uses `name`, as argument lists."""
+    return autotune_commands(EXAMPLES_PAGE, f":{name}:make")
 
 
 def autotune(
@@ -66,7 +65,7 @@ def ok(run: subprocess.CompletedProcess[str]) -> None:
 
 
 def with_short_budget(command: list[str]) -> list[str]:
-    """The README's search command, its 10-minute budget replaced by the suite's short search."""
+    """The page's search command, its 10-minute budget replaced by the suite's short search."""
     i = command.index("--budget")
     return [*command[:i], *command[i + 2 :], *SHORT_SEARCH]
 
@@ -95,7 +94,7 @@ def no_trial_broke(storage: Path, study: str) -> list[Any]:
 
 
 def round_trips(best: Path, result: Path) -> dict[str, Any]:
-    """The README's `autotune trial --config best.yaml` re-measured exactly the exported knobs, under the
+    """The page's `autotune trial --config best.yaml` re-measured exactly the exported knobs, under the
     same framework arguments; returns its result."""
     exported = yaml.safe_load(best.read_text())
     measured = json.loads(result.read_text())

@@ -1,6 +1,6 @@
 """`--pipeline hf:MODULE:FACTORY`: a trial is transformers' own Trainer.train on the user's model, dataset
 and collator, the knobs as TrainingArguments fields over the user's own, measured by a TrainerCallback; a
-search runs end to end on the README's example, and its export is the fields that differ from the base."""
+search runs end to end on the docs' example, and its export is the fields that differ from the base."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from autotune.core.errors import TrialUnsupported
 from autotune.trial import worker
 from tests.pipelines.framework_helpers import (
     autotune,
+    doc_commands,
+    doc_example,
     no_trial_broke,
     ok,
-    readme_commands,
-    readme_example,
     round_trips,
     with_short_budget,
 )
@@ -156,11 +156,11 @@ def test_transformers_not_installed_is_bad_input(
 
 
 @pytest.mark.slow
-def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
-    """The README's transformers example as written: its module, its search (with the suite's short
+def test_docs_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
+    """The docs' transformers example as written: its module, its search (with the suite's short
     budget), its export and its re-measurement."""
-    (tmp_path / "my_hf.py").write_text(readme_example("my_hf.py"))
-    search, export, again = readme_commands("my_hf")
+    (tmp_path / "my_hf.py").write_text(doc_example("my_hf.py"))
+    search, export, again = doc_commands("my_hf")
     run = autotune(*with_short_budget(search), cwd=tmp_path, pythonpath=tmp_path)
     ok(run)
     assert (

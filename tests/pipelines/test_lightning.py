@@ -1,6 +1,6 @@
 """`--pipeline lightning:MODULE:FACTORY`: a trial is Lightning's own Trainer.fit on the user's module and
 datamodule, the knobs as Trainer arguments and a rebuilt train loader, measured by a Callback; a search
-runs end to end on the README's example, and its export is the Trainer's arguments, tuned."""
+runs end to end on the docs' example, and its export is the Trainer's arguments, tuned."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from autotune.core.errors import TrialUnsupported
 from autotune.trial import worker
 from tests.pipelines.framework_helpers import (
     autotune,
+    doc_commands,
+    doc_example,
     no_trial_broke,
     ok,
-    readme_commands,
-    readme_example,
     round_trips,
     with_short_budget,
 )
@@ -152,15 +152,17 @@ def test_lightning_not_installed_is_bad_input(
     code = main(["search", "--budget", "1m", "--pipeline", SPEC])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "needs lightning.pytorch, which cannot be imported" in err and "pip install 'autotune[frameworks]'" in err, err
+    assert "needs lightning.pytorch, which cannot be imported" in err and "pip install 'autotune[frameworks]'" in err, (
+        err
+    )
 
 
 @pytest.mark.slow
-def test_readme_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
-    """The README's Lightning example as written: its module, its search (with the suite's short budget),
+def test_docs_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
+    """The docs' Lightning example as written: its module, its search (with the suite's short budget),
     its export and its re-measurement."""
-    (tmp_path / "my_lightning.py").write_text(readme_example("my_lightning.py"))
-    search, export, again = readme_commands("my_lightning")
+    (tmp_path / "my_lightning.py").write_text(doc_example("my_lightning.py"))
+    search, export, again = doc_commands("my_lightning")
     run = autotune(*with_short_budget(search), cwd=tmp_path, pythonpath=tmp_path)  # parity: its own test below
     ok(run)
     # Knobs a Trainer cannot express are fixed, each with why.

@@ -94,6 +94,8 @@ def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset
     }
     if cuda:  # without CUDA pinning is a no-op: the user's setting stays as it is
         out["dataloader_pin_memory"] = cfg.pin_memory
+    elif out["bf16"]:  # transformers refuses bf16 without a bf16 GPU unless told the run is on the CPU
+        out["use_cpu"] = True
     if cfg.compile != "off":
         out["torch_compile_mode"] = cfg.compile
     if "checkpoint_segments" not in unsupported:
