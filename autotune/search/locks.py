@@ -2,14 +2,16 @@
 
 A GPU trial takes an exclusive flock per device it uses (blocking), so concurrent searches on one
 machine take turns. CPUs cannot be partitioned that way without starving a search, so every trial
-(a GPU trial too: its data loaders and Python threads run on the CPUs) takes the shared CPU lease,
-and a trial whose lease overlapped another's is flagged `contended`: its timing is suspect.
+(a GPU trial too: its data loaders and Python threads run on the CPUs) takes a shared lease on each
+CPU it may run on (its affinity, which `--cpus` sets and trials inherit), and a trial whose lease
+overlapped another's on any CPU is flagged `contended`: its timing is suspect. Workers given disjoint
+CPUs (one per GPU, each with its own share) never contend.
 
-Overlap is seen from both sides, however the two nest:
+Overlap is seen from both sides, however the two nest, per CPU (cpu-<n>.lock):
   * at acquisition: another lease is held now (flock: a crashed holder's lease goes with its process);
-  * at release: another lease began since ours did. Each acquisition appends one byte to cpu.lock,
+  * at release: another lease began since ours did. Each acquisition appends one byte to the file,
     so a lease remembers the file's size and compares at release. Acquisition and release each run
-    under cpu.mutex, so no lease can start between another's two checks; the file is emptied when
+    under cpu.mutex, so no lease can start between another's two checks; a file is emptied when
     its last holder leaves, so it stays a few bytes long.
 The folder is shared by every user's searches, like /tmp: mode 1777, lock files 0666.
 """
@@ -27,6 +29,9 @@ from collections.abc import Iterator
 
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.trial import launcher
+from autotune.trial.contention import allotted_cpus
+from autotune.trial.nodes import Placement
+from autotune.trial.torchx_nodes import LOCAL
 
 DEFAULT_LOCK_DIR = "/tmp/autotune-locks"
 
@@ -148,26 +153,43 @@ def _mutex() -> Iterator[None]:
         os.close(fd)  # closing releases the flock
 
 
+def cpu_file(cpu: int) -> str:
+    return f"cpu-{cpu}.lock"
+
+
+def _lease_cpus() -> list[int]:
+    """The CPUs this process's trials run on: its affinity, which they inherit."""
+    cpus = allotted_cpus()
+    return sorted(cpus) if cpus else list(range(os.cpu_count() or 1))
+
+
 @contextlib.contextmanager
 def _cpu_lease(lease: Lease) -> Iterator[None]:
-    fd = _open("cpu.lock")
+    fds: list[int] = []
+    marks: list[int] = []
     try:
+        for cpu in _lease_cpus():
+            fds.append(_open(cpu_file(cpu)))
         with _mutex():
-            lease.contended = not _alone(fd)
-            fcntl.flock(fd, fcntl.LOCK_SH)  # seen by every lease that starts while this one runs
-            os.write(fd, b"+")  # O_APPEND: one byte per acquisition
-            mark = os.fstat(fd).st_size
+            # Every CPU is tried (no short cut): each exclusive try that succeeds becomes the shared lock.
+            lease.contended = not all([_alone(fd) for fd in fds])
+            for fd in fds:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # seen by every lease on this CPU that starts while this one runs
+                os.write(fd, b"+")  # O_APPEND: one byte per acquisition
+                marks.append(os.fstat(fd).st_size)
     except BaseException:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
         raise
     try:
         yield
     finally:
         with _mutex():
-            lease.contended |= os.fstat(fd).st_size > mark  # another lease began while this one ran
-            if _alone(fd):  # the last holder: no mark is left to compare with
-                os.ftruncate(fd, 0)
-            os.close(fd)
+            for fd, mark in zip(fds, marks):
+                lease.contended |= os.fstat(fd).st_size > mark  # another lease on this CPU began meanwhile
+                if _alone(fd):  # its last holder: no mark is left to compare with
+                    os.ftruncate(fd, 0)
+                os.close(fd)
 
 
 @contextlib.contextmanager
@@ -177,7 +199,7 @@ def device_lock(gpus: int) -> Iterator[Lease]:
     lease = Lease()
     fds: list[int] = []
     try:
-        for dev in sorted(devices[: max(1, gpus)]) if devices else ():  # sorted: no deadlock between searches
+        for dev in sorted(devices[: _devices_used(gpus)]) if devices else ():  # sorted: no deadlock between searches
             fds.append(_open(_file_name(dev)))
             fcntl.flock(fds[-1], fcntl.LOCK_EX)
         with _cpu_lease(lease):  # after the GPUs: a trial waiting for its turn is not using the CPUs
@@ -185,6 +207,14 @@ def device_lock(gpus: int) -> Iterator[Lease]:
     finally:
         for fd in fds:
             os.close(fd)  # closing releases the flock
+
+
+def _devices_used(gpus: int) -> int:
+    """How many of this process's GPUs a trial of `gpus` ranks per node takes: nodes that TorchX's
+    local_cwd simulates here each take `gpus` of them, in order (trial/torchx_nodes.py)."""
+    placement = Placement.from_env()
+    nodes = placement.nodes if placement.launcher == "torchx" and placement.scheduler == LOCAL else 1
+    return max(1, gpus) * nodes
 
 
 def locked_trial(cfg: TrialConfig, trial_dir: Path, timeout_s: float, **launch: Any) -> tuple[TrialResult, Lease]:

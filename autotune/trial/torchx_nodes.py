@@ -14,6 +14,15 @@ supervisor submits the app, watches it, and cancels it on every node as soon as 
 launcher's timeout or kill, Ctrl-C) and when the controller dies (PR_SET_PDEATHSIG: SIGTERM). A
 scheduler reports a multi-node app as running while any node still runs, and a node left waiting in a
 rendezvous or a collective would wait for minutes: this watch is what ends it within seconds.
+
+Each node asks its scheduler for what the trial needs: its GPUs (one per rank, when the controller sees
+CUDA: the study's fingerprint says GPUs), CPUs and memory (this machine's, as the fingerprint assumes;
+`--scheduler-arg cpu=N` and `memMB=N` choose others), and, where nodes run a container image,
+`--scheduler-arg image=IMAGE`. TorchX's own defaults (2 CPUs, no GPU, 1 GiB) would run the trial on a
+node's CPU, or have it OOM-killed. On GPUs each node first runs `python -m autotune.trial.torchx_nodes
+node`: on local_cwd it gives each simulated node its own GPUs (CUDA_VISIBLE_DEVICES; else every node's
+local rank 0 takes cuda:0, and NCCL refuses two ranks on one device), and on every scheduler it refuses a
+node that sees fewer CUDA devices than its ranks, rather than let it measure the CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -35,14 +45,22 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import ConfigError, ExitCode, exit_code_for
+from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV
 from autotune.trial.nodes import Placement
+from autotune.trial.warm import EXPECT_CUDA_ENV
 
 LOCAL = "local_cwd"  # nodes simulated as process trees on this machine (and the scheduler tests use)
 POLL_S = 0.5
 REMOTE_POLL_S = 5.0  # a cluster's scheduler answers each status with a query to its controller (squeue, sacct)
 RDZV_PORT = 29500  # on the first node's host, for schedulers that place nodes on other hosts
 LOG_DIR = "nodes"  # under the trial's folder: each node's own log, appended to trial.log at the end
+# Schedulers whose nodes see this machine's files (itself, or a cluster's shared file system): they run
+# this interpreter in the working directory. Every other one runs each node from an image, named by the user.
+HOST_FILES = frozenset({LOCAL, "slurm"})
+# dist.ddp's per-node settings, given as --scheduler-arg KEY=VALUE beside the scheduler's run options.
+NODE_SETTINGS = ("image", "cpu", "memMB")
+NODE_CHECK_CAUSE = "node_without_cuda"  # the "cause" in the verdict of a node that refused to run
 
 
 class TorchX:
@@ -60,14 +78,43 @@ class TorchX:
             raise ConfigError(f"--launcher torchx needs --scheduler, one of {'|'.join(known)}")
         if placement.scheduler not in known:
             raise ConfigError(f"--scheduler {placement.scheduler!r}: not a TorchX scheduler ({'|'.join(known)})")
+        _check_node_settings(placement)
         _check_run_opts(placement)
         _check_node_count(placement)
 
     def command(self, placement: Placement, gpus: int, trial_dir: Path, worker: list[str]) -> list[str]:
         args = [f"--scheduler-arg={k}={v}" for k, v in placement.scheduler_args]
+        cuda = ["--cuda"] if expect_cuda() else []
         return [sys.executable, "-m", "autotune.trial.torchx_nodes", "--nodes", str(placement.nodes),
-                "--gpus", str(gpus), "--scheduler", str(placement.scheduler), "--trial-dir", str(trial_dir),
+                "--gpus", str(gpus), *cuda, "--scheduler", str(placement.scheduler), "--trial-dir", str(trial_dir),
                 *args, "--", *worker]  # fmt: skip
+
+
+def expect_cuda() -> bool:
+    """Whether a trial's nodes must run on GPUs: when this (controller) process sees CUDA, as the study's
+    fingerprint records it; AUTOTUNE_EXPECT_CUDA=1 or 0 says so explicitly (a controller on a login node
+    without GPUs, for a cluster's GPU nodes)."""
+    explicit = os.environ.get(EXPECT_CUDA_ENV, "").strip()
+    if explicit in ("0", "1"):
+        return explicit == "1"
+    import torch  # a search's controller has imported it already, to fingerprint the hardware
+
+    return bool(torch.cuda.is_available())
+
+
+def _check_node_settings(placement: Placement) -> None:
+    settings = dict(placement.scheduler_args)
+    for key in ("cpu", "memMB"):
+        if key in settings and not (settings[key].isdigit() and int(settings[key]) >= 1):
+            raise ConfigError(f"--scheduler-arg {key}={settings[key]}: must be a whole number >= 1 (per node)")
+    if "image" in settings and not settings["image"].strip():
+        raise ConfigError("--scheduler-arg image= is empty: name the image the nodes run")
+    if placement.scheduler not in HOST_FILES and "image" not in settings:
+        raise ConfigError(
+            f"--scheduler {placement.scheduler} runs each node from an image, not this machine's files: "
+            "name it with --scheduler-arg image=IMAGE (a container image with autotune, torch and the "
+            "pipeline installed)"
+        )
 
 
 @contextlib.contextmanager
@@ -91,10 +138,10 @@ def _check_run_opts(placement: Placement) -> None:
     except ImportError as e:  # kubernetes without its client, ...
         raise ConfigError(f"--scheduler {placement.scheduler}: {e}") from None
     for key, _ in placement.scheduler_args:
-        if opts.get(key) is None:
+        if key not in NODE_SETTINGS and opts.get(key) is None:
             raise ConfigError(
                 f"--scheduler-arg {key}: not a {placement.scheduler} run option "
-                f"({', '.join(sorted(name for name, _ in opts))})"
+                f"({', '.join(sorted([*(name for name, _ in opts), *NODE_SETTINGS]))})"
             )
 
 
@@ -125,19 +172,109 @@ def _slurm_nodes(partition: str | None) -> int | None:
 # --- the supervisor: `python -m autotune.trial.torchx_nodes` -------------------------------------
 
 
-def app_def(nodes: int, gpus: int, scheduler: str, worker: list[str], rdzv_port: int) -> Any:
-    """dist.ddp's AppDef: torchrun on every node, N x G ranks, c10d rendezvous keyed by the app id. The
+def app_def(
+    nodes: int,
+    gpus: int,
+    scheduler: str,
+    worker: list[str],
+    rdzv_port: int,
+    *,
+    cuda: bool = False,
+    settings: dict[str, str] | None = None,
+) -> Any:
+    """dist.ddp's AppDef: torchrun on every node, N x G ranks, c10d rendezvous keyed by the app id, each
+    node asking for its G GPUs (when `cuda`), CPUs and memory. Where nodes see this machine's files the
     ranks run this interpreter's torch (`python -m torch.distributed.run`, not whatever `torchrun` is on
-    PATH), except on Kubernetes, where the image's own is all there is."""
+    PATH); from an image, the image's own is all there is. `settings`: NODE_SETTINGS given by the user."""
     from torchx.components import dist
 
+    settings = settings or {}
+    host = scheduler in HOST_FILES
+    cpu, mem_mb = _node_share(nodes if scheduler == LOCAL else 1, settings)
     env = {k: v for k, v in os.environ.items() if k.startswith("AUTOTUNE_") or k == "PYTHONPATH"}
     app = dist.ddp(*worker, m="autotune.trial", j=f"{nodes}x{gpus}", rdzv_port=rdzv_port, env=env,
-                   image=os.getcwd(), name="autotune-trial")  # fmt: skip
+                   image=settings.get("image") or os.getcwd(), name="autotune-trial",
+                   cpu=cpu, gpu=gpus if cuda else 0, memMB=mem_mb)  # fmt: skip
     role = app.roles[0]
-    if scheduler != "kubernetes" and role.args[1].startswith("torchrun "):
+    if host and role.args[1].startswith("torchrun "):
         role.args[1] = f"{shlex.quote(sys.executable)} -m torch.distributed.run " + role.args[1][len("torchrun ") :]
+    if cuda:
+        _check_each_node(role, nodes, gpus, scheduler, worker)
     return app
+
+
+def _node_share(share: int, settings: dict[str, str]) -> tuple[int, int]:
+    """CPUs and MB of memory per node: as given, else this machine's (the study's fingerprint takes the
+    nodes to be like it), split between the nodes that simulate on it."""
+    import psutil
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    mem_mb = psutil.virtual_memory().total // 2**20
+    cpu = int(settings["cpu"]) if settings.get("cpu") else max(1, cpus // share)
+    return cpu, int(settings["memMB"]) if settings.get("memMB") else max(1, mem_mb // share)
+
+
+def _check_each_node(role: Any, nodes: int, gpus: int, scheduler: str, worker: list[str]) -> None:
+    """Run every node's torchrun line through `node_main` (below): it gives a simulated node its own GPUs
+    and refuses a node without them. The scheduler fills in each node's ${replica_id}."""
+    from torchx.specs import macros
+
+    python = sys.executable if scheduler in HOST_FILES else "python3"  # the image's
+    devices = ["--devices", ";".join(local_devices(nodes, gpus))] if scheduler == LOCAL else []
+    out = ["--out", worker[worker.index("--out") + 1]] if "--out" in worker[:-1] else []
+    role.args = ["-m", "autotune.trial.torchx_nodes", "node", "--replica", macros.replica_id, "--gpus", str(gpus),
+                 *devices, *out, "--", role.entrypoint, *role.args]  # fmt: skip
+    role.entrypoint = python
+
+
+def local_devices(nodes: int, gpus: int) -> list[str]:
+    """Each simulated node's CUDA_VISIBLE_DEVICES: the next `gpus` of this process's own devices (a worker
+    given GPUs 4-7 keeps its trials on them). Where too few are visible, the last nodes get what is left,
+    and refuse to run."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        ids = [str(i) for i in range(nodes * gpus)]
+    else:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+    return [",".join(ids[r * gpus : (r + 1) * gpus]) for r in range(nodes)]
+
+
+def node_main(argv: list[str]) -> int:
+    """One node, before its torchrun: take this node's GPUs, check that CUDA sees them, then exec the rest."""
+    p = argparse.ArgumentParser(prog="python -m autotune.trial.torchx_nodes node")
+    p.add_argument("--replica", type=int, required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--devices", default=None, help="each node's CUDA_VISIBLE_DEVICES, ';' between nodes")
+    p.add_argument("--out", type=Path, default=None, help="rank 0's verdict file: a refusal is written beside it")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.devices is not None:
+        per_node = args.devices.split(";")
+        os.environ["CUDA_VISIBLE_DEVICES"] = per_node[args.replica] if args.replica < len(per_node) else ""
+    seen = _cuda_count()
+    if seen < args.gpus:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        message = (
+            f"node {args.replica} sees {seen} CUDA device(s) for its {args.gpus} rank(s) "
+            f"(CUDA_VISIBLE_DEVICES={'unset' if shown is None else repr(shown)}), though the study was "
+            "fingerprinted on GPUs: refused, rather than measured on the CPU"
+        )
+        if args.out is not None:
+            with contextlib.suppress(OSError):  # a node that does not share the trial's folder (a pod)
+                verdict = {"status": "error", "message": message, "cause": NODE_CHECK_CAUSE}
+                write_json_atomic(args.out.with_name(f"{args.out.name}.node{args.replica}"), verdict)
+        print(f"autotune: error: {message}", file=sys.stderr, flush=True)
+        return int(exit_code_for("error"))
+    sys.stdout.flush()
+    os.execvp(command[0], command)
+    return int(ExitCode.ERROR)  # not reached: exec replaces this process
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _free_port() -> int:
@@ -226,9 +363,13 @@ def _append_logs(log_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["node"]:
+        return node_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m autotune.trial.torchx_nodes", description="Run one trial on nodes.")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--cuda", action="store_true", help="the study runs on GPUs: each node asks for, and needs, its own")
     p.add_argument("--scheduler", required=True)
     p.add_argument("--trial-dir", type=Path, required=True)
     p.add_argument("--scheduler-arg", action="append", default=[])
@@ -241,11 +382,18 @@ def main(argv: list[str] | None = None) -> int:
     if not local:  # a rank on another host would take the controller's pid for a dead process
         os.environ.pop(CONTROLLER_ENV, None)
     worker = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
-    cfg = _run_cfg(args.scheduler, args.scheduler_arg)
+    pairs = [a.partition("=")[::2] for a in args.scheduler_arg]
+    settings = {k: v for k, v in pairs if k in NODE_SETTINGS}
+    cfg = _run_cfg(args.scheduler, [f"{k}={v}" for k, v in pairs if k not in NODE_SETTINGS])
     log_dir = args.trial_dir / LOG_DIR
     if local:
         cfg.setdefault("log_dir", str(log_dir))
-    app = app_def(args.nodes, args.gpus, args.scheduler, worker, _free_port() if local else RDZV_PORT)
+    port = _free_port() if local else RDZV_PORT
+    app = app_def(args.nodes, args.gpus, args.scheduler, worker, port, cuda=args.cuda, settings=settings)
+    if local and args.cuda:  # each node sets its own CUDA_VISIBLE_DEVICES: TorchX's warning that none does is wrong
+        logging.getLogger("torchx.schedulers.local_scheduler").addFilter(
+            lambda record: "auto_set_cuda_visible_devices" not in record.getMessage()
+        )
     return _run(app, args.scheduler, cfg, args.trial_dir, local, log_dir)
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from autotune.search import locks
+from autotune.trial.nodes import Placement
 from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -96,10 +97,15 @@ def test_lock_dir_is_created_where_the_environment_says(lock_dir: Path) -> None:
     assert locks.lock_dir() == lock_dir  # a second call on an existing folder is fine
 
 
+def cpu_lock_files(lock_dir: Path) -> list[Path]:
+    """One lease file per CPU this process may run on."""
+    return [lock_dir / locks.cpu_file(c) for c in sorted(os.sched_getaffinity(0))]
+
+
 def test_cpu_lease_uses_the_lock_folder(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cpu_only(monkeypatch)
     with locks.device_lock(1):
-        assert (lock_dir / "cpu.lock").is_file()
+        assert all(f.is_file() for f in cpu_lock_files(lock_dir))
 
 
 # --- CPU: overlap is allowed, and flagged ---------------------------------------------------------
@@ -174,6 +180,86 @@ def test_cpu_lease_seen_across_processes(lock_dir: Path, monkeypatch: pytest.Mon
     assert alone.contended is False
 
 
+class PinnedSearch:
+    """Another search's controller in its own process, pinned to `cpus` (as `--cpus` pins a worker),
+    holding a CPU lease until told to let go."""
+
+    CODE = (
+        "import os, sys\n"
+        "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\n"
+        "from autotune.search import locks\n"
+        "locks._cuda_devices = lambda: ()\n"
+        "with locks.device_lock(1) as lease:\n"
+        "    print('in', lease.contended, flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "print('out', lease.contended, flush=True)\n"
+    )
+
+    def __init__(self, lock_dir: Path, cpus: set[int]) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "AUTOTUNE_LOCK_DIR": str(lock_dir)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.CODE, ",".join(map(str, sorted(cpus)))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def line(self) -> list[str]:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().split()
+
+    def release(self) -> list[str]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        out = self.line()
+        assert self.proc.wait(30) == 0
+        return out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def two_cpus() -> tuple[int, int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to pin two searches apart")
+    return cpus[0], cpus[1]
+
+
+def test_searches_on_disjoint_cpus_do_not_contend(lock_dir: Path, two_cpus: tuple[int, int]) -> None:
+    """One worker per GPU, each given its own CPUs (--cpus): both hold leases at once, neither contended."""
+    a, b = two_cpus
+    first, second = PinnedSearch(lock_dir, {a}), PinnedSearch(lock_dir, {b})
+    try:
+        assert first.line() == ["in", "False"]
+        assert second.line() == ["in", "False"]  # started while the first one ran, on other CPUs
+        assert first.release() == ["out", "False"]  # ended while the second one ran
+        assert second.release() == ["out", "False"]
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_searches_on_overlapping_cpus_contend(lock_dir: Path, two_cpus: tuple[int, int]) -> None:
+    a, b = two_cpus
+    first, second = PinnedSearch(lock_dir, {a}), None
+    try:
+        assert first.line() == ["in", "False"]
+        second = PinnedSearch(lock_dir, {a, b})  # shares CPU a with the first
+        assert second.line() == ["in", "True"]
+        assert first.release() == ["out", "True"]
+        assert second.release() == ["out", "True"]
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
 # --- GPU: exclusive per physical device ------------------------------------------------------------
 
 
@@ -207,6 +293,16 @@ def test_multi_gpu_lease_waits_for_every_device(monkeypatch: pytest.MonkeyPatch)
     both.finish()
 
 
+def test_nodes_simulated_here_hold_every_gpu_they_take(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TorchX's local_cwd runs each node on this machine, on GPUs of its own: a trial of 1 GPU per node on
+    2 nodes takes this process's first 2 GPUs, and holds both."""
+    gpus(monkeypatch, "0", "1", "2")
+    for key, value in Placement(2, "torchx", "local_cwd").to_env().items():
+        monkeypatch.setenv(key, value)
+    with locks.device_lock(1):
+        assert sorted(p.name for p in lock_dir.glob("gpu-*")) == ["gpu-0.lock", "gpu-1.lock"]
+
+
 def test_cuda_device_list_names_physical_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     no_nvml(monkeypatch)  # without NVML the ids stay CUDA_VISIBLE_DEVICES's own
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -232,7 +328,7 @@ def test_no_cuda_means_a_cpu_lease(lock_dir: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # set, but there is no device
     with locks.device_lock(1):
         assert not any(p.name.startswith("gpu-") for p in lock_dir.iterdir())
-        assert (lock_dir / "cpu.lock").is_file()
+        assert all(f.is_file() for f in cpu_lock_files(lock_dir))
 
 
 # --- one physical GPU, however a search names it ---------------------------------------------------
@@ -346,8 +442,8 @@ def test_lock_folder_is_world_writable_and_sticky(
     gpus(monkeypatch, "0")
     with locks.device_lock(1):
         pass
-    for name in ("cpu.lock", "cpu.mutex", "gpu-0.lock"):
-        assert stat.S_IMODE(os.stat(lock_dir / name).st_mode) == 0o666, name
+    for path in [*cpu_lock_files(lock_dir), lock_dir / "cpu.mutex", lock_dir / "gpu-0.lock"]:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o666, path
 
 
 def test_a_folder_someone_chose_is_left_as_it_is(lock_dir: Path, umask_022: None) -> None:
@@ -437,7 +533,7 @@ def test_sequential_leases_stay_uncontended_and_the_file_small(lock_dir: Path, m
         with locks.device_lock(1) as lease:
             pass
         assert lease.contended is False
-    assert (lock_dir / "cpu.lock").stat().st_size == 0  # emptied by each last holder
+    assert all(f.stat().st_size == 0 for f in cpu_lock_files(lock_dir))  # emptied by each last holder
 
 
 def test_a_failing_trial_still_releases_its_lease(monkeypatch: pytest.MonkeyPatch) -> None:
