@@ -152,12 +152,35 @@ def device_handle(pynvml: Any, index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index) if entries is None else handle_for(pynvml, entries[index])
 
 
+# Under MIG, NVML keeps no utilisation counter for a slice, nor for its GPU while MIG mode is on:
+# nvmlDeviceGetUtilizationRates answers NOT_SUPPORTED every time. That is not an error to count.
+MIG_NO_UTILISATION = (
+    "n/a under MIG: NVML keeps no utilisation counter for a MIG slice or a GPU in MIG mode "
+    "(nvmlDeviceGetUtilizationRates answers NOT_SUPPORTED)"
+)
+NVML_ERROR_NOT_SUPPORTED = 3  # pynvml's value; a fake or an old pynvml may not name it
+
+
+def in_mig_mode(pynvml: Any, handle: Any) -> bool:
+    """A MIG slice's handle, or a GPU whose current MIG mode is on; False where NVML cannot say."""
+    try:
+        if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
+            return True
+    except Exception:  # a driver or pynvml without MIG calls: no MIG
+        return False
+    try:
+        return int(pynvml.nvmlDeviceGetMigMode(handle)[0]) == 1  # [current, pending]; 1 = NVML_DEVICE_MIG_ENABLE
+    except Exception:  # NOT_SUPPORTED: a GPU without MIG
+        return False
+
+
 class GpuUtilSampler:
     """Background NVML sampling of this process's GPU; a no-op (mean None) without a GPU.
 
     Each rank of a multi-GPU trial samples its own device in its own process. An NVML error costs
     that sample only: `errors` counts them and `first_error` says what went wrong (also why nothing
-    was sampled at all, when the device has no NVML handle)."""
+    was sampled at all: the device has no NVML handle, or it is under MIG, where NVML has no
+    utilisation to give: then `first_error` is MIG_NO_UTILISATION and nothing is counted)."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.1) -> None:
         self.samples: list[float] = []
@@ -167,6 +190,7 @@ class GpuUtilSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle = None
+        self._sampling = False
         self.uuid: str | None = None
         if device.type != "cuda":
             return
@@ -180,18 +204,28 @@ class GpuUtilSampler:
         except Exception as e:
             self.first_error = f"no NVML handle for {device}: {e}"
             return
-        try:  # which GPU is sampled, checked against torch's by gpu_check: its absence costs no sample
+        try:  # which GPU is sampled, for the log: its absence costs no sample
             self.uuid = text(pynvml.nvmlDeviceGetUUID(self._handle))
         except Exception:
             self.uuid = None
+        if in_mig_mode(pynvml, self._handle):
+            self.first_error = MIG_NO_UTILISATION
+            return
+        self._sampling = True
 
     def _run(self) -> None:
         import pynvml
 
+        not_supported = getattr(pynvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED)
         while not self._stop.wait(self._interval):
             try:
                 self.samples.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
             except pynvml.NVMLError as e:  # a transient failure (or a lost GPU) costs this sample only
+                if getattr(e, "value", None) == not_supported and not self.samples:
+                    # Never supported on this device (MIG mode switched on where NVML's answer above
+                    # missed it): the same answer every time, not a sample lost.
+                    self.first_error = f"n/a: NVML does not report utilisation for this device ({e})"
+                    return
                 self._error(e)
             except Exception as e:  # anything else is not NVML's answer: record it, stop, stay quiet
                 self._error(e)
@@ -202,8 +236,21 @@ class GpuUtilSampler:
         if self.first_error is None:
             self.first_error = f"{type(e).__name__}: {e}"
 
+    def compute_pids(self) -> tuple[list[int] | None, str | None]:
+        """The pids NVML lists with a compute context on the sampled device (and why not, when it
+        cannot say): the proof that the device sampled is the one this process computes on. NVML
+        gives host pids: in a container with its own pid namespace they are not this process's."""
+        if self._handle is None:
+            return None, self.first_error or "no NVML handle"
+        try:
+            import pynvml
+
+            return sorted(int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle)), None
+        except Exception as e:  # an old driver without the call, or NVML refusing a MIG slice
+            return None, f"{type(e).__name__}: {e}"
+
     def __enter__(self) -> GpuUtilSampler:
-        if self._handle is not None:
+        if self._sampling:
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
         return self

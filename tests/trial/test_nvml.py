@@ -1,8 +1,10 @@
 """autotune/trial/measure.py, NVML side: CUDA device -> NVML handle (CUDA_VISIBLE_DEVICES, UUIDs, MIG)
-and a sampler that survives NVML errors. pynvml is a fake (tests/fakes.py): this machine has no GPU and no NVML."""
+and a sampler that survives NVML errors, says why under MIG there is no utilisation to sample, and lists
+the pids computing on the sampled device. pynvml is a fake (tests/fakes.py): this machine has no GPU and no NVML."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -14,7 +16,7 @@ import torch
 
 from autotune.trial import measure
 from tests.conftest import wait_for
-from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
+from tests.fakes import NOT_SUPPORTED, UUID_A, UUID_B, FakeGpu, FakeNvml
 
 
 def two_gpus(**b: Any) -> FakeNvml:
@@ -87,13 +89,96 @@ def test_torch_uuid_wins_over_the_index_mapping(nvml: FakeNvml, monkeypatch: pyt
     assert util.mean == 10.0 and util.uuid == UUID_A  # the sampled GPU's UUID, for gpu_check to compare
 
 
-def test_a_mig_slice_is_found_by_its_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+MIG_UUID = "MIG-5c4d3e2f-cccc-4a5b-8c7d-222222222222"
+
+
+class MigNvml(FakeNvml):
+    """NVML as it answers under MIG: no utilisation for a slice, nor for its GPU while MIG mode is on."""
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> types.SimpleNamespace:
+        if h.parent is not None or h.mig_mode == 1:
+            h.asked += 1
+            raise self.NVMLError(NOT_SUPPORTED, "Not Supported")
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+def mig_machine(monkeypatch: pytest.MonkeyPatch) -> tuple[MigNvml, FakeGpu, FakeGpu]:
     gpu = FakeGpu(UUID_A, util=[10.0], mig_mode=1)
-    mig = FakeGpu("MIG-5c4d3e2f-cccc-4a5b-8c7d-222222222222", util=[30.0], parent=gpu)
-    fake = FakeNvml([gpu], slices=(mig,))
+    mig = FakeGpu(MIG_UUID, util=[30.0], parent=gpu)
+    fake = MigNvml([gpu], slices=(mig,))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake, gpu, mig
+
+
+def test_a_mig_slice_is_found_by_its_uuid_and_says_utilisation_is_na(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, _, mig = mig_machine(monkeypatch)
     torch_uuids(monkeypatch, mig.uuid)
-    assert sample(fake, torch.device("cuda", 0)).mean == 30.0 and set(fake.sampled) == {mig}
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.002) as util:
+        time.sleep(0.05)
+    assert util._handle is mig and util.uuid == MIG_UUID  # the slice itself, not its GPU
+    # Not sampled, not counted as errors: NVML has no utilisation to give under MIG, and says why.
+    assert util._thread is None and mig.asked == 0 and fake.sampled == []
+    assert util.mean is None and util.errors == 0 and util.first_error == measure.MIG_NO_UTILISATION
+    assert util.first_error.startswith("n/a under MIG")
+
+
+def test_a_gpu_in_mig_mode_reached_by_index_says_utilisation_is_na(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch cannot name the slice's UUID: the index mapping gives its GPU, whose MIG mode is on."""
+    _, gpu, _ = mig_machine(monkeypatch)
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.002) as util:
+        time.sleep(0.05)
+    assert util._handle is gpu and gpu.asked == 0
+    assert util.errors == 0 and util.first_error == measure.MIG_NO_UTILISATION
+
+
+def test_utilisation_never_supported_is_said_once_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device NVML does not count utilisation for, without MIG showing: one answer, not a lost sample each time."""
+    gpu = FakeGpu(UUID_A)
+    fake = FakeNvml([gpu])
+
+    def not_supported(h: FakeGpu) -> object:
+        h.asked += 1
+        raise fake.NVMLError(NOT_SUPPORTED, "Not Supported")
+
+    fake.nvmlDeviceGetUtilizationRates = not_supported  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with measure.GpuUtilSampler(torch.device("cuda", 0), interval_s=0.002) as util:
+        assert util._thread is not None and wait_for(lambda: not util._thread.is_alive())
+    assert gpu.asked == 1 and util.errors == 0 and util.mean is None
+    assert util.first_error is not None and util.first_error.startswith("n/a: NVML does not report utilisation")
+
+
+# --- which processes NVML sees on the sampled device --------------------------------------------------
+
+
+class ProcNvml(FakeNvml):
+    """NVML with compute processes per device: `procs` maps a handle to the pids computing on it."""
+
+    def __init__(self, gpus: list[FakeGpu], procs: dict[int, list[int]]) -> None:
+        super().__init__(gpus)
+        self.procs = procs
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[types.SimpleNamespace]:
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in self.procs.get(id(h), [])]
+
+
+def test_compute_pids_are_the_sampled_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA_VISIBLE_DEVICES=1: the pids are those NVML lists on GPU 1, the device sampled, not GPU 0's."""
+    gpus = [FakeGpu(UUID_A), FakeGpu(UUID_B)]
+    fake = ProcNvml(gpus, {id(gpus[0]): [111, 222], id(gpus[1]): [os.getpid(), 333]})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    util = measure.GpuUtilSampler(torch.device("cuda", 0))
+    assert util.compute_pids() == (sorted([os.getpid(), 333]), None)
+
+
+def test_compute_pids_say_why_nvml_cannot_list_them(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    pids, why = measure.GpuUtilSampler(torch.device("cuda", 0)).compute_pids()  # this fake has no such call
+    assert pids is None and why is not None and "nvmlDeviceGetComputeRunningProcesses" in why
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ffff")  # no handle at all
+    pids, why = measure.GpuUtilSampler(torch.device("cuda", 0)).compute_pids()
+    assert pids is None and why is not None and "GPU-ffff" in why
+    assert measure.GpuUtilSampler(torch.device("cpu")).compute_pids()[0] is None
 
 
 def test_a_device_nvml_cannot_map_is_not_sampled(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
