@@ -192,7 +192,8 @@ def nodes_args(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="one of the scheduler's run options (e.g. partition=gpu for slurm, queue=default for "
-        "kubernetes); repeatable",
+        "kubernetes), or a node setting: image=IMAGE (needed where nodes run a container image), cpu=N, "
+        "memMB=N (per node); repeatable",
     )
 
 
