@@ -163,8 +163,9 @@ def activations(cfg: TrialConfig, facts: ModelFacts) -> float:
 
 
 def versus_peak(estimate: Mapping[str, Any] | None, peak: int | None) -> dict[str, Any] | None:
-    """A recorded estimate (Estimate.to_dict()) beside the measured peak: its parts, and its error as a
-    fraction of the peak (+: it overstated); None without both."""
+    """A recorded estimate (Fit.recorded) beside the measured peak: its parts, and its error as a
+    fraction of the peak (+: it overstated); None without both. The parts are one rank's; with ranks
+    sharing a GPU the peak is the device's, so the error compares it with that many ranks' total."""
     if not estimate or not peak or not estimate.get("total"):
         return None
     parts = {
@@ -172,11 +173,12 @@ def versus_peak(estimate: Mapping[str, Any] | None, peak: int | None) -> dict[st
         for k in ("total", "params", "grads", "optimizer", "activations", "runtime")
         if estimate.get(k) is not None
     }
+    sharing = int(estimate.get("ranks_per_gpu") or 1)
     return {
         **parts,
-        "strategy": estimate.get("strategy", ""),
+        "strategy": estimate.get("strategy", "") + (f", {sharing} ranks per GPU" if sharing > 1 else ""),
         "peak_bytes": int(peak),
-        "error": round((int(estimate["total"]) - peak) / peak, 4),
+        "error": round((int(estimate["total"]) * sharing - peak) / peak, 4),
     }
 
 
@@ -199,15 +201,35 @@ def _checkpointed(facts: ModelFacts, segments: int) -> float:
 
 @dataclass(frozen=True)
 class Fit:
-    """What a config must fit in: `usable` bytes per rank (ranks on one CPU share its RAM)."""
+    """What a config must fit in: `usable` bytes per device (one GPU, or a CPU's RAM), and how many of a
+    trial's ranks one device holds."""
 
     facts: ModelFacts
     usable: int  # memory x (1 - --memory-headroom)
     cuda: bool
+    gpus: int = 0  # GPUs visible here; 0: unknown (each rank then has one of its own)
+    shared: bool = False  # ranks may share a GPU (AUTOTUNE_DDP_BACKEND=gloo): rank r takes GPU r mod gpus
+
+    def per_device(self, world: int) -> int:
+        """The ranks whose memory the fullest device holds: on a CPU all of them (processes sharing one
+        RAM); on CUDA one, unless ranks share GPUs, when ceil(world / gpus) land on the first one."""
+        if not self.cuda:
+            return world
+        return -(-world // self.gpus) if self.shared and self.gpus else 1
 
     def needed(self, est: Estimate, world: int) -> int:
-        # CPU ranks are processes sharing one RAM; CUDA ranks each have a device of their own.
-        return est.total if self.cuda else est.total * world
+        return est.total * self.per_device(world)
+
+    def where(self, world: int) -> str:
+        """What `needed` counts, in words: 'per rank', 'for 2 ranks sharing one GPU'."""
+        n = self.per_device(world)
+        return "per rank" if n == 1 else f"for {n} ranks sharing {'one GPU' if self.cuda else 'the RAM'}"
+
+    def recorded(self, est: Estimate, world: int) -> dict[str, Any]:
+        """The estimate as each trial records it: with ranks sharing a GPU, how many, since the measured
+        CUDA peak is then the device's (all of them together; trial/worker.py)."""
+        n = self.per_device(world) if self.cuda else 1
+        return {**est.to_dict(), **({"ranks_per_gpu": n} if n > 1 else {})}
 
     def calibrated(self, estimate: Mapping[str, Any], peak: int) -> Fit:
         """This Fit with the process's own share (on a CPU, where the peak is the RSS) taken from a measured
@@ -221,10 +243,9 @@ class Fit:
         need = self.needed(est, cfg.gpus)
         if need <= self.usable:
             return None
-        where = "per rank" if self.cuda or cfg.gpus == 1 else f"for {cfg.gpus} ranks sharing the RAM"
         return (
-            f"batch {cfg.batch_size} under {est.strategy}: estimated {gib(need)} {where} > {gib(self.usable)} "
-            "usable; skipped"
+            f"batch {cfg.batch_size} under {est.strategy}: estimated {gib(need)} {self.where(cfg.gpus)} > "
+            f"{gib(self.usable)} usable; skipped"
         )
 
 
@@ -239,11 +260,11 @@ def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace
     if spec is None or isinstance(spec, Fixed):
         return space, []
     keep = baseline_of(base).batch_size
-    dropped: dict[int, tuple[int, str]] = {}
+    dropped: dict[int, tuple[int, str, str]] = {}
     for b in _spec_values(spec):
         least = min(
             (
-                (fit.needed(e, c.gpus), e.strategy)
+                (fit.needed(e, c.gpus), e.strategy, fit.where(c.gpus))
                 for c in _strategies(space, base.replace(batch_size=b))
                 for e in [estimate(c, fit.facts)]
             ),
@@ -256,9 +277,9 @@ def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace
     kept = tuple(v for v in _spec_values(spec) if v not in dropped)
     knobs = {**space.knobs, "batch_size": Fixed(kept[0]) if len(kept) == 1 else Choices(kept)}
     notes = [
-        f"batch_size: dropped {b} (batch {b}: estimated {gib(need)} per rank even under {how}, "
+        f"batch_size: dropped {b} (batch {b}: estimated {gib(need)} {where} even under {how}, "
         f"> {gib(fit.usable)} usable)"
-        for b, (need, how) in dropped.items()
+        for b, (need, how, where) in dropped.items()
     ]
     return SearchSpace(knobs=knobs, source=space.source), notes
 

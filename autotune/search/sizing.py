@@ -36,7 +36,7 @@ class Sizer:
         """Record the proposal's estimate; tell it infeasible, unrun, when it cannot fit (True)."""
         if self.fit is None:
             return False
-        estimate = memory.estimate(cfg, self.fit.facts).to_dict()
+        estimate = self.fit.recorded(memory.estimate(cfg, self.fit.facts), cfg.gpus)
         records.write(trial, TrialRecord(role=role, config=cfg.knobs(), memory_estimate=estimate))  # type: ignore[arg-type]
         short = self.fit.too_big(cfg)
         if short is not None and role == "baseline":  # the reference is always measured: said, never dropped
@@ -91,14 +91,29 @@ def probe_fit(
         say(f"memory: no estimate, the model could not be probed ({e}); configs are not sized before launch")
         return None
     return memory.Fit(
-        memory.ModelFacts.from_dict(facts), int(hw.memory_bytes * (1 - settings.memory_headroom)), hw.cuda
+        memory.ModelFacts.from_dict(facts),
+        int(hw.memory_bytes * (1 - settings.memory_headroom)),
+        hw.cuda,
+        gpus=hw.gpu_count,
+        shared=_ranks_share_gpus(),
     )
 
 
 def stored_fit(record: StudyRecord, headroom: float) -> memory.Fit | None:
-    """A worker's Fit: the facts its study stored, against this machine's memory (same fingerprint)."""
+    """A worker's Fit: the facts its study stored, against this machine's memory and GPU count (same
+    fingerprint)."""
     if not record.model_facts or os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
         return None
     facts = memory.ModelFacts.from_dict(record.model_facts)
-    total = memory_bytes(facts.device == "cuda")
-    return memory.Fit(facts, int(total * (1 - headroom)), facts.device == "cuda") if total else None
+    cuda = facts.device == "cuda"
+    total = memory_bytes(cuda)
+    if not total:
+        return None
+    gpus = int((record.fingerprint or {}).get("gpu_count") or 0)
+    return memory.Fit(facts, int(total * (1 - headroom)), cuda, gpus=gpus, shared=_ranks_share_gpus())
+
+
+def _ranks_share_gpus() -> bool:
+    from autotune.trial.knobs import ranks_share_gpus  # imports torch: only once a search sizes configs
+
+    return ranks_share_gpus()

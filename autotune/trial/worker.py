@@ -26,6 +26,7 @@ from autotune.pipelines.frameworks import is_framework
 from autotune.trial.contention import OtherCpu
 
 LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
+UTIL_INTERVAL_S = 0.1  # NVML utilisation is read this often during the timed steps
 
 
 def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None) -> Any:
@@ -57,7 +58,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         elapsed, peak, warmup_s = _max_over_ranks(device, elapsed, peak, warmup_s)
         samples *= world
     losses = h.mean_over_ranks(losses)
-    h.applied["observed"] = observe.observed(h.model, device, first_conv, timed.util.uuid)
+    h.applied["observed"] = observe.after_steps(h, stream, first_conv, timed.util)
     gpu_util, util_errors = _util_over_ranks(timed.util, device, world)
 
     if profile_out is not None:  # every rank steps (DDP's all-reduce needs them all); rank 0 writes
@@ -101,6 +102,11 @@ def _warm_up(cfg: Any, h: Any, stream: Iterator[Any], losses: list[float]) -> tu
         losses.append(step(next(stream)))
         if i == 0:
             first_conv.close()
+    drain = _drain_steps(cfg, h.loader)
+    if drain and h.rank == 0:
+        print(f"autotune trial: {drain} more warm-up step(s): {_ahead_why(h.loader)}", file=sys.stderr, flush=True)
+    for _ in range(drain):
+        losses.append(step(next(stream)))
     warmup_s = measure.now(device) - t_warm
     first_conv.close()  # no warm-up: the hook is gone before the timed steps either way
     return first_conv, warmup_s
@@ -126,7 +132,7 @@ def _timed_steps(cfg: Any, h: Any, stream: Iterator[Any], losses: list[float], p
     step_times: list[float] = []
     waits: list[float] = []
     windows: list[float] = []
-    with measure.GpuUtilSampler(device) as util, OtherCpu() as others:
+    with measure.GpuUtilSampler(device, UTIL_INTERVAL_S) as util, OtherCpu() as others:
         t_begin = window_start = measure.now(device)
         while True:
             t0 = measure.now(device)
@@ -145,17 +151,73 @@ def _timed_steps(cfg: Any, h: Any, stream: Iterator[Any], losses: list[float], p
             if _finished(cfg, n, time.perf_counter() - t_begin, world, device):
                 break
         elapsed = measure.now(device) - t_begin
+    _say_why_no_util(util, device, elapsed)
     return _Timed(step_times, waits, windows, elapsed, util, others)
 
 
+def _say_why_no_util(util: Any, device: Any, elapsed: float) -> None:
+    """A GPU sampled without an NVML error and still no sample: the timed steps ended before the
+    sampler's first read. Said in its first_error, so a missing utilisation is never silent."""
+    if device.type == "cuda" and util.mean is None and util.first_error is None:
+        util.first_error = (
+            f"no utilisation sample: the timed steps took {elapsed:.2f} s, less than NVML's {UTIL_INTERVAL_S} s "
+            "sampling interval (time more steps or seconds)"
+        )
+
+
+def _drain_steps(cfg: Any, loader: Any) -> int:
+    """Warm-up steps that consume the batches the loader made ahead: a DataLoader keeps num_workers x
+    prefetch_factor batches in flight, made while the first steps were slow (cuDNN autotuning,
+    compilation). Timed, they would come free and overstate a loader-bound config; consumed before the
+    clock starts, the window times the workers' steady rate. None without a warm-up: parity and time to
+    target record a loss for exactly their steps from the first one, not a speed."""
+    if cfg.warmup_steps == 0:
+        return 0
+    return -(-_made_ahead(loader) // cfg.grad_accum)  # each step takes grad_accum batches
+
+
+def _made_ahead(loader: Any) -> int:
+    return int(getattr(loader, "num_workers", 0) or 0) * int(getattr(loader, "prefetch_factor", 0) or 0)
+
+
+def _ahead_why(loader: Any) -> str:
+    return (
+        f"the loader keeps {_made_ahead(loader)} batches made ahead ({loader.num_workers} workers x prefetch "
+        f"{loader.prefetch_factor}), consumed before the clock starts so that the window times the workers"
+    )
+
+
 def _max_over_ranks(device: Any, elapsed: float, peak: int, warmup_s: float) -> tuple[float, int, float]:
-    """The slowest rank's elapsed and warm-up time, and the largest peak memory."""
+    """The slowest rank's elapsed and warm-up time, and the fullest device's peak memory."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([elapsed, float(peak), warmup_s], dtype=torch.float64, device=device)
+    t = torch.tensor([elapsed, float(_device_peak(device, peak)), warmup_s], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t[0]), int(t[1]), float(t[2])
+
+
+def _device_peak(device: Any, peak: int) -> int:
+    """What this rank's GPU held at its peak. Ranks sharing a GPU (AUTOTUNE_DDP_BACKEND=gloo, or two
+    nodes' ranks on one machine) each have a caching allocator of their own, and the device holds them
+    all: their peaks add up (the ranks step in lockstep, so the peaks coincide). A GPU is known by its
+    UUID (where each rank sees only its own GPU, they are all cuda:0), else by host and index. A CPU rank
+    keeps its own RSS, held against the RAM it could take (measure.memory_total_bytes)."""
+    if device.type != "cuda":
+        return peak
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        gpu = str(torch.cuda.get_device_properties(device).uuid)
+    except Exception:  # a torch without .uuid
+        gpu = ""
+    mine = gpu or f"{socket.gethostname()}:{device.index}"
+    ranks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, (mine, peak))
+    return sum(p for key, p in ranks if key == mine)
 
 
 def _util_over_ranks(util: Any, device: Any, world: int) -> tuple[float | None, int]:
@@ -220,9 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
-    from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
     from autotune.core.configfile import load_config
-    from autotune.trial.harness import NonFiniteLoss, is_out_of_memory, oom_message
+    from autotune.trial.outcome import TRACEBACK_WORTHY, status_of
 
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -242,20 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             cfg = cfg.replace(profile=True)
         result = run(cfg, args.progress, args.out.with_name("profile.txt") if cfg.profile else None)
-    except AutotuneError as e:
-        return fail("bad_config", str(e))
-    except TrialUnsupported as e:
-        return fail("unsupported", str(e))
-    except NonFiniteLoss as e:
-        return fail("numerics", str(e))
-    except DataItemError as e:
-        traceback.print_exc()  # the item's own traceback (a loader worker's too) stays in the log
-        return fail("data", e.summary)
     except Exception as e:
-        traceback.print_exc()  # kept in the trial log
-        if is_out_of_memory(e):
-            return fail("oom", oom_message(e))
-        return fail("error", f"{type(e).__name__}: {e}")
+        status, message = status_of(e)
+        if status in TRACEBACK_WORTHY:
+            traceback.print_exc()  # kept in the trial log (a data item's own, and a loader worker's, too)
+        return fail(status, message)
     if rank == 0:
         write_json_atomic(args.out, result.to_dict())
         print(

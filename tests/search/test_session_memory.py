@@ -186,3 +186,35 @@ def test_a_model_that_cannot_be_probed_is_said_and_the_search_goes_on(
         line.startswith("memory: no estimate, the model could not be probed (exited with code 1") for line in said
     )
     assert not (tmp_path / "studies").exists() or not list((tmp_path / "studies").rglob("probe"))
+
+
+@pytest.mark.parametrize("backend, per_gpu", [("gloo", 2), ("nccl", 1)])
+def test_ranks_sharing_the_one_gpu_are_sized_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, per_gpu: int
+) -> None:
+    """AUTOTUNE_DDP_BACKEND=gloo puts rank r on GPU r mod count: on one GPU, 2 ranks' memory on it."""
+    from autotune.trial.knobs import DDP_BACKEND_ENV
+
+    monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
+    monkeypatch.setenv(DDP_BACKEND_ENV, backend)
+    on_gpu = ModelFacts(**{**FACTS.to_dict(), "device": "cuda"})
+    monkeypatch.setattr(sizing, "run_probe", lambda cfg, folder, timeout_s: on_gpu.to_dict())
+    hw = Hardware(cuda=True, gpu_count=1, cpu_count=2, apex=False, memory_bytes=80 * 2**30)
+    fit = sizing.probe_fit(settings(tmp_path, "knobs: {}\n"), TINY, hw, print)
+    assert fit is not None and fit.per_device(2) == per_gpu
+    # A worker joining the study sizes alike: the GPUs its fingerprint counts, the same backend.
+    monkeypatch.setattr(sizing, "memory_bytes", lambda cuda: 80 * 2**30 if cuda else None)
+    record = StudyRecord(fingerprint={"gpu_count": 1}, model_facts=on_gpu.to_dict())
+    joined = sizing.stored_fit(record, 0.1)
+    assert joined is not None and joined.cuda and joined.per_device(2) == per_gpu
+
+
+def test_a_proposal_records_how_many_ranks_share_its_gpu(tmp_path: Path) -> None:
+    on_gpu = ModelFacts(**{**FACTS.to_dict(), "device": "cuda"})
+    sizer = sizing.Sizer(sizing.memory.Fit(on_gpu, 80 * 2**30, cuda=True, gpus=1, shared=True), print)
+    study = optuna.create_study()
+    trial = study.ask()
+    assert not sizer.writes_off(study, trial, TINY.replace(gpus=2), "search", sizing.Events())
+    estimate = TrialRecord.of(trial).memory_estimate
+    assert estimate is not None and estimate["ranks_per_gpu"] == 2  # type: ignore[typeddict-item]
+    assert estimate["total"] == sizing.memory.estimate(TINY.replace(gpus=2), on_gpu).total  # one rank's parts
