@@ -78,13 +78,18 @@ def _first_line(e: BaseException) -> str:
 @contextlib.contextmanager
 def seeded(seed: int | None) -> Iterator[None]:
     """Draw an item's augmentations from its own seed (torch, numpy and random), leaving the process's
-    generators as they were, so that what the model draws (dropout) does not depend on the loader."""
+    generators as they were, so that what the model draws (dropout) does not depend on the loader.
+
+    Only the CPU generator, which a dataset draws from: torch.manual_seed would reseed every CUDA device
+    too, which fork_rng(devices=[]) neither saves nor restores. With num_workers=0 the items load in the
+    training process, so each sample would reset the GPU's dropout stream, and the masks would depend on
+    the num_workers knob."""
     if seed is None:
         yield
         return
     state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)
         try:

@@ -10,25 +10,34 @@ Every knob is recorded in `applied` as requested / in_effect / why, and what the
 observed on its first step (`applied["fsdp"]`): how many parameters are DTensors, where the shards live,
 whether a block's parameters were resharded after forward, the dtype a block computed in, and how many
 micro-steps ran with gradient sync off (accumulation) or on.
+
+FSDP2 is imported only when a trial shards: its public API (`torch.distributed.fsdp.fully_shard`) and
+`reshard_after_forward=None` (the root keeps its parameters, torch 2.8) are newer than the oldest torch
+autotune installs with. There `shard` refuses the knob (exit 5) instead of every trial failing to import.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+import re
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
 from autotune.trial import knobs
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import OffloadPolicy
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# fully_shard(reshard_after_forward=None), which the root is sharded with: torch 2.8 (earlier releases take
+# a bool or an int only, and raise ValueError on None).
+MIN_TORCH = (2, 8)
 # What each FSDP knob is when it is not in effect (DDP, or one process): the config's defaults.
 INERT = {"fsdp_reshard": True, "fsdp_param_dtype": "fp32", "fsdp_reduce_dtype": "fp32", "fsdp_offload": False}
 
@@ -64,20 +73,44 @@ def _has(model: nn.Module, name: str) -> bool:
     return True
 
 
+def torch_too_old() -> str:
+    """Why this torch cannot run parallel=fsdp, or "" when it can. By release (a 2.8 pre-release or vendor
+    build, "2.8.0a0+...", is 2.8)."""
+    found = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
+    if found is not None and (int(found[1]), int(found[2])) < MIN_TORCH:
+        return (
+            f"parallel=fsdp needs torch >= {'.'.join(map(str, MIN_TORCH))} (fully_shard's "
+            f"reshard_after_forward=None); this is torch {torch.__version__}"
+        )
+    return ""
+
+
+CHANNELS_LAST_WHY = (
+    "activations only: FSDP shards contiguous parameters, so the weights stay NCHW; the 4-D inputs are "
+    "channels_last and each convolution keeps that layout for its output"
+)
+
+
 def shard(
     model: nn.Module, cfg: TrialConfig, device: torch.device, world: int, blocks: Sequence[str]
 ) -> tuple[nn.Module, dict[str, Any]]:
     """prepare_model's FSDP path: compile (per block) and fully_shard each block, then the root."""
+    too_old = torch_too_old()
+    if too_old:
+        raise TrialUnsupported(too_old)
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     if not blocks:
         raise TrialUnsupported("parallel=fsdp shards per block, but the pipeline names neither `stages` nor `blocks`")
     order = blocks_in_order(model, blocks)
     model = model.to(device)  # FSDP shards what is on the device (or moves shards to the host: offload)
     _same_weights_as_rank0(model)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    applied: dict[str, Any] = {"channels_last": knobs._effect(cfg.channels_last, cfg.channels_last)}
+    # Not model.to(memory_format=channels_last): fully_shard refuses a non-contiguous parameter (any 4-D
+    # weight wider than 1x1). knobs.to_device still makes the 4-D inputs channels_last, and convolutions
+    # given a channels_last input return one (cuDNN and oneDNN take the layout from input or weight).
+    why = CHANNELS_LAST_WHY if cfg.channels_last else ""
+    applied: dict[str, Any] = {"channels_last": knobs._effect(cfg.channels_last, cfg.channels_last, why)}
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.fsdp_param_dtype], reduce_dtype=DTYPES[cfg.fsdp_reduce_dtype])
     offload, offload_why = _offload(cfg, device)
@@ -117,6 +150,8 @@ def _same_weights_as_rank0(model: nn.Module) -> None:
 
 
 def _offload(cfg: TrialConfig, device: torch.device) -> tuple[OffloadPolicy, str]:
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
     if not cfg.fsdp_offload:
         return OffloadPolicy(), ""
     # Pinned host memory needs CUDA: CPUOffloadPolicy's default pin_memory=True fails without a driver.
@@ -135,6 +170,8 @@ class Probe:
     """What FSDP did on the first step, seen from hooks: `seen` is the live dict `applied` holds."""
 
     def __init__(self, root: nn.Module, block: nn.Module) -> None:
+        from torch.distributed.tensor import DTensor
+
         params = list(root.parameters())
         local = [p.to_local() for p in params if isinstance(p, DTensor)]
         self.seen: dict[str, Any] = {
@@ -146,20 +183,31 @@ class Probe:
             "sync_off_micro_steps": 0,
             "sync_on_micro_steps": 0,
         }
-        self._block = block
+        self._block, self._dtensor = block, DTensor
         self._handles = [block.register_forward_hook(self._block_done), root.register_forward_hook(self._root_done)]
 
     def _block_done(self, module: nn.Module, args: Any, output: Any) -> None:
         if "block_output_dtype" not in self.seen and isinstance(output, torch.Tensor):
             self.seen["block_output_dtype"] = str(output.dtype).removeprefix("torch.")
+            if output.dim() == 4:  # an image block: did channels_last reach its activations?
+                self.seen["block_output_channels_last"] = _channels_last(output)
 
     def _root_done(self, module: nn.Module, args: Any, output: Any) -> None:
         # By the root's end every block has run its post-forward: True when it resharded its parameters.
         if "resharded_after_forward" not in self.seen:
-            self.seen["resharded_after_forward"] = all(isinstance(p, DTensor) for p in self._block.parameters())
+            self.seen["resharded_after_forward"] = all(isinstance(p, self._dtensor) for p in self._block.parameters())
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Laid out NHWC and not also NCHW (a tensor with C == 1 or H * W == 1 is both, and says nothing)."""
+    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
 
 
 def is_sharded(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2, which shard() refused
+        return False
     return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
 
 

@@ -60,6 +60,31 @@ def test_same_seed_same_first_step_and_other_seed_differs() -> None:
     assert all(torch.equal(x, y) for x, y in zip(params(a.model), params(b.model)))
 
 
+@pytest.mark.parametrize("endless", [True, False])  # a trial's endless sampler, train's seeded epochs
+def test_loading_items_in_this_process_leaves_the_cuda_generators_alone(
+    monkeypatch: pytest.MonkeyPatch, endless: bool
+) -> None:
+    """num_workers=0: each item's seed is drawn in the training process. Reseeding CUDA there (which
+    torch.manual_seed does, and fork_rng(devices=[]) does not undo) would restart the GPU's dropout stream
+    at every sample, so the masks would depend on num_workers. CUDA's seeding, faked: none here."""
+    h = harness.build(cfg(), endless=endless)
+    assert h.loader.num_workers == 0 and getattr(h.loader.dataset, "takes_seeds", False)
+    reseeded: list[int] = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", reseeded.append)
+    next(h.batches())
+    assert reseeded == []
+
+
+def test_an_items_seed_still_draws_its_augmentations() -> None:
+    with harness.seeded(7):
+        a = torch.rand(3)
+    with harness.seeded(7):
+        b = torch.rand(3)
+    with harness.seeded(8):
+        c = torch.rand(3)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
 def test_nan_loss_raises() -> None:
     h = harness.build(cfg(pipeline="tests.fault_pipelines:nan"))
     with pytest.raises(NonFiniteLoss, match="nan"):

@@ -1,8 +1,11 @@
-"""parallel=fsdp: real 2-rank FSDP2 trials over gloo on the sized language model, every knob read back from
-the result's `applied` (what FSDP really did on the first step), parity with DDP at fp32, and bad input."""
+"""parallel=fsdp: real 2-rank FSDP2 trials over gloo on the sized language model and on a conv net, every knob
+read back from the result's `applied` (what FSDP really did on the first step), parity with DDP at fp32, and
+bad input."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from autotune.core.errors import TrialUnsupported
 from autotune.trial import harness, launcher, sharding
 
 LM = "autotune.pipelines.examples.language_model:make_w64_d2"
+CONV = "tests.fault_pipelines:tiny"  # two convolutions (3x3, then 1x1) on 16x16 images
 # 2 ranks x micro-batch 4 x accumulation 2: global batch 16.
 BASE = TrialConfig(
     pipeline=LM, image_size=32, gpus=2, batch_size=4, global_batch=16, warmup_steps=1, timed_steps=3, window=1
@@ -71,7 +75,43 @@ def test_fsdp_trains_the_same_losses_as_ddp_at_fp32(tmp_path: Path) -> None:
     assert fsdp.losses == pytest.approx(ddp.losses, rel=1e-4)
 
 
+@pytest.mark.slow
+def test_fsdp_with_channels_last_trains_a_conv_net_with_channels_last_activations(
+    tmp_path: Path, repo_on_path: Path
+) -> None:
+    """channels_last converted the weights, which fully_shard refuses for any conv wider than 1x1; now the
+    weights stay as they are and the inputs carry the layout through the convolutions."""
+    cfg = TrialConfig(pipeline=CONV, gpus=2, batch_size=2, parallel="fsdp", channels_last=True)
+    cfg = cfg.replace(warmup_steps=1, timed_steps=2, window=1)
+    r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=TIMEOUT_S)
+    assert r.status == "ok", r.message
+    seen = r.applied["fsdp"]
+    assert seen["dtensor_params"] == seen["params"] > 0  # every conv weight sharded, the 3x3 one included
+    assert seen["block_output_channels_last"] is True  # the first conv's output: NHWC from an NHWC input
+    assert r.applied["channels_last"]["in_effect"] is True
+    assert r.applied["channels_last"]["why"].startswith("activations only")
+    assert len(r.losses) == 3 and all(math.isfinite(x) for x in r.losses)
+
+
 # --- without processes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["2.7.1+cu126", "2.3.0"])
+def test_fsdp_on_a_torch_without_reshard_after_forward_none_is_unsupported(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """Exit 5 naming the torch it needs, before any process group or collective (there is none here)."""
+    monkeypatch.setattr(torch, "__version__", version)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    needs = rf"parallel=fsdp needs torch >= 2\.8 .*this is torch {re.escape(version)}"
+    with pytest.raises(TrialUnsupported, match=needs):
+        sharding.shard(model, TrialConfig(parallel="fsdp", gpus=2), torch.device("cpu"), 2, ("0", "1"))
+
+
+@pytest.mark.parametrize("version", ["2.8.0", "2.8.0a0+5228986c39.nv25.05", "2.10.1+cu130", "3.0.0"])
+def test_torch_2_8_and_later_may_shard(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    monkeypatch.setattr(torch, "__version__", version)  # "2.10" sorts before "2.8" as text, not as a release
+    assert sharding.torch_too_old() == ""
 
 
 def test_one_process_records_the_strategy_as_not_in_effect() -> None:

@@ -44,7 +44,7 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
         backend = os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor")
         module = torch.compile(module, backend=backend, mode=cfg.compile if backend == "inductor" else None)
     trainer = pl.Trainer(
-        **trainer_kwargs(cfg, cuda),
+        **trainer_kwargs(cfg, cuda) | placement(cfg, device),
         max_steps=cfg.warmup_steps + cfg.timed_steps if cfg.seconds is None else FOREVER,
         max_epochs=-1,
         callbacks=[meter(pl, cfg, clock, applied, own_batches)],
@@ -60,6 +60,25 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
     applied |= effects(cfg, job, trainer, cuda)
     applied["framework"]["lr_scale"] = lr_scale(cfg, own_batches[0])
     return applied
+
+
+def placement(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
+    """The Trainer's devices and strategy when the ranks may share GPUs (AUTOTUNE_DDP_BACKEND=gloo), over
+    trainer_kwargs' devices=N, strategy="ddp"; nothing to change otherwise.
+
+    devices=2 on one GPU fails: under torchrun Lightning skips its check of the visible GPUs and puts rank 1
+    on cuda:1, which does not exist, and its backend for CUDA would be nccl, which refuses two ranks on one
+    GPU. A DDPStrategy handed each rank's device (rank r on GPU r mod count, as knobs.pick_device) and gloo
+    is what Lightning accepts; `devices` then only has to name GPUs that exist, and the strategy's
+    parallel_devices set the ranks (Lightning keeps a strategy's own over the devices flag)."""
+    if not _ranks_may_share(cfg, device.type == "cuda"):
+        return {}
+    from lightning.pytorch.strategies import DDPStrategy
+
+    count = torch.cuda.device_count()
+    ranks = [torch.device("cuda", r % count) for r in range(cfg.gpus)]
+    strategy = DDPStrategy(parallel_devices=ranks, process_group_backend=knobs.ddp_backend(device))
+    return {"devices": len(set(ranks)), "strategy": strategy}
 
 
 def meter(pl: Any, cfg: TrialConfig, clock: Clock, applied: dict[str, Any], own_batches: list[int]) -> Any:
@@ -166,14 +185,29 @@ def rebuild(loader: Any, cfg: TrialConfig, cuda: bool, data_seed: int) -> tuple[
     }
 
 
+def _ranks_may_share(cfg: TrialConfig, cuda: bool) -> bool:
+    return cuda and cfg.gpus > 1 and knobs.ranks_share_gpus()
+
+
+def gpus_why(cfg: TrialConfig, trainer: Any, cuda: bool) -> str:
+    """The Trainer's devices and strategy, as the trial handed them."""
+    strategy = trainer.strategy
+    if not _ranks_may_share(cfg, cuda):
+        return f"Trainer(devices={cfg.gpus}, strategy={type(strategy).__name__})"
+    devices = list(strategy.parallel_devices)
+    return (
+        f"Trainer(devices={len(set(devices))}, strategy={type(strategy).__name__}(parallel_devices="
+        f"[{', '.join(map(str, devices))}], process_group_backend={strategy.process_group_backend!r})): "
+        f"{cfg.gpus} ranks over gloo on {len(set(devices))} GPU(s) ({knobs.DDP_BACKEND_ENV}=gloo)"
+    )
+
+
 def effects(cfg: TrialConfig, job: LightningJob, trainer: Any, cuda: bool) -> dict[str, Any]:
     """What the Trainer really ran with, knob by knob, and what the export hands back."""
     return {
         "precision": knob_effect(cfg.precision, f"Trainer(precision={trainer.precision!r})"),
         "grad_accum": knob_effect(cfg.grad_accum, trainer.accumulate_grad_batches),
-        "gpus": knob_effect(
-            cfg.gpus, trainer.world_size, f"Trainer(devices={cfg.gpus}, strategy={type(trainer.strategy).__name__})"
-        ),
+        "gpus": knob_effect(cfg.gpus, trainer.world_size, gpus_why(cfg, trainer, cuda)),
         "compile": knob_effect(
             cfg.compile, cfg.compile, "torch.compile(module) before Trainer.fit" if cfg.compile != "off" else ""
         ),
