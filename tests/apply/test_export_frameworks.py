@@ -432,3 +432,16 @@ json.dump({"version": p.fsdp_version, "reshard": p.reshard_after_forward, "offlo
            "param_dtype": str(p.mixed_precision_policy.param_dtype),
            "reduce_dtype": str(p.mixed_precision_policy.reduce_dtype)}, open(sys.argv[1], "w"))
 """
+
+
+def test_channels_last_under_fsdp_converts_the_inputs_not_the_sharded_weights() -> None:
+    """fully_shard refuses non-contiguous parameters: the exports under FSDP lay out the 4-D inputs only."""
+    from autotune.apply.export.accelerate import to_accelerate
+
+    sharded = FSDP.replace(channels_last=True)
+    lightning = to_lightning(sharded, device="cpu")
+    assert "self.to(memory_format=torch.channels_last)" not in lightning
+    assert "def on_after_batch_transfer" in lightning and "under FSDP the inputs only" in lightning
+    assert "self.to(memory_format=torch.channels_last)" in to_lightning(sharded.replace(parallel="ddp"), device="cpu")
+    accelerate = to_accelerate(sharded)
+    assert "model.to(memory_format=torch.channels_last)" not in accelerate and "4-D inputs only" in accelerate

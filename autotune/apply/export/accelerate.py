@@ -52,7 +52,11 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         if cfg.checkpoint_segments
         else "off, nothing to do",
         "gpus": f"num_processes: {n}, distributed_type: {dist}",
-        "channels_last": f"{in_script}, model.to(memory_format=torch.channels_last) + 4-D inputs"
+        "channels_last": (
+            f"{in_script}, 4-D inputs only (FSDP shards contiguous weights only)"
+            if cfg.parallel == "fsdp" and cfg.gpus > 1
+            else f"{in_script}, model.to(memory_format=torch.channels_last) + 4-D inputs"
+        )
         if cfg.channels_last
         else "off, nothing to do",
         "cudnn_benchmark": f"{in_script}, torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark}",
@@ -87,7 +91,11 @@ def script_lines(cfg: TrialConfig) -> list[str]:
     if cfg.num_threads:
         code.append(f"torch.set_num_threads({cfg.num_threads!r})")
     code += _strategy.accelerate_plugin(cfg, cfg.grad_accum)
-    if cfg.channels_last:
+    if cfg.channels_last and cfg.parallel == "fsdp" and cfg.gpus > 1:
+        code.append(
+            "# channels_last under FSDP: 4-D inputs only, in the loop (fully_shard refuses channels_last weights)"
+        )
+    elif cfg.channels_last:
         code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs likewise, in the loop")
     if cfg.checkpoint_segments:
         code.append(

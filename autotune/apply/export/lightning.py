@@ -64,7 +64,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         f"        {zero_grad_call(cfg)}  # set_to_none={cfg.set_to_none!r}",
     ]
     hooks += _strategy.lightning_hook(cfg)
-    if cfg.channels_last:
+    if cfg.channels_last and not _fsdp(cfg):
         hooks += [
             "",
             "    def setup(self, stage):",
@@ -72,9 +72,13 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
             "        # (on_fit_start is too late: DDP's gradient buckets would keep the old strides)",
             "        super().setup(stage)",
             "        self.to(memory_format=torch.channels_last)",
+        ]
+    if cfg.channels_last:
+        hooks += [
             "",
             "    def on_after_batch_transfer(self, batch, dataloader_idx):",
-            "        # channels_last: the 4-D inputs (images); other tensors pass through",
+            "        # channels_last: the 4-D inputs (images); other tensors pass through"
+            + ("; under FSDP the inputs only (fully_shard refuses channels_last weights)" if _fsdp(cfg) else ""),
             "        def cl(x):",
             "            return x.contiguous(memory_format=torch.channels_last) "
             "if torch.is_tensor(x) and x.dim() == 4 else x",
@@ -129,3 +133,8 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         "# trainer.fit(model, torch.utils.data.DataLoader(dataset, shuffle=True, **dataloader_kwargs))",
     ]
     return "\n".join(parts) + "\n"
+
+
+def _fsdp(cfg: TrialConfig) -> bool:
+    """Weights sharded by fully_shard, which refuses non-contiguous (channels_last) parameters."""
+    return cfg.parallel == "fsdp" and cfg.gpus > 1
