@@ -195,3 +195,14 @@ def fault_cfg(factory: str = "tiny", module: str = "tests.fault_pipelines", **ch
     """A short trial of one of the fault pipelines: one warm-up step, four timed, two per window."""
     base = TrialConfig(pipeline=f"{module}:{factory}", batch_size=4, warmup_steps=1, timed_steps=4, window=2)
     return base.replace(**changes)
+
+
+class ProcNvml(FakeNvml):
+    """NVML with compute processes per device: `procs` maps a handle to the pids computing on it."""
+
+    def __init__(self, gpus: list[FakeGpu], procs: dict[int, list[int]]) -> None:
+        super().__init__(gpus)
+        self.procs = procs
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[types.SimpleNamespace]:
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in self.procs.get(id(h), [])]

@@ -16,7 +16,7 @@ import torch
 
 from autotune.trial import measure
 from tests.conftest import wait_for
-from tests.fakes import NOT_SUPPORTED, UUID_A, UUID_B, FakeGpu, FakeNvml
+from tests.fakes import NOT_SUPPORTED, UUID_A, UUID_B, FakeGpu, FakeNvml, ProcNvml
 
 
 def two_gpus(**b: Any) -> FakeNvml:
@@ -149,17 +149,6 @@ def test_utilisation_never_supported_is_said_once_not_counted(monkeypatch: pytes
 
 
 # --- which processes NVML sees on the sampled device --------------------------------------------------
-
-
-class ProcNvml(FakeNvml):
-    """NVML with compute processes per device: `procs` maps a handle to the pids computing on it."""
-
-    def __init__(self, gpus: list[FakeGpu], procs: dict[int, list[int]]) -> None:
-        super().__init__(gpus)
-        self.procs = procs
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[types.SimpleNamespace]:
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in self.procs.get(id(h), [])]
 
 
 def test_compute_pids_are_the_sampled_devices(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,7 @@ import torch
 from autotune.core.config import TrialConfig
 from autotune.trial import knobs, measure, observe
 from autotune.trial import worker as trial
-from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml, fault_cfg
+from tests.fakes import UUID_A, UUID_B, FakeGpu, ProcNvml, fault_cfg
 
 pytestmark = pytest.mark.usefixtures("repo_on_path")
 
@@ -110,15 +110,6 @@ def test_the_process_group_is_read_from_torch_distributed() -> None:
 def test_a_cpu_trial_records_no_nvml_pids(inproc: None) -> None:
     got = seen()
     assert "pid" not in got and "nvml_pids" not in got
-
-
-class ProcNvml(FakeNvml):
-    def __init__(self, gpus: list[FakeGpu], procs: dict[int, list[int]]) -> None:
-        super().__init__(gpus)
-        self.procs = procs
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[types.SimpleNamespace]:
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in self.procs.get(id(h), [])]
 
 
 def test_on_cuda_this_pid_and_the_sampled_devices_pids_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
