@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from autotune.core.config import BASELINE, KNOBS, TrialConfig
 from autotune.core.errors import AutotuneError, ConfigError, TrialFailure
+from autotune.core.outcomes import Role
 
 # prefetch_factor and persistent_workers mean nothing without workers: they travel with num_workers.
 LOADER_GROUP = ("num_workers", "persistent_workers", "prefetch_factor")
@@ -120,7 +121,7 @@ def _configs(study: Any, studies_dir: str, data: str | None, seconds: float | No
     if not board:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to ablate")
     records = [TrialRecord.from_frozen(t) for t in study.trials]
-    base_knobs = next((r.config for r in records if r.role == "baseline" and r.config), BASELINE.knobs())
+    base_knobs = next((r.config for r in records if r.role == Role.BASELINE and r.config), BASELINE.knobs())
     return work.replace(**base_knobs), TrialRecord.from_frozen(board[0]).knobs(work)
 
 

@@ -15,6 +15,7 @@ from rich.text import Text
 from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
+from autotune.core.outcomes import Reason, Verdict
 from autotune.search import records
 from autotune.search.budget import Budget
 from autotune.search.records import TrialRecord
@@ -68,7 +69,7 @@ class LiveSearch:
             speed += f"  [contended: {busy}; timing suspect, measured again]"
         if r.repeat_of is not None:
             speed += f"  [same config as trial {r.repeat_of}: its figure reused, not run again]"
-        if feasible(t) and r.reason == "headroom":  # the baseline, kept as the reference: say why it is risky
+        if feasible(t) and r.reason == Reason.HEADROOM:  # the baseline, kept as the reference: say why it is risky
             speed += f"  [{r.message}]"
         if feasible(t) and r.training_math:
             speed += f"  [trains differently: {shown(r.training_math)}]"
@@ -230,7 +231,7 @@ def training_note(study: optuna.Study) -> str:
         return f"the exported trial {best.number} computes the baseline's training{said}"
     if r.training_math is None:
         return f"the exported trial {best.number}: training math unknown{said}"
-    proven = verdict is not None and verdict.get("kind") == "time to target" and verdict.get("verdict") == "pass"
+    proven = verdict is not None and verdict.get("kind") == "time to target" and verdict.get("verdict") == Verdict.PASS
     return f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{said}" + (
         "; to keep the baseline's optimizer step, search with --global-batch"
         if not proven and any(c.startswith("global batch") for c in r.training_math)

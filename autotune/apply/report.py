@@ -17,6 +17,7 @@ from autotune.apply.figures import (
     waterfall_figure,
     waterfall_png,
 )
+from autotune.core.outcomes import Reason
 
 
 # ---- tables and the page ---------------------------------------------------------------------
@@ -98,7 +99,7 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
                 str(r.config.get("batch_size", "-")),
                 str(est.get("strategy", "")),
                 mib(est.get("total")),
-                "skipped" if r.reason == "memory_estimate" else mib(peak),
+                "skipped" if r.reason == Reason.MEMORY_ESTIMATE else mib(peak),
                 f"{mine['error']:+.0%}" if mine else "-",
                 parts,
             )

@@ -21,6 +21,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
+from autotune.core.outcomes import Reason
 from autotune.trial.launcher import run_process
 from autotune.trial.nodes import python_for
 from autotune.trial.outcome import TRACEBACK_WORTHY, named_failure, read_verdicts, status_of
@@ -315,7 +316,7 @@ def _fail(out: Path, name: str, status: str, message: str) -> int:
     cause gets out (torchrun exits 1 whatever the rank's code), and the rank ends with os._exit: returning
     normally would leave NCCL alive and the peers blocked in a collective until torchrun reaps them."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if status in ("bad_config", "data"):  # bad input: the parent reports it as one line, exit 2
+    if status in (Reason.BAD_CONFIG, Reason.DATA):  # bad input: the parent reports it as one line, exit 2
         write_atomic(out / f"{name}.error", message)
     write_json_atomic(_verdict_path(out, name, rank), {"status": status, "message": message})
     print(f"autotune train: {name}: {status}: {message}", file=sys.stderr)

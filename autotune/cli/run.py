@@ -18,6 +18,7 @@ from autotune.cli._common import (
     workload_args,
 )
 from autotune.core.errors import ExitCode
+from autotune.core.outcomes import Reason
 
 
 def register(sub: Any) -> None:
@@ -111,7 +112,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         result = launcher.run_trial(cfg, trial_dir, args.timeout)
     except errors.TrialFailure as e:
         print(f"autotune trial: {e.reason}: {e}", file=sys.stderr)
-        if e.log_tail and e.reason in ("crash", "comm", "timeout"):
+        if e.log_tail and e.reason in (Reason.CRASH, Reason.COMM, Reason.TIMEOUT):
             print(e.log_tail, file=sys.stderr)
         return errors.exit_code_for(e.reason)
     if out != trial_dir / "result.json":

@@ -22,6 +22,7 @@ from autotune.cli._common import (
 )
 from autotune.core.config import LR_RULES
 from autotune.core.settings import SAMPLERS
+from autotune.core.outcomes import Verdict
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
 
@@ -342,7 +343,7 @@ def _run(session: Any, console: Any) -> int:
             console.print(f"autotune: {note}", highlight=False)
     checks = checks_summary(session.study)
     if checks:
-        failed = [k for k, v in checks["classes"].items() if v["verdict"] == "fail"]
+        failed = [k for k, v in checks["classes"].items() if v["verdict"] == Verdict.FAIL]
         console.print(
             f"autotune: {len(checks['classes'])} training-math class(es) checked in {checks['check_seconds']:.0f} s"
             + (

@@ -100,7 +100,9 @@ _YAML_HEADER = """\
 
 def _plain(x: Any) -> Any:
     """Reduce a value to what yaml.safe_dump can write (it refuses tuples, paths, numpy scalars)."""
-    if x is None or isinstance(x, (bool, int, float, str)):
+    if isinstance(x, str):
+        return str(x)  # a stored word (core/outcomes.py) as its plain string
+    if x is None or isinstance(x, (bool, int, float)):
         return x
     if isinstance(x, Mapping):
         return {str(k): _plain(v) for k, v in x.items()}

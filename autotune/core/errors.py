@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from autotune.core.outcomes import Reason
+
 
 class AutotuneError(Exception):
     """Bad input or configuration: reported as one line, exit code 2."""
@@ -32,7 +34,7 @@ class StorageError(AutotuneError):
 class TrialFailure(Exception):
     """A trial that ran and failed. Not bad input: the search records it and goes on."""
 
-    reason = "error"
+    reason: str = Reason.ERROR
 
     def __init__(self, message: str, log_tail: str = "", partial: dict | None = None) -> None:
         super().__init__(message)
@@ -41,23 +43,23 @@ class TrialFailure(Exception):
 
 
 class TrialOOM(TrialFailure):
-    reason = "oom"
+    reason: str = Reason.OOM
 
 
 class TrialNumerics(TrialFailure):
-    reason = "numerics"
+    reason: str = Reason.NUMERICS
 
 
 class TrialUnsupported(TrialFailure):
-    reason = "unsupported"
+    reason: str = Reason.UNSUPPORTED
 
 
 class TrialTimeout(TrialFailure):
-    reason = "timeout"
+    reason: str = Reason.TIMEOUT
 
 
 class TrialCrashed(TrialFailure):
-    reason = "crash"
+    reason: str = Reason.CRASH
 
 
 class TrialCommFailure(TrialCrashed):
@@ -65,23 +67,23 @@ class TrialCommFailure(TrialCrashed):
     collective that timed out or failed. A crash still (exit code 1, not infeasible for the sampler),
     named apart, with the watchdog's own line as its message."""
 
-    reason = "comm"
+    reason: str = Reason.COMM
 
 
 class TrialBadConfig(TrialFailure):
-    reason = "bad_config"
+    reason: str = Reason.BAD_CONFIG
 
 
 class TrialDataError(TrialFailure):
     """A dataset item that could not be loaded: the data's fault, not the config's, so every config fails alike."""
 
-    reason = "data"
+    reason: str = Reason.DATA
 
 
 class TrialPruned(TrialFailure):
     """Stopped early because it could not beat the best; its partial figures are kept."""
 
-    reason = "pruned"
+    reason: str = Reason.PRUNED
 
 
 class DataItemError(Exception):

@@ -27,6 +27,7 @@ from optuna.trial import FrozenTrial
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.settings import SearchSettings
 from autotune.core.training import shown, training_math
+from autotune.core.outcomes import Reason, Role, Verdict
 from autotune.search import parity, records, target
 from autotune.search.budget import Budget
 from autotune.search.records import StoredVerdict, TrialRecord, write
@@ -51,7 +52,7 @@ def label_of(study: optuna.Study, cfg: TrialConfig) -> str | None:
 
 def failed(study: optuna.Study, label: str | None) -> StoredVerdict | None:
     v = records.class_verdicts(study).get(label) if label else None
-    return v if v is not None and v.get("verdict") == "fail" else None
+    return v if v is not None and v.get("verdict") == Verdict.FAIL else None
 
 
 def write_off(
@@ -61,9 +62,9 @@ def write_off(
     write(
         trial,
         TrialRecord(
-            role="search",
+            role=Role.SEARCH,
             config=cfg.knobs(),
-            reason="class_failed",
+            reason=Reason.CLASS_FAILED,
             message=f"not run: its training math ({label}) failed its check at trial "
             f"{verdict.get('trial')}: {verdict.get('reason', '')}"[:500],
         ),
@@ -177,7 +178,8 @@ def check_if_it_matters(
     except Exception as e:  # noqa: BLE001 - the baseline failed to train: nothing can be judged, the search goes on
         say(f"check: not made: {getattr(e, 'reason', type(e).__name__)}: {str(e)[:200]}")
         return
+    passed = v["verdict"] == Verdict.PASS
     say(
-        f"check: {label}: {'passes' if v['verdict'] == 'pass' else 'FAILS'}: {v['reason']} ({v['seconds']:.0f} s)"
-        + ("" if v["verdict"] == "pass" else "; its configs are not run again")
+        f"check: {label}: {'passes' if passed else 'FAILS'}: {v['reason']} ({v['seconds']:.0f} s)"
+        + ("" if passed else "; its configs are not run again")
     )

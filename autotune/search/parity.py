@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
+from autotune.core import outcomes
 from autotune.search.locks import locked_trial
 from autotune.trial.warm import WarmServer
 
@@ -118,7 +119,7 @@ class Verdict:
             "deviation": r(self.deviation),
             "tolerance": r(self.tolerance),
             "noise": r(self.noise),
-            "verdict": "pass" if self.passed else "fail",
+            "verdict": outcomes.Verdict.PASS if self.passed else outcomes.Verdict.FAIL,
             "reason": self.reason,
             "seconds": round(self.seconds, 1),
             "candidate_steps": self.candidate_steps,

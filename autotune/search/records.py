@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial
 from autotune.core.config import KNOBS, TrialConfig, TrialResult
 from autotune.core.errors import AutotuneError
 from autotune.core.training import training_math
+from autotune.core.outcomes import Role
 from autotune.search import _optuna
 
 # ---- the study attrs' keys ----------------------------------------------------------------------------
@@ -93,7 +94,7 @@ class WorkerEntry(TypedDict, total=False):
 class TrialRecord:
     """A trial's user attrs: who ran it and why, the config it ran, what it measured or why it failed."""
 
-    role: str = "search"
+    role: str = Role.SEARCH
     config: Mapping[str, Any] = field(default_factory=dict)  # the knobs it ran (TrialConfig.knobs())
     owner: Mapping[str, Any] | None = None  # controller pid/host/started/heartbeat and the trial's pgid
     reason: str | None = None  # a failure's reason (oom, numerics, crash, timeout, pruned, stale, ...)

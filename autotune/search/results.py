@@ -14,6 +14,7 @@ from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.core.training import section, shown, step_changed
 from autotune.core.urls import mask_url
+from autotune.core.outcomes import Reason, Role, Verdict
 from autotune.search import records
 from autotune.search.memory import versus_peak
 from autotune.search.records import StoredVerdict, StudyRecord, TrialRecord
@@ -40,7 +41,7 @@ def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
     """The baseline's measurement: its first clean one, else its first (contended) one."""
     runs = [(t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    runs = [(t, r) for t, r in runs if r.role == "baseline" and feasible(t)]
+    runs = [(t, r) for t, r in runs if r.role == Role.BASELINE and feasible(t)]
     clean = [t for t, r in runs if not r.contended] or [t for t, _ in runs]
     return clean[0] if clean else None
 
@@ -64,7 +65,7 @@ def class_label(t: FrozenTrial) -> str | None:
 
 def failed_classes(study: optuna.Study) -> set[str]:
     """The training-math classes whose check failed."""
-    return {k for k, v in records.class_verdicts(study).items() if v.get("verdict") == "fail"}
+    return {k for k, v in records.class_verdicts(study).items() if v.get("verdict") == Verdict.FAIL}
 
 
 def class_verdict(study: optuna.Study, t: FrozenTrial) -> StoredVerdict | None:
@@ -93,7 +94,7 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
         return None
     failed = failed_classes(study)
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    written_off = [t for t in trials if TrialRecord.from_frozen(t).reason == "class_failed"]
+    written_off = [t for t in trials if TrialRecord.from_frozen(t).reason == Reason.CLASS_FAILED]
     run = [t for t in trials if t not in written_off]
     spent = [t for t in run if class_label(t) in failed]
     seconds = {t.number: t.duration.total_seconds() if t.duration else 0.0 for t in run}
@@ -139,7 +140,7 @@ def export_order(study: optuna.Study) -> list[FrozenTrial]:
     confirmed = sorted((t for t in board if t.number in speedups and t.number not in slower), key=key)
     rest = [t for t in board if t.number not in speedups]
     roles = [TrialRecord.from_frozen(t).role for t in rest]
-    at = roles.index("baseline") + 1 if "baseline" in roles else len(rest)
+    at = roles.index(Role.BASELINE) + 1 if Role.BASELINE in roles else len(rest)
     below = sorted((t for t in board if t.number in slower), key=key)
     return confirmed + rest[:at] + below + rest[at:]
 
@@ -158,13 +159,13 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
         return (verdicts.get(str(t.number)) or class_verdict(study, t) or {}).get("verdict")
 
     def unproven_step(t: FrozenTrial) -> bool:
-        return bool(verdicts) and verdict(t) != "pass" and step_changed(TrialRecord.from_frozen(t).training_math)
+        return bool(verdicts) and verdict(t) != Verdict.PASS and step_changed(TrialRecord.from_frozen(t).training_math)
 
-    if any(v.get("verdict") == "pass" for v in verdicts.values()):  # a proven config before an unchecked one
-        proven = [t for t in order if verdict(t) == "pass" or TrialRecord.from_frozen(t).role == "baseline"]
+    if any(v.get("verdict") == Verdict.PASS for v in verdicts.values()):  # a proven config before an unchecked one
+        proven = [t for t in order if verdict(t) == Verdict.PASS or TrialRecord.from_frozen(t).role == Role.BASELINE]
         if proven:
             return proven[0]
-    ok = [t for t in order if verdict(t) not in ("fail", "skipped") and not unproven_step(t)]
+    ok = [t for t in order if verdict(t) not in (Verdict.FAIL, Verdict.SKIPPED) and not unproven_step(t)]
     return ok[0] if ok else None
 
 

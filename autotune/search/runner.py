@@ -34,6 +34,7 @@ from autotune.search.records import TrialRecord, of_result, write, write_owner, 
 from autotune.search.results import baseline_sps
 from autotune.search.space import usable_cpus
 from autotune.core.files import disk_error
+from autotune.core.outcomes import Reason, Role
 from autotune.trial.warm import WarmServer
 
 # The sampler should learn where these lie: they are properties of the config, not accidents.
@@ -94,11 +95,11 @@ def run_one(
             raise
         # A full or read-only disk: record why if the journal still takes a write, then stop the search.
         with contextlib.suppress(OSError):
-            write(trial, TrialRecord(role=role, reason="disk", message=f"{e.strerror or e}: {e.filename or ''}"))
+            write(trial, TrialRecord(role=role, reason=Reason.DISK, message=f"{e.strerror or e}: {e.filename or ''}"))
             study.tell(trial, state=TrialState.FAIL)
         raise
     except BaseException:
-        write_reason(trial, "interrupted")
+        write_reason(trial, Reason.INTERRUPTED)
         _upload(trial, trial_dir)
         study.tell(trial, state=TrialState.FAIL)
         raise
@@ -129,7 +130,7 @@ class _Watch:
             self.owner["heartbeat"] = self.beat
             write_owner(self.trial, self.owner)
         self.events.window(sps)
-        return self.role == "search" and self.trial.should_prune()
+        return self.role == Role.SEARCH and self.trial.should_prune()
 
     def started(self, pgid: int) -> None:
         self.owner["pgid"] = pgid
@@ -172,7 +173,7 @@ def _timed_out(
             role,
             TrialTimeout(f"the search's budget ended during torch.compile's warm-up: {e}", e.log_tail, e.partial),
         )
-        write_reason(trial, "budget")
+        write_reason(trial, Reason.BUDGET)
         return TrialState.FAIL, None
     _record_failure(
         trial,
@@ -183,7 +184,7 @@ def _timed_out(
             e.partial,
         ),
     )
-    write_reason(trial, "compile_timeout")
+    write_reason(trial, Reason.COMPILE_TIMEOUT)
     trial.set_constraint(FEASIBLE_KEY, 1.0)
     return TrialState.COMPLETE, 0.0
 
@@ -198,22 +199,24 @@ def _measured(
     shared: bool,
 ) -> float:
     """Record a finished trial's figures; its objective value (0 when it breaks the memory headroom)."""
-    base = result.samples_per_s if role == "baseline" else baseline_sps(study)
+    base = result.samples_per_s if role == Role.BASELINE else baseline_sps(study)
     speedup = result.samples_per_s / base if base and result.samples_per_s else None
     # Another trial shared these cores (lease), or other processes kept the CPU busy: suspect. The
     # search measures it once more (session.py), and it ranks below every clean figure meanwhile.
     contended = shared or (result.others_cpu or 0.0) > contended_cpus()
     write(trial, of_result(role, cfg, result, speedup, contended))
     short = headroom_short(result, settings.memory_headroom)
-    if short and role == "baseline":
+    if short and role == Role.BASELINE:
         # The reference every speedup divides by: always measured and reported, never dropped. Said.
-        write(trial, TrialRecord(role=role, reason="headroom", message=f"the baseline breaks the headroom: {short}"))
+        write(
+            trial, TrialRecord(role=role, reason=Reason.HEADROOM, message=f"the baseline breaks the headroom: {short}")
+        )
         short = None
     # Too close to the memory limit: it ran here, but a longer run (a bigger batch late in an epoch,
     # fragmentation, another process) would fail. Infeasible, like an OOM, and never exported.
     trial.set_constraint(FEASIBLE_KEY, 1.0 if short else 0.0)
     if short:
-        write(trial, TrialRecord(role=role, reason="headroom", message=short))
+        write(trial, TrialRecord(role=role, reason=Reason.HEADROOM, message=short))
     return 0.0 if short else float(result.samples_per_s or 0.0)
 
 
@@ -276,7 +279,7 @@ def reuse(study: optuna.Study, trial: optuna.Trial, earlier: FrozenTrial) -> Fro
     """Tell the sampler what `earlier` measured for the same config instead of running it again: it
     learns the same thing, and the budget goes to configs not yet measured."""
     record = TrialRecord.from_frozen(earlier)
-    write(trial, dataclasses.replace(record, role="search", owner=None, repeat_of=earlier.number))
+    write(trial, dataclasses.replace(record, role=Role.SEARCH, owner=None, repeat_of=earlier.number))
     for key, value in earlier.constraints.items():
         trial.set_constraint(key, value)
     return study.tell(trial, earlier.value)

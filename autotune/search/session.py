@@ -28,6 +28,7 @@ from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
+from autotune.core.outcomes import Reason, Role
 from autotune.search import _optuna, classes, finish, fleet, memory, micro_batch, records
 from autotune.search.budget import Budget
 from autotune.search.fingerprint import differences, fingerprint
@@ -263,12 +264,12 @@ class SearchSession:
         """Tell a proposal without running it, when its class failed its check, it was measured already, or
         its memory estimate exceeds what is usable; else record its estimate and return False (run it)."""
         role = TrialRecord.of(trial).role
-        label = classes.label_of(self.study, cfg) if role == "search" else None
+        label = classes.label_of(self.study, cfg) if role == Role.SEARCH else None
         verdict = classes.failed(self.study, label)
         if verdict is not None:  # its training math failed its check: told infeasible, not run
             events.finished(classes.write_off(self.study, trial, cfg, label, verdict))  # type: ignore[arg-type]
             return True
-        earlier = measured(self.study, cfg) if role == "search" else None
+        earlier = measured(self.study, cfg) if role == Role.SEARCH else None
         if earlier is not None:
             events.finished(reuse(self.study, trial, earlier))
             return True
@@ -286,7 +287,7 @@ class SearchSession:
     def _stop_for_data(self, frozen: optuna.trial.FrozenTrial) -> bool:
         """Every config fails the same way on bad data: stop after a few in a row, and say why."""
         record = TrialRecord.from_frozen(frozen)
-        self._data_failures = self._data_failures + 1 if record.reason == "data" else 0
+        self._data_failures = self._data_failures + 1 if record.reason == Reason.DATA else 0
         if self._data_failures < DATA_FAILURES_TO_STOP:
             return False
         self._stopped = (

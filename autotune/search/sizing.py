@@ -15,6 +15,7 @@ import optuna
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
+from autotune.core.outcomes import Reason, Role
 from autotune.search import memory, records
 from autotune.search.records import StudyRecord, TrialRecord
 from autotune.search.runner import FEASIBLE_KEY, Events
@@ -39,11 +40,11 @@ class Sizer:
         estimate = self.fit.recorded(memory.estimate(cfg, self.fit.facts), cfg.gpus)
         records.write(trial, TrialRecord(role=role, config=cfg.knobs(), memory_estimate=estimate))  # type: ignore[arg-type]
         short = self.fit.too_big(cfg)
-        if short is not None and role == "baseline":  # the reference is always measured: said, never dropped
+        if short is not None and role == Role.BASELINE:  # the reference is always measured: said, never dropped
             self.say(f"autotune: the baseline may not fit ({short.removesuffix('; skipped')}); measuring it anyway")
         elif short is not None:
             # Infeasible like an OOM (a constraint), without the minutes an OOM can take to happen.
-            records.write(trial, TrialRecord(role=role, reason="memory_estimate", message=short))
+            records.write(trial, TrialRecord(role=role, reason=Reason.MEMORY_ESTIMATE, message=short))
             trial.set_constraint(FEASIBLE_KEY, 1.0)
             events.finished(study.tell(trial, 0.0))
             return True

@@ -18,6 +18,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import signal_groups
+from autotune.core.outcomes import Reason, Role
 from autotune.search import records
 from autotune.search.fingerprint import differences
 from autotune.search.records import StudyRecord, TrialRecord
@@ -150,7 +151,7 @@ def open_study(
 def enqueue_starts(study: optuna.Study, base: TrialConfig, space: SearchSpace, hw: Hardware) -> None:
     """Trial 0 is the baseline, trial 1 the guides' warm start. skip_if_exists: two first workers of a
     deferred study that race here don't queue them twice."""
-    for role, cfg in (("baseline", baseline_of(base)), ("warm_start", warm_start(base, hw, space))):
+    for role, cfg in ((Role.BASELINE, baseline_of(base)), (Role.WARM_START, warm_start(base, hw, space))):
         record = TrialRecord(role=role, config=cfg.knobs())
         records.enqueue(study, config_params(cfg, space), record, skip_if_exists=True)
 
@@ -190,8 +191,8 @@ def fail_stale(study: optuna.Study, ownerless_after_s: float = OWNERLESS_STALE_S
             if owner.get("host") == socket.gethostname():  # reap the orphaned trial's groups: torchrun's, its ranks'
                 signal_groups([g for g in (owner.get("pgid"), *owner.get("pgids", ())) if g])
             why = f"controller pid {owner.get('pid')} on {owner.get('host')} died"
-        records.fail_other(study, t, "stale", why)
-        if record.role in ("baseline", "warm_start"):
+        records.fail_other(study, t, Reason.STALE, why)
+        if record.role in (Role.BASELINE, Role.WARM_START):
             records.enqueue(study, t.params, TrialRecord(role=record.role, config=record.config))
         failed.append(t.number)
     return failed

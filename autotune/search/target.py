@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
+from autotune.core.outcomes import Verdict
 from autotune.search.parity import SMOOTH, Reference, as_run, steps_for, tolerance_for, train_losses
 from autotune.trial.warm import WarmServer
 
@@ -57,7 +58,7 @@ class TargetVerdict:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "kind": "time to target",
-            "verdict": "pass" if self.passed else "fail",
+            "verdict": Verdict.PASS if self.passed else Verdict.FAIL,
             "reason": self.reason,
             "target_loss": round(self.target, 6),
             "baseline_samples_to_target": self.baseline_samples,

@@ -23,6 +23,7 @@ from autotune.core import errors
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV, die_with_parent, process_identity, signal_groups
+from autotune.core.outcomes import Reason
 from autotune.trial.nodes import Placement, launcher_for
 from autotune.trial.outcome import named_failure, read_verdicts
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV, WarmProcess, WarmServer, WarmServerError
@@ -327,11 +328,11 @@ def _classify(code: int, trial_dir: Path, log_path: Path, windows: list[float]) 
         return TrialResult.from_dict(ok)
     failed = named_failure(verdicts)
     status = failed["status"] if failed else errors.reason_for_exit(code)
-    watchdog = comm_failure(log_path) if status == "error" else None
+    watchdog = comm_failure(log_path) if status == Reason.ERROR else None
     if watchdog is not None:
         # NCCL's watchdog aborts a rank from a C++ thread (SIGABRT): it writes no verdict, and its peers
         # at most an "error" (connection closed). Its own log line is the only account of the cause.
-        status, message = "comm", watchdog
+        status, message = Reason.COMM, watchdog
     elif code < 0:
         message = f"killed by signal {signal.Signals(-code).name}"
     elif failed:

@@ -11,9 +11,10 @@ from typing import Any
 from collections.abc import Iterable
 
 from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
+from autotune.core.outcomes import Reason
 
 # Statuses whose traceback helps whoever reads the log: the others are said fully by their one line.
-TRACEBACK_WORTHY = frozenset({"data", "oom", "error"})
+TRACEBACK_WORTHY = frozenset({Reason.DATA, Reason.OOM, Reason.ERROR})
 
 
 def status_of(e: BaseException) -> tuple[str, str]:
@@ -21,16 +22,16 @@ def status_of(e: BaseException) -> tuple[str, str]:
     from autotune.trial.harness import NonFiniteLoss, is_out_of_memory, oom_message
 
     if isinstance(e, AutotuneError):
-        return "bad_config", str(e)
+        return Reason.BAD_CONFIG, str(e)
     if isinstance(e, DataItemError):  # an undecodable item: named, one line, like any bad input
-        return "data", e.summary
+        return Reason.DATA, e.summary
     if isinstance(e, TrialUnsupported):
-        return "unsupported", str(e)
+        return Reason.UNSUPPORTED, str(e)
     if isinstance(e, NonFiniteLoss):
-        return "numerics", str(e)
+        return Reason.NUMERICS, str(e)
     if is_out_of_memory(e):
-        return "oom", oom_message(e)
-    return "error", f"{type(e).__name__}: {e}"
+        return Reason.OOM, oom_message(e)
+    return Reason.ERROR, f"{type(e).__name__}: {e}"
 
 
 def read_verdicts(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -50,4 +51,4 @@ def named_failure(verdicts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     """The failed ranks' verdict that names the cause. Under DDP a peer of the rank that failed fails too,
     in a collective ("error", connection closed), so a named status (oom, numerics, ...) wins over "error"."""
     failed = [v for v in verdicts if v.get("status") != "ok"]
-    return min(failed, key=lambda v: v.get("status") == "error", default=None)
+    return min(failed, key=lambda v: v.get("status") == Reason.ERROR, default=None)

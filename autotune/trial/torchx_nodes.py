@@ -47,6 +47,7 @@ from typing import Any
 from autotune.core.errors import ConfigError, ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV
+from autotune.core.outcomes import Reason
 from autotune.trial.nodes import Placement
 from autotune.trial.warm import EXPECT_CUDA_ENV
 
@@ -262,7 +263,7 @@ def node_main(argv: list[str]) -> int:
         )
         if args.out is not None:
             with contextlib.suppress(OSError):  # a node that does not share the trial's folder (a pod)
-                verdict = {"status": "error", "message": message, "cause": NODE_CHECK_CAUSE}
+                verdict = {"status": Reason.ERROR, "message": message, "cause": NODE_CHECK_CAUSE}
                 write_json_atomic(args.out.with_name(f"{args.out.name}.node{args.replica}"), verdict)
         print(f"autotune: error: {message}", file=sys.stderr, flush=True)
         return int(exit_code_for("error"))

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from collections.abc import Mapping
 
 from autotune.core.procs import die_with_parent
+from autotune.core.outcomes import Reason
 from autotune.trial.warm import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV
 
 
@@ -127,7 +128,7 @@ def _fail_cuda_lost(argv: list[str], message: str) -> int:
     from autotune.core.files import write_json_atomic
 
     if "--out" in argv[:-1]:
-        verdict = {"status": "error", "message": message, "cause": CUDA_LOST_CAUSE}
+        verdict = {"status": Reason.ERROR, "message": message, "cause": CUDA_LOST_CAUSE}
         write_json_atomic(argv[argv.index("--out") + 1], verdict)
     print(f"autotune trial: error: {message}", file=sys.stderr)
     return exit_code_for("error")

@@ -26,6 +26,7 @@ import optuna
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
+from autotune.core.outcomes import Role
 from autotune.search import records
 from autotune.search.budget import Budget, trial_seconds
 from autotune.search.folders import end_folder
@@ -58,12 +59,12 @@ def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Can
             continue
         seen.add(key)
         c = Candidate(
-            "baseline" if record.role == "baseline" else f"trial {t.number}",
+            "baseline" if record.role == Role.BASELINE else f"trial {t.number}",
             t.number,
             record.config_for(workload),
             float(t.value or 0),
         )
-        if record.role == "baseline":
+        if record.role == Role.BASELINE:
             baseline = c
         elif len(out) < top:
             out.append(c)

@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
+from autotune.core.outcomes import Role, Verdict
 from autotune.search import classes, records
 from autotune.search.budget import Budget
 from autotune.search.finish import confirm
@@ -57,7 +58,7 @@ def run(
         standing = _standing(study, t, verdicts)
         if standing is not None:  # checked before (a resumed study), or its class was: its verdict stands
             verdicts[key] = standing
-            if standing["verdict"] == "pass":
+            if standing["verdict"] == Verdict.PASS:
                 break
             continue
         cfg = TrialRecord.of(t).config_for(settings.base)
@@ -70,7 +71,7 @@ def run(
                 "a cheaper one is tried"
             )
             verdicts[key] = {
-                "verdict": "not checked",
+                "verdict": Verdict.NOT_CHECKED,
                 "reason": f"the budget left was shorter than the check (about {need:.0f} s)",
             }
             continue
@@ -78,11 +79,11 @@ def run(
             verdict = classes.run_check(study, settings, t, cfg, folder, server)
         except TrialFailure as e:  # the baseline itself failed to train: nothing can be judged against it
             say(f"parity: the baseline failed to train ({e.reason}); nothing exported is checked")
-            verdicts[key] = {"verdict": "not checked", "reason": f"the baseline failed to train: {e.reason}"}
+            verdicts[key] = {"verdict": Verdict.NOT_CHECKED, "reason": f"the baseline failed to train: {e.reason}"}
             break
         verdicts[key] = verdict
         records.write_parity_verdicts(study, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
-        passed = verdict["verdict"] == "pass"
+        passed = verdict["verdict"] == Verdict.PASS
         say(
             f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
             f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead")
@@ -97,7 +98,7 @@ def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
     """The candidates in export order above the baseline: below it, the baseline itself would be exported."""
     ranked = export_order(study)
     roles = [TrialRecord.of(t).role for t in ranked]
-    return ranked[: roles.index("baseline")] if "baseline" in roles else ranked
+    return ranked[: roles.index(Role.BASELINE)] if Role.BASELINE in roles else ranked
 
 
 def _standing(study: optuna.Study, t: FrozenTrial, verdicts: dict[str, Any]) -> dict[str, Any] | None:
