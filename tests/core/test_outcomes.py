@@ -77,7 +77,7 @@ def literal_words(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_checker_finds_each_kind_of_literal() -> None:
-    bad = '''
+    bad = """
 if record.role == "baseline": pass
 write(TrialRecord(role="search", reason="headroom"))
 v = {"verdict": "pass" if ok else "fail"}
@@ -85,7 +85,7 @@ ok = [t for t in ts if verdict(t) not in ("fail", "skipped")]
 class TrialOOM(TrialFailure):
     reason = "oom"
 write_reason(trial, "interrupted")
-'''
+"""
     assert len(literal_words(bad)) == 7, literal_words(bad)
     fine = 'if args.command == "search": pass\nname = "data"\nroles.index(Role.BASELINE)\n'
     assert literal_words(fine) == []
