@@ -13,7 +13,6 @@ import pytest
 from autotune.apply import ablate
 from autotune.cli import build_parser
 from autotune.core.config import BASELINE, TrialConfig
-from autotune.pipelines.unet.data import make_data
 from autotune.core.errors import AutotuneError, TrialOOM
 from autotune.search.storage import open_storage
 
@@ -116,13 +115,12 @@ def test_nothing_to_ablate_is_bad_input(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ablate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = make_data(tmp_path / "data", n=24, size=(128, 96), seed=0)
+def test_ablate_end_to_end(tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage = make_study(
-        tmp_path, data, {"precision": "bf16", "num_workers": 2, "persistent_workers": True, "prefetch_factor": 2}
+        tmp_path, tiny_data, {"precision": "bf16", "num_workers": 2, "persistent_workers": True, "prefetch_factor": 2}
     )
     studies = tmp_path / "studies"
-    args = parse(["ablate", "--study", "abl", "--storage", storage, "--studies-dir", str(studies), "--seconds", "1"])
+    args = parse(["ablate", "--study", "abl", "--storage", storage, "--studies-dir", str(studies), "--seconds", "0.5"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     print(out)

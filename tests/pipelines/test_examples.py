@@ -258,7 +258,10 @@ def test_pipeline_from_outside_the_package(tmp_path: Path) -> None:
     assert run.returncode == 2 and "PYTHONPATH" in run.stderr, run.stderr
 
 
-# --- a one-minute search on each example, exported and reproduced ---------------------------------
+# --- a half-minute search on each example, exported and reproduced --------------------------------
+# The knobs' combinations on each example are the trial tests' above (and test_one_step_with_every_stage_
+# checkpointed); this one is the path from a search to a reproduced export. 30 s of 1-second trials run
+# 7-17 trials here (the lm's are pruned after a window or two), then the parity gate's checks.
 
 
 @pytest.mark.slow
@@ -268,13 +271,13 @@ def test_search_export_reproduce(tmp_path: Path, name: str) -> None:
     run = autotune(
         "search",
         "--budget",
-        "60s",
+        "30s",
         "--pipeline",
         spec,
         "--image-size",
         "64",
         "--trial-seconds",
-        "2",
+        "1",
         "--warmup-steps",
         "1",
         "--study",
@@ -283,6 +286,8 @@ def test_search_export_reproduce(tmp_path: Path, name: str) -> None:
         "0",
         "--confirm-rounds",
         "0",
+        "--parity-steps",  # the gate's checks run on the example too, a third as long as by default
+        "10",
         cwd=tmp_path,
         timeout=300,
     )

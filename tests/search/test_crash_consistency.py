@@ -1,5 +1,6 @@
-"""Nothing lost: `autotune search` killed with SIGKILL at random moments, 20 times on one study. After
-each kill the journal reads, every trial COMPLETE before it is COMPLETE with the same value, the
+"""Nothing lost: `autotune search` killed with SIGKILL at random moments on one study, at least once in
+each stretch of its first 14 s (start-up, the warm server, trials and their tells). After each kill the
+journal reads, every trial COMPLETE before it is COMPLETE with the same value, the
 resume step leaves nothing RUNNING, and no process is left in the folder. Also: a disk that fills
 mid-search fails the running trial with the reason, still exports the best, and exits non-zero."""
 
@@ -28,7 +29,13 @@ from autotune.trial import launcher
 from tests.conftest import REPO_ROOT
 from tests.search.test_study_reliability import left_in
 
-KILLS = 20
+# One kill at a random moment in each of KILLS equal stretches of 3-14 s after the start: start-up (~3 s),
+# the warm server, then a trial and its tell every second or two. Each run completes about 5 trials (113 over
+# 20 kills on an idle machine), so a few kills meet every phase; more are made only until one lands mid-trial
+# and five trials are kept (a busy machine starts slower).
+KILLS = 8
+MAX_KILLS = 20
+FIRST_S, LAST_S = 3.0, 14.0
 
 
 def _start(tmp_path: Path) -> subprocess.Popen[bytes]:
@@ -65,15 +72,19 @@ def _complete(study: optuna.Study) -> dict[int, float]:
 @pytest.mark.timeout(600)
 def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
     rng = random.Random(1234)
+    width = (LAST_S - FIRST_S) / KILLS
+    stretches = rng.sample(range(KILLS), KILLS)  # each stretch once, in a random order
     db = tmp_path / "studies.db"
     before: dict[int, float] = {}
     stale = 0
-    for kill in range(KILLS):
+    kill = 0
+    while kill < KILLS or (kill < MAX_KILLS and (stale == 0 or len(before) < 5)):
+        stretch = stretches[kill] if kill < KILLS else rng.randrange(KILLS)
         search = _start(tmp_path)
-        # Start-up (~3 s), the warm server, then a trial and its tell every second or two.
-        time.sleep(rng.uniform(3.0, 14.0))
+        time.sleep(FIRST_S + width * (stretch + rng.random()))
         search.send_signal(signal.SIGKILL)
         search.wait(timeout=10)
+        kill += 1
         assert left_in(tmp_path) == [], f"kill {kill}: processes outlived the controller"
         if not db.exists():
             continue  # killed before the study was created
@@ -88,10 +99,10 @@ def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         assert not running, f"kill {kill}: left RUNNING: {[(t.number, t.user_attrs) for t in running]}"
         before = now
-    assert len(before) >= 5, f"only {len(before)} trials completed over {KILLS} kills: the test exercised too little"
+    assert len(before) >= 5, f"only {len(before)} trials completed over {kill} kills: the test exercised too little"
     repaired = len(list(tmp_path.glob("studies.db.torn-*")))
     print(
-        f"\n{KILLS} kills: {len(before)} complete trials kept with their values, {stale} trial(s) killed "
+        f"\n{kill} kills: {len(before)} complete trials kept with their values, {stale} trial(s) killed "
         f"mid-run marked stale, {repaired} torn tail(s) repaired"
     )
 

@@ -126,7 +126,7 @@ def test_search_stops_after_consecutive_data_failures(tmp_path: Path) -> None:
         timed_steps=4,
         window=1,
     )
-    session = SearchSession.create(settings(tmp_path, n_trials=6, base=base), warm=False, say=lambda s: None)
+    session = SearchSession.create(settings(tmp_path, n_trials=6, base=base), warm=True, say=lambda s: None)
     outcome = session.run()
     assert outcome.trials == 3 and outcome.code == 2
     assert "3 trials in a row failed on the data" in outcome.error and "dataset item 3" in outcome.error
@@ -158,7 +158,7 @@ def test_a_global_batch_search_keeps_every_trials_optimizer_step(tmp_path: Path)
     said: list[str] = []
     base = TINY.replace(global_batch=16, batch_size=16)
     s = settings(tmp_path, base=base, space=str(space), n_trials=6, confirm_rounds=0, sampler="random", seed=1)
-    session = SearchSession.create(s, warm=False, say=said.append)
+    session = SearchSession.create(s, warm=True, say=said.append)  # six trials: forked, not six cold starts
     assert any(line.startswith("space: batch_size: dropped 32") for line in said), said
     session.run()
     ran = [t for t in session.study.trials if t.state == optuna.trial.TrialState.COMPLETE]

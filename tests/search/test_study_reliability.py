@@ -25,6 +25,7 @@ from autotune.search.storage import open_storage
 from autotune.search.results import feasible
 from autotune.search.runner import Events, run_one
 from autotune.search.study import open_study
+from autotune.trial.warm import WarmServer
 from tests.conftest import REPO_ROOT, wait_until_gone
 
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
@@ -39,11 +40,15 @@ FP = {
     "image_size": 64,
 }
 PIPELINE = "tests.fault_pipelines:fault_by_batch_size"
+# A hanging trial's timeout: a forked trial starts in well under a second, so the timeout is the hang's.
+HANG_TIMEOUT_S = 4.0
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("repo_on_path")
-def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> None:
+def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path, server: WarmServer) -> None:
+    """Each trial forks from a warm server, as a search's do; a forked trial's command line does not name
+    it, so what it leaves behind is looked for by its process group too."""
     base = TrialConfig(pipeline=PIPELINE, warmup_steps=1, timed_steps=6, window=2)
     settings = SearchSettings(
         budget_s=600, storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path / "studies"), base=base
@@ -65,12 +70,13 @@ def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> Non
     ]
     for knobs, expected, reason in cases:
         trial = study.ask()
-        timeout = 8.0 if reason in ("timeout", "compile_timeout", "budget") else 120.0
-        # --trial-timeout 8 s: every timeout is the trial's own; the budget case cuts at 8 s of 120 s
-        run_settings = dataclasses.replace(settings, trial_timeout_s=8.0 if reason != "budget" else 120.0)
-        frozen = run_one(study, trial, base.replace(**knobs), run_settings, timeout, Events())
+        timeout = HANG_TIMEOUT_S if reason in ("timeout", "compile_timeout", "budget") else 120.0
+        # --trial-timeout HANG_TIMEOUT_S: every timeout is the trial's own; the budget case cuts there, of 120 s
+        run_settings = dataclasses.replace(settings, trial_timeout_s=HANG_TIMEOUT_S if reason != "budget" else 120.0)
+        frozen = run_one(study, trial, base.replace(**knobs), run_settings, timeout, Events(), server)
         marker = str(tmp_path / "studies" / "autotune" / f"trial-{trial.number}")
         assert wait_until_gone(marker) == [], f"trial {trial.number} left processes behind"
+        assert group_gone(frozen.user_attrs["owner"]["pgid"]), f"trial {trial.number} left its group behind"
         if expected == "infeasible":
             assert frozen.state == TrialState.COMPLETE and not feasible(frozen)
             assert frozen.constraints == {"infeasible": 1.0}
@@ -87,9 +93,12 @@ def test_every_fault_is_classified_and_the_search_goes_on(tmp_path: Path) -> Non
     assert best.params.get("batch_size", 2) == 2 and best.user_attrs["config"]["batch_size"] == 2
 
 
-def _search(tmp_path: Path, *extra: str, sigint: Any = signal.SIG_DFL) -> subprocess.Popen[str]:
+def _search(
+    tmp_path: Path, *extra: str, sigint: Any = signal.SIG_DFL, trial_seconds: float = 3
+) -> subprocess.Popen[str]:
     """`autotune search` in a subprocess. `sigint` is the SIGINT disposition it inherits: a shell's
-    background job starts with SIGINT ignored, and Ctrl-C must work however autotune was started."""
+    background job starts with SIGINT ignored, and Ctrl-C must work however autotune was started.
+    3-second trials by default: long enough to find one running and stop it mid-trial."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),
@@ -104,7 +113,7 @@ def _search(tmp_path: Path, *extra: str, sigint: Any = signal.SIG_DFL) -> subpro
         "--pipeline",
         "tests.fault_pipelines:slow",
         "--trial-seconds",
-        "3",
+        str(trial_seconds),
         "--warmup-steps",
         "1",
         *extra,
@@ -178,7 +187,8 @@ def test_killed_controller_resumes_cleanly(tmp_path: Path) -> None:
     assert group_gone(running.user_attrs["owner"]["pgid"]), "the trial outlived its killed controller"
     assert left_in(tmp_path) == [], "the warm server or a trial outlived its killed controller"
 
-    again = _search(tmp_path, "--budget", "5m", "--n-trials", "1")
+    # The resume is what is checked: one trial, then no confirmation and no parity gate to wait for.
+    again = _search(tmp_path, "--budget", "5m", "--n-trials", "1", "--confirm-rounds", "0", "--parity-steps", "0")
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
     trials = _study(tmp_path).trials
@@ -212,7 +222,10 @@ def test_interrupt_records_exports_and_exits_130(tmp_path: Path, sig: signal.Sig
 
 @pytest.mark.slow
 def test_concurrent_searches_share_one_journal(tmp_path: Path) -> None:
-    searches = [_search(tmp_path, "--budget", "40s") for _ in range(2)]
+    # 25 s of 1-second trials: each search runs several trials beside the other's, then both confirm on the one
+    # study at once. No parity gate: its extension rounds would run on into the grace after the budget
+    # (verdicts written by two processes at once: tests/search/test_records.py).
+    searches = [_search(tmp_path, "--budget", "25s", "--parity-steps", "0", trial_seconds=1) for _ in range(2)]
     outs = [s.communicate(timeout=300) for s in searches]
     for s, (_out, err) in zip(searches, outs):
         assert s.returncode == 0, err[-3000:]

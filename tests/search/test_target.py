@@ -3,6 +3,7 @@ the baseline's loss; each training-math class is checked once, and a failed clas
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from autotune.core.config import TrialConfig, TrialResult
+from autotune.pipelines import preload_modules
 from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.search import records, target
@@ -21,7 +23,10 @@ from autotune.search.results import best_export, checks_summary, exported
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.search.session import SearchSession
 from autotune.search.storage import open_storage
+from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
 
+# conftest's `server` fixture: the gate's runs here fork from one warm server instead of starting cold.
+WARM_PRELOAD = (*DEFAULT_PRELOAD, *preload_modules("unet"), "tests.parity_pipelines")
 HEALTHY = TrialConfig(pipeline="tests.parity_pipelines:healthy", image_size=32, seed=0)
 
 
@@ -74,7 +79,9 @@ def record(study: optuna.Study, role: str, cfg: TrialConfig, sps: float, base_sp
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("repo_on_path")
-def test_a_larger_batch_that_gets_there_sooner_is_exported_with_its_math_named(tmp_path: Path) -> None:
+def test_a_larger_batch_that_gets_there_sooner_is_exported_with_its_math_named(
+    tmp_path: Path, server: WarmServer
+) -> None:
     """8 -> 32 with the sqrt lr at 3x the samples/s: parity at equal samples would fail it; it reaches the
     baseline's loss 1.5x sooner in wall time, so it passes and is exported, its change said."""
     study = optuna.create_study(storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
@@ -82,7 +89,7 @@ def test_a_larger_batch_that_gets_there_sooner_is_exported_with_its_math_named(t
     record(study, "search", HEALTHY.replace(batch_size=32), 30.0)
     record(study, "search", HEALTHY.replace(num_threads=1), 12.0)
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=HEALTHY, parity_steps=10)
-    verdicts = gate.run(study, settings, say=lambda s: None)
+    verdicts = gate.run(study, settings, server=server, say=lambda s: None)
     assert verdicts is not None and verdicts["1"]["verdict"] == "pass" and verdicts["1"]["speedup_to_target"] > 1
     assert exported(study).number == 1
     best: dict[str, Any] = yaml.safe_load(to_yaml(best_export(study, None, None)))
@@ -93,13 +100,15 @@ def test_a_larger_batch_that_gets_there_sooner_is_exported_with_its_math_named(t
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("repo_on_path")
-def test_the_unet_at_global_batch_64_on_a_small_set_still_fails(tmp_path: Path, tiny_data: Path) -> None:
+def test_the_unet_at_global_batch_64_on_a_small_set_still_fails(
+    tmp_path: Path, tiny_data: Path, server: WarmServer
+) -> None:
     unet = TrialConfig(pipeline="unet", data_dir=str(tiny_data), image_size=64, seed=0)
     study = optuna.create_study(storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
     record(study, "baseline", unet, 10.0)
     record(study, "search", unet.replace(batch_size=64), 25.0)
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=unet, parity_steps=10)
-    verdicts = gate.run(study, settings, say=lambda s: None)
+    verdicts = gate.run(study, settings, server=server, say=lambda s: None)
     assert verdicts is not None and verdicts["1"]["kind"] == "time to target"
     assert verdicts["1"]["verdict"] == "fail", verdicts["1"]
     assert exported(study).number == 0  # the baseline, never the unproven larger batch
@@ -127,15 +136,19 @@ def test_a_failed_class_is_checked_during_the_search_and_never_run_again(tmp_pat
         seed=0,
     )
     said: list[str] = []
-    session = SearchSession.create(settings, warm=False, say=said.append)
+    session = SearchSession.create(settings, warm=True, say=said.append)  # forked trials and checks
     session.run()
     label = "global batch 8 -> 64"
     verdict = records.class_verdicts(session.study).get(label)
     assert verdict is not None and verdict["verdict"] == "fail" and verdict["kind"] == "time to target", said
     assert any(line.startswith(f"check: trial {verdict['trial']}'s training math ({label})") for line in said), said
+    # One trial run per later run: the re-proposal is asked (and written off) before any other trial runs.
+    later = dataclasses.replace(settings, n_trials=1)
     for resume in (False, True):
         if resume:
-            session = SearchSession.create(settings, warm=False, say=said.append)
+            session = SearchSession.create(later, warm=True, say=said.append)
+        else:
+            session.settings = later
         session.study.enqueue_trial({"batch_size": 64, "num_threads": 2})  # the sampler proposes it again
         session.run()
         again = [

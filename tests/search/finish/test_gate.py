@@ -19,7 +19,10 @@ from autotune.search.records import PARITY, of_result, write
 from autotune.search.results import best_export, exported
 from autotune.search.runner import FEASIBLE_KEY
 from autotune.search.storage import open_storage
+from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
 
+# conftest's `server` fixture: the checks' runs fork from one warm server instead of starting cold.
+WARM_PRELOAD = (*DEFAULT_PRELOAD, "tests.parity_pipelines")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("repo_on_path")]
 BROKEN = TrialConfig(pipeline="tests.parity_pipelines:offset", image_size=32, seed=0)
 
@@ -32,7 +35,7 @@ def record(study: optuna.Study, role: str, cfg: TrialConfig, sps: float) -> None
     study.tell(trial, sps)
 
 
-def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path: Path) -> None:
+def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path: Path, server: WarmServer) -> None:
     study = optuna.create_study(
         study_name="g", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize"
     )
@@ -48,7 +51,7 @@ def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path:
         parity_steps=20,
     )
     said: list[str] = []
-    verdicts = gate.run(study, settings, say=said.append)
+    verdicts = gate.run(study, settings, server=server, say=said.append)
     assert verdicts is not None and verdicts["1"]["verdict"] == "fail" and verdicts["2"]["verdict"] == "pass"
     assert any("trial 1 FAILS" in line and "the next best is checked" in line for line in said), said
     assert exported(study).number == 2  # never the broken one
@@ -59,7 +62,7 @@ def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path:
     assert study.user_attrs[PARITY]["1"]["deviation"] > study.user_attrs[PARITY]["1"]["tolerance"]
     # A resumed study keeps its verdicts and its reference: nothing is trained again.
     again: list[str] = []
-    assert gate.run(study, settings, say=again.append) == verdicts
+    assert gate.run(study, settings, server=server, say=again.append) == verdicts
     assert not any("passes" in line or "FAILS" in line for line in again)
     assert records.parity_reference(study) is not None
 
@@ -72,7 +75,7 @@ def test_parity_off_checks_nothing(tmp_path: Path) -> None:
     assert exported(study).number == 1 and PARITY not in study.user_attrs
 
 
-def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: Path) -> None:
+def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: Path, server: WarmServer) -> None:
     """8 -> 32 changes the optimizer step: judged by the time to the baseline's loss, not by parity at equal
     samples. Its verdict stands for every config of its class (trial 2 is not trained again)."""
     healthy = TrialConfig(pipeline="tests.parity_pipelines:healthy", image_size=32, seed=0)
@@ -83,7 +86,7 @@ def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: 
     record(study, "search", healthy.replace(num_threads=1), 20.0)
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=healthy, parity_steps=10)
     said: list[str] = []
-    verdicts = gate.run(study, settings, say=said.append)
+    verdicts = gate.run(study, settings, server=server, say=said.append)
     assert verdicts is not None and verdicts["1"]["kind"] == "time to target"
     label = "global batch 8 -> 32; lr 0.001 -> 0.002 (sqrt rule)"
     assert records.class_verdicts(study)[label]["trial"] == 1
