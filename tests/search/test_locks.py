@@ -149,32 +149,14 @@ def test_cpu_lease_contended_at_its_end_only(monkeypatch: pytest.MonkeyPatch) ->
 def test_cpu_lease_seen_across_processes(lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two searches are two processes: the lease must be visible to another process, not just a thread."""
     cpu_only(monkeypatch)
-    code = (
-        "import sys\n"
-        "from autotune.search import locks\n"
-        "locks._cuda_devices = lambda: ()\n"
-        "with locks.device_lock(1) as lease:\n"
-        "    print('in', lease.contended, flush=True)\n"
-        "    sys.stdin.readline()\n"
-        "print('out', lease.contended, flush=True)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "AUTOTUNE_LOCK_DIR": str(lock_dir)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-    )
+    other = PinnedSearch(lock_dir, set(os.sched_getaffinity(0)))  # on this process's CPUs
     try:
-        assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().split() == ["in", "False"]
+        assert other.line() == ["in", "False"]
         with locks.device_lock(1) as lease:
             assert lease.contended is True
-            proc.stdin.write("\n")
-            proc.stdin.flush()
-            assert proc.stdout.readline().split() == ["out", "True"]  # it ended while this one ran
-        assert proc.wait(10) == 0
+            assert other.release() == ["out", "True"]  # it ended while this one ran
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        other.kill()
     with locks.device_lock(1) as alone:  # the other process is gone: alone again
         pass
     assert alone.contended is False
