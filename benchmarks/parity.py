@@ -1,7 +1,7 @@
 """What the parity check's tolerance rests on: how far each kind of change moves a short loss trajectory,
 next to natural training noise, on the real Unet (and the broken-numerics test pipeline).
 
-Every figure comes from autotune.search.parity itself: one noise reference per workload (the baseline
+Every figure comes from autotune.search.checks.parity itself: one noise reference per workload (the baseline
 and its data-order twin, data_seed + 1, same initial weights), then check() for each candidate, each
 run a fresh trial process forked from a warm server, as in a search. Printed per candidate:
 
@@ -69,7 +69,7 @@ def main() -> int:
     from autotune.core.config import TrialConfig
     from autotune.pipelines import preload_modules
     from autotune.pipelines.unet.data import make_data
-    from autotune.search import parity
+    from autotune.search.checks import parity
     from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
 
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="parity-bench-"))

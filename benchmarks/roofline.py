@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--config",
         metavar="FILE",
         help="take the knobs from this config (e.g. an exported best.yaml); "
-        "default: autotune.search.study.warm_start for this machine",
+        "default: autotune.search.loop.study.warm_start for this machine",
     )
     p.add_argument("--image-size", type=int, default=128, help="training crop size in px (default 128)")
     p.add_argument("--rounds", type=int, default=6, help="rounds of (end-to-end, compute) (default 6)")
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.core.config import TrialConfig
     from autotune.pipelines.unet.data import default_data
     from autotune.trial.harness import build
-    from autotune.search.space import Hardware
-    from autotune.search.study import warm_start
+    from autotune.search.space.hardware import Hardware
+    from autotune.search.loop.study import warm_start
 
     data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")
     base = TrialConfig(data_dir=str(data), image_size=args.image_size)

@@ -8,11 +8,11 @@
              trials it needs to reach 95% of the grid's best, and how close it gets in 10, 20, 40 trials.
 
 Strategies in replay:
-    auto     autotune's default (`--sampler auto`): `autotune.search.study.make_sampler('auto', seed)`, the
-             coordinate pass of autotune/search/strategy.py (one knob at a time from the best config so
+    auto     autotune's default (`--sampler auto`): `autotune.search.loop.study.make_sampler('auto', seed)`, the
+             coordinate pass of autotune/search/loop/strategy.py (one knob at a time from the best config so
              far) and then TPE, with autotune's two enqueued trials first (the plain-PyTorch baseline, then
              `study.warm_start` for the recorded host), mapped into the reduced grid, configs built by
-             `autotune.search.suggest.suggest`, and a config already measured answered from that measurement
+             `autotune.search.space.suggest.suggest`, and a config already measured answered from that measurement
              without counting as a trial (as `autotune search` does: session.py, runner.reuse); like
              autotune, it gives up after 25 such repeats in a row
     tpe      the same with make_sampler('tpe', seed), and a repeated config re-run (plain TPE, as replayed
@@ -308,7 +308,7 @@ class Table:
 
 def _space() -> Any:
     """The reduced grid as an autotune SearchSpace: num_workers as the int range the default space has."""
-    from autotune.search.space import Choices, IntRange, SearchSpace
+    from autotune.search.space.spec import Choices, IntRange, SearchSpace
 
     return SearchSpace(
         knobs={
@@ -339,8 +339,8 @@ def _snap(cfg: Any) -> Config:
 def _anchors(table: Table) -> list[Config]:
     """autotune's two enqueued trials, as study.open_study enqueues them, for the recorded host."""
     from autotune.core.config import BASELINE, TrialConfig
-    from autotune.search.space import Hardware
-    from autotune.search.study import warm_start
+    from autotune.search.space.hardware import Hardware
+    from autotune.search.loop.study import warm_start
 
     hw = Hardware(cuda=False, gpu_count=0, cpu_count=table.cpu_count, apex=False)
     base = TrialConfig()
@@ -365,7 +365,7 @@ class Noise:
 Run = Callable[[Table, int, int, Noise], list[Config]]  # -> the configs in the order they were measured
 
 
-REPEATS_TO_STOP = 25  # autotune.search.session: proposals of measured configs in a row before a search ends
+REPEATS_TO_STOP = 25  # autotune.search.loop.session: proposals of measured configs in a row before a search ends
 
 
 def _optuna_run(
@@ -382,9 +382,9 @@ def _optuna_run(
     def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
         import optuna
         from autotune.core.config import BASELINE, TrialConfig
-        from autotune.search.space import Hardware
-        from autotune.search.suggest import config_params, suggest
-        from autotune.search.study import warm_start
+        from autotune.search.space.hardware import Hardware
+        from autotune.search.space.suggest import config_params, suggest
+        from autotune.search.loop.study import warm_start
 
         space = _space()
         base = TrialConfig()
@@ -459,25 +459,25 @@ def _optuna_run(
 
 
 def _auto(seed: int) -> Any:
-    from autotune.search.study import make_sampler
+    from autotune.search.loop.study import make_sampler
 
     return make_sampler("auto", seed)
 
 
 def _auto_alternate(seed: int) -> Any:
-    from autotune.search.strategy import CoordinateSampler
+    from autotune.search.loop.strategy import CoordinateSampler
 
     return CoordinateSampler(seed=seed, tpe_every=2)
 
 
 def _tpe(seed: int) -> Any:
-    from autotune.search.study import make_sampler
+    from autotune.search.loop.study import make_sampler
 
     return make_sampler("tpe", seed)
 
 
 def _gp(seed: int) -> Any:
-    from autotune.search.study import make_sampler
+    from autotune.search.loop.study import make_sampler
 
     return make_sampler("gp", seed)
 

@@ -4,7 +4,7 @@ For configs that change the optimizer step (a larger global batch, so a scaled l
 
   trial    samples/s of the baseline and each config, from `autotune.trial.launcher.run_trial` (the
            isolated measured trial a search runs), in interleaved rounds; medians
-  verdict  `autotune.search.target.check`: the config trains from the baseline's initial weights and data
+  verdict  `autotune.search.checks.target.check`: the config trains from the baseline's initial weights and data
            order for up to CAP x the baseline's reference samples; speedup to target = the baseline's
            time to its own smoothed loss after K steps / the config's (the search's class check)
   train    `python -m autotune.apply.train` (as `autotune train` runs it, a fresh process each) for
@@ -37,7 +37,7 @@ from autotune.apply.comparison import time_to  # noqa: E402
 from autotune.apply.train import run_config  # noqa: E402
 from autotune.core.config import TrialConfig, baseline_of  # noqa: E402
 from autotune.pipelines import workload  # noqa: E402
-from autotune.search import parity, target  # noqa: E402
+from autotune.search.checks import parity, target  # noqa: E402
 from autotune.trial import launcher  # noqa: E402
 
 # name -> knobs over the baseline (plain PyTorch, batch 8). Each changes the optimizer step.

@@ -16,7 +16,7 @@
 #      the DDP row), at 256 px, batch 8, 2 measured seconds: fp32-baseline and pin-workers8 side by side
 #      (the lever search-vs-pin compares with); fp16 + GradScaler + channels_last + cudnn_benchmark;
 #      bf16 + fused AdamW; a forced CUDA OOM; compile=default; DDP with accumulation (two gloo ranks
-#      sharing the one GPU, or nccl over two); then bf16 parity at 64 px through autotune.search.parity.
+#      sharing the one GPU, or nccl over two); then bf16 parity at 64 px through autotune.search.checks.parity.
 #      Then every row's result JSON is asserted, and the headroom rule on fp32-baseline's figures.
 #   4. autotune search through the warm fork server (a space without compile, DDP or batch size: their
 #      rows and CPU tests cover them, and the 90 s budget's 45 s of trials could not hold a compile), then
@@ -404,7 +404,7 @@ from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 
 def run_parity(d, size, changes, left, server):
-    """bf16 against its fp32 baseline through autotune.search.parity: the reference (2 runs), then the candidate."""
+    """bf16 against its fp32 baseline through autotune.search.checks.parity: the reference (2 runs), then the candidate."""
     base = workload("unet", size, data, str(work / "studies"), batch_size=8)
     per_run = max(3.0, (left - 1) / 3)
     try:
@@ -651,7 +651,7 @@ import json, sys
 from pathlib import Path
 import torch
 from autotune.core.config import TrialResult
-from autotune.search.runner import headroom_short
+from autotune.search.loop.runner import headroom_short
 
 try:
     r = TrialResult.from_dict(json.loads(Path(sys.argv[1]).read_text()))
@@ -710,9 +710,9 @@ on_gpu() {
 import sys
 from pathlib import Path
 import optuna
-from autotune.search.records import TrialRecord
-from autotune.search.results import feasible
-from autotune.search.storage import open_storage
+from autotune.search.store.records import TrialRecord
+from autotune.search.store.results import feasible
+from autotune.search.store.storage import open_storage
 
 store, need = sys.argv[1], int(sys.argv[2])
 try:

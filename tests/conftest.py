@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 # Before anything imports huggingface_hub (via smp): tests must never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
 # The memory probe is one more process importing torch at every search start (seconds each): off,
-# except in the tests of the memory estimate (tests/search/test_memory.py, tests/trial/test_probe.py).
+# except in the tests of the memory estimate (tests/search/space/test_memory.py, tests/trial/test_probe.py).
 os.environ.setdefault("AUTOTUNE_MEMORY_PROBE", "0")
 
 import psutil  # noqa: E402

@@ -1,4 +1,4 @@
-"""Pipelines for the parity check (tests/search/test_parity.py, benchmarks/parity.py), named as
+"""Pipelines for the parity check (tests/search/checks/test_parity.py, benchmarks/parity.py), named as
 `tests.parity_pipelines:<factory>` in TrialConfig.pipeline.
 
 Both learn one rule, fast: a pixel is foreground where its first channel exceeds its second, from

@@ -39,9 +39,9 @@ def test_the_package_is_layered_not_flat() -> None:
 
 
 def test_study_attrs_are_read_and_written_only_through_the_records() -> None:
-    """search/records.py spells every user-attr key once; a raw `user_attrs` read or `set_user_attr` write
+    """search/store/records.py spells every user-attr key once; a raw `user_attrs` read or `set_user_attr` write
     elsewhere would spell one again (and give a missing one another default)."""
-    own = PACKAGE / "search" / "records.py"
+    own = PACKAGE / "search" / "store" / "records.py"
     raw = sorted(
         str(p.relative_to(PACKAGE))
         for p in PACKAGE.rglob("*.py")

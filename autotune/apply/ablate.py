@@ -110,9 +110,9 @@ def greedy(
 
 def _configs(study: Any, studies_dir: str, data: str | None, seconds: float | None) -> tuple[TrialConfig, TrialConfig]:
     """(baseline, best) from the study, on its workload (with --data / --seconds applied)."""
-    from autotune.search.records import TrialRecord
-    from autotune.search.results import leaderboard
-    from autotune.search.study import study_workload
+    from autotune.search.store.records import TrialRecord
+    from autotune.search.store.results import leaderboard
+    from autotune.search.loop.study import study_workload
 
     work = study_workload(study, data, studies_dir)
     if seconds:
@@ -135,9 +135,9 @@ def run_ablation(
     trial_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
     from autotune.trial import launcher
-    from autotune.search.fingerprint import differences, fingerprint
-    from autotune.search.locks import device_lock
-    from autotune.search.records import StudyRecord, write_ablation
+    from autotune.search.space.fingerprint import differences, fingerprint
+    from autotune.trial.locks import device_lock
+    from autotune.search.store.records import StudyRecord, write_ablation
 
     base, best = _configs(study, studies_dir, data, seconds)
     diff = differences(StudyRecord.of(study).fingerprint, fingerprint(base))

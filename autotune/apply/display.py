@@ -16,11 +16,11 @@ from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
 from autotune.core.outcomes import Reason, Verdict
-from autotune.search import records
+from autotune.search.store import records
 from autotune.search.budget import Budget
-from autotune.search.records import TrialRecord
-from autotune.search.results import class_verdict, exported, feasible, leaderboard
-from autotune.search.runner import Events
+from autotune.search.store.records import TrialRecord
+from autotune.search.store.results import class_verdict, exported, feasible, leaderboard
+from autotune.search.loop.runner import Events
 
 
 def knob_summary(config: Mapping[str, Any]) -> str:

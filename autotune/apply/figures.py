@@ -141,8 +141,8 @@ def importance_figure(study: Any) -> tuple[Any | None, str]:
 def pareto_points(study: Any) -> list[tuple[int, float, float, bool, str]]:
     """(trial, peak MiB, samples/s, on the front, config) for feasible trials that recorded memory."""
     from autotune.apply.display import knob_summary
-    from autotune.search.records import TrialRecord
-    from autotune.search.results import leaderboard
+    from autotune.search.store.records import TrialRecord
+    from autotune.search.store.results import leaderboard
 
     records = [(t, TrialRecord.from_frozen(t)) for t in leaderboard(study)]
     pts = [

@@ -60,7 +60,7 @@ def confirmation_html(study: Any) -> str:
     )
 
 
-# The memory estimate made before launch (search/memory.py) beside the peak each trial measured.
+# The memory estimate made before launch (search/space/memory.py) beside the peak each trial measured.
 MEMORY_COLUMNS = (
     "trial",
     "role",
@@ -77,8 +77,8 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
     """One row of text cells per trial with an estimate, in trial order (`top`: the last ones only);
     a config written off before launch shows "skipped" for its peak. The terminal (`show`) and the
     HTML report print these."""
-    from autotune.search.memory import versus_peak
-    from autotune.search.records import TrialRecord
+    from autotune.search.space.memory import versus_peak
+    from autotune.search.store.records import TrialRecord
 
     def mib(x: Any) -> str:
         return f"{x / 2**20:.0f}" if x is not None else "-"
@@ -129,8 +129,8 @@ th{background:#f0f0f0}.note{color:#666;font-style:italic}section{margin:2em 0}
 def write_report(study: Any, out: Path) -> list[Path]:
     """Write the HTML report and its PNGs; returns every file written, the HTML first."""
     from autotune.core.files import write_atomic
-    from autotune.search.records import StudyRecord
-    from autotune.search.results import baseline_sps
+    from autotune.search.store.records import StudyRecord
+    from autotune.search.store.results import baseline_sps
 
     out.parent.mkdir(parents=True, exist_ok=True)
     base, record = baseline_sps(study), StudyRecord.of(study)
@@ -192,8 +192,8 @@ def _figure_sections(study: Any, base: float | None, ablation: Any, out: Path) -
 
 
 def _summary(study: Any, base: float | None) -> list[tuple[str, Any]]:
-    from autotune.search.records import TrialRecord
-    from autotune.search.results import leaderboard
+    from autotune.search.store.records import TrialRecord
+    from autotune.search.store.results import leaderboard
 
     board = leaderboard(study)
     summary: list[tuple[str, Any]] = [

@@ -203,8 +203,8 @@ def _console() -> Any:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autotune.search.results import shown_storage
-    from autotune.search.session import SearchSession
+    from autotune.search.store.storage import shown_storage
+    from autotune.search.loop.session import SearchSession
 
     settings = _search_settings(args)
     console = _console()
@@ -231,7 +231,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
     from autotune.core.errors import ConfigError
     from autotune.core.settings import SearchSettings, parse_percent
     from autotune.pipelines import workload
-    from autotune.search.space_file import load_space
+    from autotune.search.space.reading import load_space
 
     if args.budget is None and not args.create_only:
         raise ConfigError("search needs --budget (e.g. --budget 10m)")
@@ -294,8 +294,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from autotune.core.settings import SearchSettings
     from autotune.core.errors import AutotuneError
-    from autotune.search import fleet
-    from autotune.search.session import SearchSession
+    from autotune.search.store import fleet
+    from autotune.search.loop.session import SearchSession
 
     if args.budget is None and args.n_trials is None:
         raise AutotuneError("worker needs --budget or --n-trials")
@@ -323,7 +323,8 @@ def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
     from autotune.apply.display import LiveSearch, confirmation_table, leaderboard_table, order_note, training_note
     from autotune.search.budget import Budget
-    from autotune.search.results import checks_summary, shown_storage
+    from autotune.search.store.results import checks_summary
+    from autotune.search.store.storage import shown_storage
 
     s = session.settings
     limit = "no time limit" if s.budget_s is None else f"budget {s.budget_s:.0f} s"
@@ -412,8 +413,8 @@ def _plain(console: Any) -> Any:
 def cmd_storage_proxy(args: argparse.Namespace) -> int:
     import optuna
 
-    from autotune.search.results import shown_storage
-    from autotune.search.storage import open_storage
+    from autotune.search.store.storage import shown_storage
+    from autotune.search.store.storage import open_storage
 
     _check_listen(args.host, args.port, args.trusted_network)
     storage = open_storage(args.storage)

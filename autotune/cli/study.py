@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
 
 
 def _study(args: argparse.Namespace) -> Any:
-    from autotune.search.study import load_study
+    from autotune.search.loop.study import load_study
 
     return load_study(args.storage, args.study)
 
@@ -103,7 +103,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from autotune.apply.export import render
     from autotune.core.files import write_atomic
-    from autotune.search.results import best_export
+    from autotune.search.store.results import best_export
 
     out = Path(args.output) if args.output else None
     if out is not None:
@@ -121,8 +121,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     import optuna
     from autotune.apply.ablate import run_ablation, table
     from autotune.apply.figures import waterfall_png
-    from autotune.search.records import TrialRecord
-    from autotune.search.results import leaderboard
+    from autotune.search.store.records import TrialRecord
+    from autotune.search.store.results import leaderboard
 
     check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)
     console = new_console()

@@ -43,11 +43,11 @@ class Export:
     # None when the search was not confirmed, and then best.yaml has no `confirmed:` section.
     confirmed: dict[str, Any] | None = None
     # How its training differs from the baseline's (core/training.py section()), and the parity
-    # check's verdict (search/parity.py); None: not known, and the section is left out.
+    # check's verdict (search/checks/parity.py); None: not known, and the section is left out.
     training_math: dict[str, Any] | None = None
     parity: Mapping[str, Any] | None = None
     # The study's training-math classes and their one check each, the trials spent in classes that
-    # failed, and the time spent checking (search/classes.py summary()); None: none was checked.
+    # failed, and the time spent checking (search/checks/classes.py summary()); None: none was checked.
     checks: dict[str, Any] | None = None
     # A framework pipeline's (--pipeline lightning:... / hf:...) tuned settings as the trial passed them:
     # the Trainer's keyword arguments, or the TrainingArguments fields that differ from the user's base.

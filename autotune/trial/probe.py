@@ -5,7 +5,7 @@ its parameters (in all, in its largest block, in all blocks), and runs one fp32 
 small micro-batch under `torch.autograd.graph.saved_tensors_hooks`, which sees exactly the tensors
 autograd keeps for backward, on CPU or GPU. A tensor is counted once by its storage (views and a
 tensor saved by two ops share one), parameters and buffers not at all (they are counted as
-parameters, or do not grow with the batch). search/memory.py turns the facts into an estimate.
+parameters, or do not grow with the batch). search/space/memory.py turns the facts into an estimate.
 
 It runs in its own process so that the search process stays light (no model in it) and a model that
 does not fit takes down only the probe. `run_probe` starts it and reads its JSON.

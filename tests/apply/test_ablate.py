@@ -14,7 +14,7 @@ from autotune.apply import ablate
 from autotune.cli import build_parser
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.errors import AutotuneError, TrialOOM
-from autotune.search.storage import open_storage
+from autotune.search.store.storage import open_storage
 
 FP = {
     "gpu_names": [],

@@ -26,10 +26,10 @@ from autotune.apply.display import (
 )
 from autotune.core.config import BASELINE, TrialConfig, TrialResult
 from autotune.search.budget import Budget
-from autotune.search.records import TrialRecord, of_result, write
-from autotune.search.records import CONFIRMATION
-from autotune.search.runner import FEASIBLE_KEY
-from autotune.search.storage import open_storage
+from autotune.search.store.records import TrialRecord, of_result, write
+from autotune.search.store.records import CONFIRMATION
+from autotune.search.store.records import FEASIBLE_KEY
+from autotune.search.store.storage import open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

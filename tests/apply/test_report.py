@@ -16,7 +16,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from autotune.apply import figures, report
 from autotune.cli import build_parser
 from autotune.core.config import TrialConfig
-from autotune.search.storage import open_storage
+from autotune.search.store.storage import open_storage
 
 HOSTILE = "<script>window.__pwned=1</script>"
 FIGURES = ("history", "importance", "pareto", "ablation")

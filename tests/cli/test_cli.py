@@ -323,7 +323,7 @@ def test_a_path_error_no_command_checked_is_still_one_line(
 def test_show_prints_the_memory_estimate_beside_the_peak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import optuna
 
-    from autotune.search.storage import open_storage
+    from autotune.search.store.storage import open_storage
 
     db = str(tmp_path / "studies.db")
     study = optuna.create_study(study_name="autotune", storage=open_storage(db), direction="maximize")

@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from autotune.cli import main
-from autotune.search.storage import open_storage
+from autotune.search.store.storage import open_storage
 
 CREATED_FOR = "tests.fault_pipelines:tiny"
 REWRITTEN_TO = "tests.cli.untrusted_pipeline:make"

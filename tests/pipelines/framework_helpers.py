@@ -73,7 +73,7 @@ def with_short_budget(command: list[str]) -> list[str]:
 def trials(storage: Path, study: str) -> list[Any]:
     import optuna
 
-    from autotune.search.storage import open_storage
+    from autotune.search.store.storage import open_storage
 
     return optuna.load_study(study_name=study, storage=open_storage(str(storage))).get_trials(deepcopy=False)
 

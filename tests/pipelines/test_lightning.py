@@ -200,7 +200,7 @@ def test_parity_checks_a_lightning_candidate(tmp_path: Path) -> None:
     candidate with a loader worker (the same training) each train 4 steps in a forked trial process."""
     from autotune.core.config import baseline_of
     from autotune.pipelines import preload_modules
-    from autotune.search import parity
+    from autotune.search.checks import parity
     from autotune.trial.warm import DEFAULT_PRELOAD
     from tests.conftest import warm_server_on_repo
 

@@ -1,0 +1,6 @@
+"""A search's run: the session (open -> run -> finish), the study it opens with the sampler and pruner
+it builds, admission before launch (memory), the runner (launch one trial, classify it, tell Optuna),
+the strategy, and the end of the search (confirmation rounds, the parity gate, the export).
+
+May import: everything else of autotune.search, and autotune.core, autotune.trial, autotune.pipelines.
+"""

@@ -1,0 +1,249 @@
+"""Confirmation: before a winner is exported, the top configs and the baseline are measured again,
+side by side, in interleaved rounds, each a fresh trial process.
+
+One short measurement per config, taken at different moments, is what a search ranks by; machine
+noise (another process, a thermal state, the page cache) moves single figures by several percent
+and a contended one by far more. Alternating the order each round spreads slow drift evenly. A
+config's speedup is the *median of its per-round ratios*: its figure over the baseline's measured
+beside it in the same round, so drift between rounds (a shared VM's minutes-long slow spells) falls
+on both sides of each ratio instead of on one median. The winner is the config with the best such
+median, with the ratios' spread stated beside it. (On a 2-core VM, a Lightning winner's ratio of the
+two medians read x1.00 where the paired median read x1.11 and the user's own runs x1.17:
+benchmarks/README.md, lightning_export.py.)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable
+
+import optuna
+
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
+from autotune.core.errors import TrialFailure
+from autotune.core.outcomes import Role
+from autotune.search.store import records
+from autotune.search.budget import Budget, trial_seconds
+from autotune.search.store.folders import end_folder
+from autotune.trial.locks import locked_trial
+from autotune.search.store.records import ConfirmationSummary, TrialRecord
+from autotune.search.store.results import class_label, failed_classes, leaderboard
+from autotune.trial.warm import WarmServer
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str  # "trial 7" or "baseline"
+    trial: int
+    config: TrialConfig
+    search_sps: float
+
+
+def candidates(study: optuna.Study, workload: TrialConfig, top: int) -> list[Candidate]:
+    """The top `top` feasible trials with distinct configs outside the failed training-math classes (never
+    exported, so not worth a round), then the baseline (always measured: the speedup is a ratio of figures
+    taken side by side, never of figures taken at different moments)."""
+    failed = failed_classes(study)
+    seen: set[str] = set()
+    out: list[Candidate] = []
+    baseline: Candidate | None = None
+    for t in leaderboard(study):
+        record = TrialRecord.from_frozen(t)
+        key = repr(sorted(record.config.items()))
+        if key in seen or (failed and class_label(t) in failed):
+            continue
+        seen.add(key)
+        c = Candidate(
+            "baseline" if record.role == Role.BASELINE else f"trial {t.number}",
+            t.number,
+            record.config_for(workload),
+            float(t.value or 0),
+        )
+        if record.role == Role.BASELINE:
+            baseline = c
+        elif len(out) < top:
+            out.append(c)
+    return out + ([baseline] if baseline else [])
+
+
+def run(
+    study: optuna.Study,
+    settings: SearchSettings,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> ConfirmationSummary | None:
+    """Measure the top --confirm-top candidates in up to --confirm-rounds interleaved rounds, only whole
+    rounds that end by the budget's end (none: no limit); store and return the summary. None if there is
+    nothing to compare (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
+    top, rounds = settings.confirm_top, settings.confirm_rounds
+    pool = candidates(study, settings.base, top)
+    if rounds == 0 or not any(c.label != "baseline" for c in pool):
+        return None
+    say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
+    figures, trial_s = _rounds(
+        pool, rounds, end_folder(settings, study, "confirm"), settings, server, say, budget.end if budget else None
+    )
+    if not figures:
+        return None
+    summary = summarize(pool, *tally(figures), len(figures))
+    summary["trial_s"] = trial_s
+    records.write_confirmation(study, summary)
+    return summary
+
+
+def extend(
+    study: optuna.Study,
+    settings: SearchSettings,
+    number: int,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> ConfirmationSummary | None:
+    """Confirm trial `number` too, when the export falls to a config the confirmation did not measure
+    (the parity gate failed the ones it did): it and the baseline in --confirm-rounds interleaved rounds
+    that end by the budget's late end (its end plus the grace; none: no limit). Its samples join the
+    stored summary and the baseline's new samples join the baseline's, so every speedup stays a ratio of
+    figures taken side by side. Returns the summary."""
+    rounds = settings.confirm_rounds
+    summary = records.confirmation(study)
+    if not summary or rounds == 0 or any(r["trial"] == number for r in summary["rows"]):
+        return summary
+    board = {c.trial: c for c in candidates(study, settings.base, len(study.trials))}
+    base = next((c for c in board.values() if c.label == "baseline"), None)
+    if number not in board or base is None:
+        return summary
+    pool = [board[number], base]
+    say(
+        f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
+        "before it did not pass parity"
+    )
+    folder = end_folder(settings, study, "confirm") / f"trial-{number}"
+    figures, _ = _rounds(
+        pool, rounds, folder, settings, server, say, budget.late_end if budget else None, summary.get("trial_s")
+    )
+    if not figures:
+        return summary
+    new, new_ratios = tally(figures)
+    old = {r["label"]: r for r in summary["rows"]}
+    samples = {label: list(r["samples"]) for label, r in old.items()}
+    ratios = {label: list(r.get("ratios") or ()) for label, r in old.items()}
+    samples[pool[0].label], ratios[pool[0].label] = new[pool[0].label], new_ratios[pool[0].label]
+    samples["baseline"] = samples.get("baseline", []) + new["baseline"]
+    merged = [c for c in board.values() if c.label in old and c.label != "baseline"] + pool
+    summary = {**summarize(merged, samples, ratios, summary["rounds"]), "trial_s": summary.get("trial_s")}
+    records.write_confirmation(study, summary)
+    return summary
+
+
+def extension_s(study: optuna.Study) -> float:
+    """About how long one round of `extend` takes (a config and the baseline), from the confirmation's
+    measured trial length; 0 when there was no confirmation to extend."""
+    summary = records.confirmation(study)
+    return 2 * float(summary.get("trial_s") or 0) if summary else 0.0
+
+
+def _rounds(
+    pool: list[Candidate],
+    rounds: int,
+    folder: Path,
+    settings: SearchSettings,
+    server: WarmServer | None,
+    say: Callable[[str], None],
+    deadline: float | None,
+    trial_s: float | None = None,
+) -> tuple[list[dict[str, float | None]], float]:
+    """Up to `rounds` interleaved rounds over `pool`, only whole rounds that fit before `deadline`: each
+    round's figure by label (None: that measurement failed), and the measured seconds per trial."""
+    figures: list[dict[str, float | None]] = []
+    trial_s = trial_s or trial_seconds(settings.base)  # a first guess, then measured
+    for r in range(rounds):
+        if not Budget.fits(trial_s * len(pool), deadline):
+            say(f"confirmation: {len(figures)} of {rounds} round(s) fit in the budget")
+            break
+        t0 = time.monotonic()
+        figures.append(
+            {  # alternate the order: drift falls on everyone
+                c.label: _measure(c, folder / f"round-{r}" / c.label.replace(" ", "-"), settings, server, say)
+                for c in (pool if r % 2 == 0 else pool[::-1])
+            }
+        )
+        trial_s = (time.monotonic() - t0) / len(pool)
+    return figures, trial_s
+
+
+def tally(figures: list[dict[str, float | None]]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The rounds' figures by label, and each config's ratios to the baseline measured in the same round
+    (a round where either measurement failed has no ratio)."""
+    labels = [label for round_ in figures for label in round_]
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    ratios: dict[str, list[float]] = {label: [] for label in labels if label != "baseline"}
+    for round_ in figures:
+        base = round_.get("baseline")
+        for label, x in round_.items():
+            if x is not None:
+                samples[label].append(x)
+                if label != "baseline" and base:
+                    ratios[label].append(x / base)
+    return samples, ratios
+
+
+def _measure(
+    c: Candidate, trial_dir: Path, settings: SearchSettings, server: WarmServer | None, say: Callable[[str], None]
+) -> float | None:
+    try:
+        result, _ = locked_trial(c.config, trial_dir, settings.trial_timeout, server=server)
+    except TrialFailure as e:  # a config that fails now is not confirmed; the others still are
+        say(f"  {c.label}: {e.reason}: {str(e)[:100]}")
+        return None
+    return float(result.samples_per_s or 0.0)
+
+
+def summarize(
+    pool: list[Candidate], samples: dict[str, list[float]], ratios: dict[str, list[float]], rounds: int
+) -> ConfirmationSummary:
+    """Medians and ranges over the rounds; each config's speedup the median of its per-round ratios to
+    the baseline (`tally`); the winner by that median, and whether the order of the search's figures held."""
+    base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
+    rows: list[dict[str, Any]] = []
+    for c in pool:
+        xs = samples[c.label]
+        med = statistics.median(xs) if xs else None
+        # The baseline's own row: its spread over its median, the rounds' noise in view.
+        rs = [x / base for x in xs] if c.label == "baseline" and base else ratios.get(c.label, [])
+        rows.append(
+            {
+                "label": c.label,
+                "trial": c.trial,
+                "search_samples_per_s": c.search_sps,
+                "samples": xs,
+                "samples_per_s_median": med,
+                "min": min(xs) if xs else None,
+                "max": max(xs) if xs else None,
+                "ratios": rs,
+                "speedup_median": statistics.median(rs) if rs else None,
+                "speedup_range": [min(rs), max(rs)] if rs else None,
+            }
+        )
+    ranked = sorted(
+        (r for r in rows if r["label"] != "baseline" and r["speedup_median"]),
+        key=lambda r: -r["speedup_median"],
+    )
+    search_order = [c.label for c in pool if c.label != "baseline"]
+    confirmed_order = [r["label"] for r in ranked]
+    return {
+        "rounds": rounds,
+        "baseline_median": base,
+        "rows": rows,
+        "winner": ranked[0]["trial"] if ranked else None,
+        "order_changed": confirmed_order != search_order[: len(confirmed_order)],
+        "search_order": search_order,
+        "confirmed_order": confirmed_order,
+    }

@@ -1,0 +1,62 @@
+"""The end of a search, once its trials are spent: confirmation (the top configs and the baseline
+re-measured side by side in interleaved rounds), the parity gate (the export candidates checked to train
+like the baseline), and the extension rounds (a config the gate passed that the rounds did not measure).
+The trial loop never uses it; `run` is the one sequence, each step spending what the `Budget` allows.
+
+May import: autotune.core, autotune.trial, and the rest of autotune.search (never the session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optuna
+
+from autotune.core.settings import SearchSettings
+from autotune.search.store.records import ConfirmationSummary
+from autotune.search.budget import Budget
+from autotune.search.loop import confirm
+from autotune.search.loop import gate
+from autotune.search.store.results import exported
+from autotune.trial.warm import WarmServer
+
+
+def wanted(settings: SearchSettings) -> bool:
+    """Whether a search ends with anything after its trials (--confirm-rounds or --parity-steps)."""
+    return bool(settings.confirm_rounds or settings.parity_steps)
+
+
+def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
+    """What the budget keeps for the end of the search, said up front; None when it keeps nothing."""
+    if not budget.reserve_s:
+        return None
+    s = settings
+    return (
+        f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
+        f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check "
+        f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)"
+    )
+
+
+def run(
+    study: optuna.Study,
+    settings: SearchSettings,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> ConfirmationSummary | None:
+    """Confirm, check parity, and confirm the export too when the gate passed a config the rounds did not
+    measure. Returns the confirmation summary (search/store/records.py), None when confirmation did not run or
+    had nothing to compare."""
+    confirmation = None
+    if settings.confirm_rounds:
+        confirmation = confirm.run(study, settings, budget, server=server, say=say)
+    gate.run(study, settings, budget, server=server, say=say)
+    best = exported(study) if confirmation else None
+    if best is not None:  # the gate may have passed a config the rounds did not measure
+        confirmation = confirm.extend(study, settings, best.number, budget, server=server, say=say)
+    return confirmation
+
+
+__all__ = ["confirm", "gate", "reserve_note", "run", "wanted"]

@@ -1,0 +1,117 @@
+"""The parity gate: before a config is exported as best, it must train like the baseline.
+
+Candidates are taken in export order (the confirmed order by median first, then the rest of the
+leaderboard, fastest first). Each is checked as its training-math class is (search/checks/classes.py):
+parity beside the baseline, or time to the baseline's loss when its optimizer step differs. A
+candidate that fails is recorded in the study, said, and skipped, and the next one is checked. A class
+already checked (during the search, or for an earlier candidate) is not checked again: its verdict
+stands for every config in it. A config computing the baseline's own training is checked on its own
+(parity: rounding-level changes such as a fused optimizer still have to train alike). A check that
+does not fit in the budget left is not started (`not checked`) and a cheaper candidate is tried: a
+config that passed is exported before one that could not be checked (results.exported). The
+baseline's reference trajectory is measured once per study and kept in the study, so a resumed
+search or another worker reuses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.core.settings import SearchSettings
+from autotune.core.errors import TrialFailure
+from autotune.core.outcomes import Role, Verdict
+from autotune.search.checks import classes
+from autotune.search.store import records
+from autotune.search.budget import Budget
+from autotune.search.loop import confirm
+from autotune.search.store.folders import end_folder
+from autotune.search.store.records import TrialRecord
+from autotune.search.store.results import class_label, class_verdict, confirmed_figures, export_order
+from autotune.trial.warm import WarmServer
+
+
+def run(
+    study: optuna.Study,
+    settings: SearchSettings,
+    budget: Budget | None = None,
+    *,
+    server: WarmServer | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any] | None:
+    """Check candidates until one passes; returns the verdicts by trial number (also stored in the
+    study), or None when parity is off or there is nothing but the baseline to export."""
+    steps, order = settings.parity_steps, _worth_checking(study)
+    if not steps or not order:
+        return None
+    verdicts: dict[str, Any] = dict(records.parity_verdicts(study))
+    folder = end_folder(settings, study, "parity")
+    say(
+        f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
+        "its optimizer step differs), from the same weights on the same data, in fresh processes "
+        "(--parity-steps 0: off)"
+    )
+    for t in order:
+        key = str(t.number)
+        standing = _standing(study, t, verdicts)
+        if standing is not None:  # checked before (a resumed study), or its class was: its verdict stands
+            verdicts[key] = standing
+            if standing["verdict"] == Verdict.PASS:
+                break
+            continue
+        cfg = TrialRecord.of(t).config_for(settings.base)
+        need = classes.cost_s(study, settings, t, cfg)
+        if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
+            need += confirm.extension_s(study)
+        if not Budget.fits(need, budget.late_end if budget else None):
+            say(
+                f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
+                "a cheaper one is tried"
+            )
+            verdicts[key] = {
+                "verdict": Verdict.NOT_CHECKED,
+                "reason": f"the budget left was shorter than the check (about {need:.0f} s)",
+            }
+            continue
+        try:
+            verdict = classes.run_check(study, settings, t, cfg, folder, server)
+        except TrialFailure as e:  # the baseline itself failed to train: nothing can be judged against it
+            say(f"parity: the baseline failed to train ({e.reason}); nothing exported is checked")
+            verdicts[key] = {"verdict": Verdict.NOT_CHECKED, "reason": f"the baseline failed to train: {e.reason}"}
+            break
+        verdicts[key] = verdict
+        records.write_parity_verdicts(study, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
+        passed = verdict["verdict"] == Verdict.PASS
+        say(
+            f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
+            f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead")
+        )
+        if passed:
+            break
+    records.write_parity_verdicts(study, verdicts)
+    return verdicts
+
+
+def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
+    """The candidates in export order above the baseline: below it, the baseline itself would be exported."""
+    ranked = export_order(study)
+    roles = [TrialRecord.of(t).role for t in ranked]
+    return ranked[: roles.index(Role.BASELINE)] if Role.BASELINE in roles else ranked
+
+
+def _standing(study: optuna.Study, t: FrozenTrial, verdicts: dict[str, Any]) -> dict[str, Any] | None:
+    """A verdict on `t` made before: its own (a resumed study), or its class's (checked during the search,
+    or for an earlier candidate); None when it has to be checked."""
+    if str(t.number) in verdicts:
+        return verdicts[str(t.number)]
+    known = class_verdict(study, t)
+    if known is None:
+        return None
+    return {
+        **known,
+        "reason": f"its training math ({class_label(t)}) was checked at trial {known.get('trial')}: "
+        f"{known.get('reason', '')}",
+    }

@@ -1,0 +1,304 @@
+"""A memory estimate per rank before launch: arithmetic on a few model facts, no torch.
+
+The facts (ModelFacts) are measured once per study by trial/probe.py in its own process: the parameter
+count, the largest block's (FSDP's unit of all-gather), and the bytes autograd saves per sample for one
+fp32 forward without checkpointing, in all and per checkpointable stage. From them, for any config:
+
+    params + grads + optimizer state + activations at the micro-batch (+ the process's own RSS on CPU)
+
+Every approximation is stated where it is made. The estimate is recorded with each trial beside the
+measured peak, so its error is visible (apply/report.py); the session skips configs it says cannot fit
+(`narrow` before the study, `too_big` per proposal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from collections.abc import Mapping
+
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.errors import ConfigError
+from autotune.search.space.spec import Choices, Fixed, SearchSpace, spec_values
+
+FP32, HALF = 4, 2  # bytes per element
+GiB = 2**30
+# The knobs that change the estimate; the others (loader, layout, compile) are taken as not changing it.
+MEMORY_KNOBS = (
+    "gpus",
+    "precision",
+    "checkpoint_segments",
+    "parallel",
+    "fsdp_reshard",
+    "fsdp_param_dtype",
+    "fsdp_offload",
+)
+# FSDP2 all-gathers the next block while the current one computes (forward and backward prefetch).
+UNSHARDED_BLOCKS = 2
+STAGE_FIGURES = ("stage_activation_bytes", "stage_input_bytes", "stage_before_bytes")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What trial/probe.py measured once per study (its JSON, field for field)."""
+
+    param_count: int
+    largest_block_params: int  # the largest of the pipeline's `blocks` (else stages; else the whole model)
+    blocks_param_count: int  # all blocks together; the rest is the root's, unsharded throughout under FSDP
+    activation_bytes_per_sample: float  # saved for backward, fp32, no checkpointing, parameters excluded
+    # Per checkpointable stage, in order, per sample: bytes saved inside it, the bytes of its input (what
+    # a checkpointed stage keeps instead), and bytes saved before it began. Empty: no stages declared.
+    stage_activation_bytes: tuple[float, ...] = ()
+    stage_input_bytes: tuple[float, ...] = ()
+    stage_before_bytes: tuple[float, ...] = ()
+    runtime_bytes: int = 0  # the probe's RSS less its parameters: torch, the pipeline, its data (CPU only)
+    device: str = "cpu"  # where the probe ran: cuda | cpu
+    batch: int = 2  # the micro-batch it measured at
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in STAGE_FIGURES:
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelFacts:
+        names = set(cls.__dataclass_fields__)
+        kw = {k: v for k, v in d.items() if k in names}
+        for k in STAGE_FIGURES:
+            kw[k] = tuple(kw.get(k) or ())
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per rank, by what holds them."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    runtime: int = 0  # the process itself (CPU only: CUDA's peak reserved memory does not count the context)
+    strategy: str = ""
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", self.params + self.grads + self.optimizer + self.activations + self.runtime)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def strategy(cfg: TrialConfig) -> str:
+    """How the model is spread over the ranks, in words: 'one process', 'ddp x2', 'fsdp x4 (bf16 params, ...)'."""
+    if cfg.gpus == 1:
+        return "one process"
+    if cfg.parallel != "fsdp":
+        return f"ddp x{cfg.gpus}"
+    flags = [
+        f
+        for f, on in (
+            ("no reshard", not cfg.fsdp_reshard),
+            ("bf16 params", cfg.fsdp_param_dtype == "bf16"),
+            ("offload", cfg.fsdp_offload),
+        )
+        if on
+    ]
+    return f"fsdp x{cfg.gpus}" + (f" ({', '.join(flags)})" if flags else "")
+
+
+def estimate(cfg: TrialConfig, facts: ModelFacts) -> Estimate:
+    """Bytes per rank for `cfg`. Approximations:
+    - Parameters and their gradients are fp32 (autocast computes in half precision, but the weights
+      and their grads stay fp32); AdamW keeps 2 fp32 tensors per parameter (exp_avg, exp_avg_sq).
+    - The parts are summed into the peak, though gradients fill while activations are freed in
+      backward: with set_to_none=True that overstates the backward peak by up to the gradients. Optimizer temporaries (foreach's
+      intermediates) come after the activations are freed and are left out; so are the transient
+      gradients of activations, cuDNN workspaces and the caching allocator's fragmentation (the
+      measured CUDA peak is *reserved* memory, which that fragmentation inflates)."""
+    p = facts.param_count
+    world = cfg.gpus
+    fsdp = world > 1 and cfg.parallel == "fsdp"
+    if fsdp:
+        params, grads, optimizer = _fsdp_states(cfg, facts)
+    else:
+        params, grads, optimizer = p * FP32, p * FP32, 2 * p * FP32
+        if world > 1:
+            grads += p * FP32  # DDP's gradient buckets are a second copy (gradient_as_bucket_view=False)
+    # The CUDA peak is the caching allocator's: the process itself (CUDA context, libraries) is outside it.
+    runtime = facts.runtime_bytes if facts.device == "cpu" else 0
+    return Estimate(int(params), int(grads), int(optimizer), int(activations(cfg, facts)), int(runtime), strategy(cfg))
+
+
+def _fsdp_states(cfg: TrialConfig, facts: ModelFacts) -> tuple[float, float, float]:
+    """(params, grads, optimizer state) bytes per rank under FSDP2. Sharded fp32 state is 1/world of the
+    whole (shards are taken as equal); unsharded copies are in the param dtype: with reshard_after_forward,
+    the root's own parameters (outside every block) plus UNSHARDED_BLOCKS of the largest block (the one
+    computing and the one prefetched); without it, the whole model stays gathered from forward to backward.
+    Gradients: the sharded fp32 ones, plus one block's and the root's unsharded ones before reduce-scatter.
+    Offload (on CUDA): the sharded parameters, gradients and optimizer state live in host memory."""
+    p, world = facts.param_count, cfg.gpus
+    compute = HALF if cfg.fsdp_param_dtype == "bf16" else FP32
+    root = max(0, p - facts.blocks_param_count)
+    block = facts.largest_block_params
+    gathered = root + min(UNSHARDED_BLOCKS * block, facts.blocks_param_count) if cfg.fsdp_reshard else p
+    on_device = not (cfg.fsdp_offload and facts.device == "cuda")
+    sharded = p * FP32 / world if on_device else 0.0
+    return sharded + gathered * compute, sharded + (root + block) * compute, 2 * sharded
+
+
+def activations(cfg: TrialConfig, facts: ModelFacts) -> float:
+    """Saved activations at the micro-batch. Approximations:
+    - Linear in the micro-batch (cfg.batch_size per rank): the probe measured a small one and divided.
+    - Half precision (autocast fp16/bf16, or FSDP's bf16 compute parameters) halves them; in truth
+      less than half, since norms and losses keep fp32 copies.
+    - k checkpointed stages (the first k, as trial/knobs.py wraps them) keep only their inputs. Their
+      insides come back one stage at a time in backward, when everything saved after that stage is
+      freed: the peak is the larger of the end of forward and the worst stage's recomputation."""
+    per_sample = _checkpointed(facts, cfg.checkpoint_segments)
+    half = cfg.precision != "fp32" or (cfg.gpus > 1 and cfg.parallel == "fsdp" and cfg.fsdp_param_dtype == "bf16")
+    return max(0.0, per_sample) * cfg.batch_size * (0.5 if half else 1.0)
+
+
+def versus_peak(estimate: Mapping[str, Any] | None, peak: int | None) -> dict[str, Any] | None:
+    """A recorded estimate (Fit.recorded) beside the measured peak: its parts, and its error as a
+    fraction of the peak (+: it overstated); None without both. The parts are one rank's; with ranks
+    sharing a GPU the peak is the device's, so the error compares it with that many ranks' total."""
+    if not estimate or not peak or not estimate.get("total"):
+        return None
+    parts = {
+        f"{k}_bytes": int(estimate[k])
+        for k in ("total", "params", "grads", "optimizer", "activations", "runtime")
+        if estimate.get(k) is not None
+    }
+    sharing = int(estimate.get("ranks_per_gpu") or 1)
+    return {
+        **parts,
+        "strategy": estimate.get("strategy", "") + (f", {sharing} ranks per GPU" if sharing > 1 else ""),
+        "peak_bytes": int(peak),
+        "error": round((int(estimate["total"]) * sharing - peak) / peak, 4),
+    }
+
+
+def _checkpointed(facts: ModelFacts, segments: int) -> float:
+    """Peak saved bytes per sample with the first `segments` stages checkpointed (the whole figure at 0)."""
+    inside, inputs, before = facts.stage_activation_bytes, facts.stage_input_bytes, facts.stage_before_bytes
+    k = min(segments, len(inside), len(inputs), len(before))
+    if not k:
+        return facts.activation_bytes_per_sample
+    kept = [inputs[j] - inside[j] for j in range(k)]  # what checkpointing stage j changes (< 0: saves)
+    end_of_forward = facts.activation_bytes_per_sample + sum(kept)
+    # Recomputing stage j: what was saved before it (earlier checkpointed stages by their inputs), its
+    # input, and its insides again.
+    recompute = max(before[j] + sum(kept[:j]) + inputs[j] + inside[j] for j in range(k))
+    return max(end_of_forward, recompute)
+
+
+# ---- fitting: the device's memory less the headroom ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What a config must fit in: `usable` bytes per device (one GPU, or a CPU's RAM), and how many of a
+    trial's ranks one device holds."""
+
+    facts: ModelFacts
+    usable: int  # memory x (1 - --memory-headroom)
+    cuda: bool
+    gpus: int = 0  # GPUs visible here; 0: unknown (each rank then has one of its own)
+    shared: bool = False  # ranks may share a GPU (AUTOTUNE_DDP_BACKEND=gloo): rank r takes GPU r mod gpus
+
+    def per_device(self, world: int) -> int:
+        """The ranks whose memory the fullest device holds: on a CPU all of them (processes sharing one
+        RAM); on CUDA one, unless ranks share GPUs, when ceil(world / gpus) land on the first one."""
+        if not self.cuda:
+            return world
+        return -(-world // self.gpus) if self.shared and self.gpus else 1
+
+    def needed(self, est: Estimate, world: int) -> int:
+        return est.total * self.per_device(world)
+
+    def where(self, world: int) -> str:
+        """What `needed` counts, in words: 'per rank', 'for 2 ranks sharing one GPU'."""
+        n = self.per_device(world)
+        return "per rank" if n == 1 else f"for {n} ranks sharing {'one GPU' if self.cuda else 'the RAM'}"
+
+    def recorded(self, est: Estimate, world: int) -> dict[str, Any]:
+        """The estimate as each trial records it: with ranks sharing a GPU, how many, since the measured
+        CUDA peak is then the device's (all of them together; trial/worker.py)."""
+        n = self.per_device(world) if self.cuda else 1
+        return {**est.to_dict(), **({"ranks_per_gpu": n} if n > 1 else {})}
+
+    def calibrated(self, estimate: Mapping[str, Any], peak: int) -> Fit:
+        """This Fit with the process's own share (on a CPU, where the peak is the RSS) taken from a measured
+        trial: its peak less the other parts of its estimate (Estimate.to_dict())."""
+        runtime = max(0, peak - (int(estimate["total"]) - int(estimate.get("runtime") or 0)))
+        return dataclasses.replace(self, facts=dataclasses.replace(self.facts, runtime_bytes=runtime))
+
+    def too_big(self, cfg: TrialConfig) -> str | None:
+        """One line when `cfg`'s estimate exceeds what is usable, else None."""
+        est = estimate(cfg, self.facts)
+        need = self.needed(est, cfg.gpus)
+        if need <= self.usable:
+            return None
+        return (
+            f"batch {cfg.batch_size} under {est.strategy}: estimated {gib(need)} {self.where(cfg.gpus)} > "
+            f"{gib(self.usable)} usable; skipped"
+        )
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.0f} GiB" if n >= 10 * GiB else f"{n / GiB:.2f} GiB"
+
+
+def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace, list[str]]:
+    """Drop the micro-batch sizes that no strategy in the space fits, and say so. The baseline's never
+    goes: it is always measured (a baseline that does not fit fails as measured, and says why)."""
+    spec = space.knobs.get("batch_size")
+    if spec is None or isinstance(spec, Fixed):
+        return space, []
+    keep = baseline_of(base).batch_size
+    dropped: dict[int, tuple[int, str, str]] = {}
+    for b in spec_values(spec):
+        least = min(
+            (
+                (fit.needed(e, c.gpus), e.strategy, fit.where(c.gpus))
+                for c in _strategies(space, base.replace(batch_size=b))
+                for e in [estimate(c, fit.facts)]
+            ),
+            default=None,
+        )
+        if least is not None and least[0] > fit.usable and b != keep:
+            dropped[b] = least
+    if not dropped:
+        return space, []
+    kept = tuple(v for v in spec_values(spec) if v not in dropped)
+    knobs = {**space.knobs, "batch_size": Fixed(kept[0]) if len(kept) == 1 else Choices(kept)}
+    notes = [
+        f"batch_size: dropped {b} (batch {b}: estimated {gib(need)} {where} even under {how}, "
+        f"> {gib(fit.usable)} usable)"
+        for b, (need, how, where) in dropped.items()
+    ]
+    return SearchSpace(knobs=knobs, source=space.source), notes
+
+
+def _strategies(space: SearchSpace, cfg: TrialConfig) -> list[TrialConfig]:
+    """Every combination of the memory knobs the space allows, at cfg's batch size. Invalid ones (a
+    global batch that a GPU count does not divide) are left out."""
+    axes = [
+        [(k, v) for v in (spec_values(space.knobs[k]) if k in space.knobs else [getattr(cfg, k)])]
+        for k in MEMORY_KNOBS
+        if hasattr(cfg, k)
+    ]
+    out = []
+    for combo in itertools.product(*axes):
+        try:
+            out.append(cfg.replace(**dict(combo)))
+        except ConfigError:  # a combination the workload refuses (its global batch)
+            continue
+    return out
+
+
+__all__ = ["Estimate", "Fit", "ModelFacts", "estimate", "narrow", "strategy", "versus_peak"]

@@ -1,0 +1,190 @@
+"""Resolving a space: narrowed, in one pass, to what can have an effect here and fit. The hardware
+(devices, CPUs, native bf16, apex), the pipeline (its stages, the knobs it cannot route), the study's
+global batch (the micro-batch and accumulation that keep it) and the memory estimate (the micro-batches
+each rank can hold). Each narrowing says what it dropped and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune import pipelines
+from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.errors import SearchSpaceError
+from autotune.core.settings import SearchSettings
+from autotune.search.space import memory, micro_batch
+from autotune.search.space.hardware import Hardware
+from autotune.search.space.sizing import probe_fit
+from autotune.search.space.spec import (
+    _DEFAULTS,
+    FSDP_KNOBS,
+    PARALLEL_KNOBS,
+    WORKER_KNOBS,
+    Choices,
+    Fixed,
+    IntRange,
+    SearchSpace,
+    Spec,
+    singles,
+    spec_values,
+)
+
+
+def resolve(
+    space: SearchSpace, pipeline: Any, settings: SearchSettings, base: TrialConfig, say: Callable[[str], Any]
+) -> tuple[SearchSpace, Hardware, memory.Fit | None]:
+    """The space a study searches: narrowed to this machine, this pipeline, the study's global batch and
+    the memory each micro-batch needs, with a `space:` line said for every change."""
+    hw = Hardware.detect()
+    space, notes = for_hardware(
+        space, hw, stages=len(pipelines.stages_of(pipeline)), unsupported=pipelines.unsupported_of(pipeline)
+    )
+    space, more = micro_batch.narrow(space, base.global_batch, base)
+    fit = probe_fit(settings, base, hw, say)
+    if fit is not None:
+        space, by_memory = memory.narrow(space, base, fit)
+        more += by_memory
+    for note in notes + more:
+        say(f"space: {note}")
+    return space, hw, fit
+
+
+def for_hardware(
+    space: SearchSpace, hw: Hardware, stages: int | None = None, unsupported: frozenset[str] = frozenset()
+) -> tuple[SearchSpace, list[str]]:
+    """Narrow `space` to what can have an effect on `hw`; return it with one note per change."""
+    n = _Narrowing(space.source, dict(space.knobs))
+    parallel = space.knobs.get("parallel")
+    if "parallel" in unsupported and parallel is not None and "ddp" not in spec_values(parallel):
+        # Asked for fsdp only: narrowing it to ddp would search something else than what the file says.
+        raise n.fail(
+            "parallel", f"fsdp: {getattr(unsupported, 'why', {}).get('parallel') or 'not supported by this pipeline'}"
+        )
+    for k in sorted(unsupported):
+        if k not in KNOBS:
+            raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
+        why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
+        n.fix(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
+    n_gpus = max(1, hw.gpu_count)
+    n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
+    if not hw.cuda:
+        n.keep("precision", lambda p: p != "fp16", "fp16 needs CUDA")
+        if not hw.cpu_bf16:
+            n.keep(
+                "precision",
+                lambda p: p != "bf16",
+                "this CPU has no native bf16 (AVX512-BF16 or AMX): "
+                "autocast would emulate it, about 70x slower than fp32",
+            )
+        n.fix("pin_memory", False, "no CUDA, pinning memory is a no-op")
+        n.fix("cudnn_benchmark", False, "no CUDA, cudnn is not used")
+        n.fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")
+    n.clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
+    n.clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
+    if not hw.apex:
+        n.keep("optimizer_fusion", lambda f: f != "apex", "apex.optimizers is not installed")
+    if stages == 0:
+        n.fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
+    elif stages is not None:
+        n.clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
+    # No worker processes, no prefetching or persistent workers.
+    if singles(n.knobs).get("num_workers") == Fixed(0):
+        for k, inert in WORKER_KNOBS.items():
+            n.fix(k, inert, "num_workers is 0")
+    _strategy(n, hw)
+    return SearchSpace(knobs=singles(n.knobs), source=space.source), n.notes
+
+
+def _strategy(n: _Narrowing, hw: Hardware) -> None:
+    """parallel and its fsdp sub-knobs, narrowed after gpus: inert with one process, and the sub-knobs
+    inert without fsdp."""
+    if singles(n.knobs).get("gpus", Fixed(_DEFAULTS.gpus)) == Fixed(1):
+        for knob, value in PARALLEL_KNOBS.items():
+            n.fix(knob, value, "gpus is 1: one process, nothing to replicate or shard")
+    if "fsdp" not in spec_values(singles(n.knobs).get("parallel", Fixed(_DEFAULTS.parallel))):
+        for knob, inert in FSDP_KNOBS.items():
+            n.fix(knob, inert, "parallel is not fsdp")
+        return
+    if not hw.cuda:
+        n.fix("fsdp_offload", False, "no CUDA: the parameters already live in host memory")
+        if not hw.cpu_bf16:
+            n.keep("fsdp_param_dtype", lambda d: d != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX)")
+
+
+@dataclass
+class _Narrowing:
+    """A space being narrowed to the hardware: its knobs so far, and one note per change."""
+
+    source: str
+    knobs: dict[str, Spec]
+    notes: list[str] = field(default_factory=list)
+
+    def fail(self, knob: str, msg: str) -> SearchSpaceError:
+        return SearchSpaceError(f"{self.source}: knob {knob!r}: {msg}")
+
+    def fix(self, knob: str, value: Any, why: str) -> None:
+        if knob in self.knobs and self.knobs[knob] != Fixed(value):
+            self.knobs[knob] = Fixed(value)
+            self.notes.append(f"{knob} fixed to {value!r}: {why}")
+
+    def keep(self, knob: str, ok: Any, why: str) -> None:
+        """Drop the values `ok` rejects; a space left with none is an error."""
+        spec = self.knobs.get(knob)
+        if spec is None:
+            return
+        vals = (
+            [spec.value]
+            if isinstance(spec, Fixed)
+            else list(spec.values())
+            if isinstance(spec, IntRange)
+            else list(spec.values)
+        )
+        kept = [v for v in vals if ok(v)]
+        if not kept:
+            raise self.fail(knob, f"choices conflict with the hardware: {why}")
+        if len(kept) < len(vals):
+            self.notes.append(f"{knob}: dropped {', '.join(map(str, [v for v in vals if not ok(v)]))} ({why})")
+            self.knobs[knob] = Choices(tuple(kept))
+
+    def clip(self, knob: str, top: int, why: str, strict: bool = False) -> None:
+        """Lower the maximum to `top`. strict: values above it are errors, not clipped."""
+        spec = self.knobs.get(knob)
+        if spec is None:
+            return
+        if isinstance(spec, Fixed):
+            if spec.value is not None and spec.value > top:
+                if strict:
+                    raise self.fail(knob, f"{knob}={spec.value} but {why}")
+                self.fix(knob, top, why)
+        elif isinstance(spec, IntRange):
+            self._clip_range(knob, spec, top, why, strict)
+        else:
+            if strict:
+                kept = tuple(v for v in spec.values if v <= top)
+            else:
+                kept = tuple(dict.fromkeys(v if v is None else min(v, top) for v in spec.values))
+            if not kept:
+                raise self.fail(knob, f"{knob}={min(spec.values)} but {why}")
+            if kept != spec.values:
+                self.knobs[knob] = Choices(kept)
+                self.notes.append(f"{knob}: choices limited to {list(kept)} ({why})")
+
+    def _clip_range(self, knob: str, spec: IntRange, top: int, why: str, strict: bool) -> None:
+        if spec.high <= top:
+            return
+        if spec.low > top:
+            if strict:
+                raise self.fail(knob, f"{knob}={spec.low} but {why}")
+            self.fix(knob, top, why)
+            return
+        high = spec.low + (top - spec.low) // spec.step * spec.step
+        if high == spec.low:
+            self.fix(knob, high, why)
+        else:
+            self.knobs[knob] = IntRange(spec.low, high, spec.step, spec.log)
+            self.notes.append(f"{knob}: range clipped to {spec.low}..{high} ({why})")
+
+
+__all__ = ["for_hardware", "resolve"]

@@ -1,0 +1,216 @@
+"""The study: baseline and warm start enqueued once, fingerprints enforced, and one real search end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.core.config import BASELINE, TrialConfig
+from autotune.core.settings import SearchSettings
+from autotune.core.errors import AutotuneError
+from autotune.search.space.hardware import Hardware
+from autotune.search.space.resolve import for_hardware
+from autotune.search.space.reading import load_space
+from autotune.search.store.storage import open_storage
+from autotune.search.store import records
+from autotune.search.store.records import StudyRecord
+from autotune.search.loop.study import config_for, open_study, warm_start
+from tests.fakes import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)
+FP = {
+    "gpu_names": [],
+    "gpu_count": 0,
+    "cpu_model": "test",
+    "cpu_cores": 2,
+    "torch": "x",
+    "cuda": None,
+    "pipeline": "unet",
+    "image_size": 64,
+}
+
+
+@pytest.fixture(params=["journal", "sqlite"])
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return str(tmp_path / "studies.db") if request.param == "journal" else f"sqlite:///{tmp_path / 's.db'}"
+
+
+def space():
+    return for_hardware(load_space(ROOT / "search_spaces" / "default.yaml"), CPU, stages=10)[0]
+
+
+def test_baseline_and_warm_start_enqueued_once(storage_url: str) -> None:
+    settings = SearchSettings(budget_s=60, storage=storage_url, base=TrialConfig(image_size=64))
+    for _ in range(2):  # a resumed study must not enqueue them again
+        study = open_study(settings, open_storage(storage_url), FP, space(), CPU)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs["role"] for t in waiting] == ["baseline", "warm_start"]
+    first = study.ask()
+    cfg = config_for(first, space(), settings.base)
+    assert cfg.knobs() == BASELINE.knobs() and cfg.image_size == 64
+    second = config_for(study.ask(), space(), settings.base)
+    assert second == warm_start(settings.base, CPU)
+    assert second.num_workers == 2 and second.precision == "bf16" and second.optimizer_fusion == "fused"
+
+
+def test_the_users_baseline_is_trial_0_and_stored_in_the_study(tmp_path: Path) -> None:
+    """--baseline: the reference is what the user trains with today, and a worker or resume reads it back."""
+    mine = {"batch_size": 4, "num_workers": 1, "optimizer_fusion": "foreach"}
+    base = TrialConfig(image_size=64, batch_size=16, global_batch=16, baseline=mine)
+    settings = SearchSettings(budget_s=60, storage=str(tmp_path / "studies.db"), base=base)
+    study = open_study(settings, open_storage(settings.storage), FP, space(), CPU)
+    first = config_for(study.ask(), space(), base)
+    assert {k: first.knobs()[k] for k in mine} == mine and first.grad_accum == 4  # accumulates up to 16
+    assert TrialConfig.from_dict(StudyRecord.of(study).workload).baseline == tuple(sorted(mine.items()))
+    warm = config_for(study.ask(), space(), base)
+    assert warm.batch_size == 4 and warm.optimizer_fusion == "fused"  # the guides' knobs over the user's
+
+
+def test_fingerprint_mismatch_refused_unless_forced(storage_url: str) -> None:
+    settings = SearchSettings(budget_s=60, storage=storage_url)
+    open_study(settings, open_storage(storage_url), FP, space(), CPU)
+    other = {**FP, "gpu_count": 8, "gpu_names": ["H200"] * 8}
+    with pytest.raises(AutotuneError, match="gpu_count"):
+        open_study(settings, open_storage(storage_url), other, space(), CPU)
+    forced = SearchSettings(budget_s=60, storage=storage_url, force=True)
+    assert open_study(forced, open_storage(storage_url), other, space(), CPU).study_name == "autotune"
+
+
+@pytest.mark.slow
+def test_search_end_to_end(tmp_path: Path, tiny_data: Path) -> None:
+    data = tiny_data
+    # One intra-op thread by default (num_threads is still searched): on a 2-core machine with another busy
+    # process, the Unet's two threads wait on each other and a step takes 10x longer (1.4 vs 16.6 samples/s).
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        # 60 s: a 30 s trial loop (the rest is kept for the end) holds the baseline, the bf16 warm start and
+        # more (8 trials on a busy machine); 32 px and 1-second trials keep each Unet trial short.
+        "--budget",
+        "60s",
+        "--data",
+        str(data),
+        "--image-size",
+        "32",
+        "--trial-seconds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--seed",
+        "0",
+        # one config beside the baseline per round: confirmation sizes its first round by --trial-seconds, so
+        # a round of four slow trials could overrun the budget's grace on a busy machine
+        "--confirm-top",
+        "1",
+    ]
+    t0 = time.monotonic()
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    wall = time.monotonic() - t0
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert wall < 60 + 30 + 15, wall  # budget + max(30 s, 2%), plus interpreter start-up
+    assert "best config exported to" in run.stdout
+
+    study = optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+    trials = study.get_trials()
+    assert trials[0].user_attrs["role"] == "baseline" and trials[0].state.name == "COMPLETE"
+    assert trials[0].user_attrs["speedup"] == pytest.approx(1.0)
+    assert len(trials) >= 4
+    done = [t for t in trials if t.state.name == "COMPLETE" and t.value]
+    assert all("samples_per_s" in t.user_attrs and "speedup" in t.user_attrs for t in done)
+    assert study.user_attrs["fingerprint"]["cpu_cores"] == os.cpu_count()
+    assert any((tmp_path / "studies" / "artifacts").iterdir())
+
+    # best.yaml round-trips through `autotune trial` as it is.
+    best = tmp_path / "studies" / "autotune" / "best.yaml"
+    exported = yaml.safe_load(best.read_text())
+    assert exported["speedup"] > 0 and exported["baseline"]["samples_per_s"] > 0
+    # Every search ends with a confirmation: the exported speedup is the rounds' median, with its range.
+    assert "confirmed:" in run.stdout, run.stdout[-3000:]
+    summary = records.confirmation(study)
+    assert summary and summary["rounds"] >= 1
+    if "confirmed" in exported:
+        assert exported["speedup"] == pytest.approx(exported["confirmed"]["speedup_median"])
+        low, high = exported["confirmed"]["speedup_range"]
+        assert low <= exported["speedup"] <= high
+    else:  # 2-second CPU trials run near the baseline's speed: every config the rounds measured read no faster
+        # than the baseline beside it, so none of them is exported (results.export_order)
+        measured = [r for r in summary["rows"] if r["label"] != "baseline"]
+        assert all((r["speedup_median"] or 0) <= 1 for r in measured), summary
+        assert exported["study"]["trial"] not in {r["trial"] for r in measured}
+    out = tmp_path / "again" / "result.json"
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "trial",
+            "--config",
+            str(best),
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--seconds",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok"
+    assert {k: v["requested"] for k, v in result["applied"].items() if k in exported["config"]} == {
+        k: v for k, v in exported["config"].items() if k in result["applied"]
+    }
+
+    # `optuna-dashboard studies.db`, exactly as typed, lists the study and its trials.
+    port = free_port()
+    dash = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "optuna-dashboard"),
+            "studies.db",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        body = None
+        for _ in range(60):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
+                    body = json.load(r)
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert body is not None, "optuna-dashboard did not answer"
+        (summary,) = body["study_summaries"]
+        assert summary["study_name"] == "autotune"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}", timeout=5) as r:
+            detail = json.load(r)
+        assert len(detail["trials"]) == len(trials)
+    finally:
+        dash.terminate()
+        dash.wait(timeout=10)
