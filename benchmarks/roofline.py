@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.core.config import TrialConfig
     from autotune.pipelines.unet.data import default_data
     from autotune.trial.harness import build
-    from autotune.search.space.hardware import Hardware
+    from autotune.search.space.machine import Hardware
     from autotune.search.loop.study import warm_start
 
     data = Path(args.data).resolve() if args.data else default_data(ROOT / "studies")

@@ -339,7 +339,7 @@ def _snap(cfg: Any) -> Config:
 def _anchors(table: Table) -> list[Config]:
     """autotune's two enqueued trials, as study.open_study enqueues them, for the recorded host."""
     from autotune.core.config import BASELINE, TrialConfig
-    from autotune.search.space.hardware import Hardware
+    from autotune.search.space.machine import Hardware
     from autotune.search.loop.study import warm_start
 
     hw = Hardware(cuda=False, gpu_count=0, cpu_count=table.cpu_count, apex=False)
@@ -382,7 +382,7 @@ def _optuna_run(
     def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
         import optuna
         from autotune.core.config import BASELINE, TrialConfig
-        from autotune.search.space.hardware import Hardware
+        from autotune.search.space.machine import Hardware
         from autotune.search.space.suggest import config_params, suggest
         from autotune.search.loop.study import warm_start
 

@@ -135,7 +135,7 @@ def run_ablation(
     trial_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
     from autotune.trial import launcher
-    from autotune.search.space.fingerprint import differences, fingerprint
+    from autotune.search.space.machine import differences, fingerprint
     from autotune.trial.locks import device_lock
     from autotune.search.store.records import StudyRecord, write_ablation
 

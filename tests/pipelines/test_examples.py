@@ -330,7 +330,7 @@ def _no_trial_broke(storage: Path) -> None:
 def test_the_language_model_scales_by_its_name() -> None:
     """make_w<width>_d<depth>: the size is in the pipeline's name, so in the fingerprint and every export."""
     from autotune.pipelines import blocks_of
-    from autotune.search.space.fingerprint import fingerprint
+    from autotune.search.space.machine import fingerprint
 
     sized = TrialConfig(pipeline="autotune.pipelines.examples.language_model:make_w512_d3", image_size=32)
     pipeline = load_pipeline(sized)

@@ -147,7 +147,7 @@ def test_write_json_atomic(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("one_thread")
 def test_unet_loss_falls(tiny_data: Path) -> None:
-    from autotune.search.space.hardware import cpu_bf16_native
+    from autotune.search.space.machine import cpu_bf16_native
 
     # bf16 autocast where this CPU has bf16 kernels; emulated (AVX2 only) it took 230 s instead of ~10 s,
     # and the tiny-model tests cover the autocast path there.

@@ -34,13 +34,13 @@ from autotune.search.checks import classes
 from autotune.search.loop import finish
 from autotune.search.space import memory
 from autotune.search.budget import Budget
-from autotune.search.space.fingerprint import differences, fingerprint
+from autotune.search.space.machine import differences, fingerprint
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.store.results import best_export, leaderboard
 from autotune.search.loop.runner import Events, measured, reuse, run_one
 from autotune.search.loop.admission import Sizer
-from autotune.search.space.sizing import stored_fit
+from autotune.search.space.memory import stored_fit
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
 from autotune.search.space.resolve import resolve
 from autotune.search.space.reading import load_space
@@ -111,12 +111,14 @@ class SearchSession:
         space = load_space(settings.space or DEFAULT_SPACE)
         pipeline = pipelines.load_pipeline(settings.base)
         check_writable(settings.storage, settings.studies_dir)  # a full disk stops here, before any trial
-        if defer:  # the database host may not hold the data: the workers check their own copies
-            study = open_study(settings, open_storage(settings.storage), {}, space, None)
-            return cls(study, space, settings, warm=warm, say=say)
-        _check_data(pipeline, settings, say, progress)
-        space, hw, fit = resolve(space, pipeline, settings, settings.base, say)
-        study = open_study(settings, open_storage(settings.storage), fingerprint(settings.base), space, hw)
+        hw, fit = None, None  # defer: the database host may not hold the data, nor the workers' hardware
+        if not defer:
+            # Decode the data once before the first trial (if the pipeline can): bad items are bad input.
+            if note := pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress):
+                say(note)
+            space, hw, fit = resolve(space, pipeline, settings, settings.base, say)
+        fp = fingerprint(settings.base) if hw is not None else {}
+        study = open_study(settings, open_storage(settings.storage), fp, space, hw)
         if fit is not None:
             records.write_model_facts(study, fit.facts.to_dict())
         return cls(study, space, settings, warm=warm, say=say, fit=fit)
@@ -145,7 +147,9 @@ class SearchSession:
             raise AutotuneError(f"study {settings.study!r} was not created by `autotune search` (no space attr)")
         base = study_workload(study, data, settings.studies_dir)
         pipeline = pipelines.load_pipeline(base)  # a module this machine can't import is bad input
-        _check_data(pipeline, settings, say, progress)
+        # Decode the data once before the first trial (if the pipeline can): bad items are bad input.
+        if note := pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress):
+            say(note)
         space = SearchSpace.from_dict(record.space)
         if not record.resolved and _claim(study):  # the first worker of a `--create-only` study decides
             space, hw, fit = resolve(space, pipeline, settings, base, say)
@@ -326,13 +330,6 @@ class SearchSession:
     @property
     def searched(self) -> tuple[str, ...]:
         return tuple(self.space.searched())
-
-
-def _check_data(pipeline: Any, settings: SearchSettings, say: Say, progress: Progress | None) -> None:
-    """Decode the data once before the first trial (if the pipeline can): bad items are bad input."""
-    note = pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress)
-    if note:
-        say(note)
 
 
 def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:

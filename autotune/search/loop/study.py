@@ -16,12 +16,11 @@ from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.core.outcomes import Role
 from autotune.search.store import records
-from autotune.search.space.fingerprint import differences
+from autotune.search.space.machine import differences
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.storage import shown_storage
-from autotune.search.store.liveness import fail_stale
 from autotune.search.space.spec import Fixed, SearchSpace
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.machine import Hardware
 from autotune.search.space.suggest import config_params, suggest
 from autotune.search.store.storage import open_storage
 from autotune.search.loop.strategy import CoordinateSampler, make_tpe
@@ -123,8 +122,7 @@ def open_study(
                 f"study {settings.study!r} was measured on another setup ({'; '.join(diff)}); "
                 "its timings are not comparable. Use --force to resume anyway, or a new --study"
             ) from None
-        fail_stale(study)
-        return study
+        return study  # trials a dead controller left running are failed by the loop, before each ask
     # Only the process that created the study enqueues: concurrent starts can't duplicate the baseline.
     with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

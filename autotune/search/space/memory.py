@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
-from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.errors import ConfigError
+from autotune.core.settings import SearchSettings
+from autotune.search.space.machine import Hardware, memory_bytes
 from autotune.search.space.spec import Choices, Fixed, SearchSpace, spec_values
+from autotune.trial.probe import ProbeError, run_probe
+
+if TYPE_CHECKING:  # the record is read by its fields; space/ sits below the study store
+    from autotune.search.store.records import StudyRecord
 
 FP32, HALF = 4, 2  # bytes per element
 GiB = 2**30
@@ -259,13 +268,18 @@ def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace
     spec = space.knobs.get("batch_size")
     if spec is None or isinstance(spec, Fixed):
         return space, []
-    keep = baseline_of(base).batch_size
+    keep, sizes = baseline_of(base).batch_size, spec_values(spec)
+    axes = [  # each memory knob's values: the space's, or the workload's own when it is not searched
+        [(k, v) for v in (spec_values(space.knobs[k]) if k in space.knobs else [getattr(base, k)])]
+        for k in MEMORY_KNOBS
+        if hasattr(base, k)
+    ]
     dropped: dict[int, tuple[int, str, str]] = {}
-    for b in spec_values(spec):
+    for b in sizes:
         least = min(
             (
                 (fit.needed(e, c.gpus), e.strategy, fit.where(c.gpus))
-                for c in _strategies(space, base.replace(batch_size=b))
+                for c in _strategies(axes, base.replace(batch_size=b))
                 for e in [estimate(c, fit.facts)]
             ),
             default=None,
@@ -274,7 +288,7 @@ def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace
             dropped[b] = least
     if not dropped:
         return space, []
-    kept = tuple(v for v in spec_values(spec) if v not in dropped)
+    kept = tuple(v for v in sizes if v not in dropped)
     knobs = {**space.knobs, "batch_size": Fixed(kept[0]) if len(kept) == 1 else Choices(kept)}
     notes = [
         f"batch_size: dropped {b} (batch {b}: estimated {gib(need)} {where} even under {how}, "
@@ -284,14 +298,9 @@ def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace
     return SearchSpace(knobs=knobs, source=space.source), notes
 
 
-def _strategies(space: SearchSpace, cfg: TrialConfig) -> list[TrialConfig]:
-    """Every combination of the memory knobs the space allows, at cfg's batch size. Invalid ones (a
-    global batch that a GPU count does not divide) are left out."""
-    axes = [
-        [(k, v) for v in (spec_values(space.knobs[k]) if k in space.knobs else [getattr(cfg, k)])]
-        for k in MEMORY_KNOBS
-        if hasattr(cfg, k)
-    ]
+def _strategies(axes: list[list[tuple[str, Any]]], cfg: TrialConfig) -> list[TrialConfig]:
+    """Every combination of the memory knobs' values, at cfg's batch size. Invalid ones (a global batch
+    that a GPU count does not divide) are left out."""
     out = []
     for combo in itertools.product(*axes):
         try:
@@ -302,3 +311,52 @@ def _strategies(space: SearchSpace, cfg: TrialConfig) -> list[TrialConfig]:
 
 
 __all__ = ["Estimate", "Fit", "ModelFacts", "estimate", "narrow", "strategy", "versus_peak"]
+
+
+# ------------------------------------------------------------- the facts, probed or read back
+
+MEMORY_PROBE_ENV = "AUTOTUNE_MEMORY_PROBE"  # "0": no probe, no estimate
+PROBE_TIMEOUT_S = 300.0
+
+
+def probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: Callable[[str], Any]) -> Fit | None:
+    """Measure the model facts once (trial/probe.py, a process of its own) and what a config must fit in:
+    the device's memory (RAM on a CPU) less the headroom. None, said, when either is unknown."""
+    if os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
+        return None
+    if hw.memory_bytes is None:
+        say("memory: the device's memory is unknown, so configs are not sized before launch")
+        return None
+    try:  # in a folder of its own that goes with it: nothing is written before the study is opened
+        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
+            facts = run_probe(base, Path(folder), PROBE_TIMEOUT_S)
+    except ProbeError as e:
+        say(f"memory: no estimate, the model could not be probed ({e}); configs are not sized before launch")
+        return None
+    return Fit(
+        ModelFacts.from_dict(facts),
+        int(hw.memory_bytes * (1 - settings.memory_headroom)),
+        hw.cuda,
+        gpus=hw.gpu_count,
+        shared=_ranks_share_gpus(),
+    )
+
+
+def stored_fit(record: StudyRecord, headroom: float) -> Fit | None:
+    """A worker's Fit: the facts its study stored, against this machine's memory and GPU count (same
+    fingerprint)."""
+    if not record.model_facts or os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
+        return None
+    facts = ModelFacts.from_dict(record.model_facts)
+    cuda = facts.device == "cuda"
+    total = memory_bytes(cuda)
+    if not total:
+        return None
+    gpus = int((record.fingerprint or {}).get("gpu_count") or 0)
+    return Fit(facts, int(total * (1 - headroom)), cuda, gpus=gpus, shared=_ranks_share_gpus())
+
+
+def _ranks_share_gpus() -> bool:
+    from autotune.trial.knobs import ranks_share_gpus  # imports torch: only once a search sizes configs
+
+    return ranks_share_gpus()

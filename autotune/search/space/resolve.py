@@ -14,9 +14,8 @@ from autotune import pipelines
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.core.errors import SearchSpaceError
 from autotune.core.settings import SearchSettings
-from autotune.search.space import memory, micro_batch
-from autotune.search.space.hardware import Hardware
-from autotune.search.space.sizing import probe_fit
+from autotune.search.space import memory
+from autotune.search.space.machine import Hardware
 from autotune.search.space.spec import (
     _DEFAULTS,
     FSDP_KNOBS,
@@ -41,8 +40,8 @@ def resolve(
     space, notes = for_hardware(
         space, hw, stages=len(pipelines.stages_of(pipeline)), unsupported=pipelines.unsupported_of(pipeline)
     )
-    space, more = micro_batch.narrow(space, base.global_batch, base)
-    fit = probe_fit(settings, base, hw, say)
+    space, more = by_global_batch(space, base.global_batch, base)
+    fit = memory.probe_fit(settings, base, hw, say)
     if fit is not None:
         space, by_memory = memory.narrow(space, base, fit)
         more += by_memory
@@ -187,4 +186,43 @@ class _Narrowing:
             self.notes.append(f"{knob}: range clipped to {spec.low}..{high} ({why})")
 
 
-__all__ = ["for_hardware", "resolve"]
+# ------------------------------------------------------------- the global batch
+
+
+def _values(spec: Spec | None, default: int) -> list[int]:
+    return [default] if spec is None else spec_values(spec)
+
+
+def _as_spec(values: list[int]) -> Spec:
+    return Fixed(values[0]) if len(values) == 1 else Choices(tuple(values))
+
+
+def by_global_batch(space: SearchSpace, global_batch: int | None, base: Any) -> tuple[SearchSpace, list[str]]:
+    """`space` with batch_size and gpus kept to divisors of `global_batch`, and one note per drop.
+    A global batch nothing in the space divides is bad input (SearchSpaceError, exit 2)."""
+    if global_batch is None:
+        return space, []
+    knobs = dict(space.knobs)
+    batches = _values(knobs.get("batch_size"), base.batch_size)
+    gpus_all = _values(knobs.get("gpus"), base.gpus)
+    gpus = [g for g in gpus_all if any(global_batch % (b * g) == 0 for b in batches)]
+    kept = [b for b in batches if any(global_batch % (b * g) == 0 for g in gpus)]
+    if not kept:
+        raise SearchSpaceError(
+            f"--global-batch {global_batch}: no micro-batch x GPU count in the space divides it "
+            f"(batch_size {batches}, gpus {gpus_all})"
+        )
+    notes = []
+    for knob, before, after in (("gpus", gpus_all, gpus), ("batch_size", batches, kept)):
+        if after != before and knob in knobs:
+            dropped = [v for v in before if v not in after]
+            notes.append(
+                f"{knob}: dropped {', '.join(map(str, dropped))} (global batch {global_batch} must be "
+                "batch_size x gpus x a whole number of accumulation steps, for some "
+                f"{'batch_size' if knob == 'gpus' else 'GPU count'} in the space)"
+            )
+            knobs[knob] = _as_spec(after)
+    return SearchSpace(knobs=knobs, source=space.source), notes
+
+
+__all__ = ["by_global_batch", "for_hardware", "resolve"]

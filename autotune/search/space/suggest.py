@@ -35,7 +35,7 @@ def micro_batch_param(gpus: int) -> str:
 
 def _per_gpu_count(space: SearchSpace, base: TrialConfig) -> bool:
     """Whether the micro-batch is sampled after the GPU count, among that count's divisors of the
-    study's global batch (search/space/micro_batch.py)."""
+    study's global batch (search/space/resolve.py)."""
     return (
         base.global_batch is not None
         and isinstance(space.knobs.get("gpus"), (Choices, IntRange))

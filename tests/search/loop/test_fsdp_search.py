@@ -18,8 +18,8 @@ from autotune.core.errors import SearchSpaceError
 from autotune.core.settings import SearchSettings
 from autotune.search.store.records import TrialRecord
 from autotune.search.loop.session import SearchSession
-from autotune.search.space.sizing import MEMORY_PROBE_ENV
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.memory import MEMORY_PROBE_ENV
+from autotune.search.space.machine import Hardware
 
 LM = "autotune.pipelines.examples.language_model:make_w64_d2"
 # The baseline runs 2 processes too (DDP, the user's today): every config compared is a 2-process one.

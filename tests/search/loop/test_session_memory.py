@@ -14,14 +14,15 @@ import yaml
 from autotune.apply.report import memory_rows
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
-from autotune.search.loop import session as session_module
-from autotune.search.space import sizing
+from autotune.search.space import memory
+from autotune.search.loop.admission import Sizer
+from autotune.search.loop.runner import Events
 from autotune.search.space.memory import ModelFacts
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.results import feasible
 from autotune.search.loop.session import SearchSession
-from autotune.search.space.sizing import MEMORY_PROBE_ENV
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.memory import MEMORY_PROBE_ENV
+from autotune.search.space.machine import Hardware
 from autotune.search.space.spec import SearchSpace
 from autotune.trial.probe import ProbeError
 
@@ -55,7 +56,7 @@ def small_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     (no probe process)."""
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
     monkeypatch.setattr(
-        session_module.Hardware,
+        Hardware,
         "detect",
         classmethod(
             lambda cls: Hardware(
@@ -63,9 +64,9 @@ def small_machine(monkeypatch: pytest.MonkeyPatch) -> None:
             )
         ),
     )
-    monkeypatch.setattr(sizing, "run_probe", lambda cfg, folder, timeout_s: FACTS.to_dict())
+    monkeypatch.setattr(memory, "run_probe", lambda cfg, folder, timeout_s: FACTS.to_dict())
     # The machine is pretend, the trials' RSS real (hundreds of MiB): no calibrating the one by the other.
-    monkeypatch.setattr(sizing.Sizer, "calibrate", lambda self, frozen: None)
+    monkeypatch.setattr(Sizer, "calibrate", lambda self, frozen: None)
 
 
 def test_micro_batches_that_cannot_fit_are_dropped_before_the_study_and_said(
@@ -167,10 +168,10 @@ def test_a_worker_sizes_configs_with_the_facts_its_study_stored(
 ) -> None:
     s = settings(tmp_path, "knobs:\n  batch_size: [4, 8]\n")
     SearchSession.create(s, warm=False, say=print)
-    monkeypatch.setattr(sizing, "run_probe", lambda *a: pytest.fail("a worker must not probe again"))
+    monkeypatch.setattr(memory, "run_probe", lambda *a: pytest.fail("a worker must not probe again"))
     worker = SearchSession.join(s, None, warm=False, say=print)
     assert worker.sizer.fit is not None and worker.sizer.fit.facts == FACTS and not worker.sizer.fit.cuda
-    assert worker.sizer.fit.usable == sizing.memory_bytes(False)  # this machine's RAM, --memory-headroom 0
+    assert worker.sizer.fit.usable == memory.memory_bytes(False)  # this machine's RAM, --memory-headroom 0
 
 
 def test_a_model_that_cannot_be_probed_is_said_and_the_search_goes_on(
@@ -179,7 +180,7 @@ def test_a_model_that_cannot_be_probed_is_said_and_the_search_goes_on(
     def refuse(*a: Any) -> dict[str, Any]:
         raise ProbeError("exited with code 1: RuntimeError: boom")
 
-    monkeypatch.setattr(sizing, "run_probe", refuse)
+    monkeypatch.setattr(memory, "run_probe", refuse)
     said: list[str] = []
     session = SearchSession.create(settings(tmp_path, "knobs:\n  batch_size: [4, 64]\n"), warm=False, say=said.append)
     assert session.sizer.fit is None
@@ -199,23 +200,23 @@ def test_ranks_sharing_the_one_gpu_are_sized_together(
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
     monkeypatch.setenv(DDP_BACKEND_ENV, backend)
     on_gpu = ModelFacts(**{**FACTS.to_dict(), "device": "cuda"})
-    monkeypatch.setattr(sizing, "run_probe", lambda cfg, folder, timeout_s: on_gpu.to_dict())
+    monkeypatch.setattr(memory, "run_probe", lambda cfg, folder, timeout_s: on_gpu.to_dict())
     hw = Hardware(cuda=True, gpu_count=1, cpu_count=2, apex=False, memory_bytes=80 * 2**30)
-    fit = sizing.probe_fit(settings(tmp_path, "knobs: {}\n"), TINY, hw, print)
+    fit = memory.probe_fit(settings(tmp_path, "knobs: {}\n"), TINY, hw, print)
     assert fit is not None and fit.per_device(2) == per_gpu
     # A worker joining the study sizes alike: the GPUs its fingerprint counts, the same backend.
-    monkeypatch.setattr(sizing, "memory_bytes", lambda cuda: 80 * 2**30 if cuda else None)
+    monkeypatch.setattr(memory, "memory_bytes", lambda cuda: 80 * 2**30 if cuda else None)
     record = StudyRecord(fingerprint={"gpu_count": 1}, model_facts=on_gpu.to_dict())
-    joined = sizing.stored_fit(record, 0.1)
+    joined = memory.stored_fit(record, 0.1)
     assert joined is not None and joined.cuda and joined.per_device(2) == per_gpu
 
 
 def test_a_proposal_records_how_many_ranks_share_its_gpu(tmp_path: Path) -> None:
     on_gpu = ModelFacts(**{**FACTS.to_dict(), "device": "cuda"})
-    sizer = sizing.Sizer(sizing.memory.Fit(on_gpu, 80 * 2**30, cuda=True, gpus=1, shared=True), print)
+    sizer = Sizer(memory.Fit(on_gpu, 80 * 2**30, cuda=True, gpus=1, shared=True), print)
     study = optuna.create_study()
     trial = study.ask()
-    assert not sizer.writes_off(study, trial, TINY.replace(gpus=2), "search", sizing.Events())
+    assert not sizer.writes_off(study, trial, TINY.replace(gpus=2), "search", Events())
     estimate = TrialRecord.of(trial).memory_estimate
     assert estimate is not None and estimate["ranks_per_gpu"] == 2  # type: ignore[typeddict-item]
-    assert estimate["total"] == sizing.memory.estimate(TINY.replace(gpus=2), on_gpu).total  # one rank's parts
+    assert estimate["total"] == memory.estimate(TINY.replace(gpus=2), on_gpu).total  # one rank's parts

@@ -16,7 +16,7 @@ from autotune.core.config import KNOBS, TrialConfig
 from autotune.search.store.records import CLASSES, TrialRecord, write
 from autotune.search.store.results import failed_classes
 from autotune.search.space.spec import DEFAULT_SPACE, WORKER_KNOBS
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import for_hardware
 from autotune.search.space.reading import load_space
 from autotune.search.space.suggest import config_params, suggest

@@ -17,7 +17,7 @@ import yaml
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import for_hardware
 from autotune.search.space.reading import load_space
 from autotune.search.store.storage import open_storage

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import for_hardware
 from autotune.search.space.reading import load_space
 from autotune.search.store.storage import open_storage

@@ -1,4 +1,4 @@
-"""autotune/search/space/fingerprint.py: what this machine really is, and which differences make timings incomparable."""
+"""autotune/search/space/machine.py: what this machine really is, and which differences make timings incomparable."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autotune.core.config import TrialConfig
-from autotune.search.space.fingerprint import COMPARED, differences, fingerprint
+from autotune.search.space.machine import COMPARED, differences, fingerprint
 from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 CFG = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=96)
@@ -221,6 +221,6 @@ def test_fingerprint_without_nvml_leaves_per_gpu_values_unknown(monkeypatch: pyt
 
 
 def test_cudnn_version_is_the_one_torch_reports() -> None:
-    from autotune.search.space import fingerprint as module
+    from autotune.search.space import machine as module
 
     assert module._cudnn() == torch.backends.cudnn.version()  # safe to call here: no CUDA to check

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from autotune.core.config import TrialConfig
-from autotune.search.space import hardware as space_module
+from autotune.search.space import machine as space_module
 from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.machine import Hardware
 from autotune.search.loop.study import warm_start
 from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 

@@ -1,4 +1,4 @@
-"""search/space/micro_batch.py: a study's global batch narrows the space to combinations that divide it."""
+"""search/space/resolve.py: a study's global batch narrows the space to combinations that divide it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import SearchSpaceError
-from autotune.search.space.micro_batch import narrow
+from autotune.search.space.resolve import by_global_batch as narrow
 from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace
 from autotune.search.space.suggest import config_params, micro_batch_param, suggest
 

@@ -12,7 +12,7 @@ import pytest
 from autotune.core.config import BASELINE, KNOBS, TrialConfig
 from autotune.core.errors import SearchSpaceError
 from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace
-from autotune.search.space.hardware import Hardware
+from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import for_hardware
 from autotune.search.space.reading import load_space
 from autotune.search.space.suggest import config_params, suggest
@@ -148,7 +148,7 @@ def test_resolve_cpu_without_bf16_kernels() -> None:
 def test_cpu_bf16_native_asks_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from autotune.search.space.hardware import cpu_bf16_native
+    from autotune.search.space.machine import cpu_bf16_native
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     assert cpu_bf16_native() is True
@@ -338,7 +338,7 @@ def test_detect_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another machine gives another answer: nothing is assumed."""
     import torch
 
-    import autotune.search.space.hardware as space_module
+    import autotune.search.space.machine as space_module
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)))
     monkeypatch.setattr(space_module, "CGROUP_CPU_MAX", Path("/nonexistent/cpu.max"))
@@ -360,7 +360,7 @@ def test_memory_is_the_smallest_visible_gpus_or_the_ram(monkeypatch: pytest.Monk
 
     import torch
 
-    from autotune.search.space.hardware import memory_bytes
+    from autotune.search.space.machine import memory_bytes
     from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
     ram = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0]) * 1024
