@@ -141,15 +141,9 @@ def test_search_end_to_end(tmp_path: Path, tiny_data: Path) -> None:
     assert "confirmed:" in run.stdout, run.stdout[-3000:]
     summary = records.confirmation(study)
     assert summary and summary["rounds"] >= 1
-    if "confirmed" in exported:
-        assert exported["speedup"] == pytest.approx(exported["confirmed"]["speedup_median"])
-        low, high = exported["confirmed"]["speedup_range"]
-        assert low <= exported["speedup"] <= high
-    else:  # 2-second CPU trials run near the baseline's speed: every config the rounds measured read no faster
-        # than the baseline beside it, so none of them is exported (results.export_order)
-        measured = [r for r in summary["rows"] if r["label"] != "baseline"]
-        assert all((r["speedup_median"] or 0) <= 1 for r in measured), summary
-        assert exported["study"]["trial"] not in {r["trial"] for r in measured}
+    # Which config the rounds confirm on this Unet depends on the machine's noise, so what is exported
+    # after them is asserted where the speed difference is built in: tests/search/loop/test_confirm.py
+    # (test_a_search_ends_confirmed_unless_turned_off, a loader-bound pipeline).
     out = tmp_path / "again" / "result.json"
     again = subprocess.run(
         [

@@ -16,11 +16,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.pipelines.unet.data import make_data
 from autotune.search.store.storage import open_storage
 from tests.fakes import free_port
 
 PG = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+TINY = "tests.fault_pipelines:tiny"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not PG, reason="AUTOTUNE_TEST_POSTGRES_URL not set")]
 SECRET = PG.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1] if PG and "@" in PG else "never-set"
 
@@ -28,12 +29,12 @@ SECRET = PG.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1] if PG and "@" i
 @pytest.fixture
 def fleet(tmp_path: Path):
     """A fresh study on the server, created the way users do: `autotune search --create-only`."""
-    data = make_data(tmp_path / "data", n=16, size=(128, 96), seed=0)
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "AUTOTUNE_HEARTBEAT_S": "1",
         "AUTOTUNE_LOCK_DIR": str(tmp_path / "locks"),
+        "PYTHONPATH": str(REPO_ROOT),  # the tiny test pipeline: what a fleet shares does not depend on the model
     }
     name = f"fleet-{uuid.uuid4().hex[:8]}"
     outputs: list[str] = []
@@ -52,7 +53,19 @@ def fleet(tmp_path: Path):
 
     def worker(*args: str, storage: str = PG or "") -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "autotune", "worker", "--storage", storage, "--study", name, *args],
+            [
+                sys.executable,
+                "-m",
+                "autotune",
+                "worker",
+                "--storage",
+                storage,
+                "--study",
+                name,
+                "--pipeline",
+                TINY,
+                *args,
+            ],
             cwd=tmp_path,
             env=env,
             stdout=subprocess.PIPE,
@@ -72,10 +85,8 @@ def fleet(tmp_path: Path):
             PG or "",
             "--study",
             name,
-            "--data",
-            str(data),
-            "--image-size",
-            "64",
+            "--pipeline",
+            TINY,
             "--trial-seconds",
             trial_seconds,
             "--warmup-steps",
