@@ -338,3 +338,11 @@ def test_validate_data_without_the_hook_is_a_no_op() -> None:
         pass
 
     assert validate_data(Bare(), skip_bad=False, progress=None) is None  # type: ignore[arg-type]
+
+
+def test_a_long_path_leaves_no_part_of_itself_in_the_reason(tmp_path: Path) -> None:
+    # The reason is cut to one short sentence; the path PIL quotes in it must go first, however long.
+    deep = make_data(tmp_path / ("d" * 120) / "six", n=2, size=(96, 64))
+    _garbage(deep / "masks" / "00001.png")
+    _, bad = screen_pairs(scan_folder(deep))
+    assert [(p.name, reason) for p, reason in bad] == [("00001.png", "cannot identify image file")]

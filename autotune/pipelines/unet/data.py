@@ -231,10 +231,12 @@ SHOWN_BAD = 5
 _CPP_LOCATION = re.compile(r"^.*?\.(?:cpp|cc|h|hpp):\d+, ")
 
 
-def decode_reason(e: BaseException) -> str:
+def decode_reason(e: BaseException, path: Path | None = None) -> str:
     """A decoder's exception as a short reason: torchvision's messages start with a C++ source
-    location and run to several sentences; the first sentence is the one that says what is wrong."""
-    text = str(e).strip()
+    location and run to several sentences; the first sentence is the one that says what is wrong.
+    PIL quotes the file's `path`, which is named beside the reason already: cut before shortening,
+    so a long path cannot leave half of itself in the reason."""
+    text = str(e).strip().replace(f" '{path}'", "") if path is not None else str(e).strip()
     if not text:
         return type(e).__name__
     text = _CPP_LOCATION.sub("", text.splitlines()[0])
@@ -318,7 +320,7 @@ def _headers_ok(image: Path, mask: Path) -> tuple[Path, str] | None:
         except Exception as e:  # PIL raises a zoo of types for a bad file; MemoryError is not one
             if isinstance(e, MemoryError):
                 raise
-            return path, decode_reason(e).replace(f" '{path}'", "")  # PIL quotes the path; it is named already
+            return path, decode_reason(e, path)
     if sizes[0] != sizes[1]:
         return image, f"image is {sizes[0][0]}x{sizes[0][1]} but its mask is {sizes[1][0]}x{sizes[1][1]}"
     return None
