@@ -42,7 +42,15 @@ export HF_HUB_OFFLINE=1
 case "$cmd" in
   test)
     cd "$here"
-    exec "$venv/bin/python" -m pytest "$@" ;;
+    if [ $# -gt 0 ]; then exec "$venv/bin/python" -m pytest "$@"; fi
+    # The whole suite in two passes. The quick tests, which time nothing, on every CPU at once; then the
+    # end-to-end ones (marked slow: real trials and timed searches) and those that measure CPU time or
+    # contention (marked alone), one at a time, so that no other test's load reaches their figures.
+    # Both passes run whatever the first one found, and the suite fails if either did.
+    quick=0
+    "$venv/bin/python" -m pytest -m "not slow and not alone" -n "${AUTOTUNE_TEST_WORKERS:-auto}" || quick=$?
+    "$venv/bin/python" -m pytest -m "slow or alone" || exit $?
+    exit "$quick" ;;
   lint)  # the import layers, ruff's lint and format check, and mypy (configured in pyproject.toml)
     cd "$here"
     "$venv/bin/lint-imports"

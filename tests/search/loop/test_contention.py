@@ -33,6 +33,7 @@ def burner() -> Iterator[list[subprocess.Popen[bytes]]]:
         p.wait()
 
 
+@pytest.mark.alone
 def test_a_busy_stranger_is_counted_and_our_own_tree_is_not(burner: list[subprocess.Popen[bytes]]) -> None:
     burner.append(subprocess.Popen(BURN))  # a child of this test process: in our tree
     time.sleep(0.2)
@@ -50,6 +51,7 @@ def test_a_busy_stranger_is_counted_and_our_own_tree_is_not(burner: list[subproc
     assert own.cpus < stranger.cpus - 0.5, (own.cpus, stranger.cpus)
 
 
+@pytest.mark.alone
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to give a neighbour its own")
 def test_a_neighbour_on_other_cpus_is_not_contention(burner: list[subprocess.Popen[bytes]]) -> None:
     """One worker per GPU, each pinned to its own CPUs (--cpus): the neighbour's steady use is elsewhere."""
