@@ -52,6 +52,7 @@ class Reason(_Word):
     HEADROOM = "headroom"  # its peak memory left less than the headroom free
     MEMORY_ESTIMATE = "memory_estimate"  # not run: its estimate breaks the headroom
     CLASS_FAILED = "class_failed"  # not run: its training math failed its check
+    COST_ESTIMATE = "cost_estimate"  # not run: its estimated wall time exceeds what its trial would be given
 
 
 class Verdict(_Word):

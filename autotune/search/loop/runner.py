@@ -75,6 +75,7 @@ def run_one(
     trial_dir = Path(settings.studies_dir) / settings.study / f"trial-{trial.number}"
     watch = _Watch(trial, role, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}, events)
     write(trial, TrialRecord(role=role, config=cfg.knobs(), owner=watch.owner))
+    launched = time.monotonic()
     try:
         # RDB storages: the heartbeat thread Study.optimize would run, so other workers see we're alive.
         with _optuna.heartbeat_thread(study, trial):
@@ -88,6 +89,7 @@ def run_one(
                 on_groups=watch.groups,
             )
     except TrialFailure as e:
+        write(trial, TrialRecord(role=role, wall_s=round(time.monotonic() - launched, 2)))
         state, value = _failed(trial, role, cfg, e, budget_cut=timeout_s < settings.trial_timeout)
     except OSError as e:
         if not disk_error(e):
@@ -103,6 +105,8 @@ def run_one(
         study.tell(trial, state=TrialState.FAIL)
         raise
     else:
+        # The wall time beside the cost estimate made before launch (search/loop/cost.py reads it back).
+        write(trial, TrialRecord(role=role, wall_s=round(time.monotonic() - launched, 2)))
         state, value = TrialState.COMPLETE, _measured(study, trial, role, cfg, result, settings, lease.contended)
     _upload(trial, trial_dir)
     return study.tell(trial, value, state=state if value is None else None)

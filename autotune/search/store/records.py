@@ -113,6 +113,9 @@ class TrialRecord:
     retry_of: int | None = None  # a re-run of that trial, whose measurement was contended
     # search/space/memory.py's estimate, made before launch; shown beside the measured peak (metrics)
     memory_estimate: MemoryEstimate | None = None
+    # search/loop/cost.py's estimate of its wall time to a result, made before launch; beside wall_s
+    cost_estimate_s: float | None = None
+    wall_s: float | None = None  # its measured wall time, launch to result (or to its failure)
 
     @classmethod
     def of(cls, t: Trial) -> TrialRecord:
@@ -148,6 +151,8 @@ class TrialRecord:
             "repeat_of",
             "retry_of",
             "memory_estimate",
+            "cost_estimate_s",
+            "wall_s",
         ):
             value = getattr(self, key)
             # By identity, not ==: trial 0 (repeat_of=0, retry_of=0) must not read as "unset" (0 == False).
