@@ -73,6 +73,8 @@ class LiveSearch:
             speed += f"  [{r.message}]"
         if feasible(t) and r.training_math:
             speed += f"  [trains differently: {shown(r.training_math)}]"
+        if r.cost_estimate_s is not None and r.wall_s is not None:
+            speed += f"  [time: estimated {r.cost_estimate_s:.0f} s, took {r.wall_s:.0f} s]"
         self.console.print(
             f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",
             highlight=False,
@@ -150,6 +152,36 @@ def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
         leaderboard_rows(study, top),
         long=LONG_COLUMNS,
         left=("role",),
+    )
+
+
+# The cost estimate made before launch (search/loop/cost.py) beside the wall time each trial took.
+COST_COLUMNS = ("trial", "role", "batch", "estimate s", "took s", "error")
+
+
+def cost_rows(study: optuna.Study, top: int | None = None) -> list[tuple[str, ...]]:
+    """One row of text cells per trial with a cost estimate, in trial order (`top`: the last ones only);
+    error = (estimate - took) / took. A config not run on its estimate shows "not run" for what it took.
+    The terminal (`show`) and the HTML report print these."""
+    rows: list[tuple[str, ...]] = []
+    for t in study.get_trials(deepcopy=False):
+        r = TrialRecord.from_frozen(t)
+        est, took = r.cost_estimate_s, r.wall_s
+        if est is None or r.repeat_of is not None:  # a reused figure: its first trial's row says it
+            continue
+        error = f"{(est - took) / took:+.0%}" if took else "-"
+        shown_took = "not run" if r.reason == Reason.COST_ESTIMATE else f"{took:.1f}" if took is not None else "-"
+        rows.append((str(t.number), r.role, str(r.config.get("batch_size", "-")), f"{est:.1f}", shown_took, error))
+    return rows[-top:] if top else rows
+
+
+def cost_table(study: optuna.Study, top: int = 10) -> FitTable | None:
+    """The cost estimate beside the measured wall time, last `top` trials; None when no trial has one."""
+    rows = cost_rows(study, top)
+    if not rows:
+        return None
+    return FitTable(
+        f"time: estimate before launch vs wall time taken, last {len(rows)} trials", COST_COLUMNS, rows, left=("role",)
     )
 
 

@@ -120,6 +120,21 @@ def memory_html(study: Any) -> str:
     )
 
 
+def cost_html(study: Any) -> str:
+    from autotune.apply.display import COST_COLUMNS, cost_rows
+
+    rows = cost_rows(study)
+    head = '<section id="cost"><h2>Time estimate vs wall time taken</h2>'
+    if not rows:
+        return head + "<p class=note>no trial recorded a time estimate</p></section>"
+    return (
+        head + "<p>Estimated before launch from the nearest measured config (start-up, warm-up and timed steps "
+        "at its step time, scaled with the samples a step computes); error = (estimate - taken) / taken.</p>"
+        + _table(COST_COLUMNS, rows)
+        + "</section>"
+    )
+
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f0f0f0}.note{color:#666;font-style:italic}section{margin:2em 0}
@@ -147,6 +162,7 @@ def write_report(study: Any, out: Path) -> list[Path]:
         "</section>",
         confirmation_html(study),
         memory_html(study),
+        cost_html(study),
         *parts,
         '<section id="fingerprint"><h2>Fingerprint</h2>',
         _table(("key", "value"), list(fp.items()), long=("value",)) if fp else "<p class=note>none recorded</p>",

@@ -74,7 +74,7 @@ def _study(args: argparse.Namespace) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from autotune.apply.display import confirmation_table, leaderboard_table, order_note
+    from autotune.apply.display import confirmation_table, cost_table, leaderboard_table, order_note
     from autotune.apply.fit_table import FitTable
     from autotune.apply.report import MEMORY_COLUMNS, memory_rows
 
@@ -91,6 +91,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                 left=("role", "strategy"),
             )
         )
+    timed = cost_table(study, args.top)
+    if timed is not None:
+        console.print(timed)
     confirmed = confirmation_table(study)
     if confirmed is not None:
         console.print(confirmed)
