@@ -1,8 +1,9 @@
 """CPU time other processes used while a trial measured: the machine's busy time (/proc/stat) less
 the trial's own process tree (its loader workers, and under torchrun every rank and theirs).
 
-On a small machine one busy core of someone else's work makes a step 10-20x slower (two OpenMP
-threads wait on a descheduled partner), so a figure measured beside it is not the config's speed.
+On a small machine one busy core of someone else's work makes a step many times slower (two OpenMP
+threads wait on a descheduled partner; benchmarks/README.md has the figure), so a figure measured beside
+it is not the config's speed.
 
 Only the CPUs the trial may run on count (its affinity: a worker pinned with --cpus passes it on). On a
 machine shared by one worker per GPU, each on its own CPUs, the neighbours' steady use is elsewhere and

@@ -48,7 +48,7 @@ from autotune.core.procs import die_with_parent
 
 # Pipeline-neutral; the caller adds what its pipeline needs (autotune.pipelines.preload_modules).
 # torch._dynamo: every torch.optim optimizer imports it lazily on construction (its
-# _disable_dynamo decorator), measured 1.1-1.8 s of each forked trial's start-up on 2 CPUs.
+# _disable_dynamo decorator), a second or more of each forked trial's start-up (benchmarks/README.md).
 DEFAULT_PRELOAD = (
     "torch",
     "torch._dynamo",

@@ -28,8 +28,8 @@ def usable_cpus() -> int:
 
 def cpu_bf16_native() -> bool:
     """Whether oneDNN has bf16 kernels for this CPU. Without them (an AVX2-only CPU), bf16 autocast falls
-    back to the reference convolution: measured 7.1 s against 0.09 s fp32 for one 64-channel 3x3 conv
-    at batch 8, 64 px (AMD EPYC, AVX2), so a Unet trial in bf16 times out instead of measuring."""
+    back to the reference convolution, some 70x slower than fp32 (benchmarks/README.md, "Figures the
+    design rests on"), so a Unet trial in bf16 would time out instead of measuring."""
     import torch
 
     try:
