@@ -136,6 +136,19 @@ def register(sub: Any) -> None:
     cpus_arg(s)
     nodes_args(s)
     workload_args(s)
+    s.add_argument(
+        "--script",
+        default=None,
+        metavar="PATH",
+        help="your own training script, run as written in each trial: the same as "
+        "--pipeline 'script:PATH ARGS' (see docs/own-model.md)",
+    )
+    s.add_argument(
+        "--script-args",
+        default=None,
+        metavar="ARGS",
+        help='the script\'s own command-line arguments, one shell-quoted string (e.g. "--epochs 1 data/")',
+    )
     s.set_defaults(func=cmd_search)
 
     w = sub.add_parser(
@@ -248,7 +261,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
     baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
     base = workload(
-        args.pipeline,
+        _pipeline_spec(args),
         args.image_size,
         args.data,
         args.studies_dir,
@@ -270,6 +283,26 @@ def _search_settings(args: argparse.Namespace) -> Any:
         parity_steps=args.parity_steps,
         memory_headroom=headroom,
     )
+
+
+def _pipeline_spec(args: argparse.Namespace) -> str | None:
+    """--pipeline, or the script spec --script and --script-args make (its path checked and made absolute)."""
+    import shlex
+
+    from autotune.core.errors import ConfigError
+    from autotune.pipelines import script
+
+    if args.script is None:
+        if args.script_args is not None:
+            raise ConfigError("--script-args needs --script")
+        return args.pipeline
+    if args.pipeline is not None:
+        raise ConfigError("--script and --pipeline both name the pipeline: give one")
+    try:
+        words = shlex.split(args.script_args or "")
+    except ValueError as e:
+        raise ConfigError(f"--script-args: cannot split it ({e})") from None
+    return script.spec_of(args.script, words)
 
 
 def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:

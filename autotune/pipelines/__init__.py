@@ -19,7 +19,8 @@ other exception from an item is reported as the data's fault too, naming its ind
 
 A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
 `lightning:module.path:callable` and `hf:module.path:callable` name a framework's job instead, run under
-the framework's own Trainer (autotune.pipelines.frameworks).
+the framework's own Trainer (autotune.pipelines.frameworks); `script:PATH [ARGS...]` the user's own
+training script, run as written (autotune.pipelines.script).
 What is special about the built-in Unet (its default synthetic data, what a warm server preloads)
 is answered here, so no other layer needs to know it.
 
@@ -83,10 +84,12 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
 def load_pipeline(cfg: TrialConfig) -> Pipeline:
     """The factory's pipeline (or framework job), checked; a baseline that sets a knob the pipeline
     cannot honour is bad input here, before any study or trial is made from it."""
-    from autotune.pipelines import frameworks
+    from autotune.pipelines import frameworks, script
 
     if frameworks.is_framework(cfg.pipeline):
         pipeline: Any = frameworks.load(cfg)
+    elif script.is_script(cfg.pipeline):
+        pipeline = script.load(cfg)
     else:
         pipeline = resolve_factory(cfg.pipeline)(cfg)
     if not isinstance(pipeline, Pipeline):
@@ -173,10 +176,12 @@ def skip_bad_data_in_trials() -> None:
 
 def preload_modules(spec: str) -> tuple[str, ...]:
     """What a warm server imports for this pipeline: its heavy libraries and its own module."""
-    from autotune.pipelines import frameworks
+    from autotune.pipelines import frameworks, script
 
     if frameworks.is_framework(spec):
         return frameworks.preload(spec)
+    if script.is_script(spec):  # the script itself runs in the trial, never imported ahead
+        return ("torch.utils.data",)
     module = BUILTIN.get(spec, spec).partition(":")[0]
     return (*_PRELOAD.get(spec, ()), module)
 
@@ -188,11 +193,14 @@ def workload(
     (a config file's values, or the defaults); without any data, the pipeline's own default.
     Positional-only: a whole config file passed as `extra` has its own `pipeline` and `image_size`."""
     from autotune.core.config import TrialConfig
+    from autotune.pipelines import script
 
     cfg = TrialConfig(**extra)
     changes: dict[str, Any] = {}
     if pipeline:
         changes["pipeline"] = pipeline
+    if script.is_script(changes.get("pipeline", cfg.pipeline)):  # its path made absolute, the file checked
+        changes["pipeline"] = script.normalize(changes.get("pipeline", cfg.pipeline))
     if image_size:
         changes["image_size"] = image_size
     if data:

@@ -23,6 +23,7 @@ from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
 from autotune.pipelines.frameworks import is_framework
+from autotune.pipelines.script import is_script
 from autotune.trial.contention import OtherCpu
 
 LAUNCH_TIME_ENV = "AUTOTUNE_LAUNCH_TIME"
@@ -41,6 +42,10 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         from autotune.trial.frameworks import run as run_framework
 
         return run_framework(cfg, progress, launched)
+    if is_script(cfg.pipeline):  # the user's own script, run as written, measured through torch's hooks
+        from autotune.trial.script import run as run_script
+
+        return run_script(cfg, progress, launched)
     h = build(cfg, endless=True)  # one loader iterator for the whole trial: no restart between epochs
     memory_total = measure.memory_total_bytes(h.device)  # before the trial grows: RAM it may still take
     device, world = h.device, h.world

@@ -4,7 +4,8 @@ The native YAML is the round-trippable record (`autotune.core.configfile`). A st
 pipeline (--pipeline lightning:... / hf:...) exports, in its own format, the user's Trainer arguments as
 its winning trial passed them (`framework.py`). The framework renderings are one-way, one module each:
 each lists every tuned knob, either as a field the framework has or as a comment saying where it goes,
-so nothing the search found is dropped silently.
+so nothing the search found is dropped silently. A script study (--pipeline script:...) exports what to
+change in that script (`script.py`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from autotune.apply.export import framework
 from autotune.apply.export.accelerate import to_accelerate
 from autotune.apply.export.hf import to_hf
 from autotune.apply.export.lightning import to_lightning
+from autotune.apply.export.script import to_script
 from autotune.core.configfile import Export, to_yaml
 from autotune.core.errors import ConfigError
 
-FORMATS = ("yaml", "lightning", "hf", "accelerate")
+FORMATS = ("yaml", "lightning", "hf", "accelerate", "script")
 
 __all__ = ["FORMATS", "Export", "render", "to_accelerate", "to_hf", "to_lightning", "to_yaml"]
 
@@ -32,6 +34,7 @@ def render(fmt: str, e: Export) -> str:
         "lightning": lambda: to_lightning(e.config, device=device),
         "hf": lambda: to_hf(e.config, device=device),
         "accelerate": lambda: to_accelerate(e.config, device=device),
+        "script": lambda: to_script(e, device=device),
     }
     if fmt not in renderers:
         raise ConfigError(f"unknown export format {fmt!r}; choose one of {'|'.join(FORMATS)}")

@@ -63,6 +63,8 @@ class Clock:
         self.startup_s = self.warmup_s = 0.0
         self.elapsed: float | None = None
         self.peak = 0
+        # Samples in one optimizer step: the config's; a script trial sets what its own loader delivers.
+        self.samples_per_step: float = cfg.batch_size * cfg.grad_accum
         self._util: measure.GpuUtilSampler | None = None
         self._others: OtherCpu | None = None
 
@@ -143,7 +145,7 @@ class Clock:
         n, cfg = len(self.step_times), self.cfg
         if n % cfg.window:
             return
-        self.windows.append(cfg.window * cfg.batch_size * cfg.grad_accum * self.world / (t - self.window_start))
+        self.windows.append(cfg.window * self.samples_per_step * self.world / (t - self.window_start))
         self.window_start = t
         if self.rank == 0 and self.progress is not None:
             with self.progress.open("a") as f:
@@ -165,7 +167,7 @@ class Clock:
                 f"{self.cfg.warmup_steps} warm-up step(s) and a timed one; its dataset may be too small"
             )
         util, others = self._util, self._others
-        samples = len(self.step_times) * self.cfg.batch_size * self.cfg.grad_accum * self.world
+        samples = len(self.step_times) * self.samples_per_step * self.world
         device = self.device
         return TrialResult(
             status="ok",

@@ -1,0 +1,125 @@
+"""`--pipeline script:PATH [ARGS]` / `search --script`: the spec, the checks on the file, which knobs a
+script can take (from its source), the example run alone, and the export of what to change."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.apply.export import render
+from autotune.core.config import TrialConfig
+from autotune.core.configfile import Export
+from autotune.pipelines import load_pipeline, script, unsupported_of, workload
+from autotune.search.space.reading import load_space
+from autotune.search.space.resolve import for_hardware
+from autotune.search.space.spec import Fixed
+from tests.conftest import REPO_ROOT
+from tests.pipelines.framework_helpers import autotune
+from tests.pipelines.script_helpers import ENV, EXAMPLE, SCRIPTS, images
+
+__all__ = ["images"]  # a fixture
+
+
+def test_the_spec_holds_the_absolute_path_and_the_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(EXAMPLE.parent)
+    spec = workload("script:plain_script.py 'my data' --epochs 1", None, None, str(tmp_path)).pipeline
+    assert spec == f"script:{EXAMPLE} 'my data' --epochs 1"
+    assert script.parse(spec) == (str(EXAMPLE), ["my data", "--epochs", "1"])
+
+
+def test_bad_scripts_are_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("def broken(:\n")
+    for path, said in (("missing.py", "no such file"), ("broken.py", "is not valid Python (line 1)")):
+        run = autotune("search", "--script", path, "--budget", "30s", "--studies-dir", "out", cwd=tmp_path)
+        assert run.returncode == 2, run.stderr
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0], run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.py"]  # no study, no studies dir
+    run = autotune("search", "--script-args", "x", "--budget", "30s", "--studies-dir", "out", cwd=tmp_path)
+    assert run.returncode == 2 and "--script-args needs --script" in run.stderr
+
+
+def test_a_script_without_a_dataloader_has_the_loader_knobs_fixed_with_why() -> None:
+    from autotune.search.space.machine import Hardware
+
+    job = load_pipeline(TrialConfig(pipeline=script.spec_of(str(SCRIPTS / "no_loader.py"))))
+    off = unsupported_of(job)
+    assert {"num_workers", "pin_memory", "prefetch_factor", "persistent_workers"} <= off
+    assert "precision" not in off and "optimizer_fusion" not in off  # it calls at.autocast(); no-edit knobs
+    assert "channels_last" in off  # it never calls at.model()
+    space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
+    hw = Hardware(cuda=False, gpu_count=0, cpu_count=2, cpu_bf16=True, apex=False, memory_bytes=None)
+    narrowed, notes = for_hardware(space, hw, stages=0, unsupported=off)
+    why = "not supported by this pipeline: the script builds no torch DataLoader (none in its source)"
+    assert any(n.startswith("num_workers") and why in n for n in notes), notes
+    assert narrowed.knobs["num_workers"] == Fixed(0)
+
+
+def test_the_example_runs_alone_and_trains(images: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(images), "--epochs", "3", "--size", "32"],
+        env=ENV, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    losses = [float(line.split()[-1]) for line in run.stdout.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 3 and losses[-1] < losses[0], run.stdout
+
+
+def test_the_example_adds_at_most_ten_lines() -> None:
+    assert sum("# at" in line for line in EXAMPLE.read_text().splitlines()) <= 10
+
+
+def test_the_api_is_the_identity_outside_a_trial() -> None:
+    import torch
+
+    from autotune import script as at
+
+    model = torch.nn.Linear(2, 2)
+    assert at.model(model) is model and at.seed(7) == 7
+    scaler = at.scaler()
+    loss = torch.ones(())
+    assert not scaler.is_enabled() and scaler.scale(loss) is loss
+    with at.autocast():
+        assert not torch.is_autocast_enabled()
+
+
+def _export(**knobs: object) -> str:
+    cfg = TrialConfig(pipeline=script.spec_of(str(EXAMPLE), ["data", "--epochs", "1"]), **knobs)  # type: ignore[arg-type]
+    return render("script", Export(config=cfg, environment={"device": "cpu"}, speedup=1.3))
+
+
+def test_the_export_is_what_to_change_in_the_script() -> None:
+    assert "no change" in _export()
+    text = _export(num_workers=2, prefetch_factor=4, optimizer_fusion="foreach", precision="bf16")
+    assert "DataLoader(..., num_workers=2, pin_memory=False, persistent_workers=False, prefetch_factor=4)" in text
+    assert "foreach=True" in text and "torch.autocast('cpu', dtype=torch.bfloat16)" in text
+    assert "no change" not in text
+
+
+def test_a_search_on_the_example_exports_and_its_best_re_measures(
+    images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example as written: a short search, best.yaml, the script export, and `trial` on best.yaml."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = f"{images} --epochs 100 --size 32"
+    search = autotune(
+        "search", "--script", str(EXAMPLE), "--script-args", args, "--budget", "40s", "--n-trials", "3",
+        "--trial-seconds", "1", "--warmup-steps", "1", "--confirm-rounds", "0", "--parity-steps", "0",
+        "--seed", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert search.returncode == 0, search.stderr[-3000:]
+    best = tmp_path / "studies" / "autotune" / "best.yaml"
+    assert f"script:{EXAMPLE}" in yaml.safe_load(best.read_text())["workload"]["pipeline"]
+    assert "batch_size fixed to 8: not supported by this pipeline: the script's own batch size" in search.stdout
+    export = autotune("export", "--format", "script", "-o", "changes.txt", cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    assert f"# autotune export for {EXAMPLE}" in (tmp_path / "changes.txt").read_text()
+    again = autotune("trial", "--config", str(best), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads((best.parent / "trial" / "result.json").read_text())
+    assert result["status"] == "ok" and result["applied"]["script"]["optimizer_steps"] >= 2
