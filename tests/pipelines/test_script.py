@@ -123,3 +123,15 @@ def test_a_search_on_the_example_exports_and_its_best_re_measures(
     assert again.returncode == 0, again.stderr[-3000:]
     result = json.loads((best.parent / "trial" / "result.json").read_text())
     assert result["status"] == "ok" and result["applied"]["script"]["optimizer_steps"] >= 2
+
+
+def test_the_docs_example_is_the_file_it_names() -> None:
+    """docs/own-model.md's script example is plain_script.py as the suite runs it, its docstring aside."""
+    import ast
+
+    from tests.docs_pages import DOCS, python_block
+
+    block = python_block(DOCS / "own-model.md", "from autotune import script as at  # at")
+    shipped = ast.parse(EXAMPLE.read_text())
+    shipped.body = shipped.body[1:]
+    assert ast.dump(ast.parse(block)) == ast.dump(shipped)
