@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from autotune.core.config import TrialConfig, TrialResult, baseline_of
@@ -76,10 +76,16 @@ class Seams:
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             bound = signature.bind(loader, *args, **kwargs)
-            if not seams.as_written:
+            # An IterableDataset yields its whole stream in every worker unless it shards itself: more
+            # workers than the script chose would change what it trains on, so its loader keeps its own.
+            iterable = isinstance(bound.arguments.get("dataset"), IterableDataset)
+            if not seams.as_written and not iterable:
                 bound.arguments |= loader_overrides(seams.cfg)
             original(*bound.args, **bound.kwargs)
-            seams.loaders.append({k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)})
+            record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
+            seams.loaders.append(
+                record | ({"kept": "an IterableDataset: the script's own workers"} if iterable else {})
+            )
 
         return __init__
 
@@ -291,7 +297,7 @@ def observed(
         if k in unsupported:
             continue
         out[k] = (
-            knob_effect(getattr(cfg, k), loader[k], why)
+            knob_effect(getattr(cfg, k), loader[k], loader.get("kept", why))
             if loader
             else knob_effect(getattr(cfg, k), None, "the script built no DataLoader in this run")
         )

@@ -135,3 +135,9 @@ def test_the_docs_example_is_the_file_it_names() -> None:
     shipped = ast.parse(EXAMPLE.read_text())
     shipped.body = shipped.body[1:]
     assert ast.dump(ast.parse(block)) == ast.dump(shipped)
+
+
+def test_the_export_of_a_script_without_a_loader_names_no_dataloader_line() -> None:
+    cfg = TrialConfig(pipeline=script.spec_of(str(SCRIPTS / "no_loader.py")), optimizer_fusion="fused")
+    text = render("script", Export(config=cfg, environment={"device": "cpu"}))
+    assert "DataLoader(" not in text and "fused=True" in text

@@ -60,3 +60,10 @@ def test_a_script_that_ends_before_the_timed_steps_says_so() -> None:
 
     with pytest.raises(ConfigError, match="ended after 3 optimizer step"):
         trial(SCRIPTS / "no_loader.py", ["--steps", "3"])
+
+
+def test_an_iterable_dataset_keeps_the_script_s_own_workers() -> None:
+    """More workers over a stream that does not shard itself would train on every item once per worker."""
+    r = trial(SCRIPTS / "iterable.py", [], num_workers=2)
+    assert r.applied["num_workers"]["in_effect"] == 0
+    assert "IterableDataset" in r.applied["num_workers"]["why"]
