@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from autotune.apply.comparison import METRIC_MARGIN, compare
+from autotune.apply.comparison import METRIC_MARGIN, compare, paired
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
@@ -256,17 +256,41 @@ def _rate(history: list[dict[str, Any]]) -> float | None:
 
 
 def train(
-    cfg: TrialConfig, epochs: int, out: Path, compare_baseline: bool, say: Say, margin: float = METRIC_MARGIN
+    cfg: TrialConfig,
+    epochs: int,
+    out: Path,
+    compare_baseline: bool,
+    say: Say,
+    margin: float = METRIC_MARGIN,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
-    """Train the config (and, to compare, the baseline after it), each in its own process; print the
-    speedup, the optimizer steps and both final metrics, and write train.json. Raises TrainFailed or
+    """Train the config (and, to compare, the baseline beside it, in `rounds` paired rounds), each run in
+    its own process; print the speedup, the optimizer steps and both final metrics (and over several
+    rounds, each round's ratio, their median and range), and write train.json. Raises TrainFailed or
     AutotuneError."""
-    runs = [("config", cfg)] + ([("baseline", baseline_of(cfg))] if compare_baseline else [])
-    # The config first: what the first run warms for the second (the OS page cache) favours the baseline.
-    results = [run_config(c, epochs, out, name, say) for name, c in runs]
-    if compare_baseline:
-        for line in compare(results[0], results[1], epochs, margin):
+    if not compare_baseline:
+        results = [run_config(cfg, epochs, out, "config", say)]
+    else:
+        results, pairs = [], []
+        for k in range(rounds):
+            # Alternate who goes first: what a first run warms for the second (the OS page cache) and slow
+            # drift of the machine's speed then favour neither side. Round 1 starts with the config.
+            suffix = "" if k == 0 else f"-{k + 1}"
+            sides = [("config", cfg), ("baseline", baseline_of(cfg))]
+            done = {
+                name: run_config(c, epochs, out, name + suffix, say)
+                for name, c in (sides if k % 2 == 0 else sides[::-1])
+            }
+            lines = compare(done["config"], done["baseline"], epochs, margin)
+            if k == 0:  # the full comparison once; the rounds' spread below
+                for line in lines:
+                    say(line)
+            pairs.append((done["config"], done["baseline"]))
+            results += [done["config"], done["baseline"]]
+        summary, lines = paired(pairs)
+        for line in lines:
             say(line)
+        results[0]["comparison"]["paired"] = summary
     write_json_atomic(out / "train.json", results)
     say(f"autotune: results in {out / 'train.json'}")
     return results

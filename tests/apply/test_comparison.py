@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from autotune.apply.comparison import compare, time_to
+from autotune.apply.comparison import compare, paired, time_to
 
 
 def _run(iou: float | None, steps: int, batch: int, history: list[dict] | None = None) -> dict:
@@ -78,3 +80,26 @@ def test_a_config_behind_the_baseline_says_so_in_one_line_and_in_the_record() ->
     close = _run(0.83, 50, 8)
     assert not any("WARNING" in line for line in compare(close, base, 5, 0.02))  # within the margin
     assert close["comparison"]["behind_baseline"] is False
+
+
+def _side(sps: float, to_target: float | None = None) -> dict[str, Any]:
+    return {"samples_per_s": sps, "comparison": {} if to_target is None else {"speedup_to_target": to_target}}
+
+
+def test_paired_rounds_whose_range_holds_one_are_no_measurable_difference() -> None:
+    # x1.2, x0.9, x1.1: the median says faster, the rounds cannot tell it from the baseline.
+    summary, lines = paired([(_side(12.0), _side(10.0)), (_side(9.0), _side(10.0)), (_side(11.0, 1.3), _side(10.0))])
+    assert summary["speedups"] == pytest.approx([1.2, 0.9, 1.1]) and summary["speedup_median"] == pytest.approx(1.1)
+    assert summary["speedup_range"] == pytest.approx([0.9, 1.2]) and not summary["measurable"]
+    assert summary["speedup_to_target"] == [1.3]  # only the round that reached the target
+    assert "no measurable difference from the baseline" in lines[-1] and "x0.90..x1.20" in lines[-1]
+    assert "1 of 3 rounds" in lines[1]
+
+
+def test_paired_rounds_all_on_one_side_are_a_verdict() -> None:
+    faster, lines = paired([(_side(13.0), _side(10.0)), (_side(14.0), _side(10.0))])
+    assert faster["measurable"] and lines[-1].startswith("verdict: faster than the baseline in every round")
+    slower, lines = paired([(_side(8.0), _side(10.0)), (_side(9.0), _side(10.0))])
+    assert slower["measurable"] and "slower" in lines[-1]
+    one, lines = paired([(_side(13.0), _side(10.0))])
+    assert not one["measurable"] and "a single draw" in lines[-1]  # one pair is never a verdict

@@ -69,7 +69,20 @@ def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.Ca
     )
     out = tmp_path / "out"
     args = parse(
-        ["train", "--config", str(cfg), "--epochs", "1", "--data", str(data), "--compare-baseline", "--out", str(out)]
+        [
+            "train",
+            "--config",
+            str(cfg),
+            "--epochs",
+            "1",
+            "--data",
+            str(data),
+            "--compare-baseline",
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+        ]
     )
     assert args.func(args) == 0
     text = capfd.readouterr().out
@@ -80,12 +93,20 @@ def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.Ca
     # Global batch 4 vs the baseline's 8: twice the steps, and the lr scaled by sqrt(1/2), both said.
     assert "optimizer steps: config 6 (global batch 4, lr 0.000707), baseline 3 (global batch 8, lr 0.001)" in text
 
+    # Two paired rounds, the second in the other order: each round's ratio, their median and range.
+    assert text.index("[config] epoch 1/1") < text.index("[baseline] epoch 1/1")
+    assert text.index("[baseline-2] epoch 1/1") < text.index("[config-2] epoch 1/1")
+    assert "paired rounds: 2" in text and "verdict: " in text
     runs = json.loads((out / "train.json").read_text())
-    assert [r["name"] for r in runs] == ["config", "baseline"]
-    tuned, base = runs
+    assert [r["name"] for r in runs] == ["config", "baseline", "config-2", "baseline-2"]
+    summary = runs[0]["comparison"]["paired"]
+    assert summary["rounds"] == 2 and summary["speedups"] == pytest.approx(
+        [runs[0]["samples_per_s"] / runs[1]["samples_per_s"], runs[2]["samples_per_s"] / runs[3]["samples_per_s"]]
+    )
+    tuned, base = runs[:2]
     assert tuned["config"]["precision"] == "bf16" and base["config"]["precision"] == "fp32"
     assert base["config"]["batch_size"] == 8 and base["config"]["image_size"] == 64  # same workload
-    for r in runs:
+    for r in runs[:2]:
         (epoch,) = r["history"]
         assert epoch["samples"] > 0 and epoch["seconds"] > 0 and 0.0 <= epoch["iou"] <= 1.0
         assert epoch["samples"] == 22  # every sample: the partial last batch is trained on, not dropped

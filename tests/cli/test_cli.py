@@ -379,3 +379,13 @@ def test_storage_proxy_serves_loopback_or_a_trusted_network(
 ) -> None:
     assert main(["storage-proxy", "--storage", f"sqlite:///{tmp_path / 'served.db'}", *argv]) == 0
     assert proxy_served == [{"host": argv[1], "port": 13000}]
+
+
+@pytest.mark.parametrize("rounds", ["0", "-1"])
+def test_bad_train_rounds(capsys: pytest.CaptureFixture[str], tmp_path: Path, rounds: str) -> None:
+    cfg = tmp_path / "best.yaml"
+    cfg.write_text("config: {}\n")
+    line = bad(
+        capsys, "train", "--config", str(cfg), "--compare-baseline", "--rounds", rounds, "--out", str(tmp_path / "o")
+    )
+    assert "--rounds must be >= 1" in line and not (tmp_path / "o").exists()
