@@ -70,7 +70,7 @@ def test_the_whole_suite_runs_the_quick_tests_side_by_side_and_the_timed_ones_al
     whole = _launch(venv, "test")
     assert whole.returncode == 0, whole.stderr
     assert whole.stdout.splitlines() == [
-        'python -m pytest -m not slow and not alone -n auto',
+        "python -m pytest -m not slow and not alone -n auto",
         "python -m pytest -m slow or alone",
     ], whole.stdout
     # A failure in the quick pass still lets the timed one run, and fails the suite.
@@ -79,4 +79,3 @@ def test_the_whole_suite_runs_the_quick_tests_side_by_side_and_the_timed_ones_al
     assert failed.returncode == 1 and len(failed.stdout.splitlines()) == 2, failed.stdout
     # Arguments name what to run: one pass, as given.
     assert _launch(venv, "test", "tests/core").stdout.splitlines() == ["python -m pytest tests/core"]
-
