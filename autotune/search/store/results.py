@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -220,7 +221,19 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     return dataclasses.replace(
         export,
         speedup=rounds["speedup_median"],
-        confirmed=rounds,
+        confirmed={**rounds, "verdict": gain_verdict(rounds)},
         metrics=metrics,
         baseline_samples_per_s=rounds["baseline_median"],
     )
+
+
+def gain_verdict(rounds: Mapping[str, Any]) -> str:
+    """What the confirmation rounds can say of a speedup: a median with a range that holds x1.00 is no
+    measured gain, however the median reads, and one round is a single draw on a machine whose speed
+    moves from process to process."""
+    low, high = rounds["speedup_range"]
+    if rounds["rounds"] < 2:
+        return f"one round: a single draw (x{low:.2f}), not yet a measured gain"
+    if low <= 1.0 <= high:
+        return f"no measurable gain over the baseline on this machine (the rounds read x{low:.2f}..x{high:.2f})"
+    return f"{'faster' if low > 1.0 else 'slower'} than the baseline in every round (x{low:.2f}..x{high:.2f})"

@@ -65,6 +65,7 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert best["study"]["trial"] == 2 and best["speedup"] == pytest.approx(2.1)
     assert best["confirmed"]["speedup_range"] == pytest.approx([2.0, 20 / 9]) and best["confirmed"]["order_changed"]
+    assert best["confirmed"]["verdict"] == "faster than the baseline in every round (x2.00..x2.22)"
     assert best["baseline"]["samples_per_s"] == 10.0
     # samples/s from the same rounds as the speedup; the search's one measurement beside it
     assert best["metrics"]["samples_per_s"] == 21.0 and best["metrics"]["search_samples_per_s"] == 20.0

@@ -11,7 +11,7 @@ import yaml
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.search.store.records import CONFIRMATION, PARITY, TrialRecord, write
-from autotune.search.store.results import best_export, export_order, exported
+from autotune.search.store.results import best_export, export_order, exported, gain_verdict
 from autotune.search.store.storage import open_storage
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
@@ -118,3 +118,18 @@ def test_an_unchecked_change_of_the_optimizer_step_is_never_exported(tmp_path: P
     assert exported(study).number == 2
     study.set_user_attr(PARITY, {"1": {"verdict": "pass"}})
     assert exported(study).number == 1
+
+
+@pytest.mark.parametrize(
+    "rounds, low, high, says",
+    [
+        (3, 0.92, 1.07, "no measurable gain over the baseline on this machine (the rounds read x0.92..x1.07)"),
+        (3, 1.02, 1.30, "faster than the baseline in every round (x1.02..x1.30)"),
+        (2, 0.80, 0.95, "slower than the baseline in every round (x0.80..x0.95)"),
+        (1, 1.59, 1.59, "one round: a single draw (x1.59), not yet a measured gain"),
+    ],
+)
+def test_the_confirmed_speedup_says_whether_its_rounds_tell_it_from_the_baseline(
+    rounds: int, low: float, high: float, says: str
+) -> None:
+    assert gain_verdict({"rounds": rounds, "speedup_range": [low, high]}) == says
