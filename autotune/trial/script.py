@@ -259,7 +259,10 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
         finished = True
     except SystemExit as e:  # the script's own sys.exit() before the trial measured enough
         if e.code not in (None, 0):
-            raise ConfigError(f"the script exited with {e.code!r} after {seams.hook_steps} optimizer step(s)") from None
+            raise ConfigError(
+                f"the script exited with {e.code!r} after {seams.hook_steps} optimizer step(s); "
+                "its own message is in the trial log"
+            ) from None
     finally:
         api.install(None)
     clock.close(losses_per_rank=False)
