@@ -95,13 +95,14 @@ class Limits:
         return TOO_SLOW if est.seconds > self.timeout_s else DEFERRED
 
     def message(self, est: cost.Estimate, short: str) -> str:
+        """Why it is not run first (a live line shows the start), then the estimate's parts."""
+        need = f"about {est.seconds:.0f} s to a result"
         if short == TOO_SLOW:
-            return (
-                f"not run: {est.figures()}; more than the trial timeout ({self.timeout_s:.0f} s): it could never finish"
-            )
+            never = f"more than the trial timeout ({self.timeout_s:.0f} s): it could never finish"
+            return f"not run: {need}, {never}; {est.figures()}"
         return (
-            f"deferred, not run: {est.figures()}; more than the {self.given_s:.0f} s this run could give it "
-            "(a longer run of this study may try it)"
+            f"deferred, not run: {need}, more than the {self.given_s:.0f} s this run could give it (a longer run "
+            f"of this study may try it); {est.figures()}"
         )
 
 

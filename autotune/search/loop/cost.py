@@ -80,9 +80,9 @@ class Estimate:
     def figures(self) -> str:
         """The estimate's parts in one line, for a message."""
         return (
-            f"about {self.seconds:.0f} s to a result: start-up {self.startup_s:.1f} s + {self.warm_steps} warm-up "
-            f"step(s) {self.warmup_s:.1f} s + {self.timed_steps} timed step(s) {self.timed_s:.1f} s + "
-            f"{self.overhead_s:.1f} s around them, at {self.step_s:.2f} s a step (scaled from trial {self.source})"
+            f"start-up {self.startup_s:.1f} s + {self.warm_steps} warm-up step(s) {self.warmup_s:.1f} s + "
+            f"{self.timed_steps} timed step(s) {self.timed_s:.1f} s + {self.overhead_s:.1f} s around them, at "
+            f"{self.step_s:.2f} s a step (scaled from trial {self.source})"
         )
 
 

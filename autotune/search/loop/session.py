@@ -39,7 +39,9 @@ from autotune.search.store.folders import end_folder
 from autotune.search.store.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.store.results import best_export, leaderboard
 from autotune.search.loop.runner import Events, measured, reuse, run_one
-from autotune.search.loop.admission import Sizer
+from autotune.search.loop import admission
+from autotune.search.loop.admission import Limits, Sizer
+from autotune.search.loop.proposals import Proposals
 from autotune.search.space.memory import stored_fit
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
 from autotune.search.space.resolve import resolve
@@ -88,6 +90,10 @@ class SearchSession:
     ) -> None:
         self.study, self.space, self.settings = study, space, settings
         self.sizer = Sizer(fit, say)  # each proposal's memory estimate, before launch
+        # Proposals that would not be run are drawn again before they become trials (proposals.py).
+        inner = study.sampler.inner if isinstance(study.sampler, Proposals) else study.sampler
+        self.proposals = Proposals(inner, space, settings.base)
+        study.sampler = self.proposals
         self.warm, self.say = warm, say
         self._data_failures = 0
         self._stopped: str | None = None
@@ -244,9 +250,13 @@ class SearchSession:
                 optuna.storages.fail_stale_trials(self.study)  # a dead worker's trial: FAIL, then retried
             else:
                 fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
+            limits = Limits(s.trial_timeout, budget.trial_timeout(left))
+            self.proposals.screen = admission.screen(self.study, self.sizer, s.base, limits)
+            if self._nothing_left():
+                return
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
-            if self._told_unrun(trial, cfg, events):
+            if self._told_unrun(trial, cfg, events, limits):
                 repeats += 1
                 if repeats >= REPEATS_TO_STOP:
                     self.say(
@@ -270,9 +280,34 @@ class SearchSession:
             if self._stop_for_data(frozen):
                 return
 
-    def _told_unrun(self, trial: optuna.Trial, cfg: TrialConfig, events: Events) -> bool:
-        """Tell a proposal without running it, when its class failed its check, it was measured already, or
-        its memory estimate exceeds what is usable; else record its estimate and return False (run it)."""
+    def _nothing_left(self) -> bool:
+        """Whether a space small enough to list has no config left that would be run now (and no queued
+        trial waits): said, with why, and the search ends without asking for a trial it would write off."""
+        left = self.proposals.left()
+        if (
+            left is None
+            or left[None]
+            or self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        ):
+            return False
+        counts = ", ".join(f"{n} {why}" for why, n in sorted(left.items(), key=lambda kv: str(kv[0])))
+        total = sum(left.values())
+        if left[admission.DEFERRED]:
+            self.say(
+                f"autotune: none of the space's {total} configs left would finish in the time this run has left "
+                f"({counts}); those deferred may run in a longer run of this study: the search ends here"
+            )
+        else:
+            self.say(
+                f"autotune: the space is exhausted: each of its {total} configs was run or cannot be "
+                f"({counts}), so the search ends here"
+            )
+        return True
+
+    def _told_unrun(self, trial: optuna.Trial, cfg: TrialConfig, events: Events, limits: Limits) -> bool:
+        """Tell a proposal without running it, when its class failed its check, it was measured already, its
+        memory estimate exceeds what is usable, or its cost estimate the time it would be given; else
+        record its estimates and return False (run it)."""
         role = TrialRecord.of(trial).role
         label = classes.label_of(self.study, cfg) if role == Role.SEARCH else None
         verdict = classes.failed(self.study, label)
@@ -283,7 +318,9 @@ class SearchSession:
         if earlier is not None:
             events.finished(reuse(self.study, trial, earlier))
             return True
-        return self.sizer.writes_off(self.study, trial, cfg, role, events)
+        if self.sizer.writes_off(self.study, trial, cfg, role, events):
+            return True
+        return admission.cost_writes_off(self.study, trial, cfg, role, limits, events)
 
     def _finishes(self) -> bool:
         """`search` finishes its own run; a fleet's worker only when it is the last one still running."""

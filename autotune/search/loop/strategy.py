@@ -55,6 +55,9 @@ PASS = (
 )
 ORDERED_MOVES = 2  # values tried for a numeric knob (int range or numeric choices)
 MOVE_KEY = "autotune:coordinate"  # trial system attr: {"knob", "was", "value", "from", "params"}
+# Trial system attr: the moves proposals.py turned down for this trial before it ran one (each a MOVE_KEY
+# value); they count as proposed, so the pass goes on to its next move instead of proposing them again.
+REJECTED_KEY = "autotune:coordinate_rejected"
 FIXED_KEY = "fixed_params"  # Optuna's system attr on an enqueued trial
 # Trials whose config counts as taken: measured (feasible or not, pruned), in progress, or queued.
 TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
@@ -116,6 +119,15 @@ class CoordinateSampler(BaseSampler):
     def reseed_rng(self) -> None:
         self._tpe.reseed_rng()
 
+    def reject(self, study: Study, trial: FrozenTrial) -> None:
+        """The move just proposed for `trial` will not be run (proposals.py): recorded as turned down, and
+        the trial is no longer that move, so the next draw for it is the pass's next move (or TPE's)."""
+        storage, tid = _optuna.storage_of(study), _optuna.trial_id(trial)
+        attrs = storage.get_trial_system_attrs(tid)
+        if attrs.get(MOVE_KEY):
+            storage.set_trial_system_attr(tid, REJECTED_KEY, [*attrs.get(REJECTED_KEY, []), attrs[MOVE_KEY]])
+            storage.set_trial_system_attr(tid, MOVE_KEY, None)
+
     # ---- the pass ----------------------------------------------------------------------------------
 
     def _next(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
@@ -126,26 +138,30 @@ class CoordinateSampler(BaseSampler):
             searched = sum(1 for t in others if t.number < trial.number and FIXED_KEY not in t.system_attrs)
             if (searched + 1) % self._tpe_every == 0:
                 return None  # TPE's turn
-        return next_move(others, self._plan, failed_classes(study))
+        mine = _optuna.storage_of(study).get_trial_system_attrs(_optuna.trial_id(trial)).get(REJECTED_KEY, [])
+        return next_move(others, self._plan, failed_classes(study), mine)
 
 
 def next_move(
-    trials: Sequence[FrozenTrial], plan: Sequence[str] = PASS, failed: set[str] | frozenset[str] = frozenset()
+    trials: Sequence[FrozenTrial],
+    plan: Sequence[str] = PASS,
+    failed: set[str] | frozenset[str] = frozenset(),
+    rejected: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any] | None:
-    """The pass's next one-knob change from the incumbent, given the study's other trials and the
-    training-math classes whose check failed, or None when the pass is over (or there is nothing to start
-    from yet)."""
+    """The pass's next one-knob change from the incumbent, given the study's other trials, the
+    training-math classes whose check failed and the moves turned down for this trial, or None when the
+    pass is over (or there is nothing to start from yet)."""
     start = incumbent(trials, failed)
     if start is None:
         return None
     base = params_of(start)
     dists = _distributions(trials)
     taken = {_key(params_of(t)) for t in trials if t.state in TAKEN}
-    moves = sorted((t for t in trials if MOVE_KEY in t.system_attrs), key=lambda t: t.number)
+    ordered = sorted(trials, key=lambda t: t.number)
+    moves = [m for t in ordered for m in (*t.system_attrs.get(REJECTED_KEY, []), t.system_attrs.get(MOVE_KEY)) if m]
     origin: dict[str, Any] = {}  # the value a knob had when the pass first moved it
     proposed: set[tuple[str, Any]] = set()
-    for t in moves:
-        m = t.system_attrs[MOVE_KEY]
+    for m in (*moves, *rejected):
         origin.setdefault(m["knob"], m["was"])
         proposed.add((m["knob"], _hashable(m["value"])))
     for knob in plan:
@@ -272,4 +288,4 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, _hashable(v)) for k, v in params.items()))
 
 
-__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "incumbent", "make_tpe", "move_values", "next_move"]
+__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "REJECTED_KEY", "incumbent", "make_tpe", "move_values", "next_move"]
