@@ -7,6 +7,8 @@ No edit to the script:
   - the optimizer's fused/foreach flags, set on its param groups before its first step (a global
     step pre-hook); zero_grad(set_to_none) on optimizers and modules; cudnn.benchmark and the thread
     count set before the script runs;
+  - the data order: a config with a data seed (parity's data-order twin) hands each DataLoader a
+    generator seeded with it; without one the script's own RNG decides, as it does alone;
   - measurement: a global optimizer-step post-hook ends each step on the framework trials' Clock
     (the device synchronized before each read, warm-up untimed); the time blocked in the DataLoader
     iterator's __next__ is the data wait; each backward()'s scalar is the step's loss. After the timed
@@ -81,6 +83,8 @@ class Seams:
             iterable = isinstance(bound.arguments.get("dataset"), IterableDataset)
             if not seams.as_written and not iterable:
                 bound.arguments |= loader_overrides(seams.cfg)
+            if seams.cfg.data_seed is not None:  # parity's data-order twin: another order, the same weights
+                bound.arguments["generator"] = torch.Generator().manual_seed(seams.cfg.data_seed)
             original(*bound.args, **bound.kwargs)
             record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
             seams.loaders.append(

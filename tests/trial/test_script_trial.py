@@ -67,3 +67,11 @@ def test_an_iterable_dataset_keeps_the_script_s_own_workers() -> None:
     r = trial(SCRIPTS / "iterable.py", [], num_workers=2)
     assert r.applied["num_workers"]["in_effect"] == 0
     assert "IterableDataset" in r.applied["num_workers"]["why"]
+
+
+def test_one_seed_trains_the_same_losses_and_the_data_seed_reorders_the_data(images: Path) -> None:
+    """What parity needs of a script: two runs with one seed train alike; its data-order twin does not."""
+    args = [str(images), "--epochs", "10", "--size", "32"]
+    a, b = (trial(EXAMPLE, args, warmup_steps=0, timed_steps=6).losses for _ in range(2))
+    twin = trial(EXAMPLE, args, warmup_steps=0, timed_steps=6, data_seed=1).losses
+    assert len(a) == 6 and a == b and twin != a
