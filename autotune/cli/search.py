@@ -347,9 +347,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
             warm=not args.cold_start,
             say=_plain(console),
             progress=progress,
-            allowed=args.pipeline or fleet.DEFAULT_ALLOWED,
+            allowed=_allowed(args.pipeline) or fleet.DEFAULT_ALLOWED,
         )
     return _run(session, console)
+
+
+def _allowed(pipelines: list[str] | None) -> list[str]:
+    """A worker's --pipeline values as a study records them: a script's path made absolute."""
+    from autotune.pipelines import script
+
+    return [script.normalize(p) if script.is_script(p) else p for p in pipelines or ()]
 
 
 def _run(session: Any, console: Any) -> int:

@@ -141,3 +141,10 @@ def test_the_export_of_a_script_without_a_loader_names_no_dataloader_line() -> N
     cfg = TrialConfig(pipeline=script.spec_of(str(SCRIPTS / "no_loader.py")), optimizer_fusion="fused")
     text = render("script", Export(config=cfg, environment={"device": "cpu"}))
     assert "DataLoader(" not in text and "fused=True" in text
+
+
+def test_a_worker_names_a_script_as_the_study_records_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.cli.search import _allowed
+
+    monkeypatch.chdir(EXAMPLE.parent)
+    assert _allowed(["script:plain_script.py data", "unet"]) == [f"script:{EXAMPLE} data", "unet"]
