@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from autotune.core.config import KNOBS, WORKLOAD, TrialConfig, TrialResult
-from autotune.core.errors import ConfigError
+from autotune.core.errors import AutotuneError, ConfigError
 from autotune.apply.export import FORMATS, render, to_accelerate, to_hf, to_lightning
 from autotune.core.configfile import Export, load_config, to_yaml
 from autotune.core.files import write_atomic
@@ -346,13 +346,15 @@ def test_accelerate_fields() -> None:
 
 def test_render_dispatches_every_format(tmp_path: Path) -> None:
     e = make_export(device="cpu")
-    assert FORMATS == ("yaml", "lightning", "hf", "accelerate")
+    assert FORMATS == ("yaml", "lightning", "hf", "accelerate", "script")
     assert render("yaml", e) == to_yaml(e)
     assert render("lightning", e) == to_lightning(e.config, device="cpu")
     assert render("hf", e) == to_hf(e.config, device="cpu")
     assert render("accelerate", e) == to_accelerate(e.config, device="cpu")
-    for fmt in FORMATS:
+    for fmt in FORMATS[:-1]:
         assert "hunter2" not in render(fmt, e)
+    with pytest.raises(AutotuneError, match="--format script needs a script study"):
+        render("script", e)  # a unet study: tests/pipelines/test_script.py renders a script's
 
 
 def test_render_unknown_format() -> None:
