@@ -108,23 +108,24 @@ class Limits:
 
 def cost_writes_off(
     study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, role: str, limits: Limits, events: Events
-) -> bool:
+) -> str | None:
     """Record the proposal's cost estimate; tell a search proposal that cannot finish in the time its
-    trial would be given, unrun (True), never left to time out. The baseline and the warm start run."""
+    trial would be given, unrun (TOO_SLOW or DEFERRED), never left to time out; None: launch it. The
+    baseline and the warm start always run."""
     est = cost.estimate(cfg, cost.measurements(study, cfg))  # cfg's workload is the study's
     if est is None:
-        return False
+        return None
     records.write(trial, TrialRecord(role=role, cost_estimate_s=round(est.seconds, 2)))
     short = limits.short(est) if role == Role.SEARCH else None
     if short is None:
-        return False
+        return None
     records.write(trial, TrialRecord(role=role, reason=Reason.COST_ESTIMATE, message=limits.message(est, short)))
     if short == TOO_SLOW:  # a property of the config on this machine: infeasible, so the sampler learns it
         trial.set_constraint(FEASIBLE_KEY, 1.0)
         events.finished(study.tell(trial, 0.0))
     else:  # a FAIL is never reused as a measurement: a later run of the study may propose it again
         events.finished(study.tell(trial, state=TrialState.FAIL))
-    return True
+    return short
 
 
 def screen(study: optuna.Study, sizer: Sizer, base: TrialConfig, limits: Limits) -> Screen:

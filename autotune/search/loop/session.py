@@ -97,6 +97,7 @@ class SearchSession:
         self.warm, self.say = warm, say
         self._data_failures = 0
         self._stopped: str | None = None
+        self._deferred = False  # the last proposal told unrun was deferred: the budget left is too short
         self.fleet_key: str | None = None  # a worker of a fleet: only the last one to finish confirms
 
     # ---- open -----------------------------------------------------------------------------------
@@ -257,6 +258,12 @@ class SearchSession:
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
             if self._told_unrun(trial, cfg, events, limits):
+                if self._deferred:  # the sampler's draws, all screened, left only configs too long for now
+                    self.say(
+                        f"autotune: trial {trial.number} was deferred, as were the sampler's other proposals: what "
+                        "it proposes needs more time than this run has left, so the search ends here"
+                    )
+                    return
                 repeats += 1
                 if repeats >= REPEATS_TO_STOP:
                     self.say(
@@ -308,6 +315,7 @@ class SearchSession:
         """Tell a proposal without running it, when its class failed its check, it was measured already, its
         memory estimate exceeds what is usable, or its cost estimate the time it would be given; else
         record its estimates and return False (run it)."""
+        self._deferred = False
         role = TrialRecord.of(trial).role
         label = classes.label_of(self.study, cfg) if role == Role.SEARCH else None
         verdict = classes.failed(self.study, label)
@@ -320,7 +328,9 @@ class SearchSession:
             return True
         if self.sizer.writes_off(self.study, trial, cfg, role, events):
             return True
-        return admission.cost_writes_off(self.study, trial, cfg, role, limits, events)
+        short = admission.cost_writes_off(self.study, trial, cfg, role, limits, events)
+        self._deferred = short == admission.DEFERRED
+        return short is not None
 
     def _finishes(self) -> bool:
         """`search` finishes its own run; a fleet's worker only when it is the last one still running."""
