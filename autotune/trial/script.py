@@ -254,21 +254,7 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
         seed=cfg.seed,
         device_type=device.type,
     )
-    api.install(trial)
-    finished = False
-    try:
-        with installed(seams), as_main(job):
-            runpy.run_path(job.path, run_name="__main__")
-    except _Done:
-        finished = True
-    except SystemExit as e:  # the script's own sys.exit() before the trial measured enough
-        if e.code not in (None, 0):
-            raise ConfigError(
-                f"the script exited with {e.code!r} after {seams.hook_steps} optimizer step(s); "
-                "its own message is in the trial log"
-            ) from None
-    finally:
-        api.install(None)
+    finished = execute(job, seams, trial)
     clock.close(losses_per_rank=False)
     if not finished:  # a part-measured run is not this config's speed
         need = f"{cfg.timed_steps} timed" if cfg.seconds is None else f"{cfg.seconds:g} s of timed"
@@ -277,7 +263,29 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
             f"and {need} step(s): give it more steps in its arguments"
         )
     applied |= unsupported_effects(cfg, job) | observed(cfg, seams, trial, as_written, job.unsupported)
+    if cfg.profile:
+        applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
     return clock.result(applied, measure.memory_total_bytes(device))
+
+
+def execute(job: ScriptJob, seams: Seams, trial: api.Trial) -> bool:
+    """Run the script with the seams and the API's trial installed; True when the trial stopped it after
+    its timed steps, False when the script ended on its own first."""
+    api.install(trial)
+    try:
+        with installed(seams), as_main(job):
+            runpy.run_path(job.path, run_name="__main__")
+    except _Done:
+        return True
+    except SystemExit as e:  # the script's own sys.exit() before the trial measured enough
+        if e.code not in (None, 0):
+            raise ConfigError(
+                f"the script exited with {e.code!r} after {seams.hook_steps} optimizer step(s); "
+                "its own message is in the trial log"
+            ) from None
+    finally:
+        api.install(None)
+    return False
 
 
 def observed(

@@ -101,6 +101,7 @@ def test_the_export_is_what_to_change_in_the_script() -> None:
     assert "no change" not in text
 
 
+@pytest.mark.slow
 def test_a_search_on_the_example_exports_and_its_best_re_measures(
     images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
