@@ -1,0 +1,12 @@
+"""The cooperative API for a plain PyTorch script tuned by autotune: `from autotune import script as at`.
+
+Every call is the identity outside a trial; see autotune.pipelines.script.api, where it lives (in the
+pipelines layer, which a trial installs its settings into). A package of its own only so that a script's
+import line stays short.
+
+May import: autotune.pipelines.script.api only.
+"""
+
+from autotune.pipelines.script.api import autocast, model, scaler, seed
+
+__all__ = ["autocast", "model", "scaler", "seed"]
