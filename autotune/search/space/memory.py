@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.errors import ConfigError
 from autotune.core.settings import SearchSettings
+from autotune.pipelines.script import is_script
 from autotune.search.space.machine import Hardware, memory_bytes
 from autotune.search.space.spec import Choices, Fixed, SearchSpace, spec_values
 from autotune.trial.probe import ProbeError, run_probe
@@ -326,6 +327,9 @@ def probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: Ca
         return None
     if hw.memory_bytes is None:
         say("memory: the device's memory is unknown, so configs are not sized before launch")
+        return None
+    if is_script(base.pipeline):  # its model is built inside the script's own loop, and its batch is its own
+        say("memory: a script builds its model in its own loop, so configs are not sized before launch")
         return None
     try:  # in a folder of its own that goes with it: nothing is written before the study is opened
         with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
