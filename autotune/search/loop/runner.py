@@ -41,8 +41,8 @@ from autotune.trial.warm import WarmServer
 INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported, TrialBadConfig)
 # Other processes' CPU use during a trial's timed window, on the CPUs it was allotted (/proc/stat less
 # the trial's own tree), above which its figure is not the config's speed: a quarter of a core on a
-# 2-CPU machine (measured: one busy core there makes a step 10-20x slower), an eighth of the share on a
-# larger one, where a neighbour's steady fraction of a core is noise.
+# 2-CPU machine (one busy core there makes a step many times slower: benchmarks/README.md), an eighth
+# of the share on a larger one, where a neighbour's steady fraction of a core is noise.
 CONTENDED_SHARE = 0.125
 
 
