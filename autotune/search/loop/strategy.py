@@ -37,8 +37,8 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.store import _optuna, records
-from autotune.search.store.results import class_label, failed_classes, feasible
+from autotune.search.store import _optuna
+from autotune.search.store.results import class_label, failed_classes, feasible, rank
 from autotune.search.space.spec import WORKER_KNOBS
 
 # The knobs the pass visits, the ones that usually move throughput most first. The rest (pin_memory,
@@ -185,8 +185,7 @@ def incumbent(trials: Sequence[FrozenTrial], failed: set[str] | frozenset[str] =
     a pass from one of them would only propose configs in that class, each written off unrun."""
     done = [t for t in trials if feasible(t) and not (failed and class_label(t) in failed)]
     if done:
-        # A contended figure (another process starved it) ranks below every clean one, as on the leaderboard.
-        return max(done, key=lambda t: (not records.contended(t), float(t.value or 0.0), -t.number))
+        return min(done, key=rank)  # the leaderboard's order
     queued = sorted((t for t in trials if FIXED_KEY in t.system_attrs), key=lambda t: t.number)
     return queued[0] if queued else None
 

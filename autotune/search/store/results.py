@@ -25,17 +25,18 @@ def feasible(t: FrozenTrial) -> bool:
     return t.state == TrialState.COMPLETE and t.value is not None and all(v <= 0 for v in t.constraints.values())
 
 
+def rank(t: FrozenTrial) -> tuple[bool, float, int]:
+    """The one order of measured trials, lowest first: every contended figure below every clean one (a
+    measurement another process starved is never the best while a clean one exists), then the fastest,
+    then the earliest. The leaderboard, the strategy's incumbent and confirmation's candidates use it."""
+    return records.contended(t), -float(t.value or 0.0), t.number
+
+
 def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible trials, fastest first, every contended figure below every clean one (a measurement
-    another process starved is never the best while a clean one exists); a config the sampler
-    proposed again (reused, not re-run) appears once."""
-    rows = [(t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False) if feasible(t)]
-    return [
-        t
-        for t, r in sorted(
-            ((t, r) for t, r in rows if r.repeat_of is None), key=lambda tr: (tr[1].contended, -float(tr[0].value or 0))
-        )
-    ]
+    """Feasible trials in `rank` order; a config the sampler proposed again (reused, not re-run) appears
+    once."""
+    kept = (t for t in study.get_trials(deepcopy=False) if feasible(t) and TrialRecord.from_frozen(t).repeat_of is None)
+    return sorted(kept, key=rank)
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
