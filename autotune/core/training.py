@@ -39,9 +39,11 @@ def sharded_dtype(cfg: TrialConfig, knob: str) -> str:
     return str(getattr(cfg, knob)) if cfg.parallel == "fsdp" and cfg.gpus > 1 else "fp32"
 
 
-def step_changed(changes: list[str] | tuple[str, ...] | None) -> bool:
-    """Whether `training_math`'s changes include the optimizer step (the global batch, or the lr)."""
-    return any(c.startswith(("global batch ", "lr ")) for c in changes or ())
+def changes_step(cfg: TrialConfig) -> bool:
+    """Whether `cfg`'s optimizer step differs from its baseline's: another global batch, so another lr.
+    Such a class is judged by its time to the baseline's loss; one that keeps the step, by parity."""
+    base = baseline_of(cfg)
+    return cfg.global_batch_size != base.global_batch_size or cfg.effective_lr != base.effective_lr
 
 
 def shown(changes: list[str] | tuple[str, ...] | None) -> str:

@@ -104,14 +104,15 @@ def test_parse_percent_refuses_words() -> None:
 
 def test_fsdp_mixed_precision_changes_the_training_math_only_when_fsdp_runs() -> None:
     """A bf16 reduce sums the ranks' gradients in bf16: numerics change, the step does not (parity)."""
-    from autotune.core.training import step_changed
+    from autotune.core.training import changes_step
 
     fsdp = TrialConfig(gpus=2, batch_size=4, global_batch=8, parallel="fsdp")
     assert training_math(fsdp, batch_norm=False) == []  # sharding at fp32 computes the same step
     assert training_math(fsdp.replace(fsdp_reshard=False, fsdp_offload=True), batch_norm=False) == []
     changes = training_math(fsdp.replace(fsdp_reduce_dtype="bf16", fsdp_param_dtype="bf16"), batch_norm=False)
     assert changes == ["fsdp param dtype fp32 -> bf16", "gradient reduce fp32 -> bf16"]
-    assert not step_changed(changes)
+    assert not changes_step(fsdp.replace(fsdp_reduce_dtype="bf16", fsdp_param_dtype="bf16"))
+    assert changes_step(TrialConfig(batch_size=16))  # a free global batch: 8 -> 16, another step
     # Not in effect, not a change: DDP, or one process.
     assert training_math(fsdp.replace(parallel="ddp", fsdp_reduce_dtype="bf16"), batch_norm=False) == []
     assert training_math(TrialConfig(parallel="fsdp", fsdp_reduce_dtype="bf16"), batch_norm=False) == []

@@ -28,6 +28,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.settings import SearchSettings
 from autotune.core.training import shown, training_math
 from autotune.core.outcomes import Reason, Role, Verdict
+from autotune.core.training import changes_step
 from autotune.search.checks import parity, target
 from autotune.search.store import records
 from autotune.search.budget import Budget
@@ -42,12 +43,6 @@ from autotune.search.store.results import (
 )
 from autotune.search.store.records import FEASIBLE_KEY
 from autotune.trial.warm import WarmServer
-
-
-def changes_step(cfg: TrialConfig) -> bool:
-    """Whether `cfg`'s optimizer step differs from its baseline's: another global batch, so another lr."""
-    base = baseline_of(cfg)
-    return cfg.global_batch_size != base.global_batch_size or cfg.effective_lr != base.effective_lr
 
 
 def label_of(study: optuna.Study, cfg: TrialConfig) -> str | None:

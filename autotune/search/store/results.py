@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
-from autotune.core.training import section, shown, step_changed
+from autotune.core.training import changes_step, section, shown
 from autotune.core.outcomes import Reason, Role, Verdict
 from autotune.search.store import records
 from autotune.search.space.memory import versus_peak
@@ -150,12 +150,14 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
     8 -> 16 ran x1.17 the samples/s and reached the target x0.88 as fast). None: no feasible trial."""
     verdicts = records.parity_verdicts(study)
     order = export_order(study)
+    workload = StudyRecord.of(study).workload or {}
 
     def verdict(t: FrozenTrial) -> str | None:  # its own check's, else its class's
         return (verdicts.get(str(t.number)) or class_verdict(study, t) or {}).get("verdict")
 
     def unproven_step(t: FrozenTrial) -> bool:
-        return bool(verdicts) and verdict(t) != Verdict.PASS and step_changed(TrialRecord.from_frozen(t).training_math)
+        cfg = TrialConfig.from_dict({**workload, **TrialRecord.from_frozen(t).config})
+        return bool(verdicts) and verdict(t) != Verdict.PASS and changes_step(cfg)
 
     if any(v.get("verdict") == Verdict.PASS for v in verdicts.values()):  # a proven config before an unchecked one
         proven = [t for t in order if verdict(t) == Verdict.PASS or TrialRecord.from_frozen(t).role == Role.BASELINE]
