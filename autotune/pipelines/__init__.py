@@ -101,6 +101,18 @@ def load_pipeline(cfg: TrialConfig) -> Pipeline:
     return pipeline
 
 
+def own_baseline(pipeline: Pipeline, global_batch: int | None = None) -> dict[str, Any]:
+    """The baseline knobs a framework job's own settings say (frameworks.own_baseline); {} for any other
+    pipeline, whose baseline is plain PyTorch unless --baseline says otherwise. A batch that does not
+    divide the study's --global-batch is left out: the baseline then picks one that does (baseline_of)."""
+    from autotune.pipelines.frameworks import FrameworkJob, own_baseline as framework_baseline
+
+    knobs = framework_baseline(pipeline) if isinstance(pipeline, FrameworkJob) else {}
+    if global_batch and "batch_size" in knobs and global_batch % knobs["batch_size"]:
+        del knobs["batch_size"]
+    return knobs
+
+
 def _check_baseline(cfg: TrialConfig, unsupported: frozenset[str]) -> None:
     from autotune.core.config import TrialConfig
 

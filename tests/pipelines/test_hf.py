@@ -80,7 +80,7 @@ def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: P
         "per_device_train_batch_size": 4,
         "gradient_accumulation_steps": 2,
         "dataloader_num_workers": 1,
-        "dataloader_prefetch_factor": 2,
+        # dataloader_prefetch_factor 2 is not listed: it is what the base's None runs with one worker.
         checkpointing: True,
         "optim": "adamw_torch_fused",
     }

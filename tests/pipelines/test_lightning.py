@@ -181,6 +181,9 @@ def test_docs_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
     # The export is ready to paste: the Trainer and the DataLoader take its arguments as they are.
     tuned: dict[str, Any] = {}
     exec((tmp_path / "tuned_lightning.py").read_text(), tuned)
+    if exported["study"]["trial"] == 0:  # the user's --baseline won: the export keeps their own, changing nothing
+        assert tuned["trainer_kwargs"] == tuned["dataloader_kwargs"] == {}
+        return
     assert tuned["trainer_kwargs"] == exported["framework"]["trainer_kwargs"]
     pl.Trainer(**tuned["trainer_kwargs"], logger=False)
     import torch

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Mapping
 
+from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
 from autotune.pipelines.frameworks import hf, lightning
 
@@ -57,19 +58,33 @@ def _notes(e: Export, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> 
     return out
 
 
+def is_own_baseline(e: Export) -> bool:
+    """Whether the best is the baseline and that baseline is the user's own settings (read from their job,
+    or --baseline): then their settings were already the fastest measured, and nothing is to change."""
+    return e.config.baseline is not None and e.config.knobs() == baseline_of(e.config).knobs()
+
+
 def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
+    # The baseline's Trainer arguments are autotune's defaults, not the user's (the factory returns no
+    # Trainer): handing them back would change the user's Trainer to settings nothing measured as faster.
+    own = is_own_baseline(e)
+    loader = (
+        ["# your Trainer and train DataLoader were already the fastest measured: keep them as they are"]
+        if own
+        else ["# your datamodule's train_dataloader(): the same dataset, sampler and collate_fn, with these"]
+    )
     parts = [
         *_header(e, "Lightning Trainer and train DataLoader arguments for your LightningModule"),
         *(["import torch"] if e.config.num_threads else []),
         "",
         *_kwargs(
             "trainer_kwargs",
-            fw.get("trainer_kwargs") or {},
+            {} if own else fw.get("trainer_kwargs") or {},
             {"accumulate_grad_batches": f"global batch {e.config.global_batch_size}"},
         ),
         "",
-        "# your datamodule's train_dataloader(): the same dataset, sampler and collate_fn, with these",
-        *_kwargs("dataloader_kwargs", fw.get("dataloader_kwargs") or {}, {"batch_size": "per process"}),
+        *loader,
+        *_kwargs("dataloader_kwargs", {} if own else fw.get("dataloader_kwargs") or {}, {"batch_size": "per process"}),
         "",
         *_notes(e, lightning.UNSUPPORTED, float(fw.get("lr_scale") or 1.0)),
         "",

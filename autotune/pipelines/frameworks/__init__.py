@@ -128,6 +128,16 @@ def load(cfg: TrialConfig) -> FrameworkJob:
     return job
 
 
+def own_baseline(job: FrameworkJob) -> dict[str, Any]:
+    """The knobs the user's job trains with as written (its TrainingArguments, its DataLoader): trial 0's
+    baseline when no --baseline is given, so every speedup is over what the user runs today."""
+    if job.library == "lightning":
+        from autotune.pipelines.frameworks import lightning as adapter
+    else:
+        from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
+    return adapter.own_baseline(job)  # type: ignore[arg-type]
+
+
 def describe(value: Any) -> str:
     """A factory's return value in a few words: `tuple (Net, list)`, `int`."""
     if isinstance(value, tuple):

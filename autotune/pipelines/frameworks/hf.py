@@ -10,7 +10,7 @@ import math
 from typing import Any
 from collections.abc import Mapping
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import COMPILES, TrialConfig
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob, lr_scale
 
 # optimizer_fusion -> TrainingArguments.optim. "adamw_torch" lets torch choose its kernel (foreach on
@@ -119,13 +119,49 @@ def own_batch(base: Any) -> int:
     return int(base.per_device_train_batch_size) * int(base.gradient_accumulation_steps)
 
 
+# A field the user left None that the Trainer then runs at this value: a tuned value equal to it is no
+# change (DataLoader prefetches 2 batches per worker by default; torch.compile's mode None is "default").
+IMPLIED = {"dataloader_prefetch_factor": 2, "torch_compile_mode": "default"}
+
+
 def changes(base: Any, tuned: Mapping[str, Any]) -> dict[str, Any]:
     """The tuned fields whose value differs from the user's base: the export, ready to paste."""
 
     def plain(v: Any) -> Any:
         return getattr(v, "value", v)  # enums (optim) compare and print as their strings
 
-    return {k: plain(v) for k, v in tuned.items() if plain(getattr(base, k, None)) != plain(v)}
+    def same(k: str, v: Any) -> bool:
+        own = plain(getattr(base, k, None))
+        return own == plain(v) or (own is None and k in IMPLIED and IMPLIED[k] == plain(v))
+
+    return {k: plain(v) for k, v in tuned.items() if not same(k, v)}
+
+
+def own_baseline(job: HFJob) -> dict[str, Any]:
+    """The knobs the user's TrainingArguments train with today, for trial 0 to measure: the batch per
+    device, bf16/fp16, the loader's workers, pinning and prefetch, the AdamW kernel (optim), torch_compile
+    and gradient checkpointing. Knobs the job cannot express are left out (they stay at their defaults).
+    gradient_accumulation_steps is no knob: the study's --global-batch carries it (and the lr scaling
+    already starts from the user's own global batch, `own_batch`)."""
+    args = job.args
+    workers = int(args.dataloader_num_workers)
+    out: dict[str, Any] = {
+        "batch_size": int(args.per_device_train_batch_size),
+        "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+        "num_workers": workers,
+        "pin_memory": bool(args.dataloader_pin_memory),
+        # The loader takes these only with worker processes, as TrialConfig does.
+        "persistent_workers": bool(args.dataloader_persistent_workers) and workers > 0,
+        "prefetch_factor": args.dataloader_prefetch_factor if workers > 0 else None,
+    }
+    mode = (args.torch_compile_mode or "default") if args.torch_compile else "off"
+    if mode in COMPILES:  # another mode (reduce-overhead) is no value of the knob: left at its default
+        out["compile"] = mode
+    if "checkpoint_segments" not in job.unsupported:
+        out["checkpoint_segments"] = int(bool(getattr(args, checkpointing_field(args))))
+    if "optimizer_fusion" not in job.unsupported:  # its optim is an AdamW kernel: the first knob naming it
+        out["optimizer_fusion"] = next(k for k, v in OPTIM.items() if v == optim_of(args))
+    return {k: v for k, v in out.items() if k not in job.unsupported}
 
 
 def horizon(base: Any, n_samples: int | None, per_step: int) -> int | None:

@@ -69,3 +69,25 @@ def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
     if cfg.num_workers > 0:  # DataLoader refuses both without worker processes
         kw |= {"persistent_workers": cfg.persistent_workers, "prefetch_factor": cfg.prefetch_factor or 2}
     return kw
+
+
+def own_baseline(job: LightningJob) -> dict[str, Any]:
+    """The knobs the user's train DataLoader runs with today, for trial 0 to measure: its batch_size,
+    num_workers, pin_memory, persistent_workers and prefetch_factor, read from the loader the datamodule's
+    own setup("fit") and train_dataloader() build (what a trial rebuilds). The factory returns no Trainer,
+    so its precision, accumulation and benchmark are not known: they stay at autotune's defaults. {} when
+    the datamodule cannot build its loader here (it then fails in the trial, which says why)."""
+    try:
+        job.datamodule.setup("fit")
+        loader = job.datamodule.train_dataloader()
+        batch, workers = int(loader.batch_size), int(loader.num_workers)
+    except Exception:  # any error of the user's code: the baseline is then the plain default, as before
+        return {}
+    return {
+        "batch_size": batch,
+        "num_workers": workers,
+        "pin_memory": bool(loader.pin_memory),
+        # DataLoader holds these only with worker processes, as TrialConfig does.
+        "persistent_workers": bool(loader.persistent_workers) and workers > 0,
+        "prefetch_factor": loader.prefetch_factor if workers > 0 else None,
+    }

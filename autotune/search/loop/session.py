@@ -117,6 +117,10 @@ class SearchSession:
         space is resolved, and the study fingerprinted, by the first worker on its own hardware."""
         space = load_space(settings.space or DEFAULT_SPACE)
         pipeline = pipelines.load_pipeline(settings.base)
+        # A framework job's baseline is the user's own settings, not plain PyTorch: the speedup is over them.
+        if settings.base.baseline is None and (own := pipelines.own_baseline(pipeline, settings.base.global_batch)):
+            settings = dataclasses.replace(settings, base=settings.base.replace(baseline=own))
+            say("baseline: your job as written: " + ", ".join(f"{k} {v}" for k, v in own.items()))
         check_writable(settings.storage, settings.studies_dir)  # a full disk stops here, before any trial
         hw, fit = None, None  # defer: the database host may not hold the data, nor the workers' hardware
         if not defer:
