@@ -398,7 +398,7 @@ import torch  # noqa: F401  imported here, the launcher tells every warm fork to
 from autotune.core import errors
 from autotune.core.files import write_json_atomic
 from autotune.pipelines import preload_modules, workload
-from autotune.search import parity
+from autotune.search.checks import parity
 from autotune.trial import launcher
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
