@@ -108,31 +108,40 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
 
 
 def memory_html(study: Any) -> str:
-    rows = memory_rows(study)
-    head = '<section id="memory"><h2>Memory estimate vs measured peak</h2>'
-    if not rows:
-        return head + "<p class=note>no trial recorded a memory estimate</p></section>"
-    return (
-        head + "<p>Estimated per rank before launch from the parameter count and one measured activation "
-        "figure; error = (estimate - peak) / peak.</p>"
-        + _table(MEMORY_COLUMNS, rows, long=("strategy",))
-        + "</section>"
+    return _estimate_section(
+        "memory",
+        "Memory estimate vs measured peak",
+        memory_rows(study),
+        MEMORY_COLUMNS,
+        "Estimated per rank before launch from the parameter count and one measured activation figure; "
+        "error = (estimate - peak) / peak.",
+        "no trial recorded a memory estimate",
+        long=("strategy",),
     )
 
 
 def cost_html(study: Any) -> str:
     from autotune.apply.display import COST_COLUMNS, cost_rows
 
-    rows = cost_rows(study)
-    head = '<section id="cost"><h2>Time estimate vs wall time taken</h2>'
-    if not rows:
-        return head + "<p class=note>no trial recorded a time estimate</p></section>"
-    return (
-        head + "<p>Estimated before launch from the nearest measured config (start-up, warm-up and timed steps "
-        "at its step time, scaled with the samples a step computes); error = (estimate - taken) / taken.</p>"
-        + _table(COST_COLUMNS, rows)
-        + "</section>"
+    return _estimate_section(
+        "cost",
+        "Time estimate vs wall time taken",
+        cost_rows(study),
+        COST_COLUMNS,
+        "Estimated before launch from the nearest measured config (start-up, warm-up and timed steps at its "
+        "step time, scaled with the samples a step computes); error = (estimate - taken) / taken.",
+        "no trial recorded a time estimate",
     )
+
+
+def _estimate_section(
+    anchor: str, title: str, rows: list[Any], columns: Any, how: str, empty: str, long: tuple[str, ...] = ()
+) -> str:
+    """A section of estimates made before launch beside what was measured, with how they were made."""
+    head = f'<section id="{anchor}"><h2>{title}</h2>'
+    if not rows:
+        return head + f"<p class=note>{empty}</p></section>"
+    return head + f"<p>{how}</p>" + _table(columns, rows, long=long) + "</section>"
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
