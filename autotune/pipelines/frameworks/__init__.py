@@ -133,8 +133,10 @@ def own_baseline(job: FrameworkJob) -> dict[str, Any]:
     baseline when no --baseline is given, so every speedup is over what the user runs today."""
     if job.library == "lightning":
         from autotune.pipelines.frameworks import lightning as adapter
-    else:
+    elif job.library == "hf":
         from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
+    else:  # a script's baseline is the script run as written: nothing to read, nothing overridden
+        return {}
     return adapter.own_baseline(job)  # type: ignore[arg-type]
 
 
