@@ -31,12 +31,8 @@ UTIL_INTERVAL_S = 0.1  # NVML utilisation is read this often during the timed st
 
 
 def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None) -> Any:
-    import torch
-
-    from autotune.core.config import TrialResult
-    from autotune.trial import measure, observe
-    from autotune.trial.harness import build
-
+    """One trial: the loop that trains `cfg` (a framework's, the user's script, or autotune's own over a
+    Pipeline), measured from `launched`, the moment its process was asked for."""
     launched = float(os.environ.get(LAUNCH_TIME_ENV, 0)) or _process_start_time()
     if is_framework(cfg.pipeline):  # Lightning / HF: the framework's own loop, measured by its callback
         from autotune.trial.frameworks import run as run_framework
@@ -46,6 +42,17 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
         from autotune.trial.script import run as run_script
 
         return run_script(cfg, progress, launched)
+    return _run_pipeline(cfg, progress, profile_out, launched)
+
+
+def _run_pipeline(cfg: Any, progress: Path | None, profile_out: Path | None, launched: float) -> Any:
+    """autotune's own loop over a Pipeline: build, warm up, time the steps, gather over ranks."""
+    import torch
+
+    from autotune.core.config import TrialResult
+    from autotune.trial import measure, observe
+    from autotune.trial.harness import build
+
     h = build(cfg, endless=True)  # one loader iterator for the whole trial: no restart between epochs
     memory_total = measure.memory_total_bytes(h.device)  # before the trial grows: RAM it may still take
     device, world = h.device, h.world
