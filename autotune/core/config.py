@@ -16,61 +16,30 @@ COMPILES = ("off", "default", "max-autotune")
 PARALLELS = ("ddp", "fsdp")
 FSDP_DTYPES = ("fp32", "bf16")
 
-# The tuned knobs: names are a contract shared with search spaces and exported YAML.
-KNOBS = (
-    "num_workers",
-    "pin_memory",
-    "batch_size",
-    "precision",
-    "optimizer_fusion",
-    "checkpoint_segments",
-    "gpus",
-    "channels_last",
-    "cudnn_benchmark",
-    "compile",
-    "persistent_workers",
-    "prefetch_factor",
-    "set_to_none",
-    "num_threads",
-    "parallel",
-    "fsdp_reshard",
-    "fsdp_param_dtype",
-    "fsdp_reduce_dtype",
-    "fsdp_offload",
-)
-# What a trial runs on and how long it measures: fixed for a whole study.
-WORKLOAD = (
-    "pipeline",
-    "data_dir",
-    "image_size",
-    "warmup_steps",
-    "timed_steps",
-    "seconds",
-    "window",
-    "seed",
-    "data_seed",
-    "lr",
-    "lr_scaling",
-    "global_batch",
-    "profile",
-    "baseline",
-)
 LR_RULES = ("sqrt", "linear", "none")
 # The baseline's global batch (batch_size 8 on one process): the batch `lr` is meant for when the
 # study fixes none (--global-batch), so a config with another global batch trains with a scaled lr.
 REFERENCE_BATCH = 8
 
 
-# The string knobs and workload fields, with what each may be.
-CHOICES = {
-    "precision": PRECISIONS,
-    "optimizer_fusion": FUSIONS,
-    "compile": COMPILES,
-    "parallel": PARALLELS,
-    "fsdp_param_dtype": FSDP_DTYPES,
-    "fsdp_reduce_dtype": FSDP_DTYPES,
-    "lr_scaling": LR_RULES,
-}
+def knob(
+    default: Any,
+    sets: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    needs: str | None = None,
+    visit: int | None = None,
+    math: str = "",
+) -> Any:
+    """Declare one tuned knob, as a TrialConfig field: everything else about it (KNOBS, CHOICES, the space's
+    dependent knobs, the coordinate pass, `autotune knobs` and README's table) is read from here.
+
+    sets: what it sets, in a user's words. choices: a string knob's values. needs: "workers", "processes" or
+    "fsdp": it means something only then, and is left at its default otherwise. visit: its place in the
+    coordinate pass (lowest first; None: left to TPE). math: what it can change in the training computed
+    (empty: speed only), as core/training.py labels it."""
+    meta = {"sets": sets, "choices": choices, "needs": needs, "visit": visit, "math": math}
+    return field(default=default, metadata={"knob": meta})
 
 
 def _number(x: object) -> bool:
@@ -82,27 +51,40 @@ class TrialConfig:
     """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
 
     # knobs
-    num_workers: int = 0
-    pin_memory: bool = False
-    batch_size: int = 8
-    precision: str = "fp32"
-    optimizer_fusion: str = "none"
-    checkpoint_segments: int = 0
-    gpus: int = 1
-    channels_last: bool = False
-    cudnn_benchmark: bool = False
-    compile: str = "off"
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None
-    set_to_none: bool = True  # torch's own default since 2.0, so the baseline keeps it
-    num_threads: int = 0  # 0 = torch's default intra-op thread count
-    parallel: str = "ddp"  # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
-    fsdp_reshard: bool = (
-        True  # reshard_after_forward: True frees params after forward (ZeRO-3), False keeps them (ZeRO-2)
+    num_workers: int = knob(0, "the DataLoader's worker processes", visit=2)
+    pin_memory: bool = knob(False, "the DataLoader's page-locked host memory")
+    batch_size: int = knob(
+        8,
+        "samples per step and process (the micro-batch under `--global-batch`)",
+        visit=1,
+        math="the global batch and its lr; the batch-norm span",
     )
-    fsdp_param_dtype: str = "fp32"  # MixedPrecisionPolicy(param_dtype): fp32 | bf16
-    fsdp_reduce_dtype: str = "fp32"  # MixedPrecisionPolicy(reduce_dtype): fp32 | bf16
-    fsdp_offload: bool = False  # CPUOffloadPolicy: params, grads and optimizer state live in host memory
+    precision: str = knob(
+        "fp32", "fp32, or bf16/fp16 autocast (fp16 with a GradScaler)", choices=PRECISIONS, visit=0, math="precision"
+    )
+    optimizer_fusion: str = knob(
+        "none", "the optimizer's implementation (AdamW's fused/foreach)", choices=FUSIONS, visit=6
+    )
+    checkpoint_segments: int = knob(0, "activation checkpointing of the first k stages (0 = off)")
+    gpus: int = knob(1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr")
+    channels_last: bool = knob(False, "the memory format of the model and its inputs", visit=5)
+    cudnn_benchmark: bool = knob(False, "`torch.backends.cudnn.benchmark`", visit=7)
+    compile: str = knob("off", "`torch.compile` and its mode", choices=COMPILES, visit=4)
+    persistent_workers: bool = knob(False, "the DataLoader keeps its workers between epochs", needs="workers")
+    prefetch_factor: int | None = knob(None, "batches each DataLoader worker loads ahead", needs="workers")
+    # torch's own default since 2.0, so the baseline keeps it
+    set_to_none: bool = knob(True, "`zero_grad(set_to_none=...)`")
+    num_threads: int = knob(0, "`torch.set_num_threads` (0 = torch's default)")
+    # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
+    parallel: str = knob("ddp", "DDP or FSDP2 over the processes", choices=PARALLELS, needs="processes")
+    fsdp_reshard: bool = knob(True, "FSDP's reshard_after_forward (true: ZeRO-3, false: ZeRO-2)", needs="fsdp")
+    fsdp_param_dtype: str = knob(
+        "fp32", "FSDP's MixedPrecisionPolicy param_dtype", choices=FSDP_DTYPES, needs="fsdp", math="param dtype"
+    )
+    fsdp_reduce_dtype: str = knob(
+        "fp32", "FSDP's MixedPrecisionPolicy reduce_dtype", choices=FSDP_DTYPES, needs="fsdp", math="gradient reduce"
+    )
+    fsdp_offload: bool = knob(False, "FSDP's CPUOffloadPolicy (state in host memory)", needs="fsdp")
     # workload
     pipeline: str = "unet"
     data_dir: str | None = None
@@ -229,6 +211,37 @@ class TrialConfig:
         if unknown:
             raise ConfigError(f"unknown config key(s): {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
         return cls(**dict(d))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One row of the knob table: a TrialConfig field declared with knob()."""
+
+    name: str
+    type: str
+    default: Any
+    sets: str
+    choices: tuple[str, ...] | None
+    needs: str | None
+    visit: int | None
+    math: str
+
+
+TABLE = tuple(
+    Knob(f.name, str(f.type), f.default, **f.metadata["knob"]) for f in fields(TrialConfig) if "knob" in f.metadata
+)
+# The tuned knobs: names are a contract shared with search spaces and exported YAML.
+KNOBS = tuple(k.name for k in TABLE)
+# What a trial runs on and how long it measures: fixed for a whole study.
+WORKLOAD = tuple(f.name for f in fields(TrialConfig) if f.name not in KNOBS)
+# The string knobs and workload fields, with what each may be.
+CHOICES = {**{k.name: k.choices for k in TABLE if k.choices}, "lr_scaling": LR_RULES}
+
+
+def dependents(needs: str) -> dict[str, Any]:
+    """The knobs that mean something only with `needs` ("workers", "processes", "fsdp"), each with the
+    default it is left at otherwise."""
+    return {k.name: k.default for k in TABLE if k.needs == needs}
 
 
 BASELINE = TrialConfig()

@@ -37,22 +37,15 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.core.config import TABLE
 from autotune.search.store import _optuna
 from autotune.search.store.results import class_label, failed_classes, feasible, rank
 from autotune.search.space.spec import WORKER_KNOBS
 
-# The knobs the pass visits, the ones that usually move throughput most first. The rest (pin_memory,
-# set_to_none, num_threads, checkpoint_segments, the worker-only knobs) are left to TPE.
-PASS = (
-    "precision",
-    "batch_size",
-    "num_workers",
-    "gpus",
-    "compile",
-    "channels_last",
-    "optimizer_fusion",
-    "cudnn_benchmark",
-)
+# The knobs the pass visits, in their declared order (knob's visit in TrialConfig): the ones that usually
+# move throughput most first. The rest (pin_memory, set_to_none, num_threads, checkpoint_segments, the
+# worker-only knobs) are left to TPE.
+PASS = tuple(k.name for k in sorted((k for k in TABLE if k.visit is not None), key=lambda k: k.visit or 0))
 ORDERED_MOVES = 2  # values tried for a numeric knob (int range or numeric choices)
 MOVE_KEY = "autotune:coordinate"  # trial system attr: {"knob", "was", "value", "from", "params"}
 # Trial system attr: the moves proposals.py turned down for this trial before it ran one (each a MOVE_KEY

@@ -9,23 +9,17 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
-from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.config import KNOBS, TrialConfig, dependents
 
 # Shipped inside the package (a wheel install has it too); search_spaces/default.yaml in a checkout
 # links here. It documents the format; `--space FILE` replaces it.
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"
 _DEFAULTS = TrialConfig()
-# Only meaningful with worker processes: suggested only when num_workers > 0, else left inert.
-WORKER_KNOBS = {"prefetch_factor": None, "persistent_workers": False}
-# Only meaningful with more than one process: the strategy, suggested only when gpus > 1.
-PARALLEL_KNOBS: dict[str, Any] = {"parallel": "ddp"}
-# Only meaningful under fsdp: suggested only when parallel is fsdp (and gpus > 1), else left inert.
-FSDP_KNOBS: dict[str, Any] = {
-    "fsdp_reshard": True,
-    "fsdp_param_dtype": "fp32",
-    "fsdp_reduce_dtype": "fp32",
-    "fsdp_offload": False,
-}
+# The knobs that mean something only with worker processes, more than one process, or FSDP: each is
+# suggested only then, and left at its default (inert) otherwise. Declared in TrialConfig (knob's needs).
+WORKER_KNOBS = dependents("workers")
+PARALLEL_KNOBS = dependents("processes")
+FSDP_KNOBS = dependents("fsdp")
 
 
 @dataclass(frozen=True)
