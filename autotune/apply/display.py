@@ -6,7 +6,7 @@ from typing import Any
 from collections.abc import Mapping
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -15,7 +15,7 @@ from rich.text import Text
 from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.training import shown
-from autotune.core.outcomes import Reason, Verdict
+from autotune.core.outcomes import Outcome, Reason, Verdict
 from autotune.search.store import records
 from autotune.search.budget import Budget
 from autotune.search.store.records import TrialRecord
@@ -58,16 +58,15 @@ class LiveSearch:
         self.live.update(self._render())
 
     def finished(self, t: FrozenTrial) -> None:
-        r = TrialRecord.from_frozen(t)
-        state = "infeasible" if t.state == TrialState.COMPLETE and not feasible(t) else t.state.name.lower()
-        why = r.message[:80] if r.reason in (None, state) else f"{r.reason}: {r.message[:80]}"
-        figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{state}: {why}"
+        r, outcome = TrialRecord.from_frozen(t), records.outcome(t)
+        why = r.message[:80] if r.reason in (None, outcome) else f"{r.reason}: {r.message[:80]}"
+        figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{outcome}: {why}"
         speed = f"  x{r.speedup:.2f}" if feasible(t) and r.speedup else ""
-        if r.contended:
+        if outcome == Outcome.CONTENDED:
             others = r.metrics.get("others_cpu")
             busy = f"other processes kept {others:.2f} CPUs busy" if others else "another trial shared the CPU"
             speed += f"  [contended: {busy}; timing suspect, measured again]"
-        if r.repeat_of is not None:
+        if outcome == Outcome.REUSED:
             speed += f"  [same config as trial {r.repeat_of}: its figure reused, not run again]"
         if feasible(t) and r.reason == Reason.HEADROOM:  # the baseline, kept as the reference: say why it is risky
             speed += f"  [{r.message}]"
@@ -85,9 +84,10 @@ class LiveSearch:
 
     def _render(self) -> Table:
         trials = self.study.get_trials(deepcopy=False)
+        outcomes = [records.outcome(t) for t in trials]
         done = sum(feasible(t) for t in trials)
-        failed = sum(t.state == TrialState.FAIL or (t.state == TrialState.COMPLETE and not feasible(t)) for t in trials)
-        pruned = sum(t.state == TrialState.PRUNED for t in trials)
+        failed = sum(o.unsuccessful for o in outcomes)
+        pruned = outcomes.count(Outcome.PRUNED)
         board = leaderboard(self.study)
         best = f"{board[0].value:.2f} samples/s (trial {board[0].number})" if board else "-"
         speedup = TrialRecord.from_frozen(board[0]).speedup if board else None
@@ -167,10 +167,12 @@ def cost_rows(study: optuna.Study, top: int | None = None) -> list[tuple[str, ..
     for t in study.get_trials(deepcopy=False):
         r = TrialRecord.from_frozen(t)
         est, took = r.cost_estimate_s, r.wall_s
-        if est is None or r.repeat_of is not None:  # a reused figure: its first trial's row says it
+        if est is None or records.outcome(t) == Outcome.REUSED:  # its first trial's row says it
             continue
         error = f"{(est - took) / took:+.0%}" if took else "-"
-        shown_took = "not run" if r.reason == Reason.COST_ESTIMATE else f"{took:.1f}" if took is not None else "-"
+        shown_took = (
+            "not run" if records.outcome(t) == Outcome.WRITTEN_OFF else f"{took:.1f}" if took is not None else "-"
+        )
         rows.append((str(t.number), r.role, str(r.config.get("batch_size", "-")), f"{est:.1f}", shown_took, error))
     return rows[-top:] if top else rows
 

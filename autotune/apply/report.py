@@ -17,7 +17,7 @@ from autotune.apply.figures import (
     waterfall_figure,
     waterfall_png,
 )
-from autotune.core.outcomes import Reason
+from autotune.core.outcomes import Outcome
 
 
 # ---- tables and the page ---------------------------------------------------------------------
@@ -78,6 +78,7 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
     a config written off before launch shows "skipped" for its peak. The terminal (`show`) and the
     HTML report print these."""
     from autotune.search.space.memory import versus_peak
+    from autotune.search.store import records
     from autotune.search.store.records import TrialRecord
 
     def mib(x: Any) -> str:
@@ -87,7 +88,7 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
     for t in study.get_trials(deepcopy=False):
         r = TrialRecord.from_frozen(t)
         est = r.memory_estimate
-        if not est or r.repeat_of is not None:  # a reused figure: its first trial's row says it
+        if not est or records.outcome(t) == Outcome.REUSED:  # its first trial's row says it
             continue
         peak = r.metrics.get("peak_memory_bytes")
         mine = versus_peak(est, peak)
@@ -99,7 +100,7 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
                 str(r.config.get("batch_size", "-")),
                 str(est.get("strategy", "")),
                 mib(est.get("total")),
-                "skipped" if r.reason == Reason.MEMORY_ESTIMATE else mib(peak),
+                "skipped" if records.outcome(t) == Outcome.WRITTEN_OFF else mib(peak),
                 f"{mine['error']:+.0%}" if mine else "-",
                 parts,
             )

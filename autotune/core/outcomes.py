@@ -1,4 +1,5 @@
-"""One vocabulary for outcomes: a trial's role, the reason it failed or was not run, and a check's verdict.
+"""One vocabulary for outcomes: a trial's role, the reason it failed or was not run, what became of it, and a
+check's verdict.
 
 Each is a string enum whose values are the words studies have always stored, so a stored study stays
 readable and a member compares equal to its word (`Role.BASELINE == "baseline"`). Every module names
@@ -53,6 +54,35 @@ class Reason(_Word):
     MEMORY_ESTIMATE = "memory_estimate"  # not run: its estimate breaks the headroom
     CLASS_FAILED = "class_failed"  # not run: its training math failed its check
     COST_ESTIMATE = "cost_estimate"  # not run: its estimated wall time exceeds what its trial would be given
+
+
+# The reasons a trial is told infeasible without running: its figures are estimates, or its class failed.
+NOT_RUN = frozenset({Reason.MEMORY_ESTIMATE, Reason.CLASS_FAILED, Reason.COST_ESTIMATE})
+
+
+class Outcome(_Word):
+    """What became of a trial: derived from its state, constraints, reason and reuse in one place
+    (search/store/records.outcome), never stored, so every reader (the leaderboard, the live display, the
+    report, the strategy, the checks summary) sees the same answer."""
+
+    MEASURED = "measured"  # a clean figure: it ranks
+    CONTENDED = "contended"  # measured while another process shared its CPUs: ranks below every clean figure
+    REUSED = "reused"  # the same config as an earlier trial: that figure reused, nothing run
+    INFEASIBLE = "infeasible"  # it ran and could not train (out of memory, non-finite, unsupported...)
+    WRITTEN_OFF = "written_off"  # told infeasible without running (NOT_RUN's reasons)
+    FAILED = "failed"  # the trial itself failed (a crash, a timeout, the search stopped while it ran)
+    PRUNED = "pruned"
+    PENDING = "pending"  # queued or running
+
+    @property
+    def ranks(self) -> bool:
+        """Its figure is a measurement of its own that can be the best."""
+        return self in (Outcome.MEASURED, Outcome.CONTENDED)
+
+    @property
+    def unsuccessful(self) -> bool:
+        """It gave no figure: infeasible, written off or failed."""
+        return self in (Outcome.INFEASIBLE, Outcome.WRITTEN_OFF, Outcome.FAILED)
 
 
 class Verdict(_Word):

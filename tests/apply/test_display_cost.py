@@ -14,7 +14,7 @@ from autotune.apply.display import LiveSearch, cost_rows
 from autotune.apply.report import cost_html
 from autotune.cli import main
 from autotune.core.outcomes import Reason, Role
-from autotune.search.store.records import TrialRecord, write
+from autotune.search.store.records import FEASIBLE_KEY, TrialRecord, write
 from autotune.search.store.storage import open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -36,6 +36,8 @@ def study(tmp_path: Path) -> optuna.Study:
     for record in rows:
         t = study.ask()
         write(t, record)
+        if record.reason == Reason.COST_ESTIMATE:  # written off before launch, as admission does it
+            t.set_constraint(FEASIBLE_KEY, 1.0)
         study.tell(t, float(record.metrics.get("samples_per_s", 0.0)))
     return study
 

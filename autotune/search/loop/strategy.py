@@ -18,7 +18,7 @@ the full default space that is about 8 trials on a CPU-only machine and 12 on a 
 State lives in the study, never in this object: autotune runs several worker processes on one study and
 resumes studies, so every proposal is derived from `study.get_trials()`. Each move is written to its
 trial's system attrs (MOVE_KEY: the knob, its old and new value, the full params), so any process knows
-which moves were proposed. The incumbent is the best feasible COMPLETE trial (`results.feasible`: an OOM
+which moves were proposed. The incumbent is the best trial whose own figure ranks (`records.outcome`: an OOM
 or other infeasible config is recorded with a constraint > 0 and is never the incumbent). A move whose
 config was measured, is running or is queued is skipped, and each (knob, value) is proposed at most once,
 so the pass ends after at most sum(moves per knob) trials. Enqueued trials (the baseline and warm start)
@@ -38,7 +38,7 @@ from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import TABLE
-from autotune.search.store import _optuna
+from autotune.search.store import _optuna, records
 from autotune.search.store.results import class_label, failed_classes, feasible, rank
 from autotune.search.space.spec import WORKER_KNOBS
 
@@ -172,11 +172,11 @@ def next_move(
 
 
 def incumbent(trials: Sequence[FrozenTrial], failed: set[str] | frozenset[str] = frozenset()) -> FrozenTrial | None:
-    """The best feasible COMPLETE trial outside the failed training-math classes; before there is one, the
+    """The best ranking trial (records.outcome) outside the failed training-math classes; before there is one, the
     first enqueued trial (the baseline), whatever its state, so that parallel workers can start the pass
     while it runs. A failed class's trials stay feasible (Optuna cannot constrain a finished trial), but
     a pass from one of them would only propose configs in that class, each written off unrun."""
-    done = [t for t in trials if feasible(t) and not (failed and class_label(t) in failed)]
+    done = [t for t in trials if records.outcome(t).ranks and not (failed and class_label(t) in failed)]
     if done:
         return min(done, key=rank)  # the leaderboard's order
     queued = sorted((t for t in trials if FIXED_KEY in t.system_attrs), key=lambda t: t.number)

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 
 import optuna
 from optuna.study import StudySummary
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import KNOBS, TrialConfig, TrialResult
 from autotune.core.errors import AutotuneError
 from autotune.core.training import training_math
-from autotune.core.outcomes import Role
+from autotune.core.outcomes import NOT_RUN, Outcome, Role
 from autotune.search.store import _optuna
 
 # ---- the study attrs' keys ----------------------------------------------------------------------------
@@ -215,6 +215,24 @@ def fail_other(study: optuna.Study, t: FrozenTrial, reason: str, message: str) -
 def contended(t: Trial) -> bool:
     """Whether the trial's figure was measured while another process shared its CPUs."""
     return bool(t.user_attrs.get("contended"))
+
+
+def outcome(t: FrozenTrial) -> Outcome:
+    """What became of `t` (core/outcomes.Outcome), from its state, constraints, reason and reuse."""
+    if not t.state.is_finished():
+        return Outcome.PENDING
+    if t.state == TrialState.PRUNED:
+        return Outcome.PRUNED
+    record = TrialRecord.from_frozen(t)
+    if record.reason in NOT_RUN:  # infeasible on an estimate or its class (COMPLETE), or deferred (FAIL)
+        return Outcome.WRITTEN_OFF
+    if t.state != TrialState.COMPLETE:
+        return Outcome.FAILED
+    if record.repeat_of is not None:
+        return Outcome.REUSED
+    if t.value is None or any(v > 0 for v in t.constraints.values()):
+        return Outcome.INFEASIBLE
+    return Outcome.CONTENDED if record.contended else Outcome.MEASURED
 
 
 def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None, contended: bool) -> TrialRecord:

@@ -14,7 +14,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.core.training import changes_step, section, shown
-from autotune.core.outcomes import Reason, Role, Verdict
+from autotune.core.outcomes import Outcome, Reason, Role, Verdict
 from autotune.search.store import records
 from autotune.search.space.memory import versus_peak
 from autotune.search.store.storage import shown_storage
@@ -33,10 +33,9 @@ def rank(t: FrozenTrial) -> tuple[bool, float, int]:
 
 
 def leaderboard(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible trials in `rank` order; a config the sampler proposed again (reused, not re-run) appears
-    once."""
-    kept = (t for t in study.get_trials(deepcopy=False) if feasible(t) and TrialRecord.from_frozen(t).repeat_of is None)
-    return sorted(kept, key=rank)
+    """The trials whose own figure ranks (records.outcome), in `rank` order: a config the sampler proposed
+    again (reused, not re-run) appears once."""
+    return sorted((t for t in study.get_trials(deepcopy=False) if records.outcome(t).ranks), key=rank)
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -90,7 +89,11 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
         return None
     failed = failed_classes(study)
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    written_off = [t for t in trials if TrialRecord.from_frozen(t).reason == Reason.CLASS_FAILED]
+    written_off = [
+        t
+        for t in trials
+        if records.outcome(t) == Outcome.WRITTEN_OFF and TrialRecord.from_frozen(t).reason == Reason.CLASS_FAILED
+    ]
     run = [t for t in trials if t not in written_off]
     spent = [t for t in run if class_label(t) in failed]
     seconds = {t.number: t.duration.total_seconds() if t.duration else 0.0 for t in run}

@@ -199,3 +199,49 @@ def test_a_trial_record_that_names_more_than_knobs_is_refused_not_applied() -> N
     assert TrialRecord(config={"num_workers": 2}).config_for(base).num_workers == 2
     with pytest.raises(AutotuneError, match="'pipeline'.*not knobs"):
         TrialRecord(config={"num_workers": 2, "pipeline": "evil_mod:make"}).config_for(base)
+
+
+def test_each_trial_has_one_outcome(tmp_path: Path) -> None:
+    """records.outcome reads state, constraint, reason and reuse once: each kind of trial a search leaves
+    gets its own word, and only the measured ones rank (the leaderboard reads the same function)."""
+    from optuna.trial import TrialState
+
+    from autotune.core.outcomes import Outcome, Reason
+    from autotune.search.store.results import leaderboard
+
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "s.db")), direction="maximize")
+
+    def trial(
+        record: TrialRecord, value: float | None, *, infeasible: bool = False, state: TrialState = TrialState.COMPLETE
+    ) -> None:
+        t = study.ask()
+        write(t, record)
+        if infeasible:
+            t.set_constraint(records.FEASIBLE_KEY, 1.0)
+        if state == TrialState.COMPLETE:
+            study.tell(t, value)
+        else:
+            study.tell(t, state=state)
+
+    trial(TrialRecord(), 9.0)
+    trial(TrialRecord(contended=True), 12.0)
+    trial(TrialRecord(repeat_of=0), 9.0)
+    trial(TrialRecord(reason=Reason.OOM, message="out of memory"), 0.0, infeasible=True)
+    trial(TrialRecord(reason=Reason.MEMORY_ESTIMATE), 0.0, infeasible=True)
+    trial(TrialRecord(reason=Reason.COST_ESTIMATE), None, state=TrialState.FAIL)  # deferred to a longer run
+    trial(TrialRecord(reason=Reason.TIMEOUT), None, state=TrialState.FAIL)
+    trial(TrialRecord(reason=Reason.PRUNED), None, state=TrialState.PRUNED)
+    study.ask()  # running
+    got = [records.outcome(t) for t in study.get_trials(deepcopy=False)]
+    assert got == [
+        Outcome.MEASURED,
+        Outcome.CONTENDED,
+        Outcome.REUSED,
+        Outcome.INFEASIBLE,
+        Outcome.WRITTEN_OFF,
+        Outcome.WRITTEN_OFF,
+        Outcome.FAILED,
+        Outcome.PRUNED,
+        Outcome.PENDING,
+    ]
+    assert [t.number for t in leaderboard(study)] == [0, 1]  # contended below clean, the reuse not again
