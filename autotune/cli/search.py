@@ -111,10 +111,11 @@ def register(sub: Any) -> None:
     )
     s.add_argument(
         "--lr-scaling",
-        default="sqrt",
+        default=None,
         choices=LR_RULES,
         help="how the learning rate follows a global batch that differs from the baseline's "
-        "(default sqrt, the rule for Adam-family optimizers; linear for SGD; none)",
+        "(default sqrt, the rule for Adam-family optimizers; for --script, the rule of the optimizer the "
+        "script constructs: linear for SGD, sqrt for the Adam family; none)",
     )
     s.add_argument(
         "--parity-steps",

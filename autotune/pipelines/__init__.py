@@ -207,12 +207,16 @@ def workload(
     from autotune.core.config import TrialConfig
     from autotune.pipelines import script
 
+    extra = {k: v for k, v in extra.items() if not (k in ("lr", "lr_scaling") and v is None)}  # None: not given
     cfg = TrialConfig(**extra)
     changes: dict[str, Any] = {}
     if pipeline:
         changes["pipeline"] = pipeline
     if script.is_script(changes.get("pipeline", cfg.pipeline)):  # its path made absolute, the file checked
         changes["pipeline"] = script.normalize(changes.get("pipeline", cfg.pipeline))
+        # Its lr and the rule its optimizer scales by, read from its source unless given.
+        given = {k for k in ("lr", "lr_scaling") if k in extra}
+        changes |= script.study_defaults(changes["pipeline"], cfg.global_batch, given)
     if image_size:
         changes["image_size"] = image_size
     if data:

@@ -7,6 +7,6 @@ import line stays short.
 May import: autotune.pipelines.script.api only.
 """
 
-from autotune.pipelines.script.api import autocast, model, scaler, seed
+from autotune.pipelines.script.api import accumulation, autocast, batch_size, data_seed, lr, model, scaler, seed
 
-__all__ = ["autocast", "model", "scaler", "seed"]
+__all__ = ["accumulation", "autocast", "batch_size", "data_seed", "lr", "model", "scaler", "seed"]

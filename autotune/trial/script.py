@@ -7,12 +7,18 @@ No edit to the script:
   - the optimizer's fused/foreach flags, set on its param groups before its first step (a global
     step pre-hook); zero_grad(set_to_none) on optimizers and modules; cudnn.benchmark and the thread
     count set before the script runs;
+  - the lr for the trial's global batch: the lr each optimizer's constructor is given, scaled by the
+    study's rule from the script's own global batch (Optimizer.__init__ wrapped, so a schedule built on
+    it afterwards keeps its shape from the scaled lr); a script that calls at.lr() scales its own;
   - the data order: a config with a data seed (parity's data-order twin) hands each DataLoader a
     generator seeded with it; without one the script's own RNG decides, as it does alone;
   - measurement: a global optimizer-step post-hook ends each step on the framework trials' Clock
     (the device synchronized before each read, warm-up untimed); the time blocked in the DataLoader
-    iterator's __next__ is the data wait; each backward()'s scalar is the step's loss. After the timed
-    steps the hook raises _Done, which ends the script and is caught here.
+    iterator's __next__ is the data wait; each backward()'s scalar is the step's loss; the samples of a
+    step are what its loaders delivered, else at.batch_size() x at.accumulation() as handed over. After
+    the timed steps the hook raises _Done, which ends the script and is caught here.
+With the cooperative calls (autotune.script): at.batch_size() and at.accumulation() hand over the trial's
+micro-batch and, under a study's global batch, its micro-batches per step; at.lr() the scaled lr.
 The baseline (a config equal to the study's baseline knobs) runs the script's own settings: nothing is
 overridden, and what the script set is recorded as observed.
 
@@ -39,10 +45,10 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from autotune.core.config import TrialConfig, TrialResult, baseline_of
 from autotune.core.errors import ConfigError
 from autotune.pipelines import load_pipeline
-from autotune.pipelines.frameworks import knob_effect
-from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api
+from autotune.pipelines.frameworks import knob_effect, lr_scale
+from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
 from autotune.trial import knobs, measure
-from autotune.trial.frameworks import Clock, refuse_unsupported, unsupported_effects
+from autotune.trial.frameworks import Clock, lr_effect, refuse_unsupported, unsupported_effects
 
 AS_WRITTEN = "the baseline runs the script's own settings"
 
@@ -60,9 +66,14 @@ def is_as_written(cfg: TrialConfig) -> bool:
 class Seams:
     """What the trial installs in torch around the script, and what it saw there."""
 
-    def __init__(self, cfg: TrialConfig, clock: Clock, as_written: bool) -> None:
+    def __init__(
+        self, cfg: TrialConfig, clock: Clock, as_written: bool, trial: api.Trial | None = None, own_lr: bool = False
+    ) -> None:
         self.cfg, self.clock, self.as_written = cfg, clock, as_written
+        self.trial = trial or api.Trial()
+        self.own_lr = own_lr  # the script hands its lr through at.lr()
         self.loaders: list[dict[str, Any]] = []
+        self.constructed: list[dict[str, Any]] = []  # each optimizer the script built: its type and lr
         self.optimizers: list[dict[str, Any]] = []
         self.zero_grads: list[bool] = []
         self.pending_samples = 0  # delivered by loaders since the last optimizer step
@@ -109,6 +120,25 @@ class Seams:
         return __next__
 
     # ---- the optimizer ------------------------------------------------------------------------
+    def optimizer_init(self, original: Any) -> Any:
+        seams = self
+
+        def __init__(optimizer: Any, params: Any, defaults: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+            # A script whose source calls at.lr() scales its lr itself: not scaled again here (the call
+            # may come after the constructor, as OneCycleLR's max_lr does).
+            factor = 1.0 if seams.own_lr else seams.trial.lr_factor()
+            lr = defaults.get("lr")
+            if factor != 1 and lr is not None:
+                defaults = {**defaults, "lr": lr * factor}
+                params = list(params)  # param groups that give their own lr get it scaled too
+                params = [{**g, "lr": g["lr"] * factor} if isinstance(g, dict) and "lr" in g else g for g in params]
+            original(optimizer, params, defaults, *args, **kwargs)
+            seams.constructed.append(
+                {"type": type(optimizer).__name__, "lr": lr, "lr_set": defaults.get("lr"), "factor": factor}
+            )
+
+        return __init__
+
     def step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.begin()
         if getattr(optimizer, "_autotune_seen", False):
@@ -129,10 +159,16 @@ class Seams:
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
         self.pending_samples = 0
-        counted = [n for n in self.step_samples if n] or [1]
+        counted = [n for n in self.step_samples if n] or [self.handed_samples()]
         self.clock.samples_per_step = sum(counted) / len(counted)
         if self.clock.step_end(self.step_loss()):
             raise _Done
+
+    def handed_samples(self) -> int:
+        """Samples per optimizer step as the cooperative calls handed them over (no loader counted any):
+        the micro-batch x the micro-batches per step; 1 (steps/s) when the script hands over neither."""
+        got = self.trial.returned
+        return int(got.get("batch_size", 1)) * int(got.get("accumulation", 1)) if "batch_size" in got else 1
 
     def step_loss(self) -> float | None:
         if not self.backward_losses:
@@ -168,6 +204,29 @@ class Seams:
             return original(tensor, *args, **kwargs)
 
         return backward
+
+
+def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
+    """What at.batch_size(), at.accumulation() and the lr scale hand the script: the config's micro-batch,
+    and its micro-batches per step when the study fixes the global batch; nothing for a script whose
+    batch is its own (it never calls at.batch_size(), or its default cannot be read)."""
+    if job.own is None:
+        return {}
+    fixed = cfg.global_batch is not None
+
+    def scale(own_batch: int, own_accum: int) -> float:
+        # The global batch this trial runs: the study's, else the config's micro-batch x the script's
+        # own accumulation; the user's lr is meant for the script's own.
+        runs = cfg if fixed else cfg.replace(global_batch=cfg.batch_size * cfg.gpus * own_accum)
+        return lr_scale(runs, own_batch * own_accum)
+
+    return {
+        "batch_size": cfg.batch_size,
+        "accumulation": cfg.grad_accum if fixed else None,
+        "own_batch_size": job.own[0],
+        "own_accumulation": job.own[1],
+        "lr_scale": scale,
+    }
 
 
 def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
@@ -208,6 +267,7 @@ def installed(seams: Seams) -> Iterator[None]:
         (torch.optim.Optimizer, "zero_grad", seams.zero_grad(torch.optim.Optimizer.zero_grad)),
         (torch.nn.Module, "zero_grad", seams.zero_grad(torch.nn.Module.zero_grad)),
         (torch.Tensor, "backward", seams.backward(torch.Tensor.backward)),
+        (torch.optim.Optimizer, "__init__", seams.optimizer_init(torch.optim.Optimizer.__init__)),
     ]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     for owner, name, new in patches:
@@ -245,15 +305,17 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     refuse_unsupported(cfg, job)
     as_written = is_as_written(cfg)
     clock = Clock(cfg, device, rank, world, progress, launched)
-    seams = Seams(cfg, clock, as_written)
     trial = api.Trial(
         precision=cfg.precision,
         channels_last=cfg.channels_last,
         compile=cfg.compile,
         compile_backend=os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor"),
         seed=cfg.seed,
+        data_seed=cfg.data_seed,
         device_type=device.type,
+        **batch_handover(cfg, job),
     )
+    seams = Seams(cfg, clock, as_written, trial, own_lr="lr" in job.uses.api)
     finished = execute(job, seams, trial)
     clock.close(losses_per_rank=False)
     if not finished:  # a part-measured run is not this config's speed
@@ -263,6 +325,9 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
             f"and {need} step(s): give it more steps in its arguments"
         )
     applied |= unsupported_effects(cfg, job) | observed(cfg, seams, trial, as_written, job.unsupported)
+    extra = batch_and_lr(cfg, seams, trial, job)
+    applied["script"] |= extra.pop("script")
+    applied |= extra
     if cfg.profile:
         applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
     return clock.result(applied, measure.memory_total_bytes(device))
@@ -329,4 +394,38 @@ def observed(
         last = bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
         out["channels_last"] = knob_effect(cfg.channels_last, last, "through at.model()")
         out["compile"] = knob_effect(cfg.compile, cfg.compile, "through at.model()")
+    return out
+
+
+def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob) -> dict[str, Any]:
+    """The batch the script ran (handed over, or its own), its accumulation, the lr each optimizer was
+    built with, and the lr rule: the study's, next to the one the optimizer that stepped follows."""
+    out: dict[str, Any] = {}
+    got, own = trial.returned, trial.defaults
+    if job.own is not None and "batch_size" in got:
+        why = "through at.batch_size()"
+        if own["batch_size"] != job.own[0]:  # the source was read wrong: the baseline is not the script's own
+            why += f"; the script's own default is {own['batch_size']}, not the {job.own[0]} its source reads"
+        out["batch_size"] = knob_effect(cfg.batch_size, got["batch_size"], why)
+    accumulation = got.get("accumulation", own.get("accumulation", job.own[1] if job.own else 1))
+    built = seams.constructed[0] if seams.constructed else None
+    stepped = seams.optimizers[0]["type"] if seams.optimizers else None
+    rule: dict[str, Any] = {"rule": cfg.lr_scaling, "optimizer": stepped, "why": job.lr_rule_why}
+    if stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling):
+        rule["why"] += (
+            f"; the optimizer that stepped is {stepped}, whose rule is {rule_of(stepped)}: "
+            f"give --lr-scaling {rule_of(stepped)}"
+        )
+    if "lr" in got:
+        before, after = own["lr"], got["lr"]
+    else:
+        before, after = (built["lr"], built["lr_set"]) if built else (None, None)
+    own_global = job.own[0] * job.own[1] if job.own else None
+    runs = (got.get("batch_size", 0) or 0) * accumulation
+    if own_global is not None and runs and before is not None:
+        runs_cfg = cfg if cfg.global_batch else cfg.replace(global_batch=runs * cfg.gpus)
+        out["lr"] = lr_effect(runs_cfg, before, after, own_global) | {"rule": rule}
+    else:
+        out["lr"] = knob_effect(before, after, "the script's own lr (its batch is its own)") | {"rule": rule}
+    out["script"] = {"accumulation": accumulation, "optimizers_built": seams.constructed}
     return out

@@ -135,8 +135,8 @@ def own_baseline(job: FrameworkJob) -> dict[str, Any]:
         from autotune.pipelines.frameworks import lightning as adapter
     elif job.library == "hf":
         from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
-    else:  # a script's baseline is the script run as written: nothing to read, nothing overridden
-        return {}
+    else:  # a script's baseline is the script run as written: the batch it hands to at.batch_size()
+        return job.own_baseline()  # type: ignore[attr-defined]
     return adapter.own_baseline(job)  # type: ignore[arg-type]
 
 

@@ -11,7 +11,12 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
     through torch's own seams;
   - the loader knobs need a `DataLoader` in the script's source;
   - precision needs a call to `at.autocast()`, channels_last and compile one to `at.model()`
-    (autotune.script, the cooperative API).
+    (autotune.script, the cooperative API);
+  - batch_size needs `at.batch_size(default)`, and under a study's --global-batch `at.accumulation()`
+    too; the script's own batch (the baseline's) is read from that default: an int, a name assigned
+    once, or an argparse option's default (with the script's own arguments applied);
+  - the lr rule for a changed global batch follows the optimizer the script constructs: linear for
+    SGD, sqrt for the Adam family (`lr_rule`), unless the user gives --lr-scaling.
 A static declaration is chosen over a probe run because it is free, known before the space is
 resolved, and cannot be fooled by a first run that takes another branch; the trial then records what
 each knob really did (`applied`), so a seam the scan credited but the run never reached says so.
@@ -25,6 +30,7 @@ import ast
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.errors import PipelineError
@@ -38,10 +44,23 @@ API_MODULE = "autotune.script"
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 # Knob -> the at.* call that routes it.
 COOPERATIVE = {"precision": "autocast", "channels_last": "model", "compile": "model"}
+# Knobs read from the arguments of at.* calls: the script's own values, the baseline's.
+OWN = ("batch_size", "accumulation")
+# The lr rule each optimizer family scales by (core.config.lr_factor): SGD's is linear (Goyal et al. 2017),
+# adaptive methods' is sqrt (Malladi et al. 2022). An optimizer in neither keeps the default, said.
+LINEAR_RULE = frozenset({"SGD"})
+SQRT_RULE = frozenset(
+    {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam", "Adagrad", "Adadelta", "RMSprop", "Adafactor",
+     "Lamb", "LAMB", "FusedAdam", "FusedLAMB", "AdamW8bit", "Adam8bit"}
+)  # fmt: skip
+OTHER_OPTIMIZERS = frozenset({"Lion", "Rprop", "ASGD", "LBFGS", "Muon", "Shampoo", "SophiaG", "Adan"})
+DEFAULT_RULE = "sqrt"
 # What no script takes yet, with why.
+BATCH_WHY = (
+    "the script's own batch size is kept: changing it changes its training, and its lr, schedule and "
+    "accumulation are its own (hand it over with at.batch_size() to search it)"
+)
 ALWAYS = {
-    "batch_size": "the script's own batch size is kept: changing it changes its training, and its lr, "
-    "schedule and accumulation are its own",
     "gpus": "the script runs as one process; its own DDP set-up under torchrun is not wired yet",
     "checkpoint_segments": "the script's forward owns activation checkpointing",
     **{k: "the script runs as one process: nothing to replicate or shard" for k in STRATEGY},
@@ -94,14 +113,23 @@ def check_source(path: str, what: str) -> ast.Module:
 
 @dataclass(frozen=True)
 class Uses:
-    """What a script's source routes: a DataLoader, and the at.* calls it makes."""
+    """What a script's source routes: a DataLoader, the at.* calls it makes, the optimizer classes it
+    constructs, and its own value for each of OWN (an int, or why it cannot be read)."""
 
     dataloader: bool
     api: frozenset[str]
+    optimizers: tuple[str, ...] = ()
+    own: tuple[tuple[str, float | str], ...] = ()  # OWN's values and "lr"
+
+    def own_value(self, name: str) -> Any:
+        """The script's own value of an OWN call's argument (or its lr), why it cannot be read, or None:
+        no such call."""
+        return dict(self.own).get(name)
 
 
-def scan(tree: ast.Module) -> Uses:
-    """The DataLoader and the autotune.script calls named in a script's syntax tree."""
+def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
+    """The DataLoader, the autotune.script calls, the optimizers named in a script's syntax tree, and the
+    defaults its OWN calls are given (`args`: the script's command line, which its argparse reads)."""
     aliases: set[str] = set()  # names bound to the API module
     direct: dict[str, str] = {}  # local name -> API function
     for node in ast.walk(tree):
@@ -112,6 +140,8 @@ def scan(tree: ast.Module) -> Uses:
         elif isinstance(node, ast.Import):
             aliases |= {a.asname for a in node.names if a.name == API_MODULE and a.asname}
     api: set[str] = set()
+    first: dict[str, ast.Call] = {}  # API function -> its first call in the source
+    optimizers: list[str] = []
     loader = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "DataLoader":
@@ -121,18 +151,166 @@ def scan(tree: ast.Module) -> Uses:
         if not isinstance(node, ast.Call):
             continue
         f = node.func
+        name = None
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in aliases:
-            api.add(f.attr)
+            name = f.attr
         elif isinstance(f, ast.Attribute) and ast.unparse(f.value) == API_MODULE:
-            api.add(f.attr)
+            name = f.attr
         elif isinstance(f, ast.Name) and f.id in direct:
-            api.add(direct[f.id])
-    return Uses(loader, frozenset(api))
+            name = direct[f.id]
+        if name is not None:
+            api.add(name)
+            first.setdefault(name, node)
+        callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if callee in LINEAR_RULE | SQRT_RULE | OTHER_OPTIMIZERS and callee not in optimizers:
+            optimizers.append(callee)
+    own: list[tuple[str, float | str]] = [(k, _own_default(tree, first[k], args)) for k in OWN if k in first]
+    if (lr := _own_lr(tree, first.get("lr"), optimizers, args)) is not None:
+        own.append(("lr", lr))
+    return Uses(loader, frozenset(api), tuple(optimizers), tuple(own))
 
 
-def unsupported(uses: Uses) -> dict[str, str]:
+def _own_lr(
+    tree: ast.Module, call: ast.Call | None, optimizers: list[str], args: list[str] | tuple[str, ...]
+) -> float | str | None:
+    """The script's own lr: at.lr()'s default, else the lr its optimizer's constructor is given."""
+    if call is not None:
+        arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
+        return None if arg is None else _resolve(tree, arg, args, 0, float)
+    for node in ast.walk(tree):
+        f = node.func if isinstance(node, ast.Call) else None
+        callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if isinstance(node, ast.Call) and optimizers and callee == optimizers[0]:
+            arg = next((k.value for k in node.keywords if k.arg == "lr"), node.args[1] if len(node.args) > 1 else None)
+            return None if arg is None else _resolve(tree, arg, args, 0, float)
+    return None
+
+
+def _own_default(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...]) -> int | str:
+    """The int an at.batch_size/at.accumulation call is given in the script as run alone with `args`,
+    or why it cannot be read from the source."""
+    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
+    if arg is None:
+        return 1 if _api_name(call) == "accumulation" else f"{ast.unparse(call)} has no default"
+    return _resolve(tree, arg, args, 0, int)
+
+
+def _api_name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _number(node: ast.expr | None, kind: type) -> Any:
+    ok = (int,) if kind is int else (int, float)
+    if isinstance(node, ast.Constant) and isinstance(node.value, ok) and not isinstance(node.value, bool):
+        return kind(node.value)
+    return None
+
+
+def _resolve(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...], depth: int, kind: type) -> Any:
+    """A literal number, a name assigned once (followed), or `<parsed args>.dest` of an argparse option
+    with a literal default (the script's own arguments applied), as `kind`; else why not, in words."""
+    said = ast.unparse(node)
+    if (value := _number(node, kind)) is not None:
+        return value
+    if isinstance(node, ast.Name) and depth < 5:
+        values = [
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
+        ]
+        if len(values) == 1:
+            return _resolve(tree, values[0], args, depth + 1, kind)
+    if isinstance(node, ast.Attribute):
+        got = _argparse_default(tree, node.attr, args, kind)
+        if got is not None:
+            return got
+    return f"{said!r} is not a number, a name assigned once, or an argparse option's default in the source"
+
+
+def _argparse_default(tree: ast.Module, dest: str, args: list[str] | tuple[str, ...], kind: type) -> Any:
+    """The value argparse gives `dest` for the command line `args`: the option's literal default, or its
+    last `--opt V` / `--opt=V` in `args`; None when no add_argument in the source names that dest."""
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr != "add_argument":
+            continue
+        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        longs = [f for f in flags if f.startswith("--")]
+        named = kw.get("dest")
+        own_dest = (
+            named.value
+            if isinstance(named, ast.Constant)
+            else (longs[0] if longs else flags[0] if flags else "").lstrip("-").replace("-", "_")
+        )
+        if own_dest != dest:
+            continue
+        if not any(f.startswith("-") for f in flags):
+            return f"{dest!r} is a positional argument of the script"
+        value = _number(kw.get("default"), kind)
+        for i, word in enumerate(args):
+            for flag in flags:
+                if word == flag and i + 1 < len(args):
+                    value = _parse(args[i + 1], flag, kind)
+                elif word.startswith(flag + "="):
+                    value = _parse(word[len(flag) + 1 :], flag, kind)
+        return value if value is not None else f"the option {flags[0]} has no literal default"
+    return None
+
+
+def _parse(word: str, flag: str, kind: type) -> Any:
+    try:
+        return kind(word)
+    except ValueError:
+        return f"{flag} {word!r} in the script's arguments is not {'an int' if kind is int else 'a number'}"
+
+
+def lr_rule(uses: Uses) -> tuple[str, str]:
+    """The lr rule for a changed global batch that fits the optimizer the script constructs, and why."""
+    linear = [o for o in uses.optimizers if o in LINEAR_RULE]
+    sqrt = [o for o in uses.optimizers if o in SQRT_RULE]
+    if linear and not sqrt:
+        return "linear", f"the script's optimizer is {', '.join(linear)}: linear, SGD's rule"
+    if sqrt and not linear:
+        return "sqrt", f"the script's optimizer is {', '.join(sqrt)}: sqrt, the Adam family's rule"
+    if linear and sqrt:
+        return DEFAULT_RULE, (
+            f"the script constructs {', '.join(uses.optimizers)}, whose rules differ: {DEFAULT_RULE}, the default "
+            "(give --lr-scaling for the one it runs)"
+        )
+    other = f"{', '.join(uses.optimizers)}, with no known rule" if uses.optimizers else "no optimizer autotune knows"
+    return DEFAULT_RULE, f"the script's source constructs {other}: {DEFAULT_RULE}, the default (or give --lr-scaling)"
+
+
+def rule_of(optimizer: str) -> str | None:
+    """The rule for one optimizer class, None when neither family's."""
+    return "linear" if optimizer in LINEAR_RULE else "sqrt" if optimizer in SQRT_RULE else None
+
+
+def own_batch(uses: Uses, global_batch: int | None) -> int | str:
+    """The script's own micro-batch (batch_size is then searchable), or why batch_size stays fixed."""
+    batch, accum = uses.own_value("batch_size"), uses.own_value("accumulation")
+    if batch is None:
+        return BATCH_WHY
+    if isinstance(batch, str):
+        return f"at.batch_size()'s default cannot be read: {batch}"
+    if isinstance(accum, str):
+        return f"at.accumulation()'s default cannot be read: {accum}"
+    if global_batch is not None and accum is None:
+        return (
+            "the study fixes --global-batch and the script never calls at.accumulation(): its micro-batches "
+            "per optimizer step are its own"
+        )
+    return batch
+
+
+def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:
     """Knob -> why the script cannot take it, from what its source routes."""
     out = dict(ALWAYS)
+    if isinstance(why := own_batch(uses, global_batch), str):
+        out["batch_size"] = why
     if not uses.dataloader:
         out |= {k: "the script builds no torch DataLoader (none in its source)" for k in LOADER_KNOBS}
     for knob, call in COOPERATIVE.items():
@@ -146,9 +324,20 @@ class ScriptJob(FrameworkJob):
 
     library = "script"
 
-    def __init__(self, spec: str, path: str, args: list[str], uses: Uses) -> None:
-        super().__init__(spec, (path, tuple(args)), unsupported(uses))
+    def __init__(self, spec: str, path: str, args: list[str], uses: Uses, global_batch: int | None = None) -> None:
+        super().__init__(spec, (path, tuple(args)), unsupported(uses, global_batch))
         self.path, self.args, self.uses = path, list(args), uses
+        batch = own_batch(uses, global_batch)
+        # The script's own (micro-batch, accumulation) when it hands its batch over; None: it keeps its own.
+        self.own: tuple[int, int] | None = None
+        if isinstance(batch, int):
+            accum = uses.own_value("accumulation")
+            self.own = (batch, accum if isinstance(accum, int) else 1)
+        self.lr_rule, self.lr_rule_why = lr_rule(uses)
+
+    def own_baseline(self) -> dict[str, int]:
+        """The knobs the script runs with as written that differ from what a config says by default."""
+        return {} if self.own is None else {"batch_size": self.own[0]}
 
     def build_model(self) -> Any:
         raise PipelineError(
@@ -164,4 +353,24 @@ def load(cfg: TrialConfig) -> ScriptJob:
     path, args = parse(cfg.pipeline)
     if not Path(path).is_absolute():
         path = str(Path(path).resolve())
-    return ScriptJob(cfg.pipeline, path, args, scan(check_source(path, f"script {path!r}")))
+    return ScriptJob(cfg.pipeline, path, args, scan(check_source(path, f"script {path!r}"), args), cfg.global_batch)
+
+
+def study_defaults(spec: str, global_batch: int | None, given: Collection[str] = ()) -> dict[str, Any]:
+    """The workload fields a script's source sets when the user gave none (`given` names those they did):
+    `lr_scaling`, the rule its optimizer follows (lr_rule), and `lr`, its own (read from at.lr() or its
+    optimizer's constructor), which is meant for its own global batch: under a study's --global-batch
+    it is scaled to that batch, the batch TrialConfig.lr is given for."""
+    from autotune.core.config import TrialConfig, lr_factor
+
+    path, args = parse(spec)
+    uses = scan(check_source(path, f"script {path!r}"), args)
+    rule = lr_rule(uses)[0] if "lr_scaling" not in given else None
+    out: dict[str, Any] = {} if rule is None else {"lr_scaling": rule}
+    lr = uses.own_value("lr")
+    if "lr" not in given and isinstance(lr, float) and lr > 0:
+        job = ScriptJob(spec, path, args, uses, global_batch)
+        if global_batch and job.own is not None:
+            lr *= lr_factor(global_batch / (job.own[0] * job.own[1]), rule or TrialConfig().lr_scaling)
+        out["lr"] = lr
+    return out

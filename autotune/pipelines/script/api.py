@@ -5,10 +5,14 @@
     scaler = at.scaler()                # a GradScaler, enabled only when the trial runs fp16
     model = at.model(model)             # channels_last and torch.compile, when the trial asks
     torch.manual_seed(at.seed(0))       # the trial's seed, or the script's own default
+    order = torch.Generator().manual_seed(at.data_seed(0))  # the data order, for a script with no DataLoader
+    batch = at.batch_size(args.batch_size)        # the trial's micro-batch (batch_size is then searched)
+    accum = at.accumulation(args.accum)           # micro-batches per optimizer step at the study's global batch
+    lr = at.lr(args.lr)                           # the lr for the trial's global batch (optional, see lr())
 
 Outside a trial (`python train.py`) each call is the identity: autocast() is a null context, scaler()
 a disabled GradScaler (its scale() returns the loss, its step() calls optimizer.step()), model() returns
-the model, seed(default) the default. autotune.trial.script installs the trial's settings here before
+the model, seed(default), data_seed(default), batch_size(default), accumulation(default) and lr(default) the default. autotune.trial.script installs the trial's settings here before
 it runs the script, in the same process. Importing this module imports nothing heavy: torch is
 imported inside the calls, once the script has it loaded already.
 """
@@ -17,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["autocast", "model", "scaler", "seed"]
+__all__ = ["accumulation", "autocast", "batch_size", "data_seed", "lr", "model", "scaler", "seed"]
 
 
 @dataclass
@@ -31,13 +36,44 @@ class Trial:
     compile: str = "off"
     compile_backend: str = "inductor"
     seed: int = 0
+    data_seed: int | None = None  # the data order; None: seed
     device_type: str = "cpu"
+    # The micro-batch and micro-batches per step the trial hands over; None: the script's own default.
+    batch_size: int | None = None
+    accumulation: int | None = None
+    # The script's own micro-batch and accumulation as its source reads (the study's baseline), until
+    # its calls hand over their defaults.
+    own_batch_size: int | None = None
+    own_accumulation: int = 1
+    # The factor on the script's own lr for the global batch the trial runs, given the script's own
+    # (micro-batch, accumulation); None: the lr is the script's.
+    lr_scale: Callable[[int, int], float] | None = None
     calls: dict[str, int] = field(default_factory=dict)
+    # What each call was given and returned: the script's own defaults, read back into `applied`.
+    defaults: dict[str, Any] = field(default_factory=dict)
+    returned: dict[str, Any] = field(default_factory=dict)
     scalers: list[Any] = field(default_factory=list)
     models: list[Any] = field(default_factory=list)
 
     def called(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
+
+    def handed(self, name: str, default: Any, value: Any) -> Any:
+        """Record the script's own default and what the trial handed back for it (the first call's)."""
+        self.called(name)
+        self.defaults.setdefault(name, default)
+        self.returned.setdefault(name, value)
+        return value
+
+    def own(self) -> tuple[int, int] | None:
+        """The script's own (micro-batch, accumulation): its calls' defaults, else what its source reads."""
+        b = self.defaults.get("batch_size", self.own_batch_size)
+        return None if b is None else (int(b), int(self.defaults.get("accumulation", self.own_accumulation)))
+
+    def lr_factor(self) -> float:
+        """The factor on the script's own lr for this trial's global batch (1: its own batch)."""
+        own = self.own()
+        return 1.0 if own is None or self.lr_scale is None else self.lr_scale(*own)
 
 
 _trial: Trial | None = None
@@ -99,3 +135,54 @@ def seed(default: int = 0) -> int:
         return default
     t.called("seed")
     return t.seed
+
+
+def data_seed(default: int = 0) -> int:
+    """The trial's data-order seed: parity's data-order twin changes it and keeps seed(), so a script that
+    draws its batches itself (no DataLoader: a get_batch over a memmap) seeds its sampling with this to be
+    reshuffled like a DataLoader is. The trial's seed when the config sets no data seed; else `default`."""
+    t = _trial
+    if t is None:
+        return default
+    t.called("data_seed")
+    return t.seed if t.data_seed is None else t.data_seed
+
+
+def _whole(name: str, default: Any) -> int:
+    if isinstance(default, bool) or not isinstance(default, int) or default < 1:
+        raise ValueError(f"at.{name}({default!r}): expected a whole number >= 1")
+    return default
+
+
+def batch_size(default: int) -> int:
+    """The trial's micro-batch (samples per forward and backward), else the script's own `default`.
+
+    Build the batches with it (a DataLoader's batch_size, a get_batch(n)): a script that calls it has
+    batch_size searched, and `default` is its baseline."""
+    _whole("batch_size", default)
+    t = _trial
+    if t is None:
+        return default
+    return int(t.handed("batch_size", default, default if t.batch_size is None else t.batch_size))
+
+
+def accumulation(default: int = 1) -> int:
+    """Micro-batches per optimizer step: the trial's when the study fixes the global batch
+    (--global-batch = batch_size x accumulation), else the script's own `default`."""
+    _whole("accumulation", default)
+    t = _trial
+    if t is None:
+        return default
+    return int(t.handed("accumulation", default, default if t.accumulation is None else t.accumulation))
+
+
+def lr(default: float) -> float:
+    """The script's `default` lr scaled for the trial's global batch by the study's rule (linear for SGD,
+    sqrt for the Adam family, or --lr-scaling); `default` outside a trial or at the script's own batch.
+
+    Not needed for an lr handed to the optimizer's constructor (the trial scales that itself); call it
+    where the script sets the lr some other way (OneCycleLR's max_lr, its own warm-up arithmetic)."""
+    t = _trial
+    if t is None:
+        return default
+    return float(t.handed("lr", default, default * t.lr_factor()))

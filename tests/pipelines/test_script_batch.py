@@ -1,0 +1,209 @@
+"""A script's batch handed over (at.batch_size, at.accumulation): its own value is the baseline, read from
+its source; the trial hands the config's micro-batch and, at a study's global batch, its accumulation; the
+lr follows by the rule of the script's own optimizer (linear for SGD, sqrt for the Adam family), and
+parity and time to target run the script's own loop with it."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.training import changes_step, training_math
+from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of, workload
+from autotune.search.checks import parity, target
+from autotune.trial import worker
+from tests.pipelines.script_helpers import SCRIPTS
+
+TOKENS = SCRIPTS / "tokens.py"
+ADAMW = "torch.optim.AdamW(model.parameters(), lr=args.lr)"
+SGD = "torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)"
+LOADER = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+def study_base(path: Path, args: list[str], **extra: Any) -> TrialConfig:
+    """The study's workload as `autotune search --script` makes it: the script's lr and rule read from its
+    source, the baseline its own batch (what the session does with own_baseline)."""
+    base = workload(script.spec_of(str(path), args), None, None, "studies", **extra)
+    own = own_baseline(load_pipeline(base), base.global_batch)
+    return base.replace(baseline=tuple(own.items()), num_threads=1) if own else base.replace(num_threads=1)
+
+
+def sgd_script(tmp_path: Path) -> Path:
+    """tokens.py as written, with SGD and momentum in place of AdamW."""
+    source = TOKENS.read_text()
+    assert ADAMW in source
+    out = tmp_path / "tokens_sgd.py"
+    out.write_text(source.replace(ADAMW, SGD))
+    return out
+
+
+def scan(source: str, *args: str) -> script.Uses:
+    return script.scan(ast.parse(source), args)
+
+
+# --- the source scan: the script's own batch, its lr and its optimizer's rule ---------------------
+
+
+def test_the_script_s_own_batch_is_read_from_its_source_with_its_arguments_applied() -> None:
+    head = "import argparse\nfrom autotune import script as at\np = argparse.ArgumentParser()\n"
+    head += "p.add_argument('--batch-size', type=int, default=16)\nargs = p.parse_args()\n"
+    assert scan(head + "b = at.batch_size(args.batch_size)").own_value("batch_size") == 16
+    assert scan(head + "b = at.batch_size(args.batch_size)", "--batch-size", "32").own_value("batch_size") == 32
+    assert scan(head + "b = at.batch_size(args.batch_size)", "--batch-size=4").own_value("batch_size") == 4
+    assert scan(head + "B = 12\nb = at.batch_size(B)").own_value("batch_size") == 12
+    assert scan(head + "b = at.batch_size(default=6)").own_value("batch_size") == 6
+    unread = scan(head + "b = at.batch_size(args.batch_size // 2)")
+    assert "is not a number" in unread.own_value("batch_size")
+    job_why = script.unsupported(unread)["batch_size"]
+    assert job_why.startswith("at.batch_size()'s default cannot be read")
+    uses = scan(head + "import torch\nopt = torch.optim.SGD([], lr=0.1, momentum=0.9)\nb = at.batch_size(8)")
+    assert uses.own_value("lr") == 0.1 and uses.optimizers == ("SGD",)
+
+
+def test_only_a_script_that_hands_over_its_batch_has_it_searched() -> None:
+    tokens = script.load(TrialConfig(pipeline=script.spec_of(str(TOKENS))))
+    assert "batch_size" not in unsupported_of(tokens) and tokens.own == (4, 2)
+    plain = script.load(TrialConfig(pipeline=script.spec_of(str(SCRIPTS / "no_loader.py"))))
+    assert plain.unsupported.why["batch_size"].startswith("the script's own batch size is kept")
+    # At a study's global batch the script must take its accumulation too, or its step is its own.
+    source = "from autotune import script as at\nb = at.batch_size(8)\n"
+    assert "batch_size" not in script.unsupported(scan(source))
+    assert "at.accumulation()" in script.unsupported(scan(source), global_batch=32)["batch_size"]
+
+
+def test_the_lr_rule_follows_the_optimizer_the_script_constructs(tmp_path: Path) -> None:
+    def rule(source: str) -> tuple[str, str]:
+        return script.lr_rule(scan("import torch\n" + source))
+
+    assert rule("o = torch.optim.SGD(p, lr=0.1, momentum=0.9)")[0] == "linear"
+    assert rule("from torch.optim import AdamW\no = AdamW(p)")[0] == "sqrt"
+    mixed, why = rule("o = torch.optim.SGD(p) if a else torch.optim.Adam(p)")
+    assert mixed == "sqrt" and "whose rules differ" in why and "--lr-scaling" in why
+    assert "no optimizer autotune knows" in rule("o = make_optimizer(p)")[1]
+    # The study's workload: the script's rule and lr, unless the user gives them.
+    assert study_base(sgd_script(tmp_path), ["--lr", "0.2"]).lr_scaling == "linear"
+    assert study_base(sgd_script(tmp_path), ["--lr", "0.2"]).lr == 0.2
+    assert study_base(TOKENS, []).lr_scaling == "sqrt"
+    assert study_base(TOKENS, [], lr_scaling="none").lr_scaling == "none"
+    # --global-batch 32 is 4x the script's own 4 x 2: TrialConfig.lr is given for it, sqrt-scaled.
+    assert study_base(TOKENS, [], global_batch=32, batch_size=32).lr == pytest.approx(0.01 * 2)
+
+
+def test_the_new_calls_are_the_identity_outside_a_trial() -> None:
+    from autotune import script as at
+
+    assert at.batch_size(12) == 12 and at.accumulation(3) == 3 and at.accumulation() == 1
+    assert at.lr(0.25) == 0.25 and at.data_seed(5) == 5
+    with pytest.raises(ValueError, match="whole number"):
+        at.batch_size(0)
+
+
+# --- the trial: the batch handed over, the lr scaled by the rule ------------------------------------
+
+
+def trial(base: TrialConfig, **knobs: Any) -> Any:
+    return worker.run(base.replace(warmup_steps=1, timed_steps=3, window=1, **knobs))
+
+
+def test_the_trial_hands_over_the_batch_and_scales_the_optimizer_s_lr(tmp_path: Path) -> None:
+    base = study_base(TOKENS, ["--steps", "50"])
+    assert dict(base.baseline or ()) == {"batch_size": 4}
+    r = trial(baseline_of(base))  # the baseline: the script as written
+    a = r.applied
+    assert a["batch_size"]["in_effect"] == 4 and a["script"]["accumulation"] == 2
+    assert a["script"]["samples_per_step"] == 8  # 4 x 2, as handed over: no loader counts them
+    assert a["lr"]["in_effect"] == 0.01 and a["lr"]["rule"]["rule"] == "sqrt"
+    r = trial(base.replace(batch_size=16))  # global batch 16 x 2 against its own 4 x 2: sqrt(4)
+    a = r.applied
+    assert a["script"]["samples_per_step"] == 32 and a["lr"]["in_effect"] == pytest.approx(0.02)
+    assert a["lr"]["rule"] == {"rule": "sqrt", "optimizer": "AdamW", "why": script.load(base).lr_rule_why}
+    # A study's global batch: the micro-batch and the accumulation are the trial's, the lr for that batch.
+    fixed = study_base(TOKENS, ["--steps", "50"], global_batch=16, batch_size=16)
+    a = trial(fixed.replace(batch_size=2)).applied
+    assert a["batch_size"]["in_effect"] == 2 and a["script"]["accumulation"] == 8
+    assert a["script"]["samples_per_step"] == 16 and a["lr"]["in_effect"] == pytest.approx(0.01 * math.sqrt(2))
+    # SGD's rule is linear: twice the batch, twice the lr.
+    sgd = study_base(sgd_script(tmp_path), ["--steps", "50", "--lr", "0.2"])
+    a = trial(sgd.replace(batch_size=8)).applied
+    assert a["lr"]["in_effect"] == pytest.approx(0.4) and a["lr"]["rule"]["rule"] == "linear"
+    assert a["lr"]["rule"]["optimizer"] == "SGD"
+
+
+def test_a_script_that_scales_its_own_lr_through_at_lr_is_not_scaled_twice(tmp_path: Path) -> None:
+    """OneCycleLR sets the lr from its max_lr: the constructor's lr would be overwritten, so the script
+    hands max_lr through at.lr() and the trial leaves the constructor's alone."""
+    source = TOKENS.read_text().replace(
+        "warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))",
+        "warmup = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=at.lr(args.lr), total_steps=args.steps)",
+    )
+    path = tmp_path / "one_cycle.py"
+    path.write_text(source)
+    a = trial(study_base(path, ["--steps", "50"]).replace(batch_size=16)).applied
+    assert a["lr"]["requested"] == 0.01 and a["lr"]["in_effect"] == pytest.approx(0.02)
+    assert a["script"]["optimizers_built"][0]["factor"] == 1.0  # the constructor's lr as written
+
+
+# --- the checks run the script's own loop, with its own optimizer's rule ----------------------------
+
+
+def test_a_script_with_no_dataloader_is_searched_and_its_parity_runs_its_own_loop(tmp_path: Path, server: Any) -> None:
+    from autotune.search.space.machine import Hardware
+    from autotune.search.space.reading import load_space
+    from autotune.search.space.resolve import by_global_batch, for_hardware
+    from autotune.search.space.spec import Fixed
+    from tests.conftest import REPO_ROOT
+
+    base = study_base(TOKENS, ["--steps", "100000"], global_batch=16, batch_size=16)
+    job = load_pipeline(base)
+    space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
+    hw = Hardware(cuda=False, gpu_count=0, cpu_count=2, cpu_bf16=True, apex=False, memory_bytes=None)
+    narrowed, notes = for_hardware(space, hw, stages=0, unsupported=unsupported_of(job))
+    narrowed, _ = by_global_batch(narrowed, base.global_batch, base)
+    for knob in LOADER:
+        assert any(n.startswith(knob) and "the script builds no torch DataLoader" in n for n in notes), notes
+    searched = {k for k, v in narrowed.knobs.items() if not isinstance(v, Fixed)}
+    assert {"precision", "batch_size"} <= searched and not searched & set(LOADER)
+    # Parity of a precision change and of micro-batch x accumulation, on the script's own loop.
+    baseline = baseline_of(base)
+    ref = parity.noise_reference(baseline, 8, tmp_path / "reference", 120, server)
+    assert ref.noise > 0  # at.data_seed(): the data-order twin draws other batches from the memmap
+    for candidate in (base.replace(precision="bf16"), base.replace(batch_size=2)):
+        assert not changes_step(candidate)
+        v = parity.check(candidate, baseline, 8, tmp_path / candidate.precision, 120, server, ref)
+        assert v.deviation is not None and v.failure is None and v.reason.startswith("loss trajectory")
+        applied = json.loads((tmp_path / candidate.precision / "candidate" / "result.json").read_text())["applied"]
+        assert applied["batch_size"]["in_effect"] == candidate.batch_size
+        assert applied["script"]["accumulation"] == 16 // candidate.batch_size
+
+
+def time_to_target(path: Path, args: list[str], folder: Path, server: Any) -> tuple[Any, dict[str, Any], str]:
+    base = study_base(path, [*args, "--steps", "100000"])
+    baseline, candidate = baseline_of(base), base.replace(batch_size=8)
+    ref = parity.noise_reference(baseline, 8, folder / "reference", 120, server)
+    verdict = target.check(candidate, ref, folder, 120, 2.0, 1.0, server)
+    applied = json.loads((folder / "candidate" / "result.json").read_text())["applied"]
+    reference = json.loads((folder / "reference" / "baseline" / "result.json").read_text())["applied"]
+    assert reference["lr"]["rule"]["optimizer"] == applied["lr"]["rule"]["optimizer"]
+    label = "; ".join(training_math(candidate, batch_norm=False))
+    assert verdict.target == pytest.approx(sum(ref.losses[-target.SMOOTH :]) / target.SMOOTH)
+    return verdict, applied, label
+
+
+def test_the_global_batch_class_is_judged_on_the_script_s_own_optimizer(tmp_path: Path, server: Any) -> None:
+    """The same script with SGD and with AdamW: each one's time to target is its own optimizer's
+    trajectory, at the lr its own rule gives the doubled batch."""
+    sgd, sgd_applied, sgd_label = time_to_target(sgd_script(tmp_path), ["--lr", "0.2"], tmp_path / "sgd", server)
+    adam, adam_applied, adam_label = time_to_target(TOKENS, [], tmp_path / "adam", server)
+    assert sgd_applied["lr"]["rule"] == {**sgd_applied["lr"]["rule"], "rule": "linear", "optimizer": "SGD"}
+    assert sgd_applied["lr"]["in_effect"] == pytest.approx(0.4) and "(linear rule)" in sgd_label
+    assert adam_applied["lr"]["rule"]["rule"] == "sqrt" and adam_applied["lr"]["rule"]["optimizer"] == "AdamW"
+    assert adam_applied["lr"]["in_effect"] == pytest.approx(0.01 * math.sqrt(2)) and "(sqrt rule)" in adam_label
+    for v in (sgd, adam):  # a verdict either way, on the script's trajectories
+        assert v.failure is None and isinstance(v.passed, bool)
+    assert sgd.target != adam.target
