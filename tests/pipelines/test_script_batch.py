@@ -207,3 +207,33 @@ def test_the_global_batch_class_is_judged_on_the_script_s_own_optimizer(tmp_path
     for v in (sgd, adam):  # a verdict either way, on the script's trajectories
         assert v.failure is None and isinstance(v.passed, bool)
     assert sgd.target != adam.target
+
+
+@pytest.mark.slow
+def test_a_search_on_the_script_with_no_dataloader_searches_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`autotune search --script` on the token script at a global batch: its own batch is the baseline,
+    the loader knobs are fixed with why, the micro-batch and precision are searched, and best.yaml
+    re-measures under `autotune trial`."""
+    from tests.pipelines.framework_helpers import autotune
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    search = autotune(
+        "search", "--script", str(TOKENS), "--script-args", "--steps 100000", "--global-batch", "16",
+        "--budget", "40s", "--n-trials", "3", "--trial-seconds", "1", "--warmup-steps", "1",
+        "--confirm-rounds", "0", "--parity-steps", "8", "--seed", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert search.returncode == 0, search.stderr[-3000:]
+    out = search.stdout
+    assert "baseline: your job as written: batch_size 4" in out
+    assert "space: num_workers fixed to 0: not supported by this pipeline: the script builds no torch DataLoader" in out
+    searched = next(line for line in out.splitlines() if "knobs searched:" in line)
+    assert "batch_size" in searched and "precision" in searched
+    best = tmp_path / "studies" / "autotune" / "best.yaml"
+    again = autotune("trial", "--config", str(best), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads((best.parent / "trial" / "result.json").read_text())
+    micro = result["applied"]["batch_size"]["in_effect"]
+    assert result["applied"]["script"]["accumulation"] * micro == 16
+    assert result["applied"]["lr"]["rule"]["rule"] == "sqrt"
