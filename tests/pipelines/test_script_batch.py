@@ -237,3 +237,14 @@ def test_a_search_on_the_script_with_no_dataloader_searches_its_batch(
     micro = result["applied"]["batch_size"]["in_effect"]
     assert result["applied"]["script"]["accumulation"] * micro == 16
     assert result["applied"]["lr"]["rule"]["rule"] == "sqrt"
+
+
+def test_an_optimizer_whose_rule_the_study_does_not_use_is_said(tmp_path: Path) -> None:
+    """A script that builds SGD or AdamW by its arguments: the scan cannot tell which, the study keeps
+    the default rule, and the trial says the optimizer that stepped wants another."""
+    path = tmp_path / "either.py"
+    path.write_text(TOKENS.read_text().replace(ADAMW, f"{SGD} if args.lr > 0.1 else {ADAMW}"))
+    base = study_base(path, ["--steps", "50", "--lr", "0.2"])
+    assert base.lr_scaling == "sqrt"
+    why = trial(base.replace(batch_size=8)).applied["lr"]["rule"]["why"]
+    assert "whose rules differ" in why and "the optimizer that stepped is SGD, whose rule is linear" in why
