@@ -100,8 +100,15 @@ def test_the_new_calls_are_the_identity_outside_a_trial() -> None:
 
     assert at.batch_size(12) == 12 and at.accumulation(3) == 3 and at.accumulation() == 1
     assert at.lr(0.25) == 0.25 and at.data_seed(5) == 5
-    with pytest.raises(ValueError, match="whole number"):
-        at.batch_size(0)
+    from autotune.pipelines.script import api
+
+    api.install(api.Trial(batch_size=8, own_batch_size=4))
+    try:  # in a trial: the trial's micro-batch, and a default that is no batch is the script's error
+        assert at.batch_size(4) == 8 and at.accumulation(2) == 2
+        with pytest.raises(ValueError, match="whole number"):
+            at.batch_size(0)
+    finally:
+        api.install(None)
 
 
 # --- the trial: the batch handed over, the lr scaled by the rule ------------------------------------

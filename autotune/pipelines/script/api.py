@@ -20,6 +20,7 @@ imported inside the calls, once the script has it loaded already.
 from __future__ import annotations
 
 import contextlib
+import operator
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any
@@ -149,9 +150,14 @@ def data_seed(default: int = 0) -> int:
 
 
 def _whole(name: str, default: Any) -> int:
-    if isinstance(default, bool) or not isinstance(default, int) or default < 1:
+    """`default` as an int (a numpy integer too); in a trial only: outside one every call is the identity."""
+    try:
+        n = operator.index(default)
+    except TypeError:
+        n = 0
+    if isinstance(default, bool) or n < 1:
         raise ValueError(f"at.{name}({default!r}): expected a whole number >= 1")
-    return default
+    return n
 
 
 def batch_size(default: int) -> int:
@@ -159,21 +165,21 @@ def batch_size(default: int) -> int:
 
     Build the batches with it (a DataLoader's batch_size, a get_batch(n)): a script that calls it has
     batch_size searched, and `default` is its baseline."""
-    _whole("batch_size", default)
     t = _trial
     if t is None:
         return default
-    return int(t.handed("batch_size", default, default if t.batch_size is None else t.batch_size))
+    own = _whole("batch_size", default)
+    return int(t.handed("batch_size", own, own if t.batch_size is None else t.batch_size))
 
 
 def accumulation(default: int = 1) -> int:
     """Micro-batches per optimizer step: the trial's when the study fixes the global batch
     (--global-batch = batch_size x accumulation), else the script's own `default`."""
-    _whole("accumulation", default)
     t = _trial
     if t is None:
         return default
-    return int(t.handed("accumulation", default, default if t.accumulation is None else t.accumulation))
+    own = _whole("accumulation", default)
+    return int(t.handed("accumulation", own, own if t.accumulation is None else t.accumulation))
 
 
 def lr(default: float) -> float:
