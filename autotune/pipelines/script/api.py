@@ -5,15 +5,15 @@
     scaler = at.scaler()                # a GradScaler, enabled only when the trial runs fp16
     model = at.model(model)             # channels_last and torch.compile, when the trial asks
     torch.manual_seed(at.seed(0))       # the trial's seed, or the script's own default
-    order = torch.Generator().manual_seed(at.data_seed(0))  # the data order, for a script with no DataLoader
-    batch = at.batch_size(args.batch_size)        # the trial's micro-batch (batch_size is then searched)
-    accum = at.accumulation(args.accum)           # micro-batches per optimizer step at the study's global batch
-    lr = at.lr(args.lr)                           # the lr for the trial's global batch (optional, see lr())
+    order = torch.Generator().manual_seed(at.data_seed(0))  # the data order (a script with no DataLoader)
+    batch = at.batch_size(args.batch_size)  # the trial's micro-batch (batch_size is then searched)
+    accum = at.accumulation(args.accum)     # micro-batches per step, at the study's global batch
+    lr = at.lr(args.lr)                     # the lr for the trial's global batch (optional: see lr())
 
 Outside a trial (`python train.py`) each call is the identity: autocast() is a null context, scaler()
 a disabled GradScaler (its scale() returns the loss, its step() calls optimizer.step()), model() returns
-the model, seed(default), data_seed(default), batch_size(default), accumulation(default) and lr(default) the default. autotune.trial.script installs the trial's settings here before
-it runs the script, in the same process. Importing this module imports nothing heavy: torch is
+the model, and seed, data_seed, batch_size, accumulation and lr return their default. autotune.trial.script
+installs the trial's settings here before it runs the script, in the same process. Importing this module imports nothing heavy: torch is
 imported inside the calls, once the script has it loaded already.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["accumulation", "autocast", "batch_size", "data_seed", "lr", "model", "scaler", "seed"]
