@@ -411,7 +411,9 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
     built = seams.constructed[0] if seams.constructed else None
     stepped = seams.optimizers[0]["type"] if seams.optimizers else None
     rule: dict[str, Any] = {"rule": cfg.lr_scaling, "optimizer": stepped, "why": job.lr_rule_why}
-    if stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling):
+    if cfg.lr_scaling != job.lr_rule:  # the user's --lr-scaling, over the rule read from the source
+        rule["why"] = f"--lr-scaling {cfg.lr_scaling}, given (from the source: {job.lr_rule_why})"
+    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling):
         rule["why"] += (
             f"; the optimizer that stepped is {stepped}, whose rule is {rule_of(stepped)}: "
             f"give --lr-scaling {rule_of(stepped)}"

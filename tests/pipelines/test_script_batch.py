@@ -255,3 +255,5 @@ def test_an_optimizer_whose_rule_the_study_does_not_use_is_said(tmp_path: Path) 
     assert base.lr_scaling == "sqrt"
     why = trial(base.replace(batch_size=8)).applied["lr"]["rule"]["why"]
     assert "whose rules differ" in why and "the optimizer that stepped is SGD, whose rule is linear" in why
+    given = trial(base.replace(batch_size=8, lr_scaling="linear")).applied["lr"]
+    assert given["rule"]["why"].startswith("--lr-scaling linear, given") and given["in_effect"] == pytest.approx(0.4)
