@@ -22,7 +22,13 @@ def register(sub: Any) -> None:
     e = sub.add_parser("export", help="export the best config", description="Export the best config.")
     study_args(e)
     e.add_argument("-o", "--output", default=None, help="file to write (default: print)")
-    e.add_argument("--format", default="yaml", choices=FORMATS, help="yaml (native), lightning, hf or accelerate")
+    e.add_argument(
+        "--format",
+        default="yaml",
+        choices=FORMATS,
+        help="yaml (native), lightning, hf, accelerate, script (the lines to change in a script study's script) "
+        "or diff (those changes as a unified diff against it: patch -p0 < FILE)",
+    )
     e.set_defaults(func=cmd_export)
 
     a = sub.add_parser(

@@ -346,12 +346,12 @@ def test_accelerate_fields() -> None:
 
 def test_render_dispatches_every_format(tmp_path: Path) -> None:
     e = make_export(device="cpu")
-    assert FORMATS == ("yaml", "lightning", "hf", "accelerate", "script")
+    assert FORMATS == ("yaml", "lightning", "hf", "accelerate", "script", "diff")
     assert render("yaml", e) == to_yaml(e)
     assert render("lightning", e) == to_lightning(e.config, device="cpu")
     assert render("hf", e) == to_hf(e.config, device="cpu")
     assert render("accelerate", e) == to_accelerate(e.config, device="cpu")
-    for fmt in FORMATS[:-1]:
+    for fmt in FORMATS[:-2]:
         assert "hunter2" not in render(fmt, e)
     with pytest.raises(AutotuneError, match="--format script needs a script study"):
         render("script", e)  # a unet study: tests/pipelines/test_script.py renders a script's
