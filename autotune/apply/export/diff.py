@@ -75,7 +75,7 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
     head = [f"# autotune export for {path}: the best configuration measured, as a change to the script"]
     if e.speedup is not None:
         head.append(f"# measured speedup over the script as written: x{e.speedup:.2f}")
-    head.append(f"# apply it{where}: patch -p0 < THIS_FILE (or git apply -p0 THIS_FILE)")
+    head.append(f"# apply it{where}: patch -p0 < <this file>  (or: git apply -p0 <this file>)")
     head += [f"# not in the diff: {note}" for note in rewrite.notes]
     if not diff:
         head.append("# the source already says every measured value")
