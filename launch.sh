@@ -43,14 +43,17 @@ case "$cmd" in
   test)
     cd "$here"
     if [ $# -gt 0 ]; then exec "$venv/bin/python" -m pytest "$@"; fi
-    # The whole suite in two passes. The quick tests, which time nothing, on every CPU at once; then the
-    # end-to-end ones (marked slow: real trials and timed searches) and those that measure CPU time or
-    # contention (marked alone), one at a time, so that no other test's load reaches their figures.
-    # Both passes run whatever the first one found, and the suite fails if either did.
-    quick=0
-    "$venv/bin/python" -m pytest -m "not slow and not alone" -n "${AUTOTUNE_TEST_WORKERS:-auto}" || quick=$?
-    "$venv/bin/python" -m pytest -m "slow or alone" || exit $?
-    exit "$quick" ;;
+    # The whole suite in three passes. The quick tests, which time nothing, on every CPU at once; then the
+    # slow ones that measure nothing either (marked side_by_side: a trial's processes, files and exit
+    # codes), also side by side; then the rest one at a time: the searches and timed comparisons (slow)
+    # and what measures CPU time or contention (alone), so that no other test's load reaches their
+    # figures. Every pass runs whatever the ones before it found, and the suite fails if any did.
+    failed=0
+    workers="${AUTOTUNE_TEST_WORKERS:-auto}"
+    "$venv/bin/python" -m pytest -m "not slow and not alone" -n "$workers" || failed=$?
+    "$venv/bin/python" -m pytest -m "slow and side_by_side and not alone" -n "$workers" || failed=$?
+    "$venv/bin/python" -m pytest -m "alone or (slow and not side_by_side)" || exit $?
+    exit "$failed" ;;
   lint)  # the import layers, ruff's lint and format check, and mypy (configured in pyproject.toml)
     cd "$here"
     "$venv/bin/lint-imports"

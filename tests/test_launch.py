@@ -64,18 +64,19 @@ def test_the_runtime_dependencies_hold_no_test_tool() -> None:
     assert "autotune[postgres,frameworks,multinode]" in test_extra  # the suite exercises every extra
 
 
-def test_the_whole_suite_runs_the_quick_tests_side_by_side_and_the_timed_ones_alone(tmp_path: Path) -> None:
+def test_the_whole_suite_runs_what_times_nothing_side_by_side_and_the_timed_tests_alone(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     _fake_venv(venv)
     whole = _launch(venv, "test")
     assert whole.returncode == 0, whole.stderr
     assert whole.stdout.splitlines() == [
         "python -m pytest -m not slow and not alone -n auto",
-        "python -m pytest -m slow or alone",
+        "python -m pytest -m slow and side_by_side and not alone -n auto",
+        "python -m pytest -m alone or (slow and not side_by_side)",
     ], whole.stdout
-    # A failure in the quick pass still lets the timed one run, and fails the suite.
+    # A failure in the quick pass still lets the others run, and fails the suite.
     (venv / "bin" / "python").write_text('#!/bin/sh\necho "python $*"\ncase "$*" in *"not slow"*) exit 1;; esac\n')
     failed = _launch(venv, "test")
-    assert failed.returncode == 1 and len(failed.stdout.splitlines()) == 2, failed.stdout
+    assert failed.returncode == 1 and len(failed.stdout.splitlines()) == 3, failed.stdout
     # Arguments name what to run: one pass, as given.
     assert _launch(venv, "test", "tests/core").stdout.splitlines() == ["python -m pytest tests/core"]

@@ -16,6 +16,8 @@ from autotune.core.config import TrialConfig
 from autotune.pipelines.unet.data import make_data
 from autotune.core.errors import AutotuneError
 
+pytestmark = pytest.mark.side_by_side
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:

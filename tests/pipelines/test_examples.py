@@ -182,6 +182,7 @@ def test_search_refuses_a_bad_factory(
 
 
 @pytest.mark.slow
+@pytest.mark.side_by_side
 @pytest.mark.parametrize(
     "spec, says",
     [
@@ -206,6 +207,7 @@ def _result(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_classifier_trial_bf16_with_workers(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", precision="bf16", num_workers=2, batch_size=8)
     run = autotune("trial", "--pipeline", CLASSIFIER, "--config", str(cfg), "--out", "r.json", cwd=tmp_path)
@@ -217,6 +219,7 @@ def test_classifier_trial_bf16_with_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_language_model_trial_bf16(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", precision="bf16", batch_size=16, num_workers=1, checkpoint_segments=2)
     run = autotune("trial", "--pipeline", LM, "--config", str(cfg), "--out", "r.json", cwd=tmp_path)
@@ -228,6 +231,7 @@ def test_language_model_trial_bf16(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_language_model_refuses_channels_last(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", channels_last=True)
     run = autotune("trial", "--pipeline", LM, "--config", str(cfg), cwd=tmp_path)
@@ -236,6 +240,7 @@ def test_language_model_refuses_channels_last(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_pipeline_from_outside_the_package(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", precision="bf16", num_workers=1, checkpoint_segments=2, batch_size=32)
     run = autotune(

@@ -22,7 +22,7 @@ from tests.conftest import wait_until_gone
 from tests.fakes import fault_cfg
 from tests.trial import cuda_fault_pipelines as faults
 
-pytestmark = pytest.mark.usefixtures("repo_on_path")
+pytestmark = [pytest.mark.usefixtures("repo_on_path"), pytest.mark.side_by_side]
 
 PIPELINES = "tests.trial.cuda_fault_pipelines"
 

@@ -23,6 +23,8 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.pipelines.unet.pipeline import UnetPipeline
 
+pytestmark = pytest.mark.side_by_side
+
 CPU = torch.device("cpu")
 
 

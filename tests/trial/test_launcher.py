@@ -22,7 +22,7 @@ from tests.conftest import all_gone, live_processes, wait_until_gone
 from tests.fakes import fault_cfg
 from tests.fault_pipelines import WATCHDOG_LINE
 
-pytestmark = pytest.mark.usefixtures("repo_on_path")
+pytestmark = [pytest.mark.usefixtures("repo_on_path"), pytest.mark.side_by_side]
 
 
 def assert_nothing_left(trial_dir: Path, pids: Sequence[int] = ()) -> None:

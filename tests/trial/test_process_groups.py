@@ -30,7 +30,7 @@ from tests.fakes import LIGHT_PRELOAD, fault_cfg
 from tests.fault_pipelines import HANG_S, TinyPipeline
 from tests.trial.test_launcher import LauncherClock
 
-pytestmark = pytest.mark.usefixtures("repo_on_path")
+pytestmark = [pytest.mark.usefixtures("repo_on_path"), pytest.mark.side_by_side]
 
 
 def gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:

@@ -17,6 +17,8 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
 from autotune.trial import harness, launcher, sharding
 
+pytestmark = pytest.mark.side_by_side
+
 LM = "autotune.pipelines.examples.language_model:make_w64_d2"
 CONV = "tests.fault_pipelines:tiny"  # two convolutions (3x3, then 1x1) on 16x16 images
 # 2 ranks x micro-batch 4 x accumulation 2: global batch 16.

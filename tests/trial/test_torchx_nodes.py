@@ -29,7 +29,7 @@ from tests.trial.test_launcher import assert_nothing_left
 from tests.trial.test_process_groups import CONTROLLER, gone, read_reports
 
 pytest.importorskip("torchx")
-pytestmark = pytest.mark.usefixtures("repo_on_path")
+pytestmark = [pytest.mark.usefixtures("repo_on_path"), pytest.mark.side_by_side]
 
 TWO_LOCAL = Placement(2, "torchx", "local_cwd")
 KILL_TO_END_S = 30.0  # the bound: a node's failure ends the trial on every node within this

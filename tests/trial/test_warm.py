@@ -29,7 +29,7 @@ from tests.conftest import REPO_ROOT, all_gone
 from tests.fakes import LIGHT_PRELOAD, fault_cfg
 from tests.fault_pipelines import TinyPipeline
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("repo_on_path")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("repo_on_path"), pytest.mark.side_by_side]
 
 # The `server` fixture (conftest) has the default preload here, WARM_PRELOAD being unset: a search's.
 
@@ -82,6 +82,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 # --- a healthy trial ------------------------------------------------------------------------------
 
 
+@pytest.mark.alone  # compares a warm trial's figures with a cold one's: a neighbour would move them
 def test_warm_result_has_the_cold_shape(server: WarmServer, cold: dict[str, Any], tmp_path: Path) -> None:
     p = spawn(server, fault_cfg(), tmp_path)
     assert os.getpgid(p.pid) == p.pid  # its own group, from the moment its pid is known

@@ -23,6 +23,8 @@ from autotune.core.errors import ExitCode, PipelineError, TrialUnsupported
 from autotune.core.files import write_json_atomic
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.side_by_side
+
 TINY = "tests.fault_pipelines:tiny"
 
 
