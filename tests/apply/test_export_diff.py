@@ -149,7 +149,8 @@ def test_call_arguments_are_rewritten_where_they_stand(tmp_path: Path) -> None:
     assert _kwargs(c) == {"batch_size": 4, "num_workers": 3, "prefetch_factor": 2, "pin_memory": True}
     # **kwargs may already hold the knob: adding it could pass it twice, so it is said, not written
     assert ast.unparse(b) == "DataLoader(data, batch_size=4, **loader_kw)"
-    assert "# not in the diff: line 8: DataLoader(...) takes **kwargs, which may set num_workers" in diff
+    note = "# not in the diff: line 8: DataLoader(...) takes **kwargs, which may hold them: give it num_workers=3, pin_memory=True\n"
+    assert note in diff
     assert _kwargs(_call(patched, "AdamW")) == {"lr": 1e-3, "foreach": False, "fused": True}
     assert ast.unparse(_call(patched, "opt.zero_grad")) == "opt.zero_grad(False)"
     assert ast.unparse(_call(patched, "model.zero_grad")) == "model.zero_grad(set_to_none=False)"
@@ -189,6 +190,15 @@ with at.autocast():
 
 
 @needs_patch
+def test_an_optimizer_without_the_flags_is_left_as_written_and_said(tmp_path: Path) -> None:
+    """pytorch/examples' mnist builds Adadelta, which has no fused/foreach pair: the trial left it, so does
+    the diff."""
+    source = "import torch\nopt = torch.optim.Adadelta([torch.zeros(1, requires_grad=True)], lr=1.0)\n"
+    diff, patched = _patched(tmp_path, source, optimizer_fusion="fused", num_workers=1)
+    assert patched == source
+    assert "# not in the diff: optimizer_fusion=fused: Adadelta takes no fused/foreach pair" in diff
+
+
 def test_the_cooperative_calls_a_best_changes_become_the_torch_calls(tmp_path: Path) -> None:
     """Outside a trial each at.* call is the identity: the ones whose knob the best changes are written as
     torch calls, so the script run alone runs what was measured; at.batch_size keeps its call, with the

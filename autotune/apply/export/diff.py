@@ -78,7 +78,7 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
     head.append(f"# apply it{where}: patch -p0 < <this file>  (or: git apply -p0 <this file>)")
     head += [f"# not in the diff: {note}" for note in rewrite.notes]
     if not diff:
-        head.append("# the source already says every measured value")
+        head.append("# no edit: the source already has every measured value (or was patched already)")
     return "\n".join(head) + "\n" + diff
 
 
@@ -103,6 +103,7 @@ class Rewrite:
     def __init__(self, source: bytes, cfg: TrialConfig, job: script.ScriptJob, device: str) -> None:
         self.source, self.cfg, self.job, self.device = source, cfg, job, device
         self.tree = ast.parse(source)
+        self.calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
         self.skip = job.unsupported
         self.base = baseline_of(cfg)
         self.starts = [0]
@@ -111,9 +112,10 @@ class Rewrite:
         self.edits: list[Edit] = []
         self.notes: list[str] = []
         self.top: list[str] = []  # lines added after the script's imports
+        self.unwritten: dict[ast.Call, list[str]] = {}  # a call given **kwargs -> the keywords it needs
 
     def apply(self) -> bytes:
-        calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
+        calls = self.calls
         api = api_calls(self.tree)
         if not set(script.LOADER_KNOBS) & self.skip:
             for call in calls:
@@ -128,6 +130,10 @@ class Rewrite:
         self.lr(api, calls)
         if self.top:
             self.insert_top()
+        for call, kwargs in self.unwritten.items():
+            self.notes.append(
+                f"line {call.lineno}: {callee(call)}(...) takes **kwargs, which may hold them: give it {', '.join(kwargs)}"
+            )
         out = self.source
         for edit in sorted(self.edits, key=lambda x: (x.start, x.end), reverse=True):
             out = out[: edit.start] + edit.text.encode() + out[edit.end :]
@@ -163,9 +169,8 @@ class Rewrite:
         if value == default:
             return
         if any(k.arg is None for k in call.keywords):
-            self.notes.append(
-                f"line {call.lineno}: {callee(call)}(...) takes **kwargs, which may set {name}: give it {name}={value!r}"
-            )
+            # The keyword may already be in the mapping: adding it could pass it twice (a TypeError).
+            self.unwritten.setdefault(call, []).append(f"{name}={value!r}")
             return
         args: list[ast.AST] = [*call.args, *call.keywords]
         if args:
@@ -199,6 +204,13 @@ class Rewrite:
         if fusion == "apex":
             self.notes.append("optimizer_fusion=apex: construct apex.optimizers.FusedAdam in place of your optimizer")
             return
+        names = script.LINEAR_RULE | script.SQRT_RULE | script.OTHER_OPTIMIZERS
+        flagless = sorted({callee(c) for c in self.calls if callee(c) in names - FUSABLE - {"FusedAdam", "FusedLAMB"}})
+        if flagless and fusion != "none":
+            self.notes.append(
+                f"optimizer_fusion={fusion}: {', '.join(flagless)} takes no fused/foreach pair, so the trial left "
+                "its flags as written"
+            )
         for call in constructors:
             if callee(call) == "FusedAdam":
                 continue
