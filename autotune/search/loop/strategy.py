@@ -24,13 +24,34 @@ config was measured, is running or is queued is skipped, and each (knob, value) 
 so the pass ends after at most sum(moves per knob) trials. Enqueued trials (the baseline and warm start)
 keep Optuna's fixed params; anything they leave open, and every trial after the pass, is TPE's, built as
 `make_sampler('tpe')` builds it.
+
+The order follows the budget left (`budget_left`, the trial loop's seconds; None: no budget, the declared
+order). A move's price is its trial, and for a knob whose declaration has a `math` (batch size, GPUs,
+precision: a move there makes a training-math class) also the class check that must pass before its
+gain can be exported: a same-math move (loader, fusion, layout, threads) buys its gain for one trial, a
+math move for a trial and a check, about three trials' time on this CPU (the reference's two runs and
+the candidate's; one once the reference is stored). Both prices are the study's own figures (Clock.of:
+the median measured trial, the median check measured, else three trials). The rule:
+
+* when every remaining move of the pass, checks included, fits in the budget left, the declared order:
+  it only decides what comes first, and most influential first found 95% of the best in 4 trials;
+* otherwise the budget buys some moves and not others, and the pass buys the cheapest gains: the
+  same-math moves first (declared order), then a math move only while its trial and its check both fit
+  in the budget left (the trial loop's share, so the reserve that checks the export afterwards stays
+  whole); a math move that does not fit is not proposed, since its unchecked gain could not be exported.
+
+Why not a per-knob gain model: before a knob is moved the study has no figure for what it buys, and
+the declared order is already the prior (the knobs that usually matter most first); what the study does
+measure, before the pass needs it, is what a trial and a check cost, so the rule decides on those.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler, TPESampler
@@ -39,8 +60,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import TABLE
 from autotune.search.store import _optuna, records
+from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import class_label, failed_classes, feasible, rank
 from autotune.search.space.spec import WORKER_KNOBS
+
+# Knobs whose move makes a training-math class, so that its gain is exportable only after a class check.
+CHECKED = frozenset(k.name for k in TABLE if k.math)
+# Runs of a class check, each about a trial's length: the baseline's reference (2 runs) and the candidate.
+CHECK_RUNS, CHECK_RUNS_STORED = 3, 1
 
 # The knobs the pass visits, in their declared order (knob's visit in TrialConfig): the ones that usually
 # move throughput most first. The rest (pin_memory, set_to_none, num_threads, checkpoint_segments, the
@@ -56,6 +83,40 @@ FIXED_KEY = "fixed_params"  # Optuna's system attr on an enqueued trial
 TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 
 
+@dataclass(frozen=True)
+class Clock:
+    """What the pass may spend and what a move costs, in seconds, from the study's measurements."""
+
+    left_s: float  # the budget left to the trial loop
+    trial_s: float  # a trial: the median measured wall time
+    check_s: float  # a class check: the median measured, else CHECK_RUNS trials
+
+    def cost(self, move: dict[str, Any]) -> float:
+        """A move's price to an exportable result: its trial, and its class check for a knob with math."""
+        return self.trial_s + (self.check_s if move["knob"] in CHECKED else 0.0)
+
+    @classmethod
+    def of(cls, study: Study, left_s: float) -> Clock | None:
+        """The study's figures with `left_s` left; None before any trial was measured (nothing to price)."""
+        walls = [
+            w
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if (w := TrialRecord.from_frozen(t).wall_s or _duration(t))
+        ]
+        if not walls:
+            return None
+        trial_s = statistics.median(walls)
+        checks = [float(v["seconds"]) for v in records.class_verdicts(study).values() if v.get("seconds")]
+        runs = CHECK_RUNS_STORED if records.parity_reference(study) else CHECK_RUNS
+        return cls(left_s, trial_s, statistics.median(checks) if checks else runs * trial_s)
+
+
+def _duration(t: FrozenTrial) -> float | None:
+    if t.datetime_start is None or t.datetime_complete is None:
+        return None
+    return (t.datetime_complete - t.datetime_start).total_seconds()
+
+
 def make_tpe(seed: int | None) -> TPESampler:
     """TPE, the one build of it: `--sampler tpe` (study.make_sampler) and the pass's successor. constant_liar
     keeps concurrent workers from proposing the same config."""
@@ -66,14 +127,23 @@ class CoordinateSampler(BaseSampler):
     """A coordinate pass from the incumbent, then (or, with tpe_every=k, every k-th search trial) TPE.
 
     tpe_every: 0 runs the whole pass before TPE; k > 0 hands every k-th search trial of the pass to TPE.
-    plan: the knobs the pass visits, in order (PASS)."""
+    plan: the knobs the pass visits, in order (PASS).
+    budget_left: the seconds left to the trial loop, asked at each proposal (None, or it answering None:
+    no budget, the declared order); the session sets it to its Budget's search_left."""
 
     def __init__(
-        self, seed: int | None = None, *, tpe_every: int = 0, plan: Sequence[str] = PASS, tpe: BaseSampler | None = None
+        self,
+        seed: int | None = None,
+        *,
+        tpe_every: int = 0,
+        plan: Sequence[str] = PASS,
+        tpe: BaseSampler | None = None,
+        budget_left: Callable[[], float | None] | None = None,
     ) -> None:
         self._tpe = tpe if tpe is not None else make_tpe(seed)
         self._tpe_every = tpe_every
         self._plan = tuple(plan)
+        self.budget_left = budget_left
 
     # ---- Optuna's sampler interface ----------------------------------------------------------------
 
@@ -132,7 +202,9 @@ class CoordinateSampler(BaseSampler):
             if (searched + 1) % self._tpe_every == 0:
                 return None  # TPE's turn
         mine = _optuna.storage_of(study).get_trial_system_attrs(_optuna.trial_id(trial)).get(REJECTED_KEY, [])
-        return next_move(others, self._plan, failed_classes(study), mine)
+        left = self.budget_left() if self.budget_left is not None else None
+        clock = Clock.of(study, left) if left is not None and math.isfinite(left) else None
+        return next_move(others, self._plan, failed_classes(study), mine, clock)
 
 
 def next_move(
@@ -140,23 +212,39 @@ def next_move(
     plan: Sequence[str] = PASS,
     failed: set[str] | frozenset[str] = frozenset(),
     rejected: Sequence[dict[str, Any]] = (),
+    clock: Clock | None = None,
 ) -> dict[str, Any] | None:
     """The pass's next one-knob change from the incumbent, given the study's other trials, the
-    training-math classes whose check failed and the moves turned down for this trial, or None when the
-    pass is over (or there is nothing to start from yet)."""
+    training-math classes whose check failed, the moves turned down for this trial and what the budget
+    left buys (None: no budget), or None when the pass is over (or there is nothing to start from yet)."""
+    moves = remaining_moves(trials, plan, failed, rejected)
+    if clock is None or sum(map(clock.cost, moves)) <= clock.left_s:
+        return moves[0] if moves else None
+    same = [m for m in moves if m["knob"] not in CHECKED]
+    return next(iter(same + [m for m in moves if m["knob"] in CHECKED and clock.cost(m) <= clock.left_s]), None)
+
+
+def remaining_moves(
+    trials: Sequence[FrozenTrial],
+    plan: Sequence[str] = PASS,
+    failed: set[str] | frozenset[str] = frozenset(),
+    rejected: Sequence[dict[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """Every move the pass has left from the incumbent, in the plan's order (the MOVE_KEY values)."""
     start = incumbent(trials, failed)
     if start is None:
-        return None
+        return []
     base = params_of(start)
     dists = _distributions(trials)
     taken = {_key(params_of(t)) for t in trials if t.state in TAKEN}
     ordered = sorted(trials, key=lambda t: t.number)
-    moves = [m for t in ordered for m in (*t.system_attrs.get(REJECTED_KEY, []), t.system_attrs.get(MOVE_KEY)) if m]
+    made = [m for t in ordered for m in (*t.system_attrs.get(REJECTED_KEY, []), t.system_attrs.get(MOVE_KEY)) if m]
     origin: dict[str, Any] = {}  # the value a knob had when the pass first moved it
     proposed: set[tuple[str, Any]] = set()
-    for m in (*moves, *rejected):
+    for m in (*made, *rejected):
         origin.setdefault(m["knob"], m["was"])
         proposed.add((m["knob"], _hashable(m["value"])))
+    out: list[dict[str, Any]] = []
     for knob in plan:
         dist = dists.get(knob)
         if dist is None or dist.single() or knob not in base:
@@ -167,8 +255,8 @@ def next_move(
             params = _moved(base, knob, value, dists, trials)
             if _key(params) in taken:
                 continue
-            return {"knob": knob, "was": base[knob], "value": value, "from": start.number, "params": params}
-    return None
+            out.append({"knob": knob, "was": base[knob], "value": value, "from": start.number, "params": params})
+    return out
 
 
 def incumbent(trials: Sequence[FrozenTrial], failed: set[str] | frozenset[str] = frozenset()) -> FrozenTrial | None:
@@ -280,4 +368,16 @@ def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, _hashable(v)) for k, v in params.items()))
 
 
-__all__ = ["CoordinateSampler", "MOVE_KEY", "PASS", "REJECTED_KEY", "incumbent", "make_tpe", "move_values", "next_move"]
+__all__ = [
+    "CHECKED",
+    "Clock",
+    "CoordinateSampler",
+    "MOVE_KEY",
+    "PASS",
+    "REJECTED_KEY",
+    "incumbent",
+    "make_tpe",
+    "move_values",
+    "next_move",
+    "remaining_moves",
+]

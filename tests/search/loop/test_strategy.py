@@ -15,12 +15,12 @@ from optuna.trial import TrialState
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.search.store.records import CLASSES, TrialRecord, write
 from autotune.search.store.results import failed_classes
-from autotune.search.space.spec import DEFAULT_SPACE, WORKER_KNOBS
+from autotune.search.space.spec import DEFAULT_SPACE, WORKER_KNOBS, Fixed
 from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import for_hardware
 from autotune.search.space.reading import load_space
 from autotune.search.space.suggest import config_params, suggest
-from autotune.search.loop.strategy import MOVE_KEY, PASS, CoordinateSampler, incumbent, move_values
+from autotune.search.loop.strategy import CHECKED, MOVE_KEY, PASS, Clock, CoordinateSampler, incumbent, move_values
 from autotune.search.loop.study import make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -243,3 +243,60 @@ def test_concurrent_workers_take_different_moves() -> None:
 )
 def test_move_values_are_a_few_representative_values(dist: Any, was: Any, expected: list[Any]) -> None:
     assert move_values(dist, was) == expected
+
+
+# ---- the order follows the budget left: same-math moves first when a check would not fit ----------
+
+
+def priced_run(study: optuna.Study, n: int, wall_s: float = 20.0) -> list[optuna.trial.FrozenTrial]:
+    """`step`, each trial's wall time recorded as the runner records it (what Clock prices a trial by)."""
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        cfg = suggest(trial, SPACE, BASE)
+        trial.set_constraint("infeasible", 0.0)
+        write(trial, TrialRecord(role="search", config=cfg.knobs(), wall_s=wall_s))
+        out.append(study.tell(trial, separable(cfg)))
+    return out
+
+
+def test_a_short_budget_proposes_the_same_math_moves_and_no_move_whose_check_would_not_fit() -> None:
+    """Trials of 20 s, so a check is about 60 s and a math move 80 s: with 60 s left, the pass runs every
+    same-math move it has (loader, layout, fusion...) and no batch-size or precision move."""
+    study = new_study(CoordinateSampler(seed=0, budget_left=lambda: 60.0))
+    trials = priced_run(study, 2 + 12)
+    pass_ = [t.system_attrs[MOVE_KEY]["knob"] for t in trials if MOVE_KEY in t.system_attrs]
+    same = [k for k in PASS if k not in CHECKED and k in SPACE.knobs and not isinstance(SPACE.knobs[k], Fixed)]
+    assert pass_ and set(pass_) == set(same), pass_
+    assert not CHECKED & set(pass_)
+
+
+def test_a_short_budget_takes_a_math_move_after_the_same_math_ones_when_its_check_fits() -> None:
+    """150 s left: not enough for every move and its check, enough for one math move (20 s + 60 s)."""
+    study = new_study(CoordinateSampler(seed=0, budget_left=lambda: 150.0))
+    trials = priced_run(study, 2 + 12)
+    pass_ = [t.system_attrs[MOVE_KEY]["knob"] for t in trials if MOVE_KEY in t.system_attrs]
+    first_math = next(i for i, k in enumerate(pass_) if k in CHECKED)
+    assert first_math > 0 and not CHECKED & set(pass_[:first_math])  # the same-math moves came first
+    assert pass_[first_math] == "precision"  # then the math moves in the declared order
+
+
+def test_a_budget_that_buys_the_whole_pass_keeps_the_declared_order() -> None:
+    long = new_study(CoordinateSampler(seed=0, budget_left=lambda: 1e6))
+    free = new_study(CoordinateSampler(seed=0))
+    priced_run(long, 2 + 8)
+    priced_run(free, 2 + 8)
+    assert moves(long) == moves(free)
+    assert moves(long)[0][0] == "precision"  # PASS's first knob, a math one
+
+
+def test_the_clock_prices_a_check_as_the_study_measured_it() -> None:
+    study = new_study()
+    priced_run(study, 2, wall_s=10.0)
+    clock = Clock.of(study, 100.0)
+    assert clock is not None and (clock.trial_s, clock.check_s) == (10.0, 30.0)  # 3 runs: nothing measured yet
+    study.set_user_attr(CLASSES, {"precision fp32 -> bf16": {"verdict": "pass", "seconds": 42.0}})
+    clock = Clock.of(study, 100.0)
+    assert clock is not None and clock.check_s == 42.0
+    assert clock.cost({"knob": "batch_size"}) == 52.0 and clock.cost({"knob": "num_workers"}) == 10.0
+    assert Clock.of(new_study(), 100.0) is None  # nothing measured: nothing to price, the declared order
