@@ -277,6 +277,8 @@ def test_search_export_reproduce(tmp_path: Path, name: str) -> None:
         "search",
         "--budget",
         "30s",
+        "--n-trials",  # the baseline, the warm start and one search trial: every kind of trial, no more
+        "3",
         "--pipeline",
         spec,
         "--image-size",
