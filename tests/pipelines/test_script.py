@@ -149,3 +149,21 @@ def test_a_worker_names_a_script_as_the_study_records_it(monkeypatch: pytest.Mon
 
     monkeypatch.chdir(EXAMPLE.parent)
     assert _allowed(["script:plain_script.py data", "unet"]) == [f"script:{EXAMPLE} data", "unet"]
+
+
+def test_a_script_that_fails_before_its_first_step_stops_the_search(tmp_path: Path) -> None:
+    """Every config of a script that raises at start-up fails the same way: the search stops after a few
+    in a row, exit 2, with the script's own error and how to see it, instead of failing trial after trial."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('from torch.utils.data import DataLoader\n\nraise FileNotFoundError("data/train: no such folder")\n')
+    run = autotune("search", "--script", str(bad), "--budget", "2m", "--seed", "0", cwd=tmp_path)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    err = [line for line in run.stderr.splitlines() if line.startswith("autotune: error:")]
+    assert len(err) == 1 and "3 trials in a row failed the same way before any was measured" in err[0], run.stderr
+    assert "FileNotFoundError: data/train: no such folder" in err[0] and f"python {bad}" in err[0]
+    import optuna
+
+    from autotune.search.store.storage import open_storage
+
+    study = optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+    assert len(study.get_trials(deepcopy=False)) == 3

@@ -28,6 +28,7 @@ from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
+from autotune.core import outcomes
 from autotune.core.outcomes import Reason, Role
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
@@ -54,8 +55,12 @@ from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 Say = Callable[[str], None]
 Progress = Callable[[int, int], None]
-# Trials that fail on the data in a row before the search stops: every config would fail the same way.
+# Trials that fail on the data in a row before the search stops: every config would fail the same way. So
+# would every config after as many failing with one message before any trial was measured (a script that
+# raises before its first step, a pipeline that cannot build its model).
 DATA_FAILURES_TO_STOP = 3
+# Failures that say nothing of the config's code path: not counted as "the same failure again".
+CIRCUMSTANTIAL = frozenset({Reason.TIMEOUT, Reason.BUDGET, Reason.INTERRUPTED, Reason.STALE, Reason.DISK})
 # Proposals of already-measured configs in a row before the search ends: a small space is exhausted.
 REPEATS_TO_STOP = 25
 # "0" skips the memory estimate (its probe is one more process that imports torch, at every start).
@@ -96,6 +101,7 @@ class SearchSession:
         study.sampler = self.proposals
         self.warm, self.say = warm, say
         self._data_failures = 0
+        self._same_failures: tuple[int, tuple[str, str] | None] = (0, None)  # how many in a row, of what
         self._stopped: str | None = None
         self._deferred = False  # the last proposal told unrun was deferred: the budget left is too short
         self.fleet_key: str | None = None  # a worker of a fleet: only the last one to finish confirms
@@ -288,7 +294,7 @@ class SearchSession:
                 self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say, budget
             )
             yield frozen
-            if self._stop_for_data(frozen):
+            if self._stop_for_data(frozen) or self._stop_for_failures(frozen):
                 return
 
     def _nothing_left(self) -> bool:
@@ -357,6 +363,25 @@ class SearchSession:
         )
         return True
 
+    def _stop_for_failures(self, frozen: optuna.trial.FrozenTrial) -> bool:
+        """Before any trial is measured, the same failure (reason and message) again and again is the job's,
+        not a config's: stop after a few in a row, with it and what to do, rather than fail every config."""
+        record = TrialRecord.from_frozen(frozen)
+        ran_and_failed = records.outcome(frozen) in (outcomes.Outcome.FAILED, outcomes.Outcome.INFEASIBLE)
+        cause = (str(record.reason), record.message) if ran_and_failed and record.reason not in CIRCUMSTANTIAL else None
+        count, last = self._same_failures
+        self._same_failures = (count + 1 if cause == last else 1, cause) if cause else (0, None)
+        if self._same_failures[0] < DATA_FAILURES_TO_STOP or leaderboard(self.study):
+            return False
+        spec = self.settings.base.pipeline
+        alone = f" (run it alone to see: python {spec[len('script:') :]})" if spec.startswith("script:") else ""
+        self._stopped = (
+            f"{DATA_FAILURES_TO_STOP} trials in a row failed the same way before any was measured "
+            f"({record.reason}: {record.message.splitlines()[0] if record.message else 'no message'}): every "
+            f"config would: fix the job{alone}, then search again"
+        )
+        return True
+
     def _warm_server(self) -> Any:
         """Trials fork from a process that imported torch and the pipeline once (fast start-up). Not when
         trials span nodes: each starts under the node launcher, so a server here would only idle."""
@@ -375,7 +400,8 @@ class SearchSession:
         if not leaderboard(self.study):
             return None
         out = Path(self.settings.studies_dir) / self.study.study_name / "best.yaml"
-        write_atomic(out, to_yaml(best_export(self.study, self.settings.storage, out)))
+        export = finish.ceiling.with_ceiling(self.study, best_export(self.study, self.settings.storage, out))
+        write_atomic(out, to_yaml(export))
         return out
 
     @property

@@ -56,19 +56,24 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
     bf16 = _bf16_supported(base.gpus) if hw.cuda else hw.cpu_bf16
     precision = "bf16" if bf16 else "fp16" if hw.cuda else "fp32"  # a CPU without bf16 kernels: no AMP
     workers = hw.workers_per_process(base.gpus, space)
-    # A fusion the space fixes stays: a pipeline that cannot express it (a Lightning module's own optimizer).
-    fixed = space.knobs.get("optimizer_fusion") if space is not None else None
-    fusion = fixed.value if isinstance(fixed, Fixed) else "fused"
-    return baseline_of(base).replace(
+    guide = dict(
         num_workers=workers,
         pin_memory=hw.cuda,
         precision=precision,
-        optimizer_fusion=fusion,
+        optimizer_fusion="fused",
         cudnn_benchmark=hw.cuda,
-        persistent_workers=workers > 0,
-        prefetch_factor=2 if workers else None,
         set_to_none=True,
-    )  # both need workers
+    )
+    # A knob the space fixes stays: this machine cannot vary it, or the pipeline cannot take it (a script
+    # that never calls at.autocast(), a Lightning module's own optimizer), so the guide's value would only
+    # be refused.
+    guide |= {
+        k: spec.value
+        for k, spec in (space.knobs.items() if space is not None else ())
+        if isinstance(spec, Fixed) and k in guide
+    }
+    on_workers = guide["num_workers"] > 0  # both need workers
+    return baseline_of(base).replace(**guide, persistent_workers=on_workers, prefetch_factor=2 if on_workers else None)
 
 
 def _bf16_supported(gpus: int = 1) -> bool:

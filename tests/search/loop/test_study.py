@@ -63,6 +63,21 @@ def test_baseline_and_warm_start_enqueued_once(storage_url: str) -> None:
     assert second.num_workers == 2 and second.precision == "bf16" and second.optimizer_fusion == "fused"
 
 
+def test_the_warm_start_keeps_what_the_space_fixes() -> None:
+    """A knob the space fixes (a pipeline that cannot take it, a machine that cannot vary it) keeps its fixed
+    value in the warm start: the guide's value would only be refused. With the workers fixed at 0, their
+    dependants go too."""
+    from autotune.search.space.spec import Fixed, SearchSpace
+
+    fixed = SearchSpace({**space().knobs, "precision": Fixed("fp32"), "num_workers": Fixed(0)})
+    cfg = warm_start(TrialConfig(image_size=64), CPU, fixed)
+    assert cfg.precision == "fp32" and cfg.num_workers == 0
+    assert cfg.prefetch_factor is None and cfg.persistent_workers is False
+    assert cfg.optimizer_fusion == "fused"  # what the space leaves free is the guide's
+    free = warm_start(TrialConfig(image_size=64), CPU, space())
+    assert free.precision == "bf16" and free.num_workers == 2 and free.prefetch_factor == 2
+
+
 def test_the_users_baseline_is_trial_0_and_stored_in_the_study(tmp_path: Path) -> None:
     """--baseline: the reference is what the user trains with today, and a worker or resume reads it back."""
     mine = {"batch_size": 4, "num_workers": 1, "optimizer_fusion": "foreach"}
