@@ -105,6 +105,21 @@ def test_a_best_that_is_the_baseline_is_one_no_change_line() -> None:
     assert text == f"# autotune: no change: the fastest configuration measured is {EXAMPLE} as written\n"
 
 
+def test_a_diff_that_changes_the_training_says_so_before_it_is_applied() -> None:
+    e = _export(EXAMPLE, precision="bf16")
+    e = Export(
+        config=e.config,
+        training_math={"verdict": "differs", "changes": ["precision fp32 -> bf16"]},
+        parity={"verdict": "not checked", "reason": "the budget left was shorter than the check"},
+        confirmed={"verdict": "one round: a single draw (x1.82), not yet a measured gain"},
+    )
+    head = to_diff(e).split("\n--- ")[0]
+    assert (
+        "# it trains differently: precision fp32 -> bf16; parity: not checked (the budget left was shorter "
+        "than the check)\n# confirmation: one round: a single draw (x1.82), not yet a measured gain"
+    ) in head
+
+
 def test_the_diff_names_the_script_from_where_it_is_applied(tmp_path: Path) -> None:
     """patch and git apply refuse absolute names and `..`: a script outside the working folder is named
     from its own folder, and the header says where to apply it."""

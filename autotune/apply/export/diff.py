@@ -75,11 +75,27 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
     head = [f"# autotune export for {path}: the best configuration measured, as a change to the script"]
     if e.speedup is not None:
         head.append(f"# measured speedup over the script as written: x{e.speedup:.2f}")
+    head += caveats(e)
     head.append(f"# apply it{where}: patch -p0 < <this file>  (or: git apply -p0 <this file>)")
     head += [f"# not in the diff: {note}" for note in rewrite.notes]
     if not diff:
         head.append("# no edit: the source already has every measured value (or was patched already)")
     return "\n".join(head) + "\n" + diff
+
+
+def caveats(e: Export) -> list[str]:
+    """What the diff changes besides speed, said before it is applied: the training math, whether parity
+    checked it, and how firm the speedup is."""
+    out = []
+    math = e.training_math or {}
+    if math.get("verdict") == "differs":
+        parity = e.parity or {}
+        checked = f"; parity: {parity.get('verdict')}" if parity.get("verdict") else ""
+        reason = f" ({parity['reason']})" if parity.get("reason") else ""
+        out.append(f"# it trains differently: {', '.join(map(str, math.get('changes') or []))}{checked}{reason}")
+    if e.confirmed and e.confirmed.get("verdict"):
+        out.append(f"# confirmation: {e.confirmed['verdict']}")
+    return out
 
 
 def header_name(path: str, cwd: str) -> tuple[str, str]:
