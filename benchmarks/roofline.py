@@ -7,7 +7,8 @@ in rounds, alternating which goes first:
   compute      h.step on a few batches taken from that loader once and cycled (same shapes, same
                knobs, same to_device copy inside the step), so only the loader's cost is missing
 
-Each phase starts with untimed steps: at least 2, and enough to drain the batches that loader workers
+The steps are timed by autotune.trial.ceiling's `warm_up` and `timed_steps`, the code with which `search`
+measures best.yaml's `ceiling:` section. Each phase starts with untimed steps: at least 2, and enough to drain the batches that loader workers
 prefetched while the other phase ran (num_workers x prefetch_factor). h.step ends in loss.item(), a
 device sync, and the clock is read after a sync. The ratio end-to-end / compute is printed per round,
 as a ratio of medians and as the median of per-round ratios: >= 0.9 means the input pipeline is hidden.
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(shown_command(argv, __file__), flush=True)
 
-    from autotune.trial import measure
+    from autotune.trial import ceiling  # the measuring steps `search` runs for best.yaml's ceiling
     from autotune.core.config import TrialConfig
     from autotune.pipelines.unet.data import default_data
     from autotune.trial.harness import build
@@ -132,21 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def phase(source: Iterator[Any]) -> tuple[float, float, int, float]:
-        for _ in range(warm):
-            h.step(next(source))
-        steps, waited = 0, 0.0
+        ceiling.warm_up(h, source, warm)
         with OtherLoad() as other:
-            t0 = measure.now(device)
-            while True:
-                t = time.perf_counter()
-                batch = next(source)
-                waited += time.perf_counter() - t
-                h.step(batch)
-                steps += 1
-                elapsed = measure.now(device) - t0
-                if steps >= args.min_steps and elapsed >= args.seconds:
-                    break
-        return steps * cfg.batch_size / elapsed, waited / elapsed, steps, other.cpus
+            t = ceiling.timed_steps(h, source, args.min_steps, args.seconds)
+        return t.samples_per_s, t.data_wait, t.steps, other.cpus
 
     e2e: list[float] = []
     comp: list[float] = []

@@ -14,11 +14,13 @@ from rich.text import Text
 
 from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
+from autotune.core.settings import SearchSettings
 from autotune.core.training import shown
 from autotune.core.outcomes import Outcome, Reason, Verdict
 from autotune.search.store import records
 from autotune.search.budget import Budget
 from autotune.search.store.records import TrialRecord
+from autotune.search.loop import ceiling
 from autotune.search.store.results import class_verdict, exported, feasible, leaderboard
 from autotune.search.loop.runner import Events
 
@@ -146,13 +148,26 @@ def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
     """The leaderboard at any width: a full table where it fits, else the training math and config
     under each trial's row (an 80-column terminal would otherwise wrap them a letter per line)."""
     n = len(study.trials)
+    ceiling = ceiling_note(study)
     return FitTable(
-        f"study {study.study_name}: " + (f"top {top} of {n} trials" if n > top else f"{n} trials"),
+        f"study {study.study_name}: "
+        + (f"top {top} of {n} trials" if n > top else f"{n} trials")
+        + (f"\n{ceiling}" if ceiling else ""),
         LEADERBOARD_COLUMNS,
         leaderboard_rows(study, top),
         long=LONG_COLUMNS,
         left=("role",),
     )
+
+
+def ceiling_note(study: optuna.Study, studies_dir: str = SearchSettings.studies_dir) -> str | None:
+    """One line on how far the exported config is from the limit (search/loop/ceiling.py, kept beside
+    best.yaml under `studies_dir`); None when its ceiling was not measured."""
+    best = exported(study)
+    section = ceiling.stored(studies_dir, study, best.number) if best is not None else None
+    if section is None or best is None:
+        return None
+    return f"exported trial {best.number}, ceiling: {ceiling.summary(section)}"
 
 
 # The cost estimate made before launch (search/loop/cost.py) beside the wall time each trial took.

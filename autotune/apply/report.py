@@ -236,4 +236,9 @@ def _summary(study: Any, base: float | None) -> list[tuple[str, Any]]:
                 + (f", x{speedup:.2f} vs baseline" if speedup else ""),
             )
         )
+    from autotune.apply.display import ceiling_note
+
+    ceiling = ceiling_note(study)
+    if ceiling:
+        summary.append(("ceiling", ceiling))
     return summary

@@ -52,6 +52,10 @@ class Export:
     # A framework pipeline's (--pipeline lightning:... / hf:...) tuned settings as the trial passed them:
     # the Trainer's keyword arguments, or the TrainingArguments fields that differ from the user's base.
     framework: dict[str, Any] | None = None
+    # How far it is from the limit (trial/ceiling.py): its compute-only rate on cached batches beside the
+    # end-to-end one, the share lost to data wait, and its model FLOPs utilisation against a probed peak,
+    # each with how it was measured; {"skipped": why} when the budget could not pay for it; None: not run.
+    ceiling: dict[str, Any] | None = None
 
     @classmethod
     def from_result(
@@ -139,6 +143,7 @@ def to_yaml(e: Export) -> str:
         *([("parity", e.parity)] if e.parity else []),
         *([("checks", e.checks)] if e.checks else []),
         *([("framework", e.framework)] if e.framework else []),
+        *([("ceiling", e.ceiling)] if e.ceiling else []),
         ("environment", e.environment),
         ("study", study),
         ("reproduce", e.reproduce),

@@ -1,6 +1,7 @@
 """The end of a search, once its trials are spent: confirmation (the top configs and the baseline
 re-measured side by side in interleaved rounds), the parity gate (the export candidates checked to train
-like the baseline), and the extension rounds (a config the gate passed that the rounds did not measure).
+like the baseline), the extension rounds (a config the gate passed that the rounds did not measure), and
+the export's ceiling (its compute-only rate and FLOPs utilisation).
 The trial loop never uses it; `run` is the one sequence, each step spending what the `Budget` allows.
 
 May import: autotune.core, autotune.trial, and the rest of autotune.search (never the session).
@@ -15,7 +16,7 @@ import optuna
 from autotune.core.settings import SearchSettings
 from autotune.search.store.records import ConfirmationSummary
 from autotune.search.budget import Budget
-from autotune.search.loop import confirm
+from autotune.search.loop import ceiling, confirm
 from autotune.search.loop import gate
 from autotune.search.store.results import exported
 from autotune.trial.warm import WarmServer
@@ -46,9 +47,9 @@ def run(
     server: WarmServer | None = None,
     say: Callable[[str], None] = print,
 ) -> ConfirmationSummary | None:
-    """Confirm, check parity, and confirm the export too when the gate passed a config the rounds did not
-    measure. Returns the confirmation summary (search/store/records.py), None when confirmation did not run or
-    had nothing to compare."""
+    """Confirm, check parity, confirm the export too when the gate passed a config the rounds did not
+    measure, and measure how far the export is from its ceiling. Returns the confirmation summary
+    (search/store/records.py), None when confirmation did not run or had nothing to compare."""
     confirmation = None
     if settings.confirm_rounds:
         confirmation = confirm.run(study, settings, budget, server=server, say=say)
@@ -56,7 +57,8 @@ def run(
     best = exported(study) if confirmation else None
     if best is not None:  # the gate may have passed a config the rounds did not measure
         confirmation = confirm.extend(study, settings, best.number, budget, server=server, say=say)
+    ceiling.run(study, settings, budget, say=say)  # last: the export is decided
     return confirmation
 
 
-__all__ = ["confirm", "gate", "reserve_note", "run", "wanted"]
+__all__ = ["ceiling", "confirm", "gate", "reserve_note", "run", "wanted"]

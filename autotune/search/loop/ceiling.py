@@ -1,0 +1,128 @@
+"""The last step of a search: how far the exported config is from the limit. Its compute-only rate (the
+data-bound ceiling) and its model FLOPs utilisation, measured once in a fresh process
+(autotune/trial/ceiling.py) when the budget left pays for it, kept in studies/<study>/ceiling.json
+beside best.yaml (with the trial it measured), and added to the export as best.yaml's `ceiling:` section.
+Skipped with the reason otherwise.
+
+May import: autotune.core, autotune.trial, and the rest of autotune.search (never the session).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.core.config import TrialConfig
+from autotune.core.configfile import Export
+from autotune.core.files import write_json_atomic
+from autotune.core.settings import SearchSettings
+from autotune.pipelines.frameworks import is_framework
+from autotune.pipelines.script import is_script
+from autotune.search.budget import Budget
+from autotune.search.store.folders import end_folder
+from autotune.search.store.records import StudyRecord, TrialRecord
+from autotune.search.store.results import exported
+from autotune.trial import ceiling as measuring
+
+FILE = "ceiling.json"  # {"trial": number, **section}, in studies/<study>/
+# A fresh process's imports and pipeline build before its first step (the Unet's is ~5 s cold on the
+# 2-core CPU, ARCHITECTURE's table); the measured steps are added from the exported trial's step time.
+START_S = 8.0
+# Steps the measurement takes beside its timed ones: the untimed first, the counted one, and the cached
+# batches taken from the loader.
+EXTRA_STEPS = 2 + measuring.CACHED_BATCHES
+
+
+def need_s(record: TrialRecord) -> float:
+    """About how long the measurement of `record`'s config takes, from its own measured step time."""
+    step = float(record.metrics.get("step_time_p50") or 0.0)
+    timed = 2 * measuring.ROUNDS * max(measuring.PHASE_S, measuring.MIN_STEPS * step)
+    return START_S + timed + EXTRA_STEPS * step + measuring.PROBE_S + measuring.PROBE_TARGET_S * 4
+
+
+def why_not(cfg: TrialConfig) -> str | None:
+    """Why `cfg` has no ceiling to measure, or None."""
+    if is_framework(cfg.pipeline):
+        return "a framework pipeline trains in its own loop; the compute-only step needs autotune's"
+    if is_script(cfg.pipeline):
+        return "a user's script trains in its own loop; the compute-only step needs autotune's"
+    return None
+
+
+def run(
+    study: optuna.Study, settings: SearchSettings, budget: Budget | None, *, say: Callable[[str], None] = print
+) -> dict[str, Any] | None:
+    """Measure the exported config's ceiling if the budget left to its late end pays for it; the section
+    stored on the study (skipped: its reason), or None when nothing is exported."""
+    best = exported(study)
+    if best is None:
+        return None
+    record = TrialRecord.from_frozen(best)
+    cfg = TrialConfig.from_dict({**(StudyRecord.of(study).workload or {}), **record.config})
+    if cfg.gpus > 1:  # the compute-only step is one process's; the config's per-GPU rate is the ceiling's
+        cfg = cfg.replace(gpus=1)
+    need = need_s(record)
+    deadline = budget.late_end if budget else None
+    reason = why_not(cfg)
+    if reason is None and not Budget.fits(need, deadline):
+        left = max(0.0, deadline - time.monotonic()) if deadline is not None else float("inf")
+        reason = f"the budget left ({left:.0f} s) cannot pay for it (about {need:.0f} s)"
+    if reason is not None:
+        section: dict[str, Any] = {"skipped": reason}
+    else:
+        timeout = (deadline - time.monotonic()) if deadline is not None else 4 * need
+        say(f"ceiling: measuring trial {best.number}'s compute-only rate and FLOPs utilisation (about {need:.0f} s)")
+        section = measuring.run_ceiling(cfg, end_folder(settings, study, "ceiling"), timeout)
+    if cfg.gpus == 1 and record.config.get("gpus", 1) > 1:
+        section["note"] = f"measured on one of the config's {record.config['gpus']} GPUs"
+    write_json_atomic(path(settings.studies_dir, study.study_name), {"trial": best.number, **section})
+    say(f"ceiling: {summary(section)}")
+    return section
+
+
+def path(studies_dir: str | Path, study_name: str) -> Path:
+    """Where a study's ceiling is kept: beside its best.yaml."""
+    return Path(studies_dir) / study_name / FILE
+
+
+def stored(studies_dir: str | Path, study: optuna.Study, number: int) -> dict[str, Any] | None:
+    """The ceiling measured for trial `number`, without its trial key; None when it was not measured."""
+    try:
+        value = json.loads(path(studies_dir, study.study_name).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(value, Mapping) or value.get("trial") != number:
+        return None
+    return {k: v for k, v in value.items() if k != "trial"}
+
+
+def with_ceiling(studies_dir: str | Path, study: optuna.Study, export: Export) -> Export:
+    """`export` with its trial's ceiling section, when one was measured for it."""
+    number = export.study.get("trial")
+    section = stored(studies_dir, study, number) if isinstance(number, int) else None
+    return dataclasses.replace(export, ceiling=section) if section else export
+
+
+def summary(section: Mapping[str, Any]) -> str:
+    """One line: the ceiling and the utilisation, or why there are none."""
+    if section.get("skipped"):
+        return f"not measured: {section['skipped']}"
+    comp, e2e = section.get("compute_only_samples_per_s"), section.get("end_to_end_samples_per_s")
+    line = (
+        f"compute-only {comp:.2f} samples/s vs end-to-end {e2e:.2f} in the same process: "
+        f"{section.get('lost_to_data_wait', 0.0):.0%} lost to data wait"
+    )
+    if section.get("utilisation") is not None:
+        line += (
+            f"; model FLOPs utilisation {section['utilisation']:.1%} of a probed "
+            f"{section['peak_flops_per_s'] / 1e9:.1f} GFLOP/s {section.get('peak_dtype', '')} peak"
+        )
+    else:
+        line += f"; no FLOPs utilisation: {section.get('utilisation_not_counted', 'not counted')}"
+    return line
