@@ -50,7 +50,8 @@ SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
 
 BUILTIN = {"unet": "autotune.pipelines.unet.pipeline:UnetPipeline"}
 # Imported once by a warm fork server, so every trial forked from it starts with them loaded.
-_PRELOAD = {"unet": ("torchvision", "segmentation_models_pytorch")}
+# unet.data: UnetPipeline(cfg) imports it to list the data folder, in every trial.
+_PRELOAD = {"unet": ("torchvision", "segmentation_models_pytorch", "autotune.pipelines.unet.data")}
 
 
 @runtime_checkable

@@ -47,13 +47,20 @@ from collections.abc import Mapping, Sequence
 from autotune.core.procs import die_with_parent
 
 # Pipeline-neutral; the caller adds what its pipeline needs (autotune.pipelines.preload_modules).
+# Everything a trial imports on its way to the first timed step belongs here: imported after the fork,
+# a module is read (and, under PYTHONDONTWRITEBYTECODE, compiled) again by every trial, inside startup_s.
+# tests/trial/test_warm_preload.py fails when the worker's path gains an import missing from this list.
 # torch._dynamo: every torch.optim optimizer imports it lazily on construction (its
 # _disable_dynamo decorator), a second or more of each forked trial's start-up (benchmarks/README.md).
+# measure, observe, outcome: the worker imports them inside its functions (run, main).
 DEFAULT_PRELOAD = (
     "torch",
     "torch._dynamo",
     "autotune.trial.worker",
     "autotune.trial.harness",
+    "autotune.trial.measure",
+    "autotune.trial.observe",
+    "autotune.trial.outcome",
     "autotune.core.configfile",
 )
 # Read once, when a module is imported or a library loaded, so the server's value is the one every

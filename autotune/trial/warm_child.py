@@ -90,12 +90,14 @@ def _become(request: dict[str, Any], base_path: list[str]) -> None:
     importlib.invalidate_caches()
     sys.argv = [autotune.trial.worker.__file__, *request["argv"]]
     # Forked children share the server's RNG states; a cold start seeds from the OS. (The trial then
-    # seeds torch from cfg.seed itself, so its measurements stay reproducible.)
+    # seeds torch from cfg.seed itself, so its measurements stay reproducible.) torch's CPU generator
+    # only: torch.seed() would also queue a reseed of every CUDA, XPU and MTIA generator (a few ms of
+    # each trial's start-up), which the server never created, so they start as a cold process's do.
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
-        sys.modules["torch"].seed()
+        sys.modules["torch"].default_generator.seed()
 
 
 def _cuda_lost() -> str | None:
