@@ -120,6 +120,7 @@ class Uses:
     api: frozenset[str]
     optimizers: tuple[str, ...] = ()
     own: tuple[tuple[str, float | str], ...] = ()  # OWN's values and "lr"
+    seeded: bool = False  # it seeds torch itself (manual_seed, seed_everything, set_seed) or takes at.seed()
 
     def own_value(self, name: str) -> Any:
         """The script's own value of an OWN call's argument (or its lr), why it cannot be read, or None:
@@ -142,7 +143,7 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
     api: set[str] = set()
     first: dict[str, ast.Call] = {}  # API function -> its first call in the source
     optimizers: list[str] = []
-    loader = False
+    loader = seeded = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "DataLoader":
             loader = True
@@ -162,12 +163,13 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
             api.add(name)
             first.setdefault(name, node)
         callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        seeded = seeded or _seeds_torch(f)
         if callee in LINEAR_RULE | SQRT_RULE | OTHER_OPTIMIZERS and callee not in optimizers:
             optimizers.append(callee)
     own: list[tuple[str, float | str]] = [(k, _own_default(tree, first[k], args)) for k in OWN if k in first]
     if (lr := _own_lr(tree, first.get("lr"), optimizers, args)) is not None:
         own.append(("lr", lr))
-    return Uses(loader, frozenset(api), tuple(optimizers), tuple(own))
+    return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api)
 
 
 def _own_lr(
@@ -304,6 +306,26 @@ def own_batch(uses: Uses, global_batch: int | None) -> int | str:
             "per optimizer step are its own"
         )
     return batch
+
+
+# Calls that seed torch's global generator: a script making one starts each run from the same weights.
+# (A torch.Generator's manual_seed seeds only what draws from it, a sampler's order say, not the weights.)
+SEEDING = frozenset({"torch.manual_seed", "torch.random.manual_seed", "seed_everything", "set_seed"})
+NOT_REPRODUCIBLE = (
+    "the script never seeds torch (no torch.manual_seed(at.seed(0)) or other manual_seed call), so no two "
+    "runs start from the same weights and its loss trajectory cannot be compared with the baseline's"
+)
+
+
+def _seeds_torch(func: ast.expr) -> bool:
+    name = ast.unparse(func)
+    return name in SEEDING or name.rsplit(".", 1)[-1] in ("seed_everything", "set_seed")
+
+
+def not_checkable(cfg: TrialConfig) -> str | None:
+    """Why parity and time to target cannot judge a config's runs, or None: a script that never seeds torch
+    cannot reproduce a run. Not a script: None."""
+    return None if not is_script(cfg.pipeline) or load(cfg).uses.seeded else NOT_REPRODUCIBLE
 
 
 def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:

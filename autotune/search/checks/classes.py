@@ -29,6 +29,7 @@ from autotune.core.settings import SearchSettings
 from autotune.core.training import shown, training_math
 from autotune.core.outcomes import Reason, Role, Verdict
 from autotune.core.training import changes_step
+from autotune.pipelines import script
 from autotune.search.checks import parity, target
 from autotune.search.store import records
 from autotune.search.budget import Budget
@@ -111,13 +112,18 @@ def run_check(
     """Check `t`'s class (parity, or time to target when its step differs); stored per class and returned.
     Raises the baseline's TrialFailure when the baseline itself cannot train."""
     t0 = time.monotonic()
-    ref = reference(study, settings, folder, server)
-    if changes_step(cfg):
+    why = script.not_checkable(settings.base)
+    if why is not None:  # never a pass: the check would compare two unrelated runs
+        kind = "time to target" if changes_step(cfg) else "parity"
+        verdict: dict[str, Any] = {"kind": kind, "verdict": Verdict.NOT_CHECKED, "reason": f"not checkable: {why}"}
+    elif changes_step(cfg):
         mine, base = speeds(study, t)
+        ref = reference(study, settings, folder, server)
         verdict = target.check(
             cfg, ref, folder / f"trial-{t.number}", settings.trial_timeout, mine, base, server
         ).to_dict()
     else:
+        ref = reference(study, settings, folder, server)
         verdict = {
             "kind": "parity",
             **parity.check(
@@ -181,8 +187,8 @@ def check_if_it_matters(
     except Exception as e:  # noqa: BLE001 - the baseline failed to train: nothing can be judged, the search goes on
         say(f"check: not made: {getattr(e, 'reason', type(e).__name__)}: {str(e)[:200]}")
         return
-    passed = v["verdict"] == Verdict.PASS
+    said = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}.get(v["verdict"], "not checked")
     say(
-        f"check: {label}: {'passes' if passed else 'FAILS'}: {v['reason']} ({v['seconds']:.0f} s)"
-        + ("" if passed else "; its configs are not run again")
+        f"check: {label}: {said}: {v['reason']} ({v['seconds']:.0f} s)"
+        + ("; its configs are not run again" if v["verdict"] == Verdict.FAIL else "")
     )

@@ -85,9 +85,10 @@ def run(
         verdicts[key] = verdict
         records.write_parity_verdicts(study, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
         passed = verdict["verdict"] == Verdict.PASS
+        said = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}.get(verdict["verdict"], "is not checked")
         say(
-            f"{verdict['kind']}: trial {t.number} {'passes' if passed else 'FAILS'}: {verdict['reason']} "
-            f"({verdict['seconds']:.0f} s)" + ("" if passed else "; the next best is checked instead")
+            f"{verdict['kind']}: trial {t.number} {said}: {verdict['reason']} ({verdict['seconds']:.0f} s)"
+            + ("" if passed else "; the next best is checked instead")
         )
         if passed:
             break
