@@ -191,7 +191,19 @@ def test_search_without_budget(capsys: pytest.CaptureFixture[str], data: Path) -
     assert "--budget" in bad(capsys, "search", "--data", str(data))  # required unless --create-only
 
 
-COMMANDS = ("search", "knobs", "worker", "storage-proxy", "trial", "show", "export", "train", "ablate", "report", "make-data")
+COMMANDS = (
+    "search",
+    "knobs",
+    "worker",
+    "storage-proxy",
+    "trial",
+    "show",
+    "export",
+    "train",
+    "ablate",
+    "report",
+    "make-data",
+)
 
 
 def test_the_command_list_is_complete() -> None:

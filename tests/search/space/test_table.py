@@ -36,7 +36,9 @@ def test_a_space_file_of_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[s
     space = tmp_path / "s.yaml"
     space.write_text("knobs:\n  num_workers: {low: 0, high: 2}\n  precision: bf16\n")
     assert main(["knobs", "--markdown", "--space", str(space)]) == 0
-    rows = {line.split("|")[1].strip(" `"): line.split("|")[4].strip() for line in capsys.readouterr().out.splitlines()[2:]}
+    rows = {
+        line.split("|")[1].strip(" `"): line.split("|")[4].strip() for line in capsys.readouterr().out.splitlines()[2:]
+    }
     assert rows["num_workers"] == "0-2" and rows["precision"] == "fixed: bf16" and rows["compile"] == "not searched"
     space.write_text("knobs:\n  warp_speed: [1, 2]\n")
     assert main(["knobs", "--space", str(space)]) == 2
