@@ -56,7 +56,7 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
     bf16 = _bf16_supported(base.gpus) if hw.cuda else hw.cpu_bf16
     precision = "bf16" if bf16 else "fp16" if hw.cuda else "fp32"  # a CPU without bf16 kernels: no AMP
     workers = hw.workers_per_process(base.gpus, space)
-    guide = dict(
+    guide: dict[str, Any] = dict(
         num_workers=workers,
         pin_memory=hw.cuda,
         precision=precision,
@@ -72,7 +72,7 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
         for k, spec in (space.knobs.items() if space is not None else ())
         if isinstance(spec, Fixed) and k in guide
     }
-    on_workers = guide["num_workers"] > 0  # both need workers
+    on_workers = int(guide["num_workers"]) > 0  # both need workers
     return baseline_of(base).replace(**guide, persistent_workers=on_workers, prefetch_factor=2 if on_workers else None)
 
 

@@ -32,7 +32,7 @@ def values(space: SearchSpace, name: str) -> str:
 
 
 def rows(space: SearchSpace) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for k in TABLE:
         sets = f"{k.sets} ({NEEDS[k.needs]})" if k.needs else k.sets
         out.append((f"`{k.name}`", sets, f"`{word(k.default)}`", values(space, k.name), k.math or "no"))
