@@ -13,7 +13,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.core.config import KNOBS, TrialConfig
-from autotune.search.store.records import CLASSES, TrialRecord, write
+from autotune.search.store.records import CLASSES, REFERENCE, TrialRecord, write
 from autotune.search.store.results import failed_classes
 from autotune.search.space.spec import DEFAULT_SPACE, WORKER_KNOBS, Fixed
 from autotune.search.space.machine import Hardware
@@ -271,14 +271,16 @@ def test_a_short_budget_proposes_the_same_math_moves_and_no_move_whose_check_wou
     assert not CHECKED & set(pass_)
 
 
-def test_a_short_budget_takes_a_math_move_after_the_same_math_ones_when_its_check_fits() -> None:
-    """150 s left: not enough for every move and its check, enough for one math move (20 s + 60 s)."""
-    study = new_study(CoordinateSampler(seed=0, budget_left=lambda: 150.0))
-    trials = priced_run(study, 2 + 12)
+def test_as_the_budget_runs_down_the_math_moves_that_no_longer_fit_give_way_to_same_math_ones() -> None:
+    """150 s, each trial spending 20 s of it; a math move costs 20 s + a check of 3 x 20 s. Precision and
+    batch 64 still fit when their turn comes (110 s, 90 s left); batch 16 does not (70 s), so the pass goes
+    on with the loader and the other same-math knobs, and proposes no math move again."""
+    study: optuna.Study = new_study()
+    study.sampler = CoordinateSampler(seed=0, budget_left=lambda: 150.0 - 20.0 * len(study.trials[:-1]))
+    trials = priced_run(study, 2 + 8)
     pass_ = [t.system_attrs[MOVE_KEY]["knob"] for t in trials if MOVE_KEY in t.system_attrs]
-    first_math = next(i for i, k in enumerate(pass_) if k in CHECKED)
-    assert first_math > 0 and not CHECKED & set(pass_[:first_math])  # the same-math moves came first
-    assert pass_[first_math] == "precision"  # then the math moves in the declared order
+    assert pass_[:3] == ["precision", "batch_size", "num_workers"], pass_
+    assert len(pass_) > 3 and not CHECKED & set(pass_[2:])
 
 
 def test_a_budget_that_buys_the_whole_pass_keeps_the_declared_order() -> None:
@@ -294,9 +296,13 @@ def test_the_clock_prices_a_check_as_the_study_measured_it() -> None:
     study = new_study()
     priced_run(study, 2, wall_s=10.0)
     clock = Clock.of(study, 100.0)
-    assert clock is not None and (clock.trial_s, clock.check_s) == (10.0, 30.0)  # 3 runs: nothing measured yet
-    study.set_user_attr(CLASSES, {"precision fp32 -> bf16": {"verdict": "pass", "seconds": 42.0}})
-    clock = Clock.of(study, 100.0)
-    assert clock is not None and clock.check_s == 42.0
-    assert clock.cost({"knob": "batch_size"}) == 52.0 and clock.cost({"knob": "num_workers"}) == 10.0
+    assert clock is not None and (clock.trial_s, clock.check_s) == (10.0, 30.0)  # no reference: 3 runs
+    assert clock.cost({"knob": "batch_size"}) == 40.0 and clock.cost({"knob": "num_workers"}) == 10.0
+    # The first check also measured the reference, now stored: the next one is the candidate's run.
+    study.set_user_attr(REFERENCE, {"losses": [1.0]})
+    study.set_user_attr(CLASSES, {"precision fp32 -> bf16": {"verdict": "pass", "seconds": 42.0, "trial": 2}})
+    assert Clock.of(study, 100.0).check_s == 10.0  # type: ignore[union-attr]
+    later = {"verdict": "fail", "seconds": 16.0, "trial": 5}
+    study.set_user_attr(CLASSES, {**study.user_attrs[CLASSES], "global batch 8 -> 16": later})
+    assert Clock.of(study, 100.0).check_s == 16.0  # type: ignore[union-attr]
     assert Clock.of(new_study(), 100.0) is None  # nothing measured: nothing to price, the declared order
