@@ -14,7 +14,8 @@ Strategies in replay:
              `study.warm_start` for the recorded host), mapped into the reduced grid, configs built by
              `autotune.search.space.suggest.suggest`, and a config already measured answered from that measurement
              without counting as a trial (as `autotune search` does: session.py, runner.reuse); like
-             autotune, it gives up after 25 such repeats in a row
+             autotune, it gives up after 25 such repeats in a row; with --budget the pass is told the
+             budget left (CoordinateSampler.budget_left), so it orders its moves by what that buys
     tpe      the same with make_sampler('tpe', seed), and a repeated config re-run (plain TPE, as replayed
              before `auto`; tpe-dedup below answers repeats as autotune does)
     gp       the same with make_sampler('gp', seed) (needs scipy; skipped with a note when it is missing)
@@ -23,6 +24,12 @@ Strategies in replay:
     greedy   one technique at a time: start from the baseline; for each knob in a fixed order try each of
              its other values, keep the best. Deterministic, so all seeds agree; it stops when done.
   and, with --improvements, variants that were measured against the default:
+    auto-declared  the default, never told the budget: the pass in its declared order (PASS), as before
+                   the order followed the budget
+    auto-percentile, auto-contention
+                   the default with a screen: a search trial stops after --screen-fraction of its timed
+                   window unless still in contention (autotune's pruner, the slowest quarter; or within
+                   10% of the best so far, successive halving's cut); see _optuna_run
     auto-alternate the default, but every other search trial of the coordinate pass is TPE's
                    (CoordinateSampler(tpe_every=2)) instead of TPE only after the pass
     tpe-dedup      tpe, but a config that was already measured is answered from the cache and does not
@@ -35,6 +42,12 @@ Strategies in replay:
     .venv/bin/python benchmarks/search_efficiency.py record --image-size 64 --seconds 8
     .venv/bin/python benchmarks/search_efficiency.py replay --seeds 20 --improvements
     .venv/bin/python benchmarks/search_efficiency.py replay --seeds 200 --noise 0.04
+
+Every run keeps a clock (Timeline): each trial costs its recorded wall_s, and a class check (priced as
+autotune prices it) runs after a trial whose new training-math class enters the top 3; 's to 95%' is
+that clock when a config within 95% of the best has run whole and its class was checked. --budget S
+ends each run when the clock reaches S; --verdicts measured makes the classes that change the global
+batch fail their check, as they did on this data (the goal is then 95% of the best exportable config).
 
 With --noise CV every measurement (each trial, and the first measurement a repeat is answered from) is the
 table's value times lognormal noise of that coefficient of variation, seeded per seed: the strategies
@@ -288,9 +301,11 @@ class Table:
             raise ValueError(f"{path}: empty table")
         self.path = path
         self.values: dict[Config, float] = {}
+        self.rows: dict[Config, dict[str, str]] = {}
         for r in rows:
             key = tuple(_parse_value(r[k]) for k in GRID)
             self.values[key] = float(r["samples_per_s"] or 0.0)
+            self.rows[key] = r
         expected = set(itertools.product(*GRID.values()))
         missing = expected - set(self.values)
         if missing:
@@ -304,6 +319,14 @@ class Table:
 
     def __call__(self, c: Config) -> float:
         return self.values[c]
+
+    def wall(self, c: Config) -> float:
+        """The trial's recorded wall time, launch to result."""
+        return float(self.rows[c].get("wall_s") or 0.0)
+
+    def timed_s(self, c: Config) -> float:
+        """The part of it that was the timed window."""
+        return float(self.rows[c].get("seconds") or 0.0)
 
 
 def _space() -> Any:
@@ -362,7 +385,127 @@ class Noise:
         return x * math.exp(self.rng.gauss(-(sigma**2) / 2, sigma))
 
 
-Run = Callable[[Table, int, int, Noise], list[Config]]  # -> the configs in the order they were measured
+def _defaults() -> Any:
+    from autotune.core.settings import SearchSettings
+
+    return SearchSettings()
+
+
+class Timeline:
+    """A run's clock as `autotune search` spends it, and what it has found.
+
+    Each trial costs its recorded wall time (a repeat answered from the cache costs nothing; a trial
+    stopped after a `fraction` of its timed window, that share less). After a trial whose training-math
+    class is new, beats the baseline and is in the top `confirm_top`, its class check runs, as
+    classes.check_if_it_matters runs it, priced as classes.cost_s prices it (the baseline's reference, two
+    runs of `parity_steps` steps, once per study; the candidate's run at its samples/s; a start-up each),
+    and only when it ends inside the budget. The grid holds speeds, not losses: with verdicts "pass" every
+    check passes; with "measured", a class that changes the global batch fails, as both did on this data
+    at 64 px (issue 32: 8 -> 16 to target x0.92, 8 -> 64 x0.47; 8 -> 4 is taken to fail alike) and
+    precision passes (benchmarks/parity.py: bf16 at 0.14-0.20 x the noise); the goal is then TARGET of
+    the best config outside the failing classes. A config counts as found (`reached_s`) once it is
+    within the goal, ran its whole window and its class (if any) was checked and passed: an answer the
+    search could export."""
+
+    def __init__(self, table: Table, budget_s: float | None = None, verdicts: str = "pass") -> None:
+        self.table, self.budget_s, self.verdicts = table, budget_s, verdicts
+        self.elapsed = 0.0
+        self.measured: list[Config] = []
+        self.pruned: set[int] = set()  # indices into measured: stopped early, never the answer
+        self.checked: dict[str, float] = {}  # class label -> its check's seconds
+        self.failed: set[str] = set()  # class labels whose check failed
+        self.reached_s: float | None = None
+        self.baseline = _anchors(table)[0]
+        d = _defaults()
+        self.k, self.top = d.parity_steps, d.confirm_top
+        self._labels: dict[Config, str | None] = {}
+        self.goal = TARGET * max(v for c, v in table.values.items() if not self.fails(c))
+
+    @classmethod
+    def of(
+        cls, table: Table, measured: Sequence[Config], budget_s: float | None = None, verdicts: str = "pass"
+    ) -> Timeline:
+        out = cls(table, budget_s, verdicts)
+        for c in measured:
+            if out.over():
+                break
+            if out.label(c) not in out.failed:  # a failed class's config is written off unrun
+                out.trial(c)
+        return out
+
+    def fails(self, c: Config) -> bool:
+        """Whether `c`'s class check fails (see the class docstring)."""
+        from autotune.core.training import changes_step
+
+        return self.verdicts == "measured" and changes_step(self._cfg(c))
+
+    def exportable(self, c: Config) -> bool:
+        """Whether `c`'s class (if any) passes its check."""
+        return not self.fails(c)
+
+    def answer(self, c: Config) -> bool:
+        """Whether `c` is an answer the search may export, whenever its class is checked."""
+        return self.table(c) >= self.goal and not self.fails(c)
+
+    def left(self) -> float | None:
+        return None if self.budget_s is None else self.budget_s - self.elapsed
+
+    def over(self) -> bool:
+        return self.budget_s is not None and self.elapsed >= self.budget_s
+
+    def label(self, c: Config) -> str | None:
+        if c not in self._labels:
+            from autotune.core.training import shown, training_math
+
+            math = training_math(self._cfg(c), True)  # the Unet has batch-norm layers
+            self._labels[c] = shown(math) if math else None
+        return self._labels[c]
+
+    def check_s(self, c: Config) -> float:
+        from autotune.core.training import changes_step
+        from autotune.search.checks.target import cost_samples
+
+        b = self.table.rows[self.baseline]
+        step, start = float(b.get("step_time_p50") or 1.0), float(b.get("startup_s") or 5.0) + 2.0
+        cfg = self._cfg(c)
+        g_b = 8 * 1  # the baseline's global batch: batch 8 on one process
+        need = 0.0 if self.checked else 2 * (self.k * step + start)
+        samples = cost_samples(cfg, self.k * g_b) if changes_step(cfg) else self.k * g_b
+        return need + samples / max(self.table(c), 1e-9) + start
+
+    def trial(self, c: Config, fraction: float = 1.0) -> float | None:
+        """Spend one trial of `c` (a `fraction` of its window) and its class check when one runs; the
+        check's seconds, or None."""
+        self.elapsed += self.table.wall(c) - (1.0 - fraction) * self.table.timed_s(c)
+        self.measured.append(c)
+        if fraction < 1.0:
+            self.pruned.add(len(self.measured) - 1)
+            return None
+        ran = None
+        label = self.label(c)
+        whole = [m for i, m in enumerate(self.measured) if i not in self.pruned]
+        top = sorted(set(whole), key=self.table, reverse=True)[: self.top]
+        if label and label not in self.checked and self.table(c) > self.table(self.baseline) and c in top:
+            need = self.check_s(c)
+            if self.budget_s is None or self.elapsed + need <= self.budget_s:
+                self.elapsed += need
+                self.checked[label] = ran = need
+                if self.fails(c):
+                    self.failed.add(label)
+        if self.reached_s is None and any(
+            self.answer(m) and (self.label(m) is None or self.label(m) in self.checked) for m in whole
+        ):
+            self.reached_s = self.elapsed
+        return ran
+
+    def _cfg(self, c: Config) -> Any:
+        from autotune.core.config import TrialConfig
+
+        return TrialConfig().replace(**dict(zip(GRID, c)))
+
+
+# -> the configs in the order they were measured, or the Timeline they were measured on
+Run = Callable[[Table, int, int, Noise], "list[Config] | Timeline"]
 
 
 REPEATS_TO_STOP = 25  # autotune.search.loop.session: proposals of measured configs in a row before a search ends
@@ -374,21 +517,44 @@ def _optuna_run(
     dedup: bool = False,
     greedy_first: bool = False,
     inject: bool = True,
+    budget_s: float | None = None,
+    priced: bool = False,
+    screen: tuple[str, float] | None = None,
+    verdicts: str = "pass",
 ) -> Run:
     """An Optuna sampler replayed as autotune runs it. dedup: a measured config is answered from the
     first measurement and is not a trial; inject (the tpe-* variants): after 3 such repeats in a row an
-    unseen config is enqueued; without inject (auto, as autotune): the run ends after REPEATS_TO_STOP."""
+    unseen config is enqueued; without inject (auto, as autotune): the run ends after REPEATS_TO_STOP.
+    budget_s: the trial loop ends when the Timeline has spent it. priced: the sampler is told the budget
+    left (CoordinateSampler.budget_left), as the session tells it. Each trial is recorded with its wall
+    time and each class check with its seconds, where the sampler reads them (strategy.Clock).
+    screen (rule, fraction): a search trial is stopped after that fraction of its timed window unless it
+    is still in contention: "percentile" is autotune's pruner (study.make_pruner: not in the slowest
+    quarter of the trials before it, once 4 have finished), "contention" keeps only a trial within 10% of
+    the best so far (successive halving's cut). A stopped trial is told its short figure, which carries
+    1/sqrt(fraction) times the noise."""
 
-    def run(table: Table, seed: int, n: int, noise: Noise) -> list[Config]:
+    def run(table: Table, seed: int, n: int, noise: Noise) -> Timeline:
         import optuna
         from autotune.core.config import BASELINE, TrialConfig
         from autotune.search.space.machine import Hardware
         from autotune.search.space.suggest import config_params, suggest
         from autotune.search.loop.study import warm_start
+        from autotune.search.loop.strategy import FIXED_KEY
+        from autotune.search.store import _optuna
+        from autotune.search.store.records import CLASSES, REFERENCE, TrialRecord, write
+
+        def enqueued(trial: Any) -> bool:  # the baseline, the warm start: never stopped early, as in autotune
+            return FIXED_KEY in _optuna.storage_of(study).get_trial_system_attrs(_optuna.trial_id(trial))
 
         space = _space()
         base = TrialConfig()
-        study = optuna.create_study(direction="maximize", sampler=sampler_factory(seed))
+        sampler = sampler_factory(seed)
+        timeline = Timeline(table, budget_s, verdicts)
+        if priced and budget_s is not None:
+            sampler.budget_left = timeline.left
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        short = Noise(noise.cv / screen[1] ** 0.5, seed + 50_000) if screen else None
 
         def params(c: Config) -> dict[str, Any]:
             # config_params: what autotune's open_study enqueues (only the knobs this space can express).
@@ -413,9 +579,26 @@ def _optuna_run(
             if dedup and c in seen:
                 study.tell(trial, seen[c])  # answered from the cache: no trial run
                 return c, seen[c]
+            if timeline.label(c) in timeline.failed:  # admission writes it off unrun: no trial
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                return c, 0.0
             value = noise(table(c))
+            fraction = 1.0
+            if screen is not None and short is not None and not enqueued(trial):
+                early = short(table(c))
+                if not _in_contention(screen[0], early, [v for v in seen.values()]):
+                    value, fraction = early, screen[1]
             seen.setdefault(c, value)
             measured.append(c)
+            check = timeline.trial(c, fraction)
+            math = tuple(timeline.label(c).split("; ")) if timeline.label(c) else ()
+            write(trial, TrialRecord(role="search", wall_s=table.wall(c), training_math=math))
+            if check is not None:
+                verdicts = dict(study.user_attrs.get(CLASSES) or {})
+                verdict = "fail" if timeline.fails(c) else "pass"
+                verdicts[str(timeline.label(c))] = {"verdict": verdict, "seconds": round(check, 1)}
+                study.set_user_attr(CLASSES, verdicts)
+                study.set_user_attr(REFERENCE, {"replayed": True})
             study.tell(trial, value)
             return c, value
 
@@ -428,7 +611,7 @@ def _optuna_run(
             for i, vals in enumerate(GRID.values()):
                 keep = current[i]
                 for v in vals:
-                    if v == keep or len(measured) >= n:
+                    if v == keep or len(measured) >= n or timeline.over():
                         continue
                     cand = tuple(v if j == i else x for j, x in enumerate(current))
                     value = seen[cand] if cand in seen else step(cand)[1]
@@ -436,7 +619,9 @@ def _optuna_run(
                         best, current = value, list(cand)
         asks = repeats = 0
         pending: list[Config] = []
-        while len(measured) < n and asks < 50 * n and len(seen) < table.size + (0 if dedup else n):
+        while (
+            len(measured) < n and asks < 50 * n and len(seen) < table.size + (0 if dedup else n) and not timeline.over()
+        ):
             asks += 1
             before = len(measured)
             step(pending.pop(0) if pending else None)
@@ -453,9 +638,16 @@ def _optuna_run(
                 if not unseen:
                     break
                 pending.append(random.Random(seed * 1000 + len(measured)).choice(unseen))
-        return measured
+        return timeline
 
     return run
+
+
+def _in_contention(rule: str, early: float, before: Sequence[float]) -> bool:
+    """Whether a trial's figure after its screen keeps it running (see _optuna_run's screen)."""
+    if rule == "percentile":
+        return len(before) < 4 or early >= statistics.quantiles(before, n=4, method="inclusive")[0]
+    return not before or early >= 0.9 * max(before)
 
 
 def _auto(seed: int) -> Any:
@@ -529,16 +721,26 @@ def _greedy_order() -> str:
     return " -> ".join(GRID)
 
 
-def _trials_to(table: Table, measured: Sequence[Config]) -> tuple[int | None, list[float]]:
+def _trials_to(
+    table: Table,
+    measured: Sequence[Config],
+    pruned: set[int] | frozenset[int] = frozenset(),
+    exportable: Callable[[Config], bool] | None = None,
+) -> tuple[int | None, list[float]]:
     """Trials until the best-so-far is >= TARGET x the grid's best, and best-so-far fraction per trial.
 
     The best so far is the config with the highest true table value among those measured (with noise, the
-    search would pick by its noisy figure; the replay keeps it simple and scores what was measured)."""
+    search would pick by its noisy figure; the replay keeps it simple and scores what was measured); a
+    trial stopped early (`pruned`, by index) never counts as found, nor a config in a failing class
+    (`exportable` False: see Timeline); the best is then the best of the configs that could be exported."""
+    ok = exportable or (lambda c: True)
+    top = max((v for c, v in table.values.items() if ok(c)), default=table.best)
     best, first, curve = 0.0, None, []
     for i, c in enumerate(measured, 1):
-        best = max(best, table(c))
-        curve.append(best / table.best)
-        if first is None and best >= TARGET * table.best:
+        if i - 1 not in pruned and ok(c):
+            best = max(best, table(c))
+        curve.append(best / top)
+        if first is None and best >= TARGET * top:
             first = i
     return first, curve
 
@@ -563,6 +765,10 @@ def _median_grid(size: int, good: int) -> int:
 
 def _fmt(x: float) -> str:
     return "never" if x == float("inf") else f"{x:g}"
+
+
+def _secs(x: float) -> str:
+    return "never" if x == float("inf") else f"{x:.0f}"
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -610,18 +816,29 @@ def replay(args: argparse.Namespace) -> int:
     )
     print("  top 5: " + "; ".join(f"{table(c):.2f} ({'/'.join(str(v) for v in c)})" for c in ranked[:5]))
 
+    b, v = args.budget, args.verdicts
     strategies: dict[str, Run] = {
-        DEFAULT: _optuna_run(_auto, enqueue=True, dedup=True, inject=False),
-        "tpe": _optuna_run(_tpe, enqueue=True),
-        "gp": _optuna_run(_gp, enqueue=True),
-        "random": _optuna_run(_random, enqueue=False),
+        DEFAULT: _optuna_run(_auto, enqueue=True, dedup=True, inject=False, budget_s=b, verdicts=v, priced=True),
+        "tpe": _optuna_run(_tpe, enqueue=True, budget_s=b, verdicts=v),
+        "gp": _optuna_run(_gp, enqueue=True, budget_s=b, verdicts=v),
+        "random": _optuna_run(_random, enqueue=False, budget_s=b, verdicts=v),
         "grid": _grid_run,
         "greedy": _greedy_run,
     }
     if args.improvements:
-        strategies["auto-alternate"] = _optuna_run(_auto_alternate, enqueue=True, dedup=True, inject=False)
-        strategies["tpe-dedup"] = _optuna_run(_tpe, enqueue=True, dedup=True)
-        strategies["tpe-greedy"] = _optuna_run(_tpe, enqueue=True, dedup=True, greedy_first=True)
+        f = args.screen_fraction
+        strategies["auto-declared"] = _optuna_run(_auto, enqueue=True, dedup=True, inject=False, budget_s=b, verdicts=v)
+        strategies["auto-alternate"] = _optuna_run(
+            _auto_alternate, enqueue=True, dedup=True, inject=False, budget_s=b, verdicts=v, priced=True
+        )
+        for rule in ("percentile", "contention"):
+            strategies[f"auto-{rule}"] = _optuna_run(
+                _auto, enqueue=True, dedup=True, inject=False, budget_s=b, verdicts=v, priced=True, screen=(rule, f)
+            )
+        strategies["tpe-dedup"] = _optuna_run(_tpe, enqueue=True, dedup=True, budget_s=b, verdicts=v)
+        strategies["tpe-greedy"] = _optuna_run(
+            _tpe, enqueue=True, dedup=True, greedy_first=True, budget_s=b, verdicts=v
+        )
     if args.strategies:
         wanted = [s.strip() for s in args.strategies.split(",")]
         strategies = {k: v for k, v in strategies.items() if k.split()[0] in wanted}
@@ -631,8 +848,16 @@ def replay(args: argparse.Namespace) -> int:
         f"'trials to {TARGET:.0%}' counts every trial run (the enqueued baseline and warm start included); "
         f"'never' = not within {n} trials; greedy order {_greedy_order()}\n"
     )
+    print(
+        f"'s to 95%': the replayed clock (each trial its recorded wall_s, a trial stopped early that share of its "
+        f"window less, a class check as classes.cost_s prices it after a new class enters the top "
+        f"{_defaults().confirm_top}) until a config within {TARGET:.0%} ran whole and its class was checked; "
+        + (f"budget {b:g} s for trials and checks; " if b is not None else "no budget; ")
+        + "'in time' = seeds that got there\n"
+    )
     header = (
-        f"{'strategy':14s} {'trials to 95%: median':>22s} {'[q1, q3]':>12s} {'reached':>8s}   "
+        f"{'strategy':16s} {'trials to 95%: median':>22s} {'[q1, q3]':>12s} {'reached':>8s}   "
+        f"{'s to 95%: median':>17s} {'[q1, q3]':>14s} {'in time':>8s}   "
         + "   ".join(f"best@{c:<2d} med (min)" for c in CHECKPOINTS)
         + "   seconds"
     )
@@ -641,23 +866,30 @@ def replay(args: argparse.Namespace) -> int:
     for name, run in strategies.items():
         t0 = time.monotonic()
         firsts: list[float] = []
+        times: list[float] = []
         at: dict[int, list[float]] = {c: [] for c in CHECKPOINTS}
         try:
             for seed in range(args.seeds):
-                measured = run(table, seed, n, Noise(args.noise, seed))
-                first, curve = _trials_to(table, measured)
+                out = run(table, seed, n, Noise(args.noise, seed))
+                timeline = out if isinstance(out, Timeline) else Timeline.of(table, out, b, v)
+                measured = timeline.measured
+                first, curve = _trials_to(table, measured, timeline.pruned, timeline.exportable)
                 firsts.append(float(first) if first is not None else float("inf"))
+                times.append(timeline.reached_s if timeline.reached_s is not None else float("inf"))
                 for c in CHECKPOINTS:
                     at[c].append(curve[min(c, len(curve)) - 1] if curve else 0.0)
         except ImportError as e:
-            print(f"{name:14s} skipped: {e} (autotune's `--sampler {name}` fails the same way here)")
+            print(f"{name:16s} skipped: {e} (autotune's `--sampler {name}` fails the same way here)")
             continue
         q1, med, q3 = _quartiles(firsts)
         summary[name] = (q1, med, q3)
         reached = sum(1 for x in firsts if x != float("inf"))
+        t1, tm, t3 = _quartiles(times)
+        in_time = sum(1 for x in times if x != float("inf"))
 
         print(
-            f"{name:14s} {_fmt(med):>22s} {'[' + _fmt(q1) + ', ' + _fmt(q3) + ']':>12s} {reached:>4d}/{args.seeds:<3d}   "
+            f"{name:16s} {_fmt(med):>22s} {'[' + _fmt(q1) + ', ' + _fmt(q3) + ']':>12s} {reached:>4d}/{args.seeds:<3d}   "
+            f"{_secs(tm):>17s} {'[' + _secs(t1) + ', ' + _secs(t3) + ']':>14s} {in_time:>4d}/{args.seeds:<3d}   "
             + "   ".join(f"{statistics.median(at[c]):6.1%} ({min(at[c]):4.0%})" for c in CHECKPOINTS)
             + f"   {time.monotonic() - t0:6.1f}"
         )
@@ -685,7 +917,7 @@ def replay(args: argparse.Namespace) -> int:
         f"{'met' if default <= rnd / 2 else 'MISSED'} against the replayed random ({rnd:g} / 2 = {rnd / 2:g}), "
         f"{'met' if ok_random else 'MISSED'} against random's exact median ({exact} / 2 = {exact / 2:g})"
     )
-    for name in ("auto-alternate", "tpe-dedup", "tpe-greedy"):
+    for name in ("auto-declared", "auto-alternate", "auto-percentile", "auto-contention", "tpe-dedup", "tpe-greedy"):
         if name in summary:
             v = summary[name][1]
             print(
@@ -756,12 +988,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "auto-alternate,tpe-dedup,tpe-greedy (the last three with --improvements)",
     )
     y.add_argument("--improvements", action="store_true", help="also replay the variants measured against the default")
+    y.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds of trials and class checks on the replayed clock (default: none, the run ends by trials)",
+    )
+    y.add_argument(
+        "--verdicts",
+        choices=("pass", "measured"),
+        default="pass",
+        help="class checks: all pass (default), or as measured on this data (a global batch change fails)",
+    )
+    y.add_argument(
+        "--screen-fraction",
+        type=float,
+        default=0.25,
+        metavar="F",
+        help="the share of a trial's timed window its screen runs, for auto-percentile/auto-contention (default 0.25)",
+    )
     y.set_defaults(func=replay)
     args = p.parse_args(argv)
     if args.command == "record" and (args.seconds <= 0 or args.image_size < 32):
         p.error("--seconds must be > 0 and --image-size >= 32")
     if args.command == "replay" and args.seeds < 1:
         p.error("--seeds must be >= 1")
+    if args.command == "replay" and (args.budget is not None and args.budget <= 0 or not 0 < args.screen_fraction < 1):
+        p.error("--budget must be > 0 and --screen-fraction between 0 and 1")
     return args
 
 
