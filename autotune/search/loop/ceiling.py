@@ -25,6 +25,7 @@ from autotune.core.settings import SearchSettings
 from autotune.pipelines.frameworks import is_framework
 from autotune.pipelines.script import is_script
 from autotune.search.budget import Budget
+from autotune.search.loop.runner import contended_cpus
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.results import exported
@@ -79,6 +80,9 @@ def run(
         timeout = (deadline - time.monotonic()) if deadline is not None else 4 * need
         say(f"ceiling: measuring trial {best.number}'s compute-only rate and FLOPs utilisation (about {need:.0f} s)")
         section = measuring.run_ceiling(cfg, end_folder(settings, study, "ceiling"), timeout)
+    others = section.get("others_cpu")
+    if others is not None:  # a figure another process starved is not the config's, as for a trial
+        section["contended"] = others > contended_cpus()
     if cfg.gpus == 1 and record.config.get("gpus", 1) > 1:
         section["note"] = f"measured on one of the config's {record.config['gpus']} GPUs"
     write_json_atomic(path(settings.studies_dir, study.study_name), {"trial": best.number, **section})
@@ -125,4 +129,6 @@ def summary(section: Mapping[str, Any]) -> str:
         )
     else:
         line += f"; no FLOPs utilisation: {section.get('utilisation_not_counted', 'not counted')}"
+    if section.get("contended"):
+        line += f" (contended: other processes kept {section['others_cpu']:.1f} CPUs busy meanwhile)"
     return line

@@ -76,6 +76,10 @@ def test_a_ceiling_is_exported_only_with_the_trial_it_was_measured_for(
     (tmp_path / default).parent.mkdir(parents=True)
     kept.rename(tmp_path / default)
     monkeypatch.chdir(tmp_path)
+    assert "contended" not in note
+    assert "contended: other processes kept 1.5 CPUs busy" in ceiling.summary(
+        {**MEASURED, "others_cpu": 1.5, "contended": True}
+    )
     assert note in leaderboard_table(study).title  # `autotune show` and the end of a search
     assert ("ceiling", note) in _summary(study, 10.0)  # the report's summary
 
@@ -109,7 +113,7 @@ def test_a_tiny_search_exports_its_ceiling_with_how_it_was_measured(tmp_path: Pa
     # The peak is probed at the precision the exported config's matmuls and convolutions run in.
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[written["config"]["precision"]]
     assert "torch.mm" in c["peak_method"] and c["peak_dtype"] == dtype and c["probe_size"] >= 256
-    assert 0 < c["utilisation"] < 1
+    assert 0 < c["utilisation"] < 1 and isinstance(c["contended"], bool)
     assert any(s.startswith("ceiling: compute-only") for s in said)
     kept = json.loads((outcome.best_yaml.parent / ceiling.FILE).read_text())  # beside best.yaml
     assert kept["trial"] == written["study"]["trial"] and kept["utilisation"] == c["utilisation"]
