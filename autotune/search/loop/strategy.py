@@ -32,17 +32,19 @@ class check that must pass before its gain can be exported; a same-math move (lo
 threads) buys its gain for its trial alone. Both prices are the study's own figures (Clock.of: the median
 measured trial; a check as the study measured one, the baseline's reference runs counted once, else
 three trials: the reference's two runs and the candidate's). The rule: the declared order, less the math
-moves whose trial and check no longer fit in the budget left. So when the budget is short, the same-math
-moves come before the math moves that would not fit, which are not proposed at all (a gain that cannot
-be checked cannot be exported), and the budget left is the trial loop's, so the reserve that checks the
-export afterwards stays whole.
+moves whose trial and check no longer fit in the trial loop's time left and the reserve the end of the
+search keeps to check the export (`check_reserve`: the gate checks the winner's class there, so a late
+math move may still win and be checked). So when the budget is short, the same-math moves come before
+the math moves that would not fit, which are not proposed at all: a gain that cannot be checked cannot
+be exported. The session wires it: budget_left = Budget.search_left, check_reserve = the parity reserve.
 
 Why not cheapest first whenever the whole pass does not fit (every same-math move before any math move):
 the study cannot measure what a knob buys before the pass moves it, so the declared order (the knobs that
 usually matter most first) is the only prior on gain, and the recorded grid says it is worth keeping. On
 benchmarks/search_efficiency.py's grid (64 px on 2 CPUs, where loader workers and channels_last lose and
-precision and batch size win) cheapest-first reached a checked 95% of the best in 0 of 30 seeds at a
-120 s budget, against 30 of 30 in the declared order, and in 158 s against 115 s at 180 s.
+precision and batch size win) cheapest-first reached a checked 95% of the best in 0 of 30 seeds within a
+120 s trial loop, against 30 of 30 in the declared order, and took 158 s against 115 s at 180 s; the rule
+above matches the declared order there at every budget from 45 s up (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Clock:
     """What the pass may spend and what a move costs, in seconds, from the study's measurements."""
 
     left_s: float  # the budget left to the trial loop
+    reserve_s: float  # kept after the trial loop to check the export's class (the parity gate)
     trial_s: float  # a trial: the median measured wall time
     check_s: float  # a class check: as measured, else CHECK_RUNS trials (CHECK_RUNS_STORED with a reference)
 
@@ -95,8 +98,14 @@ class Clock:
         """A move's price to an exportable result: its trial, and its class check for a knob with math."""
         return self.trial_s + (self.check_s if move["knob"] in CHECKED else 0.0)
 
+    def buys(self, move: dict[str, Any]) -> bool:
+        """Whether a move can still end in an exportable result: a same-math one always, a math one when
+        its trial and its check fit in the trial loop's time left and the export's reserve (whether the
+        trial itself may start is the session's and admission's question, with their grace)."""
+        return move["knob"] not in CHECKED or self.cost(move) <= self.left_s + self.reserve_s
+
     @classmethod
-    def of(cls, study: Study, left_s: float) -> Clock | None:
+    def of(cls, study: Study, left_s: float, reserve_s: float = 0.0) -> Clock | None:
         """The study's figures with `left_s` left; None before any trial was measured (nothing to price)."""
         walls = [
             w
@@ -118,7 +127,7 @@ class Clock:
             check_s = statistics.median(later) if later else CHECK_RUNS_STORED * trial_s
         else:
             check_s = statistics.median(checks) if checks else CHECK_RUNS * trial_s
-        return cls(left_s, trial_s, check_s)
+        return cls(left_s, reserve_s, trial_s, check_s)
 
 
 def _duration(t: FrozenTrial) -> float | None:
@@ -139,7 +148,8 @@ class CoordinateSampler(BaseSampler):
     tpe_every: 0 runs the whole pass before TPE; k > 0 hands every k-th search trial of the pass to TPE.
     plan: the knobs the pass visits, in order (PASS).
     budget_left: the seconds left to the trial loop, asked at each proposal (None, or it answering None:
-    no budget, the declared order); the session sets it to its Budget's search_left."""
+    no budget, the declared order); the session sets it to its Budget's search_left.
+    check_reserve: the seconds kept after the trial loop to check the export (Budget.parity_reserve_s)."""
 
     def __init__(
         self,
@@ -149,11 +159,13 @@ class CoordinateSampler(BaseSampler):
         plan: Sequence[str] = PASS,
         tpe: BaseSampler | None = None,
         budget_left: Callable[[], float | None] | None = None,
+        check_reserve: float = 0.0,
     ) -> None:
         self._tpe = tpe if tpe is not None else make_tpe(seed)
         self._tpe_every = tpe_every
         self._plan = tuple(plan)
         self.budget_left = budget_left
+        self.check_reserve = check_reserve
 
     # ---- Optuna's sampler interface ----------------------------------------------------------------
 
@@ -213,7 +225,7 @@ class CoordinateSampler(BaseSampler):
                 return None  # TPE's turn
         mine = _optuna.storage_of(study).get_trial_system_attrs(_optuna.trial_id(trial)).get(REJECTED_KEY, [])
         left = self.budget_left() if self.budget_left is not None else None
-        clock = Clock.of(study, left) if left is not None and math.isfinite(left) else None
+        clock = Clock.of(study, left, self.check_reserve) if left is not None and math.isfinite(left) else None
         return next_move(others, self._plan, failed_classes(study), mine, clock)
 
 
@@ -229,7 +241,7 @@ def next_move(
     left buys (None: no budget), or None when the pass is over (or there is nothing to start from yet)."""
     moves = remaining_moves(trials, plan, failed, rejected)
     if clock is not None:  # a math move whose trial and check do not both fit buys nothing exportable
-        moves = [m for m in moves if m["knob"] not in CHECKED or clock.cost(m) <= clock.left_s]
+        moves = [m for m in moves if clock.buys(m)]
     return moves[0] if moves else None
 
 

@@ -306,3 +306,11 @@ def test_the_clock_prices_a_check_as_the_study_measured_it() -> None:
     study.set_user_attr(CLASSES, {**study.user_attrs[CLASSES], "global batch 8 -> 16": later})
     assert Clock.of(study, 100.0).check_s == 16.0  # type: ignore[union-attr]
     assert Clock.of(new_study(), 100.0) is None  # nothing measured: nothing to price, the declared order
+
+
+def test_a_math_move_whose_check_fits_in_the_export_reserve_is_still_proposed() -> None:
+    """60 s left and 60 s kept to check the export: a math move (20 s + a 60 s check) can still be run and
+    checked by the gate if it wins, so the declared order stands; with no reserve it would not be."""
+    study = new_study(CoordinateSampler(seed=0, budget_left=lambda: 60.0, check_reserve=60.0))
+    trials = priced_run(study, 3)
+    assert trials[2].system_attrs[MOVE_KEY]["knob"] == "precision"
