@@ -36,7 +36,8 @@ moves whose trial and check no longer fit in the trial loop's time left and the 
 search keeps to check the export (`check_reserve`: the gate checks the winner's class there, so a late
 math move may still win and be checked). So when the budget is short, the same-math moves come before
 the math moves that would not fit, which are not proposed at all: a gain that cannot be checked cannot
-be exported. The session wires it: budget_left = Budget.search_left, check_reserve = the parity reserve.
+be exported. Both are the session's to set (Budget.search_left, Budget.parity_reserve_s); unset, the
+declared order.
 
 Why not cheapest first whenever the whole pass does not fit (every same-math move before any math move):
 the study cannot measure what a knob buys before the pass moves it, so the declared order (the knobs that
