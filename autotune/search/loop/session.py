@@ -43,6 +43,7 @@ from autotune.search.loop.runner import Events, measured, reuse, run_one
 from autotune.search.loop import admission
 from autotune.search.loop.admission import Limits, Sizer
 from autotune.search.loop.proposals import Proposals
+from autotune.search.loop.strategy import CoordinateSampler
 from autotune.search.space.memory import stored_fit
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
 from autotune.search.space.resolve import resolve
@@ -249,6 +250,9 @@ class SearchSession:
         budget less what the end of the search will need."""
         s = self.settings
         budget = budget.trials_begin()  # the warm server is up: its start-up is not the trials' time
+        if isinstance(self.proposals.inner, CoordinateSampler):  # the pass prices its moves against what is left
+            self.proposals.inner.budget_left = budget.search_left
+            self.proposals.inner.check_reserve = budget.parity_reserve_s
         durations: list[float] = []
         repeats = 0
         while s.n_trials is None or len(durations) < s.n_trials:
