@@ -122,8 +122,15 @@ def peak_probe(device: Any, dtype: Any) -> dict[str, Any]:
 
     n, cap = 256, PROBE_MAX_N.get(device.type, PROBE_MAX_N["cpu"])
     while True:
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
+        try:
+            a2 = torch.randn(n, n, device=device).to(dtype)
+            b2 = torch.randn(n, n, device=device).to(dtype)
+        except torch.OutOfMemoryError:  # a device the model nearly fills: the last size that fitted
+            if n == 256:
+                raise
+            n //= 2
+            break
+        a, b = a2, b2
         once(a, b)  # the first product at a size pays for workspace and kernel choice
         took = once(a, b)
         if took >= PROBE_TARGET_S or n >= cap:
@@ -159,9 +166,11 @@ def measure_ceiling(cfg: TrialConfig) -> dict[str, Any]:
         warm_up(h, cycle, 1)  # one-off costs: allocations, kernel choice
         for r in range(ROUNDS):  # alternating which goes first, as benchmarks/roofline.py does
             for loader_fed in (True, False) if r % 2 == 0 else (False, True):
-                if loader_fed:  # what the workers prefetched while the loader was not read costs no wait
-                    for _ in range(prefetched):
-                        next(stream)
+                if loader_fed:
+                    # Stepped through, not just drained: what the workers prefetched while the loader was
+                    # not read costs no wait, and a queue emptied at once makes the first steps wait more
+                    # than in a trial's steady state.
+                    warm_up(h, stream, max(1, prefetched))
                     e2e.append(timed_steps(h, stream, MIN_STEPS, PHASE_S))
                 else:
                     comp.append(timed_steps(h, cycle, MIN_STEPS, PHASE_S))
@@ -180,7 +189,8 @@ def measure_ceiling(cfg: TrialConfig) -> dict[str, Any]:
             f"{'+'.join(str(t.steps) for t in e2e)} steps from the loader "
             f"({sum(t.seconds for t in e2e):.1f} s), {'+'.join(str(t.steps) for t in comp)} steps on "
             f"{CACHED_BATCHES} cached batches ({sum(t.seconds for t in comp):.1f} s, no loader), after 1 "
-            f"untimed step; batch {cfg.batch_size} x {cfg.grad_accum} micro-batch(es), {cfg.image_size} px, "
+            f"untimed step, and {max(1, prefetched)} untimed loader step(s) before each loader phase; "
+            f"batch {cfg.batch_size} x {cfg.grad_accum} micro-batch(es), {cfg.image_size} px, "
             f"{cfg.precision}, device {h.device.type}"
         ),
         "others_cpu": others.cpus,
