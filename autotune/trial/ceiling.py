@@ -33,7 +33,6 @@ from typing import Any
 from collections.abc import Iterator
 
 from autotune.core.config import TrialConfig
-from autotune.core.files import write_json_atomic
 from autotune.core.procs import die_with_parent
 
 CACHED_BATCHES = 2  # steps' worth of batches cycled by the compute-only phase
@@ -218,25 +217,17 @@ def measure_ceiling(cfg: TrialConfig) -> dict[str, Any]:
 
 def run_ceiling(cfg: TrialConfig, folder: Path, timeout_s: float) -> dict[str, Any]:
     """Measure `cfg`'s ceiling in a fresh process; its section, or {"skipped": why} when it failed."""
-    import json
-
     from autotune.core.errors import TrialTimeout
-    from autotune.trial.launcher import run_process  # not at import: the measuring process needs none of it
+    from autotune.trial.launcher import EntryFailed, run_entry  # not at import: the measuring process needs none
 
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(folder / "config.json", cfg.to_dict())
-    out, log = folder / "ceiling.json", folder / "ceiling.log"
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "autotune.trial.ceiling", "--config", str(folder / "config.json"), "--out", str(out)]
     started = time.monotonic()
     try:
-        code = run_process(cmd, log, timeout_s)
+        section = run_entry("autotune.trial.ceiling", cfg, folder, "ceiling.json", timeout_s)
     except TrialTimeout:
-        return {"skipped": f"no result within the {timeout_s:.0f} s the budget left it (log: {log})"}
-    if code != 0 or not out.is_file():
-        lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
-        return {"skipped": f"the measurement failed (exit {code}): {lines[-1] if lines else 'no output'}"}
-    return {**json.loads(out.read_text()), "wall_s": time.monotonic() - started}
+        return {"skipped": f"no result within the {timeout_s:.0f} s the budget left it (log: {folder / 'ceiling.log'})"}
+    except EntryFailed as e:
+        return {"skipped": f"the measurement failed ({e})"}
+    return {**section, "wall_s": time.monotonic() - started}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,22 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
     die_with_parent()
-    import traceback
-
     from autotune.core.configfile import load_config
-    from autotune.core.errors import exit_code_for
-    from autotune.trial.outcome import TRACEBACK_WORTHY, status_of
+    from autotune.trial.outcome import entry_main
 
-    try:
-        section = measure_ceiling(load_config(args.config))
-    except Exception as e:
-        status, message = status_of(e)
-        if status in TRACEBACK_WORTHY:
-            traceback.print_exc()  # kept in ceiling.log, above the one line run_ceiling reports
-        print(f"autotune ceiling: {status}: {message}", file=sys.stderr, flush=True)
-        return int(exit_code_for(status))
-    write_json_atomic(args.out, section)
-    return 0
+    return entry_main("ceiling", lambda: measure_ceiling(load_config(args.config)), args.out)
 
 
 if __name__ == "__main__":

@@ -252,6 +252,28 @@ def _spawn(cmd: list[str], env: Mapping[str, str], log: IO[bytes] | None) -> sub
     )
 
 
+class EntryFailed(Exception):
+    """A measuring entry point (the probe, the ceiling) exited without its result: the code and its log's
+    last line."""
+
+
+def run_entry(module: str, cfg: TrialConfig, folder: Path, out_name: str, timeout_s: float) -> dict[str, object]:
+    """`python -m module --config C --out O` in a fresh process, over `cfg`, in `folder` (its log beside O,
+    as O's stem + .log); O's JSON. Raises EntryFailed, or TrialTimeout when `timeout_s` passes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / "config.json", cfg.to_dict())
+    out = folder / out_name
+    log = out.with_suffix(".log")
+    out.unlink(missing_ok=True)
+    code = run_process(
+        [sys.executable, "-m", module, "--config", str(folder / "config.json"), "--out", str(out)], log, timeout_s
+    )
+    if code != 0 or not out.is_file():
+        lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+        raise EntryFailed(f"exited with code {code}: {lines[-1] if lines else 'no output'}")
+    return dict(json.loads(out.read_text()))
+
+
 def run_process(
     cmd: list[str],
     log_path: Path | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
 from autotune.core.outcomes import Reason
@@ -52,3 +52,25 @@ def named_failure(verdicts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     in a collective ("error", connection closed), so a named status (oom, numerics, ...) wins over "error"."""
     failed = [v for v in verdicts if v.get("status") != "ok"]
     return min(failed, key=lambda v: v.get("status") == Reason.ERROR, default=None)
+
+
+def entry_main(name: str, measure: Callable[[], dict[str, Any]], out: Path) -> int:
+    """The end of a measuring entry point (`python -m autotune.trial.probe`, `.ceiling`): its result to `out`,
+    exit 0; or one classified line on stderr (a traceback above it where one helps) and that status's
+    exit code, which the launcher's run_entry reports."""
+    import sys
+    import traceback
+
+    from autotune.core.errors import exit_code_for
+    from autotune.core.files import write_json_atomic
+
+    try:
+        result = measure()
+    except Exception as e:
+        status, message = status_of(e)
+        if status in TRACEBACK_WORTHY:
+            traceback.print_exc()  # kept in the entry's log, above the one line reported
+        print(f"autotune {name}: {status}: {message}", file=sys.stderr, flush=True)
+        return int(exit_code_for(status))
+    write_json_atomic(out, result)
+    return 0

@@ -14,13 +14,11 @@ does not fit takes down only the probe. `run_probe` starts it and reads its JSON
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.core.config import TrialConfig
-from autotune.core.files import write_json_atomic
 from autotune.core.procs import die_with_parent
 
 PROBE_BATCH = 2  # small enough to fit wherever a trial could, large enough to divide out per-sample figures
@@ -32,22 +30,15 @@ class ProbeError(Exception):
 
 def run_probe(cfg: TrialConfig, folder: Path, timeout_s: float) -> dict[str, Any]:
     """Measure `cfg`'s pipeline in a fresh process; its facts (memory.ModelFacts' fields) or ProbeError."""
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(folder / "config.json", cfg.to_dict())
-    out, log = folder / "facts.json", folder / "probe.log"
-    out.unlink(missing_ok=True)
     from autotune.core.errors import TrialTimeout
-    from autotune.trial.launcher import run_process  # not at import: the probe's own process needs none of it
+    from autotune.trial.launcher import EntryFailed, run_entry  # not at import: the probe's own process needs none
 
-    cmd = [sys.executable, "-m", "autotune.trial.probe", "--config", str(folder / "config.json"), "--out", str(out)]
     try:
-        code = run_process(cmd, log, timeout_s)
+        return run_entry("autotune.trial.probe", cfg, folder, "facts.json", timeout_s)
     except TrialTimeout:
         raise ProbeError(f"no result after {timeout_s:.0f} s") from None
-    if code != 0 or not out.is_file():
-        lines = log.read_text(errors="replace").strip().splitlines()
-        raise ProbeError(f"exited with code {code}: {lines[-1] if lines else 'no output'}")
-    return dict(json.loads(out.read_text()))
+    except EntryFailed as e:
+        raise ProbeError(str(e)) from None
 
 
 def measure(cfg: TrialConfig, batch: int = PROBE_BATCH) -> dict[str, Any]:
@@ -173,22 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=PROBE_BATCH)
     args = parser.parse_args(argv)
     die_with_parent()
-    import traceback
-
     from autotune.core.configfile import load_config
-    from autotune.core.errors import exit_code_for
-    from autotune.trial.outcome import TRACEBACK_WORTHY, status_of
+    from autotune.trial.outcome import entry_main
 
-    try:
-        facts = measure(load_config(args.config), args.batch)
-    except Exception as e:
-        status, message = status_of(e)
-        if status in TRACEBACK_WORTHY:
-            traceback.print_exc()  # kept in probe.log, above the one line run_probe reports
-        print(f"autotune probe: {status}: {message}", file=sys.stderr, flush=True)
-        return int(exit_code_for(status))
-    write_json_atomic(args.out, facts)
-    return 0
+    return entry_main("probe", lambda: measure(load_config(args.config), args.batch), args.out)
 
 
 if __name__ == "__main__":

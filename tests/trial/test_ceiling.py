@@ -96,4 +96,4 @@ def test_a_model_without_countable_flops_has_a_ceiling_and_says_why_it_has_no_ut
 def test_a_failed_measurement_is_a_reason_not_a_crash(tmp_path: Path, repo_on_path: Path) -> None:
     broken = TINY.replace(pipeline="tests.fault_pipelines:broken")
     s = ceiling.run_ceiling(broken, tmp_path, timeout_s=60)
-    assert s["skipped"].startswith("the measurement failed (exit 1)")
+    assert s["skipped"].startswith("the measurement failed (exited with code 1")
