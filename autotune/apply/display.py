@@ -14,7 +14,6 @@ from rich.text import Text
 
 from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
-from autotune.core.settings import SearchSettings
 from autotune.core.training import shown
 from autotune.core.outcomes import Outcome, Reason, Verdict
 from autotune.search.store import records
@@ -160,11 +159,11 @@ def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
     )
 
 
-def ceiling_note(study: optuna.Study, studies_dir: str = SearchSettings.studies_dir) -> str | None:
-    """One line on how far the exported config is from the limit (search/loop/ceiling.py, kept beside
-    best.yaml under `studies_dir`); None when its ceiling was not measured."""
+def ceiling_note(study: optuna.Study) -> str | None:
+    """One line on how far the exported config is from the limit (search/loop/ceiling.py); None when its
+    ceiling was not measured."""
     best = exported(study)
-    section = ceiling.stored(studies_dir, study, best.number) if best is not None else None
+    section = records.ceiling(study, best.number) if best is not None else None
     if section is None or best is None:
         return None
     return f"exported trial {best.number}, ceiling: {ceiling.summary(section)}"

@@ -1,7 +1,7 @@
 """The last step of a search: how far the exported config is from the limit. Its compute-only rate (the
 data-bound ceiling) and its model FLOPs utilisation, measured once in a fresh process
-(autotune/trial/ceiling.py) when the budget left pays for it, kept in studies/<study>/ceiling.json
-beside best.yaml (with the trial it measured), and added to the export as best.yaml's `ceiling:` section.
+(autotune/trial/ceiling.py) when the budget left pays for it, kept on the study with the trial it measured
+(records.ceiling), and so in every export of that trial: best.yaml's `ceiling:` section.
 Skipped with the reason otherwise.
 
 May import: autotune.core, autotune.trial, and the rest of autotune.search (never the session).
@@ -9,29 +9,25 @@ May import: autotune.core, autotune.trial, and the rest of autotune.search (neve
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import os
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import optuna
 
 from autotune.core.config import TrialConfig
-from autotune.core.configfile import Export
-from autotune.core.files import write_json_atomic
 from autotune.core.settings import SearchSettings
 from autotune.pipelines.frameworks import is_framework
 from autotune.pipelines.script import is_script
 from autotune.search.budget import Budget
 from autotune.search.loop.runner import contended_cpus
 from autotune.search.store.folders import end_folder
+from autotune.search.store import records
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.results import exported
 from autotune.trial import ceiling as measuring
 
-FILE = "ceiling.json"  # {"trial": number, **section}, in studies/<study>/
 # A fresh process's imports and pipeline build before its first step (the Unet's is ~5 s cold on the
 # 2-core CPU, ARCHITECTURE's table); the measured steps are added from the exported trial's step time.
 START_S = 8.0
@@ -49,8 +45,13 @@ def need_s(record: TrialRecord) -> float:
     return START_S + timed + (EXTRA_STEPS + warm) * step + measuring.PROBE_S + measuring.PROBE_TARGET_S * 4
 
 
+CEILING_ENV = "AUTOTUNE_CEILING"  # "0": not measured (one more process at every search's end)
+
+
 def why_not(cfg: TrialConfig) -> str | None:
     """Why `cfg` has no ceiling to measure, or None."""
+    if os.environ.get(CEILING_ENV, "1") == "0":
+        return f"turned off ({CEILING_ENV}=0)"
     if is_framework(cfg.pipeline):
         return "a framework pipeline trains in its own loop; the compute-only step needs autotune's"
     if is_script(cfg.pipeline):
@@ -87,32 +88,9 @@ def run(
         section["contended"] = others > contended_cpus()
     if cfg.gpus == 1 and record.config.get("gpus", 1) > 1:
         section["note"] = f"measured on one of the config's {record.config['gpus']} GPUs"
-    write_json_atomic(path(settings.studies_dir, study.study_name), {"trial": best.number, **section})
+    records.write_ceiling(study, best.number, section)
     say(f"ceiling: {summary(section)}")
     return section
-
-
-def path(studies_dir: str | Path, study_name: str) -> Path:
-    """Where a study's ceiling is kept: beside its best.yaml."""
-    return Path(studies_dir) / study_name / FILE
-
-
-def stored(studies_dir: str | Path, study: optuna.Study, number: int) -> dict[str, Any] | None:
-    """The ceiling measured for trial `number`, without its trial key; None when it was not measured."""
-    try:
-        value = json.loads(path(studies_dir, study.study_name).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(value, Mapping) or value.get("trial") != number:
-        return None
-    return {k: v for k, v in value.items() if k != "trial"}
-
-
-def with_ceiling(studies_dir: str | Path, study: optuna.Study, export: Export) -> Export:
-    """`export` with its trial's ceiling section, when one was measured for it."""
-    number = export.study.get("trial")
-    section = stored(studies_dir, study, number) if isinstance(number, int) else None
-    return dataclasses.replace(export, ceiling=section) if section else export
 
 
 def summary(section: Mapping[str, Any]) -> str:

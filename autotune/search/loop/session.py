@@ -404,9 +404,7 @@ class SearchSession:
         if not leaderboard(self.study):
             return None
         out = Path(self.settings.studies_dir) / self.study.study_name / "best.yaml"
-        export = finish.ceiling.with_ceiling(
-            self.settings.studies_dir, self.study, best_export(self.study, self.settings.storage, out)
-        )
+        export = best_export(self.study, self.settings.storage, out)
         write_atomic(out, to_yaml(export))
         return out
 

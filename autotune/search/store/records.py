@@ -344,6 +344,21 @@ def write_parity_reference(study: optuna.Study, reference: Mapping[str, Any]) ->
     study.set_user_attr(REFERENCE, dict(reference))
 
 
+CEILING = "ceiling"  # {"trial": number, **section}: search/loop/ceiling.py's measurement of the export
+
+
+def ceiling(study: optuna.Study | StudySummary, number: int) -> dict[str, Any] | None:
+    """The ceiling measured for trial `number`, without its trial key; None when it was not measured."""
+    value = study.user_attrs.get(CEILING)
+    if not isinstance(value, Mapping) or value.get("trial") != number:
+        return None
+    return {k: v for k, v in value.items() if k != "trial"}
+
+
+def write_ceiling(study: optuna.Study, number: int, section: Mapping[str, Any]) -> None:
+    study.set_user_attr(CEILING, {"trial": number, **section})
+
+
 # ---- a fleet's workers and its claims ------------------------------------------------------------------
 
 

@@ -214,6 +214,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         parity=records.parity_verdict(study, best.number) or class_verdict(study, best),
         checks=checks_summary(study),
         metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})},
+        ceiling=records.ceiling(study, best.number),
     )
     if rounds is None:
         return export

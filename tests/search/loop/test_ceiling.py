@@ -4,10 +4,10 @@ skipped with its reason otherwise."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 
@@ -18,7 +18,9 @@ from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
 from autotune.search.loop import ceiling
 from autotune.search.loop.session import SearchSession
+from autotune.search.store import records
 from autotune.search.store.records import TrialRecord
+from autotune.search.store.storage import open_storage
 from autotune.search.store.results import best_export, exported
 from tests.search.store.test_results import TINY, study_with
 
@@ -33,7 +35,8 @@ MEASURED = {
 }
 
 
-def test_a_budget_that_cannot_pay_for_it_skips_it_and_says_so(tmp_path: Path) -> None:
+def test_a_budget_that_cannot_pay_for_it_skips_it_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ceiling.CEILING_ENV, "1")
     study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 20.0)])
     settings = SearchSettings(budget_s=60, studies_dir=str(tmp_path / "s"), base=TINY)
     spent = Budget.of(settings, started=time.monotonic() - 10_000)
@@ -41,7 +44,7 @@ def test_a_budget_that_cannot_pay_for_it_skips_it_and_says_so(tmp_path: Path) ->
     section = ceiling.run(study, settings, spent, say=said.append)
     assert section is not None and "cannot pay for it" in section["skipped"]
     assert not (tmp_path / "s" / "c" / "ceiling").exists()  # nothing was started
-    written = yaml.safe_load(to_yaml(ceiling.with_ceiling(tmp_path / "s", study, best_export(study, None, None))))
+    written = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert "cannot pay for it" in written["ceiling"]["skipped"]
     assert any("ceiling: not measured" in s for s in said)
 
@@ -52,30 +55,21 @@ def test_need_grows_with_the_exported_steps_time(tmp_path: Path) -> None:
     assert ceiling.need_s(slow) > ceiling.need_s(fast) + 5 * 2.0
 
 
-def test_a_ceiling_is_exported_only_with_the_trial_it_was_measured_for(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_ceiling_is_exported_only_with_the_trial_it_was_measured_for(tmp_path: Path) -> None:
+    """Kept on the study with its trial: every export of that trial has it (search, `export`), `show` and
+    the report read it wherever they run; a previous run's export's ceiling is not this one's."""
     study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 20.0)])
     best = exported(study)
     assert best is not None
-    kept = ceiling.path(tmp_path, study.study_name)
-    kept.parent.mkdir(parents=True)
-    kept.write_text(json.dumps({"trial": best.number + 1, **MEASURED}))  # a previous run's export
-    assert "ceiling" not in yaml.safe_load(
-        to_yaml(ceiling.with_ceiling(tmp_path, study, best_export(study, None, None)))
-    )
-    assert ceiling_note(study, str(tmp_path)) is None
-    kept.write_text(json.dumps({"trial": best.number, **MEASURED}))
-    written = yaml.safe_load(to_yaml(ceiling.with_ceiling(tmp_path, study, best_export(study, None, None))))
+    records.write_ceiling(study, best.number + 1, MEASURED)  # a previous run's export
+    assert "ceiling" not in yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert ceiling_note(study) is None
+    records.write_ceiling(study, best.number, MEASURED)
+    written = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert written["ceiling"] == MEASURED
-    note = ceiling_note(study, str(tmp_path))
+    note = ceiling_note(study)
     assert note is not None and f"exported trial {best.number}" in note
     assert "compute-only 10.00 samples/s" in note and "20% lost to data wait" in note and "1.2%" in note
-    # `autotune show` and the report read the default studies folder, relative to where they run.
-    default = ceiling.path("studies", study.study_name)
-    (tmp_path / default).parent.mkdir(parents=True)
-    kept.rename(tmp_path / default)
-    monkeypatch.chdir(tmp_path)
     assert "contended" not in note
     assert "contended: other processes kept 1.5 CPUs busy" in ceiling.summary(
         {**MEASURED, "others_cpu": 1.5, "contended": True}
@@ -84,13 +78,17 @@ def test_a_ceiling_is_exported_only_with_the_trial_it_was_measured_for(
     assert ("ceiling", note) in _summary(study, 10.0)  # the report's summary
 
 
-def test_a_framework_pipeline_says_why_it_has_no_ceiling() -> None:
+def test_a_framework_pipeline_says_why_it_has_no_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ceiling.CEILING_ENV, "1")
     assert "own loop" in (ceiling.why_not(TINY.replace(pipeline="lightning:my.module:Model")) or "")
     assert ceiling.why_not(TINY) is None
 
 
 @pytest.mark.slow
-def test_a_tiny_search_exports_its_ceiling_with_how_it_was_measured(tmp_path: Path, repo_on_path: Path) -> None:
+def test_a_tiny_search_exports_its_ceiling_with_how_it_was_measured(
+    tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ceiling.CEILING_ENV, "1")  # the suite turns it off elsewhere (tests/conftest.py)
     settings = SearchSettings(
         budget_s=600,
         n_trials=2,
@@ -115,6 +113,6 @@ def test_a_tiny_search_exports_its_ceiling_with_how_it_was_measured(tmp_path: Pa
     assert "torch.mm" in c["peak_method"] and c["peak_dtype"] == dtype and c["probe_size"] >= 256
     assert 0 < c["utilisation"] < 1 and isinstance(c["contended"], bool)
     assert any(s.startswith("ceiling: compute-only") for s in said)
-    kept = json.loads((outcome.best_yaml.parent / ceiling.FILE).read_text())  # beside best.yaml
-    assert kept["trial"] == written["study"]["trial"] and kept["utilisation"] == c["utilisation"]
+    study = optuna.load_study(study_name="autotune", storage=open_storage(settings.storage))
+    assert records.ceiling(study, written["study"]["trial"]) == c  # on the study, with its trial
     print(yaml.safe_dump({"ceiling": c}, sort_keys=False))
