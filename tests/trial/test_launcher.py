@@ -363,8 +363,12 @@ def test_run_process_at_its_timeout_kills_every_group_it_started(tmp_path: Path)
 
 
 def test_probe_and_train_start_through_the_launcher() -> None:
-    """One way to start a fresh process: neither the probe nor train spawns one of its own."""
+    """One way to start a fresh process: neither the probe, the ceiling nor train spawns one of its own."""
     root = Path(launcher.__file__).resolve().parents[1]
-    for module in ("trial/probe.py", "apply/train.py"):
+    for module, call in (
+        ("trial/probe.py", "run_entry("),
+        ("trial/ceiling.py", "run_entry("),
+        ("apply/train.py", "run_process("),
+    ):
         text = (root / module).read_text()
-        assert "subprocess" not in text and "run_process(" in text, module
+        assert "subprocess" not in text and call in text, module

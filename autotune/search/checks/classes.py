@@ -187,7 +187,7 @@ def check_if_it_matters(
     except Exception as e:  # noqa: BLE001 - the baseline failed to train: nothing can be judged, the search goes on
         say(f"check: not made: {getattr(e, 'reason', type(e).__name__)}: {str(e)[:200]}")
         return
-    said = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}.get(v["verdict"], "not checked")
+    said = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}.get(v["verdict"], Verdict.NOT_CHECKED)
     say(
         f"check: {label}: {said}: {v['reason']} ({v['seconds']:.0f} s)"
         + ("; its configs are not run again" if v["verdict"] == Verdict.FAIL else "")
