@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from autotune.cli import run, search, study
+from autotune.cli import knobs, run, search, storage_proxy, study
 from autotune.cli._common import Parser
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, path_error
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autotune", description="Find the fastest way to train a PyTorch model on this machine.", epilog=EXIT_CODES
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for module in (search, run, study):
+    for module in (search, storage_proxy, knobs, run, study):
         module.register(sub)
     return parser
 

@@ -1,4 +1,4 @@
-"""`search`, `worker` and `storage-proxy`: start, join or serve a study; `knobs`: what a search tunes."""
+"""`search` and `worker`: start a study, or join one, and run its trials."""
 
 from __future__ import annotations
 
@@ -152,17 +152,6 @@ def register(sub: Any) -> None:
     )
     s.set_defaults(func=cmd_search)
 
-    k = sub.add_parser(
-        "knobs",
-        help="list the knobs a search tunes",
-        description="List every knob autotune tunes: what it sets, its default (the plain PyTorch baseline), "
-        "the values the search space gives it, and whether it can change the training computed (then a "
-        "trial is checked before it can win).",
-    )
-    k.add_argument("--space", default=None, metavar="FILE", help="search-space YAML (default: the default space)")
-    k.add_argument("--markdown", action="store_true", help="print a Markdown table (README's)")
-    k.set_defaults(func=cmd_knobs)
-
     w = sub.add_parser(
         "worker",
         help="join an existing study and run trials (many machines, one study)",
@@ -198,30 +187,6 @@ def register(sub: Any) -> None:
     nodes_args(w)
     w.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser(
-        "storage-proxy",
-        help="serve a storage to workers over gRPC (Optuna's GrpcStorageProxy)",
-        description="Run Optuna's gRPC storage proxy in front of one RDB storage, so a large fleet "
-        "needs one database connection pool instead of one per worker. Workers use --storage grpc://HOST:PORT. "
-        "The proxy has no TLS and no authentication: anyone who reaches the port can read and rewrite "
-        "every study behind it. It listens on loopback only, for workers on this machine or behind an "
-        "SSH tunnel, unless --trusted-network says that only trusted machines can reach --host.",
-    )
-    p.add_argument("--storage", required=True, help="the RDB storage URL to serve")
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1); one that is not loopback needs --trusted-network",
-    )
-    p.add_argument("--port", type=int, default=13000, help="port (default 13000)")
-    p.add_argument(
-        "--trusted-network",
-        action="store_true",
-        help="listen on a --host that is not loopback: you vouch that every machine that can reach it may "
-        "read and write the studies, and so choose the code the workers run (a private network)",
-    )
-    p.set_defaults(func=cmd_storage_proxy)
-
 
 def _console() -> Any:
     return new_console()
@@ -246,24 +211,6 @@ def cmd_search(args: argparse.Namespace) -> int:
         )
         return 0
     return _run(session, console)
-
-
-def cmd_knobs(args: argparse.Namespace) -> int:
-    from autotune.search.space import table
-    from autotune.search.space.reading import load_space
-    from autotune.search.space.spec import DEFAULT_SPACE
-
-    space = load_space(args.space or DEFAULT_SPACE)
-    if args.markdown:
-        print(table.markdown(space), end="")
-        return 0
-    from rich.table import Table
-
-    t = Table(*table.HEADER, title=f"knobs ({args.space or 'default space'})")
-    for row in table.rows(space):
-        t.add_row(*(cell.replace("`", "") for cell in row))
-    new_console().print(t)
-    return 0
 
 
 def _search_settings(args: argparse.Namespace) -> Any:
@@ -478,43 +425,3 @@ def _dim(console: Any) -> Any:
 
 def _plain(console: Any) -> Any:
     return lambda text: console.print(text, markup=False, highlight=False)
-
-
-def cmd_storage_proxy(args: argparse.Namespace) -> int:
-    import optuna
-
-    from autotune.search.store.storage import shown_storage
-    from autotune.search.store.storage import open_storage
-
-    _check_listen(args.host, args.port, args.trusted_network)
-    storage = open_storage(args.storage)
-    print(f"autotune: serving {shown_storage(args.storage)} on grpc://{args.host}:{args.port}", flush=True)
-    optuna.storages.run_grpc_proxy_server(storage, host=args.host, port=args.port)
-    return 0
-
-
-def _check_listen(host: str, port: int, trusted: bool) -> None:
-    """The proxy lets whoever reaches it rewrite a study, and so the code every worker imports: off
-    loopback only when the operator says the network is trusted. Bad input before anything is opened."""
-    from autotune.core.errors import ConfigError
-
-    if trusted or _loopback(host):
-        return
-    raise ConfigError(
-        f"--host {host}: Optuna's gRPC proxy has no TLS and no authentication, and whoever reaches "
-        f"{host}:{port} can make every worker run code of their choosing; listen on 127.0.0.1 and reach it "
-        "through an SSH tunnel, or pass --trusted-network if only trusted machines can reach that address"
-    )
-
-
-def _loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 (bracketed or not) or localhost; any other name or address is not loopback."""
-    import ipaddress
-
-    name = host.strip().strip("[]")
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:  # a host name: it may resolve anywhere
-        return False
