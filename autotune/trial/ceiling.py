@@ -150,33 +150,16 @@ def peak_probe(device: Any, dtype: Any) -> dict[str, Any]:
 
 def measure_ceiling(cfg: TrialConfig) -> dict[str, Any]:
     """The ceiling section of `cfg`, measured in this process (see the module docstring)."""
-    from autotune.trial.contention import OtherCpu
     from autotune.trial.harness import build
 
     t_start = time.monotonic()
     h = build(cfg, endless=True)
     stream = h.batches()
     cached = [next(stream) for _ in range(CACHED_BATCHES)]  # materialised once, as the loader made them
-    cycle: Iterator[Any] = itertools.cycle(cached)
-    prefetched = cfg.num_workers * (cfg.prefetch_factor or 2)
-    e2e: list[Timed] = []
-    comp: list[Timed] = []
-    with OtherCpu() as others:
-        warm_up(h, cycle, 1)  # one-off costs: allocations, kernel choice
-        for r in range(ROUNDS):  # alternating which goes first, as benchmarks/roofline.py does
-            for loader_fed in (True, False) if r % 2 == 0 else (False, True):
-                if loader_fed:
-                    # Stepped through, not just drained: what the workers prefetched while the loader was
-                    # not read costs no wait, and a queue emptied at once makes the first steps wait more
-                    # than in a trial's steady state.
-                    warm_up(h, stream, max(1, prefetched))
-                    e2e.append(timed_steps(h, stream, MIN_STEPS, PHASE_S))
-                else:
-                    comp.append(timed_steps(h, cycle, MIN_STEPS, PHASE_S))
+    prefetched = max(1, cfg.num_workers * (cfg.prefetch_factor or 2))
+    e2e, comp, others_cpu = alternated_rounds(h, stream, cached, prefetched)
     end_to_end = statistics.median(t.samples_per_s for t in e2e)
     compute_only = statistics.median(t.samples_per_s for t in comp)
-    flops, no_flops = step_flops(h, cached[0])
-    dtype = compute_dtype(h)
     section: dict[str, Any] = {
         "end_to_end_samples_per_s": end_to_end,
         "compute_only_samples_per_s": compute_only,
@@ -188,31 +171,62 @@ def measure_ceiling(cfg: TrialConfig) -> dict[str, Any]:
             f"{'+'.join(str(t.steps) for t in e2e)} steps from the loader "
             f"({sum(t.seconds for t in e2e):.1f} s), {'+'.join(str(t.steps) for t in comp)} steps on "
             f"{CACHED_BATCHES} cached batches ({sum(t.seconds for t in comp):.1f} s, no loader), after 1 "
-            f"untimed step, and {max(1, prefetched)} untimed loader step(s) before each loader phase; "
+            f"untimed step, and {prefetched} untimed loader step(s) before each loader phase; "
             f"batch {cfg.batch_size} x {cfg.grad_accum} micro-batch(es), {cfg.image_size} px, "
             f"{cfg.precision}, device {h.device.type}"
         ),
-        "others_cpu": others.cpus,
+        "others_cpu": others_cpu,
+        **utilisation(cfg, h, cached[0], end_to_end, compute_only),
     }
-    if no_flops:
-        section["utilisation"] = None
-        section["utilisation_not_counted"] = no_flops
-    else:
-        peak = peak_probe(h.device, dtype)
-        per_sample = flops / samples_per_step(cfg)
-        section |= {
-            "flops_per_sample": per_sample,
-            "flops_method": f"FlopCounterMode over one training step (forward, backward, optimizer) of "
-            f"{samples_per_step(cfg)} samples",
-            "peak_flops_per_s": peak["flops_per_s"],
-            "peak_method": peak["method"],
-            "peak_dtype": str(dtype).removeprefix("torch."),
-            "probe_size": peak["size"],
-            "utilisation": per_sample * end_to_end / peak["flops_per_s"],
-            "utilisation_compute_only": per_sample * compute_only / peak["flops_per_s"],
-        }
     section["seconds"] = time.monotonic() - t_start
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in section.items()}
+
+
+def alternated_rounds(
+    h: Any, stream: Iterator[Any], cached: list[Any], prefetched: int
+) -> tuple[list[Timed], list[Timed], float | None]:
+    """ROUNDS of a loader-fed phase and a cached-batch phase, alternating which goes first (as
+    benchmarks/roofline.py does): their timings, and the CPUs other processes kept busy meanwhile."""
+    from autotune.trial.contention import OtherCpu
+
+    cycle: Iterator[Any] = itertools.cycle(cached)
+    e2e: list[Timed] = []
+    comp: list[Timed] = []
+    with OtherCpu() as others:
+        warm_up(h, cycle, 1)  # one-off costs: allocations, kernel choice
+        for r in range(ROUNDS):
+            for loader_fed in (True, False) if r % 2 == 0 else (False, True):
+                if loader_fed:
+                    # Stepped through, not just drained: what the workers prefetched while the loader was
+                    # not read costs no wait, and a queue emptied at once makes the first steps wait more
+                    # than in a trial's steady state.
+                    warm_up(h, stream, prefetched)
+                    e2e.append(timed_steps(h, stream, MIN_STEPS, PHASE_S))
+                else:
+                    comp.append(timed_steps(h, cycle, MIN_STEPS, PHASE_S))
+    return e2e, comp, others.cpus
+
+
+def utilisation(cfg: TrialConfig, h: Any, batch: Any, end_to_end: float, compute_only: float) -> dict[str, Any]:
+    """Model FLOPs utilisation at both rates: one step's FLOPs per sample over the probed peak at the
+    step's dtype; or why the FLOPs could not be counted."""
+    flops, no_flops = step_flops(h, batch)
+    if no_flops:
+        return {"utilisation": None, "utilisation_not_counted": no_flops}
+    dtype = compute_dtype(h)
+    peak = peak_probe(h.device, dtype)
+    per_sample = flops / samples_per_step(cfg)
+    return {
+        "flops_per_sample": per_sample,
+        "flops_method": f"FlopCounterMode over one training step (forward, backward, optimizer) of "
+        f"{samples_per_step(cfg)} samples",
+        "peak_flops_per_s": peak["flops_per_s"],
+        "peak_method": peak["method"],
+        "peak_dtype": str(dtype).removeprefix("torch."),
+        "probe_size": peak["size"],
+        "utilisation": per_sample * end_to_end / peak["flops_per_s"],
+        "utilisation_compute_only": per_sample * compute_only / peak["flops_per_s"],
+    }
 
 
 def run_ceiling(cfg: TrialConfig, folder: Path, timeout_s: float) -> dict[str, Any]:

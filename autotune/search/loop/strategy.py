@@ -111,7 +111,7 @@ class Clock:
         walls = [
             w
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if (w := TrialRecord.from_frozen(t).wall_s or _duration(t))
+            if (w := TrialRecord.from_frozen(t).wall_s or (t.duration.total_seconds() if t.duration else None))
         ]
         if not walls:
             return None
@@ -129,12 +129,6 @@ class Clock:
         else:
             check_s = statistics.median(checks) if checks else CHECK_RUNS * trial_s
         return cls(left_s, reserve_s, trial_s, check_s)
-
-
-def _duration(t: FrozenTrial) -> float | None:
-    if t.datetime_start is None or t.datetime_complete is None:
-        return None
-    return (t.datetime_complete - t.datetime_start).total_seconds()
 
 
 def make_tpe(seed: int | None) -> TPESampler:
