@@ -9,8 +9,10 @@ search (confirmation and the parity gate); the trial loop spends the rest. Every
   each trial's timeout cut to what is left plus the grace;
 * a class check during the search starts only if it ends by `search_deadline`;
 * confirmation runs whole rounds that end by `end`;
-* the parity gate and the extension rounds may run to `late_end`: the search promises to end
-  within budget + max(30 s, 2%), and 10 s of that stay for the export;
+* the parity gate and the extension rounds may run to `checks_end`: the late end less the ceiling's
+  share, so the export's ceiling is still measured after them;
+* the ceiling may run to `late_end`: the search promises to end within budget + max(30 s, 2%), and
+  10 s of that stay for the export;
 * the live display shows `left_s()`.
 """
 
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
+from autotune.trial.ceiling import why_not
 
 # A trial's measured seconds when the workload counts steps instead (seconds=None): a first guess.
 GUESSED_TRIAL_S = 15.0
@@ -31,6 +34,9 @@ GUESSED_TRIAL_S = 15.0
 CONFIRM_OVERHEAD_S = 10.0
 # A parity run's start-up beside its K steps, which take about a trial's measured seconds.
 PARITY_OVERHEAD_S = 15.0
+# The ceiling's fresh process: a cold start of the pipeline (the Unet's ~8 s on a 2-core CPU) and about
+# 10 s of alternated steps and the matmul probe (search/loop/ceiling.need_s for a measured step time).
+CEILING_S = 20.0
 
 
 def trial_seconds(base: TrialConfig) -> float:
@@ -61,6 +67,14 @@ def parity_reserve_s(settings: SearchSettings) -> float:
     return min(3 * (trial_seconds(settings.base) + PARITY_OVERHEAD_S), settings.budget_s / 4)
 
 
+def ceiling_reserve_s(settings: SearchSettings) -> float:
+    """What the export's ceiling keeps: a first guess at its one process, at most a tenth of the budget;
+    nothing when it is not measured (turned off, or a job that trains in its own loop)."""
+    if settings.budget_s is None or why_not(settings.base) is not None:
+        return 0.0
+    return min(CEILING_S, settings.budget_s / 10)
+
+
 @dataclass(frozen=True)
 class Budget:
     """One run's budget: its start on time.monotonic()'s clock, and every deadline derived from it."""
@@ -71,6 +85,7 @@ class Budget:
     grace_s: float
     confirm_reserve_s: float
     parity_reserve_s: float
+    ceiling_reserve_s: float = 0.0  # 0: no ceiling measured at the end
     # When the trial loop began: its share is counted from there, so the warm server's start-up comes out
     # of the end's share, not the trials'. None: from `started`.
     trials_started: float | None = None
@@ -85,12 +100,13 @@ class Budget:
             grace_s=grace_s(settings.budget_s),
             confirm_reserve_s=confirm_reserve_s(settings),
             parity_reserve_s=parity_reserve_s(settings),
+            ceiling_reserve_s=ceiling_reserve_s(settings),
         )
 
     @property
     def reserve_s(self) -> float:
-        """Kept from the trial loop for the end of the search (confirmation and the parity gate)."""
-        return self.confirm_reserve_s + self.parity_reserve_s
+        """Kept from the trial loop for the end of the search (confirmation, the parity gate, the ceiling)."""
+        return self.confirm_reserve_s + self.parity_reserve_s + self.ceiling_reserve_s
 
     @property
     def end(self) -> float | None:
@@ -101,6 +117,11 @@ class Budget:
     def late_end(self) -> float | None:
         """The end plus the grace: the parity gate's checks and the extension rounds must end by it."""
         return None if self.end is None else self.end + self.grace_s
+
+    @property
+    def checks_end(self) -> float | None:
+        """The late end less the ceiling's share: the parity gate and the extension rounds end by it."""
+        return None if self.late_end is None else self.late_end - self.ceiling_reserve_s
 
     @property
     def search_deadline(self) -> float | None:

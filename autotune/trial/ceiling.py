@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import statistics
 import sys
 import time
@@ -34,6 +35,8 @@ from collections.abc import Iterator
 
 from autotune.core.config import TrialConfig
 from autotune.core.procs import die_with_parent
+from autotune.pipelines.frameworks import is_framework
+from autotune.pipelines.script import is_script
 
 CACHED_BATCHES = 2  # steps' worth of batches cycled by the compute-only phase
 ROUNDS = 2  # of (end-to-end, compute only): a process's speed drifts, so each goes first once
@@ -42,6 +45,19 @@ PHASE_S = 0.75  # timed seconds per phase, at least (whichever of the two is lon
 PROBE_TARGET_S = 0.05  # a probe matmul is grown until one takes this long, so the clock can resolve it
 PROBE_S = 0.3  # then timed for about this long, the best repeat kept
 PROBE_MAX_N = {"cpu": 2048, "cuda": 16384}  # the largest square the probe tries, per device type
+
+CEILING_ENV = "AUTOTUNE_CEILING"  # "0": not measured (one more process at every search's end)
+
+
+def why_not(cfg: TrialConfig) -> str | None:
+    """Why `cfg` has no ceiling to measure, or None."""
+    if os.environ.get(CEILING_ENV, "1") == "0":
+        return f"turned off ({CEILING_ENV}=0)"
+    if is_framework(cfg.pipeline):
+        return "a framework pipeline trains in its own loop; the compute-only step needs autotune's"
+    if is_script(cfg.pipeline):
+        return "a user's script trains in its own loop; the compute-only step needs autotune's"
+    return None
 
 
 @dataclass(frozen=True)

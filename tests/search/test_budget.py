@@ -8,7 +8,7 @@ import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
-from autotune.search.budget import Budget, confirm_reserve_s, grace_s, parity_reserve_s
+from autotune.search.budget import CEILING_S, Budget, ceiling_reserve_s, confirm_reserve_s, grace_s, parity_reserve_s
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 
@@ -64,3 +64,18 @@ def test_the_trial_loop_s_share_counts_from_when_it_begins() -> None:
     b = Budget.of(SearchSettings(budget_s=1000.0, base=TINY.replace(seconds=5.0)), started=100.0)
     late = b.trials_begin(now=130.0)
     assert late.search_deadline == b.search_deadline + 30.0 and late.end == b.end and late.late_end == b.late_end
+
+
+def test_the_ceiling_keeps_its_share_after_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export's ceiling is measured last, so the gate and the extension rounds end early enough for it."""
+    monkeypatch.setenv("AUTOTUNE_CEILING", "1")  # the suite turns it off (tests/conftest.py)
+    s = SearchSettings(budget_s=600.0, base=TINY.replace(seconds=5.0))
+    assert ceiling_reserve_s(s) == CEILING_S and ceiling_reserve_s(dataclasses.replace(s, budget_s=60.0)) == 6.0
+    b = Budget.of(s, started=0.0)
+    assert b.reserve_s == confirm_reserve_s(s) + parity_reserve_s(s) + CEILING_S
+    assert b.checks_end == b.late_end - CEILING_S and b.late_end == 600.0 + grace_s(600.0)
+    # Nothing kept where no ceiling is measured: turned off, a job in its own loop, no budget.
+    assert ceiling_reserve_s(dataclasses.replace(s, base=TINY.replace(pipeline="lightning:my.module:Model"))) == 0.0
+    assert ceiling_reserve_s(dataclasses.replace(s, budget_s=None)) == 0.0
+    monkeypatch.setenv("AUTOTUNE_CEILING", "0")
+    assert Budget.of(s, started=0.0).checks_end == Budget.of(s, started=0.0).late_end

@@ -9,7 +9,6 @@ May import: autotune.core, autotune.trial, and the rest of autotune.search (neve
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,8 +17,6 @@ import optuna
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
-from autotune.pipelines.frameworks import is_framework
-from autotune.pipelines.script import is_script
 from autotune.search.budget import Budget
 from autotune.search.loop.runner import contended_cpus
 from autotune.search.store.folders import end_folder
@@ -45,18 +42,7 @@ def need_s(record: TrialRecord) -> float:
     return START_S + timed + (EXTRA_STEPS + warm) * step + measuring.PROBE_S + measuring.PROBE_TARGET_S * 4
 
 
-CEILING_ENV = "AUTOTUNE_CEILING"  # "0": not measured (one more process at every search's end)
-
-
-def why_not(cfg: TrialConfig) -> str | None:
-    """Why `cfg` has no ceiling to measure, or None."""
-    if os.environ.get(CEILING_ENV, "1") == "0":
-        return f"turned off ({CEILING_ENV}=0)"
-    if is_framework(cfg.pipeline):
-        return "a framework pipeline trains in its own loop; the compute-only step needs autotune's"
-    if is_script(cfg.pipeline):
-        return "a user's script trains in its own loop; the compute-only step needs autotune's"
-    return None
+CEILING_ENV, why_not = measuring.CEILING_ENV, measuring.why_not
 
 
 def run(

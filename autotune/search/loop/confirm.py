@@ -127,7 +127,7 @@ def extend(
     )
     folder = end_folder(settings, study, "confirm") / f"trial-{number}"
     figures, _ = _rounds(
-        pool, rounds, folder, settings, server, say, budget.late_end if budget else None, summary.get("trial_s")
+        pool, rounds, folder, settings, server, say, budget.checks_end if budget else None, summary.get("trial_s")
     )
     if not figures:
         return summary

@@ -36,6 +36,7 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
         f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
         f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check "
         f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)"
+        + (", then to measure its ceiling" if budget.ceiling_reserve_s else "")
     )
 
 

@@ -66,7 +66,7 @@ def run(
         need = classes.cost_s(study, settings, t, cfg)
         if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
             need += confirm.extension_s(study)
-        if not Budget.fits(need, budget.late_end if budget else None):
+        if not Budget.fits(need, budget.checks_end if budget else None):
             say(
                 f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
                 "a cheaper one is tried"
