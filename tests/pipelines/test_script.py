@@ -116,7 +116,10 @@ def test_a_search_on_the_example_exports_and_its_best_re_measures(
     assert search.returncode == 0, search.stderr[-3000:]
     best = tmp_path / "studies" / "autotune" / "best.yaml"
     assert f"script:{EXAMPLE}" in yaml.safe_load(best.read_text())["workload"]["pipeline"]
-    assert "batch_size fixed to 8: not supported by this pipeline: the script's own batch size" in search.stdout
+    assert (
+        "batch_size fixed to 8: not supported by this pipeline: the script runs its own batch size, 8 (its DataLoader's"
+        in search.stdout
+    )
     export = autotune("export", "--format", "script", "-o", "changes.txt", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
     assert f"# autotune export for {EXAMPLE}" in (tmp_path / "changes.txt").read_text()

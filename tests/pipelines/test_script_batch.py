@@ -70,7 +70,7 @@ def test_only_a_script_that_hands_over_its_batch_has_it_searched() -> None:
     tokens = script.load(TrialConfig(pipeline=script.spec_of(str(TOKENS))))
     assert "batch_size" not in unsupported_of(tokens) and tokens.own == (4, 2)
     plain = script.load(TrialConfig(pipeline=script.spec_of(str(SCRIPTS / "no_loader.py"))))
-    assert plain.unsupported.why["batch_size"].startswith("the script's own batch size is kept")
+    assert plain.unsupported.why["batch_size"].startswith("the script runs its own batch size")
     # At a study's global batch the script must take its accumulation too, or its step is its own.
     source = "from autotune import script as at\nb = at.batch_size(8)\n"
     assert "batch_size" not in script.unsupported(scan(source))

@@ -8,13 +8,15 @@ on the file, and which knobs the script can take.
 
 Which knobs a script takes is decided statically, from its source (`ast`), before the first trial:
   - the no-edit knobs (optimizer_fusion, set_to_none, cudnn_benchmark, num_threads) reach any script
-    through torch's own seams;
+    through torch's own seams; optimizer_fusion only an optimizer whose constructor takes the
+    fused/foreach pair (fusion.py);
   - the loader knobs need a `DataLoader` in the script's source;
   - precision needs a call to `at.autocast()`, channels_last and compile one to `at.model()`
     (autotune.script, the cooperative API);
   - batch_size needs `at.batch_size(default)`, and under a study's --global-batch `at.accumulation()`
     too; the script's own batch (the baseline's) is read from that default: an int, a name assigned
-    once, or an argparse option's default (with the script's own arguments applied);
+    once, or an argparse option's default (with the script's own arguments applied); a script that
+    keeps its own batch has it read from its DataLoader's batch_size, to say which batch it runs;
   - the lr rule for a changed global batch follows the optimizer the script constructs: linear for
     SGD, sqrt for the Adam family (`lr_rule`), unless the user gives --lr-scaling.
 A static declaration is chosen over a probe run because it is free, known before the space is
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
+from autotune.pipelines.script import fusion
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
@@ -57,8 +60,8 @@ OTHER_OPTIMIZERS = frozenset({"Lion", "Rprop", "ASGD", "LBFGS", "Muon", "Shampoo
 DEFAULT_RULE = "sqrt"
 # What no script takes yet, with why.
 BATCH_WHY = (
-    "the script's own batch size is kept: changing it changes its training, and its lr, schedule and "
-    "accumulation are its own (hand it over with at.batch_size() to search it)"
+    "the script runs its own batch size{own}, not the value the config records: changing it changes its "
+    "training, and its lr, schedule and accumulation are its own (hand it over with at.batch_size() to search it)"
 )
 ALWAYS = {
     "gpus": "the script runs as one process; its own DDP set-up under torchrun is not wired yet",
@@ -119,7 +122,7 @@ class Uses:
     dataloader: bool
     api: frozenset[str]
     optimizers: tuple[str, ...] = ()
-    own: tuple[tuple[str, float | str], ...] = ()  # OWN's values and "lr"
+    own: tuple[tuple[str, float | str], ...] = ()  # OWN's values, "lr" and "loader_batch_size"
     seeded: bool = False  # it seeds torch itself (manual_seed, seed_everything, set_seed) or takes at.seed()
 
     def own_value(self, name: str) -> Any:
@@ -169,6 +172,8 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
     own: list[tuple[str, float | str]] = [(k, _own_default(tree, first[k], args)) for k in OWN if k in first]
     if (lr := _own_lr(tree, first.get("lr"), optimizers, args)) is not None:
         own.append(("lr", lr))
+    if (loader_batch := _loader_batch(tree, args)) is not None:
+        own.append(("loader_batch_size", loader_batch))
     return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api)
 
 
@@ -185,6 +190,20 @@ def _own_lr(
         if isinstance(node, ast.Call) and optimizers and callee == optimizers[0]:
             arg = next((k.value for k in node.keywords if k.arg == "lr"), node.args[1] if len(node.args) > 1 else None)
             return None if arg is None else _resolve(tree, arg, args, 0, float)
+    return None
+
+
+def _loader_batch(tree: ast.Module, args: list[str] | tuple[str, ...]) -> int | str | None:
+    """The batch_size the script's first DataLoader(...) is given (torch's default 1 when it gives none),
+    why it cannot be read, or None: no DataLoader call. What a script that keeps its own batch runs."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _api_name(node) == "DataLoader":
+            arg = next((k.value for k in node.keywords if k.arg == "batch_size"), None)
+            if arg is None and len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
+                arg = node.args[1]
+            if arg is None:
+                return "its DataLoader passes **kwargs" if any(k.arg is None for k in node.keywords) else 1
+            return _resolve(tree, arg, args, 0, int)
     return None
 
 
@@ -295,7 +314,8 @@ def own_batch(uses: Uses, global_batch: int | None) -> int | str:
     """The script's own micro-batch (batch_size is then searchable), or why batch_size stays fixed."""
     batch, accum = uses.own_value("batch_size"), uses.own_value("accumulation")
     if batch is None:
-        return BATCH_WHY
+        loader = uses.own_value("loader_batch_size")
+        return BATCH_WHY.format(own=f", {loader} (its DataLoader's batch_size)" if isinstance(loader, int) else "")
     if isinstance(batch, str):
         return f"at.batch_size()'s default cannot be read: {batch}"
     if isinstance(accum, str):
@@ -333,6 +353,8 @@ def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:
     out = dict(ALWAYS)
     if isinstance(why := own_batch(uses, global_batch), str):
         out["batch_size"] = why
+    if fused := fusion.unroutable(uses.optimizers):
+        out["optimizer_fusion"] = fused
     if not uses.dataloader:
         out |= {k: "the script builds no torch DataLoader (none in its source)" for k in LOADER_KNOBS}
     for knob, call in COOPERATIVE.items():
