@@ -1,0 +1,392 @@
+"""The README's plain-script example: the speedup a search reports for its best config, against the same
+script run alone, as written and with the exported diff applied.
+
+Two measurements of one speedup:
+
+  search   `autotune search --script COPY --script-args "DATA --epochs N" --budget B` in a fresh study over
+           a fresh `autotune make-data` set, and the figures its best.yaml reports: `speedup` (the winner's
+           trial over the baseline's) and, when confirmation ran, `confirmed.speedup_median` (the median
+           over the interleaved rounds of the winner over the baseline measured beside it).
+  alone    `autotune export --format diff` applied with `patch -p0` to a second copy of the script; then
+           the copy as written (A) and the patched copy (B) each run as a user runs them, a fresh
+           `python` process with no autotune trial around it (every `at.*` call is then the identity),
+           alternated A B A B ..., the order reversed on odd rounds so drift falls on both sides.
+
+Each alone run goes through a small runner (this file with --child) that runs the script with runpy as
+`__main__` and times it without editing it: torch's global optimizer step post-hook stamps
+perf_counter at each step; the first --warmup steps are dropped; steps/s and samples/s come from the
+next --steps steps, after which the hook ends the script. Samples are counted from the batches the
+script's own DataLoader yielded (the first dimension of each batch), so a diff that changed the batch
+is counted as it ran; the batch size each side's DataLoader was built with is printed beside it.
+
+It prints each round's ratio (patched / as written, samples/s, same round), their median and min..max,
+the search's reported speedups, and the gap: the measured median / the reported one, with `uptime`'s
+load before and after. A best that is the baseline exports "no change": both sides then run the same
+script, a null check of the method.
+
+    PYTHONPATH=. python benchmarks/script_example.py [--budget 4m] [--rounds 5] [--steps 60] [--out DIR]
+
+Everything (data, the two copies, study, search log, tuned.diff, each run's log and JSON, result.json)
+goes under --out, a new or empty folder (default: a temp folder). Exit code 0; 1 the search, the
+export, the patch or a run failed; 2 bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "autotune" / "pipelines" / "examples" / "plain_script.py"
+STUDY = "script-example"
+SIDES = ("as written", "patched")
+RUN_TIMEOUT_S = 600
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as every bad input here
+        self.exit(2, f"{self.prog}: bad input: {message}\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = Parser(
+        prog="script_example.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--budget", default="4m", help="the search's --budget (default 4m)")
+    p.add_argument("--images", type=int, default=64, help="images `autotune make-data` writes (default 64)")
+    p.add_argument("--px", type=int, default=96, help="their side in pixels, square (default 96)")
+    p.add_argument("--size", type=int, default=64, help="the script's own --size: the side it trains at (default 64)")
+    p.add_argument("--epochs", type=int, default=100, help="the script's --epochs, in the search (default 100)")
+    p.add_argument("--rounds", type=int, default=5, help="alone rounds, as written and patched in each (default 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per alone run (default 3)")
+    p.add_argument("--steps", type=int, default=60, help="timed optimizer steps per alone run (default 60)")
+    p.add_argument("--out", metavar="DIR", help="a new or empty folder for everything (default: a temp folder)")
+    p.add_argument(
+        "--search-args",
+        default="",
+        metavar="ARGS",
+        help="more `autotune search` flags, one shell-quoted string (default: none, the search's own defaults)",
+    )
+    # One alone run, in its own process (the parent starts these).
+    p.add_argument("--child", metavar="SCRIPT", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def bad(message: str) -> NoReturn:
+    """Bad input: exit 2 with one line."""
+    sys.stderr.write(f"script_example.py: bad input: {message}\n")
+    raise SystemExit(2)
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def env() -> dict[str, str]:
+    """The children's environment: this checkout first on the path, so `from autotune import script` is it."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    return e
+
+
+def check_input(args: argparse.Namespace) -> tuple[list[str], Path]:
+    from autotune.core.errors import ConfigError
+    from autotune.core.settings import parse_duration
+
+    try:
+        parse_duration(args.budget)
+    except ConfigError as e:
+        bad(str(e))
+    for name in ("images", "px", "size", "epochs", "rounds", "steps"):
+        if getattr(args, name) < 1:
+            bad(f"--{name} {getattr(args, name)}: at least 1")
+    if args.warmup < 0:
+        bad(f"--warmup {args.warmup}: at least 0")
+    try:
+        extra = shlex.split(args.search_args)
+    except ValueError as e:
+        bad(f"--search-args {args.search_args!r}: {e}")
+    owned = {"--script", "--script-args", "--pipeline", "--budget", "--study", "--studies-dir", "--storage"}
+    if clash := sorted({a.split("=")[0] for a in extra} & owned):
+        bad(f"--search-args: {', '.join(clash)} is set by this script")
+    if shutil.which("patch") is None:
+        bad("`patch` is not installed (it applies the exported diff)")
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="script-example-"))
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        bad(f"--out {out}: not a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return extra, out
+
+
+# ---- one alone run (child process): the script under a timing hook, nothing else ------------------------------
+
+
+class _Enough(BaseException):
+    """Raised from the step hook after the timed steps: a BaseException, so the script's `except Exception`
+    lets it through."""
+
+
+def child(script: Path, script_args: list[str], warmup: int, steps: int, result: Path) -> int:
+    """Run `script` as `python script ARGS` would, stamping each optimizer step; the figures to `result`."""
+    import runpy
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    stamps: list[float] = []
+    samples: list[int] = [0]  # delivered since the last step; one entry per step after it
+    batch_sizes: list[Any] = []
+    init, nxt = DataLoader.__init__, _BaseDataLoaderIter.__next__
+
+    def counting_init(loader: Any, *a: Any, **kw: Any) -> None:
+        init(loader, *a, **kw)
+        batch_sizes.append(loader.batch_size)
+
+    def counting_next(it: Any) -> Any:
+        batch = nxt(it)
+        first = batch[0] if isinstance(batch, (list, tuple)) else batch
+        samples[-1] += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+        return batch
+
+    def stamp(optimizer: Any, a: Any, kw: Any) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+        samples.append(0)
+        if len(stamps) > warmup + steps:
+            raise _Enough
+
+    DataLoader.__init__ = counting_init  # type: ignore[method-assign,assignment]
+    _BaseDataLoaderIter.__next__ = counting_next  # type: ignore[method-assign,assignment]
+    register_optimizer_step_post_hook(stamp)
+    sys.argv, sys.path[0] = [str(script), *script_args], str(script.parent)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except _Enough:
+        pass
+    if len(stamps) <= warmup + steps:
+        print(f"the script ended after {len(stamps)} optimizer steps, before {warmup + steps + 1}", file=sys.stderr)
+        return 1
+    # Step i's samples were delivered between stamps i-1 and i: the timed window is stamps[warmup]..[warmup+steps].
+    seconds = stamps[warmup + steps] - stamps[warmup]
+    timed = sum(samples[warmup + 1 : warmup + steps + 1])
+    figures = {"steps_per_s": steps / seconds, "samples_per_s": timed / seconds, "seconds": seconds}
+    result.write_text(
+        json.dumps(figures | {"samples": timed, "batch_sizes": batch_sizes, "threads": torch.get_num_threads()})
+    )
+    return 0
+
+
+def alone(script: Path, script_args: list[str], args: argparse.Namespace, folder: Path, name: str) -> dict[str, Any]:
+    """One fresh `python` process of `script` through the runner; its figures, and its log's tail on failure."""
+    result, log = folder / f"{name}.json", folder / f"{name}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(script), "--result", str(result)]
+    cmd += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--", *script_args]
+    with log.open("w") as f:
+        rc = subprocess.run(
+            cmd, cwd=folder, env=env(), stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
+        ).returncode
+    if rc != 0 or not result.is_file():
+        tail = log.read_text(errors="replace").splitlines()[-10:]
+        raise RuntimeError(f"{name}: exited {rc}; its log ({log}) ends:\n  " + "\n  ".join(tail))
+    return json.loads(result.read_text())
+
+
+# ---- the search, the export, the patch --------------------------------------------------------------------------
+
+
+def autotune(words: list[str], cwd: Path, log: Path) -> None:
+    cmd = [sys.executable, "-m", "autotune", *words]
+    print(f"$ {shlex.join(cmd)}  (log {log})", flush=True)
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=cwd, env=env(), stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"autotune {words[0]} exited {rc}; its log ends:\n  " + "\n  ".join(tail))
+
+
+def prepare(args: argparse.Namespace, out: Path) -> tuple[Path, Path, list[str]]:
+    """The data set and two copies of the example: `asis/` (searched, run as written) and `patched/`."""
+    data = out / "data"
+    autotune(
+        ["make-data", str(data), "--n", str(args.images), "--size", f"{args.px}x{args.px}"], out, out / "make-data.log"
+    )
+    copies = []
+    for folder in ("asis", "patched"):
+        (out / folder).mkdir()
+        copies.append(Path(shutil.copy(EXAMPLE, out / folder / EXAMPLE.name)))
+    return copies[0], copies[1], [str(data), "--size", str(args.size)]
+
+
+def search(
+    script: Path, script_args: list[str], args: argparse.Namespace, extra: list[str], out: Path
+) -> dict[str, Any]:
+    words = ["search", "--script", str(script), "--script-args", shlex.join(script_args), "--budget", args.budget]
+    words += ["--study", STUDY, "--studies-dir", str(out / "studies"), "--storage", str(out / "studies.db"), *extra]
+    t0 = time.monotonic()
+    autotune(words, out, out / "search.log")
+    print(f"search took {time.monotonic() - t0:.0f} s; what it said of the space and the best:")
+    for line in (out / "search.log").read_text(errors="replace").splitlines():
+        if line.startswith(
+            (
+                "space: batch_size",
+                "space: optimizer_fusion",
+                "baseline:",
+                "confirm",
+                "parity: trial",
+                "autotune: the exported",
+            )
+        ):
+            print(f"  | {line}")
+    import yaml
+
+    best = out / "studies" / STUDY / "best.yaml"
+    if not best.is_file():
+        raise RuntimeError(f"autotune search wrote no {best}")
+    return yaml.safe_load(best.read_text())
+
+
+def export_and_patch(script: Path, patched: Path, out: Path) -> Path:
+    """`export --format diff` from the searched copy's folder (so the diff names the file bare), applied to
+    the other copy with `patch -p0`."""
+    diff = out / "tuned.diff"
+    autotune(
+        ["export", "--study", STUDY, "--storage", str(out / "studies.db"), "--format", "diff", "-o", str(diff)],
+        script.parent,
+        out / "export.log",
+    )
+    text = diff.read_text()
+    print("tuned.diff, as exported:\n    " + "\n    ".join(text.splitlines()), flush=True)
+    if "+++ " not in text:  # "no change": the best is the baseline, both sides run the script as written
+        return diff
+    with diff.open() as f:
+        r = subprocess.run(["patch", "-p0"], cwd=patched.parent, stdin=f, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"patch -p0 < {diff} exited {r.returncode}: {(r.stdout + r.stderr).strip()[-500:]}")
+    return diff
+
+
+def reported(best: dict[str, Any]) -> dict[str, Any]:
+    """The speedups best.yaml reports: the trial's, and the confirmed median and range when confirmation ran."""
+    confirmed = best.get("confirmed") or {}
+    return {
+        "speedup": best.get("speedup"),
+        "confirmed": confirmed.get("speedup_median"),
+        "confirmed_range": confirmed.get("speedup_range"),
+        "confirmed_rounds": confirmed.get("rounds"),
+        "config": best.get("config"),
+    }
+
+
+# ---- main --------------------------------------------------------------------------------------------------------
+
+
+def rounds(
+    copies: dict[str, Path], script_args: list[str], args: argparse.Namespace, out: Path
+) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    for r in range(args.rounds):
+        folder = out / "runs" / f"round-{r}"
+        folder.mkdir(parents=True)
+        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+            got = alone(copies[side], script_args, args, folder, side.replace(" ", "-"))
+            runs[side].append(got | {"load": os.getloadavg()[0]})
+            print(
+                f"round {r} {side:10s} {got['samples_per_s']:8.1f} samples/s {got['steps_per_s']:7.2f} steps/s  "
+                f"batch {got['batch_sizes']}  load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    return runs
+
+
+def summary(runs: dict[str, list[dict[str, Any]]], said: dict[str, Any]) -> dict[str, Any]:
+    ratios = [p["samples_per_s"] / a["samples_per_s"] for a, p in zip(runs["as written"], runs["patched"])]
+    median = statistics.median(ratios)
+    print("\nsamples/s (samples counted from the batches the script's DataLoader yielded), per round:")
+    for side in SIDES:
+        xs = [x["samples_per_s"] for x in runs[side]]
+        print(f"  {side:10s} median {statistics.median(xs):8.1f}   " + "  ".join(f"{x:.1f}" for x in xs))
+    print(f"patched / as written, same round: median x{median:.3f}, min..max x{min(ratios):.3f}..x{max(ratios):.3f}")
+    print("   per round: " + "  ".join(f"x{x:.3f}" for x in ratios))
+    gaps = {}
+    for name in ("speedup", "confirmed"):
+        figure = said.get(name)
+        if figure:
+            gaps[name] = median / float(figure)
+            print(
+                f"search's {name:9s} x{float(figure):.3f}: measured / reported = {gaps[name]:.3f} ({gaps[name] - 1:+.1%})"
+            )
+        else:
+            print(
+                f"search's {name:9s} none in best.yaml"
+                + (" (confirmation off, or no whole round fitted)" if name == "confirmed" else "")
+            )
+    if said.get("confirmed_range"):
+        lo, hi = said["confirmed_range"]
+        print(f"  (confirmed over {said.get('confirmed_rounds')} round(s), range x{lo:.3f}..x{hi:.3f})")
+    return {"ratios": ratios, "median": median, "min": min(ratios), "max": max(ratios), "gaps": gaps}
+
+
+def measure(args: argparse.Namespace, extra: list[str], out: Path) -> int:
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}\nload at start: {uptime()}")
+    print(
+        f"out: {out}; {args.images} images at {args.px} px, trained at {args.size} px; search budget {args.budget}; "
+        f"then {args.rounds} round(s) x 2 alone runs of {args.steps} timed steps after {args.warmup} warm-up steps",
+        flush=True,
+    )
+    asis, patched, script_args = prepare(args, out)
+    best = search(asis, [*script_args, "--epochs", str(args.epochs)], args, extra, out)
+    said = reported(best)
+    print(f"best: config {said['config']}; speedup {said['speedup']}, confirmed {said['confirmed']}")
+    diff = export_and_patch(asis, patched, out)
+    # The search's own command line: its --epochs outlast the timed steps, after which the hook ends the run.
+    alone_args = [*script_args, "--epochs", str(args.epochs)]
+    print(f"alone: python <copy> {shlex.join(alone_args)} (through the runner; the hook ends it after the timed steps)")
+    runs = rounds({"as written": asis, "patched": patched}, alone_args, args, out)
+    figures = summary(runs, said)
+    load_end = uptime()
+    print(f"load at end: {load_end}")
+    record = {"reported": said, "runs": runs, "figures": figures, "diff": diff.read_text(), "load_end": load_end}
+    (out / "result.json").write_text(json.dumps(record, indent=1, default=str))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        rest = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+        return child(Path(args.child), rest, args.warmup, args.steps, Path(args.result))
+    if args.script_args:
+        bad(f"unexpected arguments {shlex.join(args.script_args)}")
+    if str(ROOT) not in sys.path:  # run from a checkout without installing
+        sys.path.insert(0, str(ROOT))
+    extra, out = check_input(args)
+    try:
+        return measure(args, extra, out)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"script_example.py: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
