@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from autotune.trial import knobs, loading, sharding
+from autotune.trial import knobs, loading, sharding, warm_model
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.core.errors import DataItemError, TrialUnsupported
 from autotune.pipelines import Pipeline, blocks_of, load_pipeline, stages_of, unsupported_of
@@ -228,6 +228,13 @@ def batches(loader: DataLoader[Any]) -> Iterator[Any]:
         epoch += 1
 
 
+def seeded_pipeline(cfg: TrialConfig, rank: int) -> Pipeline:
+    """The config's pipeline, made just after torch is seeded from cfg.seed: the generator state its
+    model is drawn from. One function, because a warm server's builder must reach the very same state."""
+    torch.manual_seed(cfg.seed + rank)
+    return load_pipeline(cfg)
+
+
 def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     """Process setup, pipeline, and every knob, in the order they must be applied.
 
@@ -240,9 +247,7 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(knobs.ddp_backend(device))
     applied: dict[str, Any] = knobs.setup_process(cfg, device)
-    torch.manual_seed(cfg.seed + rank)
-
-    pipeline = load_pipeline(cfg)
+    pipeline = seeded_pipeline(cfg, rank)
     default = TrialConfig()
     unsupported = unsupported_of(pipeline)
     refused = [k for k in sorted(unsupported & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
@@ -251,7 +256,7 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
         raise TrialUnsupported(
             "the pipeline does not support: " + ", ".join(f"{k} ({why[k]})" if why.get(k) else k for k in refused)
         )
-    model = pipeline.build_model()
+    model = warm_model.build_model(pipeline, cfg)  # pipeline.build_model(), or a warm server's copy of it
     # Batch-norm statistics span one micro-batch on one process: a smaller micro-batch changes them.
     applied["batch_norm_layers"] = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     applied |= knobs.wrap_checkpoints(model, stages_of(pipeline), cfg.checkpoint_segments)

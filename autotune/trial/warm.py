@@ -7,7 +7,8 @@ its own process group (killable with `os.killpg(pid, SIGKILL)`, loader workers i
 log, env and cwd, and an exit code that means what a cold trial's exit code means.
 
 Fork is safe because the server never initialises CUDA (the child does, after the fork) and never
-runs a torch op, so no intra-op/OpenMP pool exists to be copied half-alive. (numpy's OpenBLAS starts
+runs a torch op, so no intra-op/OpenMP pool exists to be copied half-alive. (A pipeline's initial
+model is drawn by a builder child and only mapped from its file by the server: autotune.trial.warm_model.) (numpy's OpenBLAS starts
 its pool on import, as in every cold trial; OpenBLAS re-creates it in a forked child itself.)
 A pipeline module may still ask `torch.cuda.is_available()` at import time, which by default calls
 cuInit without marking torch's CUDA initialised, so the server's guard can't see it and its children may

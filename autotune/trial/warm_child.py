@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from typing import Any, NoReturn
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from autotune.core.procs import die_with_parent
 from autotune.core.outcomes import Reason
@@ -22,8 +22,10 @@ def child(
     server_fds: list[Any],
     fresh: dict[int, Any],
     base_path: list[str],
+    job: Callable[[list[str]], int] | None = None,
 ) -> NoReturn:
-    """Become a trial process, as if started by `python -m autotune.trial argv`, run it, and exit.
+    """Become a trial process, as if started by `python -m autotune.trial argv`, run it (or `job(argv)`,
+    the server's own work done as that trial would see it: see warm_model), and exit with its code.
     Never returns: whatever happens, this process must not fall back into the server's loop."""
     code = 1
     try:
@@ -42,8 +44,7 @@ def child(
             obj.close() if hasattr(obj, "close") else os.close(obj)
         _redirect(request["log"], unbuffered=bool(request["env"].get("PYTHONUNBUFFERED")))
         _become(request, base_path)
-        lost = _cuda_lost() if request["env"].get(EXPECT_CUDA_ENV) == "1" else None
-        code = _fail_cuda_lost(request["argv"], lost) if lost else _run_trial(request["argv"])
+        code = (job or trial)(request["argv"])
     except BaseException:  # noqa: BLE001 - the child must reach os._exit
         _print_exc()
     finally:
@@ -98,6 +99,12 @@ def _become(request: dict[str, Any], base_path: list[str]) -> None:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
         sys.modules["torch"].default_generator.seed()
+
+
+def trial(argv: list[str]) -> int:
+    """The trial itself, once this process has become it."""
+    lost = _cuda_lost() if os.environ.get(EXPECT_CUDA_ENV) == "1" else None
+    return _fail_cuda_lost(argv, lost) if lost else _run_trial(argv)
 
 
 def _cuda_lost() -> str | None:

@@ -5,6 +5,8 @@ once, then forks one trial per request; see autotune.trial.warm for the protocol
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import os
 import signal
@@ -12,15 +14,18 @@ import socket
 import sys
 import time
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autotune.core.procs import die_with_parent, signal_group
+from autotune.trial import warm_model
 from autotune.trial.warm import IMPORT_TIME_ENV
 from autotune.trial.warm_child import base_sys_path, child
 
+MAX_PREBUILT = 4  # models drawn ahead per server: a search has one (pipeline, seed, rank)
+PREBUILD_TIMEOUT_S = 120.0  # a builder draws one model; longer than this, it is stuck
+
 
 def serve(sock_path: str, parent: int, preload: Sequence[str]) -> int:
-    import gc
     import importlib
 
     die_with_parent()
@@ -72,6 +77,7 @@ class _Server:
         self.pending: dict[socket.socket, bytes] = {}  # connections whose request is still arriving
         self.children: dict[int, socket.socket | None] = {}  # pid -> its controller connection (None: gone)
         self.owner: dict[socket.socket, int] = {}
+        self.prebuilt: set[tuple[str, int, int]] = set()  # the (pipeline, seed, rank)s a builder has tried
 
     def loop(self) -> None:
         """Serve until SIGTERM."""
@@ -111,14 +117,38 @@ class _Server:
         """Fork the child `request` asks for, and tell its controller the pid (or why not)."""
         keep = [self.listener, self.wake_r, self.wake_w, self.sel, conn, *self.pending, *self.owner]
         try:
-            pid = _handle(request, self.import_env, keep, self.fresh, self.base_path)
-        except _Refused as e:  # a bad request never takes the server (and its trials) down
-            _send(conn, {"error": str(e)})
+            checked = _check(request, self.import_env)
+            self._prebuild(checked, keep)
+            pid = _fork(checked, keep, self.fresh, self.base_path)
+        except (_Refused, OSError) as e:  # a bad request never takes the server (and its trials) down
+            # OSError: EAGAIN/ENOMEM from fork, the machine is short of processes or memory.
+            _send(conn, {"error": str(e) if isinstance(e, _Refused) else f"fork failed: {e}"})
             self.drop(conn)
             return
         self.children[pid] = conn
         self.owner[conn] = pid
         _send(conn, {"pid": pid})  # if the controller is gone, its EOF kills the child next
+
+    def _prebuild(self, request: dict[str, Any], keep: list[Any]) -> None:
+        """Before the first trial of a (pipeline, seed, rank) whose pipeline declares model_key: draw its
+        model once, in a builder forked and set up as that trial would be, and load it for every child
+        forked after (warm_model). Waited for here: this trial is the first to start from it."""
+        wanted = warm_model.wanted(request["argv"], request["env"])
+        if wanted is None or wanted in self.prebuilt or len(self.prebuilt) >= MAX_PREBUILT:
+            return
+        self.prebuilt.add(wanted)
+        out = os.path.join(os.path.dirname(self.sock_path), f"model-{len(self.prebuilt)}.pt")
+        t0 = time.perf_counter()
+        try:
+            job = functools.partial(warm_model.build_entry, out=out)
+            code = _wait_for(_fork({**request, "log": out + ".log"}, keep, self.fresh, self.base_path, job))
+        except OSError as e:
+            code, out = -1, f"fork failed: {e}"
+        if code == 0:
+            warm_model.load(out)
+            gc.freeze()  # the model's objects too: the children's collector leaves them shared
+        what = "model drawn" if code == 0 else f"no model (builder exit {code}; its log: {out}.log)"
+        print(f"autotune warm server: {wanted}: {what} in {time.perf_counter() - t0:.2f} s", flush=True)
 
     def drop(self, conn: socket.socket) -> None:
         self.sel.unregister(conn)
@@ -163,10 +193,8 @@ def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
         pass  # the controller is gone; the connection's EOF is handled where it is read
 
 
-def _handle(
-    raw: bytes, import_env: dict[str, str | None], keep: list[Any], fresh: dict[int, Any], base_path: list[str]
-) -> int:
-    """Check one request and fork its child; raises _Refused with the reason it can't be served."""
+def _check(raw: bytes, import_env: dict[str, str | None]) -> dict[str, Any]:
+    """One request, parsed, if a child can be forked for it; raises _Refused with the reason it can't."""
     import threading
 
     try:
@@ -188,14 +216,17 @@ def _handle(
     differ = [k for k, v in import_env.items() if request["env"].get(k) != v]
     if differ:
         raise _Refused(f"{', '.join(differ)} differ(s) from the server's, and is read at import time")
-    try:
-        return _fork(request, keep, fresh, base_path)
-    except OSError as e:  # EAGAIN/ENOMEM: the machine is short of processes or memory
-        raise _Refused(f"fork failed: {e}") from None
+    return request
 
 
-def _fork(request: dict[str, Any], server_fds: list[Any], fresh: dict[int, Any], base_path: list[str]) -> int:
-    """Fork a child for this request; return its pid once it leads its own process group."""
+def _fork(
+    request: dict[str, Any],
+    server_fds: list[Any],
+    fresh: dict[int, Any],
+    base_path: list[str],
+    job: Callable[[list[str]], int] | None = None,
+) -> int:
+    """Fork a child for this request (its trial, or `job`); return its pid once it leads its own group."""
     torch = sys.modules.get("torch")
     assert torch is None or not torch.cuda.is_initialized(), "CUDA must not be initialised before fork"
     sys.stdout.flush()  # or the child would inherit, and later write, the server's unflushed output
@@ -205,13 +236,26 @@ def _fork(request: dict[str, Any], server_fds: list[Any], fresh: dict[int, Any],
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        child(request, server, ready_w, server_fds, fresh, base_path)
+        child(request, server, ready_w, server_fds, fresh, base_path, job)
     os.close(ready_w)
     # Reply only after the child's setsid(): a killpg(pid) sent as soon as the pid is known must find
     # the group. EOF (the child died first) is fine too: its exit is reaped and reported.
     os.read(ready_r, 1)
     os.close(ready_r)
     return pid
+
+
+def _wait_for(pid: int, timeout_s: float = PREBUILD_TIMEOUT_S) -> int:
+    """A builder's exit code; one still running after timeout_s is killed (-SIGKILL)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            signal_group(pid)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> int:

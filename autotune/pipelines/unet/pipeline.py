@@ -154,6 +154,11 @@ class UnetPipeline:
             model.encoder.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True), strict=False)
         return model
 
+    def model_key(self) -> tuple[()] | None:
+        """The same model for every config: nothing of it reaches build_model, so a warm server may draw
+        it once (autotune.trial.warm_model). None when AUTOTUNE_ENCODER_WEIGHTS names a file to load."""
+        return None if os.environ.get("AUTOTUNE_ENCODER_WEIGHTS") else ()
+
     def build_dataset(self) -> Dataset[tuple[torch.Tensor, torch.Tensor]]:
         return SegmentationFolder(self._usable(self.train_pairs), self.image_size, train=True, root=self.data_dir)
 
