@@ -206,12 +206,12 @@ with at.autocast():
 
 @needs_patch
 def test_an_optimizer_without_the_flags_is_left_as_written_and_said(tmp_path: Path) -> None:
-    """pytorch/examples' mnist builds Adadelta, which has no fused/foreach pair: the trial left it, so does
-    the diff."""
+    """pytorch/examples' mnist builds Adadelta, which has no fused/foreach pair: the search does not tune
+    its fusion (the space says why), and the diff leaves the optimizer as written."""
     source = "import torch\nopt = torch.optim.Adadelta([torch.zeros(1, requires_grad=True)], lr=1.0)\n"
     diff, patched = _patched(tmp_path, source, optimizer_fusion="fused", num_workers=1)
     assert patched == source
-    assert "# not in the diff: optimizer_fusion=fused: Adadelta takes no fused/foreach pair" in diff
+    assert "optimizer_fusion" not in diff  # not a knob of this script: nothing to say about it
 
 
 def test_the_cooperative_calls_a_best_changes_become_the_torch_calls(tmp_path: Path) -> None:

@@ -164,7 +164,7 @@ def test_docs_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
     run = autotune(*with_short_budget(search), cwd=tmp_path, pythonpath=tmp_path)
     ok(run)
     assert (
-        "channels_last fixed to False: not supported by this pipeline: TrainingArguments has no memory-layout "
+        "channels_last not searched: not supported by this pipeline: TrainingArguments has no memory-layout "
         "field" in run.stdout
     ), run.stdout
     assert "checkpoint_segments: choices limited to [0, 1]" in run.stdout, run.stdout

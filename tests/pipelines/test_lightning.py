@@ -167,7 +167,7 @@ def test_docs_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
     ok(run)
     # Knobs a Trainer cannot express are fixed, each with why.
     assert (
-        "optimizer_fusion fixed to 'none': not supported by this pipeline: the LightningModule builds its own "
+        "optimizer_fusion not searched: not supported by this pipeline: the LightningModule builds its own "
         "optimizer in configure_optimizers()"
     ) in run.stdout, run.stdout
     done = no_trial_broke(tmp_path / "studies.db", "lit")

@@ -117,7 +117,7 @@ def test_a_search_on_the_example_exports_and_its_best_re_measures(
     best = tmp_path / "studies" / "autotune" / "best.yaml"
     assert f"script:{EXAMPLE}" in yaml.safe_load(best.read_text())["workload"]["pipeline"]
     assert (
-        "batch_size fixed to 8: not supported by this pipeline: the script runs its own batch size, 8 (its DataLoader's"
+        "batch_size not searched: not supported by this pipeline: the script runs its own batch size, 8 (its DataLoader's"
         in search.stdout
     )
     export = autotune("export", "--format", "script", "-o", "changes.txt", cwd=tmp_path)

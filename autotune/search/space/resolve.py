@@ -65,7 +65,7 @@ def for_hardware(
         if k not in KNOBS:
             raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
         why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
-        n.fix(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
+        n.leave(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
     n_gpus = max(1, hw.gpu_count)
     n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
     if not hw.cuda:
@@ -127,6 +127,13 @@ class _Narrowing:
         if knob in self.knobs and self.knobs[knob] != Fixed(value):
             self.knobs[knob] = Fixed(value)
             self.notes.append(f"{knob} fixed to {value!r}: {why}")
+
+    def leave(self, knob: str, value: Any, why: str) -> None:
+        """Fix a knob the job keeps as its own: the value is only what the config records (autotune's
+        default), not what the job runs, so the note names none."""
+        if knob in self.knobs and self.knobs[knob] != Fixed(value):
+            self.knobs[knob] = Fixed(value)
+            self.notes.append(f"{knob} not searched: {why}")
 
     def keep(self, knob: str, ok: Any, why: str) -> None:
         """Drop the values `ok` rejects; a space left with none is an error."""
