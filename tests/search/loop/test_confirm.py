@@ -8,6 +8,7 @@ import statistics
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 
@@ -18,6 +19,8 @@ from autotune.search.loop import confirm
 from autotune.search.store.records import PARITY
 from autotune.search.store.results import best_export, confirmed_figures, export_order, exported
 from autotune.search.loop.session import SearchSession
+from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
+from tests.conftest import warm_server_on_repo
 from tests.search.store.test_results import TINY, study_with
 
 # The confirmation's end-to-end tests measure configs whose speeds differ by construction: two loader
@@ -132,7 +135,14 @@ def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_t
         parity_steps=0,
     )
     said: list[str] = []
-    first = confirm.run(study, settings, say=said.append)
+    with warm_server_on_repo(DEFAULT_PRELOAD) as server:  # forked fresh processes: a cold start each is ~6 s
+        _confirm_then_extend(study, settings, server, said, tmp_path)
+
+
+def _confirm_then_extend(
+    study: optuna.Study, settings: SearchSettings, server: WarmServer, said: list[str], tmp_path: Path
+) -> None:
+    first = confirm.run(study, settings, server=server, say=said.append)
     assert first is not None and [r["label"] for r in first["rows"]] == ["trial 1", "baseline"]
     # The gate failed the confirmed one and passed trial 2: the export is trial 2, so far unconfirmed.
     study.set_user_attr(PARITY, {"1": {"verdict": "fail", "reason": "deviates"}, "2": {"verdict": "pass"}})
@@ -140,10 +150,10 @@ def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_t
     assert confirm.extension_s(study) > 0  # what the gate adds to the cost of checking it
     # No round fits: nothing changes, and it is said.
     spent = Budget.of(settings, started=time.monotonic() - 10_000)
-    assert confirm.extend(study, settings, 2, spent, say=said.append) == first
+    assert confirm.extend(study, settings, 2, spent, server=server, say=said.append) == first
     assert "confirmation: 0 of 1 round(s) fit in the budget" in said
     two = dataclasses.replace(settings, confirm_rounds=2)
-    summary = confirm.extend(study, two, 2, say=said.append)
+    summary = confirm.extend(study, two, 2, server=server, say=said.append)
     rows = {r["label"]: r for r in summary["rows"]}
     assert len(rows["trial 2"]["samples"]) == 2 and len(rows["baseline"]["samples"]) == 1 + 2
     assert rows["trial 1"]["samples"] == first["rows"][0]["samples"]  # the earlier rounds are kept
@@ -157,4 +167,4 @@ def test_a_config_exported_after_the_confirmed_ones_failed_parity_is_confirmed_t
     assert best["baseline"]["samples_per_s"] == pytest.approx(statistics.median(rows["baseline"]["samples"]))
     (extra,) = (tmp_path / "s" / "c" / "confirm").glob("*/trial-2")  # this run's own folder
     assert len(list(extra.rglob("trial.log"))) == 4  # each measurement a fresh process
-    assert confirm.extend(study, two, 2, say=said.append) == summary  # confirmed once
+    assert confirm.extend(study, two, 2, server=server, say=said.append) == summary  # confirmed once

@@ -1,5 +1,5 @@
 """Nothing lost: `autotune search` killed with SIGKILL at random moments on one study, at least once in
-each stretch of its first 14 s (start-up, the warm server, trials and their tells). After each kill the
+each stretch of its first 11 s (start-up, the warm server, trials and their tells). After each kill the
 journal reads, every trial COMPLETE before it is COMPLETE with the same value, the
 resume step leaves nothing RUNNING, and no process is left in the folder. Also: a disk that fills
 mid-search fails the running trial with the reason, still exports the best, and exits non-zero."""
@@ -29,13 +29,13 @@ from autotune.trial import launcher
 from tests.conftest import REPO_ROOT
 from tests.search.loop.test_study_reliability import left_in
 
-# One kill at a random moment in each of KILLS equal stretches of 3-14 s after the start: start-up (~3 s),
-# the warm server, then a trial and its tell every second or two. Each run completes about 5 trials (113 over
-# 20 kills on an idle machine), so a few kills meet every phase; more are made only until one lands mid-trial
-# and five trials are kept (a busy machine starts slower).
-KILLS = 8
+# One kill at a random moment in each of KILLS equal stretches (1.3 s each) of 3-11 s after the start:
+# start-up (~3 s), the warm server, then a trial and its tell every second or two, the same phases over
+# and over after that. Each run completes a few trials, so a few kills meet every phase; more are made
+# only until one lands mid-trial and five trials are kept (a busy machine starts slower).
+KILLS = 6
 MAX_KILLS = 20
-FIRST_S, LAST_S = 3.0, 14.0
+FIRST_S, LAST_S = 3.0, 11.0
 
 
 def _start(tmp_path: Path) -> subprocess.Popen[bytes]:

@@ -143,7 +143,7 @@ def test_three_workers_share_one_study(fleet) -> None:
 
 
 def test_killed_worker_trial_failed_by_others(fleet) -> None:
-    fleet.create(trial_seconds="20")
+    fleet.create(trial_seconds="8")  # long enough to be seen running and killed mid-trial; the survivor reruns it
     victim = fleet.worker("--n-trials", "1")
     deadline = time.monotonic() + 120
     running = None
