@@ -1,5 +1,7 @@
 """The warm fork server: `python -m autotune.trial.warm_server`. It imports torch and the pipeline
 once, then forks one trial per request; see autotune.trial.warm for the protocol and the controller.
+Before the first trial of a pipeline that allows it, it has the model's initial weights drawn once
+(autotune.trial.warm_model).
 """
 
 from __future__ import annotations
@@ -142,12 +144,12 @@ class _Server:
         try:
             job = functools.partial(warm_model.build_entry, out=out)
             code = _wait_for(_fork({**request, "log": out + ".log"}, keep, self.fresh, self.base_path, job))
-        except OSError as e:
-            code, out = -1, f"fork failed: {e}"
-        if code == 0:
-            warm_model.load(out)
-            gc.freeze()  # the model's objects too: the children's collector leaves them shared
-        what = "model drawn" if code == 0 else f"no model (builder exit {code}; its log: {out}.log)"
+            if code == 0:
+                warm_model.load(out)
+                gc.freeze()  # the model's objects too: the children's collector leaves them shared
+            what = "model drawn" if code == 0 else f"no model (builder exit {code}; its log: {out}.log)"
+        except Exception as e:  # noqa: BLE001 - the trials build their own, as without a server
+            what = f"no model ({type(e).__name__}: {e})"
         print(f"autotune warm server: {wanted}: {what} in {time.perf_counter() - t0:.2f} s", flush=True)
 
     def drop(self, conn: socket.socket) -> None:

@@ -25,6 +25,7 @@ from autotune.trial import launcher, warm_model
 from autotune.trial.harness import seeded_pipeline
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
 from autotune.trial.worker import LAUNCH_TIME_ENV
+from tests.fakes import fault_cfg
 from tests.fault_pipelines import TinyPipeline
 
 pytestmark = pytest.mark.usefixtures("repo_on_path")
@@ -37,6 +38,13 @@ class KeyedTiny(TinyPipeline):
 
     def model_key(self) -> tuple[()]:
         return ()
+
+
+class KeyFails(TinyPipeline):
+    """Declares a key it cannot give: the server's builder fails."""
+
+    def model_key(self) -> tuple[()]:
+        raise RuntimeError("no key today")
 
 
 class DrawsFromNumpy(KeyedTiny):
@@ -137,7 +145,7 @@ def test_a_trial_it_is_not_the_same_for_draws_its_own(
     assert torch.equal(state, want_state) and next_draw == want_next
 
 
-def test_a_key_that_differs_or_is_none_draws_its_own(
+def test_a_key_that_differs_is_none_or_fails_draws_its_own(
     no_prebuilt: list[warm_model.Prebuilt], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = TrialConfig(pipeline=f"{HERE}:KeyedTiny")
@@ -146,6 +154,12 @@ def test_a_key_that_differs_or_is_none_draws_its_own(
         monkeypatch.setattr(KeyedTiny, "model_key", lambda self, key=key: key)
         drawn(cfg)
         assert len(no_prebuilt) == 1
+    monkeypatch.setattr(KeyedTiny, "model_key", KeyFails.model_key)
+    model, state, next_draw = drawn(cfg)  # a cold trial never asks for the key: its failure only means "draw"
+    assert len(no_prebuilt) == 1
+    want_model, want_state, want_next = cold(cfg)
+    assert_identical(model, want_model)
+    assert torch.equal(state, want_state) and next_draw == want_next
 
 
 def test_a_build_that_draws_from_numpy_matches_its_state_and_leaves_it_as_a_cold_build(
@@ -207,7 +221,7 @@ def test_encoder_weights_to_load_are_not_drawn(tiny_data: Path, monkeypatch: pyt
 
 # --- through a warm server ------------------------------------------------------------------------
 
-WARM_PRELOAD = (*DEFAULT_PRELOAD, *pipelines.preload_modules("unet"))
+WARM_PRELOAD = (*DEFAULT_PRELOAD, *pipelines.preload_modules("unet"), HERE)  # this module's pipelines too
 
 
 def run_warm(server: WarmServer, cfg: TrialConfig, folder: Path) -> dict[str, Any]:
@@ -232,3 +246,13 @@ def test_warm_unet_trials_start_from_one_drawn_model_with_a_cold_trials_losses(
         assert result["losses"][0] == cold_result["losses"][0]  # the same weights on the same first batch
         assert result["losses"] == cold_result["losses"]
     assert (server.log_path.read_text().count("model drawn")) == 1  # once, for both
+
+
+@pytest.mark.slow
+@pytest.mark.side_by_side
+def test_a_failed_builder_leaves_each_trial_its_own_build(server: WarmServer, tmp_path: Path) -> None:
+    result = run_warm(server, fault_cfg("KeyFails", module=HERE), tmp_path)
+    assert result["status"] == "ok"
+    assert warm_model.REUSED not in (tmp_path / "trial.log").read_text()
+    assert "no model (builder exit 1" in server.log_path.read_text()
+    assert any("no key today" in log.read_text() for log in server.log_path.parent.glob("model-*.pt.log"))
