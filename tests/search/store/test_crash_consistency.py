@@ -31,8 +31,9 @@ from tests.search.loop.test_study_reliability import left_in
 
 # One kill at a random moment in each of KILLS equal stretches (1.3 s each) of 3-11 s after the start:
 # start-up (~3 s), the warm server, then a trial and its tell every second or two, the same phases over
-# and over after that. Each run completes a few trials, so a few kills meet every phase; more are made
-# only until one lands mid-trial and five trials are kept (a busy machine starts slower).
+# and over after that. Each run completes a few trials, so a few kills meet every phase; more are made,
+# 11-15 s after their start, only until one lands mid-trial and five trials are kept (a busy machine
+# starts slower, and a kill at 3 s may find no trial done at all).
 KILLS = 6
 MAX_KILLS = 20
 FIRST_S, LAST_S = 3.0, 11.0
@@ -79,9 +80,11 @@ def test_random_sigkills_lose_nothing(tmp_path: Path) -> None:
     stale = 0
     kill = 0
     while kill < KILLS or (kill < MAX_KILLS and (stale == 0 or len(before) < 5)):
-        stretch = stretches[kill] if kill < KILLS else rng.randrange(KILLS)
         search = _start(tmp_path)
-        time.sleep(FIRST_S + width * (stretch + rng.random()))
+        if kill < KILLS:
+            time.sleep(FIRST_S + width * (stretches[kill] + rng.random()))
+        else:  # the extra kills come late, so that a busy machine's slow start still completes trials
+            time.sleep(LAST_S + width * rng.random() * KILLS / 2)
         search.send_signal(signal.SIGKILL)
         search.wait(timeout=10)
         kill += 1
