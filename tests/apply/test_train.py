@@ -13,15 +13,13 @@ import yaml
 from autotune.apply import train
 from autotune.cli import build_parser
 from autotune.core.config import TrialConfig
-from autotune.pipelines.unet.data import make_data
 from autotune.core.errors import AutotuneError
+from tests.apply.train_pipelines import ValidatedTiny
 
 pytestmark = pytest.mark.side_by_side
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data(tmp_path_factory.mktemp("train") / "data", n=24, size=(128, 96), seed=0)
+VALIDATED_TINY = "tests.apply.train_pipelines:validated_tiny"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -59,8 +57,11 @@ def test_plain_state_dict_strips_wrappers() -> None:
 
 
 @pytest.mark.slow
-def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.usefixtures("repo_on_path")
+def test_compare_baseline_one_epoch(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # bf16 + fused AdamW + one checkpointed stage + channels_last, batch 4: the baseline is fp32, batch 8.
+    # A two-conv net, not the Unet: four fresh processes train here, and what is checked is train's own
+    # mechanics (test_ddp_two_processes trains the Unet).
     cfg = write_config(
         tmp_path / "best.yaml",
         precision="bf16",
@@ -77,8 +78,8 @@ def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.Ca
             str(cfg),
             "--epochs",
             "1",
-            "--data",
-            str(data),
+            "--pipeline",
+            VALIDATED_TINY,
             "--compare-baseline",
             "--rounds",
             "2",
@@ -115,7 +116,7 @@ def test_compare_baseline_one_epoch(data: Path, tmp_path: Path, capfd: pytest.Ca
         assert epoch["optimizer_steps"] == r["optimizer_steps"] == -(-22 // r["config"]["batch_size"])
         ckpt = torch.load(r["checkpoint"], map_location="cpu", weights_only=True)
         assert ckpt["config"]["precision"] == r["config"]["precision"] and ckpt["epochs"] == 1
-        plain_unet(data).load_state_dict(ckpt["model"])  # strict: no checkpoint/DDP wrapper names left
+        ValidatedTiny(TrialConfig()).build_model().load_state_dict(ckpt["model"])  # strict: no wrapper names left
 
 
 @pytest.mark.slow
@@ -140,15 +141,15 @@ def test_bad_data_is_one_line_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ddp_two_processes(data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    cfg = write_config(tmp_path / "ddp.yaml", gpus=2, batch_size=2)
+def test_ddp_two_processes(tiny_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path / "ddp.yaml", gpus=2, batch_size=4)  # 3 steps a rank, the last one partial
     out = tmp_path / "out"
-    args = parse(["train", "--config", str(cfg), "--epochs", "1", "--data", str(data), "--out", str(out)])
+    args = parse(["train", "--config", str(cfg), "--epochs", "1", "--data", str(tiny_data), "--out", str(out)])
     assert args.func(args) == 0
     assert "DDP over 2 processes" in capfd.readouterr().out
     (run,) = json.loads((out / "train.json").read_text())
     assert run["world"] == 2 and run["history"][0]["samples"] == 22  # both ranks' shards: every sample
-    plain_unet(data).load_state_dict(torch.load(run["checkpoint"], weights_only=True)["model"])
+    plain_unet(tiny_data).load_state_dict(torch.load(run["checkpoint"], weights_only=True)["model"])
 
 
 @pytest.mark.slow
@@ -195,6 +196,7 @@ def test_two_ranks_on_one_gpu_only_with_gloo(tmp_path: Path, monkeypatch: pytest
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("repo_on_path")
 def test_fsdp_training_validates_and_saves_the_whole_model(tmp_path: Path) -> None:
     """Under fsdp every rank holds half of each weight: the checkpoint is gathered on rank 0, named as the
     pipeline's own model names them (the checkpoint wrapper's `inner.` gone), and loads into it strictly.
@@ -202,7 +204,7 @@ def test_fsdp_training_validates_and_saves_the_whole_model(tmp_path: Path) -> No
     from autotune.pipelines.examples.language_model import LanguageModelPipeline
 
     cfg = TrialConfig(
-        pipeline="autotune.pipelines.examples.language_model:make_w64_d2",
+        pipeline="tests.apply.train_pipelines:small_language_model",  # make_w64_d2's model, an epoch of 4 steps
         image_size=32,
         gpus=2,
         batch_size=32,

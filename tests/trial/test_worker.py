@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -166,49 +165,63 @@ def test_unet_loss_falls(tiny_data: Path) -> None:
 # --- as a process: exit codes and result.json -----------------------------------------------------
 
 WORKLOAD = {"pipeline": TINY, "batch_size": 4, "warmup_steps": 1, "timed_steps": 4, "window": 2}
-CASES: dict[str, tuple[Any, int, str]] = {
-    # name: (config file contents, exit code, result.json status)
-    "ok": (WORKLOAD, ExitCode.OK, "ok"),
-    "unknown_key": ({**WORKLOAD, "batch_sise": 4}, ExitCode.BAD_INPUT, "bad_config"),
-    "bad_value": ({**WORKLOAD, "precision": "fp8"}, ExitCode.BAD_INPUT, "bad_config"),
-    "bad_type": ({**WORKLOAD, "batch_size": "four"}, ExitCode.BAD_INPUT, "bad_config"),
-    "bad_yaml": ("pipeline: [unclosed\n", ExitCode.BAD_INPUT, "bad_config"),
-    "no_data": ({"pipeline": "unet", "data_dir": "/nonexistent/autotune-data"}, ExitCode.BAD_INPUT, "bad_config"),
-    "no_module": ({**WORKLOAD, "pipeline": "tests.no_such_module:make"}, ExitCode.BAD_INPUT, "bad_config"),
-    "oom": ({**WORKLOAD, "pipeline": "tests.fault_pipelines:oom"}, ExitCode.OOM, "oom"),
-    "nan": ({**WORKLOAD, "pipeline": "tests.fault_pipelines:nan"}, ExitCode.NUMERICS, "numerics"),
-    "apex": ({**WORKLOAD, "optimizer_fusion": "apex"}, ExitCode.UNSUPPORTED, "unsupported"),
-    "bug": ({**WORKLOAD, "pipeline": "tests.fault_pipelines:broken"}, ExitCode.ERROR, "error"),
+CASES: dict[str, tuple[Any, int, str, list[str]]] = {
+    # name: (config file contents, exit code, result.json status, what its message names)
+    "ok": (WORKLOAD, ExitCode.OK, "ok", []),
+    "unknown_key": ({**WORKLOAD, "batch_sise": 4}, ExitCode.BAD_INPUT, "bad_config", ["batch_sise"]),
+    "bad_value": ({**WORKLOAD, "precision": "fp8"}, ExitCode.BAD_INPUT, "bad_config", ["precision", "fp8"]),
+    "bad_type": ({**WORKLOAD, "batch_size": "four"}, ExitCode.BAD_INPUT, "bad_config", ["batch_size"]),
+    "bad_yaml": ("pipeline: [unclosed\n", ExitCode.BAD_INPUT, "bad_config", ["not valid YAML"]),
+    "no_data": (
+        {"pipeline": "unet", "data_dir": "/nonexistent/autotune-data"},
+        ExitCode.BAD_INPUT,
+        "bad_config",
+        ["/nonexistent/autotune-data"],
+    ),
+    "no_module": (
+        {**WORKLOAD, "pipeline": "tests.no_such_module:make"},
+        ExitCode.BAD_INPUT,
+        "bad_config",
+        ["tests.no_such_module"],
+    ),
+    "oom": ({**WORKLOAD, "pipeline": "tests.fault_pipelines:oom"}, ExitCode.OOM, "oom", ["out of memory"]),
+    "nan": ({**WORKLOAD, "pipeline": "tests.fault_pipelines:nan"}, ExitCode.NUMERICS, "numerics", ["nan"]),
+    "apex": ({**WORKLOAD, "optimizer_fusion": "apex"}, ExitCode.UNSUPPORTED, "unsupported", ["apex", "not installed"]),
+    "bug": (
+        {**WORKLOAD, "pipeline": "tests.fault_pipelines:broken"},
+        ExitCode.ERROR,
+        "error",
+        ["RuntimeError", "user's model code"],
+    ),
 }
+Run = tuple[int, str, dict[str, Any]]  # exit code, stdout and stderr together, result.json
 
 
-@pytest.fixture(scope="module")
-def worker_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, dict[str, Any]]]]:
+def run_every_case(root: Path) -> dict[str, Run]:
     """Every case of CASES as its own `python -m autotune.trial`, started together to share the start-up cost."""
-    root = tmp_path_factory.mktemp("worker")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop(trial.LAUNCH_TIME_ENV, None)
     procs = {}
-    for name, (content, _, _) in CASES.items():
-        d = root / name
-        d.mkdir()
-        config = d / ("config.yaml" if isinstance(content, str) else "config.json")
-        config.write_text(content if isinstance(content, str) else json.dumps(content))
-        procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "autotune.trial", "--config", str(config), "--out", str(d / "result.json")],
-            cwd=d,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    runs = {}
     try:
+        for name, (content, *_) in CASES.items():
+            d = root / name
+            d.mkdir()
+            config = d / ("config.yaml" if isinstance(content, str) else "config.json")
+            config.write_text(content if isinstance(content, str) else json.dumps(content))
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "autotune.trial", "--config", str(config), "--out", str(d / "result.json")],
+                cwd=d,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        runs = {}
         for name, proc in procs.items():
             err, _ = proc.communicate(timeout=180)  # stdout and stderr together, as in a trial log
             result = root / name / "result.json"
             runs[name] = (proc.returncode, err, json.loads(result.read_text()) if result.exists() else {})
-        yield runs
+        return runs
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -216,49 +229,37 @@ def worker_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 proc.wait()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
-def test_worker_exit_code_and_status(worker_runs: dict[str, tuple[int, str, dict[str, Any]]], name: str) -> None:
-    code, err, result = worker_runs[name]
-    _, want_code, want_status = CASES[name]
+def check_case(name: str, run: Run) -> None:
+    code, err, result = run
+    _, want_code, want_status, says = CASES[name]
     assert code == want_code, err
     assert result.get("status") == want_status, (result, err)
     if want_status != "ok":
         assert result["message"] and f"autotune trial: {want_status}: " in err.strip().splitlines()[-1]
+        for w in says:  # the message says what went wrong
+            assert w in result["message"], result["message"]
     if want_code == ExitCode.BAD_INPUT:
         assert "Traceback" not in err, err  # bad input is one line, not a stack
+    if want_status == "ok":  # a full trial result
+        r = TrialResult.from_dict(result)
+        assert r.timed_steps == 4 and len(r.windows) == 2 and r.samples_per_s > 0 and result["loss_finite"]
+        assert set(KNOBS) <= set(r.applied)
+        assert "samples/s" in err
 
 
 @pytest.mark.slow
-def test_worker_ok_result_is_a_full_trial_result(worker_runs: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
-    _, err, d = worker_runs["ok"]
-    r = TrialResult.from_dict(d)
-    assert r.timed_steps == 4 and len(r.windows) == 2 and r.samples_per_s > 0 and d["loss_finite"]
-    assert set(KNOBS) <= set(r.applied)
-    assert "samples/s" in err
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name, words",
-    [
-        ("unknown_key", ["batch_sise"]),
-        ("bad_value", ["precision", "fp8"]),
-        ("bad_type", ["batch_size"]),
-        ("no_data", ["/nonexistent/autotune-data"]),
-        ("no_module", ["tests.no_such_module"]),
-        ("oom", ["out of memory"]),
-        ("nan", ["nan"]),
-        ("apex", ["apex", "not installed"]),
-        ("bug", ["RuntimeError", "user's model code"]),
-    ],
-)
-def test_worker_failure_message_says_what_went_wrong(
-    worker_runs: dict[str, tuple[int, str, dict[str, Any]]], name: str, words: list[str]
-) -> None:
-    message = worker_runs[name][2]["message"]
-    for w in words:
-        assert w in message, message
+def test_each_worker_case_exits_with_its_code_status_and_message(tmp_path: Path) -> None:
+    """One test for all the cases, so that their processes start together once (a module fixture read by
+    several tests runs again in each xdist worker that draws one of them); every case is checked, and
+    every failing one reported."""
+    runs = run_every_case(tmp_path)
+    failed = []
+    for name, run in runs.items():
+        try:
+            check_case(name, run)
+        except AssertionError as e:
+            failed.append(f"{name}: {e}")
+    assert not failed, "\n\n".join(failed)
 
 
 # --- the batches the loader made ahead are consumed before the clock; a window NVML never sampled says so
