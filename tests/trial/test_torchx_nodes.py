@@ -25,7 +25,7 @@ from autotune.trial.nodes import Placement
 from autotune.trial.warm import EXPECT_CUDA_ENV
 from tests.conftest import live_processes, wait_until_gone
 from tests.fakes import fault_cfg
-from tests.trial.test_launcher import assert_nothing_left
+from tests.trial.test_launcher import LauncherClock, assert_nothing_left
 from tests.trial.test_process_groups import CONTROLLER, gone, read_reports
 
 pytest.importorskip("torchx")
@@ -391,14 +391,29 @@ def test_an_oom_on_one_node_is_oom(two_nodes: Placement, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_a_timeout_cancels_every_node(two_nodes: Placement, tmp_path: Path) -> None:
-    trial_dir = tmp_path / "t"
-    start = time.monotonic()
+def test_a_timeout_cancels_every_node(two_nodes: Placement, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both nodes' ranks hang in their second loss; the trial's deadline is then made to pass (the launcher's
+    clock skipped ahead, rather than waiting out a real timeout): every node's processes are cancelled."""
+    report, trial_dir = tmp_path / "pids", tmp_path / "t"
+    monkeypatch.setenv("AUTOTUNE_TEST_PIDS", str(report))
+    clock = LauncherClock()
+    monkeypatch.setattr(launcher, "time", clock)
+    reports: list[dict[str, Any]] = []
+    passed: list[float] = []
+
+    def on_window(step: int, rate: float) -> bool:
+        reports[:] = read_reports(report, 2, timeout_s=60)  # each node's rank, hanging
+        passed.append(time.monotonic())
+        clock.skip = 1e6
+        return False
+
+    cfg = fault_cfg("hang_loss_reporting", warmup_steps=0, window=1)
     with pytest.raises(errors.TrialTimeout):
-        launcher.run_trial(fault_cfg("hang_loss"), trial_dir, timeout_s=25)
-    print(f"timed out trial ended {time.monotonic() - start - 25:.1f} s after its 25 s timeout")
-    assert time.monotonic() - start < 25 + 15
-    assert_nothing_left(trial_dir)
+        launcher.run_trial(cfg, trial_dir, timeout_s=240, on_window=on_window)
+    assert passed and sorted(r["rank"] for r in reports) == [0, 1], "the ranks never reached their hang"
+    print(f"timed out trial ended {time.monotonic() - passed[0]:.1f} s after its deadline passed")
+    assert time.monotonic() - passed[0] < 15
+    assert_nothing_left(trial_dir, [r["pid"] for r in reports])
 
 
 @pytest.mark.slow
