@@ -47,12 +47,13 @@ case "$cmd" in
     # slow ones that measure nothing either (marked side_by_side: a trial's processes, files and exit
     # codes), also side by side; then the rest one at a time: the searches and timed comparisons (slow)
     # and what measures CPU time or contention (alone), so that no other test's load reaches their
-    # figures. Every pass runs whatever the ones before it found, and the suite fails if any did.
+    # figures. Every pass runs whatever the ones before it found, and the suite fails if any did; the slow
+    # passes list their slowest tests, where the suite's time goes.
     failed=0
     workers="${AUTOTUNE_TEST_WORKERS:-auto}"
     "$venv/bin/python" -m pytest -m "not slow and not alone" -n "$workers" || failed=$?
-    "$venv/bin/python" -m pytest -m "slow and side_by_side and not alone" -n "$workers" || failed=$?
-    "$venv/bin/python" -m pytest -m "alone or (slow and not side_by_side)" || exit $?
+    "$venv/bin/python" -m pytest -m "slow and side_by_side and not alone" -n "$workers" --durations=10 || failed=$?
+    "$venv/bin/python" -m pytest -m "alone or (slow and not side_by_side)" --durations=15 || exit $?
     exit "$failed" ;;
   lint)  # the import layers, ruff's lint and format check, and mypy (configured in pyproject.toml)
     cd "$here"

@@ -71,8 +71,8 @@ def test_the_whole_suite_runs_what_times_nothing_side_by_side_and_the_timed_test
     assert whole.returncode == 0, whole.stderr
     assert whole.stdout.splitlines() == [
         "python -m pytest -m not slow and not alone -n auto",
-        "python -m pytest -m slow and side_by_side and not alone -n auto",
-        "python -m pytest -m alone or (slow and not side_by_side)",
+        "python -m pytest -m slow and side_by_side and not alone -n auto --durations=10",
+        "python -m pytest -m alone or (slow and not side_by_side) --durations=15",
     ], whole.stdout
     # A failure in the quick pass still lets the others run, and fails the suite.
     (venv / "bin" / "python").write_text('#!/bin/sh\necho "python $*"\ncase "$*" in *"not slow"*) exit 1;; esac\n')

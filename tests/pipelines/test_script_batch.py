@@ -234,7 +234,9 @@ def test_a_search_on_the_script_with_no_dataloader_searches_its_batch(
     assert search.returncode == 0, search.stderr[-3000:]
     out = search.stdout
     assert "baseline: your job as written: batch_size 4" in out
-    assert "space: num_workers not searched: not supported by this pipeline: the script builds no torch DataLoader" in out
+    assert (
+        "space: num_workers not searched: not supported by this pipeline: the script builds no torch DataLoader" in out
+    )
     searched = next(line for line in out.splitlines() if "knobs searched:" in line)
     assert "batch_size" in searched and "precision" in searched
     best = tmp_path / "studies" / "autotune" / "best.yaml"
