@@ -69,7 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--images", type=int, default=64, help="images `autotune make-data` writes (default 64)")
     p.add_argument("--px", type=int, default=96, help="their side in pixels, square (default 96)")
     p.add_argument("--size", type=int, default=64, help="the script's own --size: the side it trains at (default 64)")
-    p.add_argument("--epochs", type=int, default=100, help="the script's --epochs, in the search (default 100)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=2000,
+        help="the script's --epochs, in the search: enough that no trial runs out of steps (default 2000)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="alone rounds, as written and patched in each (default 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per alone run (default 3)")
     p.add_argument("--steps", type=int, default=60, help="timed optimizer steps per alone run (default 60)")
