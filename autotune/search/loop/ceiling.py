@@ -42,9 +42,6 @@ def need_s(record: TrialRecord) -> float:
     return START_S + timed + (EXTRA_STEPS + warm) * step + measuring.PROBE_S + measuring.PROBE_TARGET_S * 4
 
 
-CEILING_ENV, why_not = measuring.CEILING_ENV, measuring.why_not
-
-
 def run(
     study: optuna.Study, settings: SearchSettings, budget: Budget | None, *, say: Callable[[str], None] = print
 ) -> dict[str, Any] | None:
@@ -59,7 +56,7 @@ def run(
         cfg = cfg.replace(gpus=1)
     need = need_s(record)
     deadline = budget.late_end if budget else None
-    reason = why_not(cfg)
+    reason = measuring.why_not(cfg)
     if reason is None and not Budget.fits(need, deadline):
         left = max(0.0, deadline - time.monotonic()) if deadline is not None else float("inf")
         reason = f"the budget left ({left:.0f} s) cannot pay for it (about {need:.0f} s)"

@@ -17,6 +17,7 @@ from autotune.core.configfile import to_yaml
 from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
 from autotune.search.loop import ceiling
+from autotune.trial import ceiling as measuring
 from autotune.search.loop.session import SearchSession
 from autotune.search.store import records
 from autotune.search.store.records import TrialRecord
@@ -36,7 +37,7 @@ MEASURED = {
 
 
 def test_a_budget_that_cannot_pay_for_it_skips_it_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ceiling.CEILING_ENV, "1")
+    monkeypatch.setenv(measuring.CEILING_ENV, "1")
     study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 20.0)])
     settings = SearchSettings(budget_s=60, studies_dir=str(tmp_path / "s"), base=TINY)
     spent = Budget.of(settings, started=time.monotonic() - 10_000)
@@ -79,16 +80,16 @@ def test_a_ceiling_is_exported_only_with_the_trial_it_was_measured_for(tmp_path:
 
 
 def test_a_framework_pipeline_says_why_it_has_no_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ceiling.CEILING_ENV, "1")
-    assert "own loop" in (ceiling.why_not(TINY.replace(pipeline="lightning:my.module:Model")) or "")
-    assert ceiling.why_not(TINY) is None
+    monkeypatch.setenv(measuring.CEILING_ENV, "1")
+    assert "own loop" in (measuring.why_not(TINY.replace(pipeline="lightning:my.module:Model")) or "")
+    assert measuring.why_not(TINY) is None
 
 
 @pytest.mark.slow
 def test_a_tiny_search_exports_its_ceiling_with_how_it_was_measured(
     tmp_path: Path, repo_on_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(ceiling.CEILING_ENV, "1")  # the suite turns it off elsewhere (tests/conftest.py)
+    monkeypatch.setenv(measuring.CEILING_ENV, "1")  # the suite turns it off elsewhere (tests/conftest.py)
     settings = SearchSettings(
         budget_s=600,
         n_trials=2,
