@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from autotune.core.config import BASELINE, KNOBS, TrialConfig
+from autotune.core.config import BASELINE, KNOBS, LEADS, TrialConfig, dependents
 from autotune.core.errors import AutotuneError, ConfigError, TrialFailure
 from autotune.core.outcomes import Role
 
-# prefetch_factor and persistent_workers mean nothing without workers: they travel with num_workers.
-LOADER_GROUP = ("num_workers", "persistent_workers", "prefetch_factor")
-# FSDP's sub-knobs mean nothing without it: they travel with parallel.
-STRATEGY_GROUP = ("parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")
+# A knob that means nothing without another (the loader's without workers, FSDP's without fsdp) travels
+# with the knob it waits on, first in its group.
+GROUPS = tuple((LEADS[needs], *dependents(needs)) for needs in ("workers", "fsdp"))
 
 Technique = dict[str, Any]  # knob -> value; one or more knobs switched together
 
@@ -25,7 +24,7 @@ def techniques(base: TrialConfig, best: TrialConfig) -> list[Technique]:
     with parallel."""
     diff = {k: getattr(best, k) for k in KNOBS if getattr(best, k) != getattr(base, k)}
     out: list[Technique] = []
-    for group in (LOADER_GROUP, STRATEGY_GROUP):
+    for group in GROUPS:
         if group[0] in diff:
             out.append({k: getattr(best, k) for k in group if k == group[0] or k in diff})
             diff = {k: v for k, v in diff.items() if k not in group}

@@ -185,6 +185,19 @@ class TrialConfig:
         """lr as training uses it: scaled by `lr_scaling` when the global batch is not the reference."""
         return self.lr * lr_factor(self.global_batch_size / self.reference_batch, self.lr_scaling)
 
+    # ---- the loader this config builds -------------------------------------------------------------
+
+    @property
+    def loader_prefetch(self) -> int | None:
+        """The prefetch_factor the DataLoader runs with: torch's default (2) when workers load and none is
+        given; None without workers (DataLoader refuses one then)."""
+        return (self.prefetch_factor or 2) if self.num_workers else None
+
+    @property
+    def batches_ahead(self) -> int:
+        """Batches the loader's workers make before the first is asked for: workers x prefetch."""
+        return self.num_workers * (self.loader_prefetch or 0)
+
     def knobs(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in KNOBS}
 
@@ -236,6 +249,10 @@ KNOBS = tuple(k.name for k in TABLE)
 WORKLOAD = tuple(f.name for f in fields(TrialConfig) if f.name not in KNOBS)
 # The string knobs and workload fields, with what each may be.
 CHOICES = {**{k.name: k.choices for k in TABLE if k.choices}, "lr_scaling": LR_RULES}
+
+
+# What each `needs` waits on: the knob that turns it on (workers > 0, gpus > 1, parallel fsdp).
+LEADS = {"workers": "num_workers", "processes": "gpus", "fsdp": "parallel"}
 
 
 def dependents(needs: str) -> dict[str, Any]:

@@ -172,7 +172,7 @@ def measure_ceiling(cfg: TrialConfig) -> dict[str, Any]:
     h = build(cfg, endless=True)
     stream = h.batches()
     cached = [next(stream) for _ in range(CACHED_BATCHES)]  # materialised once, as the loader made them
-    prefetched = max(1, cfg.num_workers * (cfg.prefetch_factor or 2))
+    prefetched = max(1, cfg.batches_ahead)
     e2e, comp, others_cpu = alternated_rounds(h, stream, cached, prefetched)
     end_to_end = statistics.median(t.samples_per_s for t in e2e)
     compute_only = statistics.median(t.samples_per_s for t in comp)

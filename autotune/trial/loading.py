@@ -106,7 +106,7 @@ def build_loader(
     )
     if cfg.num_workers > 0:
         kwargs["persistent_workers"] = cfg.persistent_workers
-        kwargs["prefetch_factor"] = cfg.prefetch_factor or 2
+        kwargs["prefetch_factor"] = cfg.loader_prefetch
     loader = DataLoader(dataset, **kwargs)
     return loader, _applied(loader, cfg, world, endless)
 

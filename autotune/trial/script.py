@@ -234,7 +234,7 @@ def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
     kw: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
     workers = cfg.num_workers > 0  # DataLoader refuses both without worker processes
     kw["persistent_workers"] = cfg.persistent_workers if workers else False
-    kw["prefetch_factor"] = (cfg.prefetch_factor or 2) if workers else None
+    kw["prefetch_factor"] = cfg.loader_prefetch
     return kw
 
 

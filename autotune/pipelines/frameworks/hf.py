@@ -89,7 +89,7 @@ def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset
         "dataloader_num_workers": cfg.num_workers,
         # TrainingArguments refuses these without worker processes.
         "dataloader_persistent_workers": cfg.persistent_workers and workers,
-        "dataloader_prefetch_factor": (cfg.prefetch_factor or 2) if workers else None,
+        "dataloader_prefetch_factor": cfg.loader_prefetch,
         "torch_compile": cfg.compile != "off",
     }
     if cuda:  # without CUDA pinning is a no-op: the user's setting stays as it is

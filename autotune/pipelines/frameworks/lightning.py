@@ -67,7 +67,7 @@ def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
     """The train DataLoader's arguments a config sets; the datamodule's dataset, sampler and collate_fn stay."""
     kw: dict[str, Any] = {"batch_size": cfg.batch_size, "num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
     if cfg.num_workers > 0:  # DataLoader refuses both without worker processes
-        kw |= {"persistent_workers": cfg.persistent_workers, "prefetch_factor": cfg.prefetch_factor or 2}
+        kw |= {"persistent_workers": cfg.persistent_workers, "prefetch_factor": cfg.loader_prefetch}
     return kw
 
 

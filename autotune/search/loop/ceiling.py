@@ -37,8 +37,8 @@ def need_s(record: TrialRecord) -> float:
     """About how long the measurement of `record`'s config takes, from its own measured step time."""
     step = float(record.metrics.get("step_time_p50") or 0.0)
     timed = 2 * measuring.ROUNDS * max(measuring.PHASE_S, measuring.MIN_STEPS * step)
-    workers, prefetch = record.config.get("num_workers") or 0, record.config.get("prefetch_factor") or 2
-    warm = measuring.ROUNDS * max(1, workers * prefetch)  # before each loader phase (trial/ceiling.py)
+    ahead = TrialConfig.from_dict(record.config).batches_ahead
+    warm = measuring.ROUNDS * max(1, ahead)  # before each loader phase (trial/ceiling.py)
     return START_S + timed + (EXTRA_STEPS + warm) * step + measuring.PROBE_S + measuring.PROBE_TARGET_S * 4
 
 

@@ -94,8 +94,7 @@ def warm_steps(cfg: TrialConfig) -> int:
     """Untimed steps: the warm-up, and the batches the loader made ahead (trial/worker.py's drain)."""
     if cfg.warmup_steps == 0:
         return 0
-    ahead = cfg.num_workers * (cfg.prefetch_factor or 2) if cfg.num_workers else 0
-    return cfg.warmup_steps + -(-ahead // cfg.grad_accum)
+    return cfg.warmup_steps + -(-cfg.batches_ahead // cfg.grad_accum)
 
 
 def timed_steps(cfg: TrialConfig, step_s: float) -> int:
