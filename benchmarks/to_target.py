@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from autotune.apply.comparison import time_to  # noqa: E402
 from autotune.apply.train import run_config  # noqa: E402
 from autotune.core.config import TrialConfig, baseline_of  # noqa: E402
-from autotune.pipelines import workload  # noqa: E402
+from autotune.pipelines import base_config  # noqa: E402
 from autotune.search.checks import parity, target  # noqa: E402
 from autotune.trial import launcher  # noqa: E402
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     print("$ " + " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
     out = Path(a.out_dir or tempfile.mkdtemp(prefix="to-target-"))
-    base = workload("unet", a.image_size, a.data, str(out / "studies"), seconds=a.seconds, warmup_steps=3, window=3)
+    base = base_config("unet", a.image_size, a.data, str(out / "studies"), seconds=a.seconds, warmup_steps=3, window=3)
     names = a.only.split(",") if a.only else list(CONFIGS)
     cfgs = {"baseline": baseline_of(base), **{n: base.replace(**CONFIGS[n]) for n in names}}
     print(f"data {base.data_dir}, {a.image_size} px, out {out}, {load()}", flush=True)

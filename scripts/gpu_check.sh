@@ -397,7 +397,7 @@ end = started + float(os.environ["STEP_LIMIT_S"]) - 5  # 5 s to write the last r
 import torch  # noqa: F401  imported here, the launcher tells every warm fork to fail rather than run on the CPU
 from autotune.core import errors
 from autotune.core.files import write_json_atomic
-from autotune.pipelines import preload_modules, workload
+from autotune.pipelines import base_config, preload_modules
 from autotune.search.checks import parity
 from autotune.trial import launcher
 from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
@@ -405,7 +405,7 @@ from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 def run_parity(d, size, changes, left, server):
     """bf16 against its fp32 baseline through autotune.search.checks.parity: the reference (2 runs), then the candidate."""
-    base = workload("unet", size, data, str(work / "studies"), batch_size=8)
+    base = base_config("unet", size, data, str(work / "studies"), batch_size=8)
     per_run = max(3.0, (left - 1) / 3)
     try:
         ref = parity.noise_reference(base, 10, d / "runs", per_run, server=server)
@@ -447,7 +447,7 @@ try:
             rc = run_parity(d, size, changes, left, server)
         else:
             # 2 measured seconds, not a step count: NVML samples utilisation every 0.1 s.
-            cfg = workload(pipeline, size, data, str(work / "studies"), seconds=2.0, **changes)
+            cfg = base_config(pipeline, size, data, str(work / "studies"), seconds=2.0, **changes)
             kept = os.environ.get("AUTOTUNE_DDP_BACKEND")
             if cfg.gpus > 1 and gpus == 1:
                 os.environ["AUTOTUNE_DDP_BACKEND"] = "gloo"

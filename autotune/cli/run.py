@@ -95,10 +95,10 @@ def register(sub: Any) -> None:
 def _config(args: argparse.Namespace, **extra: Any) -> Any:
     """The config file, with the command line's workload flags over it."""
     from autotune.core.configfile import load_config
-    from autotune.pipelines import workload
+    from autotune.pipelines import base_config
 
     cfg = {**load_config(args.config).to_dict(), **extra}
-    return workload(args.pipeline, args.image_size, args.data, "studies", **cfg)
+    return base_config(args.pipeline, args.image_size, args.data, "studies", **cfg)
 
 
 def cmd_trial(args: argparse.Namespace) -> int:

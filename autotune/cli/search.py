@@ -220,7 +220,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
     from autotune.core.configfile import load_baseline
     from autotune.core.errors import ConfigError
     from autotune.core.settings import SearchSettings, parse_percent
-    from autotune.pipelines import workload
+    from autotune.pipelines import base_config
     from autotune.search.space.reading import load_space
 
     if args.budget is None and not args.create_only:
@@ -237,7 +237,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
         load_space(args.space)
     batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
     baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
-    base = workload(
+    base = base_config(
         _pipeline_spec(args),
         args.image_size,
         args.data,

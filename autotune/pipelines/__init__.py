@@ -202,10 +202,10 @@ def preload_modules(spec: str) -> tuple[str, ...]:
     return (*_PRELOAD.get(spec, ()), module)
 
 
-def workload(
+def base_config(
     pipeline: str | None, image_size: int | None, data: str | None, studies_dir: str, /, **extra: Any
 ) -> TrialConfig:
-    """The workload every trial of a run shares: --pipeline, --image-size and --data over `extra`
+    """The base config every trial of a run shares: --pipeline, --image-size and --data over `extra`
     (a config file's values, or the defaults); without any data, the pipeline's own default.
     Positional-only: a whole config file passed as `extra` has its own `pipeline` and `image_size`."""
     from autotune.core.config import TrialConfig

@@ -14,7 +14,7 @@ import yaml
 from autotune.apply.export import render
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
-from autotune.pipelines import load_pipeline, script, unsupported_of, workload
+from autotune.pipelines import load_pipeline, script, unsupported_of, base_config
 from autotune.search.space.reading import load_space
 from autotune.search.space.resolve import for_hardware
 from autotune.search.space.spec import Fixed
@@ -27,7 +27,7 @@ __all__ = ["images"]  # a fixture
 
 def test_the_spec_holds_the_absolute_path_and_the_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(EXAMPLE.parent)
-    spec = workload("script:plain_script.py 'my data' --epochs 1", None, None, str(tmp_path)).pipeline
+    spec = base_config("script:plain_script.py 'my data' --epochs 1", None, None, str(tmp_path)).pipeline
     assert spec == f"script:{EXAMPLE} 'my data' --epochs 1"
     assert script.parse(spec) == (str(EXAMPLE), ["my data", "--epochs", "1"])
 

@@ -15,7 +15,7 @@ import pytest
 
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.training import changes_step, training_math
-from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of, workload
+from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of, base_config
 from autotune.search.checks import parity, target
 from autotune.trial import worker
 from tests.pipelines.script_helpers import SCRIPTS
@@ -29,7 +29,7 @@ LOADER = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 def study_base(path: Path, args: list[str], **extra: Any) -> TrialConfig:
     """The study's workload as `autotune search --script` makes it: the script's lr and rule read from its
     source, the baseline its own batch (what the session does with own_baseline)."""
-    base = workload(script.spec_of(str(path), args), None, None, "studies", **extra)
+    base = base_config(script.spec_of(str(path), args), None, None, "studies", **extra)
     own = own_baseline(load_pipeline(base), base.global_batch)
     return base.replace(baseline=tuple(own.items()), num_threads=1) if own else base.replace(num_threads=1)
 

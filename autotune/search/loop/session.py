@@ -128,12 +128,15 @@ class SearchSession:
         if settings.base.baseline is None and (own := pipelines.own_baseline(pipeline, settings.base.global_batch)):
             settings = dataclasses.replace(settings, base=settings.base.replace(baseline=own))
             say("baseline: your job as written: " + ", ".join(f"{k} {v}" for k, v in own.items()))
+        # defer: the database host may not hold the data, nor the workers' hardware.
+        # Decode the data once before the first trial (if the pipeline can): bad items are bad input.
+        if not defer and (
+            note := pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress)
+        ):
+            say(note)
         check_writable(settings.storage, settings.studies_dir)  # a full disk stops here, before any trial
-        hw, fit = None, None  # defer: the database host may not hold the data, nor the workers' hardware
+        hw, fit = None, None
         if not defer:
-            # Decode the data once before the first trial (if the pipeline can): bad items are bad input.
-            if note := pipelines.validate_data(pipeline, skip_bad=settings.skip_bad_data, progress=progress):
-                say(note)
             space, hw, fit = resolve(space, pipeline, settings, settings.base, say)
         fp = fingerprint(settings.base) if hw is not None else {}
         study = open_study(settings, open_storage(settings.storage), fp, space, hw)
