@@ -1,9 +1,9 @@
 """What a config changes in the training it computes, next to its baseline: the global batch (and so the
 optimizer steps per epoch), the learning rate that follows it, the precision, and the span of batch-norm
-statistics, and FSDP's mixed-precision dtypes (a bf16 gradient reduce). Knobs that only change speed
-(workers, pinning, fusion, checkpointing, channels_last, cudnn.benchmark, set_to_none, the strategy itself:
-DDP or FSDP at fp32, resharding, offload) compute the same step, up to floating-point rounding, and are not
-listed."""
+statistics, and FSDP's mixed-precision dtypes (a bf16 gradient reduce): the knobs the table declares with
+a `math` (core/config.py). The others only change speed (the loader, fusion, checkpointing, the memory
+layout, cudnn, the strategy itself: DDP or FSDP at fp32, resharding, offload): they compute the same step,
+up to floating-point rounding, and are not listed."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ autotune owns the loop and applies every knob around these three calls:
 Optional attributes:
     stages:      dotted names of submodules, in forward order, that checkpoint_segments may wrap
     blocks:      dotted names of the repeated layers that parallel=fsdp shards one by one; default: stages
-    unsupported: knob names this pipeline cannot honour (e.g. {"channels_last"} for token models)
+    unsupported: knob names this pipeline cannot honour (a token model has no memory layout to change)
     build_val_dataset() -> Dataset and metric(output, target) -> float: validation in `autotune train`
     validate_data(*, skip_bad, progress) -> str | None: check every item once, before the first trial
         (a DataError naming bad ones; with skip_bad, a note on what was dropped instead)

@@ -6,7 +6,7 @@ Why it is built this way:
 
 * The tolerance cannot come from run-to-run spread. On a CPU two fp32 runs with one seed give
   bitwise-identical losses, so a tolerance scaled by that spread is zero and fails any change of
-  rounding at all (bf16, a fused optimizer, channels_last). It is set against natural training noise
+  rounding at all (bf16, a fused optimizer, another memory layout). It is set against natural training noise
   instead: the deviation between the baseline and its data-order twin, the same baseline with
   data_seed + 1 and the same initial weights. Reshuffling the data is a change nobody calls wrong;
   a candidate may move the trajectory as far as it does and no further (FRACTION, chosen on the

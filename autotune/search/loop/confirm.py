@@ -7,9 +7,8 @@ and a contended one by far more. Alternating the order each round spreads slow d
 config's speedup is the *median of its per-round ratios*: its figure over the baseline's measured
 beside it in the same round, so drift between rounds (a shared VM's minutes-long slow spells) falls
 on both sides of each ratio instead of on one median. The winner is the config with the best such
-median, with the ratios' spread stated beside it. (On a 2-core VM, a Lightning winner's ratio of the
-two medians read x1.00 where the paired median read x1.11 and the user's own runs x1.17:
-benchmarks/README.md, lightning_export.py.)
+median, with the ratios' spread stated beside it (benchmarks/README.md, lightning_export.py, compares
+the two readings with the user's own runs).
 """
 
 from __future__ import annotations

@@ -2,13 +2,12 @@
 
 Why: a throughput search is short (tens of trials, each a minute or more), and most of the speedup usually
 comes from a few knobs acting nearly independently (precision, batch size, loader workers, GPUs, compile...).
-TPE starts blind: its first six proposals are random and it needs several more to learn which knobs matter,
-so on a recorded 36-config grid it needed a median of 8 trials to reach 95% of the best, more than half
-of uniform random's 13. Changing one knob at a time from the better of the baseline and the warm start finds most of
-that speedup within a handful of trials, and everything it measures still teaches TPE, which takes over
-once the pass is done to search the interactions and the knobs the pass leaves out. Replayed on that grid
-(benchmarks/search_efficiency.py, 200 seeds, 4% noise) this reaches 95% of the best in a median of 4
-trials (TPE alone 8, random 14); alternating pass moves with TPE proposals (tpe_every=2) took 5.
+TPE starts blind: its first six proposals are random and it needs several more to learn which knobs matter.
+Changing one knob at a time from the better of the baseline and the warm start finds most of that speedup
+within a handful of trials, and everything it measures still teaches TPE, which takes over once the pass
+is done to search the interactions and the knobs the pass leaves out. benchmarks/search_efficiency.py
+replays the strategies over a recorded grid (this pass, TPE alone, random, pass and TPE alternated); its
+figures are in benchmarks/README.md.
 
 The pass is cost-aware: it visits only the knobs in PASS, most influential first, and at most
 ORDERED_MOVES representative values of a numeric knob (its high end, then its middle or low end: more
@@ -41,11 +40,9 @@ declared order.
 
 Why not cheapest first whenever the whole pass does not fit (every same-math move before any math move):
 the study cannot measure what a knob buys before the pass moves it, so the declared order (the knobs that
-usually matter most first) is the only prior on gain, and the recorded grid says it is worth keeping. On
-benchmarks/search_efficiency.py's grid (64 px on 2 CPUs, where loader workers and channels_last lose and
-precision and batch size win) cheapest-first reached a checked 95% of the best in 0 of 30 seeds within a
-120 s trial loop, against 30 of 30 in the declared order, and took 158 s against 115 s at 180 s; the rule
-above matches the declared order there at every budget from 45 s up (benchmarks/README.md).
+usually matter most first) is the only prior on gain. On the recorded grid cheapest-first reached a checked
+95% of the best later than the declared order, and the rule above matches the declared order there
+(benchmarks/README.md, the move order).
 """
 
 from __future__ import annotations
