@@ -111,7 +111,7 @@ def own_baseline(pipeline: Pipeline, global_batch: int | None = None) -> dict[st
     divide the study's --global-batch is left out: the baseline then picks one that does (baseline_of)."""
     from autotune.pipelines.frameworks import FrameworkJob, own_baseline as framework_baseline
 
-    knobs = framework_baseline(pipeline) if isinstance(pipeline, FrameworkJob) else {}
+    knobs = framework_baseline(pipeline, global_batch) if isinstance(pipeline, FrameworkJob) else {}
     if global_batch and "batch_size" in knobs and global_batch % knobs["batch_size"]:
         del knobs["batch_size"]
     return knobs

@@ -117,6 +117,53 @@ def test_the_lightning_baseline_is_the_datamodules_loader(repo_on_path: Path) ->
     }
 
 
+SEEN_CLIPS: list[Any] = []
+
+
+def _with_trainer(trainer_kwargs: dict[str, Any]) -> Any:
+    """A factory that also returns the user's own Trainer arguments."""
+
+    def make(cfg: Any) -> tuple[Any, Any, dict[str, Any]]:
+        from tests.pipelines import lightning_jobs
+
+        class ClipSeen(lightning_jobs.Classifier):
+            def on_train_start(self) -> None:  # what the trial's Trainer kept of the user's own
+                SEEN_CLIPS.append(self.trainer.gradient_clip_val)
+
+        return ClipSeen(), Loader16(cfg.seed), trainer_kwargs
+
+    return make
+
+
+bf16_trainer = _with_trainer({"precision": "bf16-mixed", "benchmark": True, "gradient_clip_val": 0.5})
+bf16_true_trainer = _with_trainer({"precision": "bf16-true"})
+accumulating_trainer = _with_trainer({"accumulate_grad_batches": 2})
+
+
+def test_the_lightning_baseline_is_the_users_trainer_and_loader(repo_on_path: Path) -> None:
+    """Trial 0 runs the user's Trainer precision and keeps the rest of their Trainer (gradient clipping)."""
+    spec = f"lightning:{HERE}:bf16_trainer"
+    own = pipelines.own_baseline(pipelines.load_pipeline(TrialConfig(pipeline=spec)))
+    assert own["precision"] == "bf16" and own["cudnn_benchmark"] is True and own["batch_size"] == 16
+    SEEN_CLIPS.clear()
+    result = worker.run(baseline_of(TrialConfig(pipeline=spec, baseline=own, **SHORT)))
+    assert result.status == "ok", result
+    assert result.applied["precision"]["in_effect"] == "Trainer(precision='bf16-mixed')"
+    assert SEEN_CLIPS == [0.5]
+
+
+def test_a_lightning_trainer_autotune_cannot_reproduce_is_bad_input(repo_on_path: Path) -> None:
+    from autotune.core.errors import PipelineError
+
+    for name, said in (("bf16_true_trainer", "bf16-true"), ("accumulating_trainer", "--global-batch")):
+        job = pipelines.load_pipeline(TrialConfig(pipeline=f"lightning:{HERE}:{name}"))
+        with pytest.raises(PipelineError, match=said):
+            pipelines.own_baseline(job)
+    # With the study's global batch the accumulation is kept: the trials accumulate to it.
+    job = pipelines.load_pipeline(TrialConfig(pipeline=f"lightning:{HERE}:accumulating_trainer"))
+    assert pipelines.own_baseline(job, global_batch=32)["batch_size"] == 16
+
+
 def _best_is_baseline(spec: str) -> Export:
     """The export of a study whose best is trial 0: the baseline read from the job, run as a trial."""
     cfg = TrialConfig(pipeline=spec, **SHORT)

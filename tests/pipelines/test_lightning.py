@@ -116,17 +116,21 @@ def test_a_knob_lightning_cannot_express_is_refused_with_why(repo_on_path: Path)
     [
         (
             ["--pipeline", "lightning:tests.pipelines.lightning_jobs:swapped"],
-            "returned tuple (Toy, Classifier), expected (LightningModule, LightningDataModule)",
+            "returned tuple (Toy, Classifier), expected (LightningModule, LightningDataModule[, trainer_kwargs])",
         ),
         (
             ["--pipeline", "lightning:tests.pipelines.lightning_jobs:module_only"],
-            "returned Classifier, expected (LightningModule, LightningDataModule)",
+            "returned Classifier, expected (LightningModule, LightningDataModule[, trainer_kwargs])",
         ),
         (
             ["--pipeline", SPEC, "--baseline", '{"channels_last": true}'],
             "--baseline sets channels_last, which --pipeline 'lightning:tests.pipelines.lightning_jobs:make' cannot express",
         ),
         (["--pipeline", "lightning:no_such_module_xyz:make"], "cannot import 'no_such_module_xyz'"),
+        (
+            ["--pipeline", "lightning:tests.pipelines.test_framework_baseline:bf16_true_trainer"],
+            "Trainer(precision='bf16-true'): autotune measures 32-true, 16-mixed, bf16-mixed",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

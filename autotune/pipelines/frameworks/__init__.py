@@ -1,6 +1,7 @@
 """Framework pipelines: a Lightning module or a transformers Trainer job, tuned under its own loop.
 
-`--pipeline lightning:MODULE:FACTORY` names a factory returning (LightningModule, LightningDataModule);
+`--pipeline lightning:MODULE:FACTORY` names a factory returning (LightningModule, LightningDataModule),
+optionally with the keyword arguments of the user's own Trainer as a third item;
 `--pipeline hf:MODULE:FACTORY` one returning (model, train_dataset, data_collator, TrainingArguments).
 The factory is called with the TrialConfig, like any pipeline factory. A trial then runs the framework's
 own loop (Trainer.fit, Trainer.train) with the knobs mapped onto its arguments, measured by a callback
@@ -32,7 +33,7 @@ LIBRARIES = {
 # What a warm server imports once, so forked trials start with it: transformers imports its Trainer lazily.
 PRELOAD = {"lightning": ("lightning.pytorch",), "hf": ("transformers", "transformers.trainer")}
 EXPECTED = {
-    "lightning": "(LightningModule, LightningDataModule)",
+    "lightning": "(LightningModule, LightningDataModule[, trainer_kwargs])",
     "hf": "(model, train_dataset, data_collator, TrainingArguments)",
 }
 
@@ -128,16 +129,20 @@ def load(cfg: TrialConfig) -> FrameworkJob:
     return job
 
 
-def own_baseline(job: FrameworkJob) -> dict[str, Any]:
-    """The knobs the user's job trains with as written (its TrainingArguments, its DataLoader): trial 0's
-    baseline when no --baseline is given, so every speedup is over what the user runs today."""
+def own_baseline(job: FrameworkJob, global_batch: int | None = None) -> dict[str, Any]:
+    """The knobs the user's job trains with as written (its TrainingArguments, its Trainer arguments and
+    DataLoader): trial 0's baseline when no --baseline is given, so every speedup is over what the user
+    runs today. global_batch: the study's, which a Lightning job's own accumulation needs."""
     if job.library == "lightning":
-        from autotune.pipelines.frameworks import lightning as adapter
-    elif job.library == "hf":
-        from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
-    else:  # a script's baseline is the script run as written: the batch it hands to at.batch_size()
-        return job.own_baseline()  # type: ignore[attr-defined]
-    return adapter.own_baseline(job)  # type: ignore[arg-type]
+        from autotune.pipelines.frameworks import lightning
+
+        return lightning.own_baseline(job, global_batch)  # type: ignore[arg-type]
+    if job.library == "hf":
+        from autotune.pipelines.frameworks import hf
+
+        return hf.own_baseline(job)  # type: ignore[arg-type]
+    # a script's baseline is the script run as written: the batch it hands to at.batch_size()
+    return job.own_baseline()  # type: ignore[attr-defined]
 
 
 def describe(value: Any) -> str:

@@ -1,4 +1,7 @@
-"""`--pipeline lightning:MODULE:FACTORY`: the factory returns (LightningModule, LightningDataModule).
+"""`--pipeline lightning:MODULE:FACTORY`: the factory returns (LightningModule, LightningDataModule), or
+(LightningModule, LightningDataModule, trainer_kwargs): the keyword arguments the user's own Trainer(...)
+is built with, so trial 0 runs their precision and cudnn.benchmark and every trial keeps the rest
+(gradient_clip_val, ...).
 
 Knobs map onto the Trainer's own arguments (precision, accumulate_grad_batches, devices and strategy,
 benchmark) and onto the DataLoader that the datamodule's train_dataloader() returns, rebuilt around its
@@ -8,9 +11,11 @@ prefetch_factor). What the module owns itself cannot be set from outside, so it 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.core.config import TrialConfig
+from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
 PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
@@ -37,21 +42,54 @@ class LightningJob(FrameworkJob):
     def datamodule(self) -> Any:
         return self.parts[1]
 
+    @property
+    def trainer_args(self) -> dict[str, Any]:
+        """The user's own Trainer keyword arguments ({} when the factory returned none)."""
+        return dict(self.parts[2]) if len(self.parts) > 2 else {}
+
 
 def check(spec: str, pl: Any, returned: Any) -> LightningJob | None:
-    """The job, or None when the factory returned something else than the two Lightning objects."""
+    """The job, or None when the factory returned something else than the two Lightning objects (and,
+    optionally, a mapping of Trainer keyword arguments)."""
     if not (
         isinstance(returned, tuple)
-        and len(returned) == 2
+        and len(returned) in (2, 3)
         and isinstance(returned[0], pl.LightningModule)
         and isinstance(returned[1], pl.LightningDataModule)
+        and (len(returned) == 2 or isinstance(returned[2], Mapping))
     ):
         return None
     return LightningJob(spec, returned, UNSUPPORTED)
 
 
+def own_trainer(args: Mapping[str, Any], global_batch: int | None) -> dict[str, Any]:
+    """The knobs the user's Trainer arguments say: precision and benchmark. A precision autotune cannot
+    run (bf16-true, transformer-engine, ...) or an accumulation a study without --global-batch would
+    drop is bad input: the baseline would not be the job the user runs."""
+    out: dict[str, Any] = {}
+    if "precision" in args:
+        named = {str(v): k for k, v in PRECISION.items()} | {"32": "fp32", "16": "fp16", "bf16": "bf16"}
+        precision = named.get(str(args["precision"]))
+        if precision is None:
+            raise PipelineError(
+                f"Trainer(precision={args['precision']!r}): autotune measures {', '.join(PRECISION.values())}; "
+                "pass one of them in your trainer_kwargs"
+            )
+        out["precision"] = precision
+    if "benchmark" in args and args["benchmark"] is not None:
+        out["cudnn_benchmark"] = bool(args["benchmark"])
+    accumulate = args.get("accumulate_grad_batches", 1)
+    if accumulate != 1 and global_batch is None:
+        raise PipelineError(
+            f"Trainer(accumulate_grad_batches={accumulate!r}): pass --global-batch (your batch size x "
+            f"{accumulate} x your devices) so every trial keeps that optimizer step"
+        )
+    return out
+
+
 def trainer_kwargs(cfg: TrialConfig, cuda: bool) -> dict[str, Any]:
-    """The Trainer arguments a config maps to: what a trial passes, and what the export hands back."""
+    """The Trainer arguments a config maps to: what a trial passes over the user's own, and what the export
+    hands back."""
     return {
         "accelerator": "gpu" if cuda else "cpu",
         "devices": cfg.gpus,
@@ -71,12 +109,17 @@ def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
     return kw
 
 
-def own_baseline(job: LightningJob) -> dict[str, Any]:
-    """The knobs the user's train DataLoader runs with today, for trial 0 to measure: its batch_size,
-    num_workers, pin_memory, persistent_workers and prefetch_factor, read from the loader the datamodule's
-    own setup("fit") and train_dataloader() build (what a trial rebuilds). The factory returns no Trainer,
-    so its precision, accumulation and benchmark are not known: they stay at autotune's defaults. {} when
-    the datamodule cannot build its loader here (it then fails in the trial, which says why)."""
+def own_baseline(job: LightningJob, global_batch: int | None = None) -> dict[str, Any]:
+    """The knobs the user's job runs with today, for trial 0 to measure: the Trainer arguments the factory
+    returned (precision, benchmark; own_trainer), and the train DataLoader's batch_size, num_workers,
+    pin_memory, persistent_workers and prefetch_factor, read from the loader the datamodule's own
+    setup("fit") and train_dataloader() build (what a trial rebuilds). Without trainer_kwargs the precision
+    and benchmark stay at autotune's defaults. The loader's part is {} when the datamodule cannot build it
+    here (it then fails in the trial, which says why)."""
+    return own_trainer(job.trainer_args, global_batch) | _own_loader(job)
+
+
+def _own_loader(job: LightningJob) -> dict[str, Any]:
     try:
         job.datamodule.setup("fit")
         loader = job.datamodule.train_dataloader()

@@ -43,8 +43,7 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
     if cfg.compile != "off":  # Lightning fits a compiled module, compiling it again around its strategy
         backend = os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor")
         module = torch.compile(module, backend=backend, mode=cfg.compile if backend == "inductor" else None)
-    trainer = pl.Trainer(
-        **trainer_kwargs(cfg, cuda) | placement(cfg, device),
+    measurement = dict(
         max_steps=cfg.warmup_steps + cfg.timed_steps if cfg.seconds is None else FOREVER,
         max_epochs=-1,
         callbacks=[meter(pl, cfg, clock, applied, own_batches)],
@@ -56,6 +55,8 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
         limit_val_batches=0,  # the trial measures training; validation is not timed
         default_root_dir=str(workdir),
     )
+    # The user's own Trainer arguments (gradient clipping, ...), under the tuned ones and the measurement's.
+    trainer = pl.Trainer(**job.trainer_args | trainer_kwargs(cfg, cuda) | placement(cfg, device) | measurement)
     trainer.fit(module, datamodule=job.datamodule)
     applied |= effects(cfg, job, trainer, cuda)
     applied["framework"]["lr_scale"] = lr_scale(cfg, own_batches[0])
