@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping
 
+from autotune.core.config import LEADS, dependents
 from autotune.core.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def preload(spec: str) -> tuple[str, ...]:
 # FSDP's sub-knobs) is not wired, so a search keeps them at their defaults and says why.
 STRATEGY = {
     k: "autotune runs the Trainer with its own DDP strategy; fsdp is searched in autotune's own loop only"
-    for k in ("parallel", "fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")
+    for k in (LEADS["fsdp"], *dependents("fsdp"))
 }
 
 
