@@ -159,7 +159,7 @@ def test_a_lightning_trainer_autotune_cannot_reproduce_is_bad_input(repo_on_path
         job = pipelines.load_pipeline(TrialConfig(pipeline=f"lightning:{HERE}:{name}"))
         with pytest.raises(PipelineError, match=said):
             pipelines.own_baseline(job)
-    # With the study's global batch the accumulation is kept: the trials accumulate to it.
+    # With the study's global batch it is no error: every trial accumulates to that batch.
     job = pipelines.load_pipeline(TrialConfig(pipeline=f"lightning:{HERE}:accumulating_trainer"))
     assert pipelines.own_baseline(job, global_batch=32)["batch_size"] == 16
 

@@ -65,8 +65,9 @@ def is_own_baseline(e: Export) -> bool:
 
 
 def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
-    # The baseline's Trainer arguments are autotune's defaults, not the user's (the factory returns no
-    # Trainer): handing them back would change the user's Trainer to settings nothing measured as faster.
+    # A best that is the user's own baseline hands nothing back: the tuned Trainer arguments would only
+    # restate (or, where the factory returned no trainer_kwargs, replace) the user's own with settings
+    # nothing measured as faster.
     own = is_own_baseline(e)
     loader = (
         ["# your Trainer and train DataLoader were already the fastest measured: keep them as they are"]
