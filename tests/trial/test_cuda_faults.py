@@ -197,6 +197,7 @@ def test_ddp_records_the_global_batch_loss_not_rank_0s(tmp_path: Path) -> None:
 # --- warm-up time, apart from the timed steps -----------------------------------------------------
 
 
+@pytest.mark.alone  # compares the timed window with the windows' own clocks: a neighbour's burst moves one
 def test_warmup_is_timed_apart_and_kept_out_of_samples_per_s(inproc: None) -> None:
     c = cfg(f"{PIPELINES}:slow_warmup", warmup_steps=2, timed_steps=4, window=2)
     r = trial.run(c)
