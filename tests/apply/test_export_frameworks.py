@@ -27,7 +27,7 @@ import yaml
 from torch import nn
 
 from autotune.apply.export import render, to_accelerate, to_hf, to_lightning
-from autotune.apply.export._common import WEIGHT_DECAY
+from autotune.apply.export._step import WEIGHT_DECAY
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.trial.knobs import WEIGHT_DECAY as TRIAL_WEIGHT_DECAY

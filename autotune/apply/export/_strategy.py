@@ -1,11 +1,12 @@
-"""The strategy (parallel: ddp | fsdp, and FSDP's sub-knobs) in each framework's terms: what its settings
-can hold (accelerate's FSDP plugin with fsdp_version 2, HF's `fsdp`/`fsdp_config`, Lightning's
-ModelParallelStrategy), and where the rest goes, for the knob table."""
+"""The processes a trial ran (gpus) and its strategy (parallel: ddp | fsdp, and FSDP's sub-knobs) in each
+framework's terms: what its settings can hold (the launch, accelerate's FSDP plugin with fsdp_version 2,
+HF's `fsdp`/`fsdp_config`, Lightning's devices and ModelParallelStrategy), and where the rest goes."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig
 
 _DTYPE = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
@@ -82,78 +83,104 @@ def fully_shard_code(cfg: TrialConfig, model: str, indent: str) -> list[str]:
     ]
 
 
-def accelerate_rows(cfg: TrialConfig, in_script: str) -> dict[str, str]:
-    return where(
+def rows(cfg: TrialConfig, target: str, on_cpu: bool = False) -> dict[str, str]:
+    """The knob table's rows for gpus, parallel and the fsdp sub-knobs, in `target`'s terms (on_cpu: measured
+    on CPU, which accelerate runs as MULTI_CPU)."""
+    if target == "lightning":
+        return {"gpus": "trainer_kwargs['devices']" + (" + strategy='ddp'" if cfg.gpus > 1 else "")} | where(
+            cfg,
+            {
+                "parallel": "trainer_kwargs['strategy'] = ModelParallelStrategy() (FSDP2) + AutotuneHooks.configure_model",
+                "fsdp_reshard": "AutotuneHooks.configure_model (fully_shard)",
+                "fsdp_param_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
+                "fsdp_reduce_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
+                "fsdp_offload": "AutotuneHooks.configure_model (offload_policy)",
+            },
+        )
+    if target == "hf":
+        one_dtype = "no field: bf16=True casts params and reduce alike (see below)"
+        return {"gpus": f"not a TrainingArguments field: launch with {_hf_launch(cfg)}"} | where(
+            cfg,
+            {
+                "parallel": "fsdp=True, fsdp_config['version'] = 2",
+                "fsdp_reshard": "fsdp_config['reshard_after_forward']",
+                "fsdp_offload": "fsdp_config['cpu_offload']",
+                "fsdp_param_dtype": one_dtype,
+                "fsdp_reduce_dtype": one_dtype,
+            },
+        )
+    return {"gpus": f"num_processes: {cfg.gpus}, distributed_type: {_distributed_type(cfg, on_cpu)}"} | where(
         cfg,
         {
             "parallel": "distributed_type: FSDP, fsdp_version: 2; name your block class in fsdp_transformer_layer_cls_to_wrap",
             "fsdp_reshard": "fsdp_config.fsdp_reshard_after_forward",
             "fsdp_offload": "fsdp_config.fsdp_offload_params",
-            "fsdp_param_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy",
-            "fsdp_reduce_dtype": f"{in_script}, the FSDP plugin's mixed_precision_policy",
+            "fsdp_param_dtype": f"{IN_SCRIPT}, the FSDP plugin's mixed_precision_policy",
+            "fsdp_reduce_dtype": f"{IN_SCRIPT}, the FSDP plugin's mixed_precision_policy",
         },
     )
 
 
-def hf_rows(cfg: TrialConfig) -> dict[str, str]:
-    one_dtype = "no field: bf16=True casts params and reduce alike (see below)"
-    return where(
-        cfg,
-        {
-            "parallel": "fsdp=True, fsdp_config['version'] = 2",
-            "fsdp_reshard": "fsdp_config['reshard_after_forward']",
-            "fsdp_offload": "fsdp_config['cpu_offload']",
-            "fsdp_param_dtype": one_dtype,
-            "fsdp_reduce_dtype": one_dtype,
-        },
+def _distributed_type(cfg: TrialConfig, on_cpu: bool) -> str:
+    if cfg.gpus == 1:
+        return "NO"
+    return "FSDP" if fsdp_on(cfg) else "MULTI_CPU" if on_cpu else "MULTI_GPU"
+
+
+def accelerate_conf(cfg: TrialConfig, on_cpu: bool) -> dict[str, Any]:
+    """accelerate's process layout: distributed_type, num_processes, and under fsdp its `fsdp_config:` for
+    the FSDP2 plugin (the wrapped class is the user's block)."""
+    conf: dict[str, Any] = {"distributed_type": _distributed_type(cfg, on_cpu), "num_processes": cfg.gpus}
+    if fsdp_on(cfg):
+        conf["fsdp_config"] = accelerate_config(cfg)
+    return conf
+
+
+def _hf_launch(cfg: TrialConfig) -> str:
+    n = cfg.gpus
+    return (
+        f"torchrun --nproc-per-node {n} train.py  (or: accelerate launch --num_processes {n} train.py)"
+        if n > 1
+        else "python train.py (one process)"
     )
 
 
-def lightning_rows(cfg: TrialConfig) -> dict[str, str]:
-    return where(
-        cfg,
-        {
-            "parallel": "trainer_kwargs['strategy'] = ModelParallelStrategy() (FSDP2) + AutotuneHooks.configure_model",
-            "fsdp_reshard": "AutotuneHooks.configure_model (fully_shard)",
-            "fsdp_param_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
-            "fsdp_reduce_dtype": "AutotuneHooks.configure_model (MixedPrecisionPolicy)",
-            "fsdp_offload": "AutotuneHooks.configure_model (offload_policy)",
-        },
-    )
-
-
-def accelerate_plugin(cfg: TrialConfig, grad_accum: int) -> list[str]:
+def accelerate_plugin(cfg: TrialConfig) -> list[str]:
     """The script's Accelerator line; under fsdp with the plugin that holds the mixed-precision policy (the
     config file's fsdp_config has no field for the reduce dtype)."""
     if not fsdp_on(cfg):
-        return [f"accelerator = Accelerator(gradient_accumulation_steps={grad_accum!r})"]
+        return [f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r})"]
     return [
         "from accelerate.utils import FullyShardedDataParallelPlugin",
         "from torch.distributed.fsdp import MixedPrecisionPolicy",
         "plugin = FullyShardedDataParallelPlugin(  # parallel=fsdp; the rest comes from fsdp_config",
         f"    fsdp_version=2, mixed_precision_policy={mp_policy(cfg)})",
-        f"accelerator = Accelerator(gradient_accumulation_steps={grad_accum!r}, fsdp_plugin=plugin)",
+        f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r}, fsdp_plugin=plugin)",
     ]
 
 
 def hf_notes(cfg: TrialConfig) -> list[str]:
+    launch = [f"# gpus={cfg.gpus}: launch with {_hf_launch(cfg)}"]
     if not fsdp_on(cfg):
-        return []
-    return [
+        return launch
+    return launch + [
         f"# parallel=fsdp: the trials used {mp_policy(cfg)}; TrainingArguments sets one dtype for both "
         "(bf16=True: bf16 params and reduce), so a different pair needs the accelerate FSDP plugin's "
         "mixed_precision_policy"
     ]
 
 
-def lightning_strategy(cfg: TrialConfig) -> list[str]:
-    """trainer_kwargs' strategy line: FSDP2 through ModelParallelStrategy, DDP, or none for one process."""
+def lightning_trainer(cfg: TrialConfig) -> list[str]:
+    """trainer_kwargs' devices and strategy: FSDP2 through ModelParallelStrategy, DDP, or none for one process."""
+    devices = [f"    devices={cfg.gpus!r},"]
     if fsdp_on(cfg):
-        return [
+        return devices + [
             f"    strategy=ModelParallelStrategy(data_parallel_size={cfg.gpus!r}, tensor_parallel_size=1),"
             "  # parallel=fsdp: FSDP2, applied in configure_model"
         ]
-    return ["    strategy='ddp',  # one process per device, as autotune measured it"] if cfg.gpus > 1 else []
+    return devices + (
+        ["    strategy='ddp',  # one process per device, as autotune measured it"] if cfg.gpus > 1 else []
+    )
 
 
 def lightning_hook(cfg: TrialConfig) -> list[str]:

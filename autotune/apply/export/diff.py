@@ -30,16 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.core.config import TrialConfig, baseline_of, lr_factor
+from autotune.apply.export import _compute, _loader, _step
+from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.configfile import Export
 from autotune.core.errors import ConfigError, PipelineError
 from autotune.pipelines import script
 
-# DataLoader's positional order (torch.utils.data.DataLoader.__init__), for a script that passes the
-# loader knobs positionally; prefetch_factor and persistent_workers are keyword-only.
-LOADER_POSITION = {"num_workers": 5, "pin_memory": 7}
-# torch.optim classes that take both `fused` and `foreach`: the trial sets the flags only on those.
-FUSABLE = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 NO_CHANGE = "# autotune: no change: the fastest configuration measured is {path} as written"
 
 
@@ -113,6 +109,26 @@ def unified(old: str, new: str, name: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
+def callee(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def lr_argument(call: ast.Call) -> ast.expr | None:
+    """An optimizer constructor's lr: its keyword, else its second positional argument."""
+    given = next((k.value for k in call.keywords if k.arg == "lr"), None)
+    return given if given is not None else call.args[1] if len(call.args) > 1 else None
+
+
+def same(node: ast.expr, value: Any) -> bool:
+    """Whether a literal in the source already says `value` (an expression never does: it is replaced)."""
+    try:
+        given = ast.literal_eval(node)
+    except ValueError:
+        return False
+    return type(given) is type(value) and given == value
+
+
 class Rewrite:
     """The edits that make one script's source run `cfg`, and what it could not say in the source."""
 
@@ -121,6 +137,7 @@ class Rewrite:
         self.tree = ast.parse(source)
         self.calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
         self.skip = job.unsupported
+        self.api_calls = api_calls(self.tree)
         self.base = baseline_of(cfg)
         self.starts = [0]
         for line in source.splitlines(True):
@@ -131,19 +148,8 @@ class Rewrite:
         self.unwritten: dict[ast.Call, list[str]] = {}  # a call given **kwargs -> the keywords it needs
 
     def apply(self) -> bytes:
-        calls = self.calls
-        api = api_calls(self.tree)
-        if not set(script.LOADER_KNOBS) & self.skip:
-            for call in calls:
-                if callee(call) == "DataLoader":
-                    self.loader(call)
-        self.fusion([c for c in calls if callee(c) in FUSABLE or callee(c) == "FusedAdam"])
-        for call in calls:
-            if callee(call) == "zero_grad" and isinstance(call.func, ast.Attribute):
-                self.set_keyword(call, "set_to_none", self.cfg.set_to_none, True, position=0)
-        self.globals(calls)
-        self.cooperative(api)
-        self.lr(api, calls)
+        for concept in (_loader, _step, _compute):  # each edits where its knobs live in the source
+            concept.edit(self)
         if self.top:
             self.insert_top()
         for call, kwargs in self.unwritten.items():
@@ -197,110 +203,6 @@ class Rewrite:
             offset = self.span(call)[1] - 1  # before its closing parenthesis
             self.edits.append(Edit(offset, offset, f"{name}={value!r}"))
 
-    def loader(self, call: ast.Call) -> None:
-        cfg = self.cfg
-        workers = cfg.num_workers > 0  # the trial's loader_overrides: DataLoader refuses both without workers
-        target: dict[str, Any] = {
-            "num_workers": cfg.num_workers,
-            "pin_memory": cfg.pin_memory,
-            "persistent_workers": cfg.persistent_workers if workers else False,
-            "prefetch_factor": (cfg.prefetch_factor or 2) if workers else None,
-        }
-        defaults: dict[str, Any] = {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
-        defaults["prefetch_factor"] = 2 if workers else None  # DataLoader's None means 2 with workers
-        for name, value in target.items():
-            self.set_keyword(call, name, value, defaults[name], LOADER_POSITION.get(name))
-
-    def fusion(self, constructors: list[ast.Call]) -> None:
-        # A trial that is not the baseline sets both flags on every fusable optimizer, whatever its
-        # fusion: so does the diff. `foreach=None`, torch's default, is foreach only on CUDA tensors.
-        fusion = self.cfg.optimizer_fusion
-        if "optimizer_fusion" in self.skip:
-            return
-        if fusion == "apex":
-            self.notes.append("optimizer_fusion=apex: construct apex.optimizers.FusedAdam in place of your optimizer")
-            return
-        names = script.LINEAR_RULE | script.SQRT_RULE | script.OTHER_OPTIMIZERS
-        flagless = sorted({callee(c) for c in self.calls if callee(c) in names - FUSABLE - {"FusedAdam", "FusedLAMB"}})
-        if flagless and fusion != "none":
-            self.notes.append(
-                f"optimizer_fusion={fusion}: {', '.join(flagless)} takes no fused/foreach pair, so the trial left "
-                "its flags as written"
-            )
-        for call in constructors:
-            if callee(call) == "FusedAdam":
-                continue
-            if fusion == "none":
-                self.set_keyword(call, "foreach", False, False if self.device == "cpu" else None)
-            else:
-                self.set_keyword(call, fusion, True, None)
-            # The other flag, where the script gives it, must not contradict (torch refuses both True).
-            other = "fused" if fusion in ("none", "foreach") else "foreach"
-            given = next((k.value for k in call.keywords if k.arg == other), None)
-            if given is not None and not same(given, False):
-                self.replace(given, "False")
-
-    def globals(self, calls: list[ast.Call]) -> None:
-        """cudnn.benchmark and the thread count: a trial sets them before the script runs, so a line of
-        the script's own that sets them ran after it and won; only where the script has none is one added."""
-        cfg = self.cfg
-        if "cudnn_benchmark" not in self.skip:
-            assigns = [
-                n
-                for n in ast.walk(self.tree)
-                if isinstance(n, ast.Assign) and any(ast.unparse(t).endswith("cudnn.benchmark") for t in n.targets)
-            ]
-            if assigns and not all(same(n.value, cfg.cudnn_benchmark) for n in assigns):
-                self.notes.append(
-                    f"cudnn_benchmark={cfg.cudnn_benchmark}: the script sets it itself (line {assigns[0].lineno}), "
-                    "after the trial did, so its own value is what ran"
-                )
-            if not assigns and cfg.cudnn_benchmark:
-                self.top.append("torch.backends.cudnn.benchmark = True  # autotune: cudnn_benchmark")
-        if "num_threads" not in self.skip and cfg.num_threads:
-            sets = [c for c in calls if callee(c) == "set_num_threads"]
-            if sets and not all(c.args and same(c.args[0], cfg.num_threads) for c in sets):
-                self.notes.append(
-                    f"num_threads={cfg.num_threads}: the script calls torch.set_num_threads itself "
-                    f"(line {sets[0].lineno}), after the trial did, so its own count is what ran"
-                )
-            if not sets:
-                self.top.append(f"torch.set_num_threads({cfg.num_threads})  # autotune: num_threads")
-
-    def cooperative(self, api: list[tuple[str, ast.Call]]) -> None:
-        cfg, base = self.cfg, self.base
-        dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(cfg.precision)
-        precision = "precision" not in self.skip and cfg.precision != base.precision
-        for name, call in api:
-            # Outside a trial at.autocast() is a null context and at.scaler() a disabled GradScaler: only
-            # a precision that needs more than that is written as the torch call.
-            if name == "autocast" and precision and dtype:
-                self.replace(call, f"torch.autocast({self.device!r}, dtype={dtype})")
-            elif name == "scaler" and precision and cfg.precision == "fp16":
-                self.replace(call, f"torch.amp.GradScaler({self.device!r})")
-            elif name == "model" and call.args:
-                self.model(call)
-            elif name == "batch_size" and "batch_size" not in self.skip and self.job.own is not None:
-                if cfg.batch_size != self.job.own[0]:
-                    self.default(call, cfg.batch_size)
-            elif name == "accumulation" and cfg.global_batch is not None and self.job.own is not None:
-                if cfg.grad_accum != self.job.own[1]:
-                    self.default(call, cfg.grad_accum)
-
-    def model(self, call: ast.Call) -> None:
-        cfg, base = self.cfg, self.base
-        cl = "channels_last" not in self.skip and cfg.channels_last != base.channels_last
-        comp = "compile" not in self.skip and cfg.compile != base.compile
-        if not (cl or comp):
-            return
-        expr = self.text(call.args[0])
-        if cfg.channels_last and "channels_last" not in self.skip:
-            expr = f"{expr}.to(memory_format=torch.channels_last)"
-        if cfg.compile != "off" and "compile" not in self.skip:
-            mode = "" if cfg.compile == "default" else f", mode={cfg.compile!r}"
-            expr = f"torch.compile({expr}{mode})"
-        self.replace(call, expr)
-
     def default(self, call: ast.Call, value: int) -> None:
         arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
         if arg is None:
@@ -309,29 +211,18 @@ class Rewrite:
         else:
             self.replace(arg, repr(value))
 
-    def lr(self, api: list[tuple[str, ast.Call]], calls: list[ast.Call]) -> None:
-        """The factor the trial put on the script's own lr for the global batch it ran (the trial's
-        batch_handover): at.lr()'s default, else the lr its optimizer constructors are given."""
-        own, cfg = self.job.own, self.cfg
-        if own is None:
-            return
-        accum = cfg.grad_accum if cfg.global_batch is not None else own[1]
-        ran = cfg.batch_size * cfg.gpus * accum
-        factor = lr_factor(ran / (own[0] * own[1]), cfg.lr_scaling)
-        if factor == 1:
-            return
-        targets = [c.args[0] if c.args else None for n, c in api if n == "lr"]
-        if not targets:
-            names = set(script.LINEAR_RULE | script.SQRT_RULE | script.OTHER_OPTIMIZERS)
-            targets = [lr_argument(c) for c in calls if callee(c) in names]
-        for node in targets:
-            if node is None:
-                self.notes.append(
-                    f"lr: the optimizer runs at its default lr; the trial scaled it by {factor:.6g} "
-                    f"({cfg.lr_scaling} rule, global batch {own[0] * own[1]} -> {ran}): give it lr=<default> * {factor:.6g}"
-                )
-            else:
-                self.replace(node, f"{self.text(node)} * {factor:.6g}")
+    # ---- what the concept modules read --------------------------------------------------------
+    def calls_to(self, *names: str) -> list[ast.Call]:
+        """The source's calls of functions or methods with one of these names, in ast.walk order."""
+        return [c for c in self.calls if callee(c) in names]
+
+    def api(self, name: str) -> list[ast.Call]:
+        """The source's calls of autotune.script's `name` (at.model, at.autocast, ...)."""
+        return [call for n, call in self.api_calls if n == name]
+
+    callee = staticmethod(callee)
+    same = staticmethod(same)
+    lr_argument = staticmethod(lr_argument)
 
     def insert_top(self) -> None:
         """The added lines go after the script's leading imports, with `import torch` if it has none."""
@@ -346,26 +237,6 @@ class Rewrite:
         if offset == len(self.source) and not self.source.endswith(b"\n"):
             self.top[0] = "\n" + self.top[0]
         self.edits.append(Edit(offset, offset, "".join(line + "\n" for line in self.top)))
-
-
-def callee(call: ast.Call) -> str:
-    f = call.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-
-
-def lr_argument(call: ast.Call) -> ast.expr | None:
-    """An optimizer constructor's lr: its keyword, else its second positional argument."""
-    given = next((k.value for k in call.keywords if k.arg == "lr"), None)
-    return given if given is not None else call.args[1] if len(call.args) > 1 else None
-
-
-def same(node: ast.expr, value: Any) -> bool:
-    """Whether a literal in the source already says `value` (an expression never does: it is replaced)."""
-    try:
-        given = ast.literal_eval(node)
-    except ValueError:
-        return False
-    return type(given) is type(value) and given == value
 
 
 def api_calls(tree: ast.Module) -> list[tuple[str, ast.Call]]:

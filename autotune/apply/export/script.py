@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import shlex
 
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.apply.export import _compute, _loader, _step
+from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.pipelines import script
@@ -36,8 +37,8 @@ def to_script(e: Export, device: str | None = None) -> str:
     except AutotuneError:  # the script is not on this machine: every knob is listed
         skip = frozenset()
     lines = [*head, "# re-measure it: autotune trial --config best.yaml", "", "# no edit: set these in the script"]
-    lines += no_edit(cfg, skip)
-    cooperative = api_lines(cfg, skip, "cpu" if device in (None, "cpu") else "cuda")
+    lines += [*_loader.script_lines(cfg, skip), *_step.script_lines(cfg), *_compute.script_lines(cfg)]
+    cooperative = _compute.api_lines(cfg, skip, "cpu" if device in (None, "cpu") else "cuda")
     if cooperative:
         lines += [
             "",
@@ -45,36 +46,3 @@ def to_script(e: Export, device: str | None = None) -> str:
             *cooperative,
         ]
     return "\n".join(lines) + "\n"
-
-
-def no_edit(cfg: TrialConfig, skip: frozenset[str]) -> list[str]:
-    out = []
-    if "num_workers" not in skip:
-        kw = f"num_workers={cfg.num_workers}, pin_memory={cfg.pin_memory}"
-        if cfg.num_workers:
-            kw += f", persistent_workers={cfg.persistent_workers}, prefetch_factor={cfg.prefetch_factor or 2}"
-        out.append(f"DataLoader(..., {kw})")
-    flag = {"fused": "fused=True", "foreach": "foreach=True", "none": "foreach=False, fused=False"}
-    if cfg.optimizer_fusion in flag:
-        out.append(
-            f"torch.optim.YourOptimizer(..., {flag[cfg.optimizer_fusion]})  # optimizer_fusion={cfg.optimizer_fusion}"
-        )
-    out.append(f"optimizer.zero_grad(set_to_none={cfg.set_to_none})")
-    out.append(f"torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark}")
-    if cfg.num_threads:
-        out.append(f"torch.set_num_threads({cfg.num_threads})")
-    return out
-
-
-def api_lines(cfg: TrialConfig, skip: frozenset[str], device: str) -> list[str]:
-    out = []
-    if "precision" not in skip and cfg.precision != "fp32":
-        dtype = "torch.bfloat16" if cfg.precision == "bf16" else "torch.float16"
-        out.append(f"with at.autocast():  # precision={cfg.precision}: torch.autocast({device!r}, dtype={dtype})")
-        if cfg.precision == "fp16":
-            out.append(f"scaler = at.scaler()  # torch.amp.GradScaler({device!r})")
-    if "channels_last" not in skip and cfg.channels_last:
-        out.append("model = at.model(model)  # channels_last: model.to(memory_format=torch.channels_last)")
-    if "compile" not in skip and cfg.compile != "off":
-        out.append(f"model = at.model(model)  # compile: torch.compile(model, mode={cfg.compile!r})")
-    return out

@@ -1,0 +1,105 @@
+"""The DataLoader a trial built (its workers, pinning, persistence and prefetch) and the micro-batch it
+yields, in every export's terms: a framework's fields, the script's DataLoader line, the diff's edits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autotune.apply.export._common import IN_SCRIPT
+from autotune.core.config import TrialConfig
+from autotune.pipelines import script
+
+if TYPE_CHECKING:
+    from autotune.apply.export.diff import Rewrite
+
+# DataLoader's positional order (torch.utils.data.DataLoader.__init__), for a script that passes the
+# loader knobs positionally; prefetch_factor and persistent_workers are keyword-only.
+POSITION = {"num_workers": 5, "pin_memory": 7}
+
+
+def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
+    """The knob table's rows for the loader knobs and the micro-batch, in `target`'s terms."""
+    if target == "lightning":
+        return {
+            "num_workers": "dataloader_kwargs['num_workers']",
+            "pin_memory": "dataloader_kwargs['pin_memory']",
+            "batch_size": "dataloader_kwargs['batch_size'] (per process)",
+            "persistent_workers": "dataloader_kwargs['persistent_workers']",
+            "prefetch_factor": "dataloader_kwargs['prefetch_factor']",
+        }
+    if target == "hf":
+        return {
+            "num_workers": "dataloader_num_workers",
+            "pin_memory": "dataloader_pin_memory",
+            "batch_size": "per_device_train_batch_size",
+            "persistent_workers": "dataloader_persistent_workers",
+            "prefetch_factor": "dataloader_prefetch_factor",
+        }
+    return {
+        "num_workers": f"{IN_SCRIPT}, DataLoader(num_workers=...)",
+        "pin_memory": f"{IN_SCRIPT}, DataLoader(pin_memory=...)",
+        "batch_size": f"{IN_SCRIPT}, DataLoader(batch_size=...) per process",
+        "persistent_workers": f"{IN_SCRIPT}, DataLoader(persistent_workers=...)",
+        "prefetch_factor": f"{IN_SCRIPT}, DataLoader(prefetch_factor=...)",
+    }
+
+
+def kwargs(cfg: TrialConfig, indent: str = "    ") -> list[str]:
+    """The DataLoader keyword arguments, one per line: Lightning's dataloader_kwargs and accelerate's script."""
+    return [
+        f"{indent}batch_size={cfg.batch_size!r},  # per process",
+        f"{indent}num_workers={cfg.num_workers!r},",
+        f"{indent}pin_memory={cfg.pin_memory!r},",
+        f"{indent}persistent_workers={cfg.persistent_workers!r},",
+        f"{indent}prefetch_factor={cfg.prefetch_factor!r},",
+    ]
+
+
+def hf_batch(cfg: TrialConfig) -> list[str]:
+    return [f"    per_device_train_batch_size={cfg.batch_size!r},"]
+
+
+def hf_args(cfg: TrialConfig) -> list[str]:
+    return [
+        f"    dataloader_num_workers={cfg.num_workers!r},",
+        f"    dataloader_pin_memory={cfg.pin_memory!r},",
+        f"    dataloader_persistent_workers={cfg.persistent_workers!r},",
+        f"    dataloader_prefetch_factor={cfg.prefetch_factor!r},",
+    ]
+
+
+def script_lines(cfg: TrialConfig, skip: frozenset[str]) -> list[str]:
+    """The script's DataLoader arguments, unless the script builds none."""
+    if "num_workers" in skip:
+        return []
+    kw = f"num_workers={cfg.num_workers}, pin_memory={cfg.pin_memory}"
+    if cfg.num_workers:
+        kw += f", persistent_workers={cfg.persistent_workers}, prefetch_factor={cfg.loader_prefetch}"
+    return [f"DataLoader(..., {kw})"]
+
+
+def edit(rw: Rewrite) -> None:
+    """Every DataLoader(...) call gets the trial's arguments (the trial's loader_overrides: DataLoader
+    refuses persistence and prefetch without workers); at.batch_size() gets the measured default."""
+    cfg = rw.cfg
+    if not set(script.LOADER_KNOBS) & rw.skip:
+        workers = cfg.num_workers > 0
+        target: dict[str, Any] = {
+            "num_workers": cfg.num_workers,
+            "pin_memory": cfg.pin_memory,
+            "persistent_workers": cfg.persistent_workers if workers else False,
+            "prefetch_factor": cfg.loader_prefetch,
+        }
+        defaults: dict[str, Any] = {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
+        defaults["prefetch_factor"] = 2 if workers else None  # DataLoader's None means 2 with workers
+        for call in rw.calls_to("DataLoader"):
+            for name, value in target.items():
+                rw.set_keyword(call, name, value, defaults[name], POSITION.get(name))
+    if "batch_size" in rw.skip or rw.job.own is None:
+        return
+    for call in rw.api("batch_size"):
+        if cfg.batch_size != rw.job.own[0]:
+            rw.default(call, cfg.batch_size)
+
+
+__all__ = ["POSITION", "edit", "hf_args", "hf_batch", "kwargs", "rows", "script_lines"]

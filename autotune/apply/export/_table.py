@@ -1,0 +1,28 @@
+"""The knob table every framework rendering opens with: each knob's row comes from the module of its
+concept (the loader, the optimizer step, the compute, the processes and strategy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.apply.export import _compute, _loader, _step, _strategy
+from autotune.core.config import KNOBS, TrialConfig
+
+
+def knob_table(cfg: TrialConfig, target: str, on_cpu: bool = False) -> str:
+    """One comment line per knob, in KNOBS order, for target "lightning", "hf" or "accelerate". A knob no
+    concept module gives a row is a KeyError, on purpose: a new knob must be given a place in every target
+    rather than vanish from it."""
+    where = (
+        _loader.rows(cfg, target)
+        | _step.rows(cfg, target)
+        | _compute.rows(cfg, target)
+        | _strategy.rows(cfg, target, on_cpu)
+    )
+    width = max(len(k) for k in KNOBS)
+    rows = [f"#   {k:<{width}} = {_show(getattr(cfg, k)):<12} -> {where[k]}" for k in KNOBS]
+    return "\n".join(rows)
+
+
+def _show(v: Any) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
