@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from autotune.core.errors import ConfigError
 
@@ -251,14 +251,50 @@ WORKLOAD = tuple(f.name for f in fields(TrialConfig) if f.name not in KNOBS)
 CHOICES = {**{k.name: k.choices for k in TABLE if k.choices}, "lr_scaling": LR_RULES}
 
 
-# What each `needs` waits on: the knob that turns it on (workers > 0, gpus > 1, parallel fsdp).
+# What each `needs` waits on: the knob that turns it on, and the values of that knob that do. fsdp's lead,
+# parallel, is itself a dependent (of processes), so in_effect follows the chain: fsdp needs both.
 LEADS = {"workers": "num_workers", "processes": "gpus", "fsdp": "parallel"}
+_TURNS_ON: dict[str, Callable[[Any], bool]] = {
+    "workers": lambda n: n > 0,
+    "processes": lambda n: n > 1,
+    "fsdp": lambda p: p == "fsdp",
+}
+# The same rule in a user's words: when a dependent is in effect (`autotune knobs`), and why a resolved
+# space leaves it at its default (its `space:` note).
+IN_EFFECT_WHEN = {"workers": "with num_workers > 0", "processes": "with gpus > 1", "fsdp": "with parallel: fsdp"}
+INERT_BECAUSE = {
+    "workers": "num_workers is 0",
+    "processes": "gpus is 1: one process, nothing to replicate or shard",
+    "fsdp": "parallel is not fsdp",
+}
+_NEEDS = {k.name: k.needs for k in TABLE}
 
 
 def dependents(needs: str) -> dict[str, Any]:
     """The knobs that mean something only with `needs` ("workers", "processes", "fsdp"), each with the
     default it is left at otherwise."""
     return {k.name: k.default for k in TABLE if k.needs == needs}
+
+
+def turns_on(needs: str, value: Any) -> bool:
+    """Whether `needs`' lead at `value` turns it on, as far as that lead goes (parallel fsdp with one
+    process does not shard: in_effect also asks whether the lead itself is in effect)."""
+    return _TURNS_ON[needs](value)
+
+
+def in_effect(knob: str, values: Mapping[str, Any]) -> bool:
+    """Whether `knob` means something under `values` (a config's knobs): always for a knob declared
+    without `needs`; for a dependent, only where its lead is in effect and turns its `needs` on."""
+    needs = _NEEDS[knob]
+    if needs is None:
+        return True
+    lead = LEADS[needs]
+    return turns_on(needs, values[lead]) and in_effect(lead, values)
+
+
+def inert(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The dependents not in effect under `values`, each with the default it is left at."""
+    return {k.name: k.default for k in TABLE if not in_effect(k.name, values)}
 
 
 BASELINE = TrialConfig()

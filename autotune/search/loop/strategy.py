@@ -58,7 +58,7 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import TABLE
+from autotune.core.config import LEADS, TABLE, turns_on
 from autotune.search.store import _optuna, records
 from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import class_label, failed_classes, feasible, rank
@@ -332,9 +332,9 @@ def _moved(
     worker-only knobs are dropped with 0 workers, and taken from the best trial that had them (else
     their first value) when workers appear."""
     params = {**base, knob: value}
-    if knob != "num_workers":
+    if knob != LEADS["workers"]:
         return params
-    if not value:
+    if not turns_on("workers", value):
         return {k: v for k, v in params.items() if k not in WORKER_KNOBS}
     ranked = sorted((t for t in trials if feasible(t)), key=lambda t: -float(t.value or 0.0))
     for k in WORKER_KNOBS:

@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from autotune.core.config import CHOICES, KNOBS, TrialConfig
+from autotune.core.config import CHOICES, KNOBS, LEADS, TrialConfig, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
-from autotune.search.space.spec import _DEFAULTS, WORKER_KNOBS, Choices, Fixed, IntRange, SearchSpace, Spec, singles
+from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace, Spec, can_turn_on
 
 _TYPES = {f.name: f.type for f in fields(TrialConfig) if f.name in KNOBS}
 INT_KNOBS = frozenset(k for k, t in _TYPES.items() if t in ("int", "int | None"))
@@ -58,9 +58,10 @@ def load_space(path: str | os.PathLike[str]) -> SearchSpace:
             knobs[name] = _parse_knob(name, value)
         except _Bad as e:
             raise fail(f"knob {name!r}: {e}") from None
-    nw = singles(knobs).get("num_workers", Fixed(_DEFAULTS.num_workers))
-    for k, inert in WORKER_KNOBS.items():
-        if k in knobs and knobs[k] != Fixed(inert) and nw == Fixed(0):
+    # TrialConfig refuses the worker knobs without workers, so asking for them then is an error in the file;
+    # the other dependents are valid with their lead off (a trial leaves them inert).
+    for k, inert in dependents("workers").items():
+        if k in knobs and knobs[k] != Fixed(inert) and not can_turn_on("workers", knobs):
             raise fail(f"knob {k!r}: only applies with worker processes, but num_workers is fixed to 0")
     return SearchSpace(knobs=knobs, source=src)
 
@@ -118,7 +119,7 @@ def _check_value(name: str, v: Any) -> Any:
             f"{v!r} is not one of {'|'.join(STR_KNOBS[name])}" + (" (quote it in YAML)" if isinstance(v, bool) else "")
         )
     # Worker-only knobs are checked against a config that has workers, so the condition can't trip.
-    extra = {"num_workers": 1} if name in WORKER_KNOBS else {}
+    extra = {LEADS["workers"]: 1} if name in dependents("workers") else {}
     try:
         TrialConfig(**extra, **{name: v})  # type: ignore[arg-type]  # the value is checked here, on purpose
     except (ConfigError, TypeError) as e:

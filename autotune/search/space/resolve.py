@@ -11,21 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune import pipelines
-from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, TrialConfig, dependents
 from autotune.core.errors import SearchSpaceError
 from autotune.core.settings import SearchSettings
 from autotune.search.space import memory
 from autotune.search.space.machine import Hardware
 from autotune.search.space.spec import (
     _DEFAULTS,
-    FSDP_KNOBS,
-    PARALLEL_KNOBS,
-    WORKER_KNOBS,
     Choices,
     Fixed,
     IntRange,
     SearchSpace,
     Spec,
+    can_turn_on,
     singles,
     spec_values,
 )
@@ -88,28 +86,17 @@ def for_hardware(
         n.fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
     elif stages is not None:
         n.clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
-    # No worker processes, no prefetching or persistent workers.
-    if singles(n.knobs).get("num_workers") == Fixed(0):
-        for k, inert in WORKER_KNOBS.items():
-            n.fix(k, inert, "num_workers is 0")
-    _strategy(n, hw)
-    return SearchSpace(knobs=singles(n.knobs), source=space.source), n.notes
-
-
-def _strategy(n: _Narrowing, hw: Hardware) -> None:
-    """parallel and its fsdp sub-knobs, narrowed after gpus: inert with one process, and the sub-knobs
-    inert without fsdp."""
-    if singles(n.knobs).get("gpus", Fixed(_DEFAULTS.gpus)) == Fixed(1):
-        for knob, value in PARALLEL_KNOBS.items():
-            n.fix(knob, value, "gpus is 1: one process, nothing to replicate or shard")
-    if "fsdp" not in spec_values(singles(n.knobs).get("parallel", Fixed(_DEFAULTS.parallel))):
-        for knob, inert in FSDP_KNOBS.items():
-            n.fix(knob, inert, "parallel is not fsdp")
-        return
-    if not hw.cuda:
+    # A dependent whose lead no value left in the space turns on is inert. In LEADS order, after the leads
+    # are narrowed: with one process parallel is fixed to ddp, and that fixes the fsdp knobs in turn.
+    for needs in LEADS:
+        if not can_turn_on(needs, n.knobs):
+            for k, inert in dependents(needs).items():
+                n.fix(k, inert, INERT_BECAUSE[needs])
+    if not hw.cuda and can_turn_on("fsdp", n.knobs):
         n.fix("fsdp_offload", False, "no CUDA: the parameters already live in host memory")
         if not hw.cpu_bf16:
             n.keep("fsdp_param_dtype", lambda d: d != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX)")
+    return SearchSpace(knobs=singles(n.knobs), source=space.source), n.notes
 
 
 @dataclass

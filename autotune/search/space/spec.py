@@ -9,17 +9,15 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
-from autotune.core.config import KNOBS, TrialConfig, dependents
+from autotune.core.config import KNOBS, LEADS, TrialConfig, dependents, turns_on
 
 # Shipped inside the package (a wheel install has it too); search_spaces/default.yaml in a checkout
 # links here. It documents the format; `--space FILE` replaces it.
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"
 _DEFAULTS = TrialConfig()
-# The knobs that mean something only with worker processes, more than one process, or FSDP: each is
-# suggested only then, and left at its default (inert) otherwise. Declared in TrialConfig (knob's needs).
+# The knobs that mean something only with worker processes (declared in TrialConfig: knob's needs): the
+# coordinate pass moves them with num_workers.
 WORKER_KNOBS = dependents("workers")
-PARALLEL_KNOBS = dependents("processes")
-FSDP_KNOBS = dependents("fsdp")
 
 
 @dataclass(frozen=True)
@@ -118,4 +116,10 @@ def spec_values(spec: Spec) -> list[Any]:
     )
 
 
-__all__ = ["Choices", "Fixed", "IntRange", "SearchSpace", "Spec", "singles", "spec_values"]
+def can_turn_on(needs: str, knobs: Mapping[str, Spec]) -> bool:
+    """Whether some value these specs give `needs`' lead turns it on (a lead they leave out: its default)."""
+    lead = LEADS[needs]
+    return any(turns_on(needs, v) for v in spec_values(knobs.get(lead, Fixed(getattr(_DEFAULTS, lead)))))
+
+
+__all__ = ["Choices", "Fixed", "IntRange", "SearchSpace", "Spec", "can_turn_on", "singles", "spec_values"]

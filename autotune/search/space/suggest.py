@@ -7,24 +7,8 @@ from typing import Any
 
 import optuna
 
-from autotune.core.config import KNOBS, TrialConfig
-from autotune.search.space.spec import (
-    FSDP_KNOBS,
-    PARALLEL_KNOBS,
-    WORKER_KNOBS,
-    Choices,
-    Fixed,
-    IntRange,
-    SearchSpace,
-    Spec,
-    spec_values,
-)
-
-
-def _num_workers(space: SearchSpace, value: int) -> int:
-    """num_workers as suggest() will see it when `value` is what was chosen or inherited."""
-    spec = space.knobs.get("num_workers")
-    return spec.value if isinstance(spec, Fixed) else value
+from autotune.core.config import KNOBS, TrialConfig, in_effect, inert
+from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace, Spec, spec_values
 
 
 def micro_batch_param(gpus: int) -> str:
@@ -54,18 +38,15 @@ def _ask(trial: optuna.trial.Trial, name: str, spec: Spec) -> Any:
 
 
 def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) -> TrialConfig:
-    """Ask `trial` for every searched knob (in KNOBS order) and return `base` with them applied."""
+    """Ask `trial` for every searched knob (in KNOBS order) and return `base` with them applied. A knob
+    whose lead is off (each lead comes before its dependents) is not asked: it is set inert."""
     chosen: dict[str, Any] = {}
     per_count = _per_gpu_count(space, base)
     order = ("gpus", *(k for k in KNOBS if k != "gpus")) if per_count else KNOBS
     for k in order:
         spec = space.knobs.get(k)
-        if spec is None:
+        if spec is None or not in_effect(k, {**base.knobs(), **chosen}):
             continue
-        if k in WORKER_KNOBS and chosen.get("num_workers", base.num_workers) == 0:
-            continue  # conditional knob: not suggested, set inert below
-        if not _in_effect(k, {**base.knobs(), **chosen}):
-            continue  # the strategy with one process, the fsdp sub-knobs without fsdp: inert, set below
         if k == "batch_size" and per_count:
             g = chosen["gpus"]
             divisors = [b for b in spec_values(spec) if base.global_batch % (b * g) == 0]
@@ -74,22 +55,8 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) ->
             )
         else:
             chosen[k] = _ask(trial, k, spec)
-    if chosen.get("num_workers", base.num_workers) == 0:
-        chosen.update(WORKER_KNOBS)
-    for k, inert in {**PARALLEL_KNOBS, **FSDP_KNOBS}.items():
-        if not _in_effect(k, {**base.knobs(), **chosen}):
-            chosen[k] = inert
+    chosen |= inert({**base.knobs(), **chosen})
     return base.replace(**chosen)
-
-
-def _in_effect(knob: str, values: dict[str, Any]) -> bool:
-    """Whether a strategy knob can matter with these values: parallel with more than one process, an
-    fsdp sub-knob under fsdp only. Any other knob: always."""
-    if knob in PARALLEL_KNOBS:
-        return values["gpus"] > 1
-    if knob in FSDP_KNOBS:
-        return values["gpus"] > 1 and values["parallel"] == "fsdp"
-    return True
 
 
 def _as_suggested(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
@@ -105,9 +72,9 @@ def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
     not params; suggest() applies their fixed value whatever `cfg` says.
     """
     params: dict[str, Any] = {}
-    nw = _num_workers(space, cfg.num_workers)
+    values = _as_suggested(cfg, space)
     for k in space.searched():
-        if (k in WORKER_KNOBS and nw == 0) or not _in_effect(k, _as_suggested(cfg, space)):
+        if not in_effect(k, values):
             continue
         spec, v = space.knobs[k], getattr(cfg, k)
         if k == "batch_size" and _per_gpu_count(space, cfg):

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.core.config import TABLE
+from autotune.core.config import IN_EFFECT_WHEN, TABLE
 from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace
 
 HEADER = ("knob", "what it sets", "default", "default space", "can change the training math")
-NEEDS = {"workers": "with num_workers > 0", "processes": "with gpus > 1", "fsdp": "with parallel: fsdp"}
 
 
 def word(value: Any) -> str:
@@ -34,7 +33,7 @@ def values(space: SearchSpace, name: str) -> str:
 def rows(space: SearchSpace) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for k in TABLE:
-        sets = f"{k.sets} ({NEEDS[k.needs]})" if k.needs else k.sets
+        sets = f"{k.sets} ({IN_EFFECT_WHEN[k.needs]})" if k.needs else k.sets
         out.append((f"`{k.name}`", sets, f"`{word(k.default)}`", values(space, k.name), k.math or "no"))
     return out
 
