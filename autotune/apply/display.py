@@ -187,7 +187,7 @@ def cost_rows(study: optuna.Study, top: int | None = None) -> list[tuple[str, ..
         shown_took = (
             "not run" if records.outcome(t) == Outcome.WRITTEN_OFF else f"{took:.1f}" if took is not None else "-"
         )
-        rows.append((str(t.number), r.role, str(r.config.get("batch_size", "-")), f"{est:.1f}", shown_took, error))
+        rows.append((str(t.number), r.role, batch_cell(r), f"{est:.1f}", shown_took, error))
     return rows[-top:] if top else rows
 
 
@@ -285,3 +285,8 @@ def training_note(study: optuna.Study) -> str:
         if not proven and any(c.startswith("global batch") for c in r.training_math)
         else ""
     )
+
+
+def batch_cell(r: TrialRecord) -> str:
+    """The micro-batch a trial ran, for the fit tables; "-" for a record without knobs."""
+    return str(r.config_for(BASELINE).batch_size) if r.config else "-"

@@ -77,6 +77,7 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
     """One row of text cells per trial with an estimate, in trial order (`top`: the last ones only);
     a config written off before launch shows "skipped" for its peak. The terminal (`show`) and the
     HTML report print these."""
+    from autotune.apply.display import batch_cell
     from autotune.search.space.memory import versus_peak
     from autotune.search.store import records
     from autotune.search.store.records import TrialRecord
@@ -97,7 +98,7 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
             (
                 str(t.number),
                 r.role,
-                str(r.config.get("batch_size", "-")),
+                batch_cell(r),
                 str(est.get("strategy", "")),
                 mib(est.get("total")),
                 "skipped" if records.outcome(t) == Outcome.WRITTEN_OFF else mib(peak),

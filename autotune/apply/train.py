@@ -23,6 +23,7 @@ from autotune.core.files import write_atomic, write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
 from autotune.core.outcomes import Reason
 from autotune.trial.launcher import run_process
+from autotune.trial.loading import val_loader
 from autotune.trial.nodes import python_for
 from autotune.trial.outcome import TRACEBACK_WORTHY, named_failure, read_verdicts, status_of
 
@@ -61,14 +62,12 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _val_loader(h: Any) -> tuple[Any | None, str]:
-    from torch.utils.data import DataLoader
-
     if not (hasattr(h.pipeline, "build_val_dataset") and hasattr(h.pipeline, "metric")):
         return None, "the pipeline has no build_val_dataset()/metric(): validation skipped"
     ds = h.pipeline.build_val_dataset()
     if len(ds) == 0:
         return None, "the validation set is empty (fewer than 10 samples?): validation skipped"
-    return DataLoader(ds, batch_size=h.cfg.batch_size, num_workers=h.cfg.num_workers), ""
+    return val_loader(ds, h.cfg), ""
 
 
 def validate(h: Any, loader: Any) -> float:

@@ -20,7 +20,7 @@ from autotune.cli._common import (
     skip_bad_data_arg,
     workload_args,
 )
-from autotune.core.config import LR_RULES
+from autotune.core.config import LR_RULES, whole_batch
 from autotune.core.settings import SAMPLERS
 from autotune.core.outcomes import Verdict
 
@@ -235,7 +235,7 @@ def _search_settings(args: argparse.Namespace) -> Any:
     headroom = parse_percent(args.memory_headroom, "--memory-headroom")
     if args.space is not None:  # its own file's errors (the session reads it again, against the hardware)
         load_space(args.space)
-    batch = {"global_batch": args.global_batch, "batch_size": args.global_batch} if args.global_batch else {}
+    batch = whole_batch(args.global_batch)
     baseline = load_baseline(args.baseline, TrialConfig(**batch)) if args.baseline is not None else None
     base = base_config(
         _pipeline_spec(args),

@@ -30,6 +30,7 @@ def knob(
     needs: str | None = None,
     visit: int | None = None,
     math: str = "",
+    memory: bool = False,
 ) -> Any:
     """Declare one tuned knob, as a TrialConfig field: everything else about it (KNOBS, CHOICES, the space's
     dependent knobs, the coordinate pass, `autotune knobs` and README's table) is read from here.
@@ -37,8 +38,9 @@ def knob(
     sets: what it sets, in a user's words. choices: a string knob's values. needs: "workers", "processes" or
     "fsdp": it means something only then, and is left at its default otherwise. visit: its place in the
     coordinate pass (lowest first; None: left to TPE). math: what it can change in the training computed
-    (empty: speed only), as core/training.py labels it."""
-    meta = {"sets": sets, "choices": choices, "needs": needs, "visit": visit, "math": math}
+    (empty: speed only), as core/training.py labels it. memory: it changes the memory estimate
+    (search/space/memory.py); the others (loader, layout, compile...) are taken as not changing it."""
+    meta = {"sets": sets, "choices": choices, "needs": needs, "visit": visit, "math": math, "memory": memory}
     return field(default=default, metadata={"knob": meta})
 
 
@@ -60,13 +62,20 @@ class TrialConfig:
         math="the global batch and its lr; the batch-norm span",
     )
     precision: str = knob(
-        "fp32", "fp32, or bf16/fp16 autocast (fp16 with a GradScaler)", choices=PRECISIONS, visit=0, math="precision"
+        "fp32",
+        "fp32, or bf16/fp16 autocast (fp16 with a GradScaler)",
+        choices=PRECISIONS,
+        visit=0,
+        math="precision",
+        memory=True,
     )
     optimizer_fusion: str = knob(
         "none", "the optimizer's implementation (AdamW's fused/foreach)", choices=FUSIONS, visit=6
     )
-    checkpoint_segments: int = knob(0, "activation checkpointing of the first k stages (0 = off)")
-    gpus: int = knob(1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr")
+    checkpoint_segments: int = knob(0, "activation checkpointing of the first k stages (0 = off)", memory=True)
+    gpus: int = knob(
+        1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr", memory=True
+    )
     channels_last: bool = knob(False, "the memory format of the model and its inputs", visit=5)
     cudnn_benchmark: bool = knob(False, "`torch.backends.cudnn.benchmark`", visit=7)
     compile: str = knob("off", "`torch.compile` and its mode", choices=COMPILES, visit=4)
@@ -76,15 +85,22 @@ class TrialConfig:
     set_to_none: bool = knob(True, "`zero_grad(set_to_none=...)`")
     num_threads: int = knob(0, "`torch.set_num_threads` (0 = torch's default)")
     # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
-    parallel: str = knob("ddp", "DDP or FSDP2 over the processes", choices=PARALLELS, needs="processes")
-    fsdp_reshard: bool = knob(True, "FSDP's reshard_after_forward (true: ZeRO-3, false: ZeRO-2)", needs="fsdp")
+    parallel: str = knob("ddp", "DDP or FSDP2 over the processes", choices=PARALLELS, needs="processes", memory=True)
+    fsdp_reshard: bool = knob(
+        True, "FSDP's reshard_after_forward (true: ZeRO-3, false: ZeRO-2)", needs="fsdp", memory=True
+    )
     fsdp_param_dtype: str = knob(
-        "fp32", "FSDP's MixedPrecisionPolicy param_dtype", choices=FSDP_DTYPES, needs="fsdp", math="param dtype"
+        "fp32",
+        "FSDP's MixedPrecisionPolicy param_dtype",
+        choices=FSDP_DTYPES,
+        needs="fsdp",
+        math="param dtype",
+        memory=True,
     )
     fsdp_reduce_dtype: str = knob(
         "fp32", "FSDP's MixedPrecisionPolicy reduce_dtype", choices=FSDP_DTYPES, needs="fsdp", math="gradient reduce"
     )
-    fsdp_offload: bool = knob(False, "FSDP's CPUOffloadPolicy (state in host memory)", needs="fsdp")
+    fsdp_offload: bool = knob(False, "FSDP's CPUOffloadPolicy (state in host memory)", needs="fsdp", memory=True)
     # workload
     pipeline: str = "unet"
     data_dir: str | None = None
@@ -198,6 +214,10 @@ class TrialConfig:
         """Batches the loader's workers make before the first is asked for: workers x prefetch."""
         return self.num_workers * (self.loader_prefetch or 0)
 
+    def one_process(self) -> TrialConfig:
+        """This config on one process: the same micro-batch, no strategy to run."""
+        return self.replace(gpus=1)
+
     def knobs(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in KNOBS}
 
@@ -238,6 +258,7 @@ class Knob:
     needs: str | None
     visit: int | None
     math: str
+    memory: bool
 
 
 TABLE = tuple(
@@ -249,6 +270,18 @@ KNOBS = tuple(k.name for k in TABLE)
 WORKLOAD = tuple(f.name for f in fields(TrialConfig) if f.name not in KNOBS)
 # The string knobs and workload fields, with what each may be.
 CHOICES = {**{k.name: k.choices for k in TABLE if k.choices}, "lr_scaling": LR_RULES}
+
+
+def whole_batch(global_batch: int | None) -> dict[str, Any]:
+    """The fields of a study's global batch (--global-batch) in one micro-batch: a config they build is
+    valid for any global batch, before the search picks the micro-batch; none without one."""
+    return {"global_batch": global_batch, "batch_size": global_batch} if global_batch else {}
+
+
+def bare_off(name: str, value: Any) -> Any:
+    """YAML 1.1 reads a hand-written bare `off` as False: for a knob whose choices include "off" (compile),
+    that can only have meant "off"."""
+    return "off" if value is False and "off" in CHOICES.get(name, ()) else value
 
 
 # What each `needs` waits on: the knob that turns it on, and the values of that knob that do. fsdp's lead,

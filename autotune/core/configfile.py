@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import yaml
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig, TrialResult, bare_off
 from autotune.core.errors import ConfigError
 from autotune.core.urls import mask_url
 
@@ -226,7 +226,7 @@ def _fix_yaml_off(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """YAML 1.1 reads a hand-written bare `compile: off` as False; that can only have meant 'off'."""
 
     def fix(d: Mapping[str, Any]) -> Mapping[str, Any]:
-        return {**d, "compile": "off"} if d.get("compile") is False else d
+        return {k: bare_off(k, v) for k, v in d.items()}
 
     if isinstance(data.get("config"), Mapping):
         return {**data, "config": fix(data["config"])}

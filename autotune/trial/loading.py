@@ -111,6 +111,11 @@ def build_loader(
     return loader, _applied(loader, cfg, world, endless)
 
 
+def val_loader(dataset: Dataset[Any], cfg: TrialConfig) -> DataLoader[Any]:
+    """`autotune train --validate`'s loader: every sample once, in order, with the trial's batch and workers."""
+    return DataLoader(dataset, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+
+
 def _applied(loader: DataLoader[Any], cfg: TrialConfig, world: int, endless: bool) -> dict[str, Any]:
     """What the loader put in effect, knob by knob, read back from the DataLoader itself."""
     return {

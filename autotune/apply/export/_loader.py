@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 POSITION = {"num_workers": 5, "pin_memory": 7}
 
 
+# The comments beside a Lightning study's own dataloader_kwargs, as its trial passed them.
+LIGHTNING_COMMENTS = {"batch_size": "per process"}
+
+
 def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
     """The knob table's rows for the loader knobs and the micro-batch, in `target`'s terms."""
     if target == "lightning":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Mapping
 
+from autotune.apply.export import _loader
 from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
 from autotune.pipelines.frameworks import hf, lightning
@@ -85,7 +86,7 @@ def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
         ),
         "",
         *loader,
-        *_kwargs("dataloader_kwargs", {} if own else fw.get("dataloader_kwargs") or {}, {"batch_size": "per process"}),
+        *_kwargs("dataloader_kwargs", {} if own else fw.get("dataloader_kwargs") or {}, _loader.LIGHTNING_COMMENTS),
         "",
         *_notes(e, lightning.UNSUPPORTED, float(fw.get("lr_scale") or 1.0)),
         "",

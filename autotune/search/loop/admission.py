@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import BASELINE, TrialConfig
 from autotune.core.outcomes import Reason, Role
 from autotune.core.training import shown, training_math
 from autotune.search.space import memory
@@ -67,7 +67,7 @@ class Sizer:
             or self._calibrated
             or not estimate
             or not peak
-            or record.config.get("gpus", 1) != 1
+            or record.config_for(BASELINE).gpus != 1
             or frozen.state != optuna.trial.TrialState.COMPLETE
         ):
             return

@@ -51,9 +51,9 @@ def run(
     if best is None:
         return None
     record = TrialRecord.from_frozen(best)
-    cfg = TrialConfig.from_dict({**(StudyRecord.of(study).workload or {}), **record.config})
-    if cfg.gpus > 1:  # the compute-only step is one process's; the config's per-GPU rate is the ceiling's
-        cfg = cfg.replace(gpus=1)
+    ran = TrialConfig.from_dict({**(StudyRecord.of(study).workload or {}), **record.config})
+    # The compute-only step is one process's; the config's per-GPU rate is the ceiling's.
+    cfg = ran.one_process()
     need = need_s(record)
     deadline = budget.late_end if budget else None
     reason = measuring.why_not(cfg)
@@ -69,8 +69,8 @@ def run(
     others = section.get("others_cpu")
     if others is not None:  # a figure another process starved is not the config's, as for a trial
         section["contended"] = others > contended_cpus()
-    if cfg.gpus == 1 and record.config.get("gpus", 1) > 1:
-        section["note"] = f"measured on one of the config's {record.config['gpus']} GPUs"
+    if ran.gpus > 1:
+        section["note"] = f"measured on one of the config's {ran.gpus} GPUs"
     records.write_ceiling(study, best.number, section)
     say(f"ceiling: {summary(section)}")
     return section

@@ -34,9 +34,6 @@ from optuna.trial import TrialState
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.search.store.records import TrialRecord
 
-# Knobs that say how a step is computed; the micro-batch is scaled, not matched.
-_MATCHED = tuple(k for k in KNOBS if k != "batch_size")
-
 
 @dataclass(frozen=True)
 class Measured:
@@ -154,4 +151,5 @@ def step_time(cfg: TrialConfig, ref: Measured, same: Sequence[Measured]) -> floa
 
 
 def _distance(a: TrialConfig, b: TrialConfig) -> int:
-    return sum(getattr(a, k) != getattr(b, k) for k in _MATCHED)
+    """The knobs that say how a step is computed and differ; the micro-batch is scaled, not matched."""
+    return sum(getattr(a, k) != getattr(b, k) for k in KNOBS) - (a.batch_size != b.batch_size)

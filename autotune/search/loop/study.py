@@ -55,7 +55,7 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
     as a count the space allows: the warm start runs exactly as enqueued, in the space or not."""
     bf16 = _bf16_supported(base.gpus) if hw.cuda else hw.cpu_bf16
     precision = "bf16" if bf16 else "fp16" if hw.cuda else "fp32"  # a CPU without bf16 kernels: no AMP
-    workers = hw.workers_per_process(base.gpus, space)
+    workers = hw.workers_per_process(base.gpus, space.knobs.get("num_workers") if space else None)
     guide: dict[str, Any] = dict(
         num_workers=workers,
         pin_memory=hw.cuda,

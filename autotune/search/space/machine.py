@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.core import cpus
 from autotune.core.config import TrialConfig
-from autotune.search.space.spec import Fixed, IntRange, SearchSpace
+from autotune.search.space.spec import Fixed, IntRange, Spec
 from autotune.trial.nodes import Placement
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2 quota: "max 100000" (none) or "<quota> <period>"
@@ -84,10 +84,10 @@ class Hardware:
             memory_bytes=memory_bytes(cuda),
         )
 
-    def workers_per_process(self, processes: int, space: SearchSpace | None = None) -> int:
-        """The usable CPUs shared by a trial's processes (one per GPU), as a num_workers `space` allows:
-        the largest not above the share, or its smallest when all are."""
-        n, spec = max(1, self.cpu_count // max(1, processes)), space.knobs.get("num_workers") if space else None
+    def workers_per_process(self, processes: int, spec: Spec | None = None) -> int:
+        """The usable CPUs shared by a trial's processes (one per GPU), as a worker count `spec` (the space's
+        num_workers) allows: the largest not above the share, or its smallest when all are."""
+        n = max(1, self.cpu_count // max(1, processes))
         if spec is None or isinstance(spec, Fixed):
             return n if spec is None else int(spec.value)
         allowed = sorted(spec.values() if isinstance(spec, IntRange) else spec.values)

@@ -14,7 +14,6 @@ measured peak, so its error is visible (apply/report.py); the session skips conf
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import tempfile
 from collections.abc import Callable, Mapping
@@ -22,12 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.core.config import TrialConfig, baseline_of
-from autotune.core.errors import ConfigError
+from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.pipelines.script import is_script
 from autotune.search.space.machine import Hardware, memory_bytes
-from autotune.search.space.spec import Choices, Fixed, SearchSpace, spec_values
 from autotune.trial.probe import ProbeError, run_probe
 
 if TYPE_CHECKING:  # the record is read by its fields; space/ sits below the study store
@@ -35,16 +32,6 @@ if TYPE_CHECKING:  # the record is read by its fields; space/ sits below the stu
 
 FP32, HALF = 4, 2  # bytes per element
 GiB = 2**30
-# The knobs that change the estimate; the others (loader, layout, compile) are taken as not changing it.
-MEMORY_KNOBS = (
-    "gpus",
-    "precision",
-    "checkpoint_segments",
-    "parallel",
-    "fsdp_reshard",
-    "fsdp_param_dtype",
-    "fsdp_offload",
-)
 # FSDP2 all-gathers the next block while the current one computes (forward and backward prefetch).
 UNSHARDED_BLOCKS = 2
 STAGE_FIGURES = ("stage_activation_bytes", "stage_input_bytes", "stage_before_bytes")
@@ -217,15 +204,15 @@ class Fit:
     facts: ModelFacts
     usable: int  # memory x (1 - --memory-headroom)
     cuda: bool
-    gpus: int = 0  # GPUs visible here; 0: unknown (each rank then has one of its own)
-    shared: bool = False  # ranks may share a GPU (AUTOTUNE_DDP_BACKEND=gloo): rank r takes GPU r mod gpus
+    devices: int = 0  # GPUs visible here; 0: unknown (each rank then has one of its own)
+    shared: bool = False  # ranks may share a GPU (AUTOTUNE_DDP_BACKEND=gloo): rank r takes GPU r mod devices
 
     def per_device(self, world: int) -> int:
         """The ranks whose memory the fullest device holds: on a CPU all of them (processes sharing one
         RAM); on CUDA one, unless ranks share GPUs, when ceil(world / gpus) land on the first one."""
         if not self.cuda:
             return world
-        return -(-world // self.gpus) if self.shared and self.gpus else 1
+        return -(-world // self.devices) if self.shared and self.devices else 1
 
     def needed(self, est: Estimate, world: int) -> int:
         return est.total * self.per_device(world)
@@ -263,57 +250,6 @@ def gib(n: float) -> str:
     return f"{n / GiB:.0f} GiB" if n >= 10 * GiB else f"{n / GiB:.2f} GiB"
 
 
-def narrow(space: SearchSpace, base: TrialConfig, fit: Fit) -> tuple[SearchSpace, list[str]]:
-    """Drop the micro-batch sizes that no strategy in the space fits, and say so. The baseline's never
-    goes: it is always measured (a baseline that does not fit fails as measured, and says why)."""
-    spec = space.knobs.get("batch_size")
-    if spec is None or isinstance(spec, Fixed):
-        return space, []
-    keep, sizes = baseline_of(base).batch_size, spec_values(spec)
-    axes = [  # each memory knob's values: the space's, or the workload's own when it is not searched
-        [(k, v) for v in (spec_values(space.knobs[k]) if k in space.knobs else [getattr(base, k)])]
-        for k in MEMORY_KNOBS
-        if hasattr(base, k)
-    ]
-    dropped: dict[int, tuple[int, str, str]] = {}
-    for b in sizes:
-        least = min(
-            (
-                (fit.needed(e, c.gpus), e.strategy, fit.where(c.gpus))
-                for c in _strategies(axes, base.replace(batch_size=b))
-                for e in [estimate(c, fit.facts)]
-            ),
-            default=None,
-        )
-        if least is not None and least[0] > fit.usable and b != keep:
-            dropped[b] = least
-    if not dropped:
-        return space, []
-    kept = tuple(v for v in sizes if v not in dropped)
-    knobs = {**space.knobs, "batch_size": Fixed(kept[0]) if len(kept) == 1 else Choices(kept)}
-    notes = [
-        f"batch_size: dropped {b} (batch {b}: estimated {gib(need)} {where} even under {how}, "
-        f"> {gib(fit.usable)} usable)"
-        for b, (need, how, where) in dropped.items()
-    ]
-    return SearchSpace(knobs=knobs, source=space.source), notes
-
-
-def _strategies(axes: list[list[tuple[str, Any]]], cfg: TrialConfig) -> list[TrialConfig]:
-    """Every combination of the memory knobs' values, at cfg's batch size. Invalid ones (a global batch
-    that a GPU count does not divide) are left out."""
-    out = []
-    for combo in itertools.product(*axes):
-        try:
-            out.append(cfg.replace(**dict(combo)))
-        except ConfigError:  # a combination the workload refuses (its global batch)
-            continue
-    return out
-
-
-__all__ = ["Estimate", "Fit", "ModelFacts", "estimate", "narrow", "strategy", "versus_peak"]
-
-
 # ------------------------------------------------------------- the facts, probed or read back
 
 MEMORY_PROBE_ENV = "AUTOTUNE_MEMORY_PROBE"  # "0": no probe, no estimate
@@ -341,7 +277,7 @@ def probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: Ca
         ModelFacts.from_dict(facts),
         int(hw.memory_bytes * (1 - settings.memory_headroom)),
         hw.cuda,
-        gpus=hw.gpu_count,
+        devices=hw.gpu_count,
         shared=_ranks_share_gpus(),
     )
 
@@ -357,10 +293,13 @@ def stored_fit(record: StudyRecord, headroom: float) -> Fit | None:
     if not total:
         return None
     gpus = int((record.fingerprint or {}).get("gpu_count") or 0)
-    return Fit(facts, int(total * (1 - headroom)), cuda, gpus=gpus, shared=_ranks_share_gpus())
+    return Fit(facts, int(total * (1 - headroom)), cuda, devices=gpus, shared=_ranks_share_gpus())
 
 
 def _ranks_share_gpus() -> bool:
     from autotune.trial.knobs import ranks_share_gpus  # imports torch: only once a search sizes configs
 
     return ranks_share_gpus()
+
+
+__all__ = ["Estimate", "Fit", "ModelFacts", "estimate", "strategy", "versus_peak"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from autotune.core.config import CHOICES, KNOBS, LEADS, TrialConfig, dependents
+from autotune.core.config import CHOICES, KNOBS, LEADS, TrialConfig, bare_off, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace, Spec, can_turn_on
 
@@ -112,8 +112,7 @@ def _parse_range(name: str, d: dict[Any, Any]) -> IntRange:
 
 def _check_value(name: str, v: Any) -> Any:
     """Return v as TrialConfig would hold it, or raise _Bad. Validation is TrialConfig's own."""
-    if name == "compile" and v is False:
-        v = "off"  # YAML 1.1 reads a bare `off` as false
+    v = bare_off(name, v)
     if name in STR_KNOBS and not isinstance(v, str):
         raise _Bad(
             f"{v!r} is not one of {'|'.join(STR_KNOBS[name])}" + (" (quote it in YAML)" if isinstance(v, bool) else "")

@@ -6,13 +6,14 @@ each rank can hold). Each narrowing says what it dropped and why.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotune import pipelines
-from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, TrialConfig, dependents
-from autotune.core.errors import SearchSpaceError
+from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, TABLE, TrialConfig, baseline_of, dependents
+from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.core.settings import SearchSettings
 from autotune.search.space import memory
 from autotune.search.space.machine import Hardware
@@ -41,8 +42,8 @@ def resolve(
     space, more = by_global_batch(space, base.global_batch, base)
     fit = memory.probe_fit(settings, base, hw, say)
     if fit is not None:
-        space, by_memory = memory.narrow(space, base, fit)
-        more += by_memory
+        space, dropped = by_memory(space, base, fit)
+        more += dropped
     for note in notes + more:
         say(f"space: {note}")
     return space, hw, fit
@@ -219,4 +220,56 @@ def by_global_batch(space: SearchSpace, global_batch: int | None, base: Any) -> 
     return SearchSpace(knobs=knobs, source=space.source), notes
 
 
-__all__ = ["by_global_batch", "for_hardware", "resolve"]
+# The knobs the table declares as changing the memory estimate.
+MEMORY_KNOBS = tuple(k.name for k in TABLE if k.memory)
+
+
+def by_memory(space: SearchSpace, base: TrialConfig, fit: memory.Fit) -> tuple[SearchSpace, list[str]]:
+    """Drop the micro-batch sizes that no strategy in the space fits, and say so. The baseline's never
+    goes: it is always measured (a baseline that does not fit fails as measured, and says why)."""
+    spec = space.knobs.get("batch_size")
+    if spec is None or isinstance(spec, Fixed):
+        return space, []
+    keep, sizes = baseline_of(base).batch_size, spec_values(spec)
+    axes = [  # each memory knob's values: the space's, or the workload's own when it is not searched
+        [(k, v) for v in (spec_values(space.knobs[k]) if k in space.knobs else [getattr(base, k)])]
+        for k in MEMORY_KNOBS
+        if hasattr(base, k)
+    ]
+    dropped: dict[int, tuple[int, str, str]] = {}
+    for b in sizes:
+        least = min(
+            (
+                (fit.needed(e, c.gpus), e.strategy, fit.where(c.gpus))
+                for c in _strategies(axes, base.replace(batch_size=b))
+                for e in [memory.estimate(c, fit.facts)]
+            ),
+            default=None,
+        )
+        if least is not None and least[0] > fit.usable and b != keep:
+            dropped[b] = least
+    if not dropped:
+        return space, []
+    kept = tuple(v for v in sizes if v not in dropped)
+    knobs = {**space.knobs, "batch_size": Fixed(kept[0]) if len(kept) == 1 else Choices(kept)}
+    notes = [
+        f"batch_size: dropped {b} (batch {b}: estimated {memory.gib(need)} {where} even under {how}, "
+        f"> {memory.gib(fit.usable)} usable)"
+        for b, (need, how, where) in dropped.items()
+    ]
+    return SearchSpace(knobs=knobs, source=space.source), notes
+
+
+def _strategies(axes: list[list[tuple[str, Any]]], cfg: TrialConfig) -> list[TrialConfig]:
+    """Every combination of the memory knobs' values, at cfg's batch size. Invalid ones (a global batch
+    that a GPU count does not divide) are left out."""
+    out = []
+    for combo in itertools.product(*axes):
+        try:
+            out.append(cfg.replace(**dict(combo)))
+        except ConfigError:  # a combination the workload refuses (its global batch)
+            continue
+    return out
+
+
+__all__ = ["by_global_batch", "by_memory", "for_hardware", "resolve"]

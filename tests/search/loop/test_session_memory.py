@@ -213,7 +213,7 @@ def test_ranks_sharing_the_one_gpu_are_sized_together(
 
 def test_a_proposal_records_how_many_ranks_share_its_gpu(tmp_path: Path) -> None:
     on_gpu = ModelFacts(**{**FACTS.to_dict(), "device": "cuda"})
-    sizer = Sizer(memory.Fit(on_gpu, 80 * 2**30, cuda=True, gpus=1, shared=True), print)
+    sizer = Sizer(memory.Fit(on_gpu, 80 * 2**30, cuda=True, devices=1, shared=True), print)
     study = optuna.create_study()
     trial = study.ask()
     assert not sizer.writes_off(study, trial, TINY.replace(gpus=2), "search", Events())

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.core.config import TrialConfig
-from autotune.search.space.memory import Fit, ModelFacts, estimate, narrow, strategy, versus_peak
+from autotune.search.space.memory import Fit, ModelFacts, estimate, strategy, versus_peak
+from autotune.search.space.resolve import by_memory as narrow
 from autotune.search.space.spec import Choices, Fixed, SearchSpace
 
 # 1M parameters, 800k of them in blocks (the largest 200k); 1 MB saved per sample, 300 kB inside each
@@ -141,17 +142,17 @@ def test_a_measured_peak_calibrates_the_process_share() -> None:
 
 
 def test_ranks_sharing_a_gpu_count_together_against_it() -> None:
-    shared = Fit(FACTS, usable=30_000_000, cuda=True, gpus=1, shared=True)
+    shared = Fit(FACTS, usable=30_000_000, cuda=True, devices=1, shared=True)
     line = shared.too_big(CFG.replace(gpus=2))  # 2 x 24 MB on the one GPU
     assert line == "batch 4 under ddp x2: estimated 0.04 GiB for 2 ranks sharing one GPU > 0.03 GiB usable; skipped"
-    assert Fit(FACTS, usable=30_000_000, cuda=True, gpus=1).too_big(CFG.replace(gpus=2)) is None  # nccl: one each
-    assert Fit(FACTS, usable=30_000_000, cuda=True, gpus=2, shared=True).too_big(CFG.replace(gpus=2)) is None
-    assert shared.per_device(3) == 3 and Fit(FACTS, 1, cuda=True, gpus=2, shared=True).per_device(3) == 2
+    assert Fit(FACTS, usable=30_000_000, cuda=True, devices=1).too_big(CFG.replace(gpus=2)) is None  # nccl: one each
+    assert Fit(FACTS, usable=30_000_000, cuda=True, devices=2, shared=True).too_big(CFG.replace(gpus=2)) is None
+    assert shared.per_device(3) == 3 and Fit(FACTS, 1, cuda=True, devices=2, shared=True).per_device(3) == 2
 
 
 def test_narrowing_counts_the_ranks_on_one_gpu() -> None:
     space = SearchSpace({"batch_size": Choices((4, 8)), "gpus": Fixed(2)})
-    narrowed, notes = narrow(space, TrialConfig(), Fit(FACTS, usable=30_000_000, cuda=True, gpus=1, shared=True))
+    narrowed, notes = narrow(space, TrialConfig(), Fit(FACTS, usable=30_000_000, cuda=True, devices=1, shared=True))
     assert narrowed["batch_size"] == Fixed(8)  # the baseline's stays, measured whatever its estimate
     assert notes == [
         "batch_size: dropped 4 (batch 4: estimated 0.04 GiB for 2 ranks sharing one GPU even under ddp x2, "
@@ -161,13 +162,13 @@ def test_narrowing_counts_the_ranks_on_one_gpu() -> None:
 
 def test_an_estimate_for_ranks_sharing_a_gpu_is_held_against_the_device_s_peak() -> None:
     # The worker reports the device's peak, both ranks' together: 2 x 24 MB, as estimated.
-    recorded = Fit(FACTS, usable=10**9, cuda=True, gpus=1, shared=True).recorded(
+    recorded = Fit(FACTS, usable=10**9, cuda=True, devices=1, shared=True).recorded(
         estimate(CFG.replace(gpus=2), FACTS), 2
     )
     assert recorded["ranks_per_gpu"] == 2 and recorded["total"] == 24_000_000  # the parts stay one rank's
     row = versus_peak(recorded, 48_000_000)
     assert row is not None and row["error"] == 0.0 and row["strategy"] == "ddp x2, 2 ranks per GPU"
-    alone = Fit(FACTS, usable=10**9, cuda=True, gpus=2).recorded(estimate(CFG.replace(gpus=2), FACTS), 2)
+    alone = Fit(FACTS, usable=10**9, cuda=True, devices=2).recorded(estimate(CFG.replace(gpus=2), FACTS), 2)
     assert "ranks_per_gpu" not in alone and versus_peak(alone, 24_000_000)["error"] == 0.0  # type: ignore[index]
     cpu = Fit(FACTS, usable=10**9, cuda=False).recorded(estimate(CFG.replace(gpus=2), FACTS), 2)
     assert "ranks_per_gpu" not in cpu  # a CPU rank's peak is its own RSS
