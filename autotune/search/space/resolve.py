@@ -230,22 +230,24 @@ def by_memory(space: SearchSpace, base: TrialConfig, fit: memory.Fit) -> tuple[S
     spec = space.knobs.get("batch_size")
     if spec is None or isinstance(spec, Fixed):
         return space, []
-    keep, sizes = baseline_of(base).batch_size, spec_values(spec)
+    sizes = spec_values(spec)
     axes = [  # each memory knob's values: the space's, or the workload's own when it is not searched
         [(k, v) for v in (spec_values(space.knobs[k]) if k in space.knobs else [getattr(base, k)])]
         for k in MEMORY_KNOBS
         if hasattr(base, k)
     ]
+    keep = baseline_of(base).batch_size
     dropped: dict[int, tuple[int, str, str]] = {}
     for b in sizes:
-        least = min(
-            (
-                (fit.needed(e, c.gpus), e.strategy, fit.where(c.gpus))
-                for c in _strategies(axes, base.replace(batch_size=b))
-                for e in [memory.estimate(c, fit.facts)]
-            ),
-            default=None,
-        )
+        fits = []
+        for combo in itertools.product(*axes):  # every combination of the memory knobs' values
+            try:
+                c = base.replace(batch_size=b, **dict(combo))
+            except ConfigError:  # a combination the workload refuses (a GPU count its global batch refuses)
+                continue
+            e = memory.estimate(c, fit.facts)
+            fits.append((fit.needed(e, c.gpus), e.strategy, fit.where(c.gpus)))
+        least = min(fits, default=None)
         if least is not None and least[0] > fit.usable and b != keep:
             dropped[b] = least
     if not dropped:
@@ -258,18 +260,6 @@ def by_memory(space: SearchSpace, base: TrialConfig, fit: memory.Fit) -> tuple[S
         for b, (need, how, where) in dropped.items()
     ]
     return SearchSpace(knobs=knobs, source=space.source), notes
-
-
-def _strategies(axes: list[list[tuple[str, Any]]], cfg: TrialConfig) -> list[TrialConfig]:
-    """Every combination of the memory knobs' values, at cfg's batch size. Invalid ones (a global batch
-    that a GPU count does not divide) are left out."""
-    out = []
-    for combo in itertools.product(*axes):
-        try:
-            out.append(cfg.replace(**dict(combo)))
-        except ConfigError:  # a combination the workload refuses (its global batch)
-            continue
-    return out
 
 
 __all__ = ["by_global_batch", "by_memory", "for_hardware", "resolve"]

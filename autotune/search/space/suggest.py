@@ -72,12 +72,12 @@ def config_params(cfg: TrialConfig, space: SearchSpace) -> dict[str, Any]:
     not params; suggest() applies their fixed value whatever `cfg` says.
     """
     params: dict[str, Any] = {}
-    values = _as_suggested(cfg, space)
+    values, per_count = _as_suggested(cfg, space), _per_gpu_count(space, cfg)
     for k in space.searched():
         if not in_effect(k, values):
             continue
         spec, v = space.knobs[k], getattr(cfg, k)
-        if k == "batch_size" and _per_gpu_count(space, cfg):
+        if k == "batch_size" and per_count:
             params[micro_batch_param(cfg.gpus)] = v  # its count's parameter (an integer choice: no 1 == True)
             continue
         if isinstance(spec, Choices) and not any(type(v) is type(c) and v == c for c in spec.values):
