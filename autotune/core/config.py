@@ -33,7 +33,8 @@ def knob(
     memory: bool = False,
 ) -> Any:
     """Declare one tuned knob, as a TrialConfig field: everything else about it (KNOBS, CHOICES, the space's
-    dependent knobs, the coordinate pass, `autotune knobs` and README's table) is read from here.
+    dependent knobs, the coordinate pass, the memory estimate's axes, `autotune knobs` and README's table) is
+    read from here.
 
     sets: what it sets, in a user's words. choices: a string knob's values. needs: "workers", "processes" or
     "fsdp": it means something only then, and is left at its default otherwise. visit: its place in the
