@@ -104,6 +104,3 @@ def edit(rw: Rewrite) -> None:
     for call in rw.api("batch_size"):
         if cfg.batch_size != rw.job.own[0]:
             rw.default(call, cfg.batch_size)
-
-
-__all__ = ["POSITION", "edit", "hf_args", "hf_batch", "kwargs", "rows", "script_lines"]

@@ -44,7 +44,7 @@ def mp_policy(cfg: TrialConfig) -> str:
     )
 
 
-def accelerate_config(cfg: TrialConfig) -> dict[str, Any]:
+def _fsdp_config(cfg: TrialConfig) -> dict[str, Any]:
     """accelerate's `fsdp_config:` for its FSDP2 plugin; the wrapped class is the user's block."""
     return {
         "fsdp_version": 2,
@@ -128,11 +128,10 @@ def _distributed_type(cfg: TrialConfig, on_cpu: bool) -> str:
 
 
 def accelerate_conf(cfg: TrialConfig, on_cpu: bool) -> dict[str, Any]:
-    """accelerate's process layout: distributed_type, num_processes, and under fsdp its `fsdp_config:` for
-    the FSDP2 plugin (the wrapped class is the user's block)."""
+    """accelerate's process layout: distributed_type, num_processes, and under fsdp its `fsdp_config:`."""
     conf: dict[str, Any] = {"distributed_type": _distributed_type(cfg, on_cpu), "num_processes": cfg.gpus}
     if fsdp_on(cfg):
-        conf["fsdp_config"] = accelerate_config(cfg)
+        conf["fsdp_config"] = _fsdp_config(cfg)
     return conf
 
 
