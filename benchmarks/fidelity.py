@@ -3,7 +3,7 @@
 For each of 10 diverse configs (precision, workers, batch size, channels_last, optimizer fusion,
 checkpointing, persistent workers, threads), in one run and interleaved:
 
-  trial   `autotune.trial.launcher.run_trial`: the isolated measured trial a search runs (warm-up steps
+  trial   `autotune.trial.processes.launcher.run_trial`: the isolated measured trial a search runs (warm-up steps
           excluded, --seconds measured)
   train   `python -m autotune train --config cfg.json --epochs 3 --out DIR` in its own process group,
           as a user would run it; its samples/s is read from DIR/train.json (what it prints per epoch:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(shown_command(argv, __file__), flush=True)
 
     from autotune.core import errors
-    from autotune.trial import launcher
+    from autotune.trial.processes import launcher
     from autotune.core.config import TrialConfig
     from autotune.pipelines.unet.data import ensure_data
 

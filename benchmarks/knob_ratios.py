@@ -3,7 +3,7 @@
     bf16 / fp32            precision, at batch 8 and num_workers 0
     workers2 / workers0    num_workers, at fp32 and batch 8
 
-Every trial is a real isolated trial process started by `autotune.trial.launcher.run_trial`, the same
+Every trial is a real isolated trial process started by `autotune.trial.processes.launcher.run_trial`, the same
 path a search takes. The three distinct configs (fp32-w0 is the shared denominator of both ratios)
 are run in rounds, interleaved, so machine noise and drift hit all of them alike; odd rounds run in
 reverse order so that no config always goes first after a cold start. Per round, each ratio is
@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from autotune.core import errors  # noqa: E402
-from autotune.trial import launcher  # noqa: E402
+from autotune.trial.processes import launcher  # noqa: E402
 from autotune.core.config import BASELINE, TrialConfig  # noqa: E402
 from autotune.core.configfile import load_config  # noqa: E402
 from autotune.pipelines.unet.data import default_data  # noqa: E402

@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     from autotune import pipelines
     from autotune.core.config import BASELINE, TrialConfig
     from autotune.core.errors import TrialFailure
-    from autotune.trial import launcher
-    from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
+    from autotune.trial.processes import launcher
+    from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 
     exported = yaml.safe_load(best.read_text())
     tuned = TrialConfig.from_dict({**exported["workload"], **exported["config"]})

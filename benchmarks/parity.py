@@ -70,7 +70,7 @@ def main() -> int:
     from autotune.pipelines import preload_modules
     from autotune.pipelines.unet.data import make_data
     from autotune.search.checks import parity
-    from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
+    from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="parity-bench-"))
     data = Path(args.data) if args.data else out / "data"

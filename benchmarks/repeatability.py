@@ -1,6 +1,6 @@
 """How repeatable is one trial? The same config, N isolated trials, back to back: the spread of samples/s.
 
-Every trial is a real isolated trial process started by `autotune.trial.launcher.run_trial`, the path a
+Every trial is a real isolated trial process started by `autotune.trial.processes.launcher.run_trial`, the path a
 search takes. It prints each trial's samples/s with what can explain a spread:
 
   load      the 1-minute load average after the trial (the machines this runs on are shared)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(shown_command(argv, __file__), flush=True)
 
     from autotune.core import errors
-    from autotune.trial import launcher
+    from autotune.trial.processes import launcher
     from autotune.core.config import TrialConfig
     from autotune.pipelines.unet.data import default_data
 

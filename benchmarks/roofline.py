@@ -1,13 +1,13 @@
 """Is the input pipeline hidden? End-to-end samples/s divided by the same config fed pre-loaded tensors.
 
-One process, one model: `autotune.trial.harness.build(cfg)` applies every knob exactly as a trial does. Then,
+One process, one model: `autotune.trial.loop.harness.build(cfg)` applies every knob exactly as a trial does. Then,
 in rounds, alternating which goes first:
 
   end-to-end   h.step on batches from the config's DataLoader (decode, crop, workers: all of it)
   compute      h.step on a few batches taken from that loader once and cycled (same shapes, same
                knobs, same to_device copy inside the step), so only the loader's cost is missing
 
-The steps are timed by autotune.trial.ceiling's `warm_up` and `timed_steps`, the code with which `search`
+The steps are timed by autotune.trial.probes.ceiling's `warm_up` and `timed_steps`, the code with which `search`
 measures best.yaml's `ceiling:` section. Each phase starts with untimed steps: at least 2, and enough to drain the batches that loader workers
 prefetched while the other phase ran (num_workers x prefetch_factor). h.step ends in loss.item(), a
 device sync, and the clock is read after a sync. The ratio end-to-end / compute is printed per round,
@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(shown_command(argv, __file__), flush=True)
 
-    from autotune.trial import ceiling  # the measuring steps `search` runs for best.yaml's ceiling
+    from autotune.trial.probes import ceiling  # the measuring steps `search` runs for best.yaml's ceiling
     from autotune.core.config import TrialConfig
     from autotune.pipelines.unet.data import default_data
-    from autotune.trial.harness import build
+    from autotune.trial.loop.harness import build
     from autotune.search.space.machine import Hardware
     from autotune.search.loop.study import warm_start
 

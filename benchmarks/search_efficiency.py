@@ -1,7 +1,7 @@
 """How fast does each search strategy find the fastest config? Record a full grid once, replay strategies on it.
 
     record   measure every config of a reduced space on this machine (real isolated trials through
-             `autotune.trial.launcher.run_trial`, the path a search takes) and save the table as
+             `autotune.trial.processes.launcher.run_trial`, the path a search takes) and save the table as
              benchmarks/data/grid-<host-kind>.csv: one row per config, every knob column, samples_per_s
              (0 for a failed trial, with its status), and the 1-minute load average at the time.
     replay   no torch, no trials: run each strategy against the table, many seeds, and print how many
@@ -130,7 +130,7 @@ def _parse_value(text: str) -> Any:
 
 def record(args: argparse.Namespace) -> int:
     from autotune.core import errors
-    from autotune.trial import launcher
+    from autotune.trial.processes import launcher
     from autotune.core.config import KNOBS, TrialConfig
     from autotune.pipelines.unet.data import default_data
     from repeatability import OtherLoad, wait_for_quiet

@@ -1,5 +1,5 @@
 """Trial start-up, side by side in one run: cold `python -m autotune.trial`, a warm fork from
-`autotune.trial.warm.WarmServer`, and cold `torchrun --nproc-per-node 2`.
+`autotune.trial.processes.warm_client.WarmServer`, and cold `torchrun --nproc-per-node 2`.
 
 Every trial is the real Unet pipeline (64 px, 1 warm-up and 2 timed steps by default), started the
 way the launcher starts it, with AUTOTUNE_LAUNCH_TIME set at launch. The pipeline is named through
@@ -40,12 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from autotune.trial import launcher  # noqa: E402
+from autotune.trial.processes import launcher  # noqa: E402
 from autotune.core.config import TrialConfig  # noqa: E402
 from autotune.core.files import write_json_atomic  # noqa: E402
 from autotune.core.procs import die_with_parent  # noqa: E402
-from autotune.trial.worker import LAUNCH_TIME_ENV  # noqa: E402
-from autotune.trial.warm import WarmServer  # noqa: E402
+from autotune.trial.loop.worker import LAUNCH_TIME_ENV  # noqa: E402
+from autotune.trial.processes.warm_client import WarmServer  # noqa: E402
 
 TIMES_ENV = "AUTOTUNE_BENCH_TIMES"
 MODES = ("cold", "warm", "torchrun-2")

@@ -2,7 +2,7 @@
 
 For configs that change the optimizer step (a larger global batch, so a scaled lr), in one run:
 
-  trial    samples/s of the baseline and each config, from `autotune.trial.launcher.run_trial` (the
+  trial    samples/s of the baseline and each config, from `autotune.trial.processes.launcher.run_trial` (the
            isolated measured trial a search runs), in interleaved rounds; medians
   verdict  `autotune.search.checks.target.check`: the config trains from the baseline's initial weights and data
            order for up to CAP x the baseline's reference samples; speedup to target = the baseline's
@@ -38,7 +38,7 @@ from autotune.apply.train import run_config  # noqa: E402
 from autotune.core.config import TrialConfig, baseline_of  # noqa: E402
 from autotune.pipelines import base_config  # noqa: E402
 from autotune.search.checks import parity, target  # noqa: E402
-from autotune.trial import launcher  # noqa: E402
+from autotune.trial.processes import launcher  # noqa: E402
 
 # name -> knobs over the baseline (plain PyTorch, batch 8). Each changes the optimizer step.
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -25,7 +25,7 @@
 #      over fp32-baseline: a ratio of two trials measured side by side, as best.yaml's is)
 #   5. one table: every check, PASS or MISS; exit 1 on any miss
 # Each trial's result JSON is asserted, not its exit code alone, and every knob from what the worker saw
-# the running trial do (`applied.observed`, autotune/trial/observe.py), never from the config echoed
+# the running trial do (`applied.observed`, autotune/trial/measurement/observe.py), never from the config echoed
 # back: the device is the GPU; gpu_util is recorded (n/a under MIG: NVML keeps no utilisation counter
 # for a MIG slice); the loss stayed finite; NVML lists the trial's own pid among the processes computing
 # on the device it sampled (in a container with its own pid namespace NVML's pids are the host's: the row
@@ -33,17 +33,17 @@
 # keeps its benchmark cache to itself, and the row says so instead of asserting the flag the worker set.
 #
 # Rows a CPU test covers, left out for time (8 minutes hold the rows above and no more):
-#   - DDP + compile + checkpointing: tests/trial/test_launcher.py::test_ddp_compile_and_checkpointing_train_together
+#   - DDP + compile + checkpointing: tests/trial/processes/test_launcher.py::test_ddp_compile_and_checkpointing_train_together
 #     (aot_eager runs dynamo's DDP optimizer over the checkpoint op, pytorch#104674; inductor on CUDA is
 #     compile-default's row)
-#   - an OOM on DDP rank 1 only: tests/trial/test_launcher.py::test_oom_on_one_ddp_rank_is_trial_oom (a real
+#   - an OOM on DDP rank 1 only: tests/trial/processes/test_launcher.py::test_oom_on_one_ddp_rank_is_trial_oom (a real
 #     CUDA allocation failure is forced-oom's row)
 #   - train --compare-baseline: tests/apply/test_train.py::test_compare_baseline_one_epoch
-#   - checkpoint_segments: tests/trial/test_knobs.py::test_saved_activations_fall_as_checkpoint_segments_grow
+#   - checkpoint_segments: tests/trial/loop/test_knobs.py::test_saved_activations_fall_as_checkpoint_segments_grow
 #     and ::test_checkpointed_unet_computes_the_same_output_and_gradients
-#   - single-process --global-batch accumulation: tests/trial/test_observe.py::
+#   - single-process --global-batch accumulation: tests/trial/measurement/test_observe.py::
 #     test_micro_batches_per_step_are_counted_at_the_first_conv (ddp-accum accumulates on the GPU)
-#   - plain DDP without accumulation: tests/trial/test_launcher.py::test_ddp_over_gloo_reports_global_samples_per_s
+#   - plain DDP without accumulation: tests/trial/processes/test_launcher.py::test_ddp_over_gloo_reports_global_samples_per_s
 #
 # Without a GPU (torch.cuda.is_available() is false) it runs only the CPU-safe parts: set-up,
 # make-data (16 images) and one fp32 smoke trial at 64 px, then prints "no GPU: GPU checks skipped"
@@ -399,8 +399,8 @@ from autotune.core import errors
 from autotune.core.files import write_json_atomic
 from autotune.pipelines import base_config, preload_modules
 from autotune.search.checks import parity
-from autotune.trial import launcher
-from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer, WarmServerError
+from autotune.trial.processes import launcher
+from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 
 def run_parity(d, size, changes, left, server):
@@ -479,7 +479,7 @@ gpus = int(os.environ.get("GPU_CHECK_GPUS", "1"))
 
 
 # Each row's effects, as the worker observed them in the running trial (applied.observed, written by
-# autotune/trial/observe.py) or measured them: never a value of the config read back.
+# autotune/trial/measurement/observe.py) or measured them: never a value of the config read back.
 def equals(want):
     return lambda v: type(v) is type(want) and v == want
 

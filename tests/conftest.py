@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 # Before anything imports huggingface_hub (via smp): tests must never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
 # The memory probe is one more process importing torch at every search start (seconds each): off,
-# except in the tests of the memory estimate (tests/search/space/test_memory.py, tests/trial/test_probe.py).
+# except in the tests of the memory estimate (tests/search/space/test_memory.py, tests/trial/probes/test_model_facts.py).
 os.environ.setdefault("AUTOTUNE_MEMORY_PROBE", "0")
 # So is the ceiling's measurement at every search's end (seconds each): off, except in tests/search/loop/test_ceiling.py.
 os.environ.setdefault("AUTOTUNE_CEILING", "0")
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from autotune.core.config import TrialConfig  # noqa: E402
 from autotune.pipelines.unet.data import make_data  # noqa: E402
-from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer  # noqa: E402
+from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer  # noqa: E402
 from tests.fakes import APEX_MODULES, write_fake_apex  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

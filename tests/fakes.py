@@ -181,7 +181,7 @@ def write_fake_apex(root: Path, with_kernels: bool = True) -> Path:
 # --- processes and trials ---------------------------------------------------------------------------
 
 # Enough for the trial code to run warm, far cheaper to start than a search's preload (torchvision, smp).
-LIGHT_PRELOAD = ("torch", "autotune.trial.worker", "autotune.trial.harness")
+LIGHT_PRELOAD = ("torch", "autotune.trial.loop.worker", "autotune.trial.loop.harness")
 
 
 def free_port() -> int:

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from autotune.core.config import TrialConfig
-from autotune.trial import knobs
-from autotune.trial.measure import MIG_NO_UTILISATION
+from autotune.trial.loop import knobs
+from autotune.trial.measurement.measure import MIG_NO_UTILISATION
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"

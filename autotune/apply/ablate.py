@@ -133,9 +133,9 @@ def run_ablation(
     seconds: float | None = None,
     trial_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
-    from autotune.trial import launcher
+    from autotune.trial.processes import launcher
     from autotune.search.space.machine import differences, fingerprint
-    from autotune.trial.locks import device_lock
+    from autotune.trial.processes.locks import device_lock
     from autotune.search.store.records import StudyRecord, write_ablation
 
     base, best = _configs(study, studies_dir, data, seconds)

@@ -22,10 +22,10 @@ from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
 from autotune.core.outcomes import Reason
-from autotune.trial.launcher import run_process
-from autotune.trial.loading import val_loader
-from autotune.trial.nodes import python_for
-from autotune.trial.outcome import TRACEBACK_WORTHY, named_failure, read_verdicts, status_of
+from autotune.trial.processes.launcher import run_process
+from autotune.trial.loop.loading import val_loader
+from autotune.trial.processes.nodes import python_for
+from autotune.trial.loop.outcome import TRACEBACK_WORTHY, named_failure, read_verdicts, status_of
 
 Say = Callable[[str], None]
 
@@ -46,8 +46,8 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights as the pipeline's own build_model() names them: no DDP/compile/checkpoint wrappers.
     Under fsdp a collective: every rank calls it, and rank 0 gets the whole model (the others nothing)."""
-    from autotune.trial.knobs import CheckpointedStage
-    from autotune.trial.sharding import full_state_dict, is_sharded
+    from autotune.trial.loop.knobs import CheckpointedStage
+    from autotune.trial.loop.sharding import full_state_dict, is_sharded
 
     model = _unwrap(model)
     wrapped = [f"{n}.inner." for n, m in model.named_modules() if isinstance(m, CheckpointedStage)]
@@ -73,7 +73,7 @@ def _val_loader(h: Any) -> tuple[Any | None, str]:
 def validate(h: Any, loader: Any) -> float:
     """Mean per-batch metric (IoU for the Unet), weighted by batch size. In fp32, so that the
     comparison is about what training produced, not about inference precision."""
-    from autotune.trial import knobs
+    from autotune.trial.loop import knobs
 
     model = _unwrap(h.model)  # eager: a compiled model would recompile for eval mode
     model.eval()
@@ -93,7 +93,9 @@ def _epoch(h: Any, cfg: TrialConfig, epoch: int, epochs: int, name: str) -> tupl
     import torch.distributed as dist
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autotune.trial import harness, measure
+    from autotune.trial.loop import harness
+
+    from autotune.trial.measurement import measure
 
     if hasattr(h.loader.sampler, "set_epoch"):
         h.loader.sampler.set_epoch(epoch)
@@ -128,7 +130,7 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
     """Train `cfg` for `epochs` epochs over the whole loader; rank 0 reports, validates and saves."""
     import torch.distributed as dist
 
-    from autotune.trial import harness
+    from autotune.trial.loop import harness
 
     h = harness.build(cfg)
     lead = h.rank == 0
@@ -187,7 +189,7 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
 
 
 def _sharded(model: torch.nn.Module) -> bool:
-    from autotune.trial.sharding import is_sharded
+    from autotune.trial.loop.sharding import is_sharded
 
     return is_sharded(model)
 
@@ -205,7 +207,7 @@ def _save(weights: dict[str, torch.Tensor], summary: dict[str, Any], path: Path)
 def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
     """Each run in a fresh process, as a user's training script would be: neither run inherits the other's
     warm state (threads, cudnn, allocator, kernel caches). gpus > 1: one process per device under torchrun."""
-    from autotune.trial.knobs import ranks_share_gpus
+    from autotune.trial.loop.knobs import ranks_share_gpus
 
     if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus and not ranks_share_gpus():
         raise AutotuneError(

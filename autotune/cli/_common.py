@@ -163,8 +163,8 @@ def new_console() -> Any:
 
 
 def nodes_args(p: argparse.ArgumentParser) -> None:
-    """--nodes, --launcher, --scheduler, --scheduler-arg: where a trial's ranks run (trial/nodes.py)."""
-    from autotune.trial.nodes import LAUNCHERS
+    """--nodes, --launcher, --scheduler, --scheduler-arg: where a trial's ranks run (trial/processes/nodes.py)."""
+    from autotune.trial.processes.nodes import LAUNCHERS
 
     p.add_argument(
         "--nodes",
@@ -201,7 +201,7 @@ def apply_nodes(args: argparse.Namespace) -> None:
     """Check the placement (exit 2, one line, nothing written) and hand it to every trial this process
     starts, through the environment."""
     from autotune.core.errors import ConfigError
-    from autotune.trial import nodes
+    from autotune.trial.processes import nodes
 
     placement = nodes.parse(args.nodes, args.launcher, args.scheduler, args.scheduler_arg)
     if placement.nodes > 1 and getattr(args, "global_batch", None):

@@ -103,7 +103,7 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     from autotune.core import errors
-    from autotune.trial import launcher
+    from autotune.trial.processes import launcher
 
     extra: dict[str, Any] = {}
     if args.steps:

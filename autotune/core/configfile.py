@@ -52,7 +52,7 @@ class Export:
     # A framework pipeline's (--pipeline lightning:... / hf:...) tuned settings as the trial passed them:
     # the Trainer's keyword arguments, or the TrainingArguments fields that differ from the user's base.
     framework: dict[str, Any] | None = None
-    # How far it is from the limit (trial/ceiling.py): its compute-only rate on cached batches beside the
+    # How far it is from the limit (trial/probes/ceiling.py): its compute-only rate on cached batches beside the
     # end-to-end one, the share lost to data wait, and its model FLOPs utilisation against a probed peak,
     # each with how it was measured; {"skipped": why} when the budget could not pay for it; None: not run.
     ceiling: dict[str, Any] | None = None

@@ -15,7 +15,7 @@ Optional attributes:
         (a DataError naming bad ones; with skip_bad, a note on what was dropped instead)
     model_key() -> picklable | None: build_model() depends only on this and torch's CPU generator (no
         knob, thread count or device), so a warm server may draw the model once for every trial
-        (autotune.trial.warm_model); None: build it in each trial
+        (autotune.trial.loop.warm_model); None: build it in each trial
 
 A dataset item that cannot be loaded should raise autotune.core.errors.DataItemError naming it; any
 other exception from an item is reported as the data's fault too, naming its index.

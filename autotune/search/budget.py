@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
-from autotune.trial.ceiling import why_not
+from autotune.trial.probes.ceiling import why_not
 
 # A trial's measured seconds when the workload counts steps instead (seconds=None): a first guess.
 GUESSED_TRIAL_S = 15.0

@@ -2,6 +2,6 @@
 
 import sys
 
-from autotune.trial.worker import main
+from autotune.trial.loop.worker import main
 
 sys.exit(main())

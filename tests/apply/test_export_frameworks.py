@@ -30,7 +30,7 @@ from autotune.apply.export import render, to_accelerate, to_hf, to_lightning
 from autotune.apply.export._step import WEIGHT_DECAY
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
-from autotune.trial.knobs import WEIGHT_DECAY as TRIAL_WEIGHT_DECAY
+from autotune.trial.loop.knobs import WEIGHT_DECAY as TRIAL_WEIGHT_DECAY
 from tests.docs_pages import DOCS, python_block
 
 # Every knob a CPU can carry away from the frameworks' defaults: bf16, accumulation 2 (global batch 8 of

@@ -48,7 +48,7 @@ def test_help_is_honest_about_processes(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_plain_state_dict_strips_wrappers() -> None:
-    from autotune.trial.knobs import CheckpointedStage
+    from autotune.trial.loop.knobs import CheckpointedStage
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     model[0] = CheckpointedStage(model[0])
@@ -179,7 +179,7 @@ def test_out_of_memory_in_train_exits_3_not_1(tmp_path: Path) -> None:
 
 
 def test_two_ranks_on_one_gpu_only_with_gloo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.trial.knobs import DDP_BACKEND_ENV
+    from autotune.trial.loop.knobs import DDP_BACKEND_ENV
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -9,7 +9,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.pipelines.unet.data import make_data
-from autotune.trial import nodes
+from autotune.trial.processes import nodes
 from tests.cli.test_cli import bad
 
 

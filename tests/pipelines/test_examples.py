@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from autotune.trial import harness, knobs
+from autotune.trial.loop import harness, knobs
 from autotune.cli import main
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.pipelines import Pipeline, load_pipeline, stages_of, unsupported_of

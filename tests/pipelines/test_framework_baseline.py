@@ -15,7 +15,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.configfile import Export
 from autotune.pipelines.frameworks import hf
 from autotune.search.store.records import TrialRecord
-from autotune.trial import worker
+from autotune.trial.loop import worker
 from tests.pipelines.framework_helpers import SHORT_SEARCH, autotune, ok, trials
 
 transformers = pytest.importorskip("transformers")

@@ -16,7 +16,7 @@ import yaml
 from autotune.cli import main
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
-from autotune.trial import worker
+from autotune.trial.loop import worker
 from tests.pipelines.framework_helpers import (
     autotune,
     doc_commands,

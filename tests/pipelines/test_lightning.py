@@ -16,7 +16,7 @@ import yaml
 from autotune.cli import main
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
-from autotune.trial import worker
+from autotune.trial.loop import worker
 from tests.pipelines.framework_helpers import (
     autotune,
     doc_commands,
@@ -208,7 +208,7 @@ def test_parity_checks_a_lightning_candidate(tmp_path: Path) -> None:
     from autotune.core.config import baseline_of
     from autotune.pipelines import preload_modules
     from autotune.search.checks import parity
-    from autotune.trial.warm import DEFAULT_PRELOAD
+    from autotune.trial.processes.warm_client import DEFAULT_PRELOAD
     from tests.conftest import warm_server_on_repo
 
     candidate = TrialConfig(pipeline=SPEC, num_workers=1)

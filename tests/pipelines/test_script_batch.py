@@ -17,7 +17,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.training import changes_step, training_math
 from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of, base_config
 from autotune.search.checks import parity, target
-from autotune.trial import worker
+from autotune.trial.loop import worker
 from tests.pipelines.script_helpers import SCRIPTS
 
 TOKENS = SCRIPTS / "tokens.py"

@@ -1,4 +1,4 @@
-"""A tiny pipeline whose loader shows how far ahead it made batches (tests/trial/test_worker.py).
+"""A tiny pipeline whose loader shows how far ahead it made batches (tests/trial/loop/test_worker.py).
 
 Named as `tests.trial.loader_pipelines:made_ahead`. Its dataset leaves one file per item it makes (in
 the loader's worker processes) in the folder MADE_ENV names. Its model's first forward, the warm-up

@@ -1,4 +1,4 @@
-"""Pipelines for trials that span nodes (tests/trial/test_torchx_nodes.py).
+"""Pipelines for trials that span nodes (tests/trial/processes/test_torchx_nodes.py).
 
 Named as `tests.trial.node_fault_pipelines:<factory>` in TrialConfig.pipeline.
 """

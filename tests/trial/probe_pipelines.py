@@ -1,4 +1,4 @@
-"""A pipeline whose saved activations can be counted by hand, for tests/trial/test_probe.py.
+"""A pipeline whose saved activations can be counted by hand, for tests/trial/probes/test_model_facts.py.
 
 Linear(8, 16) -> ReLU -> Linear(16, 4), MSE loss. Autograd saves per sample: the input (8 floats, for
 the first weight's grad), the ReLU's output (16, kept once though the ReLU and the second Linear both

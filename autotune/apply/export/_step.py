@@ -19,7 +19,7 @@ _HF_OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_to
 # torch.optim classes that take both `fused` and `foreach`: the trial sets the flags only on those.
 FUSABLE = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 
-# The trials' weight decay (autotune.trial.knobs.WEIGHT_DECAY, torch AdamW's default), written out in
+# The trials' weight decay (autotune.trial.loop.knobs.WEIGHT_DECAY, torch AdamW's default), written out in
 # every export: a framework whose default differs (HF's is 0) must still train what was measured.
 # Not imported from there: that module imports torch, and `autotune export` should not.
 WEIGHT_DECAY = 0.01

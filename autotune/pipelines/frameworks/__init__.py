@@ -5,7 +5,7 @@ optionally with the keyword arguments of the user's own Trainer as a third item;
 `--pipeline hf:MODULE:FACTORY` one returning (model, train_dataset, data_collator, TrainingArguments).
 The factory is called with the TrialConfig, like any pipeline factory. A trial then runs the framework's
 own loop (Trainer.fit, Trainer.train) with the knobs mapped onto its arguments, measured by a callback
-(autotune.trial.frameworks). This package owns what needs no trial: the spec, the factory's output
+(autotune.trial.loop.frameworks). This package owns what needs no trial: the spec, the factory's output
 checked, which knob maps to which argument, and why a knob cannot be expressed (`unsupported`, with
 a reason per knob, which the search fixes to its default and says).
 
@@ -169,7 +169,7 @@ def threads(cfg: TrialConfig) -> dict[str, int]:
 
 
 def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
-    """One knob's record in a result's `applied`, in the shape autotune.trial.knobs writes."""
+    """One knob's record in a result's `applied`, in the shape autotune.trial.loop.knobs writes."""
     rec = {"requested": requested, "in_effect": in_effect}
     if why:
         rec["why"] = why

@@ -2,7 +2,7 @@
 
 The spec holds the script's absolute path and its own command-line arguments, shell-quoted
 (`script:/abs/train.py --epochs 1 data/`), so every trial, a worker, and `autotune trial --config
-best.yaml` re-run the same command with no new TrialConfig field. autotune.trial.script runs it with
+best.yaml` re-run the same command with no new TrialConfig field. autotune.trial.loop.script runs it with
 runpy, its seams installed in torch first; this package owns what needs no trial: the spec, the checks
 on the file, and which knobs the script can take.
 

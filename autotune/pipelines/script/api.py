@@ -12,7 +12,7 @@
 
 Outside a trial (`python train.py`) each call is the identity: autocast() is a null context, scaler()
 a disabled GradScaler (its scale() returns the loss, its step() calls optimizer.step()), model() returns
-the model, and seed, data_seed, batch_size, accumulation and lr return their default. autotune.trial.script
+the model, and seed, data_seed, batch_size, accumulation and lr return their default. autotune.trial.loop.script
 installs the trial's settings here before it runs the script, in the same process. Importing this module imports nothing heavy: torch is
 imported inside the calls, once the script has it loaded already.
 """
@@ -81,7 +81,7 @@ _trial: Trial | None = None
 
 
 def install(trial: Trial | None) -> None:
-    """Set (or, with None, clear) the trial this process runs: autotune.trial.script's call only."""
+    """Set (or, with None, clear) the trial this process runs: autotune.trial.loop.script's call only."""
     global _trial
     _trial = trial
 

@@ -1,7 +1,7 @@
 """Whether optimizer_fusion can reach a script's optimizer: the `fused`/`foreach` flags its constructor
 accepts, read from the class the source constructs (torch.optim's, by name) with inspect.signature.
 
-The trial sets an optimizer's flags only where its param groups carry both (autotune.trial.script), and
+The trial sets an optimizer's flags only where its param groups carry both (autotune.trial.loop.script), and
 the diff export writes them on the same classes; an optimizer without the pair (Adadelta, RMSprop and
 Adamax take foreach alone, LBFGS neither) runs its own implementation whatever the config says, so the
 knob is fixed for that script with the reason rather than searched and recorded "in effect none". A

@@ -156,7 +156,7 @@ class UnetPipeline:
 
     def model_key(self) -> tuple[()] | None:
         """The same model for every config: nothing of it reaches build_model, so a warm server may draw
-        it once (autotune.trial.warm_model). None when AUTOTUNE_ENCODER_WEIGHTS names a file to load."""
+        it once (autotune.trial.loop.warm_model). None when AUTOTUNE_ENCODER_WEIGHTS names a file to load."""
         return None if os.environ.get("AUTOTUNE_ENCODER_WEIGHTS") else ()
 
     def build_dataset(self) -> Dataset[tuple[torch.Tensor, torch.Tensor]]:

@@ -43,7 +43,7 @@ from autotune.search.store.results import (
     leaderboard,
 )
 from autotune.search.store.records import FEASIBLE_KEY
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.warm_client import WarmServer
 
 
 def label_of(study: optuna.Study, cfg: TrialConfig) -> str | None:

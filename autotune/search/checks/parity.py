@@ -42,8 +42,8 @@ from collections.abc import Mapping, Sequence
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.core import outcomes
-from autotune.trial.locks import locked_trial
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.locks import locked_trial
+from autotune.trial.processes.warm_client import WarmServer
 
 # Steps of the coarser run per trailing mean (a span of SMOOTH x its global batch samples).
 SMOOTH = 5

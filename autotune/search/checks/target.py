@@ -32,7 +32,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.core.outcomes import Verdict
 from autotune.search.checks.parity import SMOOTH, Reference, as_run, steps_for, tolerance_for, train_losses
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.warm_client import WarmServer
 
 # The candidate's run is capped at CAP x the baseline's samples. On the held-out study the configs that
 # changed the step ran at x1.94-x2.17 the baseline's samples/s on a 2-CPU machine and x4.6-x6.1 on an

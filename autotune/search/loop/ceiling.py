@@ -1,6 +1,6 @@
 """The last step of a search: how far the exported config is from the limit. Its compute-only rate (the
 data-bound ceiling) and its model FLOPs utilisation, measured once in a fresh process
-(autotune/trial/ceiling.py) when the budget left pays for it, kept on the study with the trial it measured
+(autotune/trial/probes/ceiling.py) when the budget left pays for it, kept on the study with the trial it measured
 (records.ceiling), and so in every export of that trial: best.yaml's `ceiling:` section.
 Skipped with the reason otherwise.
 
@@ -23,7 +23,7 @@ from autotune.search.store.folders import end_folder
 from autotune.search.store import records
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.results import exported
-from autotune.trial import ceiling as measuring
+from autotune.trial.probes import ceiling as measuring
 
 # A fresh process's imports and pipeline build before its first step (the Unet's is ~5 s cold on the
 # 2-core CPU, ARCHITECTURE's table); the measured steps are added from the exported trial's step time.
@@ -38,7 +38,7 @@ def need_s(record: TrialRecord) -> float:
     step = float(record.metrics.get("step_time_p50") or 0.0)
     timed = 2 * measuring.ROUNDS * max(measuring.PHASE_S, measuring.MIN_STEPS * step)
     ahead = TrialConfig.from_dict(record.config).batches_ahead
-    warm = measuring.ROUNDS * max(1, ahead)  # before each loader phase (trial/ceiling.py)
+    warm = measuring.ROUNDS * max(1, ahead)  # before each loader phase (trial/probes/ceiling.py)
     return START_S + timed + (EXTRA_STEPS + warm) * step + measuring.PROBE_S + measuring.PROBE_TARGET_S * 4
 
 

@@ -29,10 +29,10 @@ from autotune.core.outcomes import Role
 from autotune.search.store import records
 from autotune.search.budget import Budget, trial_seconds
 from autotune.search.store.folders import end_folder
-from autotune.trial.locks import locked_trial
+from autotune.trial.processes.locks import locked_trial
 from autotune.search.store.records import ConfirmationSummary, TrialRecord
 from autotune.search.store.results import class_label, failed_classes, leaderboard
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.warm_client import WarmServer
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ The model, kept simple and stated so its error can be read off (`show` prints it
   sample (a CPU, a saturated GPU) and an overestimate where a GPU is not yet saturated: the reason a
   second measured micro-batch is used when there is one;
 * start-up is the reference's; the warm-up is the proposal's warm-up steps (and the loader's made-ahead
-  batches, trial/worker.py drains them before the clock) at the predicted step time, plus the
+  batches, trial/loop/worker.py drains them before the clock) at the predicted step time, plus the
   reference's one-off part (its warm-up less its steps: compilation) when it compiled the same way. A
   compile mode no measured trial used adds nothing, so the estimate is then too low, never too high;
 * the timed window is the workload's: `timed_steps`, or with a time box at least `window` steps and
@@ -88,7 +88,7 @@ def work(cfg: TrialConfig) -> float:
 
 
 def warm_steps(cfg: TrialConfig) -> int:
-    """Untimed steps: the warm-up, and the batches the loader made ahead (trial/worker.py's drain)."""
+    """Untimed steps: the warm-up, and the batches the loader made ahead (trial/loop/worker.py's drain)."""
     if cfg.warmup_steps == 0:
         return 0
     return cfg.warmup_steps + -(-cfg.batches_ahead // cfg.grad_accum)

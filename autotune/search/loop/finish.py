@@ -19,7 +19,7 @@ from autotune.search.budget import Budget
 from autotune.search.loop import ceiling, confirm
 from autotune.search.loop import gate
 from autotune.search.store.results import exported
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.warm_client import WarmServer
 
 
 def wanted(settings: SearchSettings) -> bool:

@@ -31,7 +31,7 @@ from autotune.search.loop import confirm
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import class_label, class_verdict, confirmed_figures, export_order
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.warm_client import WarmServer
 
 
 def run(

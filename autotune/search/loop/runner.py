@@ -29,13 +29,13 @@ from autotune.core.errors import (
     TrialUnsupported,
 )
 from autotune.search.store import _optuna
-from autotune.trial.locks import locked_trial
+from autotune.trial.processes.locks import locked_trial
 from autotune.search.store.records import FEASIBLE_KEY, TrialRecord, of_result, write, write_owner, write_reason
 from autotune.search.store.results import baseline_sps
 from autotune.search.space.machine import usable_cpus
 from autotune.core.files import disk_error
 from autotune.core.outcomes import Reason, Role
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.warm_client import WarmServer
 
 # The sampler should learn where these lie: they are properties of the config, not accidents.
 INFEASIBLE = (TrialOOM, TrialNumerics, TrialUnsupported, TrialBadConfig)

@@ -1,6 +1,6 @@
 """A memory estimate per rank before launch: arithmetic on a few model facts, no torch.
 
-The facts (ModelFacts) are measured once per study by trial/probe.py in its own process: the parameter
+The facts (ModelFacts) are measured once per study by trial/probes/model_facts.py in its own process: the parameter
 count, the largest block's (FSDP's unit of all-gather), and the bytes autograd saves per sample for one
 fp32 forward without checkpointing, in all and per checkpointable stage. From them, for any config:
 
@@ -25,7 +25,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.pipelines.script import is_script
 from autotune.search.space.machine import Hardware, memory_bytes
-from autotune.trial.probe import ProbeError, run_probe
+from autotune.trial.probes.model_facts import ProbeError, run_probe
 
 if TYPE_CHECKING:  # the record is read by its fields; space/ sits below the study store
     from autotune.search.store.records import StudyRecord
@@ -39,7 +39,7 @@ STAGE_FIGURES = ("stage_activation_bytes", "stage_input_bytes", "stage_before_by
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What trial/probe.py measured once per study (its JSON, field for field)."""
+    """What trial/probes/model_facts.py measured once per study (its JSON, field for field)."""
 
     param_count: int
     largest_block_params: int  # the largest of the pipeline's `blocks` (else stages; else the whole model)
@@ -151,7 +151,7 @@ def activations(cfg: TrialConfig, facts: ModelFacts) -> float:
     - Linear in the micro-batch (cfg.batch_size per rank): the probe measured a small one and divided.
     - Half precision (autocast fp16/bf16, or FSDP's bf16 compute parameters) halves them; in truth
       less than half, since norms and losses keep fp32 copies.
-    - k checkpointed stages (the first k, as trial/knobs.py wraps them) keep only their inputs. Their
+    - k checkpointed stages (the first k, as trial/loop/knobs.py wraps them) keep only their inputs. Their
       insides come back one stage at a time in backward, when everything saved after that stage is
       freed: the peak is the larger of the end of forward and the worst stage's recomputation."""
     per_sample = _checkpointed(facts, cfg.checkpoint_segments)
@@ -224,7 +224,7 @@ class Fit:
 
     def recorded(self, est: Estimate, world: int) -> dict[str, Any]:
         """The estimate as each trial records it: with ranks sharing a GPU, how many, since the measured
-        CUDA peak is then the device's (all of them together; trial/worker.py)."""
+        CUDA peak is then the device's (all of them together; trial/loop/worker.py)."""
         n = self.per_device(world) if self.cuda else 1
         return {**est.to_dict(), **({"ranks_per_gpu": n} if n > 1 else {})}
 
@@ -257,7 +257,7 @@ PROBE_TIMEOUT_S = 300.0
 
 
 def probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: Callable[[str], Any]) -> Fit | None:
-    """Measure the model facts once (trial/probe.py, a process of its own) and what a config must fit in:
+    """Measure the model facts once (trial/probes/model_facts.py, a process of its own) and what a config must fit in:
     the device's memory (RAM on a CPU) less the headroom. None, said, when either is unknown."""
     if os.environ.get(MEMORY_PROBE_ENV, "1") == "0":
         return None
@@ -297,7 +297,7 @@ def stored_fit(record: StudyRecord, headroom: float) -> Fit | None:
 
 
 def _ranks_share_gpus() -> bool:
-    from autotune.trial.knobs import ranks_share_gpus  # imports torch: only once a search sizes configs
+    from autotune.trial.loop.knobs import ranks_share_gpus  # imports torch: only once a search sizes configs
 
     return ranks_share_gpus()
 

@@ -14,7 +14,7 @@ import pytest
 from autotune.core.config import TrialConfig
 from autotune.pipelines import preload_modules
 from autotune.search.checks import parity
-from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
+from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 
 K = 30
 TIMEOUT_S = 300.0

@@ -24,7 +24,7 @@ from autotune.search.store.results import best_export, checks_summary, exported
 from autotune.search.store.records import FEASIBLE_KEY
 from autotune.search.loop.session import SearchSession
 from autotune.search.store.storage import open_storage
-from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
+from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 
 # conftest's `server` fixture: the gate's runs here fork from one warm server instead of starting cold.
 WARM_PRELOAD = (*DEFAULT_PRELOAD, *preload_modules("unet"), "tests.parity_pipelines")

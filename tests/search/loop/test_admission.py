@@ -20,7 +20,7 @@ from autotune.search.loop.runner import Events, run_one
 from autotune.search.store import records
 from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import feasible
-from autotune.trial import launcher
+from autotune.trial.processes import launcher
 from tests.search.loop.test_cost import WORK, study_of, timing
 
 BIG = WORK.replace(batch_size=64, precision="bf16")

@@ -17,7 +17,7 @@ from autotune.core.configfile import to_yaml
 from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
 from autotune.search.loop import ceiling
-from autotune.trial import ceiling as measuring
+from autotune.trial.probes import ceiling as measuring
 from autotune.search.loop.session import SearchSession
 from autotune.search.store import records
 from autotune.search.store.records import TrialRecord

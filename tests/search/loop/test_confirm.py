@@ -19,7 +19,7 @@ from autotune.search.loop import confirm
 from autotune.search.store.records import PARITY
 from autotune.search.store.results import best_export, confirmed_figures, export_order, exported
 from autotune.search.loop.session import SearchSession
-from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
+from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 from tests.conftest import warm_server_on_repo
 from tests.search.store.test_results import TINY, study_with
 

@@ -19,7 +19,7 @@ from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import leaderboard
 from autotune.search.loop.runner import Events
 from autotune.search.loop.session import SearchSession
-from autotune.trial.contention import OtherCpu
+from autotune.trial.measurement.contention import OtherCpu
 
 BURN = [sys.executable, "-c", "while True: pass"]
 

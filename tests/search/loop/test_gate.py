@@ -19,7 +19,7 @@ from autotune.search.store.records import PARITY, of_result, write
 from autotune.search.store.results import best_export, exported
 from autotune.search.store.records import FEASIBLE_KEY
 from autotune.search.store.storage import open_storage
-from autotune.trial.warm import DEFAULT_PRELOAD, WarmServer
+from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 
 # conftest's `server` fixture: the checks' runs fork from one warm server instead of starting cold.
 WARM_PRELOAD = (*DEFAULT_PRELOAD, "tests.parity_pipelines")

@@ -14,7 +14,7 @@ from autotune.core.settings import SearchSettings
 from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import feasible, leaderboard
 from autotune.search.loop.runner import Events, measured, reuse, run_one
-from autotune.trial import launcher
+from autotune.trial.processes import launcher
 from tests.search.store.test_results import TINY, study_with
 
 GIB = 2**30

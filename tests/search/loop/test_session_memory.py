@@ -24,7 +24,7 @@ from autotune.search.loop.session import SearchSession
 from autotune.search.space.memory import MEMORY_PROBE_ENV
 from autotune.search.space.machine import Hardware
 from autotune.search.space.spec import SearchSpace
-from autotune.trial.probe import ProbeError
+from autotune.trial.probes.model_facts import ProbeError
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 MiB = 2**20
@@ -195,7 +195,7 @@ def test_ranks_sharing_the_one_gpu_are_sized_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, per_gpu: int
 ) -> None:
     """AUTOTUNE_DDP_BACKEND=gloo puts rank r on GPU r mod count: on one GPU, 2 ranks' memory on it."""
-    from autotune.trial.knobs import DDP_BACKEND_ENV
+    from autotune.trial.loop.knobs import DDP_BACKEND_ENV
 
     monkeypatch.setenv(MEMORY_PROBE_ENV, "1")
     monkeypatch.setenv(DDP_BACKEND_ENV, backend)

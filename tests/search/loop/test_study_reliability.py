@@ -26,7 +26,7 @@ from autotune.search.store.storage import open_storage
 from autotune.search.store.results import feasible
 from autotune.search.loop.runner import Events, run_one
 from autotune.search.loop.study import open_study
-from autotune.trial.warm import WarmServer
+from autotune.trial.processes.warm_client import WarmServer
 from tests.conftest import REPO_ROOT, wait_until_gone
 
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False)

@@ -25,7 +25,7 @@ from autotune.search.loop.session import SearchSession
 from autotune.search.space.spec import DEFAULT_SPACE
 from autotune.search.store.storage import open_storage
 from autotune.search.store.liveness import fail_stale
-from autotune.trial import launcher
+from autotune.trial.processes import launcher
 from tests.conftest import REPO_ROOT
 from tests.search.loop.test_study_reliability import left_in
 

@@ -1,0 +1,6 @@
+"""The instruments a measured run reads: the device clock read after a sync, memory and utilisation
+(`measure`), the effects observed in the process rather than the config echoed back (`observe`), and
+other processes' CPU use during the timed steps (`contention`).
+
+May import: autotune.core and autotune.pipelines.
+"""

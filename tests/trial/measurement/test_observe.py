@@ -1,0 +1,132 @@
+"""autotune/trial/measurement/observe.py: what a trial records of what really happened, beside what `applied` says
+was asked for: the loader's live workers and a batch's pinning, the optimizer's own defaults, the
+GradScaler's scale, the micro-batches per step, the process group, and on CUDA the pids NVML lists on
+the sampled device (a fake pynvml: this machine has no GPU)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+from autotune.core.config import TrialConfig
+from autotune.trial.loop import knobs
+from autotune.trial.measurement import measure, observe
+from autotune.trial.loop import worker as trial
+from tests.fakes import UUID_A, UUID_B, FakeGpu, ProcNvml, fault_cfg
+
+pytestmark = pytest.mark.usefixtures("repo_on_path")
+
+
+@pytest.fixture
+def inproc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker.run in this process, as a plain (not torchrun) process."""
+    monkeypatch.delenv(trial.LAUNCH_TIME_ENV, raising=False)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def seen(**changes: Any) -> dict[str, Any]:
+    r = trial.run(fault_cfg(warmup_steps=1, timed_steps=2, window=1, **changes))
+    return r.applied["observed"]
+
+
+def live_children() -> int:
+    n = 0
+    for c in psutil.Process().children():
+        try:
+            n += c.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            continue
+    return n
+
+
+def test_the_loaders_workers_are_seen_alive_while_it_iterates(inproc: None) -> None:
+    before = live_children()  # whatever else this test process runs
+    assert seen()["child_processes"] == before  # no workers: the items load in the trial's process
+    assert seen(num_workers=2)["child_processes"] == before + 2
+
+
+def test_a_pin_the_loader_did_not_make_is_seen_unpinned(inproc: None) -> None:
+    """On the CPU the loader pins nothing: asked for, pin_memory is still not what the batches show."""
+    got = seen(pin_memory=True)
+    assert got["batch_pinned"] is False
+
+
+def test_a_batch_is_pinned_when_its_tensors_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, y = torch.zeros(2, 3, 4, 4), torch.zeros(2, 1, 4, 4)
+    assert observe._loader(iter([[(x, y)]]))["batch_pinned"] is False
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a, **k: True)  # what a pinned batch answers
+    assert observe._loader(iter([[(x, y)]]))["batch_pinned"] is True
+    # An exhausted loader costs the observation, not the trial.
+    assert "batch_error" in observe._loader(iter([]))
+
+
+@pytest.mark.parametrize(
+    "fusion, fused, foreach",
+    [("none", None, False), ("foreach", None, True), ("fused", True, None)],
+)
+def test_the_optimizers_own_defaults_are_recorded(inproc: None, fusion: str, fused: Any, foreach: Any) -> None:
+    got = seen(optimizer_fusion=fusion)
+    assert got["optimizer"] == "torch.optim.adamw.AdamW"
+    assert got["optimizer_fused"] is fused and got["optimizer_foreach"] is foreach
+
+
+def test_the_optimizer_is_read_not_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An optimizer that dropped the flag (as a torch without a fused kernel for the device would) shows it."""
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), fused=False)
+    assert observe._optimizer(opt)["optimizer_fused"] is False
+
+
+def test_the_grad_scalers_scale_is_recorded(inproc: None) -> None:
+    assert seen()["grad_scale"] == 1.0  # fp32: GradScaler(enabled=False) scales nothing
+    assert seen(precision="fp16")["grad_scale"] > 1.0  # the loss really was scaled
+
+
+def test_micro_batches_per_step_are_counted_at_the_first_conv(inproc: None) -> None:
+    assert seen()["conv_calls"] == 1
+    assert seen(batch_size=2, global_batch=6)["conv_calls"] == 3  # 3 micro-batches accumulated per step
+
+
+def test_a_plain_process_has_no_process_group(inproc: None) -> None:
+    got = seen()
+    assert got["process_group_size"] == 1 and got["process_group_backend"] is None
+
+
+def test_the_process_group_is_read_from_torch_distributed() -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        assert observe._process_group() == {"process_group_size": 1, "process_group_backend": "gloo"}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_cpu_trial_records_no_nvml_pids(inproc: None) -> None:
+    got = seen()
+    assert "pid" not in got and "nvml_pids" not in got
+
+
+def test_on_cuda_this_pid_and_the_sampled_devices_pids_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial on its cuda:0, which is NVML's GPU 1: the pids are GPU 1's, where this process computes."""
+    gpus = [FakeGpu(UUID_A), FakeGpu(UUID_B)]
+    monkeypatch.setitem(sys.modules, "pynvml", ProcNvml(gpus, {id(gpus[0]): [11], id(gpus[1]): [os.getpid(), 12]}))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+    cfg = TrialConfig()
+    h = types.SimpleNamespace(
+        model=model,
+        device=torch.device("cuda", 0),
+        optimizer=torch.optim.AdamW(model.parameters()),
+        precision=knobs.Precision(cfg, torch.device("cpu")),
+    )
+    util = measure.GpuUtilSampler(h.device)
+    got = observe.after_steps(h, iter([[(torch.zeros(1), torch.zeros(1))]]), observe.FirstConv(model), util)
+    assert got["pid"] == os.getpid() and got["nvml_pids"] == sorted([os.getpid(), 12])
+    assert got["nvml_uuid"] == UUID_B and "nvml_pids_error" not in got
