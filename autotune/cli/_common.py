@@ -164,7 +164,7 @@ def new_console() -> Any:
 
 def nodes_args(p: argparse.ArgumentParser) -> None:
     """--nodes, --launcher, --scheduler, --scheduler-arg: where a trial's ranks run (trial/processes/nodes.py)."""
-    from autotune.trial.processes.nodes import LAUNCHERS
+    from autotune.trial.processes.placement import LAUNCHERS
 
     p.add_argument(
         "--nodes",
@@ -201,9 +201,9 @@ def apply_nodes(args: argparse.Namespace) -> None:
     """Check the placement (exit 2, one line, nothing written) and hand it to every trial this process
     starts, through the environment."""
     from autotune.core.errors import ConfigError
-    from autotune.trial.processes import nodes
+    from autotune.trial.processes import nodes, placement as where
 
-    placement = nodes.parse(args.nodes, args.launcher, args.scheduler, args.scheduler_arg)
+    placement = where.parse(args.nodes, args.launcher, args.scheduler, args.scheduler_arg)
     if placement.nodes > 1 and getattr(args, "global_batch", None):
         # TrialConfig derives the accumulation from gpus alone: on N nodes the step would take N x the samples.
         raise ConfigError(f"--global-batch with --nodes {placement.nodes} is not supported yet")

@@ -9,7 +9,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.pipelines.unet.data import make_data
-from autotune.trial.processes import nodes
+from autotune.trial.processes import placement
 from tests.cli.test_cli import bad
 
 
@@ -21,7 +21,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
-    for key in (nodes.NODES_ENV, nodes.LAUNCHER_ENV, nodes.SCHEDULER_ENV, nodes.SCHEDULER_ARGS_ENV):
+    for key in (placement.NODES_ENV, placement.LAUNCHER_ENV, placement.SCHEDULER_ENV, placement.SCHEDULER_ARGS_ENV):
         monkeypatch.delenv(key, raising=False)  # the CLI sets them; restored after each test
     return tmp_path
 

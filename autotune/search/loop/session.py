@@ -51,7 +51,7 @@ from autotune.search.space.reading import load_space
 from autotune.search.store.storage import check_writable, open_storage
 from autotune.search.loop.study import config_for, enqueue_starts, load_study, open_study, study_workload
 from autotune.search.store.liveness import fail_stale
-from autotune.trial.processes.nodes import Placement
+from autotune.trial.processes.placement import Placement
 from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
 Say = Callable[[str], None]

@@ -15,7 +15,7 @@ from typing import Any
 from autotune.core import cpus
 from autotune.core.config import TrialConfig
 from autotune.search.space.spec import Fixed, IntRange, Spec
-from autotune.trial.processes.nodes import Placement
+from autotune.trial.processes.placement import Placement
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2 quota: "max 100000" (none) or "<quota> <period>"
 

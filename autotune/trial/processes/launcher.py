@@ -24,7 +24,8 @@ from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV, die_with_parent, process_identity, signal_groups
 from autotune.core.outcomes import Reason
-from autotune.trial.processes.nodes import Placement, launcher_for
+from autotune.trial.processes.nodes import launcher_for
+from autotune.trial.processes.placement import Placement
 from autotune.trial.loop.outcome import named_failure, read_verdicts
 from autotune.trial.processes.warm_client import (
     CUDA_LOST_CAUSE,

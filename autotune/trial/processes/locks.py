@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.trial.processes import launcher
 from autotune.trial.measurement.contention import allotted_cpus
-from autotune.trial.processes.nodes import Placement
+from autotune.trial.processes.placement import Placement
 from autotune.trial.processes.torchx_nodes import LOCAL
 
 DEFAULT_LOCK_DIR = "/tmp/autotune-locks"

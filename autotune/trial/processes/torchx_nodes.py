@@ -48,7 +48,7 @@ from autotune.core.errors import ConfigError, ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV
 from autotune.core.outcomes import Reason
-from autotune.trial.processes.nodes import Placement
+from autotune.trial.processes.placement import Placement
 from autotune.trial.processes.warm_client import EXPECT_CUDA_ENV
 
 LOCAL = "local_cwd"  # nodes simulated as process trees on this machine (and the scheduler tests use)

@@ -17,7 +17,7 @@ from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.loop.session import SearchSession
 from autotune.search.space.spec import DEFAULT_SPACE
 from autotune.search.store.storage import open_storage
-from autotune.trial.processes.nodes import Placement
+from autotune.trial.processes.placement import Placement
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from autotune.trial.processes import locks
-from autotune.trial.processes.nodes import Placement
+from autotune.trial.processes.placement import Placement
 from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -9,13 +9,13 @@ import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
-from autotune.trial.processes import launcher, nodes
-from autotune.trial.processes.nodes import Placement
+from autotune.trial.processes import launcher, nodes, placement
+from autotune.trial.processes.placement import Placement
 
 
 @pytest.fixture(autouse=True)
 def no_placement_in_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in (nodes.NODES_ENV, nodes.LAUNCHER_ENV, nodes.SCHEDULER_ENV, nodes.SCHEDULER_ARGS_ENV):
+    for key in (placement.NODES_ENV, placement.LAUNCHER_ENV, placement.SCHEDULER_ENV, placement.SCHEDULER_ARGS_ENV):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -40,7 +40,7 @@ def test_a_placement_survives_the_environment() -> None:
 )
 def test_malformed_placements(nodes_arg: str, launcher_arg: str, args: list[str], phrase: str) -> None:
     with pytest.raises(ConfigError, match=phrase):
-        nodes.parse(nodes_arg, launcher_arg, "local_cwd", args)
+        placement.parse(nodes_arg, launcher_arg, "local_cwd", args)
 
 
 def test_one_machine_cannot_span_nodes() -> None:

@@ -20,7 +20,7 @@ import torch
 from autotune.cli import main as cli_main
 from autotune.core import errors
 from autotune.core.errors import ConfigError
-from autotune.trial.processes import launcher, nodes, torchx_nodes
+from autotune.trial.processes import launcher, nodes, placement, torchx_nodes
 from autotune.trial.processes.nodes import Placement
 from autotune.trial.processes.warm_client import EXPECT_CUDA_ENV
 from tests.conftest import live_processes, wait_until_gone
@@ -267,7 +267,7 @@ def test_kubernetes_without_an_image_is_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    for key in (nodes.NODES_ENV, nodes.LAUNCHER_ENV, nodes.SCHEDULER_ENV, nodes.SCHEDULER_ARGS_ENV):
+    for key in (placement.NODES_ENV, placement.LAUNCHER_ENV, placement.SCHEDULER_ENV, placement.SCHEDULER_ARGS_ENV):
         monkeypatch.delenv(key, raising=False)  # the CLI sets them; restored after the test
     config = tmp_path / "c.yaml"
     config.write_text("batch_size: 4\n")
@@ -446,4 +446,4 @@ def test_a_killed_controller_leaves_no_node_behind(two_nodes: Placement, tmp_pat
 def test_the_placement_reaches_the_launcher(two_nodes: Placement, tmp_path: Path) -> None:
     cmd = launcher.command(fault_cfg("tiny"), tmp_path)
     assert cmd[:3] == [sys.executable, "-m", "autotune.trial.processes.torchx_nodes"]
-    assert os.environ[nodes.NODES_ENV] == "2"
+    assert os.environ[placement.NODES_ENV] == "2"
