@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from collections.abc import Callable
 
 from autotune.core.errors import PipelineError
+from autotune.pipelines.kind import BUILTIN, Kind, kind_of
 
 if TYPE_CHECKING:
     import torch
@@ -51,10 +52,11 @@ if TYPE_CHECKING:
 # leaves out in the trial the items its up-front validate_data(skip_bad=True) dropped.
 SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
 
-BUILTIN = {"unet": "autotune.pipelines.unet.pipeline:UnetPipeline"}
-# Imported once by a warm fork server, so every trial forked from it starts with them loaded.
-# unet.data: UnetPipeline(cfg) imports it to list the data folder, in every trial.
-_PRELOAD = {"unet": ("torchvision", "segmentation_models_pytorch", "autotune.pipelines.unet.data")}
+__all__ = [
+    "BUILTIN", "NO_BLOCKS", "SKIP_BAD_DATA_ENV", "Kind", "Pipeline", "base_config", "blocks_of", "default_data",
+    "is_regenerable", "kind_of", "load_pipeline", "own_baseline", "preload_modules", "resolve_factory",
+    "skip_bad_data_in_trials", "stages_of", "unsupported_of", "validate_data",
+]  # fmt: skip
 
 
 @runtime_checkable
@@ -192,14 +194,7 @@ def skip_bad_data_in_trials() -> None:
 
 def preload_modules(spec: str) -> tuple[str, ...]:
     """What a warm server imports for this pipeline: its heavy libraries and its own module."""
-    from autotune.pipelines import frameworks, script
-
-    if frameworks.is_framework(spec):
-        return frameworks.preload(spec)
-    if script.is_script(spec):  # the script itself runs in the trial, never imported ahead
-        return ("torch.utils.data",)
-    module = BUILTIN.get(spec, spec).partition(":")[0]
-    return (*_PRELOAD.get(spec, ()), module)
+    return kind_of(spec).preload_modules()
 
 
 def base_config(
