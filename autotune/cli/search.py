@@ -331,9 +331,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _allowed(pipelines: list[str] | None) -> list[str]:
     """A worker's --pipeline values as a study records them: a script's path made absolute."""
-    from autotune.pipelines import script
+    from autotune.pipelines import kind_of
 
-    return [script.normalize(p) if script.is_script(p) else p for p in pipelines or ()]
+    return [kind_of(p).normalize() for p in pipelines or ()]
 
 
 def _run(session: Any, console: Any) -> int:

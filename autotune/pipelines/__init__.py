@@ -37,7 +37,7 @@ import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from autotune.core.errors import PipelineError
 from autotune.pipelines.kind import BUILTIN, Kind, kind_of
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
 
 __all__ = [
-    "BUILTIN", "NO_BLOCKS", "SKIP_BAD_DATA_ENV", "Kind", "Pipeline", "base_config", "blocks_of", "default_data",
+    "BUILTIN", "NO_BLOCKS", "SKIP_BAD_DATA_ENV", "Kind", "Pipeline", "Unsupported", "base_config", "blocks_of", "default_data",
     "is_regenerable", "kind_of", "load_pipeline", "own_baseline", "preload_modules", "resolve_factory",
     "skip_bad_data_in_trials", "stages_of", "unsupported_of", "validate_data",
 ]  # fmt: skip
@@ -90,11 +90,14 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
 def load_pipeline(cfg: TrialConfig) -> Pipeline:
     """The factory's pipeline (or framework job), checked; a baseline that sets a knob the pipeline
     cannot honour is bad input here, before any study or trial is made from it."""
-    from autotune.pipelines import frameworks, script
+    kind = kind_of(cfg.pipeline)
+    if kind.loop == "trainer":
+        from autotune.pipelines import frameworks
 
-    if frameworks.is_framework(cfg.pipeline):
         pipeline: Any = frameworks.load(cfg)
-    elif script.is_script(cfg.pipeline):
+    elif kind.loop == "script":
+        from autotune.pipelines import script
+
         pipeline = script.load(cfg)
     else:
         pipeline = resolve_factory(cfg.pipeline)(cfg)
@@ -108,12 +111,13 @@ def load_pipeline(cfg: TrialConfig) -> Pipeline:
 
 
 def own_baseline(pipeline: Pipeline, global_batch: int | None = None) -> dict[str, Any]:
-    """The baseline knobs a framework job's own settings say (frameworks.own_baseline); {} for any other
-    pipeline, whose baseline is plain PyTorch unless --baseline says otherwise. A batch that does not
-    divide the study's --global-batch is left out: the baseline then picks one that does (baseline_of)."""
-    from autotune.pipelines.frameworks import FrameworkJob, own_baseline as framework_baseline
+    """The baseline knobs a job that trains in its own loop says it runs with (OwnLoopJob.own_baseline: a
+    Trainer's arguments, a script's own batch); {} for a Pipeline, whose baseline is plain PyTorch unless
+    --baseline says otherwise. A batch that does not divide the study's --global-batch is left out: the
+    baseline then picks one that does (baseline_of)."""
+    from autotune.pipelines.own_loop import OwnLoopJob
 
-    knobs = framework_baseline(pipeline, global_batch) if isinstance(pipeline, FrameworkJob) else {}
+    knobs = pipeline.own_baseline(global_batch) if isinstance(pipeline, OwnLoopJob) else {}
     if global_batch and "batch_size" in knobs and global_batch % knobs["batch_size"]:
         del knobs["batch_size"]
     return knobs
@@ -158,11 +162,21 @@ def blocks_of(pipeline: Pipeline) -> tuple[str, ...]:
 NO_BLOCKS = "fsdp shards per block, and the pipeline names neither `stages` nor `blocks`"
 
 
-def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
-    """The knobs it cannot honour; a framework job's set also says why, per knob (`.why`). `parallel` is
-    one of them for a pipeline with no blocks: it cannot run fsdp, its only value but the default."""
-    from autotune.pipelines.frameworks import Unsupported
+class Unsupported(frozenset):
+    """Knob names a pipeline cannot honour, with why (`why[knob]`), for the note the search prints."""
 
+    why: Mapping[str, str]
+
+    def __new__(cls, reasons: Mapping[str, str]) -> Unsupported:
+        self = super().__new__(cls, reasons)
+        self.why = dict(reasons)
+        return self
+
+
+def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
+    """The knobs it cannot honour; a framework job's or a script's set also says why, per knob (`.why`).
+    `parallel` is one of them for a pipeline with no blocks: it cannot run fsdp, its only value but the
+    default."""
     given = getattr(pipeline, "unsupported", ()) or ()
     if "parallel" in given or blocks_of(pipeline):
         return given if isinstance(given, Unsupported) else frozenset(given)
@@ -204,18 +218,18 @@ def base_config(
     (a config file's values, or the defaults); without any data, the pipeline's own default.
     Positional-only: a whole config file passed as `extra` has its own `pipeline` and `image_size`."""
     from autotune.core.config import TrialConfig
-    from autotune.pipelines import script
 
     extra = {k: v for k, v in extra.items() if not (k in ("lr", "lr_scaling") and v is None)}  # None: not given
     cfg = TrialConfig(**extra)
     changes: dict[str, Any] = {}
     if pipeline:
         changes["pipeline"] = pipeline
-    if script.is_script(changes.get("pipeline", cfg.pipeline)):  # its path made absolute, the file checked
-        changes["pipeline"] = script.normalize(changes.get("pipeline", cfg.pipeline))
-        # Its lr and the rule its optimizer scales by, read from its source unless given.
-        given = {k for k in ("lr", "lr_scaling") if k in extra}
-        changes |= script.study_defaults(changes["pipeline"], cfg.global_batch, given)
+    kind = kind_of(changes.get("pipeline", cfg.pipeline))
+    changes["pipeline"] = kind.normalize()  # a script's path made absolute, the file checked
+    # The lr and the rule its optimizer scales by, read from the job's own source (a script's) unless given.
+    changes |= kind_of(changes["pipeline"]).study_defaults(
+        cfg.global_batch, {k for k in ("lr", "lr_scaling") if k in extra}
+    )
     if image_size:
         changes["image_size"] = image_size
     if data:

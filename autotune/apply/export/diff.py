@@ -34,7 +34,7 @@ from autotune.apply.export import _compute, _loader, _step
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.configfile import Export
 from autotune.core.errors import ConfigError, PipelineError
-from autotune.pipelines import script
+from autotune.pipelines import kind_of, script
 
 NO_CHANGE = "# autotune: no change: the fastest configuration measured is {path} as written"
 
@@ -49,7 +49,7 @@ class Edit:
 
 
 def renders(e: Export) -> bool:
-    return script.is_script(e.config.pipeline)
+    return "diff" in kind_of(e.config.pipeline).exports
 
 
 def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str:

@@ -15,11 +15,11 @@ from autotune.apply.export import _compute, _loader, _step
 from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
-from autotune.pipelines import script
+from autotune.pipelines import kind_of, script
 
 
 def renders(e: Export) -> bool:
-    return script.is_script(e.config.pipeline)
+    return "script" in kind_of(e.config.pipeline).exports
 
 
 def to_script(e: Export, device: str | None = None) -> str:

@@ -21,48 +21,35 @@ from collections.abc import Mapping
 
 from autotune.core.config import LEADS, dependents
 from autotune.core.errors import PipelineError
+from autotune.pipelines.kind import kind_of
+from autotune.pipelines.own_loop import OwnLoopJob
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
 
-# prefix -> (the module checked and used, what to install). lightning.pytorch, not pytorch_lightning:
+# kind name -> (the module checked and used, what to install). lightning.pytorch, not pytorch_lightning:
 # the two packages define distinct classes, and a trial must build the Trainer of the module's package.
 LIBRARIES = {
     "lightning": ("lightning.pytorch", "pip install 'autotune[frameworks]'"),
     "hf": ("transformers", "pip install 'autotune[frameworks]'"),
 }
-# What a warm server imports once, so forked trials start with it: transformers imports its Trainer lazily.
-PRELOAD = {"lightning": ("lightning.pytorch",), "hf": ("transformers", "transformers.trainer")}
 EXPECTED = {
     "lightning": "(LightningModule, LightningDataModule[, trainer_kwargs])",
     "hf": "(model, train_dataset, data_collator, TrainingArguments)",
 }
 
 
-def split(spec: str) -> tuple[str, str] | None:
-    """'lightning:pkg.mod:make' -> ('lightning', 'pkg.mod:make'); None for any other pipeline spec."""
-    prefix, sep, rest = spec.partition(":")
-    return (prefix, rest) if sep and prefix in LIBRARIES else None
-
-
 def is_framework(spec: str) -> bool:
-    return split(spec) is not None
+    return kind_of(spec).loop == "trainer"
 
 
 def library_module(spec: str) -> Any:
     """The framework's module, imported now; a missing library is bad input, said in one line."""
-    prefix = split(spec)[0]  # type: ignore[index]
-    name, install = LIBRARIES[prefix]
+    name, install = LIBRARIES[kind_of(spec).name]
     try:
         return importlib.import_module(name)
     except ImportError as e:
         raise PipelineError(f"--pipeline {spec!r} needs {name}, which cannot be imported ({e}); {install}") from None
-
-
-def preload(spec: str) -> tuple[str, ...]:
-    """What a warm server imports for this pipeline: the framework and the factory's module."""
-    prefix, target = split(spec)  # type: ignore[misc]
-    return (*PRELOAD[prefix], target.partition(":")[0])
 
 
 # The strategy knobs: autotune runs a framework's Trainer with the Trainer's own DDP; handing it FSDP (and
@@ -73,77 +60,48 @@ STRATEGY = {
 }
 
 
-class Unsupported(frozenset):
-    """Knob names a pipeline cannot honour, with why (`why[knob]`), for the note the search prints."""
-
-    why: Mapping[str, str]
-
-    def __new__(cls, reasons: Mapping[str, str]) -> Unsupported:
-        self = super().__new__(cls, reasons)
-        self.why = dict(reasons)
-        return self
-
-
-class FrameworkJob:
-    """What the factory returned, checked, and what the search needs to know of it: the knobs it cannot
-    express (with why) and its checkpointing stages. Not a Pipeline: autotune does not own the loop."""
+class FrameworkJob(OwnLoopJob):
+    """What the factory returned (`parts`), checked, under the framework `library` ("lightning", "hf"):
+    the user's own objects, which a trial hands to that framework's Trainer."""
 
     library = ""
 
     def __init__(
         self, spec: str, parts: tuple[Any, ...], unsupported: Mapping[str, str], stages: tuple[str, ...] = ()
     ) -> None:
-        self.spec, self.parts, self.stages = spec, parts, stages
-        self.unsupported = Unsupported(unsupported)
+        super().__init__(spec, unsupported, stages)
+        self.parts = parts
 
-    # `autotune train` builds a Pipeline's parts itself; a framework job trains under its own Trainer.
-    def build_model(self) -> Any:
-        raise PipelineError(
+    def not_built(self) -> str:
+        return (
             f"--pipeline {self.spec!r} trains under {self.library}'s own Trainer: `autotune train` "
             f"cannot run it; apply the tuned settings (autotune export --format {self.library})"
         )
-
-    build_dataset = build_model
-
-    def loss(self, output: Any, target: Any) -> Any:
-        return self.build_model()
 
 
 def load(cfg: TrialConfig) -> FrameworkJob:
     """Import the framework and the factory, call it with `cfg`, and check what it returned."""
     from autotune.pipelines import resolve_factory
 
-    prefix, target = split(cfg.pipeline)  # type: ignore[misc]
+    kind = kind_of(cfg.pipeline)
+    target = kind.factory
+    assert target is not None, "a framework's spec names its factory"
     library = library_module(cfg.pipeline)
     try:
         factory = resolve_factory(target)
     except PipelineError as e:  # its message names the part after the prefix: name what the user wrote
         raise PipelineError(str(e).replace(repr(target), repr(cfg.pipeline), 1)) from None
     returned = factory(cfg)
-    if prefix == "lightning":
+    if kind.name == "lightning":
         from autotune.pipelines.frameworks import lightning as adapter
     else:
         from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
     job = adapter.check(cfg.pipeline, library, returned)
     if job is None:
-        raise PipelineError(f"--pipeline {cfg.pipeline!r} returned {describe(returned)}, expected {EXPECTED[prefix]}")
+        raise PipelineError(
+            f"--pipeline {cfg.pipeline!r} returned {describe(returned)}, expected {EXPECTED[kind.name]}"
+        )
     return job
-
-
-def own_baseline(job: FrameworkJob, global_batch: int | None = None) -> dict[str, Any]:
-    """The knobs the user's job trains with as written (its TrainingArguments, its Trainer arguments and
-    DataLoader): trial 0's baseline when no --baseline is given, so every speedup is over what the user
-    runs today. global_batch: the study's, which a Lightning job's own accumulation needs."""
-    if job.library == "lightning":
-        from autotune.pipelines.frameworks import lightning
-
-        return lightning.own_baseline(job, global_batch)  # type: ignore[arg-type]
-    if job.library == "hf":
-        from autotune.pipelines.frameworks import hf
-
-        return hf.own_baseline(job)  # type: ignore[arg-type]
-    # a script's baseline is the script run as written: the batch it hands to at.batch_size()
-    return job.own_baseline()  # type: ignore[attr-defined]
 
 
 def describe(value: Any) -> str:
@@ -166,11 +124,3 @@ def threads(cfg: TrialConfig) -> dict[str, int]:
     """num_threads in a framework record: it is neither a Trainer argument nor a TrainingArguments field
     (the export makes it a torch.set_num_threads line), so best.yaml's framework: section names it too."""
     return {"num_threads": cfg.num_threads} if cfg.num_threads else {}
-
-
-def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
-    """One knob's record in a result's `applied`, in the shape autotune.trial.loop.knobs writes."""
-    rec = {"requested": requested, "in_effect": in_effect}
-    if why:
-        rec["why"] = why
-    return rec

@@ -47,6 +47,32 @@ class HFJob(FrameworkJob):
     def args(self) -> Any:
         return self.parts[3]
 
+    def own_baseline(self, global_batch: int | None = None) -> dict[str, Any]:
+        """The knobs the user's TrainingArguments train with today, for trial 0 to measure: the batch per
+        device, bf16/fp16, the loader's workers, pinning and prefetch, the AdamW kernel (optim), torch_compile
+        and gradient checkpointing. Knobs the job cannot express are left out (they stay at their defaults).
+        gradient_accumulation_steps is no knob: the study's --global-batch carries it (and the lr scaling
+        already starts from the user's own global batch, `own_batch`), so global_batch is not read."""
+        args = self.args
+        workers = int(args.dataloader_num_workers)
+        out: dict[str, Any] = {
+            "batch_size": int(args.per_device_train_batch_size),
+            "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            "num_workers": workers,
+            "pin_memory": bool(args.dataloader_pin_memory),
+            # The loader takes these only with worker processes, as TrialConfig does.
+            "persistent_workers": bool(args.dataloader_persistent_workers) and workers > 0,
+            "prefetch_factor": args.dataloader_prefetch_factor if workers > 0 else None,
+        }
+        mode = (args.torch_compile_mode or "default") if args.torch_compile else "off"
+        if mode in COMPILES:  # another mode (reduce-overhead) is no value of the knob: left at its default
+            out["compile"] = mode
+        if "checkpoint_segments" not in self.unsupported:
+            out["checkpoint_segments"] = int(bool(getattr(args, checkpointing_field(args))))
+        if "optimizer_fusion" not in self.unsupported:  # its optim is an AdamW kernel: the first knob naming it
+            out["optimizer_fusion"] = next(k for k, v in OPTIM.items() if v == optim_of(args))
+        return {k: v for k, v in out.items() if k not in self.unsupported}
+
 
 def check(spec: str, transformers: Any, returned: Any) -> HFJob | None:
     """The job, or None when the factory returned something else than the four parts."""
@@ -135,33 +161,6 @@ def changes(base: Any, tuned: Mapping[str, Any]) -> dict[str, Any]:
         return own == plain(v) or (own is None and k in IMPLIED and IMPLIED[k] == plain(v))
 
     return {k: plain(v) for k, v in tuned.items() if not same(k, v)}
-
-
-def own_baseline(job: HFJob) -> dict[str, Any]:
-    """The knobs the user's TrainingArguments train with today, for trial 0 to measure: the batch per
-    device, bf16/fp16, the loader's workers, pinning and prefetch, the AdamW kernel (optim), torch_compile
-    and gradient checkpointing. Knobs the job cannot express are left out (they stay at their defaults).
-    gradient_accumulation_steps is no knob: the study's --global-batch carries it (and the lr scaling
-    already starts from the user's own global batch, `own_batch`)."""
-    args = job.args
-    workers = int(args.dataloader_num_workers)
-    out: dict[str, Any] = {
-        "batch_size": int(args.per_device_train_batch_size),
-        "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
-        "num_workers": workers,
-        "pin_memory": bool(args.dataloader_pin_memory),
-        # The loader takes these only with worker processes, as TrialConfig does.
-        "persistent_workers": bool(args.dataloader_persistent_workers) and workers > 0,
-        "prefetch_factor": args.dataloader_prefetch_factor if workers > 0 else None,
-    }
-    mode = (args.torch_compile_mode or "default") if args.torch_compile else "off"
-    if mode in COMPILES:  # another mode (reduce-overhead) is no value of the knob: left at its default
-        out["compile"] = mode
-    if "checkpoint_segments" not in job.unsupported:
-        out["checkpoint_segments"] = int(bool(getattr(args, checkpointing_field(args))))
-    if "optimizer_fusion" not in job.unsupported:  # its optim is an AdamW kernel: the first knob naming it
-        out["optimizer_fusion"] = next(k for k, v in OPTIM.items() if v == optim_of(args))
-    return {k: v for k, v in out.items() if k not in job.unsupported}
 
 
 def horizon(base: Any, n_samples: int | None, per_step: int) -> int | None:

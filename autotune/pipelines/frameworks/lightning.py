@@ -47,6 +47,15 @@ class LightningJob(FrameworkJob):
         """The user's own Trainer keyword arguments ({} when the factory returned none)."""
         return dict(self.parts[2]) if len(self.parts) > 2 else {}
 
+    def own_baseline(self, global_batch: int | None = None) -> dict[str, Any]:
+        """The knobs the user's job runs with today, for trial 0 to measure: the Trainer arguments the factory
+        returned (precision, benchmark; own_trainer), and the train DataLoader's batch_size, num_workers,
+        pin_memory, persistent_workers and prefetch_factor, read from the loader the datamodule's own
+        setup("fit") and train_dataloader() build (what a trial rebuilds). Without trainer_kwargs the precision
+        and benchmark stay at autotune's defaults. The loader's part is {} when the datamodule cannot build it
+        here (it then fails in the trial, which says why)."""
+        return own_trainer(self.trainer_args, global_batch) | _own_loader(self)
+
 
 def check(spec: str, pl: Any, returned: Any) -> LightningJob | None:
     """The job, or None when the factory returned something else than the two Lightning objects (and,
@@ -107,16 +116,6 @@ def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
     if cfg.num_workers > 0:  # DataLoader refuses both without worker processes
         kw |= {"persistent_workers": cfg.persistent_workers, "prefetch_factor": cfg.loader_prefetch}
     return kw
-
-
-def own_baseline(job: LightningJob, global_batch: int | None = None) -> dict[str, Any]:
-    """The knobs the user's job runs with today, for trial 0 to measure: the Trainer arguments the factory
-    returned (precision, benchmark; own_trainer), and the train DataLoader's batch_size, num_workers,
-    pin_memory, persistent_workers and prefetch_factor, read from the loader the datamodule's own
-    setup("fit") and train_dataloader() build (what a trial rebuilds). Without trainer_kwargs the precision
-    and benchmark stay at autotune's defaults. The loader's part is {} when the datamodule cannot build it
-    here (it then fails in the trial, which says why)."""
-    return own_trainer(job.trainer_args, global_batch) | _own_loader(job)
 
 
 def _own_loader(job: LightningJob) -> dict[str, Any]:

@@ -35,14 +35,15 @@ from pathlib import Path
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from autotune.core.config import LEADS, dependents
 from autotune.core.errors import PipelineError
-from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
+from autotune.pipelines.kind import SCRIPT_PREFIX as PREFIX, kind_of
+from autotune.pipelines.own_loop import OwnLoopJob
 from autotune.pipelines.script import fusion
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
 
-PREFIX = "script:"
 API_MODULE = "autotune.script"
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 # Knob -> the at.* call that routes it.
@@ -66,12 +67,14 @@ BATCH_WHY = (
 ALWAYS = {
     "gpus": "the script runs as one process; its own DDP set-up under torchrun is not wired yet",
     "checkpoint_segments": "the script's forward owns activation checkpointing",
-    **{k: "the script runs as one process: nothing to replicate or shard" for k in STRATEGY},
+    **{
+        k: "the script runs as one process: nothing to replicate or shard" for k in (LEADS["fsdp"], *dependents("fsdp"))
+    },
 }
 
 
 def is_script(spec: str) -> bool:
-    return spec.startswith(PREFIX)
+    return kind_of(spec).loop == "script"
 
 
 def parse(spec: str) -> tuple[str, list[str]]:
@@ -363,13 +366,11 @@ def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:
     return out
 
 
-class ScriptJob(FrameworkJob):
+class ScriptJob(OwnLoopJob):
     """A checked script: its path and arguments, what it routes, and the knobs it cannot take."""
 
-    library = "script"
-
     def __init__(self, spec: str, path: str, args: list[str], uses: Uses, global_batch: int | None = None) -> None:
-        super().__init__(spec, (path, tuple(args)), unsupported(uses, global_batch))
+        super().__init__(spec, unsupported(uses, global_batch))
         self.path, self.args, self.uses = path, list(args), uses
         batch = own_batch(uses, global_batch)
         # The script's own (micro-batch, accumulation) when it hands its batch over; None: it keeps its own.
@@ -379,18 +380,17 @@ class ScriptJob(FrameworkJob):
             self.own = (batch, accum if isinstance(accum, int) else 1)
         self.lr_rule, self.lr_rule_why = lr_rule(uses)
 
-    def own_baseline(self) -> dict[str, int]:
-        """The knobs the script runs with as written that differ from what a config says by default."""
+    def own_baseline(self, global_batch: int | None = None) -> dict[str, Any]:
+        """The script run as written: the batch it hands to at.batch_size(), where it hands one over (its
+        accumulation was read against the study's global batch when the job was loaded)."""
         return {} if self.own is None else {"batch_size": self.own[0]}
 
-    def build_model(self) -> Any:
-        raise PipelineError(
+    def not_built(self) -> str:
+        return (
             f"--pipeline {self.spec!r} is your own script, run whole: it has no model or dataset to build "
             "apart (for `autotune train` or the memory probe); run it with the exported changes "
             "(autotune export --format script)"
         )
-
-    build_dataset = build_model
 
 
 def load(cfg: TrialConfig) -> ScriptJob:

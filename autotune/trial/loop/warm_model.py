@@ -60,6 +60,18 @@ def model_key(pipeline: Any) -> Any | None:
     return get() if callable(get) else None
 
 
+def seeded_pipeline(cfg: TrialConfig, rank: int) -> Pipeline:
+    """The config's pipeline, made just after torch is seeded from cfg.seed: the generator state its
+    model is drawn from. One function, because a warm server's builder must reach the very state a
+    trial's harness.build does."""
+    import torch
+
+    from autotune.pipelines import load_pipeline
+
+    torch.manual_seed(cfg.seed + rank)
+    return load_pipeline(cfg)
+
+
 def build_model(pipeline: Pipeline, cfg: TrialConfig) -> nn.Module:
     """pipeline.build_model(), or the warm server's model where it is the same one, with every
     generator left as the build would have left it."""
@@ -136,11 +148,12 @@ def wanted(argv: list[str], env: dict[str, str]) -> tuple[str, int, int] | None:
 
 
 def _declares(spec: str) -> bool:
-    from autotune.pipelines import BUILTIN, frameworks, script
+    from autotune.pipelines import kind_of
 
-    if frameworks.is_framework(spec) or script.is_script(spec):
+    kind = kind_of(spec)
+    if not kind.can_draw_model_once:  # its model is built inside its own loop
         return False
-    module, _, attr = BUILTIN.get(spec, spec).partition(":")
+    module, _, attr = (kind.factory or "").partition(":")
     factory = getattr(sys.modules.get(module), attr, None)
     return callable(getattr(factory, MODEL_KEY, None))
 
@@ -153,7 +166,6 @@ def build_entry(argv: list[str], out: str) -> int:
     import torch
 
     from autotune.core.configfile import load_config
-    from autotune.trial.loop.harness import seeded_pipeline
 
     cfg = load_config(_config_path(argv))
     pipeline = seeded_pipeline(cfg, int(os.environ.get("RANK", "0")))

@@ -35,8 +35,7 @@ from collections.abc import Iterator
 
 from autotune.core.config import TrialConfig
 from autotune.core.procs import die_with_parent
-from autotune.pipelines.frameworks import is_framework
-from autotune.pipelines.script import is_script
+from autotune.pipelines import kind_of
 
 CACHED_BATCHES = 2  # steps' worth of batches cycled by the compute-only phase
 ROUNDS = 2  # of (end-to-end, compute only): a process's speed drifts, so each goes first once
@@ -53,11 +52,7 @@ def why_not(cfg: TrialConfig) -> str | None:
     """Why `cfg` has no ceiling to measure, or None."""
     if os.environ.get(CEILING_ENV, "1") == "0":
         return f"turned off ({CEILING_ENV}=0)"
-    if is_framework(cfg.pipeline):
-        return "a framework pipeline trains in its own loop; the compute-only step needs autotune's"
-    if is_script(cfg.pipeline):
-        return "a user's script trains in its own loop; the compute-only step needs autotune's"
-    return None
+    return kind_of(cfg.pipeline).why_no_ceiling
 
 
 @dataclass(frozen=True)
