@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "autotune" / "pipelines" / "examples" / "plain_script.py"
+EXAMPLE = ROOT / "tests" / "external_pipeline" / "plain_script.py"
 STUDY = "script-example"
 SIDES = ("as written", "patched")
 RUN_TIMEOUT_S = 600

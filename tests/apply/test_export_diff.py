@@ -126,8 +126,8 @@ def test_the_diff_names_the_script_from_where_it_is_applied(tmp_path: Path) -> N
     text = to_diff(_export(EXAMPLE, num_workers=2), device="cpu", cwd=str(tmp_path))
     assert "--- plain_script.py\n+++ plain_script.py\n" in text
     assert f"# apply it from {EXAMPLE.parent}: patch -p0" in text
-    inside = to_diff(_export(EXAMPLE, num_workers=2), device="cpu", cwd=str(EXAMPLE.parents[3]))
-    assert "--- autotune/pipelines/examples/plain_script.py\n" in inside and "apply it:" in inside
+    inside = to_diff(_export(EXAMPLE, num_workers=2), device="cpu", cwd=str(EXAMPLE.parents[2]))
+    assert "--- tests/external_pipeline/plain_script.py\n" in inside and "apply it:" in inside
 
 
 # -------------------------------------------------------------------------------- what is rewritten

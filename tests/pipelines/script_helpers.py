@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-EXAMPLE = REPO_ROOT / "autotune" / "pipelines" / "examples" / "plain_script.py"
+EXAMPLE = REPO_ROOT / "tests" / "external_pipeline" / "plain_script.py"
 SCRIPTS = Path(__file__).parent / "scripts"
 # One compute thread: on a small shared machine two threads run a step many times slower.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
