@@ -83,3 +83,61 @@ def test_each_knob_is_spelled_in_at_most_three_modules_besides_its_table_and_app
             where[knob].append(rel)
     over = {k: mods for k, mods in where.items() if len(mods) > 3}
     assert not over, "\n".join(f"{k}: {len(m)} modules: {', '.join(m)}" for k, m in over.items())
+
+
+# The prefixes a pipeline spec's kind is written with; autotune/pipelines/kind.py reads them, once.
+KIND_PREFIXES = ("script:", "lightning:", "hf:")
+KIND_TESTS = frozenset({"is_script", "is_framework"})
+
+
+def _prefix_tests(tree: ast.AST) -> list[str]:
+    """Where a module tells a spec's kind by itself: a call or import of is_script/is_framework, a
+    startswith/removeprefix against a kind's prefix, or the bare prefix as a string (len('script:'),
+    == 'hf:', ...). What it should do instead is ask `kind_of(spec)`."""
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.ImportFrom) and KIND_TESTS & {a.name for a in node.names}:
+            found.append(f"{line}: imports {', '.join(sorted(KIND_TESTS & {a.name for a in node.names}))}")
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in KIND_TESTS:
+                found.append(f"{line}: calls {name}")
+            elif name in ("startswith", "removeprefix") and node.args:
+                arg = node.args[0]
+                said = [arg] if isinstance(arg, ast.Constant) else list(getattr(arg, "elts", []))
+                if any(isinstance(c, ast.Constant) and str(c.value).startswith(KIND_PREFIXES) for c in said):
+                    found.append(f"{line}: {name}({ast.unparse(arg)})")
+        elif isinstance(node, ast.Constant) and node.value in KIND_PREFIXES:
+            found.append(f"{line}: spells {node.value!r}")
+    return found
+
+
+def test_the_prefix_scan_finds_each_way_of_testing_a_spec_by_hand() -> None:
+    source = "\n".join(
+        [
+            "from autotune.pipelines.script import is_script",
+            "a = is_script(spec)",
+            "b = frameworks.is_framework(spec)",
+            "c = spec.startswith('script:')",
+            "d = spec.startswith(('lightning:', 'hf:'))",
+            "e = spec[len('script:') :]",
+            "f = kind_of(spec).owns_loop",
+            "g = '--pipeline script:PATH ARGS'",  # a help text names the spec's form: no test of a spec
+        ]
+    )
+    lines = {int(f.split(": ")[0]) for f in _prefix_tests(ast.parse(source))}
+    assert sorted(lines) == [1, 2, 3, 4, 5, 6], _prefix_tests(ast.parse(source))
+
+
+def test_no_module_outside_pipelines_tests_a_specs_prefix() -> None:
+    """The kind of job is an object (autotune.pipelines.kind): whose loop runs, whether the model can be
+    probed or drawn once, its ceiling, its exports, what it preloads, the command that runs it alone. A
+    module elsewhere that reads the prefix itself spreads that knowledge again."""
+    found = {
+        str(p.relative_to(PACKAGE)): hits
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.relative_to(PACKAGE).parts[0] != "pipelines" and (hits := _prefix_tests(ast.parse(p.read_text())))
+    }
+    assert found == {}, "\n".join(f"autotune/{m}:{h}" for m, hits in found.items() for h in hits)
