@@ -14,14 +14,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect, refuse_unsupported
+from autotune.core.errors import DataItemError
+from autotune.pipelines import Pipeline, blocks_of, stages_of, unsupported_of
 from autotune.trial.loop import knobs, loading, sharding, warm_model
-from autotune.core.config import KNOBS, TrialConfig
-from autotune.core.errors import DataItemError, TrialUnsupported
-from autotune.pipelines import Pipeline, blocks_of, load_pipeline, stages_of, unsupported_of
-
-
-class NonFiniteLoss(Exception):
-    pass
+from autotune.trial.measurement.clock import NonFiniteLoss
 
 
 # Not the data's fault: running out of memory is the config's (batch size, workers), and reported as such.
@@ -184,19 +182,6 @@ class Harness:
             raise NonFiniteLoss(f"loss became {value}")
         return value
 
-    def mean_over_ranks(self, losses: list[float]) -> list[float]:
-        """Each step's loss averaged over the ranks: under DDP a rank's loss is its own shard's, 1/world
-        of the global batch, while parity compares it with the baseline's whole-batch loss and noise.
-        One all-reduce for the whole trial, after the timed steps, not one sync per step; the shards
-        are equal (the endless sampler drops the remainder), so the mean of means is the batch's mean."""
-        if self.world == 1 or not losses:
-            return losses
-        import torch.distributed as dist
-
-        t = torch.tensor(losses, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)  # SUM: gloo has no AVG
-        return (t / self.world).tolist()
-
     def batches(self) -> Iterator[list[Any]]:
         """Endless optimizer steps' worth of micro-batches (lists of cfg.grad_accum)."""
         return grouped(batches(self.loader), self.cfg.grad_accum)
@@ -228,13 +213,6 @@ def batches(loader: DataLoader[Any]) -> Iterator[Any]:
         epoch += 1
 
 
-def seeded_pipeline(cfg: TrialConfig, rank: int) -> Pipeline:
-    """The config's pipeline, made just after torch is seeded from cfg.seed: the generator state its
-    model is drawn from. One function, because a warm server's builder must reach the very same state."""
-    torch.manual_seed(cfg.seed + rank)
-    return load_pipeline(cfg)
-
-
 def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     """Process setup, pipeline, and every knob, in the order they must be applied.
 
@@ -247,15 +225,8 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(knobs.ddp_backend(device))
     applied: dict[str, Any] = knobs.setup_process(cfg, device)
-    pipeline = seeded_pipeline(cfg, rank)
-    default = TrialConfig()
-    unsupported = unsupported_of(pipeline)
-    refused = [k for k in sorted(unsupported & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
-    if refused:
-        why = getattr(unsupported, "why", {})
-        raise TrialUnsupported(
-            "the pipeline does not support: " + ", ".join(f"{k} ({why[k]})" if why.get(k) else k for k in refused)
-        )
+    pipeline = warm_model.seeded_pipeline(cfg, rank)
+    refuse_unsupported(cfg, unsupported_of(pipeline))
     model = warm_model.build_model(pipeline, cfg)  # pipeline.build_model(), or a warm server's copy of it
     # Batch-norm statistics span one micro-batch on one process: a smaller micro-batch changes them.
     applied["batch_norm_layers"] = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
@@ -273,5 +244,5 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     applied |= a
     precision = knobs.Precision(cfg, device)
     applied |= precision.applied
-    applied["set_to_none"] = {"requested": cfg.set_to_none, "in_effect": cfg.set_to_none}
+    applied["set_to_none"] = knob_effect(cfg.set_to_none, cfg.set_to_none)
     return Harness(cfg, device, rank, world, pipeline, model, optimizer, loader, precision, applied)

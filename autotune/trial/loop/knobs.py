@@ -17,17 +17,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect, lr_effect
 from autotune.core.cpus import usable_cpus
 from autotune.core.errors import ConfigError, TrialUnsupported
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
-    rec = {"requested": requested, "in_effect": in_effect}
-    if why:
-        rec["why"] = why
-    return rec
 
 
 def _ranks_on_this_node() -> int | None:
@@ -52,10 +46,10 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
         why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
     else:
         why = "0 = torch default"
-    applied["num_threads"] = _effect(cfg.num_threads, torch.get_num_threads(), why)
+    applied["num_threads"] = knob_effect(cfg.num_threads, torch.get_num_threads(), why)
     cuda = device.type == "cuda"
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-    applied["cudnn_benchmark"] = _effect(
+    applied["cudnn_benchmark"] = knob_effect(
         cfg.cudnn_benchmark,
         cfg.cudnn_benchmark and cuda,
         "" if cuda or not cfg.cudnn_benchmark else "no CUDA device: cudnn is unused",
@@ -123,7 +117,7 @@ def wrap_checkpoints(model: nn.Module, stages: Iterable[str], k: int) -> dict[st
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, CheckpointedStage(getattr(parent, attr)))
-    return {"checkpoint_segments": _effect(k, stages[:k])}
+    return {"checkpoint_segments": knob_effect(k, stages[:k])}
 
 
 # torch.compile's backend: inductor unless set. aot_eager runs dynamo and its DDP optimizer (the graph split
@@ -139,16 +133,16 @@ def prepare_model(
     model = model.to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    applied["channels_last"] = _effect(cfg.channels_last, cfg.channels_last)
+    applied["channels_last"] = knob_effect(cfg.channels_last, cfg.channels_last)
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    applied["gpus"] = _effect(cfg.gpus, world, _ddp_why(world, device))
+    applied["gpus"] = knob_effect(cfg.gpus, world, _ddp_why(world, device))
     if cfg.compile != "off":
         # mode is inductor's; another backend (the tests' aot_eager) takes none.
         backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
         model = torch.compile(model, backend=backend, mode=cfg.compile if backend == "inductor" else None)  # type: ignore[assignment]
-    applied["compile"] = _effect(cfg.compile, cfg.compile)
+    applied["compile"] = knob_effect(cfg.compile, cfg.compile)
     return model, applied
 
 
@@ -202,15 +196,15 @@ def build_optimizer(
             params, lr=cfg.effective_lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none
         )
         return opt, {
-            "lr": lr_effect(cfg),
-            "optimizer_fusion": _effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})"),
+            "lr": lr_effect(cfg, cfg.lr, cfg.effective_lr),
+            "optimizer_fusion": knob_effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})"),
         }
     # foreach=False forces the per-parameter for-loop: that is what "none" means.
     kwargs = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_fusion]
     opt = torch.optim.AdamW(params, lr=cfg.effective_lr, weight_decay=WEIGHT_DECAY, **kwargs)  # type: ignore[arg-type]  # a dict of bools: mypy matches it to betas
     return opt, {
-        "lr": lr_effect(cfg),
-        "optimizer_fusion": _effect(
+        "lr": lr_effect(cfg, cfg.lr, cfg.effective_lr),
+        "optimizer_fusion": knob_effect(
             cfg.optimizer_fusion,
             f"torch.optim.AdamW({next(iter(kwargs))}=True)"
             if cfg.optimizer_fusion != "none"
@@ -226,17 +220,6 @@ def no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[A
     if last or not isinstance(inner, nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext()
     return inner.no_sync()
-
-
-def lr_effect(cfg: TrialConfig) -> dict[str, Any]:
-    if cfg.effective_lr == cfg.lr:
-        return _effect(cfg.lr, cfg.lr)
-    return _effect(
-        cfg.lr,
-        cfg.effective_lr,
-        f"{cfg.lr_scaling} rule: global batch {cfg.global_batch_size} "
-        f"vs the {cfg.reference_batch} that lr is given for",
-    )
 
 
 def zero_grad(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> None:
@@ -268,7 +251,7 @@ class Precision:
         if cfg.precision == "fp16" and device.type != "cuda":
             why = "no CUDA device: fp16 autocast runs on CPU, without tensor cores"
         self.applied = {
-            "precision": _effect(
+            "precision": knob_effect(
                 cfg.precision, f"autocast({device.type}, {cfg.precision})" if self.enabled else "fp32", why
             ),
             "grad_scaler": self.scaler.is_enabled(),

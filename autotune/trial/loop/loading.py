@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
-from autotune.trial.loop.knobs import _effect
+from autotune.core.effects import knob_effect
 
 
 def sample_seed(data_seed: int, epoch: int, index: int) -> int:
@@ -119,22 +119,22 @@ def val_loader(dataset: Dataset[Any], cfg: TrialConfig) -> DataLoader[Any]:
 def _applied(loader: DataLoader[Any], cfg: TrialConfig, world: int, endless: bool) -> dict[str, Any]:
     """What the loader put in effect, knob by knob, read back from the DataLoader itself."""
     return {
-        "num_workers": _effect(cfg.num_workers, loader.num_workers),
-        "pin_memory": _effect(
+        "num_workers": knob_effect(cfg.num_workers, loader.num_workers),
+        "pin_memory": knob_effect(
             cfg.pin_memory,
             loader.pin_memory,
             "" if loader.pin_memory or not cfg.pin_memory else "no CUDA device: nothing to pin for",
         ),
-        "persistent_workers": _effect(
+        "persistent_workers": knob_effect(
             cfg.persistent_workers,
             loader.persistent_workers,
             "one endless iterator: workers never restart, persistent or not"
             if endless and cfg.persistent_workers
             else "",
         ),
-        "prefetch_factor": _effect(cfg.prefetch_factor, loader.prefetch_factor if cfg.num_workers else None),
-        "batch_size": _effect(cfg.batch_size, loader.batch_size),
-        "grad_accum": _effect(
+        "prefetch_factor": knob_effect(cfg.prefetch_factor, loader.prefetch_factor if cfg.num_workers else None),
+        "batch_size": knob_effect(cfg.batch_size, loader.batch_size),
+        "grad_accum": knob_effect(
             cfg.grad_accum,
             cfg.grad_accum,
             f"global batch {cfg.global_batch} = {cfg.batch_size} x {world} process(es) x {cfg.grad_accum}"

@@ -19,7 +19,8 @@ TRACEBACK_WORTHY = frozenset({Reason.DATA, Reason.OOM, Reason.ERROR})
 
 def status_of(e: BaseException) -> tuple[str, str]:
     """(status, one line) for the exception that ended a trial, a training run or a probe."""
-    from autotune.trial.loop.harness import NonFiniteLoss, is_out_of_memory, oom_message
+    from autotune.trial.loop.harness import is_out_of_memory, oom_message
+    from autotune.trial.measurement.clock import NonFiniteLoss
 
     if isinstance(e, AutotuneError):
         return Reason.BAD_CONFIG, str(e)

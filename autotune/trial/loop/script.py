@@ -12,11 +12,12 @@ No edit to the script:
     it afterwards keeps its shape from the scaled lr); a script that calls at.lr() scales its own;
   - the data order: a config with a data seed (parity's data-order twin) hands each DataLoader a
     generator seeded with it; without one the script's own RNG decides, as it does alone;
-  - measurement: a global optimizer-step post-hook ends each step on the framework trials' Clock
-    (the device synchronized before each read, warm-up untimed); the time blocked in the DataLoader
-    iterator's __next__ is the data wait; each backward()'s scalar is the step's loss; the samples of a
-    step are what its loaders delivered, else at.batch_size() x at.accumulation() as handed over. After
-    the timed steps the hook raises _Done, which ends the script and is caught here.
+  - measurement: the trial's one Clock (trial.measurement.clock), as every kind drives it: each loader
+    the script starts iterating is told to it (what its workers make ahead is drained in the warm-up); a
+    global optimizer-step post-hook ends each step; the time blocked in the DataLoader iterator's
+    __next__, from a device sync, is the data wait; each backward()'s scalar is the step's loss; the
+    samples of a step are what its loaders delivered, else at.batch_size() x at.accumulation() as handed
+    over. After the timed steps the hook raises _Done, which ends the script and is caught here.
 With the cooperative calls (autotune.script): at.batch_size() and at.accumulation() hand over the trial's
 micro-batch and, under a study's global batch, its micro-batches per step; at.lr() the scaled lr.
 The baseline (a config equal to the study's baseline knobs) runs the script's own settings: nothing is
@@ -32,7 +33,6 @@ import inspect
 import os
 import runpy
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,13 +43,14 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from autotune.core.config import TrialConfig, TrialResult, baseline_of
+from autotune.core.effects import knob_effect, lr_effect, refuse_unsupported, unsupported_effects
 from autotune.core.errors import ConfigError
 from autotune.pipelines import load_pipeline
-from autotune.pipelines.frameworks import knob_effect, lr_scale
+from autotune.pipelines.frameworks import lr_scale
 from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
 from autotune.trial.loop import knobs
 from autotune.trial.measurement import measure
-from autotune.trial.loop.frameworks import Clock, lr_effect, refuse_unsupported, unsupported_effects
+from autotune.trial.measurement.clock import Clock
 
 AS_WRITTEN = "the baseline runs the script's own settings"
 
@@ -78,6 +79,7 @@ class Seams:
         self.optimizers: list[dict[str, Any]] = []
         self.zero_grads: list[bool] = []
         self.pending_samples = 0  # delivered by loaders since the last optimizer step
+        self.pending_batches = 0
         self.step_samples: list[int] = []
         self.backward_losses: list[torch.Tensor] = []
         self.began = False
@@ -105,17 +107,27 @@ class Seams:
 
         return __init__
 
+    def loader_iter(self, original: Any) -> Any:
+        seams = self
+
+        def __init__(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+            original(it, loader, *args, **kwargs)
+            seams.clock.loader(loader)  # iterated: its workers now make batches ahead
+
+        return __init__
+
     def loader_next(self, original: Any) -> Any:
         seams = self
 
         def __next__(it: Any) -> Any:
             seams.begin()
-            t0 = time.perf_counter()
+            seams.clock.fetching()
             try:
                 batch = original(it)
             finally:
-                seams.clock.wait += time.perf_counter() - t0
+                seams.clock.fetched()
             seams.pending_samples += batch_len(batch)
+            seams.pending_batches += 1
             return batch
 
         return __next__
@@ -159,7 +171,8 @@ class Seams:
     def step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
-        self.pending_samples = 0
+        self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
+        self.pending_samples = self.pending_batches = 0
         counted = [n for n in self.step_samples if n] or [self.handed_samples()]
         self.clock.samples_per_step = sum(counted) / len(counted)
         if self.clock.step_end(self.step_loss()):
@@ -176,7 +189,7 @@ class Seams:
             return None
         total = float(sum(t.float() for t in self.backward_losses))
         self.backward_losses.clear()
-        scalers = [s for s in (api._trial.scalers if api._trial else []) if s.is_enabled()]
+        scalers = [s for s in self.trial.scalers if s.is_enabled()]  # at.scaler()'s, in the trial installed
         return total / float(scalers[0].get_scale()) if scalers else total
 
     def begin(self) -> None:
@@ -264,6 +277,7 @@ def installed(seams: Seams) -> Iterator[None]:
     """The seams in torch for the script's run, and torch as it was afterwards."""
     patches = [
         (DataLoader, "__init__", seams.loader_init(DataLoader.__init__)),
+        (_BaseDataLoaderIter, "__init__", seams.loader_iter(_BaseDataLoaderIter.__init__)),
         (_BaseDataLoaderIter, "__next__", seams.loader_next(_BaseDataLoaderIter.__next__)),
         (torch.optim.Optimizer, "zero_grad", seams.zero_grad(torch.optim.Optimizer.zero_grad)),
         (torch.nn.Module, "zero_grad", seams.zero_grad(torch.nn.Module.zero_grad)),
@@ -303,7 +317,7 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     applied: dict[str, Any] = knobs.setup_process(cfg, device)
     job = load_pipeline(cfg)
     assert isinstance(job, ScriptJob)
-    refuse_unsupported(cfg, job)
+    refuse_unsupported(cfg, job.unsupported)
     as_written = is_as_written(cfg)
     clock = Clock(cfg, device, rank, world, progress, launched)
     trial = api.Trial(
@@ -317,15 +331,15 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
         **batch_handover(cfg, job),
     )
     seams = Seams(cfg, clock, as_written, trial, own_lr="lr" in job.uses.api)
-    finished = execute(job, seams, trial)
+    finished = execute(job, seams)
     clock.close(losses_per_rank=False)
     if not finished:  # a part-measured run is not this config's speed
         need = f"{cfg.timed_steps} timed" if cfg.seconds is None else f"{cfg.seconds:g} s of timed"
         raise ConfigError(
-            f"the script ended after {seams.hook_steps} optimizer step(s), before {cfg.warmup_steps} warm-up "
+            f"the script ended after {seams.hook_steps} optimizer step(s), before {clock.untimed_steps} warm-up "
             f"and {need} step(s): give it more steps in its arguments"
         )
-    applied |= unsupported_effects(cfg, job) | observed(cfg, seams, trial, as_written, job.unsupported)
+    applied |= unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
     extra = batch_and_lr(cfg, seams, trial, job)
     applied["script"] |= extra.pop("script")
     applied |= extra
@@ -334,10 +348,10 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     return clock.result(applied, measure.memory_total_bytes(device))
 
 
-def execute(job: ScriptJob, seams: Seams, trial: api.Trial) -> bool:
-    """Run the script with the seams and the API's trial installed; True when the trial stopped it after
-    its timed steps, False when the script ended on its own first."""
-    api.install(trial)
+def execute(job: ScriptJob, seams: Seams) -> bool:
+    """Run the script with the seams and their trial installed (what the script's at.* calls read); True
+    when the trial stopped it after its timed steps, False when the script ended on its own first."""
+    api.install(seams.trial)
     try:
         with installed(seams), as_main(job):
             runpy.run_path(job.path, run_name="__main__")

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect
 from autotune.core.errors import TrialUnsupported
 from autotune.trial.loop import knobs
 
@@ -50,9 +51,9 @@ def wanted(cfg: TrialConfig, world: int) -> bool:
 def inert_effects(cfg: TrialConfig, world: int) -> dict[str, Any]:
     """The strategy knobs of a run that does not shard: DDP, or one process."""
     why = "one process: nothing to replicate or shard" if world == 1 else ""
-    out = {"parallel": knobs._effect(cfg.parallel, "ddp" if world > 1 else "none", why)}
+    out = {"parallel": knob_effect(cfg.parallel, "ddp" if world > 1 else "none", why)}
     for k in INERT:
-        out[k] = knobs._effect(getattr(cfg, k), None, "parallel is not fsdp" if world > 1 else why)
+        out[k] = knob_effect(getattr(cfg, k), None, "parallel is not fsdp" if world > 1 else why)
     return out
 
 
@@ -110,7 +111,7 @@ def shard(
     # weight wider than 1x1). knobs.to_device still makes the 4-D inputs channels_last, and convolutions
     # given a channels_last input return one (cuDNN and oneDNN take the layout from input or weight).
     why = CHANNELS_LAST_WHY if cfg.channels_last else ""
-    applied: dict[str, Any] = {"channels_last": knobs._effect(cfg.channels_last, cfg.channels_last, why)}
+    applied: dict[str, Any] = {"channels_last": knob_effect(cfg.channels_last, cfg.channels_last, why)}
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.fsdp_param_dtype], reduce_dtype=DTYPES[cfg.fsdp_reduce_dtype])
     offload, offload_why = _offload(cfg, device)
@@ -123,18 +124,18 @@ def shard(
         fully_shard(block, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard, mp_policy=mp, offload_policy=offload)
     # None: FSDP keeps the root's parameters after forward, as torch advises (backward needs them first).
     fully_shard(model, mesh=mesh, reshard_after_forward=None, mp_policy=mp, offload_policy=offload)
-    applied["gpus"] = knobs._effect(
+    applied["gpus"] = knob_effect(
         cfg.gpus,
         world,
         f"{world} processes, each holding 1/{world} of the parameters"
         + (" (CPU, over gloo)" if device.type != "cuda" else ""),
     )
-    applied["compile"] = knobs._effect(cfg.compile, f"{cfg.compile}, per block ({compiled})" if compiled else "off")
-    applied["parallel"] = knobs._effect("fsdp", f"fully_shard on {len(order)} block(s) then the root")
-    applied["fsdp_reshard"] = knobs._effect(cfg.fsdp_reshard, cfg.fsdp_reshard, "blocks; the root keeps its parameters")
-    applied["fsdp_param_dtype"] = knobs._effect(cfg.fsdp_param_dtype, str(mp.param_dtype).removeprefix("torch."))
-    applied["fsdp_reduce_dtype"] = knobs._effect(cfg.fsdp_reduce_dtype, str(mp.reduce_dtype).removeprefix("torch."))
-    applied["fsdp_offload"] = knobs._effect(cfg.fsdp_offload, isinstance(offload, CPUOffloadPolicy), offload_why)
+    applied["compile"] = knob_effect(cfg.compile, f"{cfg.compile}, per block ({compiled})" if compiled else "off")
+    applied["parallel"] = knob_effect("fsdp", f"fully_shard on {len(order)} block(s) then the root")
+    applied["fsdp_reshard"] = knob_effect(cfg.fsdp_reshard, cfg.fsdp_reshard, "blocks; the root keeps its parameters")
+    applied["fsdp_param_dtype"] = knob_effect(cfg.fsdp_param_dtype, str(mp.param_dtype).removeprefix("torch."))
+    applied["fsdp_reduce_dtype"] = knob_effect(cfg.fsdp_reduce_dtype, str(mp.reduce_dtype).removeprefix("torch."))
+    applied["fsdp_offload"] = knob_effect(cfg.fsdp_offload, isinstance(offload, CPUOffloadPolicy), offload_why)
     applied["fsdp"] = Probe(model, model.get_submodule(order[0])).seen
     return model, applied
 

@@ -53,13 +53,14 @@ from autotune.core.procs import die_with_parent
 # tests/trial/processes/test_warm_preload.py fails when the worker's path gains an import missing from this list.
 # torch._dynamo: every torch.optim optimizer imports it lazily on construction (its
 # _disable_dynamo decorator), a second or more of each forked trial's start-up (benchmarks/README.md).
-# measure, observe, outcome: the worker imports them inside its functions (run, main).
+# measure, clock, observe, outcome: the worker imports them inside its functions (run, main).
 DEFAULT_PRELOAD = (
     "torch",
     "torch._dynamo",
     "autotune.trial.loop.worker",
     "autotune.trial.loop.harness",
     "autotune.trial.measurement.measure",
+    "autotune.trial.measurement.clock",
     "autotune.trial.measurement.observe",
     "autotune.trial.loop.outcome",
     "autotune.core.configfile",

@@ -11,7 +11,7 @@ import torch
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.core.errors import TrialUnsupported
 from autotune.trial.loop import harness, knobs
-from autotune.trial.loop.harness import NonFiniteLoss
+from autotune.trial.measurement.clock import NonFiniteLoss
 
 TINY = "tests.fault_pipelines:tiny"
 

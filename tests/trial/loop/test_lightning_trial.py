@@ -1,5 +1,6 @@
-"""autotune/trial/loop/frameworks/lightning.py: the Trainer a Lightning trial builds for ranks that share a GPU
-(AUTOTUNE_DDP_BACKEND=gloo), built for real under a faked CUDA and torchrun's environment."""
+"""autotune/trial/loop/frameworks/lightning.py: the trial's clock drains what the rebuilt loader made ahead, and
+the Trainer a Lightning trial builds for ranks that share a GPU (AUTOTUNE_DDP_BACKEND=gloo), built for real
+under a faked CUDA and torchrun's environment."""
 
 from __future__ import annotations
 
@@ -8,12 +9,32 @@ import torch
 
 from autotune.core.config import TrialConfig
 from autotune.pipelines.frameworks.lightning import trainer_kwargs
-from autotune.trial.loop import knobs
+from autotune.trial.loop import knobs, worker
 from autotune.trial.loop.frameworks import lightning as trial_lightning
 
 pl = pytest.importorskip("lightning.pytorch")
 
 CFG = TrialConfig(pipeline="lightning:tests.pipelines.lightning_jobs:make", gpus=2)
+
+
+@pytest.mark.parametrize(
+    "changes, drained",
+    [
+        (dict(num_workers=2, prefetch_factor=2), 4),  # the 2 workers x prefetch 2 batches made ahead
+        (dict(num_workers=2, prefetch_factor=2, batch_size=16, global_batch=32), 2),  # 2 batches a step
+        (dict(num_workers=2, prefetch_factor=2, warmup_steps=0), 0),  # parity's runs: exactly their steps
+    ],
+)
+def test_the_batches_the_loader_made_ahead_are_drained_before_the_clock_starts(
+    repo_on_path: object, capsys: pytest.CaptureFixture[str], changes: dict[str, int], drained: int
+) -> None:
+    """As autotune's own loop does: timed, the batches the workers made while the first steps were slow
+    would come free and overstate a many-worker config. The Trainer runs as many more steps."""
+    cfg = CFG.replace(gpus=1, warmup_steps=1, timed_steps=2, window=1, num_threads=1).replace(**changes)
+    r = worker.run(cfg)
+    assert r.timed_steps == 2 and len(r.losses) == cfg.warmup_steps + drained + 2
+    said = f"{drained} more warm-up step(s): the loader keeps 4 batches made ahead (2 workers x prefetch 2)"
+    assert (said in capsys.readouterr().err) == bool(drained)
 
 
 @pytest.fixture

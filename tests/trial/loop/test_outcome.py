@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autotune.core.errors import ConfigError, DataItemError, TrialUnsupported, exit_code_for
-from autotune.trial.loop.harness import NonFiniteLoss
+from autotune.trial.measurement.clock import NonFiniteLoss
 from autotune.trial.loop.outcome import named_failure, read_verdicts, status_of
 
 

@@ -23,7 +23,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.files import write_json_atomic
 from autotune.trial.processes import launcher
 from autotune.trial.loop import warm_model
-from autotune.trial.loop.harness import seeded_pipeline
+from autotune.trial.loop.warm_model import seeded_pipeline
 from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 from autotune.trial.loop.worker import LAUNCH_TIME_ENV
 from tests.fakes import fault_cfg

@@ -262,7 +262,7 @@ def test_each_worker_case_exits_with_its_code_status_and_message(tmp_path: Path)
     assert not failed, "\n\n".join(failed)
 
 
-# --- the batches the loader made ahead are consumed before the clock; a window NVML never sampled says so
+# --- the batches the loader made ahead are consumed before the clock starts
 
 
 def test_the_batches_the_loader_made_ahead_are_consumed_before_the_clock_starts(
@@ -295,75 +295,3 @@ def test_the_drained_steps_follow_the_loader(inproc: None, changes: dict[str, An
     r = trial.run(tiny_cfg(**{"num_workers": 2, "prefetch_factor": 2, "timed_steps": 3, **changes}))
     assert r.timed_steps == 3
     assert len(r.losses) == 3 + changes.get("warmup_steps", 1) + drained
-
-
-def test_a_window_nvml_never_sampled_says_why_it_has_no_utilisation(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.trial.measurement import measure
-    from tests.fakes import UUID_A, FakeGpu, FakeNvml
-
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(UUID_A)]))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-
-    def no_uuid(device: object = None) -> object:
-        raise AssertionError("Torch not compiled with CUDA enabled")  # the index maps it to NVML's GPU 0
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", no_uuid)
-    gpu = torch.device("cuda", 0)
-    with measure.GpuUtilSampler(gpu, interval_s=60.0) as util:  # the window ends before the first read
-        pass
-    assert util.mean is None and util.first_error is None  # silent, as a trial of a few short steps was
-    trial._say_why_no_util(util, gpu, 0.04)
-    assert util.first_error == (
-        "no utilisation sample: the timed steps took 0.04 s, less than NVML's 0.1 s sampling interval "
-        "(time more steps or seconds)"
-    )
-    cpu = measure.GpuUtilSampler(torch.device("cpu"))
-    trial._say_why_no_util(cpu, torch.device("cpu"), 0.04)
-    assert cpu.first_error is None  # a CPU has no utilisation to miss
-
-
-# --- ranks sharing a GPU: the device holds their peaks together --------------------------------------
-
-
-def _rank_peak(rank: int, store: str, uuids: tuple[str, ...] | None, out: str) -> None:
-    """One of two gloo ranks on 'cuda:0' (torch.cuda faked: this machine has no GPU), peaks 100 and 200."""
-    import types
-
-    import torch.distributed as dist
-
-    def props(device: object = None) -> types.SimpleNamespace:
-        if uuids is None:
-            raise AssertionError("Torch not compiled with CUDA enabled")  # no UUID: host and index decide
-        return types.SimpleNamespace(uuid=uuids[rank])
-
-    torch.cuda.get_device_properties = props  # type: ignore[assignment]  # a forked child's own torch
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        peak = trial._device_peak(torch.device("cuda", 0), (100, 200)[rank])
-    finally:
-        dist.destroy_process_group()
-    Path(out, str(rank)).write_text(str(peak))
-
-
-@pytest.mark.parametrize(
-    "uuids, peaks",
-    [
-        (("58b2e1b9-a", "58b2e1b9-a"), [300, 300]),  # one GPU, two allocators: it holds both
-        (("58b2e1b9-a", "7a6b5c4d-b"), [100, 200]),  # each rank its own GPU (both see it as cuda:0)
-        (None, [300, 300]),  # no UUID from torch: one host, one index
-    ],
-)
-def test_ranks_on_one_gpu_add_their_peaks(tmp_path: Path, uuids: tuple[str, ...] | None, peaks: list[int]) -> None:
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")  # the child inherits this process's torch: no second import
-    ranks = [ctx.Process(target=_rank_peak, args=(r, str(tmp_path / "store"), uuids, str(tmp_path))) for r in range(2)]
-    for p in ranks:
-        p.start()
-    for p in ranks:
-        p.join(timeout=60)
-    for p in ranks:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in ranks] == [0, 0]
-    assert [int((tmp_path / str(r)).read_text()) for r in range(2)] == peaks

@@ -11,12 +11,14 @@ from typing import Any
 import torch
 
 from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect, lr_effect, unsupported_effects
 from autotune.core.errors import PipelineError
-from autotune.pipelines.frameworks import knob_effect, threads
+from autotune.pipelines.frameworks import threads
 from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, own_batch, tuned_fields
 from autotune.trial.loop import knobs
-from autotune.trial.loop.frameworks import FOREVER, Clock, lr_effect, unsupported_effects
+from autotune.trial.loop.frameworks import FOREVER
 from autotune.trial.loop.harness import checked
+from autotune.trial.measurement.clock import Clock, untimed_steps
 
 
 def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, workdir: Path) -> dict[str, Any]:
@@ -53,7 +55,7 @@ def arguments(cfg: TrialConfig, job: HFJob, tuned: dict[str, Any], workdir: Path
     step (the loss the callback records; nan kept, not filtered), no saving, evaluation or reporting."""
     base = job.args
     n = len(job.dataset) if hasattr(job.dataset, "__len__") else None
-    needed = cfg.warmup_steps + (cfg.timed_steps if cfg.seconds is None else cfg.window)
+    needed = untimed_steps(cfg) + (cfg.timed_steps if cfg.seconds is None else cfg.window)
     span = horizon(base, n, cfg.global_batch_size)
     trial = dict(
         output_dir=str(workdir / "hf"),
@@ -94,6 +96,7 @@ def meter(transformers: Any, clock: Clock, seen: dict[str, Any]) -> Any:
     class Meter(transformers.TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             seen["loader"], seen["optimizer"] = kw.get("train_dataloader"), kw.get("optimizer")
+            clock.loader(seen["loader"])  # what its workers make ahead is drained before the timed steps
             clock.begin()
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -106,7 +109,7 @@ def meter(transformers: Any, clock: Clock, seen: dict[str, Any]) -> Any:
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
                 clock.loss(logs["loss"])
-                clock.idle()
+                clock.fetching()  # the Trainer's logging is no wait on the loader: the next one starts here
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             clock.close(losses_per_rank=False)  # the Trainer logs the mean over ranks already
@@ -157,7 +160,7 @@ def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> di
             if "checkpoint_segments" not in job.unsupported
             else {}
         ),
-        **unsupported_effects(cfg, job),
+        **unsupported_effects(cfg, job.unsupported),
         "lr": lr_effect(cfg, job.args.learning_rate, args.learning_rate, own_batch(job.args)),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.model.modules()),
     }

@@ -13,12 +13,14 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect, lr_effect, unsupported_effects
 from autotune.core.errors import PipelineError
-from autotune.pipelines.frameworks import knob_effect, lr_scale, threads
+from autotune.pipelines.frameworks import lr_scale, threads
 from autotune.pipelines.frameworks.lightning import LightningJob, loader_kwargs, trainer_kwargs
 from autotune.trial.loop import knobs
-from autotune.trial.loop.frameworks import FOREVER, Clock, lr_effect, unsupported_effects
+from autotune.trial.loop.frameworks import FOREVER
 from autotune.trial.loop.harness import checked
+from autotune.trial.measurement.clock import Clock, untimed_steps
 
 
 def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.device, workdir: Path) -> dict[str, Any]:
@@ -36,6 +38,7 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
         loader, effects = rebuild(own, cfg, cuda, data_seed)
         applied.update(effects)
         own_batches.append(own.batch_size)
+        clock.loader(loader)  # what its workers make ahead is drained before the timed steps
         return loader
 
     job.datamodule.train_dataloader = train_dataloader  # this instance only: its class is the user's
@@ -44,7 +47,7 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
         backend = os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor")
         module = torch.compile(module, backend=backend, mode=cfg.compile if backend == "inductor" else None)
     measurement = dict(
-        max_steps=cfg.warmup_steps + cfg.timed_steps if cfg.seconds is None else FOREVER,
+        max_steps=untimed_steps(cfg) + cfg.timed_steps if cfg.seconds is None else FOREVER,
         max_epochs=-1,
         callbacks=[meter(pl, cfg, clock, applied, own_batches)],
         logger=False,
@@ -105,7 +108,7 @@ def meter(pl: Any, cfg: TrialConfig, clock: Clock, applied: dict[str, Any], own_
             if isinstance(loss, torch.Tensor):  # already divided by accumulate_grad_batches: the sum is the mean
                 self.step_loss = self.step_loss + loss.detach().float()
             if trainer.global_step == self.optimizer_steps:  # accumulating: no optimizer step yet
-                clock.computed()
+                clock.fetching()
                 return
             self.optimizer_steps = trainer.global_step
             value, self.step_loss = float(self.step_loss), torch.zeros_like(self.step_loss)
@@ -212,7 +215,7 @@ def effects(cfg: TrialConfig, job: LightningJob, trainer: Any, cuda: bool) -> di
         "compile": knob_effect(
             cfg.compile, cfg.compile, "torch.compile(module) before Trainer.fit" if cfg.compile != "off" else ""
         ),
-        **unsupported_effects(cfg, job),
+        **unsupported_effects(cfg, job.unsupported),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.module.modules()),
         "framework": {
             "library": "lightning",

@@ -1,0 +1,68 @@
+"""What a trial records of each knob, and the one refusal of a knob a job cannot honour.
+
+Every kind of job (autotune's own loop, a framework's Trainer, a user's script) writes its result's
+`applied` with `knob_effect`: what was asked, what was in effect, and why they differ when they do. The
+learning rate's record says which lr the trial trained with against the one it was given; a knob the job
+cannot express, asked for anyway, stops the trial with one message (exit 5) whatever the kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from collections.abc import Collection
+
+from autotune.core.config import KNOBS, TrialConfig, lr_factor
+from autotune.core.errors import TrialUnsupported
+
+
+def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
+    """One knob's record in a result's `applied`: {"requested", "in_effect"}, and "why" when it says something."""
+    rec = {"requested": requested, "in_effect": in_effect}
+    if why:
+        rec["why"] = why
+    return rec
+
+
+def lr_effect(cfg: TrialConfig, given: Any, trained: Any, own_batch: int | None = None) -> dict[str, Any]:
+    """The lr a trial trained with against the lr it was given, and the rule between them.
+
+    own_batch None: autotune's own `lr`, given for the study's reference batch and scaled to the config's
+    global batch. Otherwise the job's own lr (a framework's, a script's), meant for the job's own global
+    batch `own_batch`, which the rule scales from."""
+    if own_batch is None:
+        if trained == given:
+            return knob_effect(given, given)
+        return knob_effect(
+            given,
+            trained,
+            f"{cfg.lr_scaling} rule: global batch {cfg.global_batch_size} "
+            f"vs the {cfg.reference_batch} that lr is given for",
+        )
+    if cfg.global_batch_size == own_batch or cfg.lr_scaling == "none":
+        return knob_effect(given, trained, f"the pipeline's own learning rate (its global batch {own_batch})")
+    factor = lr_factor(cfg.global_batch_size / own_batch, cfg.lr_scaling)
+    return knob_effect(
+        given,
+        trained,
+        f"the pipeline's own lr, meant for its global batch {own_batch}, x "
+        f"{factor:.4g}: {cfg.lr_scaling} rule for global batch {cfg.global_batch_size}",
+    )
+
+
+def refuse_unsupported(cfg: TrialConfig, unsupported: Collection[str]) -> None:
+    """Exit 5 (TrialUnsupported) when the config sets a knob the job cannot honour away from its default (a
+    hand-written config: the search keeps them at their defaults), naming each with why where the job says
+    (`unsupported.why[knob]`)."""
+    default = TrialConfig()
+    refused = [k for k in sorted(set(unsupported) & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
+    if refused:
+        why = getattr(unsupported, "why", {})
+        raise TrialUnsupported(
+            "the pipeline does not support: " + ", ".join(f"{k} ({why[k]})" if why.get(k) else k for k in refused)
+        )
+
+
+def unsupported_effects(cfg: TrialConfig, unsupported: Collection[str]) -> dict[str, Any]:
+    """The knobs a job cannot express, recorded at their (default) value, with why."""
+    why = getattr(unsupported, "why", {})
+    return {k: knob_effect(getattr(cfg, k), getattr(cfg, k), why.get(k, "")) for k in unsupported}

@@ -1,0 +1,336 @@
+"""The one measured loop's clock: whatever owns the loop (autotune's own steps, a Trainer's callback, a
+script's optimizer hook) tells it where a step is, and it measures the trial the same way for every kind.
+
+What it owns:
+  * the warm-up: steps untimed (allocator, cuDNN autotuning, compilation, loader start-up), then as many
+    more as consume the batches the loaders made ahead meanwhile (num_workers x prefetch_factor each), so
+    the timed window sees the workers' steady rate, not batches that came free;
+  * the device synchronized before every read: a clock read without a sync times the launch, not the work;
+  * the data wait: the time blocked on the loader, counted inside each step, from a synchronized mark, so
+    kernels still running from the previous micro-batch are not taken for a wait on the loader;
+  * each step's time, throughput per window (progress.jsonl, for pruning), and when the trial has measured
+    enough (agreed over ranks: a rank that stopped alone would leave the others in an all-reduce);
+  * every optimizer step's loss, warm-up included (parity and time to target read them);
+  * peak memory and GPU utilisation over the timed window, and other processes' CPU use meanwhile;
+  * the figures over ranks (the slowest rank's time, the device's peak, the mean utilisation) and the
+    TrialResult.
+
+A driver calls, in this order:
+
+    clock.loader(l)        each loader the job iterates, once known (before the warm-up ends)
+    clock.begin()          the job is ready to step: start-up ends, the warm-up begins
+    clock.fetching()       the loop turns to its loader (a step's start, or after a micro-batch)
+    clock.fetched()        the loader handed over its batch, or a step's batches
+    clock.step_end(loss)   an optimizer step finished; True once the trial has measured enough
+    clock.loss(x)          a step's loss handed over after step_end (HF logs it then)
+    clock.close(...)       the loop ended: the window closes, the figures are reduced over ranks
+    clock.result(...)      the TrialResult
+
+May import: autotune.core, and trial.measurement's instruments.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.errors import ConfigError
+from autotune.trial.measurement import measure
+from autotune.trial.measurement.contention import OtherCpu
+
+UTIL_INTERVAL_S = 0.1  # NVML utilisation is read this often during the timed steps
+
+
+class NonFiniteLoss(Exception):
+    """A step's loss became nan or inf: the config's numerics failed (exit 4)."""
+
+
+def _made_ahead(loader: Any) -> int:
+    """Batches a DataLoader's workers keep in flight: num_workers x prefetch_factor (0 without workers)."""
+    return int(getattr(loader, "num_workers", 0) or 0) * int(getattr(loader, "prefetch_factor", 0) or 0)
+
+
+def _drain_steps(batches_ahead: int, batches_per_step: int, warmup_steps: int) -> int:
+    """Warm-up steps that consume the batches the loaders made ahead: made while the first steps were slow
+    (cuDNN autotuning, compilation), timed they would come free and overstate a loader-bound config. None
+    without a warm-up: parity and time to target record a loss for exactly their steps from the first one,
+    not a speed."""
+    if warmup_steps == 0:
+        return 0
+    return -(-batches_ahead // max(1, batches_per_step))
+
+
+def untimed_steps(cfg: TrialConfig) -> int:
+    """The optimizer steps before the timed window, for a loader built with the config's knobs: what a
+    framework's Trainer must run at least, besides the timed ones."""
+    return cfg.warmup_steps + _drain_steps(cfg.batches_ahead, cfg.grad_accum, cfg.warmup_steps)
+
+
+class Clock:
+    """One trial's measurement (see the module's docstring for the calls, in order).
+
+    samples_per_step: the samples one optimizer step trains on, over all its micro-batches, on one rank:
+    the config's; a script's seams set what its loaders delivered. batches_per_step: the loader batches
+    one step takes (the config's accumulation; a script's seams set what they counted), which the drain
+    divides the batches made ahead by."""
+
+    def __init__(
+        self, cfg: TrialConfig, device: torch.device, rank: int, world: int, progress: Path | None, launched: float
+    ) -> None:
+        self.cfg, self.device, self.rank, self.world = cfg, device, rank, world
+        self.progress, self.launched = progress, launched
+        self.samples_per_step: float = cfg.batch_size * cfg.grad_accum
+        self.batches_per_step = cfg.grad_accum
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+        self.waits: list[float] = []  # time blocked on the loader, inside each timed step
+        self.windows: list[float] = []  # samples/s per window of cfg.window steps
+        self.steps = 0  # optimizer steps, warm-up included
+        self.startup_s = self.warmup_s = 0.0
+        self.elapsed: float | None = None  # the timed window's length, once closed
+        self.peak = 0
+        self.gpu_util: float | None = None
+        self.gpu_util_errors = 0
+        self._loaders: list[Any] = []
+        self._untimed: int | None = None  # warm-up steps with the drain, decided after the warm-up's own
+        self._wait = 0.0  # this step's time blocked on the loader so far
+        self._mark = self._step_start = self._started = 0.0
+        self._t_begin: float | None = None  # the timed window's start
+        self._window_start = 0.0
+        self._util: measure.GpuUtilSampler | None = None
+        self._others: OtherCpu | None = None
+
+    # ---- what the driver tells ----------------------------------------------------------------
+    def loader(self, loader: Any) -> None:
+        """A loader the job iterates. Its batches made ahead count toward the drain while the warm-up
+        has not ended; the same loader told again (a new epoch's iterator) counts once."""
+        if self._untimed is None and all(loader is not seen for seen in self._loaders):
+            self._loaders.append(loader)
+
+    def begin(self) -> None:
+        """The job is ready to step (model, optimizer and loader built): start-up ends here."""
+        self.startup_s = time.time() - self.launched
+        self._started = self._mark = self._step_start = measure.now(self.device)
+        if self.cfg.warmup_steps == 0:
+            self._untimed = 0
+            self._start_timing()
+
+    def fetching(self) -> None:
+        """The loop turns to its loader: the device is synchronized, and the wait is counted from here."""
+        self._mark = measure.now(self.device)
+
+    def fetched(self) -> None:
+        """The loader handed over what the loop asked for: the wait since the mark is the step's."""
+        self._wait += time.perf_counter() - self._mark
+
+    def step_end(self, loss: float | None = None) -> bool:
+        """An optimizer step finished (its loss, when the driver has it now). True once the trial has
+        measured enough: the driver stops its loop."""
+        t = measure.now(self.device)
+        self.steps += 1
+        if loss is not None:
+            self.loss(loss)
+        done = False
+        if self.timing:
+            self.step_times.append(t - self._step_start)
+            self.waits.append(self._wait)
+            self._window(t)
+            done = self._finished(t)
+            if done:
+                self._stop(measure.now(self.device))
+        elif self.warming:
+            if self._untimed is None and self.steps >= self.cfg.warmup_steps:
+                self._untimed = self.cfg.warmup_steps + self._drain()
+            if self._untimed is not None and self.steps >= self._untimed:
+                self.warmup_s = t - self._started
+                self._start_timing()
+        self._wait = 0.0
+        self._step_start = self._mark = measure.now(self.device)  # the clock's own work is no step's
+        return done
+
+    def loss(self, value: float) -> None:
+        """A step's loss. Raises NonFiniteLoss on nan or inf."""
+        self.losses.append(float(value))
+        if not math.isfinite(self.losses[-1]):
+            raise NonFiniteLoss(f"loss became {value}")
+
+    def close(self, losses_per_rank: bool) -> None:
+        """The loop ended, while its process group still exists: the window closes if it is open, and the
+        figures are reduced over ranks. losses_per_rank: each rank recorded its own shard's loss, 1/world of
+        the global batch (autotune's own loop, Lightning), averaged here in one all-reduce."""
+        if self.timing:
+            self._stop(measure.now(self.device))
+        if self.world == 1 or not dist.is_initialized():
+            return
+        t = torch.tensor(
+            [self.elapsed or 0.0, float(_device_peak(self.device, self.peak)), self.warmup_s],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time, the fullest device's peak
+        self.elapsed, self.peak, self.warmup_s = float(t[0]), int(t[1]), float(t[2])
+        # Each rank sampled its own GPU: the mean over the ranks that got samples, and the errors summed.
+        u = torch.tensor(
+            [self.gpu_util or 0.0, float(self.gpu_util is not None), float(self.gpu_util_errors)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        dist.all_reduce(u)  # SUM
+        self.gpu_util, self.gpu_util_errors = (float(u[0] / u[1]) if u[1] else None), int(u[2])
+        if losses_per_rank and self.losses:
+            losses = torch.tensor(self.losses, dtype=torch.float64, device=self.device)
+            dist.all_reduce(losses)  # SUM: gloo has no AVG
+            self.losses = (losses / self.world).tolist()
+
+    # ---- what the driver reads ----------------------------------------------------------------
+    @property
+    def warming(self) -> bool:
+        """Still in the warm-up: the timed window has not opened."""
+        return self._t_begin is None
+
+    @property
+    def timing(self) -> bool:
+        """The timed window is open."""
+        return self._t_begin is not None and self.elapsed is None
+
+    @property
+    def untimed_steps(self) -> int:
+        """The warm-up's steps: the config's, and once they are done, those that drain what the loaders
+        made ahead."""
+        return self.cfg.warmup_steps if self._untimed is None else self._untimed
+
+    @property
+    def util(self) -> measure.GpuUtilSampler | None:
+        """The timed window's NVML sampler (closed once the window is): which GPU it read, its pids."""
+        return self._util
+
+    def result(self, applied: dict[str, Any], memory_total: int | None) -> TrialResult:
+        """The trial's result, once the loop is closed. A loop that ended before a timed step is bad input."""
+        if self.elapsed is None or not self.step_times:
+            raise ConfigError(
+                f"the loop ended after {self.steps} optimizer step(s), before the {self.untimed_steps} "
+                "warm-up step(s) and a timed one; its dataset may be too small"
+            )
+        util, others, device = self._util, self._others, self.device
+        return TrialResult(
+            status="ok",
+            samples_per_s=len(self.step_times) * self.samples_per_step * self.world / self.elapsed,
+            step_time_p50=measure.percentile(self.step_times, 0.5),
+            step_time_p90=measure.percentile(self.step_times, 0.9),
+            data_wait_fraction=sum(self.waits) / sum(self.step_times),
+            peak_memory_bytes=self.peak,
+            gpu_util=self.gpu_util,
+            gpu_util_errors=self.gpu_util_errors,
+            gpu_util_error=util.first_error if util else None,
+            others_cpu=others.cpus if others else None,
+            loss_first=self.losses[0] if self.losses else None,
+            loss_last=self.losses[-1] if self.losses else None,
+            losses=tuple(self.losses),
+            memory_total_bytes=memory_total,
+            startup_s=self.startup_s,
+            warmup_s=self.warmup_s,
+            timed_steps=len(self.step_times),
+            world_size=self.world,
+            device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+            windows=tuple(self.windows),
+            applied=applied,
+        )
+
+    # ---- inside -------------------------------------------------------------------------------
+    def _drain(self) -> int:
+        """Decided once the warm-up's own steps are done: the loaders are known, and so is a step's take."""
+        ahead = sum(_made_ahead(loader) for loader in self._loaders)
+        drain = _drain_steps(ahead, self.batches_per_step, self.cfg.warmup_steps)
+        if drain and self.rank == 0:
+            print(
+                f"autotune trial: {drain} more warm-up step(s): {_ahead_why(self._loaders)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return drain
+
+    def _start_timing(self) -> None:
+        measure.reset_peak_memory(self.device)  # the peak of the timed steps, not of the warm-up's workspaces
+        self._util = measure.GpuUtilSampler(self.device, UTIL_INTERVAL_S).__enter__()
+        self._others = OtherCpu().__enter__()
+        self._t_begin = self._window_start = self._step_start = measure.now(self.device)
+
+    def _stop(self, t: float) -> None:
+        assert self._t_begin is not None
+        self.elapsed = t - self._t_begin
+        self.peak = measure.peak_memory_bytes(self.device)
+        for ctx in (self._util, self._others):
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        if self._util is not None:
+            _say_why_no_util(self._util, self.device, self.elapsed)
+            self.gpu_util, self.gpu_util_errors = self._util.mean, self._util.errors
+
+    def _window(self, t: float) -> None:
+        n, cfg = len(self.step_times), self.cfg
+        if n % cfg.window:
+            return
+        self.windows.append(cfg.window * self.samples_per_step * self.world / (t - self._window_start))
+        self._window_start = t
+        if self.rank == 0 and self.progress is not None:
+            with self.progress.open("a") as f:
+                f.write(json.dumps({"step": n, "samples_per_s": self.windows[-1]}) + "\n")
+
+    def _finished(self, t: float) -> bool:
+        assert self._t_begin is not None
+        n, cfg = len(self.step_times), self.cfg
+        if cfg.seconds is None:
+            return n >= cfg.timed_steps
+        done = n >= cfg.window and t - self._t_begin >= cfg.seconds
+        if self.world > 1 and dist.is_initialized():  # ranks must agree on the step count or the last all-reduce hangs
+            flag = torch.tensor([float(done)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            done = bool(flag.item())
+        return done
+
+
+def _ahead_why(loaders: list[Any]) -> str:
+    busy = [loader for loader in loaders if _made_ahead(loader)]
+    each = ", ".join(f"{loader.num_workers} workers x prefetch {loader.prefetch_factor}" for loader in busy)
+    keeps = "the loader keeps" if len(busy) == 1 else f"the {len(busy)} loaders keep"
+    return (
+        f"{keeps} {sum(map(_made_ahead, busy))} batches made ahead ({each}), consumed before the clock starts "
+        "so that the window times the workers"
+    )
+
+
+def _say_why_no_util(util: measure.GpuUtilSampler, device: torch.device, elapsed: float) -> None:
+    """A GPU sampled without an NVML error and still no sample: the timed steps ended before the
+    sampler's first read. Said in its first_error, so a missing utilisation is never silent."""
+    if device.type == "cuda" and util.mean is None and util.first_error is None:
+        util.first_error = (
+            f"no utilisation sample: the timed steps took {elapsed:.2f} s, less than NVML's {UTIL_INTERVAL_S} s "
+            "sampling interval (time more steps or seconds)"
+        )
+
+
+def _device_peak(device: torch.device, peak: int) -> int:
+    """What this rank's GPU held at its peak. Ranks sharing a GPU (AUTOTUNE_DDP_BACKEND=gloo, or two
+    nodes' ranks on one machine) each have a caching allocator of their own, and the device holds them
+    all: their peaks add up (the ranks step in lockstep, so the peaks coincide). A GPU is known by its
+    UUID (where each rank sees only its own GPU, they are all cuda:0), else by host and index. A CPU rank
+    keeps its own RSS, held against the RAM it could take (measure.memory_total_bytes)."""
+    if device.type != "cuda":
+        return peak
+    try:
+        gpu = str(torch.cuda.get_device_properties(device).uuid)
+    except Exception:  # a torch without .uuid
+        gpu = ""
+    mine = gpu or f"{socket.gethostname()}:{device.index}"
+    ranks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, (mine, peak))
+    return sum(p for key, p in ranks if key == mine)
