@@ -553,7 +553,7 @@ def _optuna_run(
     budget_s: the trial loop ends when the Timeline has spent it. priced: the sampler is told the budget
     left (CoordinateSampler.budget_left) and the reserve that checks the export (check_reserve), as the
     session would. Each trial is recorded with its wall
-    time and each class check with its seconds, where the sampler reads them (strategy.Clock).
+    time and each class check with its seconds, where the sampler reads them (strategy.MovePrices).
     screen (rule, fraction): a search trial is stopped after that fraction of its timed window unless it
     is still in contention: "percentile" is autotune's pruner (study.make_pruner: not in the slowest
     quarter of the trials before it, once 4 have finished), "contention" keeps only a trial within 10% of

@@ -17,7 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # The memory probe is one more process importing torch at every search start (seconds each): off,
 # except in the tests of the memory estimate (tests/search/space/test_memory.py, tests/trial/probes/test_model_facts.py).
 os.environ.setdefault("AUTOTUNE_MEMORY_PROBE", "0")
-# So is the ceiling's measurement at every search's end (seconds each): off, except in tests/search/loop/test_ceiling.py.
+# So is the ceiling's measurement at every search's end (seconds each): off, except in tests/search/loop/test_export_ceiling.py.
 os.environ.setdefault("AUTOTUNE_CEILING", "0")
 
 import psutil  # noqa: E402

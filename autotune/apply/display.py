@@ -19,8 +19,8 @@ from autotune.core.outcomes import Outcome, Reason, Verdict
 from autotune.search.store import records
 from autotune.search.budget import Budget
 from autotune.search.store.records import TrialRecord
-from autotune.search.loop import ceiling
-from autotune.search.store.results import class_verdict, exported, feasible, leaderboard
+from autotune.search.loop import export_ceiling
+from autotune.search.store.results import class_check, exported, feasible, leaderboard
 from autotune.search.loop.runner import Events
 
 
@@ -113,7 +113,7 @@ LONG_COLUMNS = ("training math", "config")
 def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     """The top feasible trials as text cells, one row each; the terminal and the HTML report show these."""
     rows: list[tuple[str, ...]] = []
-    verdicts = records.parity_verdicts(study)
+    checks = records.gate_checks(study)
     for rank, t in enumerate(leaderboard(study)[:top], 1):
         r = TrialRecord.from_frozen(t)
         mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
@@ -126,21 +126,21 @@ def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
                 f"x{r.speedup:.2f}" if r.speedup else "-",
                 f"{mem / 2**20:.0f}" if mem else "-",
                 f"{wait:.0%}" if wait is not None else "-",
-                shown(r.training_math) + checked(verdicts.get(str(t.number)) or class_verdict(study, t)),
+                shown(r.training_math) + checked(checks.get(str(t.number)) or class_check(study, t)),
                 knob_summary(r.config),
             )
         )
     return rows
 
 
-def checked(verdict: Mapping[str, Any] | None) -> str:
+def checked(check: Mapping[str, Any] | None) -> str:
     """A check's verdict in a cell: "; parity pass", or "; to target x1.50 (pass)" for a changed step."""
-    if not verdict or not verdict.get("verdict"):
+    if not check or not check.get("verdict"):
         return ""
-    if verdict.get("kind") == "time to target":
-        x = verdict.get("speedup_to_target")
-        return f"; to target {f'x{x:.2f}' if x else 'not reached'} ({verdict['verdict']})"
-    return f"; parity {verdict['verdict']}"
+    if check.get("kind") == "time to target":
+        x = check.get("speedup_to_target")
+        return f"; to target {f'x{x:.2f}' if x else 'not reached'} ({check['verdict']})"
+    return f"; parity {check['verdict']}"
 
 
 def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
@@ -160,13 +160,13 @@ def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
 
 
 def ceiling_note(study: optuna.Study) -> str | None:
-    """One line on how far the exported config is from the limit (search/loop/ceiling.py); None when its
+    """One line on how far the exported config is from the limit (search/loop/export_ceiling.py); None when its
     ceiling was not measured."""
     best = exported(study)
     section = records.ceiling(study, best.number) if best is not None else None
     if section is None or best is None:
         return None
-    return f"exported trial {best.number}, ceiling: {ceiling.summary(section)}"
+    return f"exported trial {best.number}, ceiling: {export_ceiling.summary(section)}"
 
 
 # The cost estimate made before launch (search/loop/cost.py) beside the wall time each trial took.
@@ -272,14 +272,14 @@ def training_note(study: optuna.Study) -> str:
     if best is None:
         return "nothing exported"
     r = TrialRecord.from_frozen(best)
-    verdict = records.parity_verdict(study, best.number) or class_verdict(study, best)
-    said = f"{checked(verdict)[2:]} ({verdict.get('reason', '')})" if verdict else ""
+    check = records.gate_check(study, best.number) or class_check(study, best)
+    said = f"{checked(check)[2:]} ({check.get('reason', '')})" if check else ""
     said = f"; {said}" if said else ""
     if r.training_math == ():
         return f"the exported trial {best.number} computes the baseline's training{said}"
     if r.training_math is None:
         return f"the exported trial {best.number}: training math unknown{said}"
-    proven = verdict is not None and verdict.get("kind") == "time to target" and verdict.get("verdict") == Verdict.PASS
+    proven = check is not None and check.get("kind") == "time to target" and check.get("verdict") == Verdict.PASS
     return f"the exported trial {best.number} trains differently from the baseline: {shown(r.training_math)}{said}" + (
         "; to keep the baseline's optimizer step, search with --global-batch"
         if not proven and any(c.startswith("global batch") for c in r.training_math)

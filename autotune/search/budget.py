@@ -35,7 +35,7 @@ CONFIRM_OVERHEAD_S = 10.0
 # A parity run's start-up beside its K steps, which take about a trial's measured seconds.
 PARITY_OVERHEAD_S = 15.0
 # The ceiling's fresh process: a cold start of the pipeline (the Unet's ~8 s on a 2-core CPU) and about
-# 10 s of alternated steps and the matmul probe (search/loop/ceiling.need_s for a measured step time).
+# 10 s of alternated steps and the matmul probe (search/loop/export_ceiling.need_s for a measured step time).
 CEILING_S = 20.0
 
 

@@ -5,20 +5,19 @@ A class is the set of configs with the same training math (core/training.py), fo
 the baseline's own training form no class and need no class check. The first time a class enters the
 top k of the leaderboard (k = --confirm-top) and beats the baseline, it is checked right away, if the
 check fits in the budget: parity (search/checks/parity.py) for a class that keeps the optimizer step, time to
-target (search/checks/target.py) for one that changes it. The verdict is stored per class in the study, so
+target (search/checks/target.py) for one that changes it. The check is stored per class in the study, so
 workers, a resumed search and the end-of-search gate reuse it; a passed class is not checked again.
 
 A config the sampler proposes in a failed class is not run: its trial is told infeasible at once (an
 Optuna constraint, with the reason), so TPE learns the region is infeasible and the budget goes
 elsewhere. Optuna cannot add a constraint to a trial that already finished, so the class's earlier
-trials stay as measured, and the gate and the export skip them by their class's verdict.
+trials stay as measured, and the gate and the export skip them by their class's check.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 from collections.abc import Callable
 
 import optuna
@@ -26,14 +25,13 @@ from optuna.trial import FrozenTrial
 
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.settings import SearchSettings
-from autotune.core.training import shown, training_math
 from autotune.core.outcomes import Reason, Role, Verdict
 from autotune.core.training import changes_step
 from autotune.pipelines import script
 from autotune.search.checks import parity, target
 from autotune.search.store import records
 from autotune.search.budget import Budget
-from autotune.search.store.records import StoredVerdict, TrialRecord, write
+from autotune.search.store.records import CheckRecord, TrialRecord, write
 from autotune.search.store.results import (
     baseline_sps,
     baseline_trial,
@@ -46,21 +44,8 @@ from autotune.search.store.records import FEASIBLE_KEY
 from autotune.trial.processes.warm_client import WarmServer
 
 
-def label_of(study: optuna.Study, cfg: TrialConfig) -> str | None:
-    """The class of a config not yet run: batch-norm layers are read from the baseline's measurement."""
-    base = baseline_trial(study)
-    bn = bool(TrialRecord.from_frozen(base).applied.get("batch_norm_layers")) if base is not None else True
-    changes = training_math(cfg, bn)
-    return shown(changes) if changes else None
-
-
-def failed(study: optuna.Study, label: str | None) -> StoredVerdict | None:
-    v = records.class_verdicts(study).get(label) if label else None
-    return v if v is not None and v.get("verdict") == Verdict.FAIL else None
-
-
 def write_off(
-    study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, label: str, verdict: dict[str, Any]
+    study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, label: str, check: CheckRecord
 ) -> FrozenTrial:
     """Tell a proposal in a failed class infeasible without running it."""
     write(
@@ -70,7 +55,7 @@ def write_off(
             config=cfg.knobs(),
             reason=Reason.CLASS_FAILED,
             message=f"not run: its training math ({label}) failed its check at trial "
-            f"{verdict.get('trial')}: {verdict.get('reason', '')}"[:500],
+            f"{check.get('trial')}: {check.get('reason', '')}"[:500],
         ),
     )
     trial.set_constraint(FEASIBLE_KEY, 1.0)
@@ -108,39 +93,36 @@ def run_check(
     cfg: TrialConfig,
     folder: Path,
     server: WarmServer | None,
-) -> dict[str, Any]:
+) -> CheckRecord:
     """Check `t`'s class (parity, or time to target when its step differs); stored per class and returned.
     Raises the baseline's TrialFailure when the baseline itself cannot train."""
     t0 = time.monotonic()
     why = script.not_checkable(settings.base)
     if why is not None:  # never a pass: the check would compare two unrelated runs
         kind = "time to target" if changes_step(cfg) else "parity"
-        verdict: dict[str, Any] = {"kind": kind, "verdict": Verdict.NOT_CHECKED, "reason": f"not checkable: {why}"}
+        check: CheckRecord = {"kind": kind, "verdict": Verdict.NOT_CHECKED, "reason": f"not checkable: {why}"}
     elif changes_step(cfg):
         mine, base = speeds(study, t)
         ref = reference(study, settings, folder, server)
-        verdict = target.check(
+        check = target.check(
             cfg, ref, folder / f"trial-{t.number}", settings.trial_timeout, mine, base, server
         ).to_dict()
     else:
         ref = reference(study, settings, folder, server)
-        verdict = {
-            "kind": "parity",
-            **parity.check(
-                cfg,
-                baseline_of(settings.base),
-                settings.parity_steps,
-                folder / f"trial-{t.number}",
-                settings.trial_timeout,
-                server=server,
-                reference=ref,
-            ).to_dict(),
-        }
-    verdict.update(trial=t.number, seconds=round(time.monotonic() - t0, 1))
+        check = parity.check(
+            cfg,
+            baseline_of(settings.base),
+            settings.parity_steps,
+            folder / f"trial-{t.number}",
+            settings.trial_timeout,
+            server=server,
+            reference=ref,
+        ).to_dict()
+    check["trial"], check["seconds"] = t.number, round(time.monotonic() - t0, 1)
     label = class_label(t)
     if label is not None:
-        records.write_class_verdict(study, label, verdict)
-    return verdict
+        records.write_class_check(study, label, check)
+    return check
 
 
 def cost_s(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, cfg: TrialConfig) -> float:
@@ -167,7 +149,7 @@ def check_if_it_matters(
     """After a trial: if its class just entered the top k, beats the baseline and is unchecked, check it
     now, when the check ends before the trial loop's deadline."""
     label = class_label(frozen) if feasible(frozen) else None
-    if not settings.parity_steps or label is None or label in records.class_verdicts(study):
+    if not settings.parity_steps or label is None or label in records.class_checks(study):
         return
     top = leaderboard(study)[: max(1, settings.confirm_top)]
     base = baseline_sps(study)
@@ -183,12 +165,13 @@ def check_if_it_matters(
         f"(about {need:.0f} s)"
     )
     try:
-        v = run_check(study, settings, frozen, cfg, folder, server)
+        check = run_check(study, settings, frozen, cfg, folder, server)
     except Exception as e:  # noqa: BLE001 - the baseline failed to train: nothing can be judged, the search goes on
         say(f"check: not made: {getattr(e, 'reason', type(e).__name__)}: {str(e)[:200]}")
         return
-    said = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}.get(v["verdict"], Verdict.NOT_CHECKED)
+    words: dict[str, str] = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}
+    said = words.get(check["verdict"], Verdict.NOT_CHECKED)
     say(
-        f"check: {label}: {said}: {v['reason']} ({v['seconds']:.0f} s)"
-        + ("; its configs are not run again" if v["verdict"] == Verdict.FAIL else "")
+        f"check: {label}: {said}: {check['reason']} ({check['seconds']:.0f} s)"
+        + ("; its configs are not run again" if check["verdict"] == Verdict.FAIL else "")
     )

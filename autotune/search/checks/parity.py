@@ -26,7 +26,7 @@ Why it is built this way:
   global batch is r times the baseline's also needs a reference of r x K baseline steps: 2 more runs,
   each the candidate's own samples. Each run gets timeout_s (measured costs: benchmarks/README.md).
   Reference.to_dict()/from_dict() let a study keep it as a user attr.
-* A candidate that fails to train is a failed verdict naming the failure; a baseline that fails raises
+* A candidate that fails to train fails its check, naming the failure; a baseline that fails raises
   its TrialFailure (nothing can be checked against it).
 """
 
@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.core import outcomes
+from autotune.search.store.records import CheckRecord
 from autotune.trial.processes.locks import locked_trial
 from autotune.trial.processes.warm_client import WarmServer
 
@@ -95,7 +96,9 @@ class Reference:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ParityResult:
+    """What one parity check found; stored as its CheckRecord (to_dict)."""
+
     steps: int  # optimizer steps of the larger-global-batch run: the K asked for
     samples: int  # samples seen by each run
     deviation: float | None  # None: the candidate did not train
@@ -109,11 +112,12 @@ class Verdict:
     runs: int = 0  # trial processes this check started
     failure: str | None = None  # the candidate's TrialFailure reason
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CheckRecord:
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 6)
 
-        d: dict[str, Any] = {
+        d: CheckRecord = {
+            "kind": "parity",
             "steps": self.steps,
             "samples": self.samples,
             "deviation": r(self.deviation),
@@ -203,7 +207,7 @@ def check(
     timeout_s: float,
     server: WarmServer | None = None,
     reference: Reference | None = None,
-) -> Verdict:
+) -> ParityResult:
     """Train `candidate` against `baseline` (from noise_reference(), or measured here when None or too
     short) and judge it. Raises ValueError for a reference of another baseline."""
     if steps < 1:
@@ -225,7 +229,7 @@ def check(
             if reference is not None and reference.samples >= samples
             else None
         )
-        return Verdict(
+        return ParityResult(
             steps,
             samples,
             None,
@@ -247,7 +251,7 @@ def check(
     tol = tolerance_for(noise)
     passed = dev <= tol
     reason = _reason(candidate, baseline, dev, tol, noise)
-    return Verdict(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
+    return ParityResult(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
 
 
 def _reason(candidate: TrialConfig, baseline: TrialConfig, dev: float, tol: float, noise: float) -> str:

@@ -25,12 +25,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from collections.abc import Sequence
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.core.outcomes import Verdict
+from autotune.search.store.records import CheckRecord
 from autotune.search.checks.parity import SMOOTH, Reference, as_run, steps_for, tolerance_for, train_losses
 from autotune.trial.processes.warm_client import WarmServer
 
@@ -43,7 +43,9 @@ CAP = 3.0
 
 
 @dataclass(frozen=True)
-class TargetVerdict:
+class TargetResult:
+    """What one time-to-target check found; stored as its CheckRecord (to_dict)."""
+
     target: float  # the baseline's smoothed loss after its reference steps
     baseline_samples: int | None  # samples the baseline needed to reach it (None: never, by noise)
     samples: int | None  # samples the candidate needed (None: not within the cap)
@@ -55,8 +57,8 @@ class TargetVerdict:
     tolerance: float
     failure: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> CheckRecord:
+        d: CheckRecord = {
             "kind": "time to target",
             "verdict": Verdict.PASS if self.passed else Verdict.FAIL,
             "reason": self.reason,
@@ -97,8 +99,8 @@ def judge(
     candidate_sps: float,
     baseline_sps: float,
     seconds: float = 0.0,
-) -> TargetVerdict:
-    """The verdict on a candidate's trajectory (capped run), against the stored reference."""
+) -> TargetResult:
+    """What a candidate's trajectory (capped run) shows against the stored reference."""
     g_b = reference.baseline.global_batch_size
     span = SMOOTH * g_b
     base_curve = smoothed_curve(reference.losses, g_b, span)
@@ -110,7 +112,7 @@ def judge(
     n = samples_to(curve, target)
     if n is None:
         low = min(v for _, v in curve)
-        return TargetVerdict(
+        return TargetResult(
             target,
             base_n,
             None,
@@ -134,7 +136,7 @@ def judge(
         reason += f"; then rose to {worst:.4g}, beyond the tolerance {tol:.1%} above it"
     elif speedup <= 1:
         reason += ": not sooner than the baseline"
-    return TargetVerdict(target, base_n, n, cap, speedup, passed, reason, seconds, tol)
+    return TargetResult(target, base_n, n, cap, speedup, passed, reason, seconds, tol)
 
 
 def check(
@@ -145,7 +147,7 @@ def check(
     candidate_sps: float,
     baseline_sps: float,
     server: WarmServer | None = None,
-) -> TargetVerdict:
+) -> TargetResult:
     """Train `candidate` for up to CAP x the reference's samples from the same weights and data order, and
     judge it. A candidate that fails to train fails, naming why."""
     t0 = time.monotonic()
@@ -155,7 +157,7 @@ def check(
         losses = train_losses(as_run(candidate, steps), folder / "candidate", timeout_s, server)
     except TrialFailure as e:
         why = (str(e).strip().splitlines() or [""])[0][:200]
-        return TargetVerdict(
+        return TargetResult(
             0.0,
             None,
             None,

@@ -58,7 +58,7 @@ class Measured:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class WallTimeEstimate:
     """A proposal's predicted wall time to a result, by part."""
 
     startup_s: float
@@ -123,7 +123,7 @@ def of_record(number: int, r: TrialRecord, base: TrialConfig) -> Measured | None
     return Measured(number, cfg, float(startup), warm, step, overhead)
 
 
-def estimate(cfg: TrialConfig, measured: Sequence[Measured]) -> Estimate | None:
+def estimate(cfg: TrialConfig, measured: Sequence[Measured]) -> WallTimeEstimate | None:
     """`cfg`'s wall time to a result, scaled from the nearest measured trials; None with none measured."""
     if not measured:
         return None
@@ -132,7 +132,7 @@ def estimate(cfg: TrialConfig, measured: Sequence[Measured]) -> Estimate | None:
     warm = warm_steps(cfg)
     one_off = ref.one_off_s if ref.cfg.compile == cfg.compile else 0.0
     n = timed_steps(cfg, step)
-    return Estimate(ref.startup_s, warm * step + one_off, warm, n * step, n, ref.overhead_s, step, ref.number)
+    return WallTimeEstimate(ref.startup_s, warm * step + one_off, warm, n * step, n, ref.overhead_s, step, ref.number)
 
 
 def step_time(cfg: TrialConfig, ref: Measured, same: Sequence[Measured]) -> float:

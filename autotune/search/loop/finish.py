@@ -2,7 +2,8 @@
 re-measured side by side in interleaved rounds), the parity gate (the export candidates checked to train
 like the baseline), the extension rounds (a config the gate passed that the rounds did not measure), and
 the export's ceiling (its compute-only rate and FLOPs utilisation).
-The trial loop never uses it; `run` is the one sequence, each step spending what the `Budget` allows.
+The trial loop never uses it; `confirm_and_gate` is the one sequence, each step spending what the `Budget`
+allows. The export itself (best.yaml) is the session's (`SearchSession.export_best`), after it.
 
 May import: autotune.core, autotune.trial, and the rest of autotune.search (never the session).
 """
@@ -16,7 +17,7 @@ import optuna
 from autotune.core.settings import SearchSettings
 from autotune.search.store.records import ConfirmationSummary
 from autotune.search.budget import Budget
-from autotune.search.loop import ceiling, confirm
+from autotune.search.loop import confirm, export_ceiling
 from autotune.search.loop import gate
 from autotune.search.store.results import exported
 from autotune.trial.processes.warm_client import WarmServer
@@ -40,7 +41,7 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
     )
 
 
-def run(
+def confirm_and_gate(
     study: optuna.Study,
     settings: SearchSettings,
     budget: Budget | None = None,
@@ -58,8 +59,8 @@ def run(
     best = exported(study) if confirmation else None
     if best is not None:  # the gate may have passed a config the rounds did not measure
         confirmation = confirm.extend(study, settings, best.number, budget, server=server, say=say)
-    ceiling.run(study, settings, budget, say=say)  # last: the export is decided
+    export_ceiling.run(study, settings, budget, say=say)  # last: the export is decided
     return confirmation
 
 
-__all__ = ["ceiling", "confirm", "gate", "reserve_note", "run", "wanted"]
+__all__ = ["confirm", "confirm_and_gate", "export_ceiling", "gate", "reserve_note", "wanted"]

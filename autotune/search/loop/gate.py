@@ -4,7 +4,7 @@ Candidates are taken in export order (the confirmed order by median first, then 
 leaderboard, fastest first). Each is checked as its training-math class is (search/checks/classes.py):
 parity beside the baseline, or time to the baseline's loss when its optimizer step differs. A
 candidate that fails is recorded in the study, said, and skipped, and the next one is checked. A class
-already checked (during the search, or for an earlier candidate) is not checked again: its verdict
+already checked (during the search, or for an earlier candidate) is not checked again: its check
 stands for every config in it. A config computing the baseline's own training is checked on its own
 (parity: rounding-level changes such as a fused optimizer still have to train alike). A check that
 does not fit in the budget left is not started (`not checked`) and a cheaper candidate is tried: a
@@ -15,7 +15,6 @@ search or another worker reuses it.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
 
 import optuna
@@ -29,8 +28,8 @@ from autotune.search.store import records
 from autotune.search.budget import Budget
 from autotune.search.loop import confirm
 from autotune.search.store.folders import end_folder
-from autotune.search.store.records import TrialRecord
-from autotune.search.store.results import class_label, class_verdict, confirmed_figures, export_order
+from autotune.search.store.records import CheckRecord, TrialRecord
+from autotune.search.store.results import class_check, class_label, confirmed_figures, export_order
 from autotune.trial.processes.warm_client import WarmServer
 
 
@@ -41,13 +40,13 @@ def run(
     *,
     server: WarmServer | None = None,
     say: Callable[[str], None] = print,
-) -> dict[str, Any] | None:
-    """Check candidates until one passes; returns the verdicts by trial number (also stored in the
+) -> dict[str, CheckRecord] | None:
+    """Check candidates until one passes; returns the checks by trial number (also stored in the
     study), or None when parity is off or there is nothing but the baseline to export."""
     steps, order = settings.parity_steps, _worth_checking(study)
     if not steps or not order:
         return None
-    verdicts: dict[str, Any] = dict(records.parity_verdicts(study))
+    checks = records.gate_checks(study)
     folder = end_folder(settings, study, "parity")
     say(
         f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
@@ -56,9 +55,9 @@ def run(
     )
     for t in order:
         key = str(t.number)
-        standing = _standing(study, t, verdicts)
-        if standing is not None:  # checked before (a resumed study), or its class was: its verdict stands
-            verdicts[key] = standing
+        standing = _standing(study, t, checks)
+        if standing is not None:  # checked before (a resumed study), or its class was: its check stands
+            checks[key] = standing
             if standing["verdict"] == Verdict.PASS:
                 break
             continue
@@ -71,29 +70,30 @@ def run(
                 f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
                 "a cheaper one is tried"
             )
-            verdicts[key] = {
+            checks[key] = {
                 "verdict": Verdict.NOT_CHECKED,
                 "reason": f"the budget left was shorter than the check (about {need:.0f} s)",
             }
             continue
         try:
-            verdict = classes.run_check(study, settings, t, cfg, folder, server)
+            check = classes.run_check(study, settings, t, cfg, folder, server)
         except TrialFailure as e:  # the baseline itself failed to train: nothing can be judged against it
             say(f"parity: the baseline failed to train ({e.reason}); nothing exported is checked")
-            verdicts[key] = {"verdict": Verdict.NOT_CHECKED, "reason": f"the baseline failed to train: {e.reason}"}
+            checks[key] = {"verdict": Verdict.NOT_CHECKED, "reason": f"the baseline failed to train: {e.reason}"}
             break
-        verdicts[key] = verdict
-        records.write_parity_verdicts(study, verdicts)  # each verdict as it comes: an interrupt keeps the ones made
-        passed = verdict["verdict"] == Verdict.PASS
-        said = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}.get(verdict["verdict"], "is not checked")
+        checks[key] = check
+        records.write_gate_checks(study, checks)  # each check as it comes: an interrupt keeps the ones made
+        passed = check["verdict"] == Verdict.PASS
+        words: dict[str, str] = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}
+        said = words.get(check["verdict"], "is not checked")
         say(
-            f"{verdict['kind']}: trial {t.number} {said}: {verdict['reason']} ({verdict['seconds']:.0f} s)"
+            f"{check['kind']}: trial {t.number} {said}: {check['reason']} ({check['seconds']:.0f} s)"
             + ("" if passed else "; the next best is checked instead")
         )
         if passed:
             break
-    records.write_parity_verdicts(study, verdicts)
-    return verdicts
+    records.write_gate_checks(study, checks)
+    return checks
 
 
 def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
@@ -103,12 +103,12 @@ def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
     return ranked[: roles.index(Role.BASELINE)] if Role.BASELINE in roles else ranked
 
 
-def _standing(study: optuna.Study, t: FrozenTrial, verdicts: dict[str, Any]) -> dict[str, Any] | None:
-    """A verdict on `t` made before: its own (a resumed study), or its class's (checked during the search,
+def _standing(study: optuna.Study, t: FrozenTrial, checks: dict[str, CheckRecord]) -> CheckRecord | None:
+    """A check of `t` made before: its own (a resumed study), or its class's (checked during the search,
     or for an earlier candidate); None when it has to be checked."""
-    if str(t.number) in verdicts:
-        return verdicts[str(t.number)]
-    known = class_verdict(study, t)
+    if str(t.number) in checks:
+        return checks[str(t.number)]
+    known = class_check(study, t)
     if known is None:
         return None
     return {

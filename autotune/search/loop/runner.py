@@ -4,7 +4,6 @@ artifacts and constraint (infeasible configs are constraints, so the sampler ste
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import socket
 import time
@@ -266,23 +265,3 @@ def _upload(trial: optuna.Trial, trial_dir: Path) -> None:
         path = trial_dir / name
         if path.is_file():
             upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=trial)
-
-
-def measured(study: optuna.Study, cfg: TrialConfig) -> FrozenTrial | None:
-    """A finished, uncontended trial (feasible or not) that ran exactly these knobs, if any."""
-    knobs = cfg.knobs()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        record = TrialRecord.from_frozen(t)
-        if record.repeat_of is None and not record.contended and dict(record.config) == knobs:
-            return t
-    return None
-
-
-def reuse(study: optuna.Study, trial: optuna.Trial, earlier: FrozenTrial) -> FrozenTrial:
-    """Tell the sampler what `earlier` measured for the same config instead of running it again: it
-    learns the same thing, and the budget goes to configs not yet measured."""
-    record = TrialRecord.from_frozen(earlier)
-    write(trial, dataclasses.replace(record, role=Role.SEARCH, owner=None, repeat_of=earlier.number))
-    for key, value in earlier.constraints.items():
-        trial.set_constraint(key, value)
-    return study.tell(trial, earlier.value)

@@ -3,19 +3,24 @@
 `autotune search` and `autotune worker` are two thin callers: `SearchSession.create` validates
 everything and creates (or resumes) the study; `SearchSession.join` attaches to one a search created.
 `run` installs SIGINT/SIGTERM handlers (both stop the current trial, which is recorded as
-interrupted), runs trials until the budget or --n-trials is spent, exports the best so far even
-after an interrupt, and restores the previous handlers in `finally`, however autotune was started.
+interrupted), runs trials until one of the stops (`Stop`) ends them, confirms and gates the winner
+(search/loop/finish.py), exports the best so far even after an interrupt (`export_best`), and restores
+the previous handlers in `finally`, however autotune was started. Why the trials stopped is said and
+stored on the study (StudyRecord.stop_reason).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import os
 import signal
+import statistics
 import time
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Collection, Iterator
@@ -23,13 +28,12 @@ from collections.abc import Callable, Collection, Iterator
 import optuna
 
 from autotune import pipelines
-from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
 from autotune.core import outcomes
-from autotune.core.outcomes import Reason, Role
+from autotune.core.outcomes import Reason
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
 from autotune.search.loop import finish
@@ -39,9 +43,9 @@ from autotune.search.space.machine import differences, fingerprint
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.store.results import best_export, leaderboard
-from autotune.search.loop.runner import Events, measured, reuse, run_one
+from autotune.search.loop.runner import Events, run_one
 from autotune.search.loop import admission
-from autotune.search.loop.admission import Limits, Sizer
+from autotune.search.loop.admission import Admission, Limits, Sizer
 from autotune.search.loop.proposals import Proposals
 from autotune.search.loop.strategy import CoordinateSampler
 from autotune.search.space.memory import stored_fit
@@ -64,19 +68,71 @@ DATA_FAILURES_TO_STOP = 3
 CIRCUMSTANTIAL = frozenset({Reason.TIMEOUT, Reason.BUDGET, Reason.INTERRUPTED, Reason.STALE, Reason.DISK})
 # Proposals of already-measured configs in a row before the search ends: a small space is exhausted.
 REPEATS_TO_STOP = 25
-# "0" skips the memory estimate (its probe is one more process that imports torch, at every start).
+
+
+class Stop(str, enum.Enum):
+    """Why a run's trials ended: one reason per run, said and stored on the study (its word)."""
+
+    N_TRIALS = "n_trials"  # --n-trials trials ran
+    BUDGET = "budget"  # the trials' share of the budget is spent, or the median trial would overrun what is left
+    SPACE_EXHAUSTED = "space_exhausted"  # a listed space has no config left that can run
+    SPACE_DEFERRED = "space_deferred"  # a listed space's configs left all need more time than this run has
+    PROPOSALS_DEFERRED = "proposals_deferred"  # the sampler's draws all needed more time than this run has
+    PROPOSALS_REPEATED = "proposals_repeated"  # REPEATS_TO_STOP proposals in a row were not run
+    DATA_FAILURES = "data_failures"  # DATA_FAILURES_TO_STOP trials in a row failed on the data
+    SAME_FAILURES = "same_failures"  # as many failed the same way before any was measured
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM
+    DISK = "disk"  # the disk refused a write
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @property
+    def job_failed(self) -> bool:
+        """Every config would fail the same way: the job's fault (exit 2), nothing to confirm."""
+        return self in (Stop.DATA_FAILURES, Stop.SAME_FAILURES)
 
 
 @dataclass
-class Outcome:
-    """How a run ended: the trials it ran, whether it was interrupted, and the exported best."""
+class RunReport:
+    """How a run ended: the trials it ran, why they stopped, whether it was interrupted, and the exported best."""
 
     trials: int = 0
+    stop: Stop | None = None
     interrupted: bool = False
     best_yaml: Path | None = None
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
     confirmation: ConfirmationSummary | None = None  # search/loop/confirm.py summarize(); None when not run
+
+
+@dataclass
+class _Tally:
+    """What the trial loop has counted, which its stop checks read."""
+
+    durations: list[float] = field(default_factory=list)  # of the trials run
+    left_s: float = float("inf")  # the trials' time left at the last check
+    unrun: int = 0  # proposals in a row told without running
+    deferred: int | None = None  # the last proposal's trial, when it was deferred for the time left
+    data_failures: int = 0  # trials in a row that failed on the data
+    same_failures: int = 0  # trials in a row that failed with `cause`
+    cause: tuple[str, str] | None = None  # (reason, message) of the last trial's failure, if its config's
+    last: TrialRecord | None = None  # the last trial run
+    space: Counter[str | None] = field(default_factory=Counter)  # a listed space's configs by why_not
+
+    def ran(self, frozen: optuna.trial.FrozenTrial, seconds: float) -> None:
+        record = TrialRecord.from_frozen(frozen)
+        self.durations.append(seconds)
+        self.unrun, self.deferred, self.last = 0, None, record
+        self.data_failures = self.data_failures + 1 if record.reason == Reason.DATA else 0
+        failed = records.outcome(frozen) in (outcomes.Outcome.FAILED, outcomes.Outcome.INFEASIBLE)
+        cause = (str(record.reason), record.message) if failed and record.reason not in CIRCUMSTANTIAL else None
+        self.same_failures = (self.same_failures + 1 if cause == self.cause else 1) if cause else 0
+        self.cause = cause
+
+    def told_unrun(self, number: int, why: str) -> None:
+        self.unrun += 1
+        self.deferred = number if why == admission.DEFERRED else None
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -101,10 +157,7 @@ class SearchSession:
         self.proposals = Proposals(inner, space, settings.base)
         study.sampler = self.proposals
         self.warm, self.say = warm, say
-        self._data_failures = 0
-        self._same_failures: tuple[int, tuple[str, str] | None] = (0, None)  # how many in a row, of what
-        self._stopped: str | None = None
-        self._deferred = False  # the last proposal told unrun was deferred: the budget left is too short
+        self.stop: Stop | None = None  # why the last run's trials ended
         self.fleet_key: str | None = None  # a worker of a fleet: only the last one to finish confirms
 
     # ---- open -----------------------------------------------------------------------------------
@@ -205,11 +258,12 @@ class SearchSession:
 
     # ---- run ------------------------------------------------------------------------------------
 
-    def run(self, events: Events | None = None, budget: Budget | None = None) -> Outcome:
-        """Trials until the budget or --n-trials is spent, then the best so far exported. Ctrl-C and
-        SIGTERM stop the current trial (recorded FAIL, interrupted) and still export. `budget`: the run's
-        one clock, when the caller started it already (the live display shows it); else it starts now."""
-        outcome = Outcome()
+    def run(self, events: Events | None = None, budget: Budget | None = None) -> RunReport:
+        """Trials until a stop ends them, then the best so far exported. Ctrl-C and SIGTERM stop the current
+        trial (recorded FAIL, interrupted) and still export. `budget`: the run's one clock, when the caller
+        started it already (the live display shows it); else it starts now."""
+        report = RunReport()
+        self.stop = None
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
             pipelines.skip_bad_data_in_trials()
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -218,82 +272,78 @@ class SearchSession:
         note = finish.reserve_note(s, budget)
         if note:
             self.say(note)
+        failure: str | None = None  # the job's failure, when every config would fail the same way
         try:
             with self._warm_server() as server:
-                for _ in self._trials(events or Events(), server, budget):
-                    outcome.trials += 1
+                tally = _Tally()
+                for _ in self._trials(events or Events(), server, budget, tally):
+                    report.trials += 1
+                assert self.stop is not None  # the loop ends only through a stop
+                failure = self._say_stop(self.stop, tally)
                 _say_waiting_retries(self.study, self.say)
-                if finish.wanted(s) and not self._stopped and self._finishes():
-                    outcome.confirmation = finish.run(self.study, s, budget, server=server, say=self.say)
+                if finish.wanted(s) and not self.stop.job_failed and self._finishes():
+                    report.confirmation = finish.confirm_and_gate(self.study, s, budget, server=server, say=self.say)
         except KeyboardInterrupt:
-            outcome.interrupted = True
+            report.interrupted = True
+            self.stop = self.stop or Stop.INTERRUPTED
         except OSError as e:
             if not disk_error(e):
                 raise
-            outcome.error = f"cannot write {e.filename or 'the study'}: {e.strerror or e}; the search stopped"
-            outcome.code = ExitCode.ERROR
+            report.error = f"cannot write {e.filename or 'the study'}: {e.strerror or e}; the search stopped"
+            report.code = ExitCode.ERROR
+            self.stop = self.stop or Stop.DISK
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        report.stop = self.stop
+        if self.stop is not None:
+            with contextlib.suppress(OSError):  # a full disk is said already; the export below tries anyway
+                records.write_stop_reason(self.study, self.stop)
         try:
-            outcome.best_yaml = self.finish()
+            report.best_yaml = self.export_best()
         except OSError as e:
             if not disk_error(e):
                 raise
-            outcome.error = (outcome.error or "") + f"; best.yaml not written: {e.strerror or e}"
-            outcome.code = ExitCode.ERROR
-        if self._stopped and not outcome.error:
-            outcome.error, outcome.code = self._stopped, ExitCode.BAD_INPUT
-        if outcome.interrupted and not outcome.error:
-            outcome.code = ExitCode.INTERRUPTED
-        return outcome
+            report.error = (report.error or "") + f"; best.yaml not written: {e.strerror or e}"
+            report.code = ExitCode.ERROR
+        if failure and not report.error:
+            report.error, report.code = failure, ExitCode.BAD_INPUT
+        if report.interrupted and not report.error:
+            report.code = ExitCode.INTERRUPTED
+        return report
 
-    def _trials(self, events: Events, server: WarmServer | None, budget: Budget) -> Iterator[optuna.trial.FrozenTrial]:
-        """ask -> run -> tell, one trial at a time, while the median trial so far still fits in the
-        budget less what the end of the search will need."""
+    def _trials(
+        self, events: Events, server: WarmServer | None, budget: Budget, tally: _Tally
+    ) -> Iterator[optuna.trial.FrozenTrial]:
+        """ask -> run -> tell, one trial at a time, until a stop: each is checked at the top of the loop,
+        before anything is asked (`_stop`, then whether a listed space has anything left to run)."""
         s = self.settings
         budget = budget.trials_begin()  # the warm server is up: its start-up is not the trials' time
         if isinstance(self.proposals.inner, CoordinateSampler):  # the pass prices its moves against what is left
             self.proposals.inner.budget_left = budget.search_left
             self.proposals.inner.check_reserve = budget.parity_reserve_s
-        durations: list[float] = []
-        repeats = 0
-        while s.n_trials is None or len(durations) < s.n_trials:
-            left = budget.search_left()
-            if budget.trials_over(left, durations):
-                break
-            if self.fleet_key is not None:
-                fleet.beat(self.study, self.fleet_key)
-            if _optuna.heartbeats(self.study):
-                optuna.storages.fail_stale_trials(self.study)  # a dead worker's trial: FAIL, then retried
-            else:
-                fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
-            limits = Limits(s.trial_timeout, budget.trial_timeout(left))
-            self.proposals.screen = admission.screen(self.study, self.sizer, s.base, limits)
-            if self._nothing_left():
+        while True:
+            tally.left_s = budget.search_left()
+            stop = self._stop(tally, budget)
+            if stop is None:
+                self._keep_alive()
+                admit = Admission(
+                    self.study, self.sizer, s.base, Limits(s.trial_timeout, budget.trial_timeout(tally.left_s))
+                )
+                self.proposals.screen = admit.why_not  # the sampler's draws answer to the same decision
+                stop = self._space_spent(tally)
+            if stop is not None:
+                self.stop = stop
                 return
             trial = self.study.ask()
             cfg = config_for(trial, self.space, s.base)
-            if self._told_unrun(trial, cfg, events, limits):
-                if self._deferred:  # the sampler's draws, all screened, left only configs too long for now
-                    self.say(
-                        f"autotune: trial {trial.number} was deferred, as were the sampler's other proposals: what "
-                        "it proposes needs more time than this run has left, so the search ends here"
-                    )
-                    return
-                repeats += 1
-                if repeats >= REPEATS_TO_STOP:
-                    self.say(
-                        f"autotune: the sampler proposed only configs already measured, in a failed class or "
-                        f"too big for memory, {repeats} times in a row: the space looks exhausted, so the "
-                        "search ends here"
-                    )
-                    return
+            why = admit.tell_unrun(trial, cfg, events)
+            if why is not None:
+                tally.told_unrun(trial.number, why)
                 continue
-            repeats = 0
             t0 = time.monotonic()
-            frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(left), events, server)
-            durations.append(time.monotonic() - t0)
+            frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(tally.left_s), events, server)
+            tally.ran(frozen, time.monotonic() - t0)
             events.finished(frozen)
             self.sizer.calibrate(frozen)
             _retry_if_contended(self.study, frozen)
@@ -301,53 +351,93 @@ class SearchSession:
                 self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say, budget
             )
             yield frozen
-            if self._stop_for_data(frozen) or self._stop_for_failures(frozen):
-                return
 
-    def _nothing_left(self) -> bool:
+    def _stop(self, tally: _Tally, budget: Budget) -> Stop | None:
+        """Why the trials end now, before the next ask, or None: the job failing, then the proposals, then
+        --n-trials, then the budget (the median trial so far must fit in what is left)."""
+        if tally.data_failures >= DATA_FAILURES_TO_STOP:
+            return Stop.DATA_FAILURES
+        if tally.same_failures >= DATA_FAILURES_TO_STOP and not leaderboard(self.study):
+            return Stop.SAME_FAILURES
+        if tally.deferred is not None:
+            return Stop.PROPOSALS_DEFERRED
+        if tally.unrun >= REPEATS_TO_STOP:
+            return Stop.PROPOSALS_REPEATED
+        if self.settings.n_trials is not None and len(tally.durations) >= self.settings.n_trials:
+            return Stop.N_TRIALS
+        if budget.trials_over(tally.left_s, tally.durations):
+            return Stop.BUDGET
+        return None
+
+    def _keep_alive(self) -> None:
+        """Before each ask: this worker's heartbeat, and a dead worker's trial failed (then retried)."""
+        if self.fleet_key is not None:
+            fleet.beat(self.study, self.fleet_key)
+        if _optuna.heartbeats(self.study):
+            optuna.storages.fail_stale_trials(self.study)
+        else:
+            fail_stale(self.study)  # journal: owner pid/host/heartbeat in user attrs
+
+    def _space_spent(self, tally: _Tally) -> Stop | None:
         """Whether a space small enough to list has no config left that would be run now (and no queued
-        trial waits): said, with why, and the search ends without asking for a trial it would write off."""
+        trial waits): then the search ends without asking for a trial it would write off."""
         left = self.proposals.left()
         if (
             left is None
             or left[None]
             or self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         ):
-            return False
-        counts = ", ".join(f"{n} {why}" for why, n in sorted(left.items(), key=lambda kv: str(kv[0])))
-        total = sum(left.values())
-        if left[admission.DEFERRED]:
-            self.say(
-                f"autotune: none of the space's {total} configs left would finish in the time this run has left "
-                f"({counts}); those deferred may run in a longer run of this study: the search ends here"
-            )
-        else:
-            self.say(
-                f"autotune: the space is exhausted: each of its {total} configs was run or cannot be "
-                f"({counts}), so the search ends here"
-            )
-        return True
+            return None
+        tally.space = left
+        return Stop.SPACE_DEFERRED if left[admission.DEFERRED] else Stop.SPACE_EXHAUSTED
 
-    def _told_unrun(self, trial: optuna.Trial, cfg: TrialConfig, events: Events, limits: Limits) -> bool:
-        """Tell a proposal without running it, when its class failed its check, it was measured already, its
-        memory estimate exceeds what is usable, or its cost estimate the time it would be given; else
-        record its estimates and return False (run it)."""
-        self._deferred = False
-        role = TrialRecord.of(trial).role
-        label = classes.label_of(self.study, cfg) if role == Role.SEARCH else None
-        verdict = classes.failed(self.study, label)
-        if verdict is not None:  # its training math failed its check: told infeasible, not run
-            events.finished(classes.write_off(self.study, trial, cfg, label, verdict))  # type: ignore[arg-type]
-            return True
-        earlier = measured(self.study, cfg) if role == Role.SEARCH else None
-        if earlier is not None:
-            events.finished(reuse(self.study, trial, earlier))
-            return True
-        if self.sizer.writes_off(self.study, trial, cfg, role, events):
-            return True
-        short = admission.cost_writes_off(self.study, trial, cfg, role, limits, events)
-        self._deferred = short == admission.DEFERRED
-        return short is not None
+    def _say_stop(self, stop: Stop, tally: _Tally) -> str | None:
+        """Say why the trials ended; a job's failure is returned instead, to be the run's error."""
+        s, last = self.settings, tally.last or TrialRecord()
+        if stop == Stop.DATA_FAILURES:
+            return (
+                f"{DATA_FAILURES_TO_STOP} trials in a row failed on the data ({last.message}); fix the "
+                "data, or pass --skip-bad-data to leave undecodable items out"
+            )
+        if stop == Stop.SAME_FAILURES:
+            spec = s.base.pipeline
+            alone = f" (run it alone to see: python {spec[len('script:') :]})" if spec.startswith("script:") else ""
+            return (
+                f"{DATA_FAILURES_TO_STOP} trials in a row failed the same way before any was measured "
+                f"({last.reason}: {last.message.splitlines()[0] if last.message else 'no message'}): every "
+                f"config would: fix the job{alone}, then search again"
+            )
+        if stop in (Stop.SPACE_EXHAUSTED, Stop.SPACE_DEFERRED):
+            counts = ", ".join(f"{n} {why}" for why, n in sorted(tally.space.items(), key=lambda kv: str(kv[0])))
+            total = sum(tally.space.values())
+            said = (
+                f"none of the space's {total} configs left would finish in the time this run has left "
+                f"({counts}); those deferred may run in a longer run of this study: the search ends here"
+                if stop == Stop.SPACE_DEFERRED
+                else f"the space is exhausted: each of its {total} configs was run or cannot be ({counts}), so "
+                "the search ends here"
+            )
+        elif stop == Stop.PROPOSALS_DEFERRED:
+            said = (
+                f"trial {tally.deferred} was deferred, as were the sampler's other proposals: what it proposes "
+                "needs more time than this run has left, so the search ends here"
+            )
+        elif stop == Stop.PROPOSALS_REPEATED:
+            said = (
+                f"the sampler proposed only configs already measured, in a failed class or too big for memory, "
+                f"{tally.unrun} times in a row: the space looks exhausted, so the search ends here"
+            )
+        elif stop == Stop.N_TRIALS:
+            said = f"the {s.n_trials} trial(s) asked for (--n-trials) have run"
+        else:
+            median = statistics.median(tally.durations) if tally.durations else 0.0
+            said = (
+                "the trials' share of the budget is spent"
+                if tally.left_s <= 0
+                else f"the median trial ({median:.0f} s) would overrun the {tally.left_s:.0f} s the trials have left"
+            )
+        self.say(f"autotune: {said}")
+        return None
 
     def _finishes(self) -> bool:
         """`search` finishes its own run; a fleet's worker only when it is the last one still running."""
@@ -357,37 +447,6 @@ class SearchSession:
             return True
         self.say("autotune: other workers are still running: the last one to finish confirms the winner")
         return False
-
-    def _stop_for_data(self, frozen: optuna.trial.FrozenTrial) -> bool:
-        """Every config fails the same way on bad data: stop after a few in a row, and say why."""
-        record = TrialRecord.from_frozen(frozen)
-        self._data_failures = self._data_failures + 1 if record.reason == Reason.DATA else 0
-        if self._data_failures < DATA_FAILURES_TO_STOP:
-            return False
-        self._stopped = (
-            f"{DATA_FAILURES_TO_STOP} trials in a row failed on the data ({record.message}); fix the "
-            "data, or pass --skip-bad-data to leave undecodable items out"
-        )
-        return True
-
-    def _stop_for_failures(self, frozen: optuna.trial.FrozenTrial) -> bool:
-        """Before any trial is measured, the same failure (reason and message) again and again is the job's,
-        not a config's: stop after a few in a row, with it and what to do, rather than fail every config."""
-        record = TrialRecord.from_frozen(frozen)
-        ran_and_failed = records.outcome(frozen) in (outcomes.Outcome.FAILED, outcomes.Outcome.INFEASIBLE)
-        cause = (str(record.reason), record.message) if ran_and_failed and record.reason not in CIRCUMSTANTIAL else None
-        count, last = self._same_failures
-        self._same_failures = (count + 1 if cause == last else 1, cause) if cause else (0, None)
-        if self._same_failures[0] < DATA_FAILURES_TO_STOP or leaderboard(self.study):
-            return False
-        spec = self.settings.base.pipeline
-        alone = f" (run it alone to see: python {spec[len('script:') :]})" if spec.startswith("script:") else ""
-        self._stopped = (
-            f"{DATA_FAILURES_TO_STOP} trials in a row failed the same way before any was measured "
-            f"({record.reason}: {record.message.splitlines()[0] if record.message else 'no message'}): every "
-            f"config would: fix the job{alone}, then search again"
-        )
-        return True
 
     def _warm_server(self) -> Any:
         """Trials fork from a process that imported torch and the pipeline once (fast start-up). Not when
@@ -402,7 +461,7 @@ class SearchSession:
 
     # ---- finish ---------------------------------------------------------------------------------
 
-    def finish(self) -> Path | None:
+    def export_best(self) -> Path | None:
         """Export the best feasible trial to studies/<study>/best.yaml; None if no trial finished."""
         if not leaderboard(self.study):
             return None

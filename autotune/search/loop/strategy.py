@@ -28,7 +28,7 @@ The pass spends the budget left (`budget_left`: the trial loop's seconds, asked 
 no budget, every move in the declared order). A move's price is its trial, and for a knob whose
 declaration has a `math` (batch size, GPUs, precision: its move makes a training-math class) also the
 class check that must pass before its gain can be exported; a same-math move (loader, fusion, layout,
-threads) buys its gain for its trial alone. Both prices are the study's own figures (Clock.of: the median
+threads) buys its gain for its trial alone. Both prices are the study's own figures (MovePrices.of: the median
 measured trial; a check as the study measured one, the baseline's reference runs counted once, else
 three trials: the reference's two runs and the candidate's). The rule: the declared order, less the math
 moves whose trial and check no longer fit in the trial loop's time left and the reserve the end of the
@@ -60,7 +60,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import LEADS, TABLE, turns_on
 from autotune.search.store import _optuna, records
-from autotune.search.store.records import TrialRecord
+from autotune.search.store.records import TrialRecord, config_key, value_key
 from autotune.search.store.results import class_label, failed_classes, feasible, rank
 from autotune.search.space.spec import WORKER_KNOBS
 
@@ -84,7 +84,7 @@ TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.
 
 
 @dataclass(frozen=True)
-class Clock:
+class MovePrices:
     """What the pass may spend and what a move costs, in seconds, from the study's measurements."""
 
     left_s: float  # the budget left to the trial loop
@@ -103,7 +103,7 @@ class Clock:
         return move["knob"] not in CHECKED or self.cost(move) <= self.left_s + self.reserve_s
 
     @classmethod
-    def of(cls, study: Study, left_s: float, reserve_s: float = 0.0) -> Clock | None:
+    def of(cls, study: Study, left_s: float, reserve_s: float = 0.0) -> MovePrices | None:
         """The study's figures with `left_s` left; None before any trial was measured (nothing to price)."""
         walls = [
             w
@@ -117,7 +117,7 @@ class Clock:
         # reference, which is stored and not run again, so with it stored the later ones are the price.
         checks = [
             float(v["seconds"])
-            for v in sorted(records.class_verdicts(study).values(), key=lambda v: v.get("trial") or 0)
+            for v in sorted(records.class_checks(study).values(), key=lambda v: v.get("trial") or 0)
             if v.get("seconds")
         ]
         if records.parity_reference(study):
@@ -217,8 +217,8 @@ class CoordinateSampler(BaseSampler):
                 return None  # TPE's turn
         mine = _optuna.storage_of(study).get_trial_system_attrs(_optuna.trial_id(trial)).get(REJECTED_KEY, [])
         left = self.budget_left() if self.budget_left is not None else None
-        clock = Clock.of(study, left, self.check_reserve) if left is not None and math.isfinite(left) else None
-        return next_move(others, self._plan, failed_classes(study), mine, clock)
+        prices = MovePrices.of(study, left, self.check_reserve) if left is not None and math.isfinite(left) else None
+        return next_move(others, self._plan, failed_classes(study), mine, prices)
 
 
 def next_move(
@@ -226,14 +226,14 @@ def next_move(
     plan: Sequence[str] = PASS,
     failed: set[str] | frozenset[str] = frozenset(),
     rejected: Sequence[dict[str, Any]] = (),
-    clock: Clock | None = None,
+    prices: MovePrices | None = None,
 ) -> dict[str, Any] | None:
     """The pass's next one-knob change from the incumbent, given the study's other trials, the
     training-math classes whose check failed, the moves turned down for this trial and what the budget
     left buys (None: no budget), or None when the pass is over (or there is nothing to start from yet)."""
     moves = remaining_moves(trials, plan, failed, rejected)
-    if clock is not None:  # a math move whose trial and check do not both fit buys nothing exportable
-        moves = [m for m in moves if clock.buys(m)]
+    if prices is not None:  # a math move whose trial and check do not both fit buys nothing exportable
+        moves = [m for m in moves if prices.buys(m)]
     return moves[0] if moves else None
 
 
@@ -249,24 +249,24 @@ def remaining_moves(
         return []
     base = params_of(start)
     dists = _distributions(trials)
-    taken = {_key(params_of(t)) for t in trials if t.state in TAKEN}
+    taken = {config_key(params_of(t)) for t in trials if t.state in TAKEN}
     ordered = sorted(trials, key=lambda t: t.number)
     made = [m for t in ordered for m in (*t.system_attrs.get(REJECTED_KEY, []), t.system_attrs.get(MOVE_KEY)) if m]
     origin: dict[str, Any] = {}  # the value a knob had when the pass first moved it
     proposed: set[tuple[str, Any]] = set()
     for m in (*made, *rejected):
         origin.setdefault(m["knob"], m["was"])
-        proposed.add((m["knob"], _hashable(m["value"])))
+        proposed.add((m["knob"], value_key(m["value"])))
     out: list[dict[str, Any]] = []
     for knob in plan:
         dist = dists.get(knob)
         if dist is None or dist.single() or knob not in base:
             continue
         for value in move_values(dist, origin.get(knob, base[knob])):
-            if _same(value, base[knob]) or (knob, _hashable(value)) in proposed:
+            if _same(value, base[knob]) or (knob, value_key(value)) in proposed:
                 continue
             params = _moved(base, knob, value, dists, trials)
-            if _key(params) in taken:
+            if config_key(params) in taken:
                 continue
             out.append({"knob": knob, "was": base[knob], "value": value, "from": start.number, "params": params})
     return out
@@ -373,17 +373,9 @@ def _same(a: Any, b: Any) -> bool:
     return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
-def _hashable(v: Any) -> Any:
-    return (type(v) is bool, v)
-
-
-def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted((k, _hashable(v)) for k, v in params.items()))
-
-
 __all__ = [
     "CHECKED",
-    "Clock",
+    "MovePrices",
     "CoordinateSampler",
     "MOVE_KEY",
     "PASS",

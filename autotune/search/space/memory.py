@@ -70,8 +70,8 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
-class Estimate:
-    """Bytes per rank, by what holds them."""
+class MemoryEstimate:
+    """A config's memory per rank before launch, in bytes, by what holds them."""
 
     params: int
     grads: int
@@ -106,7 +106,7 @@ def strategy(cfg: TrialConfig) -> str:
     return f"fsdp x{cfg.gpus}" + (f" ({', '.join(flags)})" if flags else "")
 
 
-def estimate(cfg: TrialConfig, facts: ModelFacts) -> Estimate:
+def estimate(cfg: TrialConfig, facts: ModelFacts) -> MemoryEstimate:
     """Bytes per rank for `cfg`. Approximations:
     - Parameters and their gradients are fp32 (autocast computes in half precision, but the weights
       and their grads stay fp32); AdamW keeps 2 fp32 tensors per parameter (exp_avg, exp_avg_sq).
@@ -126,7 +126,9 @@ def estimate(cfg: TrialConfig, facts: ModelFacts) -> Estimate:
             grads += p * FP32  # DDP's gradient buckets are a second copy (gradient_as_bucket_view=False)
     # The CUDA peak is the caching allocator's: the process itself (CUDA context, libraries) is outside it.
     runtime = facts.runtime_bytes if facts.device == "cpu" else 0
-    return Estimate(int(params), int(grads), int(optimizer), int(activations(cfg, facts)), int(runtime), strategy(cfg))
+    return MemoryEstimate(
+        int(params), int(grads), int(optimizer), int(activations(cfg, facts)), int(runtime), strategy(cfg)
+    )
 
 
 def _fsdp_states(cfg: TrialConfig, facts: ModelFacts) -> tuple[float, float, float]:
@@ -214,7 +216,7 @@ class Fit:
             return world
         return -(-world // self.devices) if self.shared and self.devices else 1
 
-    def needed(self, est: Estimate, world: int) -> int:
+    def needed(self, est: MemoryEstimate, world: int) -> int:
         return est.total * self.per_device(world)
 
     def where(self, world: int) -> str:
@@ -222,7 +224,7 @@ class Fit:
         n = self.per_device(world)
         return "per rank" if n == 1 else f"for {n} ranks sharing {'one GPU' if self.cuda else 'the RAM'}"
 
-    def recorded(self, est: Estimate, world: int) -> dict[str, Any]:
+    def recorded(self, est: MemoryEstimate, world: int) -> dict[str, Any]:
         """The estimate as each trial records it: with ranks sharing a GPU, how many, since the measured
         CUDA peak is then the device's (all of them together; trial/loop/worker.py)."""
         n = self.per_device(world) if self.cuda else 1
@@ -230,7 +232,7 @@ class Fit:
 
     def calibrated(self, estimate: Mapping[str, Any], peak: int) -> Fit:
         """This Fit with the process's own share (on a CPU, where the peak is the RSS) taken from a measured
-        trial: its peak less the other parts of its estimate (Estimate.to_dict())."""
+        trial: its peak less the other parts of its estimate (MemoryEstimate.to_dict())."""
         runtime = max(0, peak - (int(estimate["total"]) - int(estimate.get("runtime") or 0)))
         return dataclasses.replace(self, facts=dataclasses.replace(self.facts, runtime_bytes=runtime))
 
@@ -302,4 +304,4 @@ def _ranks_share_gpus() -> bool:
     return ranks_share_gpus()
 
 
-__all__ = ["Estimate", "Fit", "ModelFacts", "estimate", "strategy", "versus_peak"]
+__all__ = ["MemoryEstimate", "Fit", "ModelFacts", "estimate", "strategy", "versus_peak"]

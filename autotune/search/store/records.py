@@ -31,10 +31,10 @@ from autotune.search.store import _optuna
 FEASIBLE_KEY = "infeasible"
 
 CONFIRMATION = "confirmation"  # the last confirmation's summary (search/loop/confirm.py)
-# Trial number (str) -> its parity verdict (search/loop/gate.py). A study attr, because a finished
+# Trial number (str) -> the gate's check of it (search/loop/gate.py). A study attr, because a finished
 # trial's own attrs can no longer be written.
 PARITY = "parity"
-# One attr per training-math class checked: "class:<hash of its label>" -> its verdict, label included
+# One attr per training-math class checked: "class:<hash of its label>" -> its check, label included
 # (parity for a class that keeps the optimizer step, time to target for one that changes it;
 # search/checks/classes.py). One key each, so fleet workers finishing checks at once never drop one another's.
 CLASS_PREFIX = "class:"
@@ -47,14 +47,32 @@ FINISHER = "finisher"  # the claim of the worker that finishes a fleet's study
 Trial = optuna.Trial | FrozenTrial
 
 
-class StoredVerdict(TypedDict, total=False):
-    """A parity, time-to-target or class verdict as stored (parity.Verdict / target.TargetVerdict .to_dict())."""
+class CheckRecord(TypedDict, total=False):
+    """A check of a config's training as stored: a class's (class_checks) or the gate's on a candidate
+    (gate_checks); made by parity.ParityResult.to_dict() or target.TargetResult.to_dict(), or written
+    without a run (`not checked`, with the reason). Its `verdict` is the word (core/outcomes.Verdict)."""
 
-    verdict: str  # pass | fail | not checked | skipped
     kind: str  # parity | time to target
+    verdict: str  # pass | fail | not checked | skipped
     reason: str
     trial: int  # the trial whose check it was
-    seconds: float
+    seconds: float  # the check's wall time
+    rule: str  # the rule it applied, in words
+    failure: str  # the candidate's TrialFailure reason, when it failed to train
+    # parity (search/checks/parity.py)
+    steps: int
+    samples: int
+    deviation: float | None
+    tolerance: float | None
+    noise: float | None
+    candidate_steps: int
+    baseline_steps: int
+    runs: int
+    # time to target (search/checks/target.py)
+    target_loss: float
+    baseline_samples_to_target: int | None
+    samples_to_target: int | None
+    cap_samples: int
     speedup_to_target: float | None
 
 
@@ -71,8 +89,8 @@ class ConfirmationSummary(TypedDict, total=False):
     trial_s: float | None
 
 
-class MemoryEstimate(TypedDict, total=False):
-    """search/space/memory.py's Estimate.to_dict(): bytes per rank by what holds them, before launch."""
+class MemoryEstimateRecord(TypedDict, total=False):
+    """search/space/memory.py's MemoryEstimate.to_dict(): bytes per rank by what holds them, before launch."""
 
     params: int
     grads: int
@@ -112,7 +130,7 @@ class TrialRecord:
     training_math: tuple[str, ...] | None = None  # how its training differs from the baseline's; () = same
     retry_of: int | None = None  # a re-run of that trial, whose measurement was contended
     # search/space/memory.py's estimate, made before launch; shown beside the measured peak (metrics)
-    memory_estimate: MemoryEstimate | None = None
+    memory_estimate: MemoryEstimateRecord | None = None
     # search/loop/cost.py's estimate of its wall time to a result, made before launch; beside wall_s
     cost_estimate_s: float | None = None
     wall_s: float | None = None  # its measured wall time, launch to result (or to its failure)
@@ -217,6 +235,21 @@ def contended(t: Trial) -> bool:
     return bool(t.user_attrs.get("contended"))
 
 
+ConfigKey = tuple[tuple[str, tuple[bool, Any]], ...]
+
+
+def value_key(value: Any) -> tuple[bool, Any]:
+    """A knob value's identity: the value, and whether it is a bool (True is not the count 1, though
+    True == 1 in Python)."""
+    return type(value) is bool, value
+
+
+def config_key(values: Mapping[str, Any]) -> ConfigKey:
+    """A config's identity, by its knobs (a record's config) or its params (as suggest asks them): the one
+    key admission and the coordinate pass tell configs apart by."""
+    return tuple(sorted((k, value_key(v)) for k, v in values.items()))
+
+
 def outcome(t: FrozenTrial) -> Outcome:
     """What became of `t` (core/outcomes.Outcome), from its state, constraints, reason and reuse."""
     if not t.state.is_finished():
@@ -265,6 +298,8 @@ class StudyRecord:
     confirm_top: int | None = None
     ablation: list[Any] | None = None  # `autotune ablate`'s steps (apply/ablate.py), written by write_ablation
     model_facts: Mapping[str, Any] | None = None  # memory.ModelFacts.to_dict(), probed once; write_model_facts
+    # Why the last run's trial loop ended (search/loop/session.py's Stop, its word); write_stop_reason
+    stop_reason: str | None = None
 
     @classmethod
     def of(cls, study: optuna.Study | StudySummary) -> StudyRecord:
@@ -289,6 +324,12 @@ def write_model_facts(study: optuna.Study, facts: Mapping[str, Any]) -> None:
     study.set_user_attr("model_facts", dict(facts))
 
 
+def write_stop_reason(study: optuna.Study, stop: str) -> None:
+    """Why a run's trial loop ended, alone: each run of the study (a resumed search, a fleet's worker)
+    writes its own, so the study holds the last one's."""
+    study.set_user_attr("stop_reason", str(stop))
+
+
 # ---- the end of a search: confirmation, parity, class checks -------------------------------------------
 
 
@@ -301,24 +342,24 @@ def write_confirmation(study: optuna.Study, summary: ConfirmationSummary | Mappi
     study.set_user_attr(CONFIRMATION, dict(summary))
 
 
-def parity_verdicts(study: optuna.Study) -> dict[str, StoredVerdict]:
-    """The parity gate's verdicts by trial number (as a str key); {} when the gate checked none."""
+def gate_checks(study: optuna.Study) -> dict[str, CheckRecord]:
+    """The parity gate's checks by trial number (as a str key); {} when the gate checked none."""
     return dict(study.user_attrs.get(PARITY) or {})
 
 
-def parity_verdict(study: optuna.Study, number: int) -> StoredVerdict | None:
-    """The gate's verdict on trial `number`, when it made one."""
-    return parity_verdicts(study).get(str(number))
+def gate_check(study: optuna.Study, number: int) -> CheckRecord | None:
+    """The gate's check of trial `number`, when it made one."""
+    return gate_checks(study).get(str(number))
 
 
-def write_parity_verdicts(study: optuna.Study, verdicts: Mapping[str, Any]) -> None:
-    study.set_user_attr(PARITY, dict(verdicts))
+def write_gate_checks(study: optuna.Study, checks: Mapping[str, CheckRecord]) -> None:
+    study.set_user_attr(PARITY, dict(checks))
 
 
-def class_verdicts(study: optuna.Study) -> dict[str, StoredVerdict]:
-    """The verdict of each training-math class checked, by its label; {} when none was."""
+def class_checks(study: optuna.Study) -> dict[str, CheckRecord]:
+    """The check of each training-math class checked, by its label; {} when none was."""
     attrs = study.user_attrs
-    out: dict[str, StoredVerdict] = dict(attrs.get(CLASSES) or {})
+    out: dict[str, CheckRecord] = dict(attrs.get(CLASSES) or {})
     for k, v in attrs.items():
         if k.startswith(CLASS_PREFIX) and isinstance(v, dict) and "label" in v:
             out[str(v["label"])] = {key: val for key, val in v.items() if key != "label"}  # type: ignore[assignment]
@@ -330,9 +371,9 @@ def class_key(label: str) -> str:
     return CLASS_PREFIX + hashlib.sha256(label.encode()).hexdigest()[:20]
 
 
-def write_class_verdict(study: optuna.Study, label: str, verdict: Mapping[str, Any]) -> None:
+def write_class_check(study: optuna.Study, label: str, check: CheckRecord) -> None:
     """One write of the class's own key: no read-modify-write of a shared dict."""
-    study.set_user_attr(class_key(label), {**dict(verdict), "label": label})
+    study.set_user_attr(class_key(label), {**check, "label": label})
 
 
 def parity_reference(study: optuna.Study) -> dict[str, Any] | None:
@@ -344,7 +385,7 @@ def write_parity_reference(study: optuna.Study, reference: Mapping[str, Any]) ->
     study.set_user_attr(REFERENCE, dict(reference))
 
 
-CEILING = "ceiling"  # {"trial": number, **section}: search/loop/ceiling.py's measurement of the export
+CEILING = "ceiling"  # {"trial": number, **section}: search/loop/export_ceiling.py's measurement of the export
 
 
 def ceiling(study: optuna.Study | StudySummary, number: int) -> dict[str, Any] | None:

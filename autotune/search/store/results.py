@@ -18,7 +18,7 @@ from autotune.core.outcomes import Outcome, Reason, Role, Verdict
 from autotune.search.store import records
 from autotune.search.space.memory import versus_peak
 from autotune.search.store.storage import shown_storage
-from autotune.search.store.records import StoredVerdict, StudyRecord, TrialRecord
+from autotune.search.store.records import CheckRecord, StudyRecord, TrialRecord
 
 
 def feasible(t: FrozenTrial) -> bool:
@@ -60,32 +60,32 @@ def class_label(t: FrozenTrial) -> str | None:
 
 def failed_classes(study: optuna.Study) -> set[str]:
     """The training-math classes whose check failed."""
-    return {k for k, v in records.class_verdicts(study).items() if v.get("verdict") == Verdict.FAIL}
+    return {k for k, check in records.class_checks(study).items() if check.get("verdict") == Verdict.FAIL}
 
 
-def class_verdict(study: optuna.Study, t: FrozenTrial) -> StoredVerdict | None:
-    """The verdict of `t`'s class check, when its class was checked."""
+def class_check(study: optuna.Study, t: FrozenTrial) -> CheckRecord | None:
+    """The check of `t`'s class, when its class was checked."""
     label = class_label(t)
-    return records.class_verdicts(study).get(label) if label else None
+    return records.class_checks(study).get(label) if label else None
 
 
 def to_target_factor(study: optuna.Study, t: FrozenTrial) -> float:
     """speedup to target / samples/s speedup for a config whose time to target was measured, else 1: what
     turns its samples/s into the rate at which it reaches the baseline's quality."""
-    v = class_verdict(study, t)
+    check = class_check(study, t)
     speedup = TrialRecord.from_frozen(t).speedup
-    to_target = v.get("speedup_to_target") if v else None
-    if not v or v.get("kind") != "time to target" or not to_target or not speedup:
+    to_target = check.get("speedup_to_target") if check else None
+    if not check or check.get("kind") != "time to target" or not to_target or not speedup:
         return 1.0
     return float(to_target) / speedup
 
 
 def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
-    """The classes checked (each once), the trials run in classes that failed (before their verdict) and
+    """The classes checked (each once), the trials run in classes that failed (before their check) and
     the share of trial time they took, the proposals written off unrun after it, and the time spent
     checking; None when no class was checked."""
-    verdicts = records.class_verdicts(study)
-    if not verdicts:
+    checks = records.class_checks(study)
+    if not checks:
         return None
     failed = failed_classes(study)
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
@@ -100,12 +100,12 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
     total = sum(seconds.values())
     return {
         "classes": {
-            k: {
-                key: v.get(key)
+            label: {
+                key: check.get(key)
                 for key in ("kind", "verdict", "trial", "speedup_to_target", "reason")
-                if v.get(key) is not None
+                if check.get(key) is not None
             }
-            for k, v in verdicts.items()
+            for label, check in checks.items()
         },
         "trials_in_failed_classes": len(spent),
         "trials": len(run),
@@ -113,7 +113,7 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
         if total
         else 0.0,
         "written_off": len(written_off),
-        "check_seconds": round(sum(float(v.get("seconds") or 0) for v in verdicts.values()), 1),
+        "check_seconds": round(sum(float(check.get("seconds") or 0) for check in checks.values()), 1),
     }
 
 
@@ -151,18 +151,20 @@ def exported(study: optuna.Study) -> FrozenTrial | None:
     on, a config that changes the optimizer step is exported only once its time to target passed: its
     samples/s says nothing of how soon it reaches the baseline's quality (a larger batch can run faster
     and still reach the target later). None: no feasible trial."""
-    verdicts = records.parity_verdicts(study)
+    checks = records.gate_checks(study)
     order = export_order(study)
     workload = StudyRecord.of(study).workload or {}
 
     def verdict(t: FrozenTrial) -> str | None:  # its own check's, else its class's
-        return (verdicts.get(str(t.number)) or class_verdict(study, t) or {}).get("verdict")
+        return (checks.get(str(t.number)) or class_check(study, t) or {}).get("verdict")
 
     def unproven_step(t: FrozenTrial) -> bool:
         cfg = TrialConfig.from_dict({**workload, **TrialRecord.from_frozen(t).config})
-        return bool(verdicts) and verdict(t) != Verdict.PASS and changes_step(cfg)
+        return bool(checks) and verdict(t) != Verdict.PASS and changes_step(cfg)
 
-    if any(v.get("verdict") == Verdict.PASS for v in verdicts.values()):  # a proven config before an unchecked one
+    if any(
+        check.get("verdict") == Verdict.PASS for check in checks.values()
+    ):  # a proven config before an unchecked one
         proven = [t for t in order if verdict(t) == Verdict.PASS or TrialRecord.from_frozen(t).role == Role.BASELINE]
         if proven:
             return proven[0]
@@ -191,7 +193,7 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
     """The winner as an Export: the first config in export order that passed parity (or was not
     checked), with the confirmation rounds' median speedup and its range when it was confirmed, its
-    training math, and its parity verdict."""
+    training math, and its parity check."""
     best = exported(study)
     if best is None:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to export")
@@ -211,7 +213,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     export = dataclasses.replace(
         export,
         training_math=section(cfg, record.training_math),
-        parity=records.parity_verdict(study, best.number) or class_verdict(study, best),
+        parity=records.gate_check(study, best.number) or class_check(study, best),
         checks=checks_summary(study),
         metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})},
         ceiling=records.ceiling(study, best.number),
@@ -228,13 +230,13 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     return dataclasses.replace(
         export,
         speedup=rounds["speedup_median"],
-        confirmed={**rounds, "verdict": gain_verdict(rounds)},
+        confirmed={**rounds, "verdict": gain_statement(rounds)},
         metrics=metrics,
         baseline_samples_per_s=rounds["baseline_median"],
     )
 
 
-def gain_verdict(rounds: Mapping[str, Any]) -> str:
+def gain_statement(rounds: Mapping[str, Any]) -> str:
     """What the confirmation rounds can say of a speedup: a median with a range that holds x1.00 is no
     measured gain, however the median reads, and one round is a single draw on a machine whose speed
     moves from process to process."""

@@ -14,6 +14,7 @@ from autotune.pipelines import script
 from autotune.search.checks import classes
 from autotune.search.store import records
 from autotune.search.store.records import of_result, write
+from autotune.search.store.results import failed_classes
 from autotune.search.store.storage import open_storage
 
 TRAIN = """import torch
@@ -52,8 +53,8 @@ def test_an_unseeded_script_s_class_is_not_checked_and_runs_nothing(tmp_path: Pa
         study.tell(t, sps)
     candidate = study.trials[1]
     folder = tmp_path / "parity"
-    v = classes.run_check(study, settings, candidate, base.replace(precision="bf16"), folder, None)
-    assert v["verdict"] == Verdict.NOT_CHECKED and v["reason"].startswith("not checkable: the script never seeds")
-    assert v["kind"] == "parity" and not folder.exists()  # no trial was started
-    assert list(records.class_verdicts(study).values())[0]["verdict"] == Verdict.NOT_CHECKED
-    assert classes.failed(study, "precision fp32 -> bf16") is None  # its configs are not written off
+    check = classes.run_check(study, settings, candidate, base.replace(precision="bf16"), folder, None)
+    assert check["verdict"] == Verdict.NOT_CHECKED and check["reason"].startswith("not checkable: the script never")
+    assert check["kind"] == "parity" and not folder.exists()  # no trial was started
+    assert list(records.class_checks(study).values())[0]["verdict"] == Verdict.NOT_CHECKED
+    assert "precision fp32 -> bf16" not in failed_classes(study)  # its configs are not written off

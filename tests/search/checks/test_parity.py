@@ -57,8 +57,8 @@ def test_the_tolerance_is_a_fraction_of_the_noise_with_a_floor() -> None:
     assert parity.tolerance_for(0.0) == parity.FLOOR > 0
 
 
-def test_verdict_and_reference_are_json() -> None:
-    v = parity.Verdict(
+def test_a_parity_result_and_the_reference_are_json() -> None:
+    v = parity.ParityResult(
         steps=K,
         samples=8 * K,
         deviation=0.0123456789,

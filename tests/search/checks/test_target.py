@@ -90,8 +90,8 @@ def test_a_larger_batch_that_gets_there_sooner_is_exported_with_its_math_named(
     record(study, "search", HEALTHY.replace(batch_size=32), 30.0)
     record(study, "search", HEALTHY.replace(num_threads=1), 12.0)
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=HEALTHY, parity_steps=10)
-    verdicts = gate.run(study, settings, server=server, say=lambda s: None)
-    assert verdicts is not None and verdicts["1"]["verdict"] == "pass" and verdicts["1"]["speedup_to_target"] > 1
+    checks = gate.run(study, settings, server=server, say=lambda s: None)
+    assert checks is not None and checks["1"]["verdict"] == "pass" and checks["1"]["speedup_to_target"] > 1
     assert exported(study).number == 1
     best: dict[str, Any] = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert best["parity"]["kind"] == "time to target" and best["parity"]["speedup_to_target"] > 1
@@ -109,9 +109,9 @@ def test_the_unet_at_global_batch_64_on_a_small_set_still_fails(
     record(study, "baseline", unet, 10.0)
     record(study, "search", unet.replace(batch_size=64), 25.0)
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=unet, parity_steps=10)
-    verdicts = gate.run(study, settings, server=server, say=lambda s: None)
-    assert verdicts is not None and verdicts["1"]["kind"] == "time to target"
-    assert verdicts["1"]["verdict"] == "fail", verdicts["1"]
+    checks = gate.run(study, settings, server=server, say=lambda s: None)
+    assert checks is not None and checks["1"]["kind"] == "time to target"
+    assert checks["1"]["verdict"] == "fail", checks["1"]
     assert exported(study).number == 0  # the baseline, never the unproven larger batch
 
 
@@ -140,9 +140,9 @@ def test_a_failed_class_is_checked_during_the_search_and_never_run_again(tmp_pat
     session = SearchSession.create(settings, warm=True, say=said.append)  # forked trials and checks
     session.run()
     label = "global batch 8 -> 64"
-    verdict = records.class_verdicts(session.study).get(label)
-    assert verdict is not None and verdict["verdict"] == "fail" and verdict["kind"] == "time to target", said
-    assert any(line.startswith(f"check: trial {verdict['trial']}'s training math ({label})") for line in said), said
+    check = records.class_checks(session.study).get(label)
+    assert check is not None and check["verdict"] == "fail" and check["kind"] == "time to target", said
+    assert any(line.startswith(f"check: trial {check['trial']}'s training math ({label})") for line in said), said
     # One trial run per later run: the re-proposal is asked (and written off) before any other trial runs.
     later = dataclasses.replace(settings, n_trials=1)
     for resume in (False, True):
@@ -155,7 +155,7 @@ def test_a_failed_class_is_checked_during_the_search_and_never_run_again(tmp_pat
         again = [
             t
             for t in session.study.trials
-            if t.number > verdict["trial"] and TrialRecord.from_frozen(t).config.get("batch_size") == 64
+            if t.number > check["trial"] and TrialRecord.from_frozen(t).config.get("batch_size") == 64
         ]
         assert again and all(TrialRecord.from_frozen(t).reason == "class_failed" for t in again), again
         assert all(t.constraints == {FEASIBLE_KEY: 1.0} for t in again)

@@ -1,7 +1,8 @@
-"""search/loop/admission.py: the cost estimate before launch. A search proposal that could never finish in
-the trial timeout is told infeasible (reason cost_estimate, with its figures), one that only the budget
-left is too short for is deferred (a FAIL, never reused), one that fits is launched with its estimate
-recorded beside the wall time it took; `screen` asks the same of a config before it is a trial."""
+"""search/loop/admission.py: the one decision whether a proposal runs. A search proposal that could never
+finish in the trial timeout is told infeasible (reason cost_estimate, with its figures), one that only the
+budget left is too short for is deferred (a FAIL, never reused), one that fits is launched with its
+estimate recorded beside the wall time it took; a config measured before is reused, not run, whether it is
+asked of a draw or of a trial, by one identity (True is not 1)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from optuna.trial import TrialState
 from autotune.core.config import TrialConfig, TrialResult
 from autotune.core.outcomes import Reason, Role
 from autotune.core.settings import SearchSettings
-from autotune.search.loop import admission
-from autotune.search.loop.admission import Limits, Sizer, cost_writes_off
+from autotune.search.loop.admission import DEFERRED, FAILED_CLASS, MEASURED, TOO_SLOW
+from autotune.search.loop.admission import Admission, Limits, Sizer
 from autotune.search.loop.runner import Events, run_one
 from autotune.search.store import records
 from autotune.search.store.records import TrialRecord
-from autotune.search.store.results import feasible
+from autotune.search.store.results import feasible, leaderboard
 from autotune.trial.processes import launcher
 from tests.search.loop.test_cost import WORK, study_of, timing
 
@@ -34,10 +35,15 @@ def study(tmp_path: Path) -> optuna.Study:
     return study_of(tmp_path, [(Role.BASELINE, {}, timing(8, 9.0), {"wall_s": 20.0})])
 
 
+def admission(study: optuna.Study, limits: Limits) -> Admission:
+    return Admission(study, Sizer(None, print), WORK, limits)
+
+
 def proposed(study: optuna.Study, cfg: TrialConfig, limits: Limits, role: str = Role.SEARCH) -> tuple[bool, int]:
+    decide = admission(study, limits)  # read before the ask, as the session does
     trial = study.ask()
     records.write(trial, TrialRecord(role=role))
-    return cost_writes_off(study, trial, cfg, role, limits, Events()), trial.number
+    return decide.tell_unrun(trial, cfg, Events()) is not None, trial.number
 
 
 def test_a_proposal_that_could_never_fit_the_trial_timeout_is_told_infeasible_with_its_figures(
@@ -87,7 +93,7 @@ def test_the_wall_time_is_recorded_beside_the_estimate(
 ) -> None:
     result = TrialResult(status="ok", samples_per_s=9.0, startup_s=0.6, warmup_s=2.7, timed_steps=17)
     monkeypatch.setattr(launcher, "run_trial", lambda cfg, *a, **k: result)
-    told, n = proposed(study, WORK, Limits(timeout_s=120.0, given_s=120.0))
+    told, n = proposed(study, WORK, Limits(timeout_s=120.0, given_s=120.0), Role.WARM_START)  # not "measured"
     trial = optuna.Trial(study, study._storage.get_trial_id_from_study_id_trial_number(study._study_id, n))
     frozen = run_one(study, trial, WORK, SearchSettings(budget_s=600, studies_dir=str(tmp_path)), 120, Events())
     r = TrialRecord.from_frozen(frozen)
@@ -95,14 +101,56 @@ def test_the_wall_time_is_recorded_beside_the_estimate(
     assert r.wall_s is not None and 0 <= r.wall_s < 5  # the fake launch returns at once
 
 
-def test_screen_says_why_a_config_would_not_be_run(study: optuna.Study) -> None:
-    records.write_class_verdict(study, "precision fp32 -> bf16", {"verdict": "fail", "trial": 0})
-    fits = admission.screen(study, Sizer(None, print), WORK, Limits(timeout_s=120.0, given_s=120.0))
-    assert fits(WORK) == admission.MEASURED
-    assert fits(WORK.replace(precision="bf16")) == admission.FAILED_CLASS
+def test_why_not_says_why_a_config_would_not_be_run(study: optuna.Study) -> None:
+    records.write_class_check(study, "precision fp32 -> bf16", {"verdict": "fail", "trial": 0})
+    fits = admission(study, Limits(timeout_s=120.0, given_s=120.0)).why_not
+    assert fits(WORK) == MEASURED
+    assert fits(WORK.replace(precision="bf16")) == FAILED_CLASS
     assert fits(WORK.replace(batch_size=4)) is None
     assert fits(WORK.replace(batch_size=64)) is None  # 59 s fits in 120
-    short = admission.screen(study, Sizer(None, print), WORK, Limits(timeout_s=120.0, given_s=30.0))
-    assert short(WORK.replace(batch_size=64)) == admission.DEFERRED
-    never = admission.screen(study, Sizer(None, print), WORK, Limits(timeout_s=30.0, given_s=30.0))
-    assert never(WORK.replace(batch_size=64)) == admission.TOO_SLOW
+    assert admission(study, Limits(timeout_s=120.0, given_s=30.0)).why_not(WORK.replace(batch_size=64)) == DEFERRED
+    never = admission(study, Limits(timeout_s=30.0, given_s=30.0))
+    assert never.why_not(WORK.replace(batch_size=64)) == TOO_SLOW
+    assert never.why_not(WORK.replace(batch_size=64), Role.BASELINE) is None  # the reference always runs
+    assert never.why_not(WORK, Role.WARM_START) is None  # held to memory only
+
+
+def test_a_config_measured_before_is_reused_not_run(study: optuna.Study) -> None:
+    """The draw's screen and the asked trial answer alike: the same config is reused, once on the board."""
+    decide = admission(study, Limits(timeout_s=120.0, given_s=120.0))
+    assert decide.why_not(WORK) == MEASURED and decide.why_not(WORK.replace(batch_size=32)) is None
+    trial = study.ask()
+    assert decide.tell_unrun(trial, WORK, Events()) == MEASURED
+    frozen = study.trials[trial.number]
+    assert frozen.value == study.trials[0].value and frozen.user_attrs["repeat_of"] == 0
+    assert [t.number for t in leaderboard(study)] == [0]  # shown once, not as a second row
+
+
+def test_a_pruned_config_is_reused_as_pruned_and_a_running_one_is_not_run_again(study: optuna.Study) -> None:
+    pruned, running = study.ask(), study.ask()
+    for t, knobs in ((pruned, {"batch_size": 4}), (running, {"batch_size": 16})):
+        records.write(t, TrialRecord(role=Role.SEARCH, config=WORK.replace(**knobs).knobs()))
+    study.tell(pruned, state=TrialState.PRUNED)
+    decide = admission(study, Limits(timeout_s=120.0, given_s=120.0))
+    again = study.ask()
+    assert decide.tell_unrun(again, WORK.replace(batch_size=4), Events()) == MEASURED
+    assert study.trials[again.number].state == TrialState.PRUNED
+    twin = study.ask()
+    assert decide.tell_unrun(twin, WORK.replace(batch_size=16), Events()) == MEASURED
+    told = study.trials[twin.number]
+    assert told.state == TrialState.FAIL and told.user_attrs["repeat_of"] == running.number  # no figure yet
+
+
+def test_one_identity_keeps_a_switch_apart_from_a_count(tmp_path: Path) -> None:
+    """True == 1 in Python, but a switch is not a count: a stored config with pin_memory 1 (written by
+    something other than a TrialConfig, which refuses it) is not the config with pin_memory true, to the
+    draws' screen and to the asked trial alike."""
+    study = study_of(tmp_path, [])
+    odd = study.ask()
+    records.write(odd, TrialRecord(role=Role.SEARCH, config={**WORK.knobs(), "pin_memory": 1}))
+    study.tell(odd, 1.0)
+    decide = admission(study, Limits(timeout_s=120.0, given_s=120.0))
+    switch = WORK.replace(pin_memory=True)
+    assert decide.why_not(switch) is None
+    trial = study.ask()
+    assert decide.tell_unrun(trial, switch, Events()) is None and study.trials[trial.number].state == TrialState.RUNNING

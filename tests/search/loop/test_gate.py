@@ -51,8 +51,8 @@ def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path:
         parity_steps=20,
     )
     said: list[str] = []
-    verdicts = gate.run(study, settings, server=server, say=said.append)
-    assert verdicts is not None and verdicts["1"]["verdict"] == "fail" and verdicts["2"]["verdict"] == "pass"
+    checks = gate.run(study, settings, server=server, say=said.append)
+    assert checks is not None and checks["1"]["verdict"] == "fail" and checks["2"]["verdict"] == "pass"
     assert any("trial 1 FAILS" in line and "the next best is checked" in line for line in said), said
     assert exported(study).number == 2  # never the broken one
     best: dict[str, Any] = yaml.safe_load(to_yaml(best_export(study, None, None)))
@@ -60,9 +60,9 @@ def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path:
     assert set(best["parity"]) >= {"steps", "deviation", "tolerance", "verdict", "reason", "seconds"}
     assert best["training_math"]["verdict"] == "same"
     assert study.user_attrs[PARITY]["1"]["deviation"] > study.user_attrs[PARITY]["1"]["tolerance"]
-    # A resumed study keeps its verdicts and its reference: nothing is trained again.
+    # A resumed study keeps its checks and its reference: nothing is trained again.
     again: list[str] = []
-    assert gate.run(study, settings, server=server, say=again.append) == verdicts
+    assert gate.run(study, settings, server=server, say=again.append) == checks
     assert not any("passes" in line or "FAILS" in line for line in again)
     assert records.parity_reference(study) is not None
 
@@ -86,14 +86,14 @@ def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: 
     record(study, "search", healthy.replace(num_threads=1), 20.0)
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=healthy, parity_steps=10)
     said: list[str] = []
-    verdicts = gate.run(study, settings, server=server, say=said.append)
-    assert verdicts is not None and verdicts["1"]["kind"] == "time to target"
+    checks = gate.run(study, settings, server=server, say=said.append)
+    assert checks is not None and checks["1"]["kind"] == "time to target"
     label = "global batch 8 -> 32; lr 0.001 -> 0.002 (sqrt rule)"
-    assert records.class_verdicts(study)[label]["trial"] == 1
-    if verdicts["1"]["verdict"] == "fail":
-        assert verdicts["2"]["verdict"] == "fail" and "was checked at trial 1" in verdicts["2"]["reason"]
-        assert verdicts["3"]["kind"] == "parity" and exported(study).number == 3
+    assert records.class_checks(study)[label]["trial"] == 1
+    if checks["1"]["verdict"] == "fail":
+        assert checks["2"]["verdict"] == "fail" and "was checked at trial 1" in checks["2"]["reason"]
+        assert checks["3"]["kind"] == "parity" and exported(study).number == 3
     else:
-        assert verdicts["1"]["speedup_to_target"] > 1 and exported(study).number == 1
-        assert "2" not in verdicts
+        assert checks["1"]["speedup_to_target"] > 1 and exported(study).number == 1
+        assert "2" not in checks
     assert sum("time to target: trial" in line for line in said) == 1, said  # one check for the class

@@ -1,5 +1,6 @@
 """The search session: it owns its signal handlers (installed for the run, restored after), stores the
-trial timeout for workers, names the objective, and runs without a budget when --n-trials bounds it."""
+trial timeout for workers, names the objective, runs without a budget when --n-trials bounds it, and
+says and stores why its trials stopped (one Stop per run)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
-from autotune.search.store.records import StudyRecord, TrialRecord
-from autotune.search.loop.session import SearchSession
+from autotune.core.outcomes import Reason
+from autotune.search.loop import session as session_module
+from autotune.search.loop.session import SearchSession, Stop
+from autotune.search.store.records import StudyRecord, TrialRecord, write
 from autotune.search.space.spec import DEFAULT_SPACE
 from autotune.search.store.storage import open_storage
 from autotune.trial.processes.placement import Placement
@@ -169,3 +172,75 @@ def test_a_global_batch_search_keeps_every_trials_optimizer_step(tmp_path: Path)
         assert record.config["batch_size"] * accum * record.config["gpus"] == 16, (record.config, accum)
     assert {TrialRecord.from_frozen(t).config["batch_size"] for t in ran} - {16}  # micro-batches were searched
     assert StudyRecord.of(session.study).workload["global_batch"] == 16  # workers and exports read it there
+
+
+def fake_trials(monkeypatch: pytest.MonkeyPatch, tell: Any) -> list[int]:
+    """Trials told by `tell(study, trial, cfg)` instead of launched: the loop alone, in milliseconds."""
+    ran: list[int] = []
+
+    def run_one(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, *args: Any) -> Any:
+        ran.append(trial.number)
+        write(trial, TrialRecord(role=TrialRecord.of(trial).role, config=cfg.knobs()))
+        return tell(study, trial, cfg)
+
+    monkeypatch.setattr(session_module, "run_one", run_one)
+    return ran
+
+
+def measured(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig) -> Any:
+    return study.tell(trial, 10.0 + trial.number)
+
+
+def test_the_trials_stop_at_n_trials_said_and_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = fake_trials(monkeypatch, measured)
+    said: list[str] = []
+    s = settings(tmp_path, budget_s=None, n_trials=3, confirm_rounds=0)
+    session = SearchSession.create(s, warm=False, say=said.append)
+    report = session.run()
+    assert len(ran) == report.trials == 3 and report.stop == Stop.N_TRIALS and report.code == 0
+    assert "autotune: the 3 trial(s) asked for (--n-trials) have run" in said
+    assert StudyRecord.of(session.study).stop_reason == "n_trials"  # the last run's, on the study
+
+
+def test_the_same_failure_before_any_measurement_stops_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig) -> Any:
+        write(trial, TrialRecord(role=TrialRecord.of(trial).role, reason=Reason.CRASH, message="boom\nat line 3"))
+        return study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    ran = fake_trials(monkeypatch, crash)
+    session = SearchSession.create(settings(tmp_path, budget_s=None, n_trials=10), warm=False, say=lambda s: None)
+    report = session.run()
+    assert len(ran) == 3 and report.stop == Stop.SAME_FAILURES and report.code == 2
+    assert (
+        report.error is not None
+        and "3 trials in a row failed the same way" in report.error
+        and "(crash: boom)" in report.error
+    )
+    assert StudyRecord.of(session.study).stop_reason == "same_failures" and report.best_yaml is None
+
+
+def test_a_listed_space_ends_exhausted_without_a_trial_it_would_write_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  batch_size: [2, 4]\n  num_workers: [0]\n")
+    ran = fake_trials(monkeypatch, measured)
+    said: list[str] = []
+    s = settings(tmp_path, budget_s=None, space=str(space), confirm_rounds=0)
+    session = SearchSession.create(s, warm=False, say=said.append)
+    report = session.run()
+    assert report.stop == Stop.SPACE_EXHAUSTED and StudyRecord.of(session.study).stop_reason == "space_exhausted"
+    configs = [TrialRecord.from_frozen(t).config["batch_size"] for t in session.study.trials]
+    assert {2, 4} <= set(configs) and len(ran) == len(session.study.trials)  # each run, nothing written off
+    assert any(line.startswith("autotune: the space is exhausted: each of its 2 configs") for line in said), said
+
+
+def test_an_interrupt_is_the_stop_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig) -> Any:
+        raise KeyboardInterrupt
+
+    fake_trials(monkeypatch, interrupted)
+    session = SearchSession.create(settings(tmp_path, budget_s=None, n_trials=3), warm=False, say=lambda s: None)
+    report = session.run()
+    assert report.interrupted and report.stop == Stop.INTERRUPTED and report.code == 130
+    assert StudyRecord.of(session.study).stop_reason == "interrupted"

@@ -16,7 +16,6 @@ from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.search.space import memory
 from autotune.search.loop.admission import Sizer
-from autotune.search.loop.runner import Events
 from autotune.search.space.memory import ModelFacts
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.results import feasible
@@ -216,7 +215,8 @@ def test_a_proposal_records_how_many_ranks_share_its_gpu(tmp_path: Path) -> None
     sizer = Sizer(memory.Fit(on_gpu, 80 * 2**30, cuda=True, devices=1, shared=True), print)
     study = optuna.create_study()
     trial = study.ask()
-    assert not sizer.writes_off(study, trial, TINY.replace(gpus=2), "search", Events())
+    sizer.record(trial, TINY.replace(gpus=2), "search")
+    assert sizer.too_big(TINY.replace(gpus=2)) is None
     estimate = TrialRecord.of(trial).memory_estimate
     assert estimate is not None and estimate["ranks_per_gpu"] == 2  # type: ignore[typeddict-item]
     assert estimate["total"] == memory.estimate(TINY.replace(gpus=2), on_gpu).total  # one rank's parts

@@ -20,7 +20,7 @@ from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import for_hardware
 from autotune.search.space.reading import load_space
 from autotune.search.space.suggest import config_params, suggest
-from autotune.search.loop.strategy import CHECKED, MOVE_KEY, PASS, Clock, CoordinateSampler, incumbent, move_values
+from autotune.search.loop.strategy import CHECKED, MOVE_KEY, PASS, MovePrices, CoordinateSampler, incumbent, move_values
 from autotune.search.loop.study import make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -249,7 +249,7 @@ def test_move_values_are_a_few_representative_values(dist: Any, was: Any, expect
 
 
 def priced_run(study: optuna.Study, n: int, wall_s: float = 20.0) -> list[optuna.trial.FrozenTrial]:
-    """`step`, each trial's wall time recorded as the runner records it (what Clock prices a trial by)."""
+    """`step`, each trial's wall time recorded as the runner records it (what MovePrices prices a trial by)."""
     out = []
     for _ in range(n):
         trial = study.ask()
@@ -292,20 +292,20 @@ def test_a_budget_that_buys_the_whole_pass_keeps_the_declared_order() -> None:
     assert moves(long)[0][0] == "precision"  # PASS's first knob, a math one
 
 
-def test_the_clock_prices_a_check_as_the_study_measured_it() -> None:
+def test_the_prices_count_a_check_as_the_study_measured_it() -> None:
     study = new_study()
     priced_run(study, 2, wall_s=10.0)
-    clock = Clock.of(study, 100.0)
-    assert clock is not None and (clock.trial_s, clock.check_s) == (10.0, 30.0)  # no reference: 3 runs
-    assert clock.cost({"knob": "batch_size"}) == 40.0 and clock.cost({"knob": "num_workers"}) == 10.0
+    prices = MovePrices.of(study, 100.0)
+    assert prices is not None and (prices.trial_s, prices.check_s) == (10.0, 30.0)  # no reference: 3 runs
+    assert prices.cost({"knob": "batch_size"}) == 40.0 and prices.cost({"knob": "num_workers"}) == 10.0
     # The first check also measured the reference, now stored: the next one is the candidate's run.
     study.set_user_attr(REFERENCE, {"losses": [1.0]})
     study.set_user_attr(CLASSES, {"precision fp32 -> bf16": {"verdict": "pass", "seconds": 42.0, "trial": 2}})
-    assert Clock.of(study, 100.0).check_s == 10.0  # type: ignore[union-attr]
+    assert MovePrices.of(study, 100.0).check_s == 10.0  # type: ignore[union-attr]
     later = {"verdict": "fail", "seconds": 16.0, "trial": 5}
     study.set_user_attr(CLASSES, {**study.user_attrs[CLASSES], "global batch 8 -> 16": later})
-    assert Clock.of(study, 100.0).check_s == 16.0  # type: ignore[union-attr]
-    assert Clock.of(new_study(), 100.0) is None  # nothing measured: nothing to price, the declared order
+    assert MovePrices.of(study, 100.0).check_s == 16.0  # type: ignore[union-attr]
+    assert MovePrices.of(new_study(), 100.0) is None  # nothing measured: nothing to price, the declared order
 
 
 def test_a_math_move_whose_check_fits_in_the_export_reserve_is_still_proposed() -> None:

@@ -225,7 +225,7 @@ def test_interrupt_records_exports_and_exits_130(tmp_path: Path, sig: signal.Sig
 def test_concurrent_searches_share_one_journal(tmp_path: Path) -> None:
     # 25 s of 1-second trials: each search runs several trials beside the other's, then both confirm on the one
     # study at once. No parity gate: its extension rounds would run on into the grace after the budget
-    # (verdicts written by two processes at once: tests/search/store/test_records.py).
+    # (class checks written by two processes at once: tests/search/store/test_records.py).
     searches = [_search(tmp_path, "--budget", "25s", "--parity-steps", "0", trial_seconds=1) for _ in range(2)]
     outs = [s.communicate(timeout=300) for s in searches]
     for s, (_out, err) in zip(searches, outs):

@@ -76,18 +76,18 @@ def test_a_reference_to_trial_zero_is_kept() -> None:
 
 def test_the_study_attrs_of_a_search_s_end_round_trip(tmp_path: Path) -> None:
     s = study(tmp_path)
-    assert records.confirmation(s) is None and records.parity_verdicts(s) == {} and records.class_verdicts(s) == {}
-    assert records.parity_reference(s) is None and records.parity_verdict(s, 1) is None
+    assert records.confirmation(s) is None and records.gate_checks(s) == {} and records.class_checks(s) == {}
+    assert records.parity_reference(s) is None and records.gate_check(s, 1) is None
     records.write_confirmation(s, {"rounds": 2, "rows": [], "winner": None})
-    records.write_parity_verdicts(s, {"1": {"verdict": "pass"}})
-    records.write_class_verdict(s, "precision fp32 -> bf16", {"verdict": "fail", "trial": 3})
-    records.write_class_verdict(s, "global batch 8 -> 16", {"verdict": "pass", "trial": 4})  # adds, keeps the first
+    records.write_gate_checks(s, {"1": {"verdict": "pass"}})
+    records.write_class_check(s, "precision fp32 -> bf16", {"verdict": "fail", "trial": 3})
+    records.write_class_check(s, "global batch 8 -> 16", {"verdict": "pass", "trial": 4})  # adds, keeps the first
     records.write_parity_reference(s, {"steps": 10})
     records.write_ablation(s, [{"knob": "precision"}])
     back = optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "studies.db")))
     assert records.confirmation(back) == {"rounds": 2, "rows": [], "winner": None}
-    assert records.parity_verdict(back, 1) == {"verdict": "pass"}
-    assert set(records.class_verdicts(back)) == {"precision fp32 -> bf16", "global batch 8 -> 16"}
+    assert records.gate_check(back, 1) == {"verdict": "pass"}
+    assert set(records.class_checks(back)) == {"precision fp32 -> bf16", "global batch 8 -> 16"}
     assert records.parity_reference(back) == {"steps": 10}
     assert StudyRecord.of(back).ablation == [{"knob": "precision"}]
     (summary,) = optuna.get_all_study_summaries(open_storage(str(tmp_path / "studies.db")))
@@ -120,7 +120,7 @@ def test_a_queued_trial_carries_its_record(tmp_path: Path) -> None:
 def test_the_memory_estimate_and_the_model_facts_round_trip(tmp_path: Path) -> None:
     s = study(tmp_path)
     trial = s.ask()
-    estimate: records.MemoryEstimate = {
+    estimate: records.MemoryEstimateRecord = {
         "params": 4,
         "grads": 4,
         "optimizer": 8,
@@ -156,13 +156,13 @@ s = optuna.load_study(study_name="s", storage=open_storage(str(folder / "studies
 while not (folder / "go").exists():  # both writers start together, so their writes interleave
     time.sleep(0.005)
 for i in range(15):
-    records.write_class_verdict(s, f"class {me}-{i}", {"verdict": "pass", "trial": i})
+    records.write_class_check(s, f"class {me}-{i}", {"verdict": "pass", "trial": i})
 """
 
 
-def test_class_verdicts_written_at_once_by_two_processes_are_all_kept(tmp_path: Path) -> None:
-    """Two fleet workers finishing class checks at once: each verdict is its own key, none is dropped
-    (a read-modify-write of one shared dict loses the other writer's verdicts)."""
+def test_class_checks_written_at_once_by_two_processes_are_all_kept(tmp_path: Path) -> None:
+    """Two fleet workers finishing class checks at once: each check is its own key, none is dropped
+    (a read-modify-write of one shared dict loses the other writer's checks)."""
     study(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     procs = [
@@ -178,15 +178,15 @@ def test_class_verdicts_written_at_once_by_two_processes_are_all_kept(tmp_path: 
         assert p.returncode == 0, err.decode()[-2000:]
     back = optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "studies.db")))
     want = {f"class {me}-{i}" for me in ("a", "b") for i in range(15)}
-    assert set(records.class_verdicts(back)) == want
-    assert records.class_verdicts(back)["class b-7"] == {"verdict": "pass", "trial": 7}
+    assert set(records.class_checks(back)) == want
+    assert records.class_checks(back)["class b-7"] == {"verdict": "pass", "trial": 7}
 
 
-def test_a_study_s_older_class_verdict_dict_is_still_read(tmp_path: Path) -> None:
+def test_a_study_s_older_class_check_dict_is_still_read(tmp_path: Path) -> None:
     s = study(tmp_path)
     s.set_user_attr(records.CLASSES, {"precision fp32 -> bf16": {"verdict": "fail", "trial": 2}})
-    records.write_class_verdict(s, "global batch 8 -> 16", {"verdict": "pass", "trial": 4})
-    assert records.class_verdicts(s) == {
+    records.write_class_check(s, "global batch 8 -> 16", {"verdict": "pass", "trial": 4})
+    assert records.class_checks(s) == {
         "precision fp32 -> bf16": {"verdict": "fail", "trial": 2},
         "global batch 8 -> 16": {"verdict": "pass", "trial": 4},
     }

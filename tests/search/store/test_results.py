@@ -11,7 +11,7 @@ import yaml
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.search.store.records import CONFIRMATION, PARITY, TrialRecord, write
-from autotune.search.store.results import best_export, export_order, exported, gain_verdict
+from autotune.search.store.results import best_export, export_order, exported, gain_statement
 from autotune.search.store.storage import open_storage
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
@@ -132,4 +132,4 @@ def test_an_unchecked_change_of_the_optimizer_step_is_never_exported(tmp_path: P
 def test_the_confirmed_speedup_says_whether_its_rounds_tell_it_from_the_baseline(
     rounds: int, low: float, high: float, says: str
 ) -> None:
-    assert gain_verdict({"rounds": rounds, "speedup_range": [low, high]}) == says
+    assert gain_statement({"rounds": rounds, "speedup_range": [low, high]}) == says

@@ -16,7 +16,7 @@ from autotune.apply.report import _summary
 from autotune.core.configfile import to_yaml
 from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
-from autotune.search.loop import ceiling
+from autotune.search.loop import export_ceiling
 from autotune.trial.probes import ceiling as measuring
 from autotune.search.loop.session import SearchSession
 from autotune.search.store import records
@@ -42,7 +42,7 @@ def test_a_budget_that_cannot_pay_for_it_skips_it_and_says_so(tmp_path: Path, mo
     settings = SearchSettings(budget_s=60, studies_dir=str(tmp_path / "s"), base=TINY)
     spent = Budget.of(settings, started=time.monotonic() - 10_000)
     said: list[str] = []
-    section = ceiling.run(study, settings, spent, say=said.append)
+    section = export_ceiling.run(study, settings, spent, say=said.append)
     assert section is not None and "cannot pay for it" in section["skipped"]
     assert not (tmp_path / "s" / "c" / "ceiling").exists()  # nothing was started
     written = yaml.safe_load(to_yaml(best_export(study, None, None)))
@@ -53,7 +53,7 @@ def test_a_budget_that_cannot_pay_for_it_skips_it_and_says_so(tmp_path: Path, mo
 def test_need_grows_with_the_exported_steps_time(tmp_path: Path) -> None:
     fast = TrialRecord(role="search", metrics={"step_time_p50": 0.01})
     slow = TrialRecord(role="search", metrics={"step_time_p50": 2.0})
-    assert ceiling.need_s(slow) > ceiling.need_s(fast) + 5 * 2.0
+    assert export_ceiling.need_s(slow) > export_ceiling.need_s(fast) + 5 * 2.0
 
 
 def test_a_ceiling_is_exported_only_with_the_trial_it_was_measured_for(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_a_ceiling_is_exported_only_with_the_trial_it_was_measured_for(tmp_path:
     assert note is not None and f"exported trial {best.number}" in note
     assert "compute-only 10.00 samples/s" in note and "20% lost to data wait" in note and "1.2%" in note
     assert "contended" not in note
-    assert "contended: other processes kept 1.5 CPUs busy" in ceiling.summary(
+    assert "contended: other processes kept 1.5 CPUs busy" in export_ceiling.summary(
         {**MEASURED, "others_cpu": 1.5, "contended": True}
     )
     assert note in leaderboard_table(study).title  # `autotune show` and the end of a search
