@@ -23,7 +23,9 @@ other exception from an item is reported as the data's fault too, naming its ind
 A factory is named `module.path:callable`; it is called with the TrialConfig and returns a pipeline.
 `lightning:module.path:callable` and `hf:module.path:callable` name a framework's job instead, run under
 the framework's own Trainer (autotune.pipelines.frameworks); `script:PATH [ARGS...]` the user's own
-training script, run as written (autotune.pipelines.script).
+training script, run as written (autotune.pipelines.script). Which of these a spec names is read once,
+in `kind_of(spec)` (kind.py): the other layers ask that Kind what they need of the job instead of testing
+the prefix; a framework job and a script, loaded, share the OwnLoopJob base (own_loop.py).
 What is special about the built-in Unet (its default synthetic data, what a warm server preloads)
 is answered here, so no other layer needs to know it.
 

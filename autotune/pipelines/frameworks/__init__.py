@@ -39,10 +39,6 @@ EXPECTED = {
 }
 
 
-def is_framework(spec: str) -> bool:
-    return kind_of(spec).loop == "trainer"
-
-
 def library_module(spec: str) -> Any:
     """The framework's module, imported now; a missing library is bad input, said in one line."""
     name, install = LIBRARIES[kind_of(spec).name]

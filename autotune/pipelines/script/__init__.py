@@ -348,7 +348,7 @@ def _seeds_torch(func: ast.expr) -> bool:
 def not_checkable(cfg: TrialConfig) -> str | None:
     """Why parity and time to target cannot judge a config's runs, or None: a script that never seeds torch
     cannot reproduce a run. Not a script: None."""
-    return None if not is_script(cfg.pipeline) or load(cfg).uses.seeded else NOT_REPRODUCIBLE
+    return None if kind_of(cfg.pipeline).loop != "script" or load(cfg).uses.seeded else NOT_REPRODUCIBLE
 
 
 def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:
