@@ -27,7 +27,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.settings import SearchSettings
 from autotune.core.outcomes import Reason, Role, Verdict
 from autotune.core.training import changes_step
-from autotune.pipelines import script
+from autotune.pipelines import kind_of
 from autotune.search.checks import parity, target
 from autotune.search.store import records
 from autotune.search.budget import Budget
@@ -97,7 +97,7 @@ def run_check(
     """Check `t`'s class (parity, or time to target when its step differs); stored per class and returned.
     Raises the baseline's TrialFailure when the baseline itself cannot train."""
     t0 = time.monotonic()
-    why = script.not_checkable(settings.base)
+    why = kind_of(settings.base.pipeline).why_not_checkable(settings.base)
     if why is not None:  # never a pass: the check would compare two unrelated runs
         kind = "time to target" if changes_step(cfg) else "parity"
         check: CheckRecord = {"kind": kind, "verdict": Verdict.NOT_CHECKED, "reason": f"not checkable: {why}"}

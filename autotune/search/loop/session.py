@@ -400,8 +400,8 @@ class SearchSession:
                 "data, or pass --skip-bad-data to leave undecodable items out"
             )
         if stop == Stop.SAME_FAILURES:
-            spec = s.base.pipeline
-            alone = f" (run it alone to see: python {spec[len('script:') :]})" if spec.startswith("script:") else ""
+            cmd = pipelines.kind_of(s.base.pipeline).alone_command()
+            alone = f" (run it alone to see: {cmd})" if cmd else ""
             return (
                 f"{DATA_FAILURES_TO_STOP} trials in a row failed the same way before any was measured "
                 f"({last.reason}: {last.message.splitlines()[0] if last.message else 'no message'}): every "

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
-from autotune.pipelines.script import is_script
+from autotune.pipelines import kind_of
 from autotune.search.space.machine import Hardware, memory_bytes
 from autotune.trial.probes.model_facts import ProbeError, run_probe
 
@@ -266,8 +266,9 @@ def probe_fit(settings: SearchSettings, base: TrialConfig, hw: Hardware, say: Ca
     if hw.memory_bytes is None:
         say("memory: the device's memory is unknown, so configs are not sized before launch")
         return None
-    if is_script(base.pipeline):  # its model is built inside the script's own loop, and its batch is its own
-        say("memory: a script builds its model in its own loop, so configs are not sized before launch")
+    kind = kind_of(base.pipeline)
+    if not kind.can_probe_memory:  # its model is built inside its own loop, and its batch is its own
+        say(f"memory: {kind.noun} builds its model in its own loop, so configs are not sized before launch")
         return None
     try:  # in a folder of its own that goes with it: nothing is written before the study is opened
         with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:

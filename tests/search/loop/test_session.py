@@ -4,6 +4,7 @@ says and stores why its trials stopped (one Stop per run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,13 @@ def fake_trials(monkeypatch: pytest.MonkeyPatch, tell: Any) -> list[int]:
     return ran
 
 
+def tally_of(session: SearchSession) -> Any:
+    """A tally whose last trial is the study's last, as the loop leaves it."""
+    tally = session_module._Tally()
+    tally.last = TrialRecord.from_frozen(session.study.trials[-1])
+    return tally
+
+
 def measured(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig) -> Any:
     return study.tell(trial, 10.0 + trial.number)
 
@@ -217,6 +225,12 @@ def test_the_same_failure_before_any_measurement_stops_the_job(tmp_path: Path, m
         and "(crash: boom)" in report.error
     )
     assert StudyRecord.of(session.study).stop_reason == "same_failures" and report.best_yaml is None
+    assert "run it alone" not in report.error  # a pipeline has no command of its own
+    # A script's is the user's own command: the job's kind gives it.
+    script = dataclasses.replace(session.settings, base=TINY.replace(pipeline="script:/jobs/train.py --epochs 1"))
+    session.settings = script
+    said = session._say_stop(Stop.SAME_FAILURES, tally_of(session))
+    assert said is not None and "(run it alone to see: python /jobs/train.py --epochs 1)" in said
 
 
 def test_a_listed_space_ends_exhausted_without_a_trial_it_would_write_off(

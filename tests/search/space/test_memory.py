@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
+from autotune.search.space import memory
+from autotune.search.space.machine import Hardware
 from autotune.search.space.memory import Fit, ModelFacts, estimate, strategy, versus_peak
 from autotune.search.space.resolve import by_memory as narrow
 from autotune.search.space.spec import Choices, Fixed, SearchSpace
@@ -172,3 +175,18 @@ def test_an_estimate_for_ranks_sharing_a_gpu_is_held_against_the_device_s_peak()
     assert "ranks_per_gpu" not in alone and versus_peak(alone, 24_000_000)["error"] == 0.0  # type: ignore[index]
     cpu = Fit(FACTS, usable=10**9, cuda=False).recorded(estimate(CFG.replace(gpus=2), FACTS), 2)
     assert "ranks_per_gpu" not in cpu  # a CPU rank's peak is its own RSS
+
+
+@pytest.mark.parametrize(
+    "spec, noun", [("script:/jobs/train.py --epochs 1", "a user's script"), ("lightning:jobs:make", "a framework")]
+)
+def test_a_job_that_builds_its_model_in_its_own_loop_is_not_probed(
+    monkeypatch: pytest.MonkeyPatch, spec: str, noun: str
+) -> None:
+    """Its kind says the model cannot be built apart: said, and no probe process is started for nothing."""
+    monkeypatch.setenv(memory.MEMORY_PROBE_ENV, "1")
+    monkeypatch.setattr(memory, "run_probe", lambda *a: pytest.fail("a job that owns its loop is never probed"))
+    hw = Hardware(cuda=False, gpu_count=0, cpu_count=2, apex=False, cpu_bf16=False, memory_bytes=2**30)
+    said: list[str] = []
+    assert memory.probe_fit(SearchSettings(), TrialConfig(pipeline=spec), hw, said.append) is None
+    assert len(said) == 1 and said[0].startswith(f"memory: {noun}") and "builds its model in its own loop" in said[0]
