@@ -73,10 +73,6 @@ ALWAYS = {
 }
 
 
-def is_script(spec: str) -> bool:
-    return kind_of(spec).loop == "script"
-
-
 def parse(spec: str) -> tuple[str, list[str]]:
     """'script:train.py --epochs 1' -> ('train.py', ['--epochs', '1'])."""
     try:
