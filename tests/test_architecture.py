@@ -123,7 +123,7 @@ def test_the_prefix_scan_finds_each_way_of_testing_a_spec_by_hand() -> None:
             "c = spec.startswith('script:')",
             "d = spec.startswith(('lightning:', 'hf:'))",
             "e = spec[len('script:') :]",
-            "f = kind_of(spec).owns_loop",
+            "f = kind_of(spec).can_probe_memory",
             "g = '--pipeline script:PATH ARGS'",  # a help text names the spec's form: no test of a spec
         ]
     )

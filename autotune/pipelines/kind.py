@@ -53,12 +53,6 @@ class Kind:
     exports: tuple[str, ...]  # the export formats (besides yaml) that render this kind's study in its terms
 
     @property
-    def owns_loop(self) -> bool:
-        """The job trains in its own loop (a Trainer's, a script's): autotune measures it from outside and
-        builds none of its parts."""
-        return self.loop != "autotune"
-
-    @property
     def builds_model_apart(self) -> bool:
         """autotune can build the job's model and data apart from a run (Pipeline.build_model): what the memory
         probe, the ceiling's compute-only step, a warm server's model draw and `autotune train` need."""

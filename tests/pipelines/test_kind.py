@@ -44,7 +44,6 @@ def test_whose_loop_runs_decides_what_can_be_built_apart(spec: str, loop: str, e
     kind = kind_of(spec)
     assert kind.loop == loop and kind.exports == exports
     apart = loop == "autotune"
-    assert kind.owns_loop is not apart
     assert kind.builds_model_apart is kind.can_probe_memory is kind.can_draw_model_once is apart
     if apart:
         assert kind.why_no_ceiling is None
