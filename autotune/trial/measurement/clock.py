@@ -86,20 +86,20 @@ class Clock:
     def __init__(
         self, cfg: TrialConfig, device: torch.device, rank: int, world: int, progress: Path | None, launched: float
     ) -> None:
-        self.cfg, self.device, self.rank, self.world = cfg, device, rank, world
-        self.progress, self.launched = progress, launched
+        self._cfg, self._device, self._rank, self._world = cfg, device, rank, world
+        self._progress, self._launched = progress, launched
         self.samples_per_step: float = cfg.batch_size * cfg.grad_accum
         self.batches_per_step = cfg.grad_accum
-        self.losses: list[float] = []
-        self.step_times: list[float] = []
-        self.waits: list[float] = []  # time blocked on the loader, inside each timed step
-        self.windows: list[float] = []  # samples/s per window of cfg.window steps
-        self.steps = 0  # optimizer steps, warm-up included
-        self.startup_s = self.warmup_s = 0.0
-        self.elapsed: float | None = None  # the timed window's length, once closed
-        self.peak = 0
-        self.gpu_util: float | None = None
-        self.gpu_util_errors = 0
+        self._losses: list[float] = []
+        self._step_times: list[float] = []
+        self._waits: list[float] = []  # time blocked on the loader, inside each timed step
+        self._windows: list[float] = []  # samples/s per window of cfg.window steps
+        self._steps = 0  # optimizer steps, warm-up included
+        self._startup_s = self._warmup_s = 0.0
+        self._elapsed: float | None = None  # the timed window's length, once closed
+        self._peak = 0
+        self._gpu_util: float | None = None
+        self._gpu_util_errors = 0
         self._loaders: list[Any] = []
         self._untimed: int | None = None  # warm-up steps with the drain, decided after the warm-up's own
         self._wait = 0.0  # this step's time blocked on the loader so far
@@ -118,78 +118,79 @@ class Clock:
 
     def begin(self) -> None:
         """The job is ready to step (model, optimizer and loader built): start-up ends here."""
-        self.startup_s = time.time() - self.launched
-        self._started = self._mark = self._step_start = measure.now(self.device)
-        if self.cfg.warmup_steps == 0:
+        self._startup_s = time.time() - self._launched
+        self._started = self._mark = self._step_start = measure.now(self._device)
+        if self._cfg.warmup_steps == 0:
             self._untimed = 0
             self._start_timing()
 
     def fetching(self) -> None:
         """The loop turns to its loader: the device is synchronized, and the wait is counted from here."""
-        self._mark = measure.now(self.device)
+        self._mark = measure.now(self._device)
 
     def fetched(self) -> None:
-        """The loader handed over what the loop asked for: the wait since the mark is the step's."""
+        """The loader handed over what the loop asked for: the wait since the mark is the step's (read
+        without a sync: the wait is the host's, and the mark was synchronized)."""
         self._wait += time.perf_counter() - self._mark
 
     def step_end(self, loss: float | None = None) -> bool:
         """An optimizer step finished (its loss, when the driver has it now). True once the trial has
         measured enough: the driver stops its loop."""
-        t = measure.now(self.device)
-        self.steps += 1
+        t = measure.now(self._device)
+        self._steps += 1
         if loss is not None:
             self.loss(loss)
         done = False
-        if self.timing:
-            self.step_times.append(t - self._step_start)
-            self.waits.append(self._wait)
+        if self._timing:
+            self._step_times.append(t - self._step_start)
+            self._waits.append(self._wait)
             self._window(t)
             done = self._finished(t)
             if done:
-                self._stop(measure.now(self.device))
+                self._stop(measure.now(self._device))
         elif self.warming:
-            if self._untimed is None and self.steps >= self.cfg.warmup_steps:
-                self._untimed = self.cfg.warmup_steps + self._drain()
-            if self._untimed is not None and self.steps >= self._untimed:
-                self.warmup_s = t - self._started
+            if self._untimed is None and self._steps >= self._cfg.warmup_steps:
+                self._untimed = self._cfg.warmup_steps + self._drain()
+            if self._untimed is not None and self._steps >= self._untimed:
+                self._warmup_s = t - self._started
                 self._start_timing()
         self._wait = 0.0
-        self._step_start = self._mark = measure.now(self.device)  # the clock's own work is no step's
+        self._step_start = self._mark = measure.now(self._device)  # the clock's own work is no step's
         return done
 
     def loss(self, value: float) -> None:
         """A step's loss. Raises NonFiniteLoss on nan or inf."""
-        self.losses.append(float(value))
-        if not math.isfinite(self.losses[-1]):
+        self._losses.append(float(value))
+        if not math.isfinite(self._losses[-1]):
             raise NonFiniteLoss(f"loss became {value}")
 
     def close(self, losses_per_rank: bool) -> None:
         """The loop ended, while its process group still exists: the window closes if it is open, and the
         figures are reduced over ranks. losses_per_rank: each rank recorded its own shard's loss, 1/world of
         the global batch (autotune's own loop, Lightning), averaged here in one all-reduce."""
-        if self.timing:
-            self._stop(measure.now(self.device))
-        if self.world == 1 or not dist.is_initialized():
+        if self._timing:
+            self._stop(measure.now(self._device))
+        if self._world == 1 or not dist.is_initialized():
             return
         t = torch.tensor(
-            [self.elapsed or 0.0, float(_device_peak(self.device, self.peak)), self.warmup_s],
+            [self._elapsed or 0.0, float(_device_peak(self._device, self._peak)), self._warmup_s],
             dtype=torch.float64,
-            device=self.device,
+            device=self._device,
         )
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time, the fullest device's peak
-        self.elapsed, self.peak, self.warmup_s = float(t[0]), int(t[1]), float(t[2])
+        self._elapsed, self._peak, self._warmup_s = float(t[0]), int(t[1]), float(t[2])
         # Each rank sampled its own GPU: the mean over the ranks that got samples, and the errors summed.
         u = torch.tensor(
-            [self.gpu_util or 0.0, float(self.gpu_util is not None), float(self.gpu_util_errors)],
+            [self._gpu_util or 0.0, float(self._gpu_util is not None), float(self._gpu_util_errors)],
             dtype=torch.float64,
-            device=self.device,
+            device=self._device,
         )
         dist.all_reduce(u)  # SUM
-        self.gpu_util, self.gpu_util_errors = (float(u[0] / u[1]) if u[1] else None), int(u[2])
-        if losses_per_rank and self.losses:
-            losses = torch.tensor(self.losses, dtype=torch.float64, device=self.device)
+        self._gpu_util, self._gpu_util_errors = (float(u[0] / u[1]) if u[1] else None), int(u[2])
+        if losses_per_rank and self._losses:
+            losses = torch.tensor(self._losses, dtype=torch.float64, device=self._device)
             dist.all_reduce(losses)  # SUM: gloo has no AVG
-            self.losses = (losses / self.world).tolist()
+            self._losses = (losses / self._world).tolist()
 
     # ---- what the driver reads ----------------------------------------------------------------
     @property
@@ -198,15 +199,10 @@ class Clock:
         return self._t_begin is None
 
     @property
-    def timing(self) -> bool:
-        """The timed window is open."""
-        return self._t_begin is not None and self.elapsed is None
-
-    @property
     def untimed_steps(self) -> int:
         """The warm-up's steps: the config's, and once they are done, those that drain what the loaders
         made ahead."""
-        return self.cfg.warmup_steps if self._untimed is None else self._untimed
+        return self._cfg.warmup_steps if self._untimed is None else self._untimed
 
     @property
     def util(self) -> measure.GpuUtilSampler | None:
@@ -215,42 +211,46 @@ class Clock:
 
     def result(self, applied: dict[str, Any], memory_total: int | None) -> TrialResult:
         """The trial's result, once the loop is closed. A loop that ended before a timed step is bad input."""
-        if self.elapsed is None or not self.step_times:
+        if self._elapsed is None or not self._step_times:
             raise ConfigError(
-                f"the loop ended after {self.steps} optimizer step(s), before the {self.untimed_steps} "
+                f"the loop ended after {self._steps} optimizer step(s), before the {self.untimed_steps} "
                 "warm-up step(s) and a timed one; its dataset may be too small"
             )
-        util, others, device = self._util, self._others, self.device
+        util, others, device = self._util, self._others, self._device
         return TrialResult(
             status="ok",
-            samples_per_s=len(self.step_times) * self.samples_per_step * self.world / self.elapsed,
-            step_time_p50=measure.percentile(self.step_times, 0.5),
-            step_time_p90=measure.percentile(self.step_times, 0.9),
-            data_wait_fraction=sum(self.waits) / sum(self.step_times),
-            peak_memory_bytes=self.peak,
-            gpu_util=self.gpu_util,
-            gpu_util_errors=self.gpu_util_errors,
+            samples_per_s=len(self._step_times) * self.samples_per_step * self._world / self._elapsed,
+            step_time_p50=measure.percentile(self._step_times, 0.5),
+            step_time_p90=measure.percentile(self._step_times, 0.9),
+            data_wait_fraction=sum(self._waits) / sum(self._step_times),
+            peak_memory_bytes=self._peak,
+            gpu_util=self._gpu_util,
+            gpu_util_errors=self._gpu_util_errors,
             gpu_util_error=util.first_error if util else None,
             others_cpu=others.cpus if others else None,
-            loss_first=self.losses[0] if self.losses else None,
-            loss_last=self.losses[-1] if self.losses else None,
-            losses=tuple(self.losses),
+            loss_first=self._losses[0] if self._losses else None,
+            loss_last=self._losses[-1] if self._losses else None,
+            losses=tuple(self._losses),
             memory_total_bytes=memory_total,
-            startup_s=self.startup_s,
-            warmup_s=self.warmup_s,
-            timed_steps=len(self.step_times),
-            world_size=self.world,
+            startup_s=self._startup_s,
+            warmup_s=self._warmup_s,
+            timed_steps=len(self._step_times),
+            world_size=self._world,
             device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-            windows=tuple(self.windows),
+            windows=tuple(self._windows),
             applied=applied,
         )
 
     # ---- inside -------------------------------------------------------------------------------
+    @property
+    def _timing(self) -> bool:
+        return self._t_begin is not None and self._elapsed is None
+
     def _drain(self) -> int:
         """Decided once the warm-up's own steps are done: the loaders are known, and so is a step's take."""
         ahead = sum(_made_ahead(loader) for loader in self._loaders)
-        drain = _drain_steps(ahead, self.batches_per_step, self.cfg.warmup_steps)
-        if drain and self.rank == 0:
+        drain = _drain_steps(ahead, self.batches_per_step, self._cfg.warmup_steps)
+        if drain and self._rank == 0:
             print(
                 f"autotune trial: {drain} more warm-up step(s): {_ahead_why(self._loaders)}",
                 file=sys.stderr,
@@ -259,40 +259,40 @@ class Clock:
         return drain
 
     def _start_timing(self) -> None:
-        measure.reset_peak_memory(self.device)  # the peak of the timed steps, not of the warm-up's workspaces
-        self._util = measure.GpuUtilSampler(self.device, UTIL_INTERVAL_S).__enter__()
+        measure.reset_peak_memory(self._device)  # the peak of the timed steps, not of the warm-up's workspaces
+        self._util = measure.GpuUtilSampler(self._device, UTIL_INTERVAL_S).__enter__()
         self._others = OtherCpu().__enter__()
-        self._t_begin = self._window_start = self._step_start = measure.now(self.device)
+        self._t_begin = self._window_start = self._step_start = measure.now(self._device)
 
     def _stop(self, t: float) -> None:
         assert self._t_begin is not None
-        self.elapsed = t - self._t_begin
-        self.peak = measure.peak_memory_bytes(self.device)
+        self._elapsed = t - self._t_begin
+        self._peak = measure.peak_memory_bytes(self._device)
         for ctx in (self._util, self._others):
             if ctx is not None:
                 ctx.__exit__(None, None, None)
         if self._util is not None:
-            _say_why_no_util(self._util, self.device, self.elapsed)
-            self.gpu_util, self.gpu_util_errors = self._util.mean, self._util.errors
+            _say_why_no_util(self._util, self._device, self._elapsed)
+            self._gpu_util, self._gpu_util_errors = self._util.mean, self._util.errors
 
     def _window(self, t: float) -> None:
-        n, cfg = len(self.step_times), self.cfg
+        n, cfg = len(self._step_times), self._cfg
         if n % cfg.window:
             return
-        self.windows.append(cfg.window * self.samples_per_step * self.world / (t - self._window_start))
+        self._windows.append(cfg.window * self.samples_per_step * self._world / (t - self._window_start))
         self._window_start = t
-        if self.rank == 0 and self.progress is not None:
-            with self.progress.open("a") as f:
-                f.write(json.dumps({"step": n, "samples_per_s": self.windows[-1]}) + "\n")
+        if self._rank == 0 and self._progress is not None:
+            with self._progress.open("a") as f:
+                f.write(json.dumps({"step": n, "samples_per_s": self._windows[-1]}) + "\n")
 
     def _finished(self, t: float) -> bool:
         assert self._t_begin is not None
-        n, cfg = len(self.step_times), self.cfg
+        n, cfg = len(self._step_times), self._cfg
         if cfg.seconds is None:
             return n >= cfg.timed_steps
         done = n >= cfg.window and t - self._t_begin >= cfg.seconds
-        if self.world > 1 and dist.is_initialized():  # ranks must agree on the step count or the last all-reduce hangs
-            flag = torch.tensor([float(done)], device=self.device)
+        if self._world > 1 and dist.is_initialized():  # ranks agree on the step count, or one waits in an all-reduce
+            flag = torch.tensor([float(done)], device=self._device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             done = bool(flag.item())
         return done

@@ -129,7 +129,9 @@ def test_micro_batches_wait_on_the_loader_from_a_sync_each(fake: FakeTime) -> No
         clock.fetched()
         fake.advance(0.4)
     assert clock.step_end(1.0)
-    assert clock.waits == [pytest.approx(0.2)] and clock.step_times == [pytest.approx(1.0)]
+    clock.close(losses_per_rank=False)
+    r = clock.result({}, None)
+    assert r.data_wait_fraction == pytest.approx(0.2) and r.step_time_p50 == pytest.approx(1.0)
 
 
 def test_a_time_boxed_trial_runs_a_window_at_least_then_its_seconds(fake: FakeTime) -> None:
@@ -157,8 +159,9 @@ def test_the_warm_up_drains_the_batches_the_loaders_made_ahead(
     for each in loaders:
         clock.loader(each)
         clock.loader(each)  # a new epoch's iterator over the same loader: counted once
-    assert run(clock, fake) == warm + 4 and clock.untimed_steps == warm and len(clock.step_times) == 4
-    assert clock.warmup_s == warm * 1.0
+    assert run(clock, fake) == warm + 4 and clock.untimed_steps == warm
+    r = clock.result({}, None)
+    assert r.timed_steps == 4 and r.warmup_s == warm * 1.0 and len(r.losses) == warm + 4
     if loaders == [loader(2, 2)] and not changes:
         assert untimed_steps(c.replace(num_workers=2, prefetch_factor=2)) == warm  # what a Trainer must run
 
@@ -258,7 +261,8 @@ def _rank_steps(rank: int, folder: str) -> None:
             if step(clock, t, 0.0, (1.0, 0.1)[rank], loss=float(rank)):
                 break
         clock.close(losses_per_rank=True)
-        Path(folder, str(rank)).write_text(json.dumps({"steps": n, "elapsed": clock.elapsed, "loss": clock.losses}))
+        r = clock.result({}, None)
+        Path(folder, str(rank)).write_text(json.dumps({"steps": n, "samples_per_s": r.samples_per_s, "loss": r.losses}))
     finally:
         dist.destroy_process_group()
 
@@ -268,7 +272,8 @@ def test_ranks_agree_when_the_trial_is_finished_and_the_slowest_time_counts(tmp_
     assert _fork_ranks(_rank_steps, tmp_path) == [0, 0]
     got = [json.loads((tmp_path / str(r)).read_text()) for r in range(2)]
     assert [g["steps"] for g in got] == [2, 2]  # rank 0's 2 s decide; rank 1 alone would run 20 steps
-    assert [g["elapsed"] for g in got] == [pytest.approx(2.0)] * 2  # the slowest rank's time, on both
+    # Both ranks' samples over the slowest rank's time, on both: 2 steps x 4 samples x 2 ranks in 2 s.
+    assert [g["samples_per_s"] for g in got] == [pytest.approx(8.0)] * 2
     assert [g["loss"] for g in got] == [[0.5, 0.5]] * 2  # each step's loss, the mean of the ranks' shards
 
 
