@@ -215,6 +215,13 @@ class TrialConfig:
         """Batches the loader's workers make before the first is asked for: workers x prefetch."""
         return self.num_workers * (self.loader_prefetch or 0)
 
+    @property
+    def untimed_steps(self) -> int:
+        """The optimizer steps before the timed window, for a loader built with these knobs: the warm-up,
+        then those that drain what the loader made ahead (what a Trainer must run besides the timed ones,
+        and what the cost model prices untimed)."""
+        return self.warmup_steps + drain_steps(self.batches_ahead, self.grad_accum, self.warmup_steps)
+
     def one_process(self) -> TrialConfig:
         """This config on one process: the same micro-batch, no strategy to run."""
         return self.replace(gpus=1)
@@ -271,6 +278,23 @@ KNOBS = tuple(k.name for k in TABLE)
 WORKLOAD = tuple(f.name for f in fields(TrialConfig) if f.name not in KNOBS)
 # The string knobs and workload fields, with what each may be.
 CHOICES = {**{k.name: k.choices for k in TABLE if k.choices}, "lr_scaling": LR_RULES}
+
+
+def lr_scale(cfg: TrialConfig, own_batch: int) -> float:
+    """The factor on the user's own learning rate. It was meant for the user's own global batch (the job
+    knows it; the study's reference batch is autotune's), so the rule scales from that batch to the
+    config's: a trial at the user's own batch trains at the user's own lr."""
+    return lr_factor(cfg.global_batch_size / own_batch, cfg.lr_scaling)
+
+
+def drain_steps(batches_ahead: int, batches_per_step: int, warmup_steps: int) -> int:
+    """Warm-up steps that consume the batches the loaders made ahead: made while the first steps were slow
+    (cuDNN autotuning, compilation), timed they would come free and overstate a loader-bound config. None
+    without a warm-up: parity and time to target record a loss for exactly their steps from the first one,
+    not a speed."""
+    if warmup_steps == 0:
+        return 0
+    return -(-batches_ahead // max(1, batches_per_step))
 
 
 def whole_batch(global_batch: int | None) -> dict[str, Any]:

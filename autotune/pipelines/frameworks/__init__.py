@@ -107,15 +107,6 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def lr_scale(cfg: TrialConfig, own_batch: int) -> float:
-    """The factor on the user's own learning rate. It was meant for the user's own global batch (the job
-    knows it; the study's reference batch is autotune's), so the rule scales from that batch to the
-    config's: a trial at the user's own batch trains at the user's own lr."""
-    from autotune.core.config import lr_factor
-
-    return lr_factor(cfg.global_batch_size / own_batch, cfg.lr_scaling)
-
-
 def threads(cfg: TrialConfig) -> dict[str, int]:
     """num_threads in a framework record: it is neither a Trainer argument nor a TrainingArguments field
     (the export makes it a torch.set_num_threads line), so best.yaml's framework: section names it too."""

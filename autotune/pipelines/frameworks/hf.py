@@ -11,7 +11,8 @@ from typing import Any
 from collections.abc import Mapping
 
 from autotune.core.config import COMPILES, TrialConfig
-from autotune.pipelines.frameworks import STRATEGY, FrameworkJob, lr_scale
+from autotune.core.config import lr_scale
+from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
 # optimizer_fusion -> TrainingArguments.optim. "adamw_torch" lets torch choose its kernel (foreach on
 # CUDA, the for-loop on CPU): TrainingArguments cannot force either, so none and foreach both map there.

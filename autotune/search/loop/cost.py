@@ -10,9 +10,9 @@ The model, kept simple and stated so its error can be read off (`show` prints it
   per-sample part, both >= 0); with one, in proportion. Proportional is exact where a step is bound per
   sample (a CPU, a saturated GPU) and an overestimate where a GPU is not yet saturated: the reason a
   second measured micro-batch is used when there is one;
-* start-up is the reference's; the warm-up is the proposal's warm-up steps (and the loader's made-ahead
-  batches, trial/loop/worker.py drains them before the clock) at the predicted step time, plus the
-  reference's one-off part (its warm-up less its steps: compilation) when it compiled the same way. A
+* start-up is the reference's; the warm-up is the proposal's untimed steps (its warm-up, and those that
+  drain the loader's made-ahead batches before the clock starts: TrialConfig.untimed_steps) at the
+  predicted step time, plus the reference's one-off part (its warm-up less its steps: compilation) when it compiled the same way. A
   compile mode no measured trial used adds nothing, so the estimate is then too low, never too high;
 * the timed window is the workload's: `timed_steps`, or with a time box at least `window` steps and
   `seconds`;
@@ -54,7 +54,7 @@ class Measured:
     @property
     def one_off_s(self) -> float:
         """The warm-up's part that does not repeat per step (compilation, allocator, cudnn autotuning)."""
-        return max(0.0, self.warmup_s - warm_steps(self.cfg) * self.step_s)
+        return max(0.0, self.warmup_s - self.cfg.untimed_steps * self.step_s)
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,6 @@ class WallTimeEstimate:
 
 def work(cfg: TrialConfig) -> float:
     return float(cfg.batch_size * cfg.grad_accum * cfg.image_size**2)
-
-
-def warm_steps(cfg: TrialConfig) -> int:
-    """Untimed steps: the warm-up, and the batches the loader made ahead (trial/loop/worker.py's drain)."""
-    if cfg.warmup_steps == 0:
-        return 0
-    return cfg.warmup_steps + -(-cfg.batches_ahead // cfg.grad_accum)
 
 
 def timed_steps(cfg: TrialConfig, step_s: float) -> int:
@@ -129,7 +122,7 @@ def estimate(cfg: TrialConfig, measured: Sequence[Measured]) -> WallTimeEstimate
         return None
     ref = min(measured, key=lambda m: (_distance(cfg, m.cfg), abs(math.log(work(cfg) / m.samples)), -m.number))
     step = step_time(cfg, ref, [m for m in measured if _distance(m.cfg, ref.cfg) == 0])
-    warm = warm_steps(cfg)
+    warm = cfg.untimed_steps
     one_off = ref.one_off_s if ref.cfg.compile == cfg.compile else 0.0
     n = timed_steps(cfg, step)
     return WallTimeEstimate(ref.startup_s, warm * step + one_off, warm, n * step, n, ref.overhead_s, step, ref.number)

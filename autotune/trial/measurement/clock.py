@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig, TrialResult, drain_steps
 from autotune.core.errors import ConfigError
 from autotune.trial.measurement import measure
 from autotune.trial.measurement.contention import OtherCpu
@@ -57,22 +57,6 @@ class NonFiniteLoss(Exception):
 def _made_ahead(loader: Any) -> int:
     """Batches a DataLoader's workers keep in flight: num_workers x prefetch_factor (0 without workers)."""
     return int(getattr(loader, "num_workers", 0) or 0) * int(getattr(loader, "prefetch_factor", 0) or 0)
-
-
-def _drain_steps(batches_ahead: int, batches_per_step: int, warmup_steps: int) -> int:
-    """Warm-up steps that consume the batches the loaders made ahead: made while the first steps were slow
-    (cuDNN autotuning, compilation), timed they would come free and overstate a loader-bound config. None
-    without a warm-up: parity and time to target record a loss for exactly their steps from the first one,
-    not a speed."""
-    if warmup_steps == 0:
-        return 0
-    return -(-batches_ahead // max(1, batches_per_step))
-
-
-def untimed_steps(cfg: TrialConfig) -> int:
-    """The optimizer steps before the timed window, for a loader built with the config's knobs: what a
-    framework's Trainer must run at least, besides the timed ones."""
-    return cfg.warmup_steps + _drain_steps(cfg.batches_ahead, cfg.grad_accum, cfg.warmup_steps)
 
 
 class Clock:
@@ -249,7 +233,7 @@ class Clock:
     def _drain(self) -> int:
         """Decided once the warm-up's own steps are done: the loaders are known, and so is a step's take."""
         ahead = sum(_made_ahead(loader) for loader in self._loaders)
-        drain = _drain_steps(ahead, self.batches_per_step, self._cfg.warmup_steps)
+        drain = drain_steps(ahead, self.batches_per_step, self._cfg.warmup_steps)
         if drain and self._rank == 0:
             print(
                 f"autotune trial: {drain} more warm-up step(s): {_ahead_why(self._loaders)}",

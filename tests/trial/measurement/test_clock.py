@@ -19,7 +19,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
 from autotune.trial.measurement import clock as clock_module
 from autotune.trial.measurement import measure
-from autotune.trial.measurement.clock import Clock, NonFiniteLoss, untimed_steps
+from autotune.trial.measurement.clock import Clock, NonFiniteLoss
 from tests.fakes import UUID_A, FakeGpu, FakeNvml
 
 GPU = torch.device("cuda", 0)
@@ -163,7 +163,7 @@ def test_the_warm_up_drains_the_batches_the_loaders_made_ahead(
     r = clock.result({}, None)
     assert r.timed_steps == 4 and r.warmup_s == warm * 1.0 and len(r.losses) == warm + 4
     if loaders == [loader(2, 2)] and not changes:
-        assert untimed_steps(c.replace(num_workers=2, prefetch_factor=2)) == warm  # what a Trainer must run
+        assert c.replace(num_workers=2, prefetch_factor=2).untimed_steps == warm  # what a Trainer must run
 
 
 def test_the_drain_says_why_on_rank_0(fake: FakeTime, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,8 @@ from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, own_batch,
 from autotune.trial.loop import knobs
 from autotune.trial.loop.frameworks import FOREVER
 from autotune.trial.loop.harness import checked
-from autotune.trial.measurement.clock import Clock, untimed_steps
+from autotune.trial.measurement import observe
+from autotune.trial.measurement.clock import Clock
 
 
 def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, workdir: Path) -> dict[str, Any]:
@@ -39,8 +40,13 @@ def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, work
     )
     for chatty in (transformers.PrinterCallback, transformers.ProgressCallback):  # a log line per step otherwise
         trainer.remove_callback(chatty)
+    # A layer, not the model: under mixed precision accelerate casts the model's outputs back to float32.
+    layer, where = observe.first_layer(job.model)
+    output = observe.OutputDtype(layer if cfg.compile == "off" else None, where)
     trainer.train()
+    output.close()
     applied = effects(cfg, job, args, seen)
+    applied["observed"] = output.seen | observe.in_job(job.model, seen.get("optimizer"), device, clock.util)
     applied["framework"] = {
         "library": "hf",
         "training_args": changes(base, tuned),
@@ -55,7 +61,7 @@ def arguments(cfg: TrialConfig, job: HFJob, tuned: dict[str, Any], workdir: Path
     step (the loss the callback records; nan kept, not filtered), no saving, evaluation or reporting."""
     base = job.args
     n = len(job.dataset) if hasattr(job.dataset, "__len__") else None
-    needed = untimed_steps(cfg) + (cfg.timed_steps if cfg.seconds is None else cfg.window)
+    needed = cfg.untimed_steps + (cfg.timed_steps if cfg.seconds is None else cfg.window)
     span = horizon(base, n, cfg.global_batch_size)
     trial = dict(
         output_dir=str(workdir / "hf"),

@@ -15,12 +15,14 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 from autotune.core.config import TrialConfig
 from autotune.core.effects import knob_effect, lr_effect, unsupported_effects
 from autotune.core.errors import PipelineError
-from autotune.pipelines.frameworks import lr_scale, threads
+from autotune.core.config import lr_scale
+from autotune.pipelines.frameworks import threads
 from autotune.pipelines.frameworks.lightning import LightningJob, loader_kwargs, trainer_kwargs
 from autotune.trial.loop import knobs
 from autotune.trial.loop.frameworks import FOREVER
 from autotune.trial.loop.harness import checked
-from autotune.trial.measurement.clock import Clock, untimed_steps
+from autotune.trial.measurement import observe
+from autotune.trial.measurement.clock import Clock
 
 
 def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.device, workdir: Path) -> dict[str, Any]:
@@ -47,7 +49,7 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
         backend = os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor")
         module = torch.compile(module, backend=backend, mode=cfg.compile if backend == "inductor" else None)
     measurement = dict(
-        max_steps=untimed_steps(cfg) + cfg.timed_steps if cfg.seconds is None else FOREVER,
+        max_steps=cfg.untimed_steps + cfg.timed_steps if cfg.seconds is None else FOREVER,
         max_epochs=-1,
         callbacks=[meter(pl, cfg, clock, applied, own_batches)],
         logger=False,
@@ -60,8 +62,13 @@ def train(cfg: TrialConfig, job: LightningJob, clock: Clock, device: torch.devic
     )
     # The user's own Trainer arguments (gradient clipping, ...), under the tuned ones and the measurement's.
     trainer = pl.Trainer(**job.trainer_args | trainer_kwargs(cfg, cuda) | placement(cfg, device) | measurement)
+    layer, where = observe.first_layer(job.module)  # what the Trainer's precision computed in
+    output = observe.OutputDtype(layer if cfg.compile == "off" else None, where)
     trainer.fit(module, datamodule=job.datamodule)
+    output.close()
     applied |= effects(cfg, job, trainer, cuda)
+    optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    applied["observed"] = output.seen | observe.in_job(job.module, optimizer, device, clock.util)
     applied["framework"]["lr_scale"] = lr_scale(cfg, own_batches[0])
     return applied
 
