@@ -239,6 +239,20 @@ def test_the_cooperative_calls_a_best_changes_become_the_torch_calls(tmp_path: P
     assert "scaler = at.scaler()" in patched and "at.model(" in patched
 
 
+@needs_patch
+def test_a_measured_fp32_over_the_script_s_own_amp_turns_it_off(tmp_path: Path) -> None:
+    """at.autocast("bf16") runs the script's own bf16 outside a trial: a best measured in fp32 must be
+    written as autocast turned off, or the patched script would still run bf16; and a script whose own
+    fp16 scaler is on gets it turned off with it."""
+    source = _API.replace("at.autocast()", 'at.autocast("bf16")')
+    _, patched = _patched(tmp_path, source, precision="fp32", baseline={"precision": "bf16"})
+    assert "with torch.autocast('cpu', enabled=False):" in patched and "scaler = at.scaler()" in patched
+    source = _API.replace("at.autocast()", 'at.autocast("fp16")').replace("at.scaler()", "at.scaler(True)")
+    _, patched = _patched(tmp_path, source, precision="fp32", baseline={"precision": "fp16"})
+    assert "with torch.autocast('cpu', enabled=False):" in patched
+    assert "scaler = torch.amp.GradScaler('cpu', enabled=False)" in patched
+
+
 # ------------------------------------------------------------------------------------- bad input
 
 

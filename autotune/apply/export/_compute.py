@@ -236,14 +236,20 @@ def edit(rw: Rewrite) -> None:
     _globals(rw)
     cfg, skip = rw.cfg, rw.skip
     precision = "precision" not in skip and cfg.precision != rw.base.precision
-    # Outside a trial at.autocast() is a null context and at.scaler() a disabled GradScaler: only a
-    # precision that needs more than that is written as the torch call.
-    if precision and cfg.precision in _DTYPE:
+    # Outside a trial at.autocast(own) and at.scaler(own) run the script's own precision (fp32 unless it
+    # names one): only a measured precision that differs from it is written, as the torch call.
+    if precision:
+        autocast = (
+            f"torch.autocast({rw.device!r}, dtype={_DTYPE[cfg.precision]})"
+            if cfg.precision in _DTYPE
+            else f"torch.autocast({rw.device!r}, enabled=False)"  # fp32 measured over the script's own AMP
+        )
         for call in rw.api("autocast"):
-            rw.replace(call, f"torch.autocast({rw.device!r}, dtype={_DTYPE[cfg.precision]})")
-    if precision and cfg.precision == "fp16":
+            rw.replace(call, autocast)
+    if precision and "fp16" in (cfg.precision, rw.base.precision):  # the scaler goes on, or off with fp16
         for call in rw.api("scaler"):
-            rw.replace(call, f"torch.amp.GradScaler({rw.device!r})")
+            on = "" if cfg.precision == "fp16" else ", enabled=False"
+            rw.replace(call, f"torch.amp.GradScaler({rw.device!r}{on})")
     for call in rw.api("model"):
         if call.args:
             _model(rw, call)
