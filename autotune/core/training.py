@@ -7,21 +7,25 @@ up to floating-point rounding, and are not listed."""
 
 from __future__ import annotations
 
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.config import TrialConfig, baseline_of, lr_factor
 
 SAME = "same"
 
 
-def training_math(cfg: TrialConfig, batch_norm: bool) -> list[str]:
+def training_math(cfg: TrialConfig, batch_norm: bool, ran: float = 1.0) -> list[str]:
     """The changes from `baseline_of(cfg)`, e.g. ["global batch 8 -> 64", "precision fp32 -> bf16"];
     empty: the same training. batch_norm: the model has batch-norm layers (their statistics span one
-    micro-batch of one process, so a smaller micro-batch changes what they normalise by)."""
+    micro-batch of one process, so a smaller micro-batch changes what they normalise by). ran: the global
+    batch the run delivered over the one the config planned (a script under torchrun that divides its own
+    accumulation by the world size runs 1/gpus of it), so the label says the batch, and its lr, that ran."""
     base = baseline_of(cfg)
     out = []
-    if cfg.global_batch_size != base.global_batch_size:
-        out.append(f"global batch {base.global_batch_size} -> {cfg.global_batch_size}")
-    if cfg.effective_lr != base.effective_lr:
-        out.append(f"lr {base.effective_lr:.3g} -> {cfg.effective_lr:.3g} ({cfg.lr_scaling} rule)")
+    global_batch = round(cfg.global_batch_size * ran)
+    if global_batch != base.global_batch_size:
+        out.append(f"global batch {base.global_batch_size} -> {global_batch}")
+    lr = cfg.effective_lr if ran == 1 else cfg.lr * lr_factor(global_batch / cfg.reference_batch, cfg.lr_scaling)
+    if lr != base.effective_lr:
+        out.append(f"lr {base.effective_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} rule)")
     if cfg.precision != base.precision:
         out.append(f"precision {base.precision} -> {cfg.precision}")
     if batch_norm and cfg.batch_size != base.batch_size:

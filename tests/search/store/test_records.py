@@ -245,3 +245,24 @@ def test_each_trial_has_one_outcome(tmp_path: Path) -> None:
         Outcome.PENDING,
     ]
     assert [t.number for t in leaderboard(study)] == [0, 1]  # contended below clean, the reuse not again
+
+
+def test_a_script_s_class_is_the_global_batch_its_ranks_ran_not_the_one_planned() -> None:
+    """Under torchrun a script that divides its own accumulation by the world size keeps its global batch:
+    its trial planned 2 x 8 but its ranks delivered 8 per step, so it trains like the baseline; one that
+    keeps its per-rank batch ran 16, and its record says so, with the lr its rule gave that batch."""
+
+    def math(requested: int, in_effect: int) -> tuple[str, ...]:
+        cfg = TrialConfig(gpus=2, lr_scaling="linear")
+        applied = {"global_batch": {"requested": requested, "in_effect": in_effect, "why": ""}}
+        return of_result(
+            "search", cfg, TrialResult(status="ok", samples_per_s=1.0, applied=applied), 1.0, False
+        ).training_math  # type: ignore[return-value]
+
+    assert math(16, 8) == ()
+    assert math(16, 16) == ("global batch 8 -> 16", "lr 0.001 -> 0.002 (linear rule)")
+    # A trial that observed no planned batch keeps the config's arithmetic.
+    cfg = TrialConfig(gpus=2, lr_scaling="linear")
+    assert of_result("search", cfg, TrialResult(status="ok", samples_per_s=1.0), 1.0, False).training_math[0] == (
+        "global batch 8 -> 16"
+    )
