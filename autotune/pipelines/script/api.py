@@ -10,22 +10,37 @@
     accum = at.accumulation(args.accum)     # micro-batches per step, at the study's global batch
     lr = at.lr(args.lr)                     # the lr for the trial's global batch (optional: see lr())
 
-Outside a trial (`python train.py`) each call is the identity: autocast() is a null context, scaler()
-a disabled GradScaler (its scale() returns the loss, its step() calls optimizer.step()), model() returns
-the model, and seed, data_seed, batch_size, accumulation and lr return their default. autotune.trial.loop.script
-installs the trial's settings here before it runs the script, in the same process. Importing this module imports nothing heavy: torch is
-imported inside the calls, once the script has it loaded already.
+A script that ran its own AMP gives it as the argument: `at.autocast(torch.bfloat16)` (or "bf16"; fp16:
+`at.autocast(torch.float16)` and `at.scaler(own=True)`). That is what the call does outside a trial and in
+the baseline (trial 0, the script as written), so the search measures against what the user ran.
+
+Outside a trial (`python train.py`) each call is what the script ran before the edit: autocast() a null
+context (its own precision given: torch.autocast at it, on the device of the model handed to at.model()),
+scaler() a disabled GradScaler (its scale() returns the loss, its step() calls optimizer.step(); enabled
+with own=True), model() returns the model, and seed, data_seed, batch_size, accumulation and lr return
+their default. autotune.trial.loop.script installs the trial's settings here before it runs the script, in
+the same process. Importing this module imports nothing heavy: torch is imported inside the calls, once the
+script has it loaded already.
 """
 
 from __future__ import annotations
 
 import contextlib
 import operator
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["accumulation", "autocast", "batch_size", "data_seed", "lr", "model", "scaler", "seed"]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+# A precision as a script may spell it: autotune's name, or a torch dtype's (torch.bfloat16 is "bfloat16").
+_SPELLINGS = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+}  # fmt: skip
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass
@@ -38,7 +53,10 @@ class Trial:
     compile_backend: str = "inductor"
     seed: int = 0
     data_seed: int | None = None  # the data order; None: seed
-    device_type: str = "cpu"
+    device_type: str = "cpu"  # the machine's: until the script's model (or optimizer) says where it lives
+    # The baseline: the script as written, so at.autocast() and at.scaler() run the script's own setting
+    # (what they do outside a trial) whatever the config says.
+    as_written: bool = False
     # The micro-batch and micro-batches per step the trial hands over; None: the script's own default.
     batch_size: int | None = None
     accumulation: int | None = None
@@ -54,7 +72,15 @@ class Trial:
     defaults: dict[str, Any] = field(default_factory=dict)
     returned: dict[str, Any] = field(default_factory=dict)
     scalers: list[Any] = field(default_factory=list)
-    models: list[Any] = field(default_factory=list)
+    models: list[Any] = field(default_factory=list)  # as at.model() got them (before compiling)
+    handed_back: list[Any] = field(default_factory=list)  # as at.model() returned them
+    optimizers: list[Any] = field(default_factory=list)  # the optimizers the script built (the trial's seam)
+    # Called with each model at.model() gets, before it is compiled (the trial's observers hook it there).
+    watch: Callable[[Any], None] | None = None
+    # What at.autocast() ran, "bf16 on cpu" -> times, and the autocast the
+    # script had entered itself around it (device type and dtype), when it had.
+    autocasts: dict[str, int] = field(default_factory=dict)
+    outer_autocast: dict[str, str] | None = None
 
     def called(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -76,8 +102,28 @@ class Trial:
         own = self.own()
         return 1.0 if own is None or self.lr_scale is None else self.lr_scale(*own)
 
+    def tensor_device(self) -> Any:
+        """Where the script's tensors live (a torch.device): the parameters of the model handed to
+        at.model(), else of the first optimizer it built; None before either exists."""
+        for m in self.models:
+            p = next(m.parameters(), None) if hasattr(m, "parameters") else None
+            if p is not None:
+                return p.device
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    return p.device
+        return None
+
+    def tensor_device_type(self, given: str | None = None) -> str:
+        """The device type autocast and GradScaler run on: where the script's tensors live, else the one
+        the script names, else the machine's."""
+        device = self.tensor_device()
+        return device.type if device is not None else given or self.device_type
+
 
 _trial: Trial | None = None
+_model_outside: weakref.ref[Any] | None = None  # the model at.model() got outside a trial: its device
 
 
 def install(trial: Trial | None) -> None:
@@ -86,36 +132,93 @@ def install(trial: Trial | None) -> None:
     _trial = trial
 
 
-def autocast() -> contextlib.AbstractContextManager[Any]:
-    """torch.autocast at the trial's precision on its device; a null context at fp32 or outside a trial."""
+def precision_of(own: Any) -> str:
+    """A precision as a script gives it (None, "bf16", "bfloat16", torch.bfloat16, ...) as one of PRECISIONS."""
+    if own is None:
+        return "fp32"
+    name = own if isinstance(own, str) else str(own).removeprefix("torch.")
+    found = _SPELLINGS.get(name.lower())
+    if found is None:
+        raise ValueError(f"at.autocast({own!r}): expected one of {', '.join(PRECISIONS)} or a torch dtype")
+    return found
+
+
+def _outside_device(given: str | None) -> str:
+    """The device type outside a trial: the one given, else where the model handed to at.model() lives,
+    else CUDA when there is one."""
+    import torch
+
+    if given:
+        return given
+    m = _model_outside() if _model_outside is not None else None
+    p = next(m.parameters(), None) if m is not None else None
+    if p is not None:
+        return str(p.device.type)
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _autocast_at(device_type: str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    import torch
+
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=getattr(torch, _DTYPE_NAMES[precision]))
+
+
+def autocast(own: Any = None, device_type: str | None = None) -> contextlib.AbstractContextManager[Any]:
+    """torch.autocast at the trial's precision, on the device the script's model lives on (fp32: none).
+
+    own: the precision the script runs alone ("bf16", "fp16", "fp32"/None, or torch.bfloat16 ...): what this
+    does outside a trial and in the baseline. device_type: where the script runs, for a script that hands
+    no model to at.model() and builds its optimizer later; the model's own device wins.
+    Inside an autocast the script entered itself, a trial's precision replaces it (an fp32 trial runs fp32
+    here), and the trial records it; the baseline keeps it, as the script does alone."""
+    precision = precision_of(own)
     t = _trial
     if t is None:
-        return contextlib.nullcontext()
+        return _autocast_at(_outside_device(device_type), precision)
+    import torch
+
     t.called("autocast")
-    if t.precision == "fp32":
-        return contextlib.nullcontext()
-    import torch
+    t.defaults.setdefault("precision", precision)
+    where = t.tensor_device_type(device_type)
+    runs = precision if t.as_written else t.precision
+    outer = torch.is_autocast_enabled(where)
+    if outer and t.outer_autocast is None:
+        t.outer_autocast = {"device_type": where, "dtype": str(torch.get_autocast_dtype(where)).removeprefix("torch.")}
+    said = f"{runs} on {where}"
+    t.autocasts[said] = t.autocasts.get(said, 0) + 1
+    if outer and not t.as_written:
+        # The script's own autocast around this one: the trial's precision here, fp32 included.
+        dtype = getattr(torch, _DTYPE_NAMES[runs]) if runs != "fp32" else torch.get_autocast_dtype(where)
+        return torch.autocast(where, dtype=dtype, enabled=runs != "fp32")
+    return _autocast_at(where, runs)
 
-    return torch.autocast(t.device_type, dtype=torch.bfloat16 if t.precision == "bf16" else torch.float16)
 
+def scaler(own: bool = False, device_type: str | None = None) -> Any:
+    """A torch.amp.GradScaler, enabled only when the trial runs fp16 (disabled: every call passes through).
 
-def scaler() -> Any:
-    """A torch.amp.GradScaler, enabled only when the trial runs fp16 (disabled: every call passes through)."""
+    own: the script's own GradScaler is enabled (it ran fp16 AMP): what this returns outside a trial and in
+    the baseline."""
     import torch
 
     t = _trial
     if t is None:
-        return torch.amp.GradScaler("cpu", enabled=False)
+        return torch.amp.GradScaler(_outside_device(device_type), enabled=bool(own))
     t.called("scaler")
-    s = torch.amp.GradScaler(t.device_type, enabled=t.precision == "fp16")
+    t.defaults.setdefault("scaler", bool(own))
+    enabled = bool(own) if t.as_written else t.precision == "fp16"
+    s = torch.amp.GradScaler(t.tensor_device_type(device_type), enabled=enabled)
     t.scalers.append(s)
     return s
 
 
 def model(module: Any) -> Any:
     """The model in the trial's memory format (channels_last) and compiled when the trial compiles."""
+    global _model_outside
     t = _trial
     if t is None:
+        _model_outside = weakref.ref(module)  # the device at.autocast() and at.scaler() run on
         return module
     t.called("model")
     import torch
@@ -123,9 +226,12 @@ def model(module: Any) -> Any:
     if t.channels_last:
         module = module.to(memory_format=torch.channels_last)
     t.models.append(module)
+    if t.watch is not None:
+        t.watch(module)
     if t.compile != "off":
         mode = t.compile if t.compile_backend == "inductor" else None
         module = torch.compile(module, backend=t.compile_backend, mode=mode)
+    t.handed_back.append(module)
     return module
 
 

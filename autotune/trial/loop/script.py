@@ -4,55 +4,76 @@ sys.argv and `__name__ == "__main__"`), with autotune's seams installed in torch
 No edit to the script:
   - DataLoader construction: the trial's num_workers, pin_memory, prefetch_factor, persistent_workers
     replace the script's own arguments (DataLoader.__init__ wrapped);
-  - the optimizer's fused/foreach flags, set on its param groups before its first step (a global
-    step pre-hook); zero_grad(set_to_none) on optimizers and modules; cudnn.benchmark and the thread
-    count set before the script runs;
+  - the optimizer's fused/foreach flags, set on its param groups before GradScaler or its first step sees
+    it (GradScaler.unscale_/step wrapped, and a global step pre-hook): GradScaler picks its path by the
+    optimizer's flags, so a flag switched inside step() would hand a foreach step a fused step's scale;
+    zero_grad(set_to_none) on optimizers and modules; cudnn.benchmark and the thread count set before
+    the script runs;
   - the lr for the trial's global batch: the lr each optimizer's constructor is given, scaled by the
     study's rule from the script's own global batch (Optimizer.__init__ wrapped, so a schedule built on
-    it afterwards keeps its shape from the scaled lr); a script that calls at.lr() scales its own;
+    it afterwards keeps its shape from the scaled lr); a script that calls at.lr() scales its own. The
+    scale is planned for the handed-over micro-batch x accumulation on every rank; where the first step
+    delivers another global batch (a script that divides its accumulation by the world size), the lr,
+    and the schedules built on it, are set for the batch run before that step updates anything;
   - the data order: a config with a data seed (parity's data-order twin) hands each DataLoader a
     generator seeded with it; without one the script's own RNG decides, as it does alone;
-  - measurement: the trial's one Clock (trial.measurement.clock), as every kind drives it: each loader
-    the script starts iterating is told to it (what its workers make ahead is drained in the warm-up); a
-    global optimizer-step post-hook ends each step; the time blocked in the DataLoader iterator's
-    __next__, from a device sync, is the data wait; each backward()'s scalar is the step's loss; the
+  - measurement: the trial's one Clock (trial.measurement.clock), as every kind drives it, made when the
+    script first fetches or steps, on the device its tensors live on (the model handed to at.model(), else
+    its optimizer's parameters; the machine's without either): each loader the script starts iterating is
+    told to it (what its workers make ahead is drained in the warm-up); a global optimizer-step post-hook
+    ends each step; the time blocked in the DataLoader iterator's __next__, from a device sync, is the
+    data wait; each backward()'s scalar (a copy: the script's tensor is not held) is the step's loss; the
     samples of a step are what its loaders delivered, else at.batch_size() x at.accumulation() as handed
-    over. After the timed steps the hook raises _Done, which ends the script and is caught here.
+    over. After the timed steps the hook closes the clock (its collectives run while the script's process
+    group exists), reads what the run showed, and raises _Done, which ends the script and is caught here.
+  - gpus: a script that sets up its own process group runs under torchrun, one process per GPU (the
+    launcher's, as for every kind); the trial sets up none itself, so the script's own DDP set-up runs
+    untouched, and each rank runs these seams. The world size and the global batch (the samples every
+    rank's loaders delivered per optimizer step, summed) are what the run showed.
 With the cooperative calls (autotune.script): at.batch_size() and at.accumulation() hand over the trial's
-micro-batch and, under a study's global batch, its micro-batches per step; at.lr() the scaled lr.
+micro-batch and, under a study's global batch, its micro-batches per step; at.lr() the scaled lr;
+at.autocast() and at.scaler() the trial's precision, on the model's device.
 The baseline (a config equal to the study's baseline knobs) runs the script's own settings: nothing is
-overridden, and what the script set is recorded as observed.
+overridden (at.autocast(own) and at.scaler(own) run the script's own AMP), and what the script set is
+recorded as observed.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import os
 import runpy
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from autotune.core.config import TrialConfig, TrialResult, baseline_of
+from autotune.core.config import TrialConfig, TrialResult, baseline_of, lr_factor
 from autotune.core.effects import knob_effect, lr_effect, refuse_unsupported, unsupported_effects
 from autotune.core.errors import ConfigError
 from autotune.pipelines import load_pipeline
-from autotune.pipelines.frameworks import lr_scale
 from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
 from autotune.trial.loop import knobs
-from autotune.trial.measurement import measure
+from autotune.trial.measurement import measure, observe
 from autotune.trial.measurement.clock import Clock
 
 AS_WRITTEN = "the baseline runs the script's own settings"
+# The lr values a param group or a schedule keeps, scaled together when the first step shows the global
+# batch the lr was planned for is not the one run (OneCycleLR keeps initial/max/min in the groups).
+GROUP_LRS = ("lr", "initial_lr", "max_lr", "min_lr")
+SCHEDULE_LRS = ("base_lrs", "_last_lr", "max_lrs")
+PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 class _Done(BaseException):
@@ -66,24 +87,73 @@ def is_as_written(cfg: TrialConfig) -> bool:
 
 
 class Seams:
-    """What the trial installs in torch around the script, and what it saw there."""
+    """What the trial installs in torch around the script, and what it saw there.
+
+    clock_for: the trial's Clock on a device, made when the script first fetches or steps, on the device
+    its tensors live on (`machine`, where the script shows none)."""
 
     def __init__(
-        self, cfg: TrialConfig, clock: Clock, as_written: bool, trial: api.Trial | None = None, own_lr: bool = False
+        self,
+        cfg: TrialConfig,
+        clock_for: Callable[[torch.device], Clock],
+        as_written: bool,
+        trial: api.Trial | None = None,
+        own_lr: bool = False,
+        machine: torch.device | None = None,
     ) -> None:
-        self.cfg, self.clock, self.as_written = cfg, clock, as_written
-        self.trial = trial or api.Trial()
+        self.cfg, self.clock_for, self.as_written = cfg, clock_for, as_written
+        self.machine = machine or torch.device("cpu")
+        self.clock: Clock | None = None
+        self.trial = trial or api.Trial(device_type=self.machine.type)
+        self.trial.watch = self.watch
         self.own_lr = own_lr  # the script hands its lr through at.lr()
         self.loaders: list[dict[str, Any]] = []
+        self.iterated: list[Any] = []  # loaders iterated before the clock was made
         self.constructed: list[dict[str, Any]] = []  # each optimizer the script built: its type and lr
+        self.schedules: list[LRScheduler] = []
         self.optimizers: list[dict[str, Any]] = []
+        self.stepped: list[torch.optim.Optimizer] = []
         self.zero_grads: list[bool] = []
         self.pending_samples = 0  # delivered by loaders since the last optimizer step
         self.pending_batches = 0
         self.step_samples: list[int] = []
-        self.backward_losses: list[torch.Tensor] = []
+        self.loss_sum: torch.Tensor | None = None  # this step's backward() scalars, summed (a copy)
+        self.batch_pinned: bool | None = None  # the first batch a loader handed over
+        self.outputs: list[observe.OutputDtype] = []  # the model at.model() got, and its first layer
+        self.graphs_before: int | None = None  # dynamo's graph count when at.model() compiled
+        self.final: dict[str, Any] = {}  # what the run showed, read when the trial stopped it
         self.began = False
+        self.at = self.machine  # the device the clock syncs and reads memory on, once made
         self.hook_steps = 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where the script's tensors live: the model handed to at.model(), else its optimizer's parameters."""
+        return self.trial.tensor_device() or self.machine
+
+    def begin(self) -> None:
+        if not self.began:
+            self.began = True
+            self.at = self.device
+            self.clock = self.clock_for(self.at)
+            for loader in self.iterated:
+                self.clock.loader(loader)
+            self.clock.begin()
+
+    def watch(self, module: torch.nn.Module) -> None:
+        """The model at.model() got: its output's dtype and its first layer's (a model may cast its output
+        back to float32; its first Linear or convolution shows the autocast it ran under), watched on its
+        first forward. Not a model the trial compiles: dynamo would trace the hooks."""
+        if self.trial.compile != "off":
+            if self.graphs_before is None:
+                self.graphs_before = _dynamo_graphs()
+            return
+        if self.outputs:
+            return
+        layer, name = observe.first_layer(module)
+        self.outputs = [observe.OutputDtype(module, "the model at.model() got")]
+        if layer is not None and layer is not module:
+            self.outputs.append(observe.OutputDtype(layer, f"its first layer, {name}"))
 
     # ---- DataLoader ---------------------------------------------------------------------------
     def loader_init(self, original: Any) -> Any:
@@ -112,7 +182,10 @@ class Seams:
 
         def __init__(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
             original(it, loader, *args, **kwargs)
-            seams.clock.loader(loader)  # iterated: its workers now make batches ahead
+            if seams.clock is None:  # iterated: its workers now make batches ahead
+                seams.iterated.append(loader)
+            else:
+                seams.clock.loader(loader)
 
         return __init__
 
@@ -121,11 +194,14 @@ class Seams:
 
         def __next__(it: Any) -> Any:
             seams.begin()
+            assert seams.clock is not None
             seams.clock.fetching()
             try:
                 batch = original(it)
             finally:
                 seams.clock.fetched()
+            if seams.batch_pinned is None:
+                seams.batch_pinned = observe.pinned(batch)
             seams.pending_samples += batch_len(batch)
             seams.pending_batches += 1
             return batch
@@ -146,13 +222,39 @@ class Seams:
                 params = list(params)  # param groups that give their own lr get it scaled too
                 params = [{**g, "lr": g["lr"] * factor} if isinstance(g, dict) and "lr" in g else g for g in params]
             original(optimizer, params, defaults, *args, **kwargs)
-            seams.constructed.append(
-                {"type": type(optimizer).__name__, "lr": lr, "lr_set": defaults.get("lr"), "factor": factor}
-            )
+            seams.trial.optimizers.append(optimizer)
+            record = {"type": type(optimizer).__name__, "lr": lr, "lr_set": defaults.get("lr"), "factor": factor}
+            optimizer._autotune_built = record
+            seams.constructed.append(record)
 
         return __init__
 
+    def schedule_init(self, original: Any) -> Any:
+        seams = self
+
+        def __init__(schedule: Any, *args: Any, **kwargs: Any) -> None:
+            original(schedule, *args, **kwargs)
+            seams.schedules.append(schedule)
+
+        return __init__
+
+    def scaler_call(self, original: Any) -> Any:
+        """GradScaler.step / unscale_: the optimizer prepared before the scaler reads its flags."""
+        seams = self
+
+        def call(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            seams.prepare(optimizer)
+            return original(scaler, optimizer, *args, **kwargs)
+
+        return call
+
     def step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.prepare(optimizer)
+
+    def prepare(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per optimizer, before its first step and before GradScaler sees it: the trial's fused /
+        foreach flags (and whether GradScaler hands it the scale: a fused step unscales in its kernel, the
+        others must get unscaled gradients), and its lr set for the global batch its first step runs."""
         self.begin()
         if getattr(optimizer, "_autotune_seen", False):
             return
@@ -163,12 +265,40 @@ class Seams:
             fusion = self.cfg.optimizer_fusion
             for g in optimizer.param_groups:
                 g["fused"], g["foreach"] = fusion == "fused", fusion == "foreach"
-            # GradScaler hands a fused step its scale; another step must get unscaled gradients.
             optimizer._step_supports_amp_scaling = fusion == "fused"  # type: ignore[attr-defined]
         record["fusion"] = fusion_of(group)
         self.optimizers.append(record)
+        self.stepped.append(optimizer)
+        self.lr_for_the_batch_run(optimizer)
+
+    def lr_for_the_batch_run(self, optimizer: torch.optim.Optimizer) -> None:
+        """The lr was scaled at construction for the global batch planned (the handed-over micro-batch x
+        accumulation on every rank); the first step shows the one run: its loaders' samples x the ranks.
+        Where they differ, the lr and the schedules built on it are set for the batch run, before the
+        step updates anything."""
+        built = getattr(optimizer, "_autotune_built", None)
+        own = self.trial.own()
+        if built is None or own is None or self.trial.lr_scale is None or not self.pending_samples:
+            return
+        world = world_size()
+        planned, runs = planned_global(self.cfg, own[1]), self.pending_samples * world
+        if world == 1 or runs == planned:  # one process runs the batch handed over
+            return
+        factor = lr_factor(runs / (own[0] * own[1]), self.cfg.lr_scaling)
+        if self.own_lr:  # at.lr() handed its lr already: said, not changed
+            built["planned_for"] = {"global_batch": planned, "ran": runs, "rule_factor": factor}
+            return
+        ratio = factor / built["factor"]
+        if ratio != 1:
+            rescale_lr(optimizer, [s for s in self.schedules if s.optimizer is optimizer], ratio)
+        built |= {
+            "factor": factor,
+            "lr_set": None if built["lr"] is None else built["lr"] * factor,
+            "planned_for": {"global_batch": planned, "ran": runs},
+        }
 
     def step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        assert self.clock is not None
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
         self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
@@ -176,6 +306,7 @@ class Seams:
         counted = [n for n in self.step_samples if n] or [self.handed_samples()]
         self.clock.samples_per_step = sum(counted) / len(counted)
         if self.clock.step_end(self.step_loss()):
+            self.finish()
             raise _Done
 
     def handed_samples(self) -> int:
@@ -185,17 +316,42 @@ class Seams:
         return int(got.get("batch_size", 1)) * int(got.get("accumulation", 1)) if "batch_size" in got else 1
 
     def step_loss(self) -> float | None:
-        if not self.backward_losses:
+        if self.loss_sum is None:
             return None
-        total = float(sum(t.float() for t in self.backward_losses))
-        self.backward_losses.clear()
+        total = float(self.loss_sum)
+        self.loss_sum = None
         scalers = [s for s in self.trial.scalers if s.is_enabled()]  # at.scaler()'s, in the trial installed
         return total / float(scalers[0].get_scale()) if scalers else total
 
-    def begin(self) -> None:
-        if not self.began:
-            self.began = True
-            self.clock.begin()
+    def finish(self) -> None:
+        """The trial has measured enough: the clock closes while the script's process group (if any) still
+        exists (the script may tear it down as _Done unwinds it), and what the run showed is read now: the
+        ranks, the global batch (each rank's loaders' samples per step, summed), the model's and
+        optimizer's devices, the output dtypes."""
+        assert self.clock is not None
+        self.clock.close(losses_per_rank=True)
+        per_rank = per_step(self.step_samples) or self.handed_samples()
+        world, global_batch = world_size(), per_rank
+        if world > 1:
+            t = torch.tensor([float(per_rank)], dtype=torch.float64, device=self.at)
+            dist.all_reduce(t)  # SUM over ranks
+            global_batch = int(t.item())
+        model = self.trial.models[0] if self.trial.models else None
+        seen: dict[str, Any] = {}
+        for output in self.outputs:
+            seen.setdefault("output_dtype", output.seen.get("output_dtype"))
+            seen.setdefault("output_of", output.seen.get("output_of"))
+            if output is not self.outputs[0] and output.seen:
+                seen["first_layer_output_dtype"] = output.seen["output_dtype"]
+            output.close()
+        optimizer = self.stepped[0] if self.stepped else None
+        seen |= observe.in_job(model, optimizer, self.at, self.clock.util)
+        seen |= {"batch_pinned": self.batch_pinned, "world_size": world, "global_batch": global_batch}
+        seen["samples_per_step_per_rank"] = per_rank
+        seen["device"] = str(self.at)
+        if self.graphs_before is not None:
+            seen["compiled_graphs"] = (_dynamo_graphs() or 0) - self.graphs_before
+        self.final = seen
 
     # ---- zero_grad and backward ---------------------------------------------------------------
     def zero_grad(self, original: Any) -> Any:
@@ -214,7 +370,10 @@ class Seams:
 
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if tensor.numel() == 1:
-                seams.backward_losses.append(tensor.detach())
+                # A copy summed on the device, read once at the step's end: the script's own tensor is not
+                # held across steps (under CUDA graphs its storage is the graph's, rewritten by a replay).
+                copy = tensor.detach().to(torch.float32, copy=True).reshape(())
+                seams.loss_sum = copy if seams.loss_sum is None else seams.loss_sum.add_(copy)
             return original(tensor, *args, **kwargs)
 
         return backward
@@ -229,10 +388,8 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
     fixed = cfg.global_batch is not None
 
     def scale(own_batch: int, own_accum: int) -> float:
-        # The global batch this trial runs: the study's, else the config's micro-batch x the script's
-        # own accumulation; the user's lr is meant for the script's own.
-        runs = cfg if fixed else cfg.replace(global_batch=cfg.batch_size * cfg.gpus * own_accum)
-        return lr_scale(runs, own_batch * own_accum)
+        # The user's lr is meant for the script's own global batch; the trial plans its own (below).
+        return lr_factor(planned_global(cfg, own_accum) / (own_batch * own_accum), cfg.lr_scaling)
 
     return {
         "batch_size": cfg.batch_size,
@@ -241,6 +398,41 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "own_accumulation": job.own[1],
         "lr_scale": scale,
     }
+
+
+def planned_global(cfg: TrialConfig, own_accum: int) -> int:
+    """The global batch a trial plans for: the study's, else the config's micro-batch x the script's own
+    accumulation on each of its ranks (a script that keeps its per-rank batch under torchrun)."""
+    return cfg.global_batch_size if cfg.global_batch is not None else cfg.batch_size * cfg.gpus * own_accum
+
+
+def world_size() -> int:
+    """The ranks of the process group the script set up; 1 without one."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def per_step(samples: list[int]) -> int:
+    """The samples a rank's loaders delivered per optimizer step: the most common count (an epoch's last,
+    smaller batch aside); 0 when no loader delivered any."""
+    counted = collections.Counter(n for n in samples if n)
+    return counted.most_common(1)[0][0] if counted else 0
+
+
+def rescale_lr(optimizer: torch.optim.Optimizer, schedules: list[LRScheduler], ratio: float) -> None:
+    """Every lr the optimizer's groups and its schedules keep, times `ratio` (a schedule computes from its
+    base_lrs, or from the group's lr: both move together)."""
+    for group in optimizer.param_groups:
+        for key in GROUP_LRS:
+            value = group.get(key)
+            if isinstance(value, torch.Tensor):
+                value.mul_(ratio)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                group[key] = value * ratio
+    for schedule in schedules:
+        for name in SCHEDULE_LRS:
+            values = getattr(schedule, name, None)
+            if isinstance(values, list):
+                setattr(schedule, name, [v * ratio for v in values])
 
 
 def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
@@ -272,6 +464,16 @@ def batch_len(batch: Any) -> int:
     return 1
 
 
+def _dynamo_graphs() -> int | None:
+    """The graphs dynamo has compiled in this process (a private counter: None where it is absent)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - an observation must not fail a trial
+        return None
+
+
 @contextlib.contextmanager
 def installed(seams: Seams) -> Iterator[None]:
     """The seams in torch for the script's run, and torch as it was afterwards."""
@@ -283,6 +485,9 @@ def installed(seams: Seams) -> Iterator[None]:
         (torch.nn.Module, "zero_grad", seams.zero_grad(torch.nn.Module.zero_grad)),
         (torch.Tensor, "backward", seams.backward(torch.Tensor.backward)),
         (torch.optim.Optimizer, "__init__", seams.optimizer_init(torch.optim.Optimizer.__init__)),
+        (LRScheduler, "__init__", seams.schedule_init(LRScheduler.__init__)),
+        (torch.amp.GradScaler, "unscale_", seams.scaler_call(torch.amp.GradScaler.unscale_)),
+        (torch.amp.GradScaler, "step", seams.scaler_call(torch.amp.GradScaler.step)),
     ]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     for owner, name, new in patches:
@@ -296,6 +501,8 @@ def installed(seams: Seams) -> Iterator[None]:
         post.remove()
         for owner, name, old in saved:
             setattr(owner, name, old)
+        for output in seams.outputs:
+            output.close()
 
 
 @contextlib.contextmanager
@@ -311,15 +518,16 @@ def as_main(job: ScriptJob) -> Iterator[None]:
 
 
 def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult:
-    """One trial of a script pipeline: the script run until the trial's timed steps are done."""
+    """One trial of a script pipeline: the script run until the trial's timed steps are done. No process
+    group is set up here: a script run under torchrun sets up its own, and the clock's collectives run
+    only once it exists."""
     rank, world, local_rank = knobs.dist_env()
-    device = knobs.pick_device(local_rank)
-    applied: dict[str, Any] = knobs.setup_process(cfg, device)
+    machine = knobs.pick_device(local_rank)
+    applied: dict[str, Any] = knobs.setup_process(cfg, machine)
     job = load_pipeline(cfg)
     assert isinstance(job, ScriptJob)
     refuse_unsupported(cfg, job.unsupported)
     as_written = is_as_written(cfg)
-    clock = Clock(cfg, device, rank, world, progress, launched)
     trial = api.Trial(
         precision=cfg.precision,
         channels_last=cfg.channels_last,
@@ -327,25 +535,31 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
         compile_backend=os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor"),
         seed=cfg.seed,
         data_seed=cfg.data_seed,
-        device_type=device.type,
+        device_type=machine.type,
+        as_written=as_written,
         **batch_handover(cfg, job),
     )
-    seams = Seams(cfg, clock, as_written, trial, own_lr="lr" in job.uses.api)
+
+    def clock_for(device: torch.device) -> Clock:
+        return Clock(cfg, device, rank, world, progress, launched)
+
+    seams = Seams(cfg, clock_for, as_written, trial, own_lr="lr" in job.uses.api, machine=machine)
     finished = execute(job, seams)
-    clock.close(losses_per_rank=False)
-    if not finished:  # a part-measured run is not this config's speed
+    if not finished or seams.clock is None:  # a part-measured run is not this config's speed
         need = f"{cfg.timed_steps} timed" if cfg.seconds is None else f"{cfg.seconds:g} s of timed"
+        untimed = seams.clock.untimed_steps if seams.clock is not None else cfg.warmup_steps
         raise ConfigError(
-            f"the script ended after {seams.hook_steps} optimizer step(s), before {clock.untimed_steps} warm-up "
+            f"the script ended after {seams.hook_steps} optimizer step(s), before {untimed} warm-up "
             f"and {need} step(s): give it more steps in its arguments"
         )
     applied |= unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
     extra = batch_and_lr(cfg, seams, trial, job)
     applied["script"] |= extra.pop("script")
     applied |= extra
+    applied["observed"] = seams.final
     if cfg.profile:
         applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
-    return clock.result(applied, measure.memory_total_bytes(device))
+    return seams.clock.result(applied, measure.memory_total_bytes(seams.at))
 
 
 def execute(job: ScriptJob, seams: Seams) -> bool:
@@ -374,6 +588,7 @@ def observed(
     """What each routed knob did in the script's process, in `applied`'s shape (an unsupported knob keeps
     its record, and why)."""
     why = AS_WRITTEN if as_written else ""
+    seen = seams.final
     out: dict[str, Any] = {
         "script": {
             "requested": None,
@@ -382,7 +597,10 @@ def observed(
             "optimizers": seams.optimizers,
             "api_calls": dict(trial.calls),
             "optimizer_steps": seams.hook_steps,
-            "samples_per_step": seams.clock.samples_per_step,
+            "samples_per_step": seams.clock.samples_per_step if seams.clock is not None else None,
+            "device": seen.get("device"),
+            "world_size": seen.get("world_size"),
+            "global_batch": seen.get("global_batch"),
         }
     }
     loader = seams.loaders[0] if seams.loaders else None
@@ -403,18 +621,76 @@ def observed(
     out["cudnn_benchmark"] = knob_effect(cfg.cudnn_benchmark, torch.backends.cudnn.benchmark, why)
     out["num_threads"] = knob_effect(cfg.num_threads, torch.get_num_threads(), why or "0 = torch default")
     if "autocast" in trial.calls:
-        out["precision"] = knob_effect(cfg.precision, cfg.precision, "through at.autocast()")
+        out["precision"] = precision_effect(cfg, trial, seen, as_written)
+        out["script"]["autocast"] = dict(trial.autocasts)
+        if trial.outer_autocast is not None:
+            out["script"]["outer_autocast"] = trial.outer_autocast
+    if trial.scalers:
+        scaling = [s for s in trial.scalers if observe.scaled(s)]
+        out["script"]["grad_scaler"] = {"enabled": trial.scalers[0].is_enabled(), "scaled": bool(scaling)}
+    if "gpus" not in unsupported:
+        out["gpus"] = knob_effect(cfg.gpus, seen.get("world_size"), "the ranks of the script's own process group")
     if "model" in trial.calls:
         convs = [p for m in trial.models for p in m.parameters() if p.dim() == 4]
         last = bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
         out["channels_last"] = knob_effect(cfg.channels_last, last, "through at.model()")
-        out["compile"] = knob_effect(cfg.compile, cfg.compile, "through at.model()")
+        out["compile"] = compile_effect(cfg, trial, seen)
     return out
 
 
+def precision_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any], as_written: bool) -> dict[str, Any]:
+    """The precision the model ran at, as its forward showed it (the output dtype of its first layer, else
+    its own): not the config's echo. Without a model handed to at.model() (or one the trial compiled), what
+    at.autocast() entered, on the device the script's tensors live on."""
+    own = trial.defaults.get("precision", "fp32")
+    entered = sorted(trial.autocasts, key=lambda k: -trial.autocasts[k])
+    said = [f"at.autocast() ran {', '.join(f'{k} x{trial.autocasts[k]}' for k in entered)}"]
+    dtype = seen.get("first_layer_output_dtype") or seen.get("output_dtype")
+    if dtype is not None:
+        in_effect = PRECISION_OF_DTYPE.get(dtype, dtype)
+        where = "its first layer's" if seen.get("first_layer_output_dtype") else "its"
+        said.append(f"the model at.model() got returned {dtype} ({where} output)")
+    else:
+        in_effect = entered[0].split(" on ")[0] if entered else own
+        said.append("its model's output was not watched (none handed to at.model(), or compiled)")
+    outer = trial.outer_autocast
+    if outer is not None:
+        said.append(
+            f"the script's own autocast({outer['device_type']}, {outer['dtype']}) encloses at.autocast(): "
+            + (
+                "the baseline keeps it, as the script runs alone"
+                if as_written
+                else "the trial's precision replaced it inside at.autocast() only; give its dtype to "
+                "at.autocast() (at.autocast(torch.bfloat16)) in its place"
+            )
+        )
+    if as_written:
+        said.append(f"{AS_WRITTEN}: at.autocast({own!r})")
+    return knob_effect(cfg.precision, in_effect, "; ".join(said))
+
+
+def compile_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any]) -> dict[str, Any]:
+    """Whether the model the script ran was compiled: at.model() returned a compiled module, and dynamo
+    compiled graphs while the script ran (a script that keeps the module it passed, not the one returned,
+    runs eagerly)."""
+    if not any(observe.is_compiled(m) for m in trial.handed_back):
+        return knob_effect(cfg.compile, "off", "through at.model(): the model it returned is not compiled")
+    graphs = seen.get("compiled_graphs")
+    if graphs == 0:
+        return knob_effect(
+            cfg.compile,
+            "off",
+            "at.model() returned a compiled model, but dynamo compiled no graph while the script ran: it runs "
+            "the module it passed, not the one at.model() returned",
+        )
+    mode = cfg.compile if cfg.compile != "off" else "the script's own torch.compile"
+    return knob_effect(cfg.compile, mode, f"through at.model(): {graphs} graph(s) compiled" if graphs else "")
+
+
 def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob) -> dict[str, Any]:
-    """The batch the script ran (handed over, or its own), its accumulation, the lr each optimizer was
-    built with, and the lr rule: the study's, next to the one the optimizer that stepped follows."""
+    """The batch the script ran (handed over, or its own), its accumulation, the global batch its ranks
+    ran per step, the lr each optimizer was built with, and the lr rule: the study's, next to the one the
+    optimizer that stepped follows."""
     out: dict[str, Any] = {}
     got, own = trial.returned, trial.defaults
     if job.own is not None and "batch_size" in got:
@@ -438,11 +714,42 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
     else:
         before, after = (built["lr"], built["lr_set"]) if built else (None, None)
     own_global = job.own[0] * job.own[1] if job.own else None
-    runs = (got.get("batch_size", 0) or 0) * accumulation
-    if own_global is not None and runs and before is not None:
-        runs_cfg = cfg if cfg.global_batch else cfg.replace(global_batch=runs * cfg.gpus)
-        out["lr"] = lr_effect(runs_cfg, before, after, own_global) | {"rule": rule}
+    planned = planned_global(cfg, int(own.get("accumulation", job.own[1] if job.own else 1)))
+    ran = seams.final.get("global_batch")
+    corrected = (built or {}).get("planned_for")
+    if own_global is not None and "batch_size" in got and before is not None:
+        lr_global = corrected["ran"] if corrected and "lr" not in got else planned
+        out["lr"] = lr_effect(cfg.replace(batch_size=lr_global, gpus=1, global_batch=None), before, after, own_global)
+        out["lr"]["rule"] = rule
+        if corrected:
+            out["lr"]["why"] += (
+                f"; planned for global batch {corrected['global_batch']}, the ranks ran {corrected['ran']}"
+                + (
+                    f": at.lr() had handed the lr for {corrected['global_batch']} (the rule's factor for "
+                    f"{corrected['ran']} is {corrected['rule_factor']:.4g})"
+                    if "lr" in got
+                    else ": set for the batch run before the first step"
+                )
+            )
+        out["global_batch"] = knob_effect(planned, ran, global_why(seams, planned, ran))
     else:
         out["lr"] = knob_effect(before, after, "the script's own lr (its batch is its own)") | {"rule": rule}
+        out["global_batch"] = knob_effect(None, ran, global_why(seams, None, ran))
     out["script"] = {"accumulation": accumulation, "optimizers_built": seams.constructed}
     return out
+
+
+def global_why(seams: Seams, planned: int | None, ran: int | None) -> str:
+    """What the global batch the ranks ran is made of, and, when it is not the one planned, that the
+    script splits its batch over its ranks its own way."""
+    seen = seams.final
+    world, per_rank = seen.get("world_size", 1), seen.get("samples_per_step_per_rank")
+    said = f"{per_rank} sample(s) per optimizer step on each of {world} rank(s), summed"
+    if not per_step(seams.step_samples):
+        said = f"no loader counted: {per_rank} handed over per step on each of {world} rank(s), summed"
+    if planned is not None and ran is not None and ran != planned:
+        said += (
+            f"; the trial planned {planned} (the micro-batch x the accumulation it handed over, on every rank): "
+            "the script splits its batch over its ranks its own way"
+        )
+    return said

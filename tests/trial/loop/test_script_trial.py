@@ -4,7 +4,10 @@ DataLoader and optimizer, and the baseline running the script's own settings."""
 
 from __future__ import annotations
 
+import math
+import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from autotune.pipelines import script
 from autotune.trial.loop import worker
 from autotune.trial.loop.script import Seams
 from autotune.trial.measurement.clock import Clock
+from tests.fakes import FakeGpu, FakeNvml
 from tests.pipelines.script_helpers import EXAMPLE, SCRIPTS, images
 
 __all__ = ["images"]  # a fixture
@@ -104,7 +108,8 @@ def test_a_script_s_fetch_is_timed_from_a_device_sync(monkeypatch: pytest.Monkey
     events: list[str] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
     cfg = TrialConfig(warmup_steps=1)
-    seams = Seams(cfg, Clock(cfg, torch.device("cuda", 0), 0, 1, None, time.time()), as_written=True)
+    gpu = torch.device("cuda", 0)  # the machine's: the script showed no tensor of its own yet
+    seams = Seams(cfg, lambda device: Clock(cfg, device, 0, 1, None, time.time()), as_written=True, machine=gpu)
 
     def fetch(it: Any) -> torch.Tensor:
         events.append("fetch")
@@ -115,3 +120,109 @@ def test_a_script_s_fetch_is_timed_from_a_device_sync(monkeypatch: pytest.Monkey
         assert next_batch(None).shape == (4, 2)
         assert events[-2:] == ["sync", "fetch"]
     assert seams.pending_samples == 8
+
+
+# --- where the script runs, and what it ran: observed, not the config's echo (issue 42) ------------------
+
+AMP = HERE / "scripts" / "amp.py"
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine that has a GPU (torch.cuda faked: this one has none), for a script that keeps its model on
+    the CPU anyway."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    props = types.SimpleNamespace(total_memory=80 * 2**30, uuid="GPU-fake")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu("GPU-fake")], init_fails=True))
+    # An optimizer's step asks the accelerator's stream whether a CUDA graph is being captured.
+    monkeypatch.setattr(
+        torch.accelerator, "current_stream", lambda device=None: types.SimpleNamespace(is_capturing=lambda: False)
+    )
+
+
+@pytest.mark.usefixtures("gpu_machine")
+def test_a_script_that_keeps_its_model_on_the_cpu_records_the_cpu_not_the_machine_s_gpu() -> None:
+    """Defect 1: the trial took its device from the machine, so at.autocast() entered autocast('cuda')
+    around CPU ops (a no-op) and the result named the GPU and claimed bf16 from the config."""
+    r = trial(AMP, [], precision="bf16")
+    a = r.applied
+    assert r.device == "cpu" and a["script"]["device"] == "cpu" and a["observed"]["param_device"] == "cpu"
+    assert a["script"]["autocast"] == {"bf16 on cpu": 2 + 4}  # each step's at.autocast(), on the model's device
+    assert a["observed"]["first_layer_output_dtype"] == "bfloat16"  # CPU autocast, where the model is
+    assert a["precision"]["in_effect"] == "bf16" and "returned bfloat16" in a["precision"]["why"]
+
+
+def test_precision_in_effect_is_what_the_model_ran_at() -> None:
+    r = trial(AMP, [], precision="bf16")
+    assert r.applied["observed"]["output_dtype"] == "bfloat16" and r.applied["precision"]["in_effect"] == "bf16"
+    r = trial(AMP, [], precision="fp32")
+    assert r.applied["observed"]["output_dtype"] == "float32" and r.applied["precision"]["in_effect"] == "fp32"
+
+
+def test_the_baseline_runs_the_script_s_own_amp_and_another_trial_runs_its_own_precision() -> None:
+    """Defect 4: at.autocast() took no "own": a script that ran bf16 AMP before the edit ran fp32 as trial 0.
+    Its own precision is at.autocast()'s argument, what the call does outside a trial and in the baseline."""
+    base = trial(AMP, ["--own", "bf16"], num_threads=0)  # the baseline's knobs: the script as written
+    a = base.applied
+    assert a["observed"]["output_dtype"] == "bfloat16" and a["precision"]["in_effect"] == "bf16"
+    assert "at.autocast('bf16')" in a["precision"]["why"] and "baseline" in a["precision"]["why"]
+    r = trial(AMP, ["--own", "bf16"], precision="fp32")  # another trial: the config's precision
+    assert r.applied["observed"]["output_dtype"] == "float32" and r.applied["precision"]["in_effect"] == "fp32"
+
+
+def test_a_script_s_own_outer_autocast_is_recorded_and_no_fp32_trial_runs_bf16_unsaid() -> None:
+    """Defect 4: a script that keeps its own autocast around at.autocast() ran bf16 in an "fp32" trial,
+    unrecorded. It is seen at at.autocast()'s entry: the trial's precision runs inside it, and it is said."""
+    r = trial(AMP, ["--outer"], precision="fp32")
+    a = r.applied
+    assert a["script"]["outer_autocast"] == {"device_type": "cpu", "dtype": "bfloat16"}
+    assert a["observed"]["output_dtype"] == "float32" and a["precision"]["in_effect"] == "fp32"
+    assert "encloses at.autocast()" in a["precision"]["why"]
+    base = trial(AMP, ["--outer"], num_threads=0)  # the baseline keeps it: the script as it runs alone
+    assert base.applied["precision"]["in_effect"] == "bf16" and "keeps it" in base.applied["precision"]["why"]
+
+
+@pytest.mark.parametrize(("built", "asked"), [(["--fused"], "foreach"), (["--fused"], "none"), ([], "fused")])
+def test_fusion_is_switched_before_grad_scaler_picks_its_path(built: list[str], asked: str) -> None:
+    """Defect 5: the fused/foreach flags were switched in the step pre-hook, after GradScaler.step had chosen
+    the fused path (it hands a fused step its scale): a foreach or for-loop step then raised "Expected
+    grad_scale and found_inf to be None". A GradScaler in the path (bf16 on CPU, as for fp16 on a GPU)."""
+    r = trial(AMP, [*built, "--scaler", "own"], precision="bf16", optimizer_fusion=asked)
+    a = r.applied
+    assert r.status == "ok" and a["optimizer_fusion"]["in_effect"] == asked
+    assert a["observed"]["optimizer_fused"] is (asked == "fused")
+    assert a["observed"]["optimizer_foreach"] is (asked == "foreach")
+    assert r.losses and all(math.isfinite(x) for x in r.losses)
+
+
+def test_the_backward_seam_holds_a_copy_of_the_loss_not_the_script_s_tensor() -> None:
+    """Defect 7: the seam kept the script's loss tensor (detached: the same storage) until the step ended;
+    under CUDA graphs that storage is the graph's, rewritten by the next replay. It keeps a copy."""
+    cfg = TrialConfig()
+    seams = Seams(cfg, lambda device: Clock(cfg, device, 0, 1, None, time.time()), as_written=True)
+    loss = torch.tensor(2.0, requires_grad=True) * 1.5
+    seams.backward(lambda tensor, *a, **k: None)(loss)
+    with torch.no_grad():
+        loss.fill_(99.0)  # what a replay does to a graph's static output
+    assert seams.step_loss() == 3.0
+
+
+def test_compile_in_effect_is_a_compiled_model_that_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile's in_effect was the config's echo: a script that keeps running the module it passed to
+    at.model() (not the compiled one returned) ran eagerly and was recorded compiled. dynamo's eager
+    backend: its graphs, without inductor's code generation."""
+    from autotune.trial.loop.knobs import COMPILE_BACKEND_ENV
+
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
+    r = trial(AMP, [], compile="default")
+    assert r.applied["compile"]["in_effect"] == "default" and r.applied["observed"]["compiled_graphs"] >= 1
+    r = trial(AMP, ["--discard"], compile="default")
+    assert r.applied["compile"]["in_effect"] == "off" and r.applied["observed"]["compiled_graphs"] == 0
