@@ -268,7 +268,7 @@ def outcome(t: FrozenTrial) -> Outcome:
     return Outcome.CONTENDED if record.contended else Outcome.MEASURED
 
 
-def ran_over_planned(applied: dict[str, Any]) -> float:
+def ran_over_planned(applied: Mapping[str, Any]) -> float:
     """The global batch a trial's ranks delivered over the one its config planned, where the trial observed
     both (a script's loaders counted over ranks: one that divides its own accumulation by the world size
     keeps its batch under torchrun); 1 where it did not."""
@@ -276,8 +276,9 @@ def ran_over_planned(applied: dict[str, Any]) -> float:
     if not isinstance(seen, dict):
         return 1.0
     planned, ran = seen.get("requested"), seen.get("in_effect")
-    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (planned, ran))
-    return float(ran) / float(planned) if ok else 1.0
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (planned, ran)):
+        return 1.0
+    return float(ran) / float(planned)  # type: ignore[arg-type]  # both checked numbers above
 
 
 def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None, contended: bool) -> TrialRecord:
