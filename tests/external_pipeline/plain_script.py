@@ -59,7 +59,8 @@ def main() -> None:
     torch.manual_seed(at.seed(0))  # at
     loader = DataLoader(Masks(args.data, args.size), batch_size=args.batch_size, shuffle=True,
                         num_workers=args.workers, drop_last=True)  # fmt: skip
-    model = at.model(net(args.width))  # at
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = at.model(net(args.width).to(device))  # at
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     criterion = nn.BCEWithLogitsLoss()
@@ -67,6 +68,7 @@ def main() -> None:
     for epoch in range(args.epochs):
         total = 0.0
         for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             with at.autocast():  # at
                 loss = criterion(model(x).float(), y)
