@@ -52,14 +52,17 @@ def lr_effect(cfg: TrialConfig, given: Any, trained: Any, own_batch: int | None 
 def refuse_unsupported(cfg: TrialConfig, unsupported: Collection[str]) -> None:
     """Exit 5 (TrialUnsupported) when the config sets a knob the job cannot honour away from its default (a
     hand-written config: the search keeps them at their defaults), naming each with why where the job says
-    (`unsupported.why[knob]`)."""
+    (`unsupported.why[knob]`); or sets a knob it takes to a value it cannot (`unsupported.values[knob]`)."""
     default = TrialConfig()
     refused = [k for k in sorted(set(unsupported) & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
-    if refused:
-        why = getattr(unsupported, "why", {})
-        raise TrialUnsupported(
-            "the pipeline does not support: " + ", ".join(f"{k} ({why[k]})" if why.get(k) else k for k in refused)
-        )
+    why = getattr(unsupported, "why", {})
+    said = [f"{k} ({why[k]})" if why.get(k) else k for k in refused]
+    values = getattr(unsupported, "values", {})
+    said += [
+        f"{k} {getattr(cfg, k)} ({values[k][getattr(cfg, k)]})" for k in sorted(values) if getattr(cfg, k) in values[k]
+    ]
+    if said:
+        raise TrialUnsupported("the pipeline does not support: " + ", ".join(said))
 
 
 def unsupported_effects(cfg: TrialConfig, unsupported: Collection[str]) -> dict[str, Any]:

@@ -130,6 +130,12 @@ def _check_baseline(cfg: TrialConfig, unsupported: frozenset[str]) -> None:
 
     default, given = TrialConfig(), dict(cfg.baseline or ())
     refused = sorted(k for k in unsupported & set(given) if given[k] != getattr(default, k))
+    values = getattr(unsupported, "values", {})
+    if bad := sorted(k for k in set(values) & set(given) if given[k] in values[k]):
+        raise PipelineError(
+            f"--baseline sets {', '.join(f'{k} {given[k]}' for k in bad)}, which --pipeline {cfg.pipeline!r} cannot "
+            "run (" + "; ".join(values[k][given[k]] for k in bad) + ")"
+        )
     if refused:
         why = getattr(unsupported, "why", {})
         raise PipelineError(
@@ -165,13 +171,17 @@ NO_BLOCKS = "fsdp shards per block, and the pipeline names neither `stages` nor 
 
 
 class Unsupported(frozenset):
-    """Knob names a pipeline cannot honour, with why (`why[knob]`), for the note the search prints."""
+    """Knob names a pipeline cannot honour, with why (`why[knob]`), for the note the search prints; and
+    `values[knob]`: {value: why} for a knob it takes, but not at those values (fp16 for a script that hands
+    over no GradScaler): the search drops them, a trial asked for one exits 5."""
 
     why: Mapping[str, str]
+    values: Mapping[str, Mapping[Any, str]]
 
-    def __new__(cls, reasons: Mapping[str, str]) -> Unsupported:
+    def __new__(cls, reasons: Mapping[str, str], values: Mapping[str, Mapping[Any, str]] | None = None) -> Unsupported:
         self = super().__new__(cls, reasons)
         self.why = dict(reasons)
+        self.values = {k: dict(v) for k, v in (values or {}).items()}
         return self
 
 
@@ -182,7 +192,9 @@ def unsupported_of(pipeline: Pipeline) -> frozenset[str]:
     given = getattr(pipeline, "unsupported", ()) or ()
     if "parallel" in given or blocks_of(pipeline):
         return given if isinstance(given, Unsupported) else frozenset(given)
-    return Unsupported({**{k: "" for k in given}, **getattr(given, "why", {}), "parallel": NO_BLOCKS})
+    return Unsupported(
+        {**{k: "" for k in given}, **getattr(given, "why", {}), "parallel": NO_BLOCKS}, getattr(given, "values", None)
+    )
 
 
 def default_data(spec: str, studies_dir: str | os.PathLike[str]) -> str | None:

@@ -1,19 +1,31 @@
 """What a script's space says of the knobs its source keeps: the batch it runs when it keeps its own (read
-from its DataLoader, not autotune's default), and optimizer_fusion for an optimizer without the
-fused/foreach pair (fixed with the reason, not searched and recorded "in effect none")."""
+from its DataLoader, not autotune's default), optimizer_fusion for an optimizer without the
+fused/foreach pair (fixed with the reason, not searched and recorded "in effect none"), gpus for a script
+that sets up its own process group (searched) or none (fixed, with what to add), fp16 only with the
+GradScaler handed over, and the precision the script gives at.autocast() as its baseline's."""
 
 from __future__ import annotations
 
+import ast
+import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from autotune.core.config import TrialConfig
-from autotune.pipelines import load_pipeline, script, unsupported_of
+from autotune.core.effects import refuse_unsupported
+from autotune.core.errors import PipelineError, TrialUnsupported, exit_code_for
+from autotune.core.settings import SearchSettings
+from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of
 from autotune.pipelines.script import fusion
+from autotune.search.loop.study import warm_start
 from autotune.search.space.reading import load_space
 from autotune.search.space.machine import Hardware
-from autotune.search.space.resolve import for_hardware
-from autotune.search.space.spec import Fixed
+from autotune.search.space.resolve import for_hardware, resolve
+from autotune.search.space.spec import Choices, Fixed, SearchSpace, spec_values
 from tests.conftest import REPO_ROOT
+from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, cpu_bf16=True, apex=False, memory_bytes=None)
 HEAD = """import argparse
@@ -75,3 +87,166 @@ def test_the_flags_are_read_from_the_constructor_s_signature() -> None:
     assert fusion.flags_of("Lion") is None and fusion.flags_of("lr_scheduler") is None
     assert fusion.unroutable(()) is None  # the source names no optimizer: searched
     assert fusion.unroutable(("SGD", "Adadelta")) is None  # one of them takes the pair
+
+
+# --- gpus: a script that sets up its own process group runs under torchrun ------------------------------
+
+DDP = """import torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(model)
+"""
+NO_GROUP = "loader = DataLoader(data, batch_size=8)\n"
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine with 2 GPUs as the controller sees it (torch.cuda and NVML faked; CUDA never initialised)."""
+
+    def no_cuda_here() -> None:
+        raise AssertionError("the controller initialised CUDA")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", no_cuda_here)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(UUID_A), FakeGpu(UUID_B)]))
+
+
+def searched(tmp_path: Path, body: str) -> tuple[dict[str, object], list[str]]:
+    """The default space as `autotune search --script` resolves it for `HEAD + body` on this machine."""
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + body)
+    base = TrialConfig(pipeline=script.spec_of(str(path)))
+    said: list[str] = []
+    space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
+    narrowed, _, _ = resolve(space, load_pipeline(base), SearchSettings(base=base), base, said.append)
+    return dict(narrowed.knobs), [s.removeprefix("space: ") for s in said]
+
+
+def test_gpus_is_searched_for_a_script_that_sets_up_its_own_process_group(tmp_path: Path, two_gpus: None) -> None:
+    knobs, notes = searched(tmp_path, DDP)
+    assert not isinstance(knobs["gpus"], Fixed) and spec_values(knobs["gpus"]) == [1, 2], knobs["gpus"]
+    assert not any(n.startswith(("gpus not searched", "gpus fixed")) for n in notes), notes
+    # Its DDP is its own: autotune does not swap it for FSDP.
+    assert "wraps its own model" in note(notes, "parallel")
+    # A script without a process group runs as one process: gpus fixed, with what to add.
+    knobs, notes = searched(tmp_path, NO_GROUP)
+    assert knobs["gpus"] == Fixed(1)
+    said = note(notes, "gpus")
+    assert "the script sets up no process group: call torch.distributed.init_process_group()" in said, said
+    assert "under torchrun" in said
+
+
+@pytest.mark.parametrize(
+    "source, sets_up",
+    [
+        ("import torch.distributed as dist\ndist.init_process_group(backend='nccl')\n", True),
+        ("import torch\ntorch.distributed.init_process_group('nccl')\n", True),
+        ("from torch.distributed import init_process_group\ninit_process_group()\n", True),
+        ("from torch.distributed import init_process_group as setup\nsetup('gloo')\n", True),
+        ("from torch.distributed.device_mesh import init_device_mesh\nmesh = init_device_mesh('cuda', (2,))\n", True),
+        ("import torch.distributed as dist\nrank = dist.get_rank() if dist.is_initialized() else 0\n", False),
+        (
+            "import torch.distributed as dist\n# dist.init_process_group() under torchrun\nprint('init_process_group')\n",
+            False,
+        ),
+    ],
+)
+def test_the_process_group_is_read_from_the_source_in_any_spelling(source: str, sets_up: bool) -> None:
+    assert script.scan(ast.parse(source)).process_group is sets_up
+
+
+def test_a_trial_asking_gpus_of_a_script_without_a_process_group_exits_5(tmp_path: Path) -> None:
+    from autotune.trial.loop import worker
+
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + NO_GROUP)
+    with pytest.raises(TrialUnsupported, match=r"gpus \(the script sets up no process group") as e:
+        worker.run(TrialConfig(pipeline=script.spec_of(str(path)), gpus=2, warmup_steps=1, timed_steps=1))
+    assert exit_code_for(e.value.reason) == 5
+    path.write_text(HEAD + DDP)
+    assert "gpus" not in unsupported_of(load_pipeline(TrialConfig(pipeline=script.spec_of(str(path)), gpus=2)))
+
+
+# --- fp16 needs the GradScaler handed over ---------------------------------------------------------------
+
+GPU = Hardware(cuda=True, gpu_count=1, cpu_count=2, cpu_bf16=True, apex=False, memory_bytes=None)
+AMP = """from autotune import script as at
+with at.autocast({own}):
+    loss = model(torch.randn(2, 4)).sum()
+"""
+SCALER = "scaler = at.scaler()\n"
+
+
+def on_gpu(tmp_path: Path, body: str) -> tuple[dict[str, object], list[str], object]:
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + body)
+    job = load_pipeline(TrialConfig(pipeline=script.spec_of(str(path))))
+    space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
+    narrowed, notes = for_hardware(space, GPU, stages=0, unsupported=unsupported_of(job))
+    return dict(narrowed.knobs), notes, job
+
+
+def test_fp16_is_not_searched_for_a_script_that_hands_over_no_scaler(tmp_path: Path) -> None:
+    knobs, notes, job = on_gpu(tmp_path, AMP.format(own=""))
+    assert knobs["precision"] == Choices(("fp32", "bf16"))
+    said = next(n for n in notes if n.startswith("precision"))
+    assert "dropped fp16" in said and "fp16 needs loss scaling: hand your GradScaler over with at.scaler()" in said
+    # A hand-written trial asking for it is refused (exit 5); bf16 runs.
+    cfg = TrialConfig(pipeline=job.spec)
+    with pytest.raises(TrialUnsupported, match="precision fp16 \\(fp16 needs loss scaling") as e:
+        refuse_unsupported(cfg.replace(precision="fp16"), unsupported_of(job))
+    assert exit_code_for(e.value.reason) == 5
+    refuse_unsupported(cfg.replace(precision="bf16"), unsupported_of(job))
+    with pytest.raises(PipelineError, match="--baseline sets precision fp16"):
+        load_pipeline(cfg.replace(baseline={"precision": "fp16"}))
+    # Handed over: fp16 is searched. The script's own fp16 (its own scaler): searched too, it is its baseline.
+    for body in (AMP.format(own="") + SCALER, AMP.format(own='"fp16"')):
+        knobs, notes, _ = on_gpu(tmp_path, body)
+        assert knobs["precision"] == Choices(("fp32", "bf16", "fp16")), body
+
+
+def test_the_warm_start_takes_no_fp16_a_script_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without NVML (or on a V100) the guide's AMP is fp16: for a script that hands over no scaler the warm
+    start keeps the baseline's precision instead of a trial that would only be refused."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], init_fails=True))
+    knobs, _, job = on_gpu(tmp_path, AMP.format(own=""))
+    base = TrialConfig(pipeline=job.spec)
+    assert warm_start(base, GPU, SearchSpace(knobs=knobs)).precision == "fp32"  # type: ignore[arg-type]
+    knobs, _, job = on_gpu(tmp_path, AMP.format(own="") + SCALER)
+    assert warm_start(base, GPU, SearchSpace(knobs=knobs)).precision == "fp16"  # type: ignore[arg-type]
+
+
+# --- the script's own precision: trial 0 runs what the user ran --------------------------------------------
+
+OPTION = 'p.add_argument("--precision", default="bf16")\nargs = p.parse_args()\n'
+
+
+@pytest.mark.parametrize(
+    "own, args, want",
+    [
+        ("", (), "fp32"),
+        ('"bf16"', (), "bf16"),
+        ("torch.bfloat16", (), "bf16"),
+        ("own=torch.float16", (), "fp16"),
+        ("None", (), "fp32"),
+        ("args.precision", (), "bf16"),
+        ("args.precision", ("--precision", "fp32"), "fp32"),
+    ],
+)
+def test_the_script_s_own_precision_is_read_from_at_autocast(
+    tmp_path: Path, own: str, args: tuple[str, ...], want: str
+) -> None:
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + OPTION + AMP.format(own=own) + SCALER)
+    job = load_pipeline(TrialConfig(pipeline=script.spec_of(str(path), list(args))))
+    assert script.own_precision(job.uses) == want
+    assert own_baseline(job).get("precision", "fp32") == want  # trial 0's config says what the user ran
+    assert "precision" not in unsupported_of(job)
+
+
+def test_an_own_precision_the_source_cannot_give_keeps_precision_fixed_with_why(tmp_path: Path) -> None:
+    knobs, notes, job = on_gpu(tmp_path, AMP.format(own="pick(args)") + SCALER)
+    assert knobs["precision"] == Fixed("fp32") and "precision" not in own_baseline(job)
+    said = note(notes, "precision")
+    assert "the precision at.autocast() is given cannot be read: 'pick(args)' is not a precision" in said, said

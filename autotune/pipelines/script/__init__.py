@@ -12,7 +12,13 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
     fused/foreach pair (fusion.py);
   - the loader knobs need a `DataLoader` in the script's source;
   - precision needs a call to `at.autocast()`, channels_last and compile one to `at.model()`
-    (autotune.script, the cooperative API);
+    (autotune.script, the cooperative API); fp16 needs `at.scaler()` too: without loss scaling fp16's
+    small gradients flush to zero, its speed wins by noise and its export would have no scaler; the
+    precision the script runs alone is the argument it gives at.autocast() (`at.autocast("bf16")`, a
+    torch dtype), trial 0's;
+  - gpus needs the script to set up its own process group (a call to init_process_group or
+    init_device_mesh, by any spelling): it then runs under torchrun, one process per GPU, its own DDP
+    set-up untouched, each rank with the seams; a script that sets up none runs as one process;
   - batch_size needs `at.batch_size(default)`, and under a study's --global-batch `at.accumulation()`
     too; the script's own batch (the baseline's) is read from that default: an int, a name assigned
     once, or an argparse option's default (with the script's own arguments applied); a script that
@@ -35,8 +41,9 @@ from pathlib import Path
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from autotune.core.config import LEADS, dependents
+from autotune.core.config import LEADS, PRECISIONS, dependents
 from autotune.core.errors import PipelineError
+from autotune.pipelines import Unsupported
 from autotune.pipelines.kind import SCRIPT_PREFIX as PREFIX, kind_of
 from autotune.pipelines.own_loop import OwnLoopJob
 from autotune.pipelines.script import fusion
@@ -59,18 +66,34 @@ SQRT_RULE = frozenset(
 )  # fmt: skip
 OTHER_OPTIMIZERS = frozenset({"Lion", "Rprop", "ASGD", "LBFGS", "Muon", "Shampoo", "SophiaG", "Adan"})
 DEFAULT_RULE = "sqrt"
+# Calls that set up the default process group: a script making one runs under torchrun, one process per GPU.
+PROCESS_GROUP = frozenset({"init_process_group", "init_device_mesh"})
+# The script's own precision, as at.autocast() is given it: a name, or torch's dtype (torch.bfloat16, ...).
+OWN_PRECISION = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+}  # fmt: skip
 # What no script takes yet, with why.
 BATCH_WHY = (
     "the script runs its own batch size{own}, not the value the config records: changing it changes its "
     "training, and its lr, schedule and accumulation are its own (hand it over with at.batch_size() to search it)"
 )
-ALWAYS = {
-    "gpus": "the script runs as one process; its own DDP set-up under torchrun is not wired yet",
-    "checkpoint_segments": "the script's forward owns activation checkpointing",
+ALWAYS = {"checkpoint_segments": "the script's forward owns activation checkpointing"}
+ONE_PROCESS = {
+    "gpus": (
+        "the script sets up no process group: call torch.distributed.init_process_group() in it (and wrap its "
+        "model in DistributedDataParallel) and autotune runs it under torchrun, one process per GPU"
+    ),
     **{
         k: "the script runs as one process: nothing to replicate or shard" for k in (LEADS["fsdp"], *dependents("fsdp"))
     },
 }
+# A script that sets up its own process group wraps its own model too: DDP or FSDP is its choice.
+OWN_STRATEGY = {
+    k: "the script sets up its own process group and wraps its own model: how it replicates or shards is its own"
+    for k in (LEADS["fsdp"], *dependents("fsdp"))
+}
+NO_SCALER = "fp16 needs loss scaling: hand your GradScaler over with at.scaler() (autotune.script)"
 
 
 def parse(spec: str) -> tuple[str, list[str]]:
@@ -121,8 +144,9 @@ class Uses:
     dataloader: bool
     api: frozenset[str]
     optimizers: tuple[str, ...] = ()
-    own: tuple[tuple[str, float | str], ...] = ()  # OWN's values, "lr" and "loader_batch_size"
+    own: tuple[tuple[str, float | str], ...] = ()  # OWN's values, "lr", "loader_batch_size" and "precision"
     seeded: bool = False  # it seeds torch itself (manual_seed, seed_everything, set_seed) or takes at.seed()
+    process_group: bool = False  # it sets up its own process group (init_process_group, init_device_mesh)
 
     def own_value(self, name: str) -> Any:
         """The script's own value of an OWN call's argument (or its lr), why it cannot be read, or None:
@@ -135,6 +159,7 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
     defaults its OWN calls are given (`args`: the script's command line, which its argparse reads)."""
     aliases: set[str] = set()  # names bound to the API module
     direct: dict[str, str] = {}  # local name -> API function
+    group_calls = set(PROCESS_GROUP)  # and the names torch.distributed's are imported as
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == "autotune":
             aliases |= {a.asname or a.name for a in node.names if a.name == "script"}
@@ -142,10 +167,12 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
             direct |= {a.asname or a.name: a.name for a in node.names}
         elif isinstance(node, ast.Import):
             aliases |= {a.asname for a in node.names if a.name == API_MODULE and a.asname}
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch.distributed"):
+            group_calls |= {a.asname for a in node.names if a.name in PROCESS_GROUP and a.asname}
     api: set[str] = set()
     first: dict[str, ast.Call] = {}  # API function -> its first call in the source
     optimizers: list[str] = []
-    loader = seeded = False
+    loader = seeded = process_group = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "DataLoader":
             loader = True
@@ -166,6 +193,7 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
             first.setdefault(name, node)
         callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
         seeded = seeded or _seeds_torch(f)
+        process_group = process_group or callee in group_calls
         if callee in LINEAR_RULE | SQRT_RULE | OTHER_OPTIMIZERS and callee not in optimizers:
             optimizers.append(callee)
     own: list[tuple[str, float | str]] = [(k, _own_default(tree, first[k], args)) for k in OWN if k in first]
@@ -173,7 +201,42 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
         own.append(("lr", lr))
     if (loader_batch := _loader_batch(tree, args)) is not None:
         own.append(("loader_batch_size", loader_batch))
-    return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api)
+    if "autocast" in first:
+        own.append(("precision", _own_precision(tree, first["autocast"], args)))
+    return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api, process_group)
+
+
+def _own_precision(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...]) -> str:
+    """The precision the script runs alone, as its first at.autocast() is given it (fp32 when it gives none),
+    one of PRECISIONS; else why it cannot be read, in words."""
+    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "own"), None)
+    return "fp32" if arg is None else _precision(tree, arg, args, 0)
+
+
+def _precision(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...], depth: int) -> str:
+    """A precision as a script spells it: "bf16" (or "bfloat16"), torch.bfloat16, None (no autocast), a name
+    assigned once (followed), or an argparse option's literal default (the script's own arguments applied)."""
+    said = ast.unparse(node)
+    if isinstance(node, ast.Constant) and node.value is None:
+        return "fp32"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return OWN_PRECISION.get(node.value.lower(), f"{said} is not one of {', '.join(OWN_PRECISION)}")
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+        if node.attr in OWN_PRECISION and node.attr not in PRECISIONS:  # torch.bfloat16, not torch.bf16
+            return OWN_PRECISION[node.attr]
+    if isinstance(node, ast.Name) and depth < 5:
+        values = [
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
+        ]
+        if len(values) == 1:
+            return _precision(tree, values[0], args, depth + 1)
+    if isinstance(node, ast.Attribute):
+        word = _argparse_default(tree, node.attr, args, str)  # the option's value, or why it has none
+        if word is not None:
+            return OWN_PRECISION.get(str(word).lower(), f"{said}: {word}")
+    return f"{said!r} is not a precision, a name assigned once, or an argparse option's default in the source"
 
 
 def _own_lr(
@@ -221,7 +284,8 @@ def _api_name(call: ast.Call) -> str:
 
 
 def _number(node: ast.expr | None, kind: type) -> Any:
-    ok = (int,) if kind is int else (int, float)
+    """A literal of `kind` (int, float, or str: an option's word) in the source, else None."""
+    ok = (int,) if kind is int else (str,) if kind is str else (int, float)
     if isinstance(node, ast.Constant) and isinstance(node.value, ok) and not isinstance(node.value, bool):
         return kind(node.value)
     return None
@@ -349,7 +413,7 @@ def not_checkable(cfg: TrialConfig) -> str | None:
 
 def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:
     """Knob -> why the script cannot take it, from what its source routes."""
-    out = dict(ALWAYS)
+    out = ALWAYS | (OWN_STRATEGY if uses.process_group else ONE_PROCESS)
     if isinstance(why := own_batch(uses, global_batch), str):
         out["batch_size"] = why
     if fused := fusion.unroutable(uses.optimizers):
@@ -359,7 +423,23 @@ def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:
     for knob, call in COOPERATIVE.items():
         if call not in uses.api:
             out[knob] = f"the script never calls at.{call}() ({API_MODULE})"
+    if "precision" not in out and (own := own_precision(uses)) not in PRECISIONS:
+        out["precision"] = f"the precision at.autocast() is given cannot be read: {own}"
     return out
+
+
+def own_precision(uses: Uses) -> str:
+    """The precision the script runs alone (one of PRECISIONS: fp32 when it gives at.autocast() none), or
+    why it cannot be read."""
+    return str(uses.own_value("precision") or "fp32")
+
+
+def refused_values(uses: Uses) -> dict[str, dict[Any, str]]:
+    """Knob -> {value the script cannot take: why}, for knobs it takes otherwise: fp16 without a GradScaler
+    handed over (at.scaler()), unless fp16 is what the script runs alone (its own scaler scales then)."""
+    if "autocast" in uses.api and "scaler" not in uses.api and own_precision(uses) != "fp16":
+        return {"precision": {"fp16": NO_SCALER}}
+    return {}
 
 
 class ScriptJob(OwnLoopJob):
@@ -367,6 +447,7 @@ class ScriptJob(OwnLoopJob):
 
     def __init__(self, spec: str, path: str, args: list[str], uses: Uses, global_batch: int | None = None) -> None:
         super().__init__(spec, unsupported(uses, global_batch))
+        self.unsupported = Unsupported(self.unsupported.why, refused_values(uses))
         self.path, self.args, self.uses = path, list(args), uses
         batch = own_batch(uses, global_batch)
         # The script's own (micro-batch, accumulation) when it hands its batch over; None: it keeps its own.
@@ -378,8 +459,12 @@ class ScriptJob(OwnLoopJob):
 
     def own_baseline(self, global_batch: int | None = None) -> dict[str, Any]:
         """The script run as written: the batch it hands to at.batch_size(), where it hands one over (its
-        accumulation was read against the study's global batch when the job was loaded)."""
-        return {} if self.own is None else {"batch_size": self.own[0]}
+        accumulation was read against the study's global batch when the job was loaded), and the precision
+        it gives at.autocast() when not fp32, so trial 0's config says what the user ran."""
+        own: dict[str, Any] = {} if self.own is None else {"batch_size": self.own[0]}
+        if "precision" not in self.unsupported and (precision := own_precision(self.uses)) != "fp32":
+            own["precision"] = precision
+        return own
 
     def not_built(self) -> str:
         return (

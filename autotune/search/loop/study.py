@@ -19,7 +19,7 @@ from autotune.search.store import records
 from autotune.search.space.machine import differences
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.storage import shown_storage
-from autotune.search.space.spec import Fixed, SearchSpace
+from autotune.search.space.spec import Fixed, SearchSpace, spec_values
 from autotune.search.space.machine import Hardware
 from autotune.search.space.suggest import config_params, suggest
 from autotune.search.store.storage import open_storage
@@ -55,6 +55,8 @@ def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None
     as a count the space allows: the warm start runs exactly as enqueued, in the space or not."""
     bf16 = _bf16_supported(base.gpus) if hw.cuda else hw.cpu_bf16
     precision = "bf16" if bf16 else "fp16" if hw.cuda else "fp32"  # a CPU without bf16 kernels: no AMP
+    if space is not None and "precision" in space.knobs and precision not in spec_values(space.knobs["precision"]):
+        precision = baseline_of(base).precision  # dropped: fp16 for a script that hands over no GradScaler
     workers = hw.workers_per_process(base.gpus, space.knobs.get("num_workers") if space else None)
     guide: dict[str, Any] = dict(
         num_workers=workers,

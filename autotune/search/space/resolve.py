@@ -65,6 +65,11 @@ def for_hardware(
             raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
         why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
         n.leave(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
+    for k, refused in getattr(unsupported, "values", {}).items():  # a value the pipeline cannot run (fp16 unscaled)
+        for value, why in refused.items():
+            n.keep(
+                k, lambda v, value=value: v != value, f"not supported by this pipeline: {why}", against="the pipeline"
+            )
     n_gpus = max(1, hw.gpu_count)
     n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
     if not hw.cuda:
@@ -123,8 +128,9 @@ class _Narrowing:
             self.knobs[knob] = Fixed(value)
             self.notes.append(f"{knob} not searched: {why}")
 
-    def keep(self, knob: str, ok: Any, why: str) -> None:
-        """Drop the values `ok` rejects; a space left with none is an error."""
+    def keep(self, knob: str, ok: Any, why: str, against: str = "the hardware") -> None:
+        """Drop the values `ok` rejects; a space left with none is an error (its choices conflict with
+        `against`)."""
         spec = self.knobs.get(knob)
         if spec is None:
             return
@@ -137,7 +143,7 @@ class _Narrowing:
         )
         kept = [v for v in vals if ok(v)]
         if not kept:
-            raise self.fail(knob, f"choices conflict with the hardware: {why}")
+            raise self.fail(knob, f"choices conflict with {against}: {why}")
         if len(kept) < len(vals):
             self.notes.append(f"{knob}: dropped {', '.join(map(str, [v for v in vals if not ok(v)]))} ({why})")
             self.knobs[knob] = Choices(tuple(kept))

@@ -7,6 +7,7 @@ import re
 import resource
 import threading
 import time
+from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
@@ -34,13 +35,22 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    """Start the peak over, at the timed window's start. CUDA: the caching allocator's free cached blocks are
+    handed back first (empty_cache): reset_peak_memory_stats sets the peak to what is reserved *now*, and
+    without it the warm-up's freed workspaces (cuDNN's benchmark of every algorithm, max-autotune's
+    candidate kernels) would stay reserved and count in every trial's peak, a memory it does not need
+    (the allocator frees cached blocks and retries before it reports an out-of-memory). The timed steps
+    reserve again what they use: the first one pays that cudaMalloc, a few ms in a window of seconds."""
     if device.type == "cuda":
+        torch.cuda.synchronize(device)  # blocks a running kernel still uses are not free to hand back
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """CUDA: the most the caching allocator *reserved* (what the device really had to give; allocated
-    is less, and a config near the limit fails on reserved). CPU: this process's peak RSS."""
+    """CUDA: the most the caching allocator *reserved* since reset_peak_memory (what the device really had
+    to give; allocated is less, and a config near the limit fails on reserved). CPU: this process's peak
+    RSS."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_reserved(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
@@ -152,6 +162,36 @@ def device_handle(pynvml: Any, index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index) if entries is None else handle_for(pynvml, entries[index])
 
 
+# NVML lists the pids the driver records, the initial (the host's) pid namespace's: in a container with its
+# own pid namespace they are not os.getpid(). The kernel numbers the initial pid namespace PROC_PID_INIT_INO.
+INIT_PID_NAMESPACE = "pid:[4026531836]"
+PROC_SELF = Path("/proc/self")
+PID_NAMESPACE = (
+    "pid namespace: this process runs in a pid namespace of its own (a container) and NVML's pids are the "
+    "host's, which its /proc does not show: NVML cannot name this process"
+)
+
+
+def nvml_pid() -> tuple[int | None, str | None]:
+    """This process's pid as NVML lists it, or None and why it cannot be known. In the initial pid namespace
+    it is os.getpid(); in another, the outermost pid /proc/self/status's NSpid shows (the host's, where
+    /proc is mounted from the host's namespace), else unknown: a container's own /proc shows only its own."""
+    try:
+        namespace = os.readlink(PROC_SELF / "ns" / "pid")
+    except OSError:  # no /proc (not Linux): no pid namespaces to tell apart
+        return os.getpid(), None
+    if namespace == INIT_PID_NAMESPACE:
+        return os.getpid(), None
+    try:
+        status = (PROC_SELF / "status").read_text().splitlines()
+    except OSError:
+        status = []
+    nspid = next((line.split()[1:] for line in status if line.startswith("NSpid:")), [])
+    if len(nspid) > 1:
+        return int(nspid[0]), None
+    return None, PID_NAMESPACE
+
+
 # Under MIG, NVML keeps no utilisation counter for a slice, nor for its GPU while MIG mode is on:
 # nvmlDeviceGetUtilizationRates answers NOT_SUPPORTED every time. That is not an error to count.
 MIG_NO_UTILISATION = (
@@ -239,7 +279,8 @@ class GpuUtilSampler:
     def compute_pids(self) -> tuple[list[int] | None, str | None]:
         """The pids NVML lists with a compute context on the sampled device (and why not, when it
         cannot say): the proof that the device sampled is the one this process computes on. NVML
-        gives host pids: in a container with its own pid namespace they are not this process's."""
+        gives host pids: in a container with its own pid namespace they are not this process's (nvml_pid
+        is the one to look for among them)."""
         if self._handle is None:
             return None, self.first_error or "no NVML handle"
         try:

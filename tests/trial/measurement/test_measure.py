@@ -154,3 +154,52 @@ def test_gpu_util_sampler_when_nvml_fails_mid_trial(monkeypatch: pytest.MonkeyPa
         assert util._thread is not None and util._thread.is_alive()
     assert util.samples == [30.0, 60.0] and util.mean == 45.0
     assert died == []
+
+
+# --- the peak of the timed window, not the warm-up's cached workspaces ------------------------------------
+
+
+class CachingAllocator:
+    """torch.cuda's caching allocator, in bytes: a freed block stays reserved (cached, reused by the next
+    allocation) until empty_cache() hands the free ones back; the peak is of what is reserved."""
+
+    def __init__(self) -> None:
+        self.allocated = self.reserved = self.peak = 0
+
+    def malloc(self, n: int) -> None:
+        self.allocated += n
+        self.reserved = max(self.reserved, self.allocated)  # the cache serves it first, then cudaMalloc
+        self.peak = max(self.peak, self.reserved)
+
+    def free(self, n: int) -> None:
+        self.allocated -= n
+
+    def empty_cache(self) -> None:
+        self.reserved = self.allocated
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "empty_cache", self.empty_cache)
+        monkeypatch.setattr(
+            torch.cuda, "reset_peak_memory_stats", lambda device=None: setattr(self, "peak", self.reserved)
+        )
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: self.peak)
+
+
+def test_the_peak_is_the_timed_steps_not_the_warm_up_s_workspaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN's benchmark (and max-autotune) try every algorithm in the warm-up, each with its workspace: freed,
+    they stay cached. The timed steps need the model's 2 GiB and 1 GiB of activations: 3 GiB, not 8."""
+    gib, cuda = 2**30, torch.device("cuda", 0)
+    mem = CachingAllocator()
+    mem.install(monkeypatch)
+    mem.malloc(2 * gib)  # weights, grads, optimizer state
+    mem.malloc(6 * gib)  # the warm-up's workspace for the slowest algorithm tried
+    mem.free(6 * gib)
+    for _ in range(2):  # warm-up steps' activations
+        mem.malloc(gib)
+        mem.free(gib)
+    measure.reset_peak_memory(cuda)
+    for _ in range(3):  # the timed steps
+        mem.malloc(gib)
+        mem.free(gib)
+    assert measure.peak_memory_bytes(cuda) == 3 * gib

@@ -1,6 +1,7 @@
 """autotune/trial/measurement/measure.py, NVML side: CUDA device -> NVML handle (CUDA_VISIBLE_DEVICES, UUIDs, MIG)
 and a sampler that survives NVML errors, says why under MIG there is no utilisation to sample, and lists
-the pids computing on the sampled device. pynvml is a fake (tests/fakes.py): this machine has no GPU and no NVML."""
+the pids computing on the sampled device, among them this process by the pid NVML knows it by (the host's, in a
+container's own pid namespace). pynvml is a fake (tests/fakes.py): this machine has no GPU and no NVML."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import sys
 import threading
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from autotune.trial.measurement import measure
+from autotune.trial.measurement import measure, observe
 from tests.conftest import wait_for
 from tests.fakes import NOT_SUPPORTED, UUID_A, UUID_B, FakeGpu, FakeNvml, ProcNvml
 
@@ -250,3 +252,53 @@ def test_cpu_sampler_stays_a_no_op(nvml: FakeNvml) -> None:
         time.sleep(0.02)
     assert util._thread is None and util.mean is None and util.errors == 0 and util.first_error is None
     assert nvml.sampled == []
+
+
+# --- which pid NVML knows this process by ------------------------------------------------------------------
+
+
+def proc_self(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, namespace: str, nspid: str | None) -> None:
+    """/proc/self as Linux shows it: the pid namespace's link, and status's NSpid (one pid per namespace
+    from the one /proc is mounted in down to the process's own)."""
+    (tmp_path / "ns").mkdir()
+    (tmp_path / "ns" / "pid").symlink_to(namespace)
+    (tmp_path / "status").write_text("Name:\tpython\nPid:\t17\n" + (f"NSpid:\t{nspid}\n" if nspid else ""))
+    monkeypatch.setattr(measure, "PROC_SELF", tmp_path)
+
+
+def ddp_rank_nvml(monkeypatch: pytest.MonkeyPatch, *pids: int) -> measure.GpuUtilSampler:
+    gpus = [FakeGpu(UUID_A)]
+    monkeypatch.setitem(sys.modules, "pynvml", ProcNvml(gpus, {id(gpus[0]): list(pids)}))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return measure.GpuUtilSampler(torch.device("cuda", 0))
+
+
+def test_in_the_host_s_pid_namespace_nvml_knows_this_process_by_its_pid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc_self(tmp_path, monkeypatch, measure.INIT_PID_NAMESPACE, str(os.getpid()))
+    assert measure.nvml_pid() == (os.getpid(), None)
+    got = observe.nvml_pids(ddp_rank_nvml(monkeypatch, os.getpid(), 12))
+    assert got["nvml_pid"] == got["pid"] == os.getpid() and got["nvml_pid"] in got["nvml_pids"]
+    assert "pid_namespace" not in got
+
+
+def test_in_a_container_s_pid_namespace_nvml_knows_this_process_by_its_host_pid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML lists host pids: this process is 4242 to it, whatever os.getpid() says inside the container."""
+    proc_self(tmp_path, monkeypatch, "pid:[4026532999]", "4242\t17")
+    assert measure.nvml_pid() == (4242, None)
+    got = observe.nvml_pids(ddp_rank_nvml(monkeypatch, 4242, 5151))
+    assert got["pid"] == os.getpid() and got["pid"] not in got["nvml_pids"]  # what a check by pid misses
+    assert got["nvml_pid"] == 4242 and got["nvml_pid"] in got["nvml_pids"]
+
+
+def test_a_container_s_own_proc_cannot_name_this_process_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc_self(tmp_path, monkeypatch, "pid:[4026532999]", "17")  # its own /proc: only its own namespace
+    assert measure.nvml_pid() == (None, measure.PID_NAMESPACE)
+    got = observe.nvml_pids(ddp_rank_nvml(monkeypatch, 4242))
+    assert got["nvml_pid"] is None and got["nvml_pids"] == [4242]
+    assert "NVML's pids are the host's" in got["pid_namespace"]

@@ -130,3 +130,87 @@ def test_on_cuda_this_pid_and_the_sampled_devices_pids_are_recorded(monkeypatch:
     got = observe.after_steps(h, iter([[(torch.zeros(1), torch.zeros(1))]]), observe.FirstConv(model), util)
     assert got["pid"] == os.getpid() and got["nvml_pids"] == sorted([os.getpid(), 12])
     assert got["nvml_uuid"] == UUID_B and "nvml_pids_error" not in got
+
+
+# --- what tells, where the flag or the constant would not (gpu_check's defect 6) -------------------------
+
+
+def test_the_step_count_is_read_where_the_optimizer_keeps_it(inproc: None) -> None:
+    """Fused Adam/AdamW keep state["step"] on the parameters' device, the others a CPU tensor: read from the
+    tensor itself (here, a step count moved to the meta device shows as such), not from the fused flag."""
+    assert seen(optimizer_fusion="fused")["optimizer_step_device"] == "cpu"  # the parameters' device, here
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    assert observe.optimizer_state(opt) == {"optimizer_step_device": None}  # no step yet
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert observe.optimizer_state(opt) == {"optimizer_step_device": "cpu"}
+    for state in opt.state.values():
+        state["step"] = state["step"].to("meta")  # as a fused kernel keeps it on its device
+    assert observe.optimizer_state(opt) == {"optimizer_step_device": "meta"}
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sgd.step()
+    assert observe.optimizer_state(sgd) == {"optimizer_step_device": None}  # SGD counts no steps
+
+
+def test_the_fused_flag_is_the_param_groups_the_step_reads() -> None:
+    """A script's seam sets fused on the optimizer's param groups before its first step: that is what runs."""
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    opt.param_groups[0]["fused"] = True
+    assert observe._optimizer(opt)["optimizer_fused"] is True
+
+
+def test_a_disabled_scaler_scaled_nothing_and_an_enabled_one_did(inproc: None) -> None:
+    """fp32's GradScaler(enabled=False) answers get_scale() 1.0 whatever ran; that it never scaled tells."""
+    assert seen()["grad_scaler_scaled"] is False
+    assert seen(precision="fp16")["grad_scaler_scaled"] is True
+    idle = torch.amp.GradScaler("cpu", enabled=True)
+    assert observe.scaled(idle) is False  # enabled, but no loss went through it
+
+
+def test_the_output_dtype_is_what_the_watched_module_returned_under_autocast() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    layer, where = observe.first_layer(model)
+    assert layer is model[0] and where == "0 (Linear)"
+    watch = observe.OutputDtype(layer, where)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.ones(1, 4))
+    assert watch.seen == {"output_dtype": "bfloat16", "output_of": "0 (Linear)"}
+    model(torch.ones(1, 4))  # the hook removed itself after its first call: the record stays the first
+    assert watch.seen["output_dtype"] == "bfloat16"
+    whole = observe.OutputDtype(model, "the model")
+    model(torch.ones(1, 4))
+    assert whole.seen["output_dtype"] == "float32"
+    assert observe.OutputDtype(None, "nothing").seen == {}
+
+
+class Keyed(torch.nn.Module):
+    """Returns a dict, as a transformers model's ModelOutput: the token ids first, then the logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"ids": torch.zeros(1, dtype=torch.long), "logits": self.head(x)}
+
+
+def test_the_output_dtype_of_a_dict_is_its_first_floating_point_tensors() -> None:
+    model = Keyed()
+    watch = observe.OutputDtype(model, "the model")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.ones(1, 2))
+    assert watch.seen["output_dtype"] == "bfloat16"  # the logits, not the integer ids
+
+
+def test_a_jobs_own_objects_are_read_through_their_wrappers() -> None:
+    """in_job: the parameters' device and the optimizer inside accelerate's AcceleratedOptimizer."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    got = observe.in_job(model, types.SimpleNamespace(optimizer=opt), torch.device("cpu"), None)
+    assert got["param_device"] == "cpu" and got["optimizer"] == "torch.optim.adamw.AdamW"
+    assert got["optimizer_foreach"] is True and got["optimizer_step_device"] == "cpu"
+    assert got["process_group_size"] == 1 and "pid" not in got  # a CPU job: no NVML
+    assert observe.in_job(None, None, torch.device("cpu"), None)["param_device"] is None
