@@ -13,10 +13,14 @@
 #   2. autotune make-data (128 synthetic images)
 #   3. trials: one python process starts the warm fork server (torch, smp and the pipeline imported
 #      once) and runs each row through autotune's launcher, each trial a fork of it (torchrun, cold, for
-#      the DDP row), at 256 px, batch 8, 2 measured seconds: fp32-baseline and pin-workers8 side by side
-#      (the lever search-vs-pin compares with); fp16 + GradScaler + channels_last + cudnn_benchmark;
-#      bf16 + fused AdamW; a forced CUDA OOM; compile=default; DDP with accumulation (two gloo ranks
-#      sharing the one GPU, or nccl over two); then bf16 parity at 64 px through autotune.search.checks.parity.
+#      the 2-rank rows), batch 8, 2 measured seconds: the Unet at 256 px: fp32-baseline and pin-workers8
+#      side by side (the lever search-vs-pin compares with); fp16 + GradScaler + channels_last +
+#      cudnn_benchmark; bf16 + fused AdamW; a forced CUDA OOM. Then the user's paths: a plain script
+#      (tests/gpu_check/train_script.py) at bf16 through at.autocast(), a pinned loader with 2 workers and
+#      fused AdamW, all through the seams; the same script under torchrun on 2 ranks with its own DDP; a
+#      Lightning and a transformers job (tests/pipelines/*_jobs.py) at bf16 (each skipped, not a MISS, where
+#      its library is not installed); FSDP2 on 2 ranks (the example language model, bf16 parameters,
+#      accumulating). The 2-rank rows are two gloo ranks sharing the one GPU, or nccl over two.
 #      Then every row's result JSON is asserted, and the headroom rule on fp32-baseline's figures.
 #   4. autotune search through the warm fork server (a space without compile, DDP or batch size: their
 #      rows and CPU tests cover them, and the 90 s budget's 45 s of trials could not hold a compile), then
@@ -25,25 +29,33 @@
 #      over fp32-baseline: a ratio of two trials measured side by side, as best.yaml's is)
 #   5. one table: every check, PASS or MISS; exit 1 on any miss
 # Each trial's result JSON is asserted, not its exit code alone, and every knob from what the worker saw
-# the running trial do (`applied.observed`, autotune/trial/measurement/observe.py), never from the config echoed
-# back: the device is the GPU; gpu_util is recorded (n/a under MIG: NVML keeps no utilisation counter
-# for a MIG slice); the loss stayed finite; NVML lists the trial's own pid among the processes computing
-# on the device it sampled (in a container with its own pid namespace NVML's pids are the host's: the row
-# says so); then each row's effect (the plan lists them). cudnn.benchmark is set, not observable: cuDNN
+# the running trial do (`applied.observed`, autotune/trial/measurement/observe.py, for every kind of job;
+# for FSDP2 its first-step probe, `applied.fsdp`), never from the config echoed back: the device is the
+# GPU; gpu_util is recorded (n/a under MIG: NVML keeps no utilisation counter for a MIG slice); the loss
+# stayed finite; NVML lists the trial's own pid among the processes computing on the device it sampled
+# (NVML's pids are the host's: the trial's host pid, n/a and said where a container's own pid namespace
+# hides it); then each row's effect (the plan lists them). cudnn.benchmark is set, not observable: cuDNN
 # keeps its benchmark cache to itself, and the row says so instead of asserting the flag the worker set.
 #
 # Rows a CPU test covers, left out for time (8 minutes hold the rows above and no more):
+#   - compile-default (60 s, a quarter of the trial rows): tests/trial/loop/test_knobs.py::test_compile_wraps_a_tiny_model
+#     (inductor, on the CPU) and tests/trial/processes/test_launcher.py::test_ddp_compile_and_checkpointing_train_together
+#     (aot_eager runs dynamo's DDP optimizer over the checkpoint op, pytorch#104674). Inductor's CUDA code
+#     generation is what no row checks now; its cost was the row's 56 s, 31 of them compiling.
+#   - ddp-accum, autotune's DDP with accumulation: tests/trial/processes/test_launcher.py::
+#     test_ddp_over_gloo_reports_global_samples_per_s (DDP over gloo) and tests/trial/loop/test_harness.py::
+#     test_accumulated_micro_batches_make_the_full_batch_step; on the GPU, 2 ranks run in script-ddp2 (the
+#     script's own DDP) and fsdp2 (accumulating, its gradient sync off on the first micro-step)
+#   - parity-bf16: tests/search/checks/test_parity.py::test_bf16_on_the_unet_passes (bf16 parity through
+#     the same parity.check, on the CPU); bf16 autocast on CUDA is bf16-fused-adamw's and script-bf16's
 #   - DDP + compile + checkpointing: tests/trial/processes/test_launcher.py::test_ddp_compile_and_checkpointing_train_together
-#     (aot_eager runs dynamo's DDP optimizer over the checkpoint op, pytorch#104674; inductor on CUDA is
-#     compile-default's row)
 #   - an OOM on DDP rank 1 only: tests/trial/processes/test_launcher.py::test_oom_on_one_ddp_rank_is_trial_oom (a real
 #     CUDA allocation failure is forced-oom's row)
 #   - train --compare-baseline: tests/apply/test_train.py::test_compare_baseline_one_epoch
 #   - checkpoint_segments: tests/trial/loop/test_knobs.py::test_saved_activations_fall_as_checkpoint_segments_grow
 #     and ::test_checkpointed_unet_computes_the_same_output_and_gradients
 #   - single-process --global-batch accumulation: tests/trial/measurement/test_observe.py::
-#     test_micro_batches_per_step_are_counted_at_the_first_conv (ddp-accum accumulates on the GPU)
-#   - plain DDP without accumulation: tests/trial/processes/test_launcher.py::test_ddp_over_gloo_reports_global_samples_per_s
+#     test_micro_batches_per_step_are_counted_at_the_first_conv (fsdp2 accumulates on the GPU)
 #
 # Without a GPU (torch.cuda.is_available() is false) it runs only the CPU-safe parts: set-up,
 # make-data (16 images) and one fp32 smoke trial at 64 px, then prints "no GPU: GPU checks skipped"
@@ -123,7 +135,7 @@ STEPS=(
   "env-setup|30|python with torch, smp, optuna (\$GPU_CHECK_PYTHON, .venv, or python3 + the wheels in .whl); versions logged"
   "make-data|20|128 synthetic 640x480 photos and masks (16 without a GPU)"
   "trials|0|one python process: the warm fork server, then each row below in turn, by its own deadline"
-  "assert-trials|5|every row's result JSON, as listed under trials (a row that did not run is a MISS)"
+  "assert-trials|5|every row's result JSON, as listed under trials (a row that did not run is a MISS; one whose framework is not installed is skipped, not a MISS)"
   "headroom|10|from fp32-baseline's figures: memory_total is the device's; a required share above the one its measured peak left free (1 - peak/2) is refused naming device memory, one below it (free/2) passes"
   "search|$((SEARCH_S + 45))|autotune search --budget ${SEARCH_S}s (it ends within the budget + 30 s; 15 s start-up before its clock) through the warm fork server, a space of workers, pinning, precision fp32/bf16, fused AdamW, channels_last, cudnn.benchmark; confirmation: top 1 and the baseline, 2 rounds"
   "show|10|autotune show of the study"
@@ -134,20 +146,27 @@ STEPS=(
 # observed: what the worker saw the running trial do; measured: a figure of the run. Every GPU trial row
 # also asserts COMMON (below). Limits: a warm fork starts in 3-5 s (CUDA, the model, the loader's
 # workers), then 5 warm-up steps and 2 measured seconds; the trial's timeout is all of its row's time.
+# The user's-path rows' limits are estimates, not yet measured on a GPU: a fork that imports its framework
+# (lightning ~3 s, transformers ~6 s), a cold torchrun of 2 ranks (~11 s to the first step on 2 CPU cores).
 # forced-oom: every single tensor of 112 x 1024 px stays under 2^31 elements (the largest, 112 x 16 x
 # 1024 x 1024, is 1.9e9), so it fails as a plain allocation failure, not on an indexing limit.
+# A row whose framework is not installed (lightning, transformers) is skipped at once, not a MISS.
+SCRIPT='script:tests/gpu_check/train_script.py'
+LM='autotune.pipelines.examples.language_model:make'
 ROWS=(
   'server-start|25|-|-|the warm fork server imports torch, torchvision, smp and the pipeline once (the driver imports torch first)'
-  'fp32-baseline|20|0|{}|observed: conv output float32, grad scale 1 (nothing scaled); the first fork also starts CUDA on the device'
+  'fp32-baseline|20|0|{}|observed: conv output float32, the GradScaler scaled no loss (grad_scaler_scaled false: it never made a scale; a disabled scaler'"'"'s get_scale() of 1 is a constant); the first fork also starts CUDA on the device'
   'pin-workers8|15|0|{"pin_memory": true, "num_workers": 8}|observed: a batch drawn from the loader is_pinned(), 8 live loader worker processes (psutil children)'
-  'fp16-channels-last|15|0|{"precision": "fp16", "channels_last": true, "cudnn_benchmark": true}|observed: conv output float16 (autocast), conv input and output channels_last, GradScaler scale > 1; cudnn.benchmark: set, not observable'
-  'bf16-fused-adamw|15|0|{"precision": "bf16", "optimizer_fusion": "fused"}|observed: conv output bfloat16 (autocast), the optimizer'"'"'s own defaults["fused"] is True'
+  'fp16-channels-last|15|0|{"precision": "fp16", "channels_last": true, "cudnn_benchmark": true}|observed: conv output float16 (autocast), conv input and output channels_last, the GradScaler scaled the loss (scale > 1); cudnn.benchmark: set, not observable'
+  'bf16-fused-adamw|15|0|{"precision": "bf16", "optimizer_fusion": "fused"}|observed: conv output bfloat16 (autocast), AdamW'"'"'s state["step"] on the GPU (the fused kernel keeps it on the parameters'"'"' device; the for-loop and foreach ones keep a CPU tensor)'
   'forced-oom|20|3|{"batch_size": 112, "image_size": 1024}|exit 3, status oom: 112 x 1024 px needs ~213 GiB (64 x 1024 px peaked at 121.5 GiB of 139.8 on an H200)'
-  'compile-default|60|0|{"compile": "default"}|observed: compiled, dynamo made >= 1 graph; measured: warm-up >= 5 s longer than fp32-baseline'"'"'s (56 s cold on an H200, 31 s of it compiling)'
-  'ddp-accum|45|0|{"global_batch": 32, "gpus": 2}|torchrun, cold: observed: a process group of 2 over gloo (AUTOTUNE_DDP_BACKEND=gloo, both ranks on the one GPU; over nccl with two GPUs), the first conv ran 2 times in the first optimizer step (grad_accum 2, no_sync)'
-  'parity-bf16|30|-|{"precision": "bf16", "image_size": 64}|parity.noise_reference + parity.check, bf16 vs fp32 at 64 px, 10 steps, 3 forks: deviation and tolerance finite, verdict pass/fail, 1 candidate run (the reference reused), the candidate on the GPU under autocast(cuda, bf16)'
+  'script-bf16|15|0|{"pipeline": "'"$SCRIPT"'", "precision": "bf16", "pin_memory": true, "num_workers": 2, "optimizer_fusion": "fused"}|a plain script through the seams: observed: the model handed to at.model() returned bfloat16 (its forward hook), its parameters on the GPU, a batch its DataLoader handed over is_pinned(), AdamW'"'"'s state["step"] on the GPU (fused)'
+  'script-ddp2|25|0|{"pipeline": "'"$SCRIPT"'", "gpus": 2}|torchrun, cold: the script'"'"'s own DDP: observed: its process group of 2 (over gloo on one GPU, nccl over two), a global batch of 16 (2 ranks x its own 8) delivered per optimizer step, its parameters on the GPU'
+  'lightning-bf16|20|0|{"pipeline": "lightning:tests.pipelines.lightning_jobs:make", "precision": "bf16"}|Trainer.fit: observed: the first Linear returned bfloat16 (the Trainer'"'"'s bf16-mixed autocast), the LightningModule'"'"'s parameters on the GPU; skipped, not a MISS, without lightning'
+  'hf-bf16-fused|25|0|{"pipeline": "hf:tests.pipelines.hf_jobs:make", "precision": "bf16", "optimizer_fusion": "fused"}|Trainer.train: observed: the first Linear (lm_head) returned bfloat16 (accelerate'"'"'s autocast), the model'"'"'s parameters on the GPU, AdamW'"'"'s state["step"] on the GPU (optim adamw_torch_fused); skipped, not a MISS, without transformers'
+  'fsdp2|30|0|{"pipeline": "'"$LM"'", "image_size": 128, "gpus": 2, "parallel": "fsdp", "fsdp_param_dtype": "bf16", "global_batch": 32}|torchrun, cold: FSDP2 on the language model'"'"'s 2 blocks: observed on its first step: every parameter a DTensor, each rank holding a part of them, the shards on the GPU, a block computing in bfloat16 (the bf16 parameters), gradient sync off on the first micro-step of each (accumulation 2); a process group of 2 (gloo ranks sharing one GPU, nccl over two)'
 )
-COMMON="status ok; device is the GPU; gpu_util recorded (n/a under MIG, never required there); loss finite; NVML lists the trial's pid among the compute processes of the device it sampled"
+COMMON="status ok; device is the GPU; gpu_util recorded (n/a under MIG, never required there); loss finite; NVML lists the trial's pid among the compute processes of the device it sampled (its host pid; n/a, said, in a container whose pid namespace hides it)"
 
 field() { # field N RECORD: the Nth |-separated field (1-based)
   local IFS='|'
@@ -184,8 +203,9 @@ if ((DRY)); then
   done
   printf '  %-22s %4ss  of the %ss time guard; then one table of every check, exit 1 on any MISS (a step\n' total "$PLAN_S" "$BUDGET_S"
   echo "                                skipped for time is a MISS)"
-  echo "Left to CPU tests for time: DDP + compile + checkpointing, a rank-1 OOM, train --compare-baseline,"
-  echo "checkpoint_segments, single-process accumulation, plain DDP (the script's header names each test)."
+  echo "Left to CPU tests for time: compile-default, ddp-accum, parity-bf16, DDP + compile + checkpointing, a"
+  echo "rank-1 OOM, train --compare-baseline, checkpoint_segments, single-process accumulation (the script's header"
+  echo "names each test)."
   echo "Without a GPU: env-setup, make-data and one 64 px CPU smoke trial only."
   exit 0
 fi
@@ -328,7 +348,8 @@ def v(n):
         return "?"
 print(f"python {platform.python_version()}  torch {torch.__version__} (project pins 2.14.1)  "
       f"cuda {torch.version.cuda}  cudnn {torch.backends.cudnn.version()}  "
-      f"smp {v('segmentation-models-pytorch')}  optuna {v('optuna')}  timm {v('timm')}")
+      f"smp {v('segmentation-models-pytorch')}  optuna {v('optuna')}  timm {v('timm')}  "
+      f"lightning {v('lightning')}  transformers {v('transformers')}")
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"cuda:{i} {p.name} {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs")
@@ -381,10 +402,10 @@ NAMES=()
 for r in "${ROWS[@]}"; do
   [[ $(field 1 "$r") == server-start ]] || NAMES+=("$(field 1 "$r")")
 done
-# On one GPU the DDP row is two gloo ranks sharing it (NCCL refuses two ranks on one device).
+# On one GPU the 2-rank rows are two gloo ranks sharing it (NCCL refuses two ranks on one device).
 export GPU_CHECK_GPUS=$GPUS
 planned trials 0 "$PY" - "$WORK" "$DATA" "$GPUS" "${ROWS[@]}" <<'EOF'
-import json, os, signal, sys, time
+import importlib.util, json, os, signal, sys, time
 from pathlib import Path
 
 started = time.monotonic()
@@ -396,26 +417,18 @@ end = started + float(os.environ["STEP_LIMIT_S"]) - 5  # 5 s to write the last r
 
 import torch  # noqa: F401  imported here, the launcher tells every warm fork to fail rather than run on the CPU
 from autotune.core import errors
-from autotune.core.files import write_json_atomic
-from autotune.pipelines import base_config, preload_modules
-from autotune.search.checks import parity
+from autotune.pipelines import base_config, kind_of, preload_modules
 from autotune.trial.processes import launcher
 from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer, WarmServerError
 
+# A framework job needs its library, which a GPU machine's own python may lack (no wheel is carried for it).
+LIBRARY = {"lightning": "lightning", "hf": "transformers"}
 
-def run_parity(d, size, changes, left, server):
-    """bf16 against its fp32 baseline through autotune.search.checks.parity: the reference (2 runs), then the candidate."""
-    base = base_config("unet", size, data, str(work / "studies"), batch_size=8)
-    per_run = max(3.0, (left - 1) / 3)
-    try:
-        ref = parity.noise_reference(base, 10, d / "runs", per_run, server=server)
-        v = parity.check(base.replace(**changes), base, 10, d / "runs", per_run, server=server, reference=ref)
-    except errors.TrialFailure as e:  # the baseline itself failed: no verdict
-        (d / "failure").write_text(f"the fp32 reference failed: {e.reason}: {e}")
-        return 1
-    write_json_atomic(d / "verdict.json", v.to_dict())
-    print(f"parity-bf16: {json.dumps(v.to_dict())}")
-    return 0
+
+def absent(pipeline):
+    """The library a row's job needs and this python lacks, or None."""
+    library = LIBRARY.get(kind_of(pipeline).name)
+    return library if library and importlib.util.find_spec(library) is None else None
 
 
 server, due = None, started
@@ -432,35 +445,38 @@ try:
             continue
         d = work / "trials" / name
         d.mkdir(parents=True, exist_ok=True)
+        changes = json.loads(config)
+        size = changes.pop("image_size", 256)
+        pipeline = changes.pop("pipeline", "unet")
+        library = absent(pipeline)
+        if library:  # not this machine's: said, and its time left to the rows after it
+            (d / "failure").write_text(f"not installed: {library} (this python has no {library}: skipped, not a MISS)")
+            (d / "rc").write_text("absent")
+            print(f"=== {name}: skipped, {library} is not installed here", flush=True)
+            continue
         if left < 3:
             why = f"skipped: time guard, the rows before it overran ({left:.0f} s left of its {limit} s)"
             (d / "failure").write_text(why)
             (d / "rc").write_text("skipped")
             print(f"=== {name}: {why}", flush=True)
             continue
-        changes = json.loads(config)
-        size = changes.pop("image_size", 256)
-        pipeline = changes.pop("pipeline", "unet")  # another only in the CPU test of this program
         print(f"=== [t+{time.monotonic() - started:.0f}s of the step] {name}: {config}, {left:.0f} s", flush=True)
         t0 = time.monotonic()
-        if name == "parity-bf16":
-            rc = run_parity(d, size, changes, left, server)
-        else:
-            # 2 measured seconds, not a step count: NVML samples utilisation every 0.1 s.
-            cfg = base_config(pipeline, size, data, str(work / "studies"), seconds=2.0, **changes)
-            kept = os.environ.get("AUTOTUNE_DDP_BACKEND")
-            if cfg.gpus > 1 and gpus == 1:
-                os.environ["AUTOTUNE_DDP_BACKEND"] = "gloo"
-            try:
-                launcher.run_trial(cfg, d, left, server=server)
-                rc = 0
-            except errors.TrialFailure as e:
-                rc = int(errors.exit_code_for(e.reason))
-                (d / "failure").write_text(f"{e.reason}: {e}")
-            finally:
-                os.environ.pop("AUTOTUNE_DDP_BACKEND", None)
-                if kept is not None:
-                    os.environ["AUTOTUNE_DDP_BACKEND"] = kept
+        # 2 measured seconds, not a step count: NVML samples utilisation every 0.1 s.
+        cfg = base_config(pipeline, size, data, str(work / "studies"), seconds=2.0, **changes)
+        kept = os.environ.get("AUTOTUNE_DDP_BACKEND")
+        if cfg.gpus > 1 and gpus == 1:
+            os.environ["AUTOTUNE_DDP_BACKEND"] = "gloo"
+        try:
+            launcher.run_trial(cfg, d, left, server=server)
+            rc = 0
+        except errors.TrialFailure as e:
+            rc = int(errors.exit_code_for(e.reason))
+            (d / "failure").write_text(f"{e.reason}: {e}")
+        finally:
+            os.environ.pop("AUTOTUNE_DDP_BACKEND", None)
+            if kept is not None:
+                os.environ["AUTOTUNE_DDP_BACKEND"] = kept
         (d / "rc").write_text(str(rc))
         print(f"=== {name}: exit {rc} (expect {want}) after {time.monotonic() - t0:.1f} s", flush=True)
 finally:
@@ -471,15 +487,16 @@ EOF
 # shellcheck disable=SC2329 # called through assert_step
 check() { # check NAME...: assert each row's result JSON; one table row each; a MISS fails the run
   timeout -k 5 "$LIM" "$PY" - "$WORK" "$@" <<'EOF'
-import json, math, os, sys
+import json, os, sys
 from pathlib import Path
 
 work, names = Path(sys.argv[1]), sys.argv[2:]
 gpus = int(os.environ.get("GPU_CHECK_GPUS", "1"))
 
 
-# Each row's effects, as the worker observed them in the running trial (applied.observed, written by
-# autotune/trial/measurement/observe.py) or measured them: never a value of the config read back.
+# Each row's effects, as the trial observed them in its running process (applied.observed, written by
+# autotune/trial/measurement/observe.py for every kind; FSDP2's first-step probe, applied.fsdp, read here as
+# "fsdp.<key>"): never a value of the config read back.
 def equals(want):
     return lambda v: type(v) is type(want) and v == want
 
@@ -488,19 +505,47 @@ def above(low):
     return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > low
 
 
+def on_gpu(v):  # a torch device string: "cuda:0"
+    return isinstance(v, str) and v.startswith("cuda")
+
+
+# Two ranks on one GPU share it over gloo (NCCL refuses two ranks on one device); nccl over two.
+BACKEND = equals("gloo" if gpus == 1 else "nccl")
 OBSERVED = {
-    "fp32-baseline": {"conv_output_dtype": equals("float32"), "grad_scale": equals(1.0)},
+    # A disabled GradScaler's get_scale() is the constant 1.0 whatever ran: that it never scaled a loss tells.
+    "fp32-baseline": {"conv_output_dtype": equals("float32"), "grad_scaler_scaled": equals(False)},
     "pin-workers8": {"batch_pinned": equals(True), "child_processes": equals(8)},
     "fp16-channels-last": {"conv_output_dtype": equals("float16"), "conv_input_channels_last": equals(True),
-                           "conv_output_channels_last": equals(True), "grad_scale": above(1.0)},
-    "bf16-fused-adamw": {"conv_output_dtype": equals("bfloat16"), "optimizer_fused": equals(True)},
-    "compile-default": {"compiled": equals(True), "compiled_graphs": above(0)},
-    "ddp-accum": {"process_group_size": equals(2), "process_group_backend": equals("gloo" if gpus == 1 else "nccl"),
-                  "conv_calls": equals(2)},  # grad_accum 2: two micro-batches through the first conv per step
+                           "conv_output_channels_last": equals(True), "grad_scaler_scaled": equals(True),
+                           "grad_scale": above(1.0)},
+    # Fused AdamW keeps state["step"] on the parameters' device; the for-loop and foreach ones a CPU tensor.
+    "bf16-fused-adamw": {"conv_output_dtype": equals("bfloat16"), "optimizer_step_device": on_gpu},
+    "script-bf16": {"output_dtype": equals("bfloat16"), "param_device": on_gpu, "batch_pinned": equals(True),
+                    "optimizer_step_device": on_gpu},
+    "script-ddp2": {"process_group_size": equals(2), "process_group_backend": BACKEND, "param_device": on_gpu,
+                    "global_batch": equals(16)},  # the script keeps its own 8 a rank
+    "lightning-bf16": {"output_dtype": equals("bfloat16"), "param_device": on_gpu},
+    "hf-bf16-fused": {"output_dtype": equals("bfloat16"), "param_device": on_gpu, "optimizer_step_device": on_gpu},
+    "fsdp2": {"fsdp.dtensor_params": above(0), "fsdp.shard_device": equals("cuda"),
+              "fsdp.block_output_dtype": equals("bfloat16"), "fsdp.sync_off_micro_steps": above(0),
+              "process_group_size": equals(2), "process_group_backend": BACKEND},
+}
+
+
+def whole(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# Effects that relate two observations: (what it asserts, the test over the row's observations).
+RELATIONS = {
+    "fsdp2": [
+        ("every parameter a DTensor", lambda s: s.get("fsdp.dtensor_params") == s.get("fsdp.params")),
+        ("each rank holds a part of them", lambda s: whole(s.get("fsdp.local_numel")) and whole(s.get("fsdp.numel"))
+         and 0 < s["fsdp.local_numel"] < s["fsdp.numel"]),
+    ],
 }
 # What the worker sets but cannot see take effect: said in the row, never asserted.
 NOT_OBSERVABLE = {"fp16-channels-last": "cudnn.benchmark: set, not observable (cuDNN keeps its benchmark cache to itself)"}
-COMPILE_MIN_S = 5.0  # compile-default's warm-up beyond the baseline's: 31 s of compiling measured on an H200
 MIG = "n/a under MIG"
 
 
@@ -522,57 +567,57 @@ def common(r):
         out.append(f"gpu_util is null ({r.get('gpu_util_error')})")
     if not r.get("loss_finite", False):
         out.append("loss not finite")
-    pids, pid = seen.get("nvml_pids"), seen.get("pid")
+    # NVML lists the host's pids: the trial's own as NVML knows it (nvml_pid), its os.getpid() outside a
+    # container's own pid namespace; unknown inside one whose /proc shows only its own (pid_namespace says so).
+    pids, pid = seen.get("nvml_pids"), seen.get("nvml_pid", seen.get("pid"))
     if not isinstance(pids, list):
         out.append(f"NVML listed no compute processes on the sampled device: {seen.get('nvml_pids_error')}")
+    elif pid is None and seen.get("pid_namespace"):
+        pass  # said in the row's notes (pid_note), not a miss
     elif pid is None or pid not in pids:
-        out.append(f"NVML lists pids {pids} on the device it sampled, not the trial's pid {pid} (in a container "
-                   "with its own pid namespace NVML's pids are the host's)")
+        out.append(f"NVML lists pids {pids} on the device it sampled, not the trial's pid {pid}")
     return out
+
+
+def pid_note(r):
+    """Why the trial's pid could not be looked for among NVML's, or None."""
+    seen = (r.get("applied") or {}).get("observed") or {}
+    if seen.get("nvml_pid", seen.get("pid")) is None and seen.get("pid_namespace"):
+        return f"NVML pid n/a: {str(seen['pid_namespace'])[:120]}"
+    return None
+
+
+def seen_of(r):
+    """What the trial observed: applied.observed, and FSDP2's first-step probe as "fsdp.<key>"."""
+    applied = r.get("applied") or {}
+    fsdp = applied.get("fsdp") if isinstance(applied.get("fsdp"), dict) else {}
+    return {**(applied.get("observed") or {}), **{f"fsdp.{k}": v for k, v in fsdp.items()}}
 
 
 def problems_of(name, r):
     out = common(r)
-    seen = (r.get("applied") or {}).get("observed") or {}
+    seen = seen_of(r)
     for key, ok in OBSERVED.get(name, {}).items():
         if not ok(seen.get(key)):
             out.append(f"observed {key}: {seen.get(key)!r}")
-    if name == "compile-default":
-        base_w = load(work / "trials" / "fp32-baseline" / "result.json").get("warmup_s")
-        if r.get("warmup_s") is None or base_w is None or r["warmup_s"] < base_w + COMPILE_MIN_S:
-            out.append(f"warm-up {r.get('warmup_s')} s vs the baseline's {base_w} s: no compile time in it")
+    for what, ok in RELATIONS.get(name, []):
+        if not ok(seen):
+            out.append(f"observed, not {what}: {({k: v for k, v in seen.items() if k.startswith('fsdp.')})}"[:200])
     return out
 
 
-def parity_problems(d):
-    """The verdict of the bf16 parity row; its candidate's result beside it."""
-    v, ran = load(d / "verdict.json"), load(d / "runs" / "candidate" / "result.json")
-    if not v:
-        return ["no parity verdict"], ran
-    out = [f"{key} {v.get(key)!r}" for key in ("deviation", "tolerance")
-           if not isinstance(v.get(key), (int, float)) or not math.isfinite(v[key])]
-    if v.get("verdict") not in ("pass", "fail"):
-        out.append(f"verdict {v.get('verdict')!r}")
-    if v.get("runs") != 1:
-        out.append(f"{v.get('runs')} candidate runs, the reference reused: 1")
-    # Parity's runs take no warm-up step, the one the first conv is watched in: the worker's own record.
-    precision = ((ran.get("applied") or {}).get("precision") or {}).get("in_effect")
-    if str(ran.get("device", "cpu")).startswith("cpu") or precision != "autocast(cuda, bf16)":
-        out.append(f"candidate ran on {ran.get('device')!r} under {precision!r}")
-    return out, {**ran, "status": ran.get("status") or "-"}
-
-
 rows, misses, base = [], 0, None
+job = lambda name: load(work / "trials" / name / "config.json").get("pipeline")  # x base: the same job's only
 for name in names:
     d = work / "trials" / name
     rc = (d / "rc").read_text().strip() if (d / "rc").exists() else "-"
     r = load(d / "result.json")
     notes = []
     failure = (d / "failure").read_text().strip().splitlines()[:1] if (d / "failure").exists() else []
-    if rc in ("-", "skipped"):  # the driver never got to it, or had no time left for it
+    if rc == "absent":  # its framework is not installed on this machine: said, not a MISS
+        problems, notes = [], [failure[0][:160] if failure else "not installed"]
+    elif rc in ("-", "skipped"):  # the driver never got to it, or had no time left for it
         problems = [failure[0][:160] if failure else "did not run"]
-    elif name == "parity-bf16":
-        problems, r = parity_problems(d)
     elif name == "forced-oom":
         problems = [] if rc == "3" and r.get("status") == "oom" else [
             f"expected exit 3 / status oom, got {rc} / {r.get('status')}"]
@@ -582,6 +627,8 @@ for name in names:
             notes.append(NOT_OBSERVABLE[name])
         if str(r.get("gpu_util_error") or "").startswith(MIG):
             notes.append(r["gpu_util_error"])
+        if pid_note(r):
+            notes.append(pid_note(r))
     if problems and failure and rc not in ("-", "skipped"):  # the launcher's account of the failure first
         problems.insert(0, failure[0][:160])
     if problems and r.get("status") != "ok" and (d / "trial.log").exists():  # why it failed, in the log
@@ -589,13 +636,15 @@ for name in names:
         print("\n".join((d / "trial.log").read_text(errors="replace").splitlines()[-25:]))
     sps = r.get("samples_per_s")
     base = sps if name == "fp32-baseline" and sps else base
+    same = job(name) == job("fp32-baseline")
     misses += bool(problems)
     util = r.get("gpu_util")
     rows.append({"config": name, "rc": rc, "status": r.get("status"), "samples_per_s": sps,
-                 "x_base": sps / base if sps and base else None, "warmup_s": r.get("warmup_s"),
+                 "x_base": sps / base if sps and base and same else None, "warmup_s": r.get("warmup_s"),
                  "peak_mib": r["peak_memory_bytes"] / 2**20 if r.get("peak_memory_bytes") else None,
                  "gpu_util": util, "device": r.get("device"),
-                 "verdict": "MISS" if problems else "PASS", "problems": problems, "notes": notes})
+                 "verdict": "MISS" if problems else "SKIP" if rc == "absent" else "PASS",
+                 "problems": problems, "notes": notes})
 fmt = lambda x, spec: format(x, spec) if isinstance(x, (int, float)) else "-"
 print(f"{'config':22s} {'verdict':7s} {'rc':>7s} {'samples/s':>9s} {'x base':>6s} {'warmup s':>8s} "
       f"{'peak MiB':>8s} {'gpu%':>5s}  problems; notes")
@@ -610,7 +659,9 @@ out = work / "gpu_results.json"
 old = json.loads(out.read_text()) if out.exists() else []
 out.write_text(json.dumps([o for o in old if o["config"] not in names] + rows, indent=2))
 missed = [w["config"] for w in rows if w["verdict"] == "MISS"]
-(work / "assert_note").write_text(f"{len(rows) - len(missed)} of {len(rows)} rows PASS"
+absent = [w["config"] for w in rows if w["verdict"] == "SKIP"]
+(work / "assert_note").write_text(f"{len(rows) - len(missed) - len(absent)} of {len(rows)} rows PASS"
+                                  + (f"; not installed, skipped: {', '.join(absent)}" if absent else "")
                                   + (f"; MISS: {', '.join(missed)}" if missed else ""))
 sys.exit(1 if misses else 0)
 EOF

@@ -189,3 +189,13 @@ def test_docs_example_searches_exports_and_round_trips(tmp_path: Path) -> None:
 
     ok(autotune(*again, cwd=tmp_path, pythonpath=tmp_path))
     round_trips(best, tmp_path / "studies" / "hf" / "trial" / "result.json")
+
+
+def test_the_trial_observes_what_a_layer_computed_in_and_where_the_optimizer_steps(repo_on_path: Path) -> None:
+    """applied.observed (scripts/gpu_check.sh's hf row asserts it on a GPU): lm_head's output under accelerate's
+    autocast (the model's own output it casts back to float32), the parameters' device, the fused optimizer."""
+    seen = trial(precision="bf16", optimizer_fusion="fused").applied["observed"]
+    assert seen["output_dtype"] == "bfloat16" and seen["output_of"] == "lm_head (Linear)"
+    assert seen["param_device"] == "cpu" and seen["optimizer_fused"] is True
+    assert seen["optimizer_step_device"] == "cpu"  # the parameters' device: on a GPU, the GPU
+    assert trial().applied["observed"]["output_dtype"] == "float32"

@@ -99,3 +99,16 @@ def test_without_shared_gpus_the_trainer_keeps_the_exported_arguments(monkeypatc
     monkeypatch.setenv(knobs.DDP_BACKEND_ENV, "gloo")
     assert trial_lightning.placement(CFG, torch.device("cpu")) == {}  # CPU ranks: Lightning's gloo already
     assert trial_lightning.placement(CFG.replace(gpus=1), torch.device("cuda", 0)) == {}
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_the_trial_observes_what_the_trainer_computed_in_and_where(
+    repo_on_path: object, precision: str, dtype: str
+) -> None:
+    """applied.observed (scripts/gpu_check.sh's lightning row asserts it on a GPU): the dtype the module's first
+    Linear returned under the Trainer's precision, the module's parameters' device, the optimizer's step."""
+    cfg = CFG.replace(gpus=1, precision=precision, warmup_steps=1, timed_steps=2, window=1, num_threads=1)
+    seen = worker.run(cfg).applied["observed"]
+    assert seen["output_dtype"] == dtype and seen["output_of"] == "net.0 (Linear)"
+    assert seen["param_device"] == "cpu" and seen["optimizer"] == "torch.optim.adamw.AdamW"
+    assert seen["optimizer_step_device"] == "cpu" and seen["process_group_size"] == 1
