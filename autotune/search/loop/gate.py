@@ -20,6 +20,7 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
 from autotune.core.outcomes import Role, Verdict
@@ -62,18 +63,9 @@ def run(
                 break
             continue
         cfg = TrialRecord.of(t).config_for(settings.base)
-        need = classes.cost_s(study, settings, t, cfg)
-        if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
-            need += confirm.extension_s(study)
-        if not Budget.fits(need, budget.checks_end if budget else None):
-            say(
-                f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; "
-                "a cheaper one is tried"
-            )
-            checks[key] = {
-                "verdict": Verdict.NOT_CHECKED,
-                "reason": f"the budget left was shorter than the check (about {need:.0f} s)",
-            }
+        unpaid = _unpaid(study, settings, budget, t, cfg, say)
+        if unpaid is not None:
+            checks[key] = unpaid
             continue
         try:
             check = classes.run_check(study, settings, t, cfg, folder, server)
@@ -83,17 +75,44 @@ def run(
             break
         checks[key] = check
         records.write_gate_checks(study, checks)  # each check as it comes: an interrupt keeps the ones made
-        passed = check["verdict"] == Verdict.PASS
-        words: dict[str, str] = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}
-        said = words.get(check["verdict"], "is not checked")
-        say(
-            f"{check['kind']}: trial {t.number} {said}: {check['reason']} ({check['seconds']:.0f} s)"
-            + ("" if passed else "; the next best is checked instead")
-        )
-        if passed:
+        _say_verdict(t, check, say)
+        if check["verdict"] == Verdict.PASS:
             break
     records.write_gate_checks(study, checks)
     return checks
+
+
+def _unpaid(
+    study: optuna.Study,
+    settings: SearchSettings,
+    budget: Budget | None,
+    t: FrozenTrial,
+    cfg: TrialConfig,
+    say: Callable[[str], None],
+) -> CheckRecord | None:
+    """The not-checked record of a check the budget left cannot pay for, said; None when it fits."""
+    need = classes.cost_s(study, settings, t, cfg)
+    if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
+        need += confirm.extension_s(study)
+    if Budget.fits(need, budget.checks_end if budget else None):
+        return None
+    say(
+        f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; a cheaper one is tried"
+    )
+    return {
+        "verdict": Verdict.NOT_CHECKED,
+        "reason": f"the budget left was shorter than the check (about {need:.0f} s)",
+    }
+
+
+def _say_verdict(t: FrozenTrial, check: CheckRecord, say: Callable[[str], None]) -> None:
+    passed = check["verdict"] == Verdict.PASS
+    words: dict[str, str] = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}
+    said = words.get(check["verdict"], "is not checked")
+    say(
+        f"{check['kind']}: trial {t.number} {said}: {check['reason']} ({check['seconds']:.0f} s)"
+        + ("" if passed else "; the next best is checked instead")
+    )
 
 
 def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
