@@ -102,9 +102,11 @@ def changes(ran: dict[str, Any], own: dict[str, Any], no_effect: frozenset[str])
         return out
     if ran.get("persistent_workers") != own.get("persistent_workers"):
         out["persistent_workers"] = ran.get("persistent_workers")
-    own_prefetch = own.get("prefetch_factor")
-    if ran.get("prefetch_factor") != (2 if own_prefetch is None else own_prefetch):
-        out["prefetch_factor"] = ran.get("prefetch_factor")
+    ran_prefetch, own_prefetch = (
+        2 if p is None else p for p in (ran.get("prefetch_factor"), own.get("prefetch_factor"))
+    )
+    if ran_prefetch != own_prefetch:
+        out["prefetch_factor"] = ran_prefetch
     return out
 
 
