@@ -235,7 +235,7 @@ class Seams:
             record = {"type": type(optimizer).__name__, "lr": lr, "lr_set": defaults.get("lr"), "factor": factor}
             optimizer._autotune_built = record
             seams.constructed.append(record)
-            own = {k: defaults.get(k) for k in ("fused", "foreach") if k in defaults}
+            own: dict[str, Any] = {k: defaults.get(k) for k in ("fused", "foreach") if k in defaults}
             optimizer._autotune_site = seams.site("optimizers", optimizer, own, None, stepped=False)
 
         return __init__
