@@ -1,10 +1,15 @@
 """`export --format diff` of a script study: a unified diff that turns the user's script into the best
 configuration measured, for `patch -p0` or `git apply -p0` run from where the export was written.
 
-The diff edits the script's own source where each knob already lives, found through `ast` positions:
-  - every `DataLoader(...)` call's num_workers, pin_memory, persistent_workers, prefetch_factor (a
-    keyword or the positional argument replaced, or a keyword added);
-  - the optimizer constructors' `fused`/`foreach` flags, `zero_grad(set_to_none=...)`;
+It holds exactly what was measured. The trial records where the script built each DataLoader and
+optimizer (the user's call: file, line, columns), what it gave the knobs there, what ran, and whether the
+trial iterated or stepped it (Export.sites); the diff edits those calls only, found through `ast`
+positions, and in them only the knobs whose measured value differs from the script's own:
+  - the iterated loaders' num_workers, pin_memory, persistent_workers, prefetch_factor (a keyword or the
+    positional argument replaced, or a keyword added); a value read from an argparse option
+    (`num_workers=args.workers`) through the option's default, so the script's own flag keeps working;
+  - the stepped optimizers' `fused`/`foreach` flags, in the script or in a module it imports (a second
+    file of the diff, named from where it is applied); `zero_grad(set_to_none=...)`;
   - `torch.backends.cudnn.benchmark = True` / `torch.set_num_threads(N)` added after the script's
     imports, where the script sets neither itself (its own line runs after the trial's, so it won);
   - the cooperative calls (autotune.script) whose knob the best config changes become the plain torch
@@ -15,10 +20,12 @@ The diff edits the script's own source where each knob already lives, found thro
     at.accumulation() keep their call and get the measured value as their default; the lr the trial
     scaled for a changed global batch is scaled in the source (at.lr()'s default, else the optimizer's
     lr=) by the same factor.
-A trial that is not the baseline overrides every no-edit knob, so each is written where it differs from
-what the source says (a literal that already equals it is left alone; an expression is replaced by the
-measured value). What cannot be written into the source (a DataLoader given **kwargs, apex) is said in a
-comment above the diff, never guessed. A best that is the baseline is one line, "no change".
+A knob that does nothing on the machine measured (pin_memory, cudnn_benchmark without CUDA: the search
+fixes them there, unsearched) is never written. What cannot be written (a call given **kwargs, a value
+computed at run time, a file outside the folder the diff is applied from, apex) is said in a comment
+above the diff with the file, line and what to write there, never guessed. A study without sites (made
+before they were recorded) has every DataLoader and fusable optimizer call in the script edited, said.
+A best that is the baseline is one line, "no change".
 """
 
 from __future__ import annotations
