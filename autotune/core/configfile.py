@@ -56,6 +56,10 @@ class Export:
     # end-to-end one, the share lost to data wait, and its model FLOPs utilisation against a probed peak,
     # each with how it was measured; {"skipped": why} when the budget could not pay for it; None: not run.
     ceiling: dict[str, Any] | None = None
+    # A script study's DataLoader and optimizer construction sites, as its trial recorded them
+    # (trial/loop/script.py: file, line, the script's own arguments, what ran, whether it was iterated or
+    # stepped), for the diff to edit only those; None: not recorded (a study made before it was).
+    sites: Mapping[str, Any] | None = None
 
     @classmethod
     def from_result(
@@ -76,6 +80,7 @@ class Export:
             speedup = float(sps) / float(baseline_samples_per_s)  # type: ignore[arg-type]
         env = {"device": result.device, "world_size": result.world_size, **dict(environment or {})}
         framework = result.applied.get("framework")
+        sites = (result.applied.get("script") or {}).get("sites")
         return cls(
             config,
             metrics,
@@ -85,6 +90,7 @@ class Export:
             dict(study or {}),
             reproduce,
             framework=dict(framework) if isinstance(framework, Mapping) else None,
+            sites=sites if isinstance(sites, Mapping) else None,
         )
 
 

@@ -35,12 +35,12 @@ def _export(path: Path, args: list[str] | None = None, **knobs: Any) -> Export:
     return Export(config=cfg, environment={"device": "cpu"}, speedup=1.25)
 
 
-def _patched(tmp_path: Path, source: str, **knobs: Any) -> tuple[str, str]:
-    """Write `source` as train.py in tmp_path, export a diff for `knobs` from there, apply it with patch:
-    the diff and the patched source."""
+def _patched(tmp_path: Path, source: str, device: str = "cpu", **knobs: Any) -> tuple[str, str]:
+    """Write `source` as train.py in tmp_path, export a diff for `knobs` measured on `device` from there,
+    apply it with patch: the diff and the patched source."""
     target = tmp_path / "train.py"
     target.write_text(source)
-    diff = to_diff(_export(target, **knobs), device="cpu", cwd=str(tmp_path))
+    diff = to_diff(_export(target, **knobs), device=device, cwd=str(tmp_path))
     (tmp_path / "tuned.diff").write_text(diff)
     if "\n@@ " not in diff:  # no hunk: patch calls a diff of comments only garbage
         return diff, target.read_text()
@@ -156,7 +156,7 @@ def main(loader_kw):
 @needs_patch
 def test_call_arguments_are_rewritten_where_they_stand(tmp_path: Path) -> None:
     diff, patched = _patched(
-        tmp_path, _SOURCE, num_workers=3, pin_memory=True, optimizer_fusion="fused", set_to_none=False
+        tmp_path, _SOURCE, "NVIDIA H200", num_workers=3, pin_memory=True, optimizer_fusion="fused", set_to_none=False
     )
     tree = ast.parse(patched)
     a, b, c = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("DataLoader")]
@@ -164,7 +164,10 @@ def test_call_arguments_are_rewritten_where_they_stand(tmp_path: Path) -> None:
     assert _kwargs(c) == {"batch_size": 4, "num_workers": 3, "prefetch_factor": 2, "pin_memory": True}
     # **kwargs may already hold the knob: adding it could pass it twice, so it is said, not written
     assert ast.unparse(b) == "DataLoader(data, batch_size=4, **loader_kw)"
-    note = "# not in the diff: line 8: DataLoader(...) takes **kwargs, which may hold them: give it num_workers=3, pin_memory=True\n"
+    note = (
+        "# not in the diff: line 8: DataLoader(...) takes **kwargs, which may hold them: give it num_workers=3, "
+        "pin_memory=True: DataLoader(data, batch_size=4, num_workers=3, pin_memory=True, **loader_kw)\n"
+    )
     assert note in diff
     assert _kwargs(_call(patched, "AdamW")) == {"lr": 1e-3, "foreach": False, "fused": True}
     assert ast.unparse(_call(patched, "opt.zero_grad")) == "opt.zero_grad(False)"
@@ -176,7 +179,7 @@ def test_call_arguments_are_rewritten_where_they_stand(tmp_path: Path) -> None:
 @needs_patch
 def test_global_lines_are_added_after_the_imports_only_where_the_script_sets_none(tmp_path: Path) -> None:
     source = "import os\nfrom torch import nn\n\nprint(nn)\n"
-    _, patched = _patched(tmp_path, source, cudnn_benchmark=True, num_threads=2)
+    _, patched = _patched(tmp_path, source, "NVIDIA H200", cudnn_benchmark=True, num_threads=2)
     assert patched.splitlines()[:5] == [
         "import os",
         "from torch import nn",
@@ -186,7 +189,7 @@ def test_global_lines_are_added_after_the_imports_only_where_the_script_sets_non
     ]
     # the script's own line runs after the trial set it, so its value is what ran: kept, and said
     own = "import torch\ntorch.set_num_threads(1)\ntorch.backends.cudnn.benchmark = False\n"
-    diff, patched = _patched(tmp_path, own, cudnn_benchmark=True, num_threads=2, num_workers=1)
+    diff, patched = _patched(tmp_path, own, "NVIDIA H200", cudnn_benchmark=True, num_threads=2, num_workers=1)
     assert patched == own
     assert "the script sets it itself (line 3)" in diff and "calls torch.set_num_threads itself (line 2)" in diff
 
@@ -282,13 +285,11 @@ def test_a_study_that_is_not_a_script_has_no_diff() -> None:
 
 
 def test_the_example_diff_changes_only_the_lines_of_the_measured_knobs(tmp_path: Path) -> None:
-    """A trial that is not the baseline set every loader knob, so the loader's `num_workers=args.workers`
-    becomes the measured 0; the optimizer gets its flag; nothing else changes."""
+    """The loader's `num_workers=args.workers` ran as the measured 0 (the option's default): it stays the
+    user's argument; the optimizer gets its flag; nothing else changes."""
     text = to_diff(_export(EXAMPLE, optimizer_fusion="foreach"), device="cpu", cwd=str(tmp_path))
     changed = [line for line in text.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed == [
-        "-                        num_workers=args.workers, drop_last=True)  # fmt: skip",
-        "+                        num_workers=0, drop_last=True)  # fmt: skip",
         "-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)",
         "+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4, foreach=True)",
     ]

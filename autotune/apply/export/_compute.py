@@ -259,7 +259,7 @@ def _globals(rw: Rewrite) -> None:
     """A trial sets cudnn.benchmark and the thread count before the script runs, so a line of the script's
     own that sets them ran after it and won; only where the script has none is one added."""
     cfg = rw.cfg
-    if "cudnn_benchmark" not in rw.skip:
+    if "cudnn_benchmark" not in rw.skip | rw.no_effect:
         assigns = [
             n
             for n in ast.walk(rw.tree)

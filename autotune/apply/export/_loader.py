@@ -72,6 +72,49 @@ def hf_args(cfg: TrialConfig) -> list[str]:
     ]
 
 
+# DataLoader's defaults for the knobs a trial sets (prefetch_factor None: 2 with workers).
+DEFAULTS: dict[str, Any] = {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None}
+
+
+def ran_by(cfg: TrialConfig) -> dict[str, Any]:
+    """The arguments a trial that is not the baseline gives every DataLoader (its loader_overrides:
+    DataLoader refuses persistence and a prefetch without workers)."""
+    workers = cfg.num_workers > 0
+    return {
+        "num_workers": cfg.num_workers,
+        "pin_memory": cfg.pin_memory,
+        "persistent_workers": cfg.persistent_workers if workers else False,
+        "prefetch_factor": cfg.loader_prefetch,
+    }
+
+
+def changes(ran: dict[str, Any], own: dict[str, Any], no_effect: frozenset[str]) -> dict[str, Any]:
+    """The loader arguments a trial ran that differ from the script's own in effect (prefetch None is 2
+    with workers), less those that do nothing here; without workers, the script's own persistence and
+    prefetch are turned off, which DataLoader requires."""
+    out = {k: ran[k] for k in ("num_workers", "pin_memory") if k not in no_effect and ran.get(k) != own.get(k)}
+    workers = ran.get("num_workers") or 0
+    if not workers:
+        if own.get("persistent_workers") is not False:
+            out["persistent_workers"] = False
+        if own.get("prefetch_factor") is not None:
+            out["prefetch_factor"] = None
+        return out
+    if ran.get("persistent_workers") != own.get("persistent_workers"):
+        out["persistent_workers"] = ran.get("persistent_workers")
+    ran_prefetch, own_prefetch = (
+        2 if p is None else p for p in (ran.get("prefetch_factor"), own.get("prefetch_factor"))
+    )
+    if ran_prefetch != own_prefetch:
+        out["prefetch_factor"] = ran_prefetch
+    return out
+
+
+def _write(rw: Rewrite, src: Any, call: Any, knobs: dict[str, Any]) -> None:
+    for name, value in knobs.items():
+        rw.write(src, call, name, value, POSITION.get(name))
+
+
 def script_lines(cfg: TrialConfig, skip: frozenset[str]) -> list[str]:
     """The script's DataLoader arguments, unless the script builds none."""
     if "num_workers" in skip:
@@ -83,22 +126,20 @@ def script_lines(cfg: TrialConfig, skip: frozenset[str]) -> list[str]:
 
 
 def edit(rw: Rewrite) -> None:
-    """Every DataLoader(...) call gets the trial's arguments (the trial's loader_overrides: DataLoader
-    refuses persistence and prefetch without workers); at.batch_size() gets the measured default."""
+    """The loaders a trial iterated get the arguments it ran them with, where those differ from the script's
+    own (a knob that does nothing on the machine measured is not one); at.batch_size() gets the measured
+    default. Without a record of which loaders ran, every DataLoader(...) call in the script."""
     cfg = rw.cfg
     if not set(script.LOADER_KNOBS) & rw.skip:
-        workers = cfg.num_workers > 0
-        target: dict[str, Any] = {
-            "num_workers": cfg.num_workers,
-            "pin_memory": cfg.pin_memory,
-            "persistent_workers": cfg.persistent_workers if workers else False,
-            "prefetch_factor": cfg.loader_prefetch,
-        }
-        defaults: dict[str, Any] = {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
-        defaults["prefetch_factor"] = 2 if workers else None  # DataLoader's None means 2 with workers
-        for call in rw.calls_to("DataLoader"):
-            for name, value in target.items():
-                rw.set_keyword(call, name, value, defaults[name], POSITION.get(name))
+        sites = rw.sites("loaders")
+        if sites is None:
+            ran = ran_by(cfg)
+            for call in rw.calls_to("DataLoader"):
+                own = {k: rw.own(rw, call, k, DEFAULTS[k], POSITION.get(k)) for k in ran}
+                _write(rw, rw, call, changes(ran, own, rw.no_effect))
+        for site in sites or []:
+            if site.used():
+                _write(rw, site.src, site.call, changes(site.record["ran"], site.record["own"], rw.no_effect))
     if "batch_size" in rw.skip or rw.job.own is None:
         return
     for call in rw.api("batch_size"):

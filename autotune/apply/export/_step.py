@@ -5,7 +5,7 @@ the diff's edits."""
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig, lr_factor
@@ -163,31 +163,63 @@ def edit(rw: Rewrite) -> None:
 
 
 def _fusion(rw: Rewrite) -> None:
-    # A trial that is not the baseline sets both flags on every fusable optimizer, whatever its
-    # fusion: so does the diff. `foreach=None`, torch's default, is foreach only on CUDA tensors.
+    """The fused/foreach flags of the optimizers a trial stepped, wherever the script built them (another
+    module too), where the implementation it ran differs from the one the script's own flags pick.
+    Without a record of which stepped: every fusable optimizer call in the script, as a trial that is not
+    the baseline sets both flags on each."""
     fusion = rw.cfg.optimizer_fusion
     if "optimizer_fusion" in rw.skip:
         return
     if fusion == "apex":
         rw.notes.append("optimizer_fusion=apex: construct apex.optimizers.FusedAdam in place of your optimizer")
         return
+    sites = rw.sites("optimizers")
     names = script.LINEAR_RULE | script.SQRT_RULE | script.OTHER_OPTIMIZERS
-    flagless = sorted({rw.callee(c) for c in rw.calls if rw.callee(c) in names - FUSABLE - {"FusedAdam", "FusedLAMB"}})
+    built = [rw.callee(c) for c in rw.calls] if sites is None else [s.record.get("type") for s in sites if s.used()]
+    flagless = sorted({str(n) for n in built if n in names - FUSABLE - {"FusedAdam", "FusedLAMB"}})
     if flagless and fusion != "none":
         rw.notes.append(
             f"optimizer_fusion={fusion}: {', '.join(flagless)} takes no fused/foreach pair, so the trial left "
             "its flags as written"
         )
-    for call in rw.calls_to(*FUSABLE):
-        if fusion == "none":
-            rw.set_keyword(call, "foreach", False, False if rw.device == "cpu" else None)
-        else:
-            rw.set_keyword(call, fusion, True, None)
-        # The other flag, where the script gives it, must not contradict (torch refuses both True).
-        other = "fused" if fusion in ("none", "foreach") else "foreach"
+    if sites is None:
+        for call in rw.calls_to(*FUSABLE):
+            _flags(rw, rw, call, fusion, written=True)
+        return
+    for site in sites:
+        ran = site.record.get("ran") or fusion
+        if site.used() and site.record.get("type") in FUSABLE and ran != own_fusion(site.record.get("own"), rw.device):
+            _flags(rw, site.src, site.call, ran, written=False)
+
+
+def own_fusion(own: Any, device: str) -> str:
+    """The implementation an optimizer's own flags pick: foreach=None is torch's default, foreach on CUDA
+    tensors and the for-loop on the CPU."""
+    own = own if isinstance(own, dict) else {}
+    if own.get("fused"):
+        return "fused"
+    if own.get("foreach") or (own.get("foreach") is None and device == "cuda"):
+        return "foreach"
+    return "none"
+
+
+def _flags(rw: Rewrite, src: Any, call: ast.Call, fusion: str, written: bool) -> None:
+    """`fusion`'s flag on `call`, and the other flag, where the script gives it, made not to contradict
+    (torch refuses both True). `written`: today's rule for a study without sites (every flag as the trial
+    set it, an expression replaced by the value)."""
+    other = "fused" if fusion in ("none", "foreach") else "foreach"
+    flag, value = ("foreach", False) if fusion == "none" else (fusion, True)
+    if written:
+        rw.set_keyword(call, flag, value, (False if rw.device == "cpu" else None) if fusion == "none" else None)
         given = next((k.value for k in call.keywords if k.arg == other), None)
         if given is not None and not rw.same(given, False):
             rw.replace(given, "False")
+        return
+    if fusion != "none" or src.argument(call, flag, None) is not None or rw.device != "cpu":
+        rw.write(src, call, flag, value)
+    given = src.argument(call, other, None)
+    if given is not None and not rw.same(given, False):
+        rw.write(src, call, other, False)
 
 
 def _lr(rw: Rewrite) -> None:

@@ -1,10 +1,15 @@
 """`export --format diff` of a script study: a unified diff that turns the user's script into the best
 configuration measured, for `patch -p0` or `git apply -p0` run from where the export was written.
 
-The diff edits the script's own source where each knob already lives, found through `ast` positions:
-  - every `DataLoader(...)` call's num_workers, pin_memory, persistent_workers, prefetch_factor (a
-    keyword or the positional argument replaced, or a keyword added);
-  - the optimizer constructors' `fused`/`foreach` flags, `zero_grad(set_to_none=...)`;
+It holds exactly what was measured. The trial records where the script built each DataLoader and
+optimizer (the user's call: file, line, columns), what it gave the knobs there, what ran, and whether the
+trial iterated or stepped it (Export.sites); the diff edits those calls only, found through `ast`
+positions, and in them only the knobs whose measured value differs from the script's own:
+  - the iterated loaders' num_workers, pin_memory, persistent_workers, prefetch_factor (a keyword or the
+    positional argument replaced, or a keyword added); a value read from an argparse option
+    (`num_workers=args.workers`) through the option's default, so the script's own flag keeps working;
+  - the stepped optimizers' `fused`/`foreach` flags, in the script or in a module it imports (a second
+    file of the diff, named from where it is applied); `zero_grad(set_to_none=...)`;
   - `torch.backends.cudnn.benchmark = True` / `torch.set_num_threads(N)` added after the script's
     imports, where the script sets neither itself (its own line runs after the trial's, so it won);
   - the cooperative calls (autotune.script) whose knob the best config changes become the plain torch
@@ -15,10 +20,12 @@ The diff edits the script's own source where each knob already lives, found thro
     at.accumulation() keep their call and get the measured value as their default; the lr the trial
     scaled for a changed global batch is scaled in the source (at.lr()'s default, else the optimizer's
     lr=) by the same factor.
-A trial that is not the baseline overrides every no-edit knob, so each is written where it differs from
-what the source says (a literal that already equals it is left alone; an expression is replaced by the
-measured value). What cannot be written into the source (a DataLoader given **kwargs, apex) is said in a
-comment above the diff, never guessed. A best that is the baseline is one line, "no change".
+A knob that does nothing on the machine measured (pin_memory, cudnn_benchmark without CUDA: the search
+fixes them there, unsearched) is never written. What cannot be written (a call given **kwargs, a value
+computed at run time, a file outside the folder the diff is applied from, apex) is said in a comment
+above the diff with the file, line and what to write there, never guessed. A study without sites (made
+before they were recorded) has every DataLoader and fusable optimizer call in the script edited, said.
+A best that is the baseline is one line, "no change".
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from collections.abc import Mapping
 
 from autotune.apply.export import _compute, _loader, _step
 from autotune.core.config import TrialConfig, baseline_of
@@ -64,10 +72,14 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
     if cfg.knobs() == baseline_of(cfg).knobs():
         return NO_CHANGE.format(path=path) + "\n"
     source = Path(path).read_bytes()
-    rewrite = Rewrite(source, cfg, job, "cpu" if device in (None, "cpu") else "cuda")
-    new = rewrite.apply()
     name, where = header_name(path, cwd or os.getcwd())
+    home = str(Path(path).parent) if where else cwd or os.getcwd()
+    on = "cpu" if device in (None, "cpu") else "cuda"
+    rewrite = Rewrite(source, cfg, job, on, sites=e.sites, home=home, measured_on=device)
+    new = rewrite.apply()
     diff = unified(source.decode(), new.decode(), name)
+    for other in rewrite.others():  # a module where the script builds a loader or optimizer it ran
+        diff += unified(other.source.decode(), other.patched().decode(), other.name)
     head = [f"# autotune export for {path}: the best configuration measured, as a change to the script"]
     if e.speedup is not None:
         head.append(f"# measured speedup over the script as written: x{e.speedup:.2f}")
@@ -129,35 +141,35 @@ def same(node: ast.expr, value: Any) -> bool:
     return type(given) is type(value) and given == value
 
 
-class Rewrite:
-    """The edits that make one script's source run `cfg`, and what it could not say in the source."""
+UNKNOWN = object()  # a value the source computes at run time, which the diff cannot read
+# Knobs that do nothing on a machine without CUDA (search/space/resolve.py fixes them there, unsearched):
+# what a trial ran for them is no measured value, so the diff never writes one.
+NO_EFFECT_WITHOUT_CUDA = ("pin_memory", "cudnn_benchmark")
 
-    def __init__(self, source: bytes, cfg: TrialConfig, job: script.ScriptJob, device: str) -> None:
-        self.source, self.cfg, self.job, self.device = source, cfg, job, device
+
+class Source:
+    """One file of the diff: its bytes, tree and line offsets, the edits made to it, and the keywords a
+    call given **kwargs needs (said, not written). `name` is how the diff names it (relative to where it
+    is applied); `editable` is False for a file outside that folder, whose edits are said as lines."""
+
+    def __init__(self, path: str, name: str, source: bytes, editable: bool = True) -> None:
+        self.path, self.name, self.source, self.editable = path, name, source, editable
         self.tree = ast.parse(source)
         self.calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
-        self.skip = job.unsupported
-        self.api_calls = api_calls(self.tree)
-        self.base = baseline_of(cfg)
         self.starts = [0]
         for line in source.splitlines(True):
             self.starts.append(self.starts[-1] + len(line))
         self.edits: list[Edit] = []
-        self.notes: list[str] = []
-        self.top: list[str] = []  # lines added after the script's imports
         self.unwritten: dict[ast.Call, list[str]] = {}  # a call given **kwargs -> the keywords it needs
 
-    def apply(self) -> bytes:
-        for concept in (_loader, _step, _compute):  # each edits where its knobs live in the source
-            concept.edit(self)
-        if self.top:
-            self.insert_top()
-        for call, kwargs in self.unwritten.items():
-            self.notes.append(
-                f"line {call.lineno}: {callee(call)}(...) takes **kwargs, which may hold them: give it {', '.join(kwargs)}"
-            )
+    def where(self, node: ast.AST, main: bool) -> str:
+        """A line as a note names it: `line N` in the script, `file:N` elsewhere."""
+        line = getattr(node, "lineno", 0)
+        return f"line {line}" if main else f"{self.name}:{line}"
+
+    def patched(self) -> bytes:
         out = self.source
-        for edit in sorted(self.edits, key=lambda x: (x.start, x.end), reverse=True):
+        for edit in sorted(dict.fromkeys(self.edits), key=lambda x: (x.start, x.end), reverse=True):
             out = out[: edit.start] + edit.text.encode() + out[edit.end :]
         return out
 
@@ -170,26 +182,40 @@ class Rewrite:
         return self.at(node.lineno, node.col_offset), self.at(node.end_lineno or 0, node.end_col_offset or 0)  # type: ignore[attr-defined]
 
     def replace(self, node: ast.AST, text: str) -> None:
-        self.edits.append(Edit(*self.span(node), text))
+        edit = Edit(*self.span(node), text)
+        if edit not in self.edits:  # two sites may share one argparse option's default
+            self.edits.append(edit)
 
     def text(self, node: ast.AST) -> str:
         start, end = self.span(node)
         return self.source[start:end].decode()
 
-    # ---- keywords -----------------------------------------------------------------------------
-    def set_keyword(self, call: ast.Call, name: str, value: Any, default: Any, position: int | None = None) -> None:
-        """Make `call` pass `name=value`: its keyword or positional argument replaced when it differs, or
-        the keyword added when the default it runs with differs."""
+    def call_at(self, site: Mapping[str, Any]) -> ast.Call | None:
+        """The call a trial recorded at `site`: the one at its exact columns where Python said them, else the
+        one starting on its line that names the class it built (or the only one starting there)."""
+        line = site.get("line")
+        if "col" in site:
+            for call in self.calls:
+                if (call.lineno, call.col_offset, call.end_lineno, call.end_col_offset) == (
+                    line,
+                    site["col"],
+                    site.get("end_line"),
+                    site.get("end_col"),
+                ):
+                    return call
+        starting = [c for c in self.calls if c.lineno == line]
+        named = [c for c in starting if callee(c) == site.get("type")]
+        return named[0] if len(named) == 1 else starting[0] if len(starting) == 1 else None
+
+    def argument(self, call: ast.Call, name: str, position: int | None) -> ast.expr | None:
+        """What `call` passes as `name`: its keyword, else its positional argument at `position`."""
         given: ast.expr | None = next((k.value for k in call.keywords if k.arg == name), None)
         if given is None and position is not None and len(call.args) > position:
             if not any(isinstance(a, ast.Starred) for a in call.args[: position + 1]):
                 given = call.args[position]
-        if given is not None:
-            if not same(given, value):
-                self.replace(given, repr(value))
-            return
-        if value == default:
-            return
+        return given
+
+    def add_keyword(self, call: ast.Call, name: str, value: Any) -> None:
         if any(k.arg is None for k in call.keywords):
             # The keyword may already be in the mapping: adding it could pass it twice (a TypeError).
             self.unwritten.setdefault(call, []).append(f"{name}={value!r}")
@@ -202,6 +228,195 @@ class Rewrite:
         else:
             offset = self.span(call)[1] - 1  # before its closing parenthesis
             self.edits.append(Edit(offset, offset, f"{name}={value!r}"))
+
+    def option(self, node: ast.expr) -> tuple[ast.Call, list[str]] | None:
+        """The argparse option `node` reads (`args.workers`): its add_argument call in this file and its
+        flags; None for anything else."""
+        if not isinstance(node, ast.Attribute):
+            return None
+        for call in self.calls:
+            if not (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"):
+                continue
+            flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            named = next((k.value for k in call.keywords if k.arg == "dest"), None)
+            longs = [f for f in flags if f.startswith("--")]
+            dest = (
+                named.value
+                if isinstance(named, ast.Constant)
+                else (longs[0] if longs else flags[0] if flags else "").lstrip("-").replace("-", "_")
+            )
+            if dest == node.attr and any(f.startswith("-") for f in flags):
+                return call, flags
+        return None
+
+
+class Rewrite(Source):
+    """The edits that make one script (and the modules where it builds its loaders and optimizers) run
+    `cfg`, and what it could not say in the source.
+
+    sites: the DataLoader and optimizer construction sites the best trial recorded (Export.sites); None:
+    the study has none, and every DataLoader and fusable optimizer call in the script is edited.
+    home: the folder the diff is applied from; a file outside it is not edited, its lines are said."""
+
+    def __init__(
+        self,
+        source: bytes,
+        cfg: TrialConfig,
+        job: script.ScriptJob,
+        device: str,
+        sites: Mapping[str, Any] | None = None,
+        home: str | None = None,
+        measured_on: str | None = None,
+    ) -> None:
+        self.home = home or str(Path(job.path).parent)
+        super().__init__(job.path, self.name_of(job.path), source)
+        self.cfg, self.job, self.device, self.recorded = cfg, job, device, sites
+        self.skip = job.unsupported
+        self.api_calls = api_calls(self.tree)
+        self.base = baseline_of(cfg)
+        self.notes: list[str] = []
+        self.top: list[str] = []  # lines added after the script's imports
+        self.files: dict[str, Source | None] = {os.path.realpath(job.path): self}
+        # What does nothing where the best was measured (a device the Export does not name: unknown).
+        cpu = measured_on is not None and measured_on.startswith("cpu")
+        self.no_effect = frozenset(NO_EFFECT_WITHOUT_CUDA if cpu else ())
+
+    def name_of(self, path: str) -> str:
+        return os.path.relpath(path, self.home)
+
+    def apply(self) -> bytes:
+        if self.recorded is None:
+            self.notes.append(
+                "the study recorded no DataLoader or optimizer sites (made before autotune recorded them): "
+                "every DataLoader and optimizer call in the script is edited, iterated or not, and one built "
+                "in another module is not reached"
+            )
+        for concept in (_loader, _step, _compute):  # each edits where its knobs live in the source
+            concept.edit(self)
+        if self.top:
+            self.insert_top()
+        for src in self.sources():
+            for call, kwargs in src.unwritten.items():
+                line = ast.unparse(with_keywords(call, kwargs))
+                self.notes.append(
+                    f"{src.where(call, src is self)}: {callee(call)}(...) takes **kwargs, which may hold them: give "
+                    f"it {', '.join(kwargs)}: {line}"
+                )
+            if not src.editable and src.edits:
+                self.notes += said_as_lines(src)
+        return self.patched()
+
+    def sources(self) -> list[Source]:
+        return [s for s in self.files.values() if s is not None]
+
+    def others(self) -> list[Source]:
+        """The other files the diff edits (modules the script builds a loader or optimizer in)."""
+        return [s for s in self.sources() if s is not self and s.editable and s.edits]
+
+    # ---- the sites the trial recorded ---------------------------------------------------------
+    def sites(self, kind: str) -> list[Site] | None:
+        """The recorded `kind` sites ("loaders", "optimizers") with their file and call; None: none recorded.
+        A site whose file or call the source here no longer has is said, and left out."""
+        if self.recorded is None:
+            return None
+        out = []
+        for record in self.recorded.get(kind) or []:
+            src = self.source_at(str(record.get("file")))
+            call = src.call_at(record) if src is not None else None
+            if src is None or call is None:
+                self.notes.append(
+                    f"{self.name_of(str(record.get('file')))}:{record.get('line')}: the {record.get('type')} a trial "
+                    "built there is not in this file's source any more: its arguments are not edited"
+                )
+                continue
+            out.append(Site(record, src, call))
+        return out
+
+    def source_at(self, path: str) -> Source | None:
+        key = os.path.realpath(path)
+        if key not in self.files:
+            try:
+                name = self.name_of(path)
+                editable = not (name.startswith("..") or os.path.isabs(name))
+                self.files[key] = Source(path, name if editable else path, Path(path).read_bytes(), editable)
+            except (OSError, SyntaxError, ValueError):
+                self.files[key] = None
+        return self.files[key]
+
+    # ---- writing a measured value ---------------------------------------------------------------
+    def write(self, src: Source, call: ast.Call, name: str, value: Any, position: int | None = None) -> None:
+        """Make `call` run `name=value` where the script's own value differs (the caller decides that): a
+        literal replaced; an argparse option's default changed, the call keeping the user's argument; a
+        keyword added; an expression the script computes at run time said, with the line to write."""
+        given = src.argument(call, name, position)
+        if given is None:
+            src.add_keyword(call, name, value)
+        elif literal(given) is not UNKNOWN:
+            if not same(given, value):
+                src.replace(given, repr(value))
+        elif (option := src.option(given)) is not None:
+            self.set_default(src, *option, value)
+        else:
+            self.notes.append(
+                f"{src.where(call, src is self)}: {name}={src.text(given)} is computed at run time: the best ran "
+                f"{name}={value!r}; write {name}={value!r} there"
+            )
+
+    def set_default(self, src: Source, add: ast.Call, flags: list[str], value: Any) -> None:
+        """An argparse option's default, so the script's own flag keeps working; said where the study's
+        arguments give the flag (the default is then not what runs)."""
+        default = next((k.value for k in add.keywords if k.arg == "default"), None)
+        if default is None:
+            src.add_keyword(add, "default", value)
+        elif literal(default) is not UNKNOWN:
+            if not same(default, value):
+                src.replace(default, repr(value))
+        else:
+            self.notes.append(
+                f"{src.where(add, src is self)}: {flags[0]}'s default {src.text(default)} is computed at run time: "
+                f"the best ran {value!r}; run the script with {flags[-1]} {value}"
+            )
+            return
+        given = [w for w in self.job.args if w in flags or any(w.startswith(f + "=") for f in flags if f[:2] == "--")]
+        if given and src is self:
+            self.notes.append(
+                f"{flags[-1]}: the study ran the script with {given[-1]}, which overrides the default: run it with "
+                f"{flags[-1]} {value}"
+            )
+
+    def own(self, src: Source, call: ast.Call, name: str, default: Any, position: int | None = None) -> Any:
+        """What the script gives `call` as `name`, read from the source: a literal, an argparse option's value
+        (the study's arguments applied), the default when it gives none; UNKNOWN for anything else."""
+        given = src.argument(call, name, position)
+        if given is None:
+            return default
+        value = literal(given)
+        option = src.option(given) if value is UNKNOWN else None
+        if option is None:
+            return value
+        add, flags = option
+        default_node = next((k.value for k in add.keywords if k.arg == "default"), None)
+        value = None if default_node is None else literal(default_node)
+        args = self.job.args if src is self else []
+        for i, word in enumerate(args):
+            for flag in flags:
+                if word == flag and i + 1 < len(args):
+                    value = parsed(args[i + 1], value)
+                elif flag.startswith("--") and word.startswith(flag + "="):
+                    value = parsed(word[len(flag) + 1 :], value)
+        return value
+
+    # ---- keywords -----------------------------------------------------------------------------
+    def set_keyword(self, call: ast.Call, name: str, value: Any, default: Any, position: int | None = None) -> None:
+        """Make `call` pass `name=value`: its keyword or positional argument replaced when it differs, or
+        the keyword added when the default it runs with differs."""
+        given = self.argument(call, name, position)
+        if given is not None:
+            if not same(given, value):
+                self.replace(given, repr(value))
+            return
+        if value != default:
+            self.add_keyword(call, name, value)
 
     def default(self, call: ast.Call, value: int) -> None:
         arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
@@ -237,6 +452,54 @@ class Rewrite:
         if offset == len(self.source) and not self.source.endswith(b"\n"):
             self.top[0] = "\n" + self.top[0]
         self.edits.append(Edit(offset, offset, "".join(line + "\n" for line in self.top)))
+
+
+@dataclass(frozen=True)
+class Site:
+    """A DataLoader or optimizer a trial built: its record (Export.sites), its file, its call there."""
+
+    record: Mapping[str, Any]
+    src: Source
+    call: ast.Call
+
+    def used(self) -> bool:
+        """Whether a trial iterated the loader or stepped the optimizer: what was measured."""
+        return bool(self.record.get("iterated") or self.record.get("stepped"))
+
+
+def literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return UNKNOWN
+
+
+def parsed(word: str, like: Any) -> Any:
+    """An option's word from the command line, as its default's type (an int default reads an int)."""
+    try:
+        return type(like)(word) if isinstance(like, (int, float)) and not isinstance(like, bool) else int(word)
+    except ValueError:
+        return UNKNOWN
+
+
+def with_keywords(call: ast.Call, kwargs: list[str]) -> ast.Call:
+    """`call` with `name=value` keywords added before its **mapping: the line a note says to write."""
+    added = [ast.keyword(arg=k, value=ast.parse(v, mode="eval").body) for k, v in (kw.split("=", 1) for kw in kwargs)]
+    plain = [k for k in call.keywords if k.arg is not None]
+    spread = [k for k in call.keywords if k.arg is None]
+    return ast.Call(func=call.func, args=call.args, keywords=[*plain, *added, *spread])
+
+
+def said_as_lines(src: Source) -> list[str]:
+    """The edits to a file outside the folder the diff is applied from, said as the lines to write."""
+    old, new = src.source.decode().splitlines(), src.patched().decode().splitlines()
+    out = []
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, i1, _i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            lines = " / ".join(line.strip() for line in new[j1:j2])
+            out.append(f"{src.path}:{i1 + 1}: write {lines}")
+    return out
 
 
 def api_calls(tree: ast.Module) -> list[tuple[str, ast.Call]]:

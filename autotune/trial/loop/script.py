@@ -125,6 +125,9 @@ class Seams:
         self.began = False
         self.at = self.machine  # the device the clock syncs and reads memory on, once made
         self.hook_steps = 0
+        # Where the script built each DataLoader and optimizer (the user's call: file, line, columns), what it
+        # gave the knobs there and what ran, and whether the trial iterated or stepped it: what the diff edits.
+        self.sites: dict[str, list[dict[str, Any]]] = {"loaders": [], "optimizers": []}
 
     @property
     def device(self) -> torch.device:
@@ -162,6 +165,7 @@ class Seams:
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             bound = signature.bind(loader, *args, **kwargs)
+            own = {k: bound.arguments.get(k, signature.parameters[k].default) for k in LOADER_KNOBS}
             # An IterableDataset yields its whole stream in every worker unless it shards itself: more
             # workers than the script chose would change what it trains on, so its loader keeps its own.
             iterable = isinstance(bound.arguments.get("dataset"), IterableDataset)
@@ -174,6 +178,8 @@ class Seams:
             seams.loaders.append(
                 record | ({"kept": "an IterableDataset: the script's own workers"} if iterable else {})
             )
+            ran = {k: record[k] for k in LOADER_KNOBS}
+            loader._autotune_site = seams.site("loaders", loader, own, ran, iterated=False)
 
         return __init__
 
@@ -182,6 +188,9 @@ class Seams:
 
         def __init__(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
             original(it, loader, *args, **kwargs)
+            site = getattr(loader, "_autotune_site", None)
+            if site is not None:
+                site["iterated"] = True
             if seams.clock is None:  # iterated: its workers now make batches ahead
                 seams.iterated.append(loader)
             else:
@@ -226,6 +235,8 @@ class Seams:
             record = {"type": type(optimizer).__name__, "lr": lr, "lr_set": defaults.get("lr"), "factor": factor}
             optimizer._autotune_built = record
             seams.constructed.append(record)
+            own: dict[str, Any] = {k: defaults.get(k) for k in ("fused", "foreach") if k in defaults}
+            optimizer._autotune_site = seams.site("optimizers", optimizer, own, None, stepped=False)
 
         return __init__
 
@@ -299,6 +310,9 @@ class Seams:
 
     def step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         assert self.clock is not None
+        site = getattr(optimizer, "_autotune_site", None)
+        if site is not None and not site["stepped"]:
+            site |= {"stepped": True, "ran": fusion_of(optimizer.param_groups[0])}
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
         self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
@@ -308,6 +322,17 @@ class Seams:
         if self.clock.step_end(self.step_loss()):
             self.finish()
             raise _Done
+
+    def site(self, kind: str, obj: Any, own: dict[str, Any], ran: Any, **used: bool) -> dict[str, Any]:
+        """The record of the user's call that built `obj` (one per call, however often it runs: a loader built
+        each epoch is one site, iterated if any of its loaders was)."""
+        where = call_site()
+        for site in self.sites[kind]:
+            if all(site.get(k) == v for k, v in where.items()):
+                return site
+        site = where | {"type": type(obj).__name__, "own": plain(own), "ran": plain(ran), **used}
+        self.sites[kind].append(site)
+        return site
 
     def handed_samples(self) -> int:
         """Samples per optimizer step as the cooperative calls handed them over (no loader counted any):
@@ -452,6 +477,30 @@ def fusion_of(group: dict[str, Any]) -> str:
     return "none" if "foreach" in group else "unknown"
 
 
+def call_site() -> dict[str, Any]:
+    """The user's call that is constructing a DataLoader or optimizer: the first frame out of torch and
+    autotune (a subclass's own __init__ is the user's), its file and line, and the call's columns where
+    Python says them (3.11+: the instruction's position)."""
+    inside = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (torch, sys.modules["autotune"]))
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
+        frame = frame.f_back
+    where: dict[str, Any] = {"file": os.path.abspath(frame.f_code.co_filename), "line": frame.f_lineno}
+    positions = getattr(frame.f_code, "co_positions", None)
+    if positions is not None:
+        line, end_line, col, end_col = list(positions())[frame.f_lasti // 2]
+        if line == frame.f_lineno and None not in (end_line, col, end_col):
+            where |= {"col": col, "end_line": end_line, "end_col": end_col}
+    return where
+
+
+def plain(value: Any) -> Any:
+    """A recorded argument as the study stores it (JSON): a number, a word or None, else its repr."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
+
+
 def batch_len(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor (tuples, lists, dicts); 1 without one."""
     if isinstance(batch, torch.Tensor):
@@ -557,6 +606,7 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     applied["script"] |= extra.pop("script")
     applied |= extra
     applied["observed"] = seams.final
+    applied["script"]["sites"] = seams.sites
     if cfg.profile:
         applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
     return seams.clock.result(applied, measure.memory_total_bytes(seams.at))

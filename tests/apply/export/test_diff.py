@@ -1,0 +1,255 @@
+"""`export --format diff` holds exactly what was measured (issue 41): the loaders a trial iterated and the
+optimizers it stepped, wherever the script built them (another module: a second file of the diff, or said
+with the line to write); only knobs whose measured value differs from the script's own, never one that
+does nothing on the machine measured; a value from an argparse option through the option's default, so
+the script's own flag keeps working. Each diff is applied with GNU patch, as the user would."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.apply.export.diff import to_diff
+from autotune.core.config import TrialConfig
+from autotune.core.configfile import Export
+from autotune.pipelines import script
+from autotune.trial.loop import worker
+
+SCRIPTS = Path(__file__).parent / "scripts"
+needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
+
+
+def _export(path: Path, args: list[str] | None = None, sites: Any = None, **knobs: Any) -> Export:
+    cfg = TrialConfig(pipeline=script.spec_of(str(path), args or []), **knobs)
+    recorded = {} if sites is None else {"sites": sites}  # none: a study made before sites were recorded
+    return Export(config=cfg, environment={"device": "cpu"}, speedup=1.25, **recorded)
+
+
+def _apply(folder: Path, diff: str) -> None:
+    (folder / "tuned.diff").write_text(diff)
+    run = subprocess.run(["patch", "-p0", "-i", "tuned.diff"], cwd=folder, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def _changed(diff: str) -> list[str]:
+    return [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+
+
+def _notes(diff: str) -> list[str]:
+    return [line.removeprefix("# not in the diff: ") for line in diff.splitlines() if line.startswith("# not in")]
+
+
+def _loader(path: Path, line: int, iterated: bool, own: dict[str, Any], ran: dict[str, Any]) -> dict[str, Any]:
+    """A DataLoader site as a trial records it (trial/loop/script.py)."""
+    knobs = {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "persistent_workers": False}
+    return {
+        "file": str(path),
+        "line": line,
+        "type": "DataLoader",
+        "own": knobs | own,
+        "ran": knobs | ran,
+        "iterated": iterated,
+    }
+
+
+def _optimizer(path: Path, line: int, ran: str, own: dict[str, Any] | None = None) -> dict[str, Any]:
+    own = {"fused": None, "foreach": None} | (own or {})
+    return {"file": str(path), "line": line, "type": "AdamW", "own": own, "ran": ran, "stepped": True}
+
+
+# ------------------------------------------------------------------------------------------ loaders
+
+_LOADERS = """import argparse
+from torch.utils.data import DataLoader
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-j", "--workers", type=int, default=4)
+args = parser.parse_args()
+train = DataLoader([1, 2, 3], batch_size=1, num_workers=args.workers, pin_memory=True)
+val = DataLoader([1, 2, 3], batch_size=1, num_workers=args.workers, pin_memory=True)
+"""
+
+
+@needs_patch
+def test_a_validation_loader_no_trial_iterated_is_left_alone(tmp_path: Path) -> None:
+    """The trial ends inside the first epoch: its validation loader is built, never iterated, and what its
+    arguments were is nothing the search measured."""
+    target = tmp_path / "train.py"
+    target.write_text(_LOADERS.replace("num_workers=args.workers", "num_workers=4"))
+    sites = {
+        "loaders": [
+            _loader(target, 7, True, {"num_workers": 4, "pin_memory": True}, {"num_workers": 2}),
+            _loader(target, 8, False, {"num_workers": 4, "pin_memory": True}, {"num_workers": 2}),
+        ],
+        "optimizers": [],
+    }
+    diff = to_diff(_export(target, sites=sites, num_workers=2), device="cpu", cwd=str(tmp_path))
+    assert _changed(diff) == [
+        "-train = DataLoader([1, 2, 3], batch_size=1, num_workers=4, pin_memory=True)",
+        "+train = DataLoader([1, 2, 3], batch_size=1, num_workers=2, pin_memory=True)",
+    ]
+    _apply(tmp_path, diff)
+    assert "val = DataLoader([1, 2, 3], batch_size=1, num_workers=4, pin_memory=True)" in target.read_text()
+
+
+def test_a_knob_fixed_as_a_no_op_here_is_never_written(tmp_path: Path) -> None:
+    """Without CUDA the space fixes pin_memory to False (pinning is a no-op): every trial ran it so, over the
+    script's own True, and measured nothing of it. Only the knob whose measured value differs is written."""
+    target = tmp_path / "train.py"
+    target.write_text(_LOADERS.replace("num_workers=args.workers", "num_workers=0"))
+    diff = to_diff(_export(target, num_workers=2), device="cpu", cwd=str(tmp_path))
+    changed = _changed(diff)
+    assert changed and all("pin_memory=True" in line for line in changed)
+    assert "+train = DataLoader([1, 2, 3], batch_size=1, num_workers=2, pin_memory=True)" in changed
+    # measured on a GPU, pinning is a measured value: written where it differs
+    diff = to_diff(_export(target, num_workers=2), device="NVIDIA H200", cwd=str(tmp_path))
+    assert "+train = DataLoader([1, 2, 3], batch_size=1, num_workers=2, pin_memory=False)" in _changed(diff)
+
+
+@needs_patch
+def test_an_argparse_value_changes_the_option_s_default(tmp_path: Path) -> None:
+    """num_workers=args.workers stays the user's argument: the option's default becomes the measured value,
+    so `-j` still works; the study's own `-j` is said, since it overrides the default."""
+    target = tmp_path / "train.py"
+    target.write_text(_LOADERS)
+    diff = to_diff(_export(target, num_workers=2), device="cpu", cwd=str(tmp_path))
+    assert _changed(diff) == [
+        '-parser.add_argument("-j", "--workers", type=int, default=4)',
+        '+parser.add_argument("-j", "--workers", type=int, default=2)',
+    ]
+    _apply(tmp_path, diff)
+    assert target.read_text().count("num_workers=args.workers") == 2
+    # a best that ran the option's own value changes nothing
+    diff = to_diff(_export(target, num_workers=2), device="cpu", cwd=str(tmp_path))
+    assert "\n@@ " not in diff
+    target.write_text(_LOADERS)
+    diff = to_diff(_export(target, ["-j", "3"], num_workers=2), device="cpu", cwd=str(tmp_path))
+    assert "--workers: the study ran the script with -j, which overrides the default: run it with --workers 2" in (
+        _notes(diff)
+    )
+
+
+# --------------------------------------------------------------------------------------- optimizers
+
+_TRAIN = """import torch
+from model import Net
+
+model = Net()
+optimizer = model.configure_optimizers(1e-3)
+"""
+_MODEL = """import torch
+
+
+class Net(torch.nn.Linear):
+    def __init__(self):
+        super().__init__(2, 2)
+
+    def configure_optimizers(self, lr, **extra_args):
+        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1)
+"""
+
+
+@needs_patch
+def test_an_optimizer_built_in_another_module_is_reached(tmp_path: Path) -> None:
+    """nanoGPT builds its AdamW in model.py: a best of fused AdamW edits that module, a second file of the
+    same diff, named relative to where it is applied."""
+    (tmp_path / "train.py").write_text(_TRAIN)
+    (tmp_path / "model.py").write_text(_MODEL)
+    sites = {"loaders": [], "optimizers": [_optimizer(tmp_path / "model.py", 9, "fused")]}
+    e = _export(tmp_path / "train.py", sites=sites, optimizer_fusion="fused")
+    diff = to_diff(e, device="cpu", cwd=str(tmp_path))
+    assert "--- model.py\n+++ model.py\n" in diff
+    assert _changed(diff) == [
+        "-        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1)",
+        "+        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1, fused=True)",
+    ]
+    _apply(tmp_path, diff)
+    assert "fused=True" in (tmp_path / "model.py").read_text()
+    # a record that it already ran fused (its own flags) is no change
+    sites["optimizers"] = [_optimizer(tmp_path / "model.py", 9, "fused", {"fused": True})]
+    assert "\n@@ " not in to_diff(e, device="cpu", cwd=str(tmp_path))
+
+
+def test_an_optimizer_the_diff_cannot_edit_is_named_with_the_line_to_write(tmp_path: Path) -> None:
+    """Given **kwargs (which may hold the flag already), or in a file outside the folder the diff is
+    applied from: the file, its line, and the line to write."""
+    (tmp_path / "train.py").write_text(_TRAIN)
+    (tmp_path / "model.py").write_text(_MODEL.replace("weight_decay=0.1)", "weight_decay=0.1, **extra_args)"))
+    sites = {"loaders": [], "optimizers": [_optimizer(tmp_path / "model.py", 9, "fused")]}
+    e = _export(tmp_path / "train.py", sites=sites, optimizer_fusion="fused")
+    diff = to_diff(e, device="cpu", cwd=str(tmp_path))
+    assert "\n@@ " not in diff
+    assert (
+        "model.py:9: AdamW(...) takes **kwargs, which may hold them: give it fused=True: "
+        "torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1, fused=True, **extra_args)"
+    ) in _notes(diff)
+    elsewhere = tmp_path / "lib"
+    elsewhere.mkdir()
+    (elsewhere / "model.py").write_text(_MODEL)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.py").write_text(_TRAIN)
+    sites = {"loaders": [], "optimizers": [_optimizer(elsewhere / "model.py", 9, "fused")]}
+    e = _export(tmp_path / "run" / "train.py", sites=sites, optimizer_fusion="fused")
+    diff = to_diff(e, device="cpu", cwd=str(tmp_path / "run"))
+    assert "\n@@ " not in diff
+    assert (
+        f"{elsewhere / 'model.py'}:9: write return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1, "
+        "fused=True)"
+    ) in _notes(diff)
+
+
+def test_a_study_without_sites_edits_the_script_s_calls_as_before_and_says_so(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(_LOADERS)
+    diff = to_diff(_export(tmp_path / "train.py", num_workers=2), device="cpu", cwd=str(tmp_path))
+    assert any(n.startswith("the study recorded no DataLoader or optimizer sites") for n in _notes(diff))
+
+
+# -------------------------------------------------------------------------------- from a real trial
+
+
+@pytest.fixture
+def classifier(tmp_path: Path) -> Iterator[Path]:
+    """classifier.py and tinymodel.py (its AdamW), copied; the module imported afresh (the trial runs in
+    this process, where another test's copy may be cached)."""
+    for name in ("classifier.py", "tinymodel.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    sys.modules.pop("tinymodel", None)
+    yield tmp_path / "classifier.py"
+    sys.modules.pop("tinymodel", None)
+
+
+@needs_patch
+def test_the_diff_of_a_trial_holds_what_it_ran(classifier: Path) -> None:
+    """A trial of classifier.py with 1 worker and fused AdamW on this CPU: the diff sets -j's default to 1
+    (the loader keeps args.workers), leaves the validation loader and both pin_memory=True alone, and
+    makes tinymodel.py's AdamW fused."""
+    cfg = TrialConfig(
+        pipeline=script.spec_of(str(classifier), ["--steps", "40"]),
+        warmup_steps=1,
+        timed_steps=2,
+        window=1,
+        num_threads=1,
+        num_workers=1,
+        optimizer_fusion="fused",
+    )
+    e = Export.from_result(cfg, worker.run(cfg), environment={"device": "cpu"})
+    assert e.sites is not None
+    diff = to_diff(e, device="cpu", cwd=str(classifier.parent))
+    _apply(classifier.parent, diff)
+    after = classifier.read_text()
+    assert 'parser.add_argument("-j", "--workers", type=int, default=1)' in after
+    assert "num_workers=args.workers, pin_memory=True)" in after
+    assert "val_loader = DataLoader(val, batch_size=8, num_workers=0, pin_memory=True)" in after
+    call = next(
+        n
+        for n in ast.walk(ast.parse((classifier.parent / "tinymodel.py").read_text()))
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.optim.AdamW"
+    )
+    assert {k.arg: ast.unparse(k.value) for k in call.keywords} == {"lr": "lr", "weight_decay": "0.1", "fused": "True"}
