@@ -75,9 +75,13 @@ OWN_PRECISION = {
 }  # fmt: skip
 # What no script takes yet, with why.
 BATCH_WHY = (
-    "the script runs its own batch size{own}, not the value the config records: changing it changes its "
-    "training, and its lr, schedule and accumulation are its own (hand it over with at.batch_size() to search it)"
+    "the script runs its own batch size{own}: changing it changes its training, and its lr, schedule and "
+    "accumulation are its own (hand it over with at.batch_size() to search it)"
 )
+# The batch a script keeps is recorded as the baseline's: read from its DataLoader's batch_size where the source
+# says it, and from what trial 0's loaders delivered where it does not (the session rebases the study on it).
+KEPT_OWN = ", {batch} (its DataLoader's batch_size), recorded as the baseline's"
+KEPT_UNREAD = ", read from what trial 0's loaders deliver (its DataLoader's batch_size {why})"
 ALWAYS = {"checkpoint_segments": "the script's forward owns activation checkpointing"}
 ONE_PROCESS = {
     "gpus": (
@@ -378,7 +382,9 @@ def own_batch(uses: Uses, global_batch: int | None) -> int | str:
     batch, accum = uses.own_value("batch_size"), uses.own_value("accumulation")
     if batch is None:
         loader = uses.own_value("loader_batch_size")
-        return BATCH_WHY.format(own=f", {loader} (its DataLoader's batch_size)" if isinstance(loader, int) else "")
+        if isinstance(loader, int):
+            return BATCH_WHY.format(own=KEPT_OWN.format(batch=loader))
+        return BATCH_WHY.format(own=KEPT_UNREAD.format(why=loader) if isinstance(loader, str) else "")
     if isinstance(batch, str):
         return f"at.batch_size()'s default cannot be read: {batch}"
     if isinstance(accum, str):
@@ -462,9 +468,19 @@ class ScriptJob(OwnLoopJob):
         accumulation was read against the study's global batch when the job was loaded), and the precision
         it gives at.autocast() when not fp32, so trial 0's config says what the user ran."""
         own: dict[str, Any] = {} if self.own is None else {"batch_size": self.own[0]}
+        if self.own is None and isinstance(kept := self.kept_batch(), int):
+            own["batch_size"] = kept  # not searched: the batch it runs, so the records say it
         if "precision" not in self.unsupported and (precision := own_precision(self.uses)) != "fp32":
             own["precision"] = precision
         return own
+
+    def kept_batch(self) -> int | None:
+        """The batch a script that keeps its own runs (no at.batch_size()): its DataLoader's batch_size as the
+        source reads it; None when it hands its batch over, or the source cannot say."""
+        if self.uses.own_value("batch_size") is not None:
+            return None
+        loader = self.uses.own_value("loader_batch_size")
+        return loader if isinstance(loader, int) else None
 
     def not_built(self) -> str:
         return (

@@ -7,7 +7,7 @@ each rank can hold). Each narrowing says what it dropped and why.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,11 @@ def resolve(
     the memory each micro-batch needs, with a `space:` line said for every change."""
     hw = Hardware.detect()
     space, notes = for_hardware(
-        space, hw, stages=len(pipelines.stages_of(pipeline)), unsupported=pipelines.unsupported_of(pipeline)
+        space,
+        hw,
+        stages=len(pipelines.stages_of(pipeline)),
+        unsupported=pipelines.unsupported_of(pipeline),
+        own=dict(base.baseline or ()),
     )
     space, more = by_global_batch(space, base.global_batch, base)
     fit = memory.probe_fit(settings, base, hw, say)
@@ -50,9 +54,16 @@ def resolve(
 
 
 def for_hardware(
-    space: SearchSpace, hw: Hardware, stages: int | None = None, unsupported: frozenset[str] = frozenset()
+    space: SearchSpace,
+    hw: Hardware,
+    stages: int | None = None,
+    unsupported: frozenset[str] = frozenset(),
+    own: Mapping[str, Any] | None = None,
 ) -> tuple[SearchSpace, list[str]]:
-    """Narrow `space` to what can have an effect on `hw`; return it with one note per change."""
+    """Narrow `space` to what can have an effect on `hw`; return it with one note per change. own: the
+    baseline's knobs (the job's own, as the study records them): a knob the job keeps is fixed at its own
+    value where the study knows it, so every record says what the job ran."""
+    own = own or {}
     n = _Narrowing(space.source, dict(space.knobs))
     parallel = space.knobs.get("parallel")
     if "parallel" in unsupported and parallel is not None and "ddp" not in spec_values(parallel):
@@ -64,7 +75,7 @@ def for_hardware(
         if k not in KNOBS:
             raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
         why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
-        n.leave(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
+        n.leave(k, own.get(k, getattr(_DEFAULTS, k)), "not supported by this pipeline" + (f": {why}" if why else ""))
     for k, refused in getattr(unsupported, "values", {}).items():  # a value the pipeline cannot run (fp16 unscaled)
         for value, why in refused.items():
             n.keep(
