@@ -33,3 +33,26 @@ def test_a_script_that_keeps_batch_16_records_16(tmp_path: Path, server: Any) ->
     assert a["global_batch"]["in_effect"] == 16 and a["script"]["samples_per_step"] == 16
     ref = parity.noise_reference(baseline, 4, tmp_path / "reference", 120, server)
     assert ref.samples == 4 * 16
+
+
+def test_the_script_s_own_batch_and_accumulation_are_read_at_run_time() -> None:
+    """Trial 0 reads what its loaders delivered per optimizer step: a batch the source reads as 16 runs 16
+    x 2 micro-batches; one the source cannot read (a computed value) is still recorded as it ran."""
+    a = worker.run(baseline_of(study_base(KEEPS_16, ["--accum", "2"]))).applied
+    assert a["script"]["own"] == {
+        "batch_size": 16,
+        "accumulation": 2,
+        "from": "its loaders: 32 sample(s) in 2 batch(es) per optimizer step",
+    }
+    assert a["global_batch"]["in_effect"] == 32 and a["script"]["batches_per_step"] == 2
+    assert a["throughput"]["unit"] == "samples/s"
+    assert a["script"]["seeded"] and a["script"]["data_order"].startswith("a DataLoader that shuffles")
+
+
+def test_a_script_that_counts_no_samples_is_measured_in_steps_per_second() -> None:
+    """No DataLoader and no at.batch_size(): the figure is optimizer steps per second, and says so; the
+    data seed reaches nothing (no at.data_seed(), no loader)."""
+    no_loader = Path(__file__).parents[2] / "pipelines" / "scripts" / "no_loader.py"
+    a = worker.run(baseline_of(study_base(no_loader, ["--steps", "50"]))).applied
+    assert a["throughput"]["unit"] == "steps/s" and "optimizer steps are counted" in a["throughput"]["why"]
+    assert a["script"]["data_order"] is None and a["script"]["seeded"]
