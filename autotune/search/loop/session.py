@@ -33,7 +33,8 @@ from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
 from autotune.core import outcomes
-from autotune.core.outcomes import Reason
+from autotune.core.config import baseline_of
+from autotune.core.outcomes import Reason, Role
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
 from autotune.search.loop import finish
@@ -343,6 +344,8 @@ class SearchSession:
                 continue
             t0 = time.monotonic()
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(tally.left_s), events, server)
+            if TrialRecord.from_frozen(frozen).role == Role.BASELINE and self._own_batch_from(frozen):
+                s = self.settings
             tally.ran(frozen, time.monotonic() - t0)
             events.finished(frozen)
             self.sizer.calibrate(frozen)
@@ -351,6 +354,29 @@ class SearchSession:
                 self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say, budget
             )
             yield frozen
+
+    def _own_batch_from(self, trial0: optuna.trial.FrozenTrial) -> bool:
+        """Trial 0 ran the script as written and recorded the batch it ran (records.as_ran): where the study's
+        baseline says another (its source could not say: at.batch_size() of a name a configurator or a config
+        file sets, a DataLoader's computed batch), the study is rebased on it and the space resolved again, so
+        batch_size is searched from here (or kept, at the batch that ran). True when it was."""
+        s = self.settings
+        ran = TrialRecord.from_frozen(trial0).config.get("batch_size")
+        if not isinstance(ran, int) or ran == baseline_of(s.base).batch_size or s.base.global_batch is not None:
+            return False
+        if pipelines.kind_of(s.base.pipeline).loop != "script":
+            return False
+        base = s.base.replace(baseline=tuple(sorted({**dict(s.base.baseline or ()), "batch_size": ran}.items())))
+        pipeline = pipelines.load_pipeline(base)
+        quiet = lambda line: self.say(line) if line.startswith("space: batch_size") else None  # noqa: E731
+        space, _, _ = resolve(load_space(s.space or DEFAULT_SPACE), pipeline, s, base, quiet)
+        self.settings, self.space = dataclasses.replace(s, base=base), space
+        self.proposals = Proposals(self.proposals.inner, space, base)
+        self.study.sampler = self.proposals
+        records.write_rebased(self.study, base.workload(), space.to_dict())
+        searched = "searched from here" if "batch_size" in space.searched() else "kept: the script's own"
+        self.say(f"baseline: trial 0 ran the script's own batch_size {ran}, which its source could not say: {searched}")
+        return True
 
     def _stop(self, tally: _Tally, budget: Budget) -> Stop | None:
         """Why the trials end now, before the next ask, or None: the job failing, then the proposals, then

@@ -305,7 +305,27 @@ def throughput_unit(study: optuna.Study | StudySummary) -> str:
     return SAMPLES_PER_S
 
 
+def as_ran(role: str, cfg: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig:
+    """The config a script's trial ran. Where it ran the script's own batch (the baseline runs the script as
+    written; a script that hands no batch over keeps its own) and its run reported that batch (at.batch_size()'s
+    default as the script handed it, after a configurator or a config file; what its loaders delivered), the
+    config records that batch, and its baseline with it, however the source read it. `cfg` otherwise, and
+    under a study's global batch, whose micro-batch the baseline picks."""
+    script = applied.get("script")
+    own = script.get("own") if isinstance(script, Mapping) else None
+    batch = own.get("batch_size") if isinstance(own, Mapping) else None
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or cfg.global_batch is not None:
+        return cfg
+    assert isinstance(script, Mapping)
+    handed = bool((script.get("api_calls") or {}).get("batch_size"))
+    if (handed and role != Role.BASELINE) or batch == cfg.batch_size:
+        return cfg
+    baseline = {**dict(cfg.baseline or ()), "batch_size": batch}
+    return cfg.replace(batch_size=batch, baseline=tuple(sorted(baseline.items())))
+
+
 def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None, contended: bool) -> TrialRecord:
+    cfg = as_ran(role, cfg, result.applied)
     math = tuple(training_math(cfg, bool(result.applied.get("batch_norm_layers")), ran_over_planned(result.applied)))
     return TrialRecord(
         role=role,
@@ -349,6 +369,13 @@ class StudyRecord:
         for key, value in dataclasses.asdict(self).items():
             if value is not None:
                 study.set_user_attr(key, value)
+
+
+def write_rebased(study: optuna.Study, workload: Mapping[str, Any], space: Mapping[str, Any]) -> None:
+    """The study's workload and space once trial 0 showed the script's own batch (search/loop/session.py): the
+    workers that join from here read the baseline and the space the rest of the search runs."""
+    study.set_user_attr("workload", dict(workload))
+    study.set_user_attr("space", dict(space))
 
 
 def write_ablation(study: optuna.Study, steps: list[Any]) -> None:

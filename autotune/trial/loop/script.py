@@ -684,6 +684,8 @@ def observed(
     ran = seams.own_as_run()
     if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
         out["batch_size"] = knob_effect(cfg.batch_size, ran["batch_size"], f"the script's own batch: {ran['from']}")
+    elif "batch_size" in trial.returned:  # handed over (batch_and_lr says more where the study knows its own)
+        out["batch_size"] = knob_effect(cfg.batch_size, trial.returned["batch_size"], "through at.batch_size()")
     elif loader:
         out["batch_size"] = knob_effect(cfg.batch_size, loader["batch_size"], "the script's own DataLoader batch size")
     for k in LOADER_KNOBS:
