@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.pipelines import base_config, load_pipeline, own_baseline, script
 from autotune.search.checks import parity
@@ -56,3 +58,28 @@ def test_a_script_that_counts_no_samples_is_measured_in_steps_per_second() -> No
     a = worker.run(baseline_of(study_base(no_loader, ["--steps", "50"]))).applied
     assert a["throughput"]["unit"] == "steps/s" and "optimizer steps are counted" in a["throughput"]["why"]
     assert a["script"]["data_order"] is None and a["script"]["seeded"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("computed", [False, True], ids=["source", "run time"])
+def test_a_search_on_a_script_that_keeps_batch_16_exports_16(tmp_path: Path, computed: bool) -> None:
+    """best.yaml says the batch that ran, whether the source says it (argparse, through a variable) or only
+    the run does (a computed value: trial 0's loaders delivered 16, and the study is rebased on it)."""
+    import yaml
+
+    from tests.pipelines.framework_helpers import autotune
+
+    path = KEEPS_16
+    if computed:
+        path = tmp_path / "computed.py"
+        path.write_text(KEEPS_16.read_text().replace("bs = args.batch_size", "bs = args.batch_size * 2 // 2"))
+    search = autotune(
+        "search", "--script", str(path), "--budget", "60s", "--n-trials", "3", "--trial-seconds", "1",
+        "--warmup-steps", "1", "--confirm-rounds", "0", "--parity-steps", "6", "--seed", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    best = yaml.safe_load((tmp_path / "studies" / "autotune" / "best.yaml").read_text())
+    assert best["config"]["batch_size"] == 16 and best["training_math"]["global_batch"] == 16, best
+    assert best["metrics"]["throughput_unit"].startswith("samples/s")
+    if best.get("parity", {}).get("samples"):
+        assert best["parity"]["samples"] == 6 * 16
