@@ -547,7 +547,7 @@ def _dynamo_graphs() -> int | None:
 @contextlib.contextmanager
 def installed(seams: Seams) -> Iterator[None]:
     """The seams in torch for the script's run, and torch as it was afterwards."""
-    patches = [
+    patches: list[tuple[Any, str, Any]] = [
         (DataLoader, "__init__", seams.loader_init(DataLoader.__init__)),
         (_BaseDataLoaderIter, "__init__", seams.loader_iter(_BaseDataLoaderIter.__init__)),
         (_BaseDataLoaderIter, "__next__", seams.loader_next(_BaseDataLoaderIter.__next__)),

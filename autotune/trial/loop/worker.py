@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
@@ -174,7 +174,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def unit_said(applied: dict[str, Any]) -> str:
+def unit_said(applied: Mapping[str, Any]) -> str:
     """The unit the figure counts: samples/s, or steps/s where a script's trial counted no samples."""
     said = applied.get("throughput")
-    return str(said.get("unit") or "samples/s") if isinstance(said, dict) else "samples/s"
+    return str(said.get("unit") or "samples/s") if isinstance(said, Mapping) else "samples/s"
