@@ -129,8 +129,10 @@ def _check_baseline(cfg: TrialConfig, pipeline: Pipeline, unsupported: frozenset
     from autotune.core.config import TrialConfig
 
     default, given = TrialConfig(), dict(cfg.baseline or ())
-    own = own_baseline(pipeline, cfg.global_batch)  # a knob a job keeps is recorded at its own value
-    refused = sorted(k for k in unsupported & set(given) if given[k] not in (getattr(default, k), own.get(k)))
+    refused = sorted(k for k in unsupported & set(given) if given[k] != getattr(default, k))
+    if refused:  # a knob a job keeps is recorded at its own value (a script's kept batch)
+        own = own_baseline(pipeline, cfg.global_batch)
+        refused = [k for k in refused if given[k] != own.get(k)]
     values = getattr(unsupported, "values", {})
     if bad := sorted(k for k in set(values) & set(given) if given[k] in values[k]):
         raise PipelineError(
