@@ -299,8 +299,9 @@ def test_a_configurator_set_batch_is_searched_once_trial_0_has_reported_it(
         "--parity-steps", "0", "--seed", "0", "--sampler", "random", cwd=tmp_path,
     )  # fmt: skip
     assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
-    assert "baseline: trial 0 ran the script's own batch_size 6, which its source could not say: searched" in (
-        search.stdout
+    assert (
+        "baseline: trial 0 ran the script's own batch_size 6, which its source could not say: batch_size searched"
+        in (search.stdout)
     ), search.stdout[-3000:]
     study = optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)

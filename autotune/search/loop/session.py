@@ -33,7 +33,6 @@ from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
 from autotune.core import outcomes
-from autotune.core.config import baseline_of
 from autotune.core.outcomes import Reason, Role
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
@@ -51,7 +50,7 @@ from autotune.search.loop.proposals import Proposals
 from autotune.search.loop.strategy import CoordinateSampler
 from autotune.search.space.memory import stored_fit
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
-from autotune.search.space.resolve import resolve
+from autotune.search.space.resolve import batch_said, rebased, resolve
 from autotune.search.space.reading import load_space
 from autotune.search.store.storage import check_writable, open_storage
 from autotune.search.loop.study import config_for, enqueue_starts, load_study, open_study, study_workload
@@ -356,26 +355,28 @@ class SearchSession:
             yield frozen
 
     def _own_batch_from(self, trial0: optuna.trial.FrozenTrial) -> bool:
-        """Trial 0 ran the script as written and recorded the batch it ran (records.as_ran): where the study's
+        """Trial 0 ran the script as written and recorded the batch it ran (resolve.as_ran): where the study's
         baseline says another (its source could not say: at.batch_size() of a name a configurator or a config
         file sets, a DataLoader's computed batch), the study is rebased on it and the space resolved again, so
-        batch_size is searched from here (or kept, at the batch that ran). True when it was."""
+        the batch is searched from here (or kept, at the one that ran). True when it was."""
         s = self.settings
-        ran = TrialRecord.from_frozen(trial0).config.get("batch_size")
-        if not isinstance(ran, int) or ran == baseline_of(s.base).batch_size or s.base.global_batch is not None:
+        base = rebased(s.base, TrialRecord.from_frozen(trial0).config)
+        if base is None or pipelines.kind_of(s.base.pipeline).loop != "script":
             return False
-        if pipelines.kind_of(s.base.pipeline).loop != "script":
-            return False
-        base = s.base.replace(baseline=tuple(sorted({**dict(s.base.baseline or ()), "batch_size": ran}.items())))
         pipeline = pipelines.load_pipeline(base)
-        quiet = lambda line: self.say(line) if line.startswith("space: batch_size") else None  # noqa: E731
+        quiet = lambda line: self.say(line) if batch_said(line) else None  # noqa: E731
         space, _, _ = resolve(load_space(s.space or DEFAULT_SPACE), pipeline, s, base, quiet)
+        new = sorted(set(space.searched()) - set(self.space.searched()))
+        before = dict(s.base.baseline or ())
+        changed = {k: v for k, v in dict(base.baseline or ()).items() if before.get(k) != v}
         self.settings, self.space = dataclasses.replace(s, base=base), space
         self.proposals = Proposals(self.proposals.inner, space, base)
         self.study.sampler = self.proposals
         records.write_rebased(self.study, base.workload(), space.to_dict())
-        searched = "searched from here" if "batch_size" in space.searched() else "kept: the script's own"
-        self.say(f"baseline: trial 0 ran the script's own batch_size {ran}, which its source could not say: {searched}")
+        self.say(
+            f"baseline: trial 0 ran the script's own {', '.join(f'{k} {v}' for k, v in changed.items())}, which its "
+            "source could not say" + (f": {', '.join(new)} searched from here" if new else ": kept, the script's own")
+        )
         return True
 
     def _stop(self, tally: _Tally, budget: Budget) -> Stop | None:

@@ -280,3 +280,40 @@ def by_memory(space: SearchSpace, base: TrialConfig, fit: memory.Fit) -> tuple[S
 
 
 __all__ = ["by_global_batch", "by_memory", "for_hardware", "resolve"]
+
+
+# ---- the batch a script runs as its own, as trial 0 showed it -------------------------------------------------
+
+
+def as_ran(cfg: TrialConfig, applied: Mapping[str, Any], as_written: bool) -> TrialConfig:
+    """The config a script's trial ran. Where it ran the script's own batch (the baseline runs the script as
+    written; a script that hands no batch over keeps its own) and its run reported that batch (at.batch_size()'s
+    default as the script handed it, after a configurator or a config file; what its loaders delivered), the
+    config records that batch, and its baseline with it, however the source read it. `cfg` otherwise, and
+    under a study's global batch, whose micro-batch the baseline picks."""
+    script = applied.get("script")
+    own = script.get("own") if isinstance(script, Mapping) else None
+    batch = own.get("batch_size") if isinstance(own, Mapping) else None
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or cfg.global_batch is not None:
+        return cfg
+    assert isinstance(script, Mapping)
+    handed = bool((script.get("api_calls") or {}).get("batch_size"))
+    if (handed and not as_written) or batch == cfg.batch_size:
+        return cfg
+    baseline = {**dict(cfg.baseline or ()), "batch_size": batch}
+    return cfg.replace(batch_size=batch, baseline=tuple(sorted(baseline.items())))
+
+
+def rebased(base: TrialConfig, ran: Mapping[str, Any]) -> TrialConfig | None:
+    """The study's workload rebased on the batch trial 0 ran (its record's knobs, as_ran), when it is not
+    the one the baseline records (the script's source could not say it); None when it is, or when the
+    study fixes the global batch."""
+    batch = ran.get("batch_size")
+    if not isinstance(batch, int) or batch == baseline_of(base).batch_size or base.global_batch is not None:
+        return None
+    return base.replace(baseline=tuple(sorted({**dict(base.baseline or ()), "batch_size": batch}.items())))
+
+
+def batch_said(line: str) -> bool:
+    """A `space:` line about the batch: what a rebase says again."""
+    return line.startswith("space: batch_size")

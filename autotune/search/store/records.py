@@ -24,6 +24,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.training import training_math
 from autotune.core.outcomes import NOT_RUN, Outcome, Role
 from autotune.search.store import _optuna
+from autotune.search.space.resolve import as_ran
 
 # ---- the study attrs' keys ----------------------------------------------------------------------------
 
@@ -305,27 +306,8 @@ def throughput_unit(study: optuna.Study | StudySummary) -> str:
     return SAMPLES_PER_S
 
 
-def as_ran(role: str, cfg: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig:
-    """The config a script's trial ran. Where it ran the script's own batch (the baseline runs the script as
-    written; a script that hands no batch over keeps its own) and its run reported that batch (at.batch_size()'s
-    default as the script handed it, after a configurator or a config file; what its loaders delivered), the
-    config records that batch, and its baseline with it, however the source read it. `cfg` otherwise, and
-    under a study's global batch, whose micro-batch the baseline picks."""
-    script = applied.get("script")
-    own = script.get("own") if isinstance(script, Mapping) else None
-    batch = own.get("batch_size") if isinstance(own, Mapping) else None
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or cfg.global_batch is not None:
-        return cfg
-    assert isinstance(script, Mapping)
-    handed = bool((script.get("api_calls") or {}).get("batch_size"))
-    if (handed and role != Role.BASELINE) or batch == cfg.batch_size:
-        return cfg
-    baseline = {**dict(cfg.baseline or ()), "batch_size": batch}
-    return cfg.replace(batch_size=batch, baseline=tuple(sorted(baseline.items())))
-
-
 def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None, contended: bool) -> TrialRecord:
-    cfg = as_ran(role, cfg, result.applied)
+    cfg = as_ran(cfg, result.applied, as_written=role == Role.BASELINE)
     math = tuple(training_math(cfg, bool(result.applied.get("batch_norm_layers")), ran_over_planned(result.applied)))
     return TrialRecord(
         role=role,
