@@ -61,7 +61,7 @@ class LiveSearch:
     def finished(self, t: FrozenTrial) -> None:
         r, outcome = TrialRecord.from_frozen(t), records.outcome(t)
         why = r.message[:80] if r.reason in (None, outcome) else f"{r.reason}: {r.message[:80]}"
-        figure = f"{t.value:8.2f} samples/s" if feasible(t) else f"{outcome}: {why}"
+        figure = f"{t.value:8.2f} {records.unit_of(r.applied)}" if feasible(t) else f"{outcome}: {why}"
         speed = f"  x{r.speedup:.2f}" if feasible(t) and r.speedup else ""
         if outcome == Outcome.CONTENDED:
             others = r.metrics.get("others_cpu")
@@ -90,7 +90,8 @@ class LiveSearch:
         failed = sum(o.unsuccessful for o in outcomes)
         pruned = outcomes.count(Outcome.PRUNED)
         board = leaderboard(self.study)
-        best = f"{board[0].value:.2f} samples/s (trial {board[0].number})" if board else "-"
+        unit = records.throughput_unit(self.study)
+        best = f"{board[0].value:.2f} {unit} (trial {board[0].number})" if board else "-"
         speedup = TrialRecord.from_frozen(board[0]).speedup if board else None
         if speedup:
             best += f", x{speedup:.2f} vs baseline"
@@ -98,7 +99,7 @@ class LiveSearch:
         left = None if left_s is None else int(left_s)
         grid = Table.grid(padding=(0, 2))
         grid.add_row(Text("now", style="bold"), self.current)
-        grid.add_row(Text("current", style="bold"), f"{self.current_sps:.2f} samples/s" if self.current_sps else "-")
+        grid.add_row(Text("current", style="bold"), f"{self.current_sps:.2f} {unit}" if self.current_sps else "-")
         grid.add_row(Text("best", style="bold"), best)
         grid.add_row(Text("trials", style="bold"), f"{done} done, {failed} failed, {pruned} pruned")
         grid.add_row(Text("time left", style="bold"), "no limit" if left is None else f"{left // 60}m{left % 60:02d}s")
@@ -106,6 +107,13 @@ class LiveSearch:
 
 
 LEADERBOARD_COLUMNS = ("#", "trial", "role", "samples/s", "speedup", "peak MiB", "data wait", "training math", "config")
+
+
+def in_unit(columns: tuple[str, ...], unit: str) -> tuple[str, ...]:
+    """Column headings with the study's throughput unit (records.throughput_unit) for samples/s."""
+    return tuple(c.replace(records.SAMPLES_PER_S, unit) for c in columns)
+
+
 # Free text that runs long: printed under its row where the table does not fit the width.
 LONG_COLUMNS = ("training math", "config")
 
@@ -152,7 +160,7 @@ def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
         f"study {study.study_name}: "
         + (f"top {top} of {n} trials" if n > top else f"{n} trials")
         + (f"\n{ceiling}" if ceiling else ""),
-        LEADERBOARD_COLUMNS,
+        in_unit(LEADERBOARD_COLUMNS, records.throughput_unit(study)),
         leaderboard_rows(study, top),
         long=LONG_COLUMNS,
         left=("role",),
@@ -251,7 +259,8 @@ def confirmation_table(study: optuna.Study) -> FitTable | None:
     if confirmed is None:
         return None
     heading, rows = confirmed
-    return FitTable(f"confirmed: {heading}", CONFIRMATION_COLUMNS, rows, left=("config",))
+    columns = in_unit(CONFIRMATION_COLUMNS, records.throughput_unit(study))
+    return FitTable(f"confirmed: {heading}", columns, rows, left=("config",))
 
 
 def order_note(study: optuna.Study) -> str | None:

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
+from autotune.search.store.records import throughput_unit
+
 GREEN, RED, GREY, BLUE = "#2ca02c", "#d62728", "#7f7f7f", "#1f77b4"
 
 
@@ -109,9 +111,10 @@ def history_figure(study: Any, base: float | None) -> Any:
     import optuna
 
     fig = optuna.visualization.plot_optimization_history(study)
+    unit = throughput_unit(study)
     if base:
-        fig.add_hline(y=base, line_dash="dash", line_color=GREY, annotation_text=f"baseline {base:.2f} samples/s")
-    fig.update_layout(title="Optimization history", yaxis_title="samples/s")
+        fig.add_hline(y=base, line_dash="dash", line_color=GREY, annotation_text=f"baseline {base:.2f} {unit}")
+    fig.update_layout(title="Optimization history", yaxis_title=unit)
     return fig
 
 
@@ -134,7 +137,7 @@ def importance_figure(study: Any) -> tuple[Any | None, str]:
         return None, f"parameter importances could not be computed: {e}"
     if not fig.data:
         return None, "parameter importances could not be computed (no parameter varies across the trials)"
-    fig.update_layout(title="Parameter importances (Optuna's default evaluator, objective samples/s)")
+    fig.update_layout(title=f"Parameter importances (Optuna's default evaluator, objective {throughput_unit(study)})")
     return fig, ""
 
 
@@ -179,9 +182,8 @@ def pareto_figure(study: Any) -> tuple[Any | None, str]:
                 hoverinfo="text+x+y",
             )
         )
-    fig.update_layout(
-        title="Pareto front: samples/s vs peak memory", xaxis_title="peak memory (MiB)", yaxis_title="samples/s"
-    )
+    unit = throughput_unit(study)
+    fig.update_layout(title=f"Pareto front: {unit} vs peak memory", xaxis_title="peak memory (MiB)", yaxis_title=unit)
     return fig, ""
 
 

@@ -33,17 +33,19 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], long: Sequence[st
 
 
 def leaderboard_html(study: Any, top: int = 20) -> str:
-    from autotune.apply.display import LEADERBOARD_COLUMNS, LONG_COLUMNS, leaderboard_rows
+    from autotune.apply.display import LEADERBOARD_COLUMNS, LONG_COLUMNS, in_unit, leaderboard_rows
+    from autotune.search.store.records import throughput_unit
 
     rows = leaderboard_rows(study, top)
     if not rows:
         return "<p class=note>No feasible trial finished yet.</p>"
-    return _table(LEADERBOARD_COLUMNS, rows, long=LONG_COLUMNS)
+    return _table(in_unit(LEADERBOARD_COLUMNS, throughput_unit(study)), rows, long=LONG_COLUMNS)
 
 
 def confirmation_html(study: Any) -> str:
     """The confirmation rounds the exported winner came out of, or a note that there were none."""
-    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, order_note
+    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, in_unit, order_note
+    from autotune.search.store.records import throughput_unit
 
     confirmed = confirmation_summary(study)  # the terminal's rows: the two never disagree
     head = '<section id="confirmation"><h2>Confirmation</h2>'
@@ -55,7 +57,7 @@ def confirmation_html(study: Any) -> str:
         head
         + f"<p>{escaped(heading)}</p>"
         + (f"<p>{escaped(note)}</p>" if note else "")
-        + _table(CONFIRMATION_COLUMNS, rows)
+        + _table(in_unit(CONFIRMATION_COLUMNS, throughput_unit(study)), rows)
         + "</section>"
     )
 
@@ -219,22 +221,21 @@ def _figure_sections(study: Any, base: float | None, ablation: Any, out: Path) -
 
 
 def _summary(study: Any, base: float | None) -> list[tuple[str, Any]]:
-    from autotune.search.store.records import TrialRecord
+    from autotune.search.store.records import TrialRecord, throughput_unit
     from autotune.search.store.results import leaderboard
 
-    board = leaderboard(study)
+    board, unit = leaderboard(study), throughput_unit(study)
     summary: list[tuple[str, Any]] = [
         ("trials", len(study.trials)),
         ("feasible", len(board)),
-        ("baseline", f"{base:.2f} samples/s" if base else "-"),
+        ("baseline", f"{base:.2f} {unit}" if base else "-"),
     ]
     if board:
         best, speedup = board[0], TrialRecord.from_frozen(board[0]).speedup
         summary.append(
             (
                 "best",
-                f"{best.value:.2f} samples/s (trial {best.number})"
-                + (f", x{speedup:.2f} vs baseline" if speedup else ""),
+                f"{best.value:.2f} {unit} (trial {best.number})" + (f", x{speedup:.2f} vs baseline" if speedup else ""),
             )
         )
     from autotune.apply.display import ceiling_note

@@ -103,6 +103,7 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     from autotune.core import errors
+    from autotune.trial.loop.worker import unit_said
     from autotune.trial.processes import launcher
 
     extra: dict[str, Any] = {}
@@ -128,7 +129,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if out != trial_dir / "result.json":
         os.replace(trial_dir / "result.json", out)
     print(
-        f"autotune trial: {result.samples_per_s:.2f} samples/s  step p50 {(result.step_time_p50 or 0) * 1e3:.0f} ms "
+        f"autotune trial: {result.samples_per_s:.2f} {unit_said(result.applied)}  step p50 {(result.step_time_p50 or 0) * 1e3:.0f} ms "
         f"p90 {(result.step_time_p90 or 0) * 1e3:.0f} ms  data wait {result.data_wait_fraction:.0%}  "
         f"peak {(result.peak_memory_bytes or 0) / 2**20:.0f} MiB  startup {result.startup_s:.1f} s  -> {out}"
     )

@@ -130,7 +130,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     import optuna
     from autotune.apply.ablate import run_ablation, table
     from autotune.apply.figures import waterfall_png
-    from autotune.search.store.records import TrialRecord
+    from autotune.search.store.records import TrialRecord, throughput_unit
     from autotune.search.store.results import leaderboard
 
     check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)
@@ -145,9 +145,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     best = leaderboard(study)[0]
     speedup = TrialRecord.from_frozen(best).speedup
     say(
-        f"the search measured its best config (trial {best.number}) at {best.value:.2f} samples/s"
+        f"the search measured its best config (trial {best.number}) at {best.value:.2f} {throughput_unit(study)}"
         + (f", x{speedup:.2f} vs its baseline" if speedup else "")
-        + f"; the ablation's last step: {steps[-1]['samples_per_s']:.2f} samples/s, x{steps[-1]['speedup']:.2f}"
+        + f"; the ablation's last step: {steps[-1]['samples_per_s']:.2f} {throughput_unit(study)}, x{steps[-1]['speedup']:.2f}"
     )
     png = waterfall_png(
         steps,

@@ -74,6 +74,9 @@ class Export:
     ) -> Export:
         """Build from a measured TrialResult; the speedup is only stated when both figures are real."""
         metrics = {k: getattr(result, k) for k in METRIC_KEYS}
+        said = result.applied.get("throughput")  # a script's trial says what its figure counts
+        if isinstance(said, Mapping) and said.get("unit"):
+            metrics["throughput_unit"] = f"{said['unit']}: {said.get('why', '')}".rstrip(": ")
         sps = result.samples_per_s
         speedup = None
         if _positive(sps) and _positive(baseline_samples_per_s):

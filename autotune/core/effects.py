@@ -50,11 +50,13 @@ def lr_effect(cfg: TrialConfig, given: Any, trained: Any, own_batch: int | None 
 
 
 def refuse_unsupported(cfg: TrialConfig, unsupported: Collection[str]) -> None:
-    """Exit 5 (TrialUnsupported) when the config sets a knob the job cannot honour away from its default (a
-    hand-written config: the search keeps them at their defaults), naming each with why where the job says
+    """Exit 5 (TrialUnsupported) when the config sets a knob the job cannot honour away from its default or
+    the baseline's (a hand-written config: the search keeps them there), naming each with why where the job says
     (`unsupported.why[knob]`); or sets a knob it takes to a value it cannot (`unsupported.values[knob]`)."""
-    default = TrialConfig()
-    refused = [k for k in sorted(set(unsupported) & set(KNOBS)) if getattr(cfg, k) != getattr(default, k)]
+    default, own = TrialConfig(), dict(cfg.baseline or ())  # a knob the job keeps: recorded at its own value
+    refused = [
+        k for k in sorted(set(unsupported) & set(KNOBS)) if getattr(cfg, k) not in (getattr(default, k), own.get(k))
+    ]
     why = getattr(unsupported, "why", {})
     said = [f"{k} ({why[k]})" if why.get(k) else k for k in refused]
     values = getattr(unsupported, "values", {})

@@ -108,7 +108,7 @@ def load_pipeline(cfg: TrialConfig) -> Pipeline:
             f"--pipeline {cfg.pipeline!r} returned {type(pipeline).__name__}, expected an object with "
             "build_model(), build_dataset() and loss(output, target)"
         )
-    _check_baseline(cfg, unsupported_of(pipeline))
+    _check_baseline(cfg, pipeline, unsupported_of(pipeline))
     return pipeline
 
 
@@ -125,11 +125,14 @@ def own_baseline(pipeline: Pipeline, global_batch: int | None = None) -> dict[st
     return knobs
 
 
-def _check_baseline(cfg: TrialConfig, unsupported: frozenset[str]) -> None:
+def _check_baseline(cfg: TrialConfig, pipeline: Pipeline, unsupported: frozenset[str]) -> None:
     from autotune.core.config import TrialConfig
 
     default, given = TrialConfig(), dict(cfg.baseline or ())
     refused = sorted(k for k in unsupported & set(given) if given[k] != getattr(default, k))
+    if refused:  # a knob a job keeps is recorded at its own value (a script's kept batch)
+        own = own_baseline(pipeline, cfg.global_batch)
+        refused = [k for k in refused if given[k] != own.get(k)]
     values = getattr(unsupported, "values", {})
     if bad := sorted(k for k in set(values) & set(given) if given[k] in values[k]):
         raise PipelineError(

@@ -425,3 +425,40 @@ def test_a_confirmed_winner_slower_than_the_baseline_is_not_called_fastest() -> 
     assert _fastest(CONFIRMED) == "fastest by median: trial 6"  # type: ignore[arg-type]
     slower = {**CONFIRMED, "rows": [{**CONFIRMED["rows"][0], "speedup_median": 0.85}, CONFIRMED["rows"][1]]}
     assert _fastest(slower) == "none faster than the baseline by median (best: trial 6, x0.85)"  # type: ignore[arg-type]
+
+
+# --- the unit: samples/s, or steps/s where a script's trials count no samples ---------------------------------
+
+
+def test_a_study_measured_in_steps_says_steps_per_second_wherever_a_figure_is_shown(tmp_path: Path) -> None:
+    """A script with no loader and no at.batch_size(): its trials count optimizer steps, and the live line,
+    the panel, the leaderboard, the report and best.yaml all say steps/s, never samples/s."""
+    from autotune.apply.report import _summary, leaderboard_html
+    from autotune.core.configfile import Export, to_yaml
+
+    study = optuna.create_study(study_name="steps", storage=open_storage(str(tmp_path / "s.db")), direction="maximize")
+    steps = {"unit": "steps/s", "why": "no loader delivered batches: optimizer steps are counted, not samples"}
+    made = []
+    for role, knobs, sps in (("baseline", BASELINE.knobs(), 3.0), ("search", FAST.knobs(), 4.0)):
+        trial = study.ask()
+        trial.set_constraint(FEASIBLE_KEY, 0.0)
+        result = TrialResult(
+            status="ok", samples_per_s=sps, step_time_p50=0.3, timed_steps=4, applied={"throughput": steps}
+        )
+        write(trial, of_result(role, TrialConfig().replace(**knobs), result, None, False))
+        made.append(study.tell(trial, sps))
+    assert "4.00 steps/s" in finished_line(study, made[1])
+    c = console()
+    live = LiveSearch(study, None, c)
+    live.current_sps = 4.0
+    c.print(live._render())
+    panel = c.export_text()
+    assert "steps/s" in panel and "samples/s" not in panel
+    table = console()
+    table.print(leaderboard_table(study))
+    assert "steps/s" in table.export_text() and "samples/s" not in table.export_text()
+    assert "steps/s" in leaderboard_html(study) and "samples/s" not in leaderboard_html(study)
+    said = dict(_summary(study, 3.0))
+    assert said["baseline"] == "3.00 steps/s" and said["best"].startswith("4.00 steps/s")
+    yaml_text = to_yaml(Export.from_result(TrialConfig(), TrialRecord.from_frozen(made[1]).result()))
+    assert "throughput_unit: 'steps/s: no loader delivered batches" in yaml_text

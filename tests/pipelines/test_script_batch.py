@@ -259,3 +259,55 @@ def test_an_optimizer_whose_rule_the_study_does_not_use_is_said(tmp_path: Path) 
     assert "whose rules differ" in why and "the optimizer that stepped is SGD, whose rule is linear" in why
     given = trial(base.replace(batch_size=8, lr_scaling="linear")).applied["lr"]
     assert given["rule"]["why"].startswith("--lr-scaling linear, given") and given["in_effect"] == pytest.approx(0.4)
+
+
+# --- a batch set by a configurator: read when trial 0 runs --------------------------------------------------
+
+CONFIGURED = Path(__file__).parents[1] / "trial" / "loop" / "scripts" / "configured" / "train.py"
+
+
+def test_a_configurator_set_batch_is_read_at_run_time_and_its_message_says_what_to_write() -> None:
+    """`batch_size = at.batch_size(batch_size)` after nanoGPT's exec(configurator): the source cannot say the
+    default (the name is assigned twice, and the configurator may override it), so until trial 0 reports it
+    batch_size is fixed, with what to write; once the study records it, the job hands the batch over."""
+    spec = script.spec_of(str(CONFIGURED), ["--batch_size=6"])
+    job = load_pipeline(TrialConfig(pipeline=spec))
+    why = job.unsupported.why["batch_size"]
+    assert "trial 0 runs the script as written and reports the value the script hands it" in why, why
+    assert "`batch_size = at.batch_size(12)`" in why and "--baseline" in why
+    told = load_pipeline(TrialConfig(pipeline=spec, baseline={"batch_size": 6}))
+    assert "batch_size" not in told.unsupported and told.own == (6, 1)
+
+
+@pytest.mark.slow
+def test_a_configurator_set_batch_is_searched_once_trial_0_has_reported_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search: trial 0 runs the script as written, records the batch the configurator set (6, not the 12
+    its source assigns first, nor autotune's 8), the study is rebased on it, and batch_size is searched from
+    then: later trials hand over other batches through at.batch_size()."""
+    import optuna
+
+    from autotune.search.store.records import StudyRecord, TrialRecord
+    from autotune.search.store.storage import open_storage
+    from tests.pipelines.framework_helpers import autotune
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    search = autotune(
+        "search", "--script", str(CONFIGURED), "--script-args=--batch_size=6", "--budget", "60s",
+        "--n-trials", "4", "--trial-seconds", "1", "--warmup-steps", "1", "--confirm-rounds", "0",
+        "--parity-steps", "0", "--seed", "0", "--sampler", "random", cwd=tmp_path,
+    )  # fmt: skip
+    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    assert (
+        "baseline: trial 0 ran the script's own batch_size 6, which its source could not say: batch_size searched"
+        in (search.stdout)
+    ), search.stdout[-3000:]
+    study = optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    assert TrialRecord.from_frozen(trials[0]).config["batch_size"] == 6
+    assert TrialRecord.from_frozen(trials[0]).applied["batch_size"]["in_effect"] == 6
+    assert dict((StudyRecord.of(study).workload or {})["baseline"])["batch_size"] == 6
+    assert "batch_size" in (StudyRecord.of(study).space or {})["knobs"]
+    handed = {TrialRecord.from_frozen(t).applied.get("batch_size", {}).get("in_effect") for t in trials[1:]}
+    assert handed - {None, 6}, handed  # another batch was handed over and ran

@@ -61,9 +61,9 @@ def test_a_script_that_keeps_its_batch_is_said_to_run_its_own_value(tmp_path: Pa
     assert "32" in note(notes_for(tmp_path, loader, "--batch-size", "32")[1], "batch_size")
     assert ", 4 (its DataLoader" in note(notes_for(tmp_path, loader, "--batch-size", "4")[1], "batch_size")
     assert ", 1 (its DataLoader" in note(notes_for(tmp_path, "loader = DataLoader(data)\n")[1], "batch_size")
-    # A batch the source cannot give: its own, with no number.
+    # A batch the source cannot give: read from what trial 0's loaders deliver.
     unread = note(notes_for(tmp_path, "loader = DataLoader(data, batch_size=args.batch_size // 2)\n")[1], "batch_size")
-    assert "the script runs its own batch size, not the value the config records" in unread, unread
+    assert "the script runs its own batch size, read from what trial 0's loaders deliver" in unread, unread
 
 
 def test_optimizer_fusion_is_fixed_for_an_optimizer_without_the_fused_foreach_pair(tmp_path: Path) -> None:

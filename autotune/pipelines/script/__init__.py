@@ -75,9 +75,13 @@ OWN_PRECISION = {
 }  # fmt: skip
 # What no script takes yet, with why.
 BATCH_WHY = (
-    "the script runs its own batch size{own}, not the value the config records: changing it changes its "
-    "training, and its lr, schedule and accumulation are its own (hand it over with at.batch_size() to search it)"
+    "the script runs its own batch size{own}: changing it changes its training, and its lr, schedule and "
+    "accumulation are its own (hand it over with at.batch_size() to search it)"
 )
+# The batch a script keeps is recorded as the baseline's: read from its DataLoader's batch_size where the source
+# says it, and from what trial 0's loaders delivered where it does not (the session rebases the study on it).
+KEPT_OWN = ", {batch} (its DataLoader's batch_size), recorded as the baseline's"
+KEPT_UNREAD = ", read from what trial 0's loaders deliver (its DataLoader's batch_size {why})"
 ALWAYS = {"checkpoint_segments": "the script's forward owns activation checkpointing"}
 ONE_PROCESS = {
     "gpus": (
@@ -373,16 +377,35 @@ def rule_of(optimizer: str) -> str | None:
     return "linear" if optimizer in LINEAR_RULE else "sqrt" if optimizer in SQRT_RULE else None
 
 
-def own_batch(uses: Uses, global_batch: int | None) -> int | str:
-    """The script's own micro-batch (batch_size is then searchable), or why batch_size stays fixed."""
+# What to write when at.batch_size()'s default cannot be read, before trial 0 has reported it.
+READ_AT_RUN_TIME = (
+    "at.batch_size()'s default cannot be read from the source ({why}): trial 0 runs the script as written and "
+    "reports the value the script hands it (after its configurator or config file), and batch_size is searched "
+    "from then on; to search it from the start, give the default as a number, a name assigned once or an "
+    "argparse option with a literal default (`batch_size = at.batch_size(12)`), or pass --baseline "
+    "'{{\"batch_size\": N}}' with the batch the script runs"
+)
+
+
+def own_batch(uses: Uses, global_batch: int | None, recorded: int | None = None) -> int | str:
+    """The script's own micro-batch (batch_size is then searchable), or why batch_size stays fixed.
+    recorded: the study's baseline batch (trial 0's report, or --baseline), the script's own where its
+    source cannot say (a configurator, a config file, a name assigned twice)."""
     batch, accum = uses.own_value("batch_size"), uses.own_value("accumulation")
+    if isinstance(batch, str) and recorded is not None:
+        batch = recorded
     if batch is None:
         loader = uses.own_value("loader_batch_size")
-        return BATCH_WHY.format(own=f", {loader} (its DataLoader's batch_size)" if isinstance(loader, int) else "")
+        if isinstance(loader, int):
+            return BATCH_WHY.format(own=KEPT_OWN.format(batch=loader))
+        return BATCH_WHY.format(own=KEPT_UNREAD.format(why=loader) if isinstance(loader, str) else "")
     if isinstance(batch, str):
-        return f"at.batch_size()'s default cannot be read: {batch}"
-    if isinstance(accum, str):
-        return f"at.accumulation()'s default cannot be read: {accum}"
+        return READ_AT_RUN_TIME.format(why=batch)
+    if isinstance(accum, str) and global_batch is not None:  # else its runtime default sets the lr's scale
+        return (
+            f"at.accumulation()'s default cannot be read from the source ({accum}), and the study fixes "
+            "--global-batch: give it as a number, a name assigned once or an argparse option with a literal default"
+        )
     if global_batch is not None and accum is None:
         return (
             "the study fixes --global-batch and the script never calls at.accumulation(): its micro-batches "
@@ -411,10 +434,10 @@ def not_checkable(cfg: TrialConfig) -> str | None:
     return None if kind_of(cfg.pipeline).loop != "script" or load(cfg).uses.seeded else NOT_REPRODUCIBLE
 
 
-def unsupported(uses: Uses, global_batch: int | None = None) -> dict[str, str]:
-    """Knob -> why the script cannot take it, from what its source routes."""
+def unsupported(uses: Uses, global_batch: int | None = None, recorded: int | None = None) -> dict[str, str]:
+    """Knob -> why the script cannot take it, from what its source routes (recorded: own_batch's)."""
     out = ALWAYS | (OWN_STRATEGY if uses.process_group else ONE_PROCESS)
-    if isinstance(why := own_batch(uses, global_batch), str):
+    if isinstance(why := own_batch(uses, global_batch, recorded), str):
         out["batch_size"] = why
     if fused := fusion.unroutable(uses.optimizers):
         out["optimizer_fusion"] = fused
@@ -445,11 +468,23 @@ def refused_values(uses: Uses) -> dict[str, dict[Any, str]]:
 class ScriptJob(OwnLoopJob):
     """A checked script: its path and arguments, what it routes, and the knobs it cannot take."""
 
-    def __init__(self, spec: str, path: str, args: list[str], uses: Uses, global_batch: int | None = None) -> None:
-        super().__init__(spec, unsupported(uses, global_batch))
+    def __init__(
+        self,
+        spec: str,
+        path: str,
+        args: list[str],
+        uses: Uses,
+        global_batch: int | None = None,
+        recorded: int | None = None,
+    ) -> None:
+        """recorded: the study's baseline batch_size, the script's own where its source cannot say which
+        (trial 0 reported the value at.batch_size() was handed, or --baseline gave it)."""
+        super().__init__(spec, unsupported(uses, global_batch, recorded))
         self.unsupported = Unsupported(self.unsupported.why, refused_values(uses))
         self.path, self.args, self.uses = path, list(args), uses
-        batch = own_batch(uses, global_batch)
+        self.recorded = recorded
+        self.read_at_run_time = isinstance(uses.own_value("batch_size"), str) and recorded is None
+        batch = own_batch(uses, global_batch, recorded)
         # The script's own (micro-batch, accumulation) when it hands its batch over; None: it keeps its own.
         self.own: tuple[int, int] | None = None
         if isinstance(batch, int):
@@ -462,9 +497,20 @@ class ScriptJob(OwnLoopJob):
         accumulation was read against the study's global batch when the job was loaded), and the precision
         it gives at.autocast() when not fp32, so trial 0's config says what the user ran."""
         own: dict[str, Any] = {} if self.own is None else {"batch_size": self.own[0]}
+        if self.own is None and isinstance(kept := self.kept_batch(), int):
+            own["batch_size"] = kept  # not searched: the batch it runs, so the records say it
         if "precision" not in self.unsupported and (precision := own_precision(self.uses)) != "fp32":
             own["precision"] = precision
         return own
+
+    def kept_batch(self) -> int | None:
+        """The batch a script that keeps its own runs (no at.batch_size()): its DataLoader's batch_size as the
+        source reads it, else as trial 0's loaders delivered it (recorded); None when it hands its batch over,
+        or nothing says."""
+        if self.uses.own_value("batch_size") is not None:
+            return None
+        loader = self.uses.own_value("loader_batch_size")
+        return loader if isinstance(loader, int) else self.recorded
 
     def not_built(self) -> str:
         return (
@@ -478,7 +524,9 @@ def load(cfg: TrialConfig) -> ScriptJob:
     path, args = parse(cfg.pipeline)
     if not Path(path).is_absolute():
         path = str(Path(path).resolve())
-    return ScriptJob(cfg.pipeline, path, args, scan(check_source(path, f"script {path!r}"), args), cfg.global_batch)
+    recorded = dict(cfg.baseline or ()).get("batch_size")
+    uses = scan(check_source(path, f"script {path!r}"), args)
+    return ScriptJob(cfg.pipeline, path, args, uses, cfg.global_batch, recorded if isinstance(recorded, int) else None)
 
 
 def study_defaults(spec: str, global_batch: int | None, given: Collection[str] = ()) -> dict[str, Any]:

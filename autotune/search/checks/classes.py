@@ -101,14 +101,15 @@ def run_check(
     if why is not None:  # never a pass: the check would compare two unrelated runs
         kind = "time to target" if changes_step(cfg) else "parity"
         check: CheckRecord = {"kind": kind, "verdict": Verdict.NOT_CHECKED, "reason": f"not checkable: {why}"}
+    elif (ref := reference(study, settings, folder, server)).not_checkable:  # never a pass at a floor
+        kind = "time to target" if changes_step(cfg) else "parity"
+        check = {"kind": kind, "verdict": Verdict.NOT_CHECKED, "reason": f"not checkable: {ref.not_checkable}"}
     elif changes_step(cfg):
         mine, base = speeds(study, t)
-        ref = reference(study, settings, folder, server)
         check = target.check(
             cfg, ref, folder / f"trial-{t.number}", settings.trial_timeout, mine, base, server
         ).to_dict()
     else:
-        ref = reference(study, settings, folder, server)
         check = parity.check(
             cfg,
             baseline_of(settings.base),

@@ -28,6 +28,12 @@ Why it is built this way:
   Reference.to_dict()/from_dict() let a study keep it as a user attr.
 * A candidate that fails to train fails its check, naming the failure; a baseline that fails raises
   its TrialFailure (nothing can be checked against it).
+* Not checkable, never a pass at the floor: a reference whose runs cannot set a tolerance says why, and
+  every check against it is `not checked` with that reason, no candidate run. Its baseline run did not seed
+  torch (a script that seeds only under a flag it was not given: no two runs start from the same weights),
+  or its data-order twin trained the baseline's own batches (a script whose data order follows no seed the
+  trial sets: no at.data_seed(), no DataLoader that shuffles; or the same losses bitwise): a deviation
+  would then be measured against a noise of 0, which says nothing of what reshuffling does.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ class Reference:
     losses: tuple[float, ...]
     twin_losses: tuple[float, ...]
     seconds: float
+    # Why these runs cannot set a tolerance (unseeded, or the twin's data did not change); None: they can.
+    not_checkable: str | None = None
 
     @property
     def samples(self) -> int:
@@ -82,6 +90,7 @@ class Reference:
             "twin_losses": list(self.twin_losses),
             "seconds": self.seconds,
             "noise": self.noise,
+            **({"not_checkable": self.not_checkable} if self.not_checkable else {}),
         }
 
     @classmethod
@@ -92,6 +101,7 @@ class Reference:
             tuple(d["losses"]),
             tuple(d["twin_losses"]),
             float(d["seconds"]),
+            d.get("not_checkable"),
         )
 
 
@@ -111,6 +121,7 @@ class ParityResult:
     baseline_steps: int = 0
     runs: int = 0  # trial processes this check started
     failure: str | None = None  # the candidate's TrialFailure reason
+    not_checkable: str | None = None  # the reference's runs cannot set a tolerance: not checked, why
 
     def to_dict(self) -> CheckRecord:
         def r(x: float | None) -> float | None:
@@ -123,7 +134,11 @@ class ParityResult:
             "deviation": r(self.deviation),
             "tolerance": r(self.tolerance),
             "noise": r(self.noise),
-            "verdict": outcomes.Verdict.PASS if self.passed else outcomes.Verdict.FAIL,
+            "verdict": outcomes.Verdict.NOT_CHECKED
+            if self.not_checkable
+            else outcomes.Verdict.PASS
+            if self.passed
+            else outcomes.Verdict.FAIL,
             "reason": self.reason,
             "seconds": round(self.seconds, 1),
             "candidate_steps": self.candidate_steps,
@@ -194,9 +209,35 @@ def noise_reference(
     t0 = time.monotonic()
     base = as_run(baseline, steps)
     order = base.seed if base.data_seed is None else base.data_seed
-    losses = train_losses(base, folder / "baseline", timeout_s, server)
-    twin = train_losses(base.replace(data_seed=order + 1), folder / "twin", timeout_s, server)
-    return Reference(base, steps, losses, twin, time.monotonic() - t0)
+    losses, applied = train_run(base, folder / "baseline", timeout_s, server)
+    twin, _ = train_run(base.replace(data_seed=order + 1), folder / "twin", timeout_s, server)
+    return Reference(base, steps, losses, twin, time.monotonic() - t0, why_not_checkable(applied, losses, twin))
+
+
+UNSEEDED = (
+    "the baseline's run never seeded torch (no torch.manual_seed reached; a seed under a flag the script was "
+    "not given counts as none), so no two runs start from the same weights and a loss comparison would compare "
+    "two draws: seed it where the model is built, torch.manual_seed(at.seed(0))"
+)
+SAME_DATA = (
+    "the data-order twin (data seed + 1) trained on the baseline's own batches{how}, so there is no data-order "
+    "noise to set a tolerance by: draw the batches with a DataLoader that shuffles, or seed the script's own "
+    "sampling with the trial's data seed, torch.Generator().manual_seed(at.data_seed(0))"
+)
+
+
+def why_not_checkable(applied: Mapping[str, Any], losses: Sequence[float], twin: Sequence[float]) -> str | None:
+    """Why the baseline's run and its data-order twin cannot set a tolerance (UNSEEDED, SAME_DATA), from what
+    the baseline's run recorded (a script's: whether it seeded torch, where the data seed reached) and
+    whether the twin's losses differ at all; None: they can."""
+    script = applied.get("script")
+    if isinstance(script, Mapping) and script.get("seeded") is False:
+        return UNSEEDED
+    if isinstance(script, Mapping) and "data_order" in script and script["data_order"] is None:
+        return SAME_DATA.format(how=" (the script calls no at.data_seed() and no DataLoader of it shuffles)")
+    if tuple(losses) == tuple(twin):
+        return SAME_DATA.format(how=": its losses are the baseline's, bitwise")
+    return None
 
 
 def check(
@@ -219,6 +260,8 @@ def check(
     samples = steps * max(g_c, g_b)
     c_steps, b_steps = steps_for(samples, g_c), steps_for(samples, g_b)
     grid = max(g_c, g_b)
+    if reference is not None and reference.not_checkable:  # no candidate run: nothing could judge it
+        return _not_checkable(reference, steps, samples, t0, c_steps, b_steps, 0)
     runs = 1
     try:
         losses = train_losses(as_run(candidate, c_steps), folder / "candidate", timeout_s, server)
@@ -246,12 +289,24 @@ def check(
     if reference is None or reference.samples < samples:
         reference = noise_reference(baseline, b_steps, folder / "reference", timeout_s, server)
         runs += 2
+        if reference.not_checkable:
+            return _not_checkable(reference, steps, samples, t0, c_steps, b_steps, runs)
     dev = deviation(losses, g_c, reference.losses, g_b, samples, grid)
     noise = reference_noise(reference, samples, grid)
     tol = tolerance_for(noise)
     passed = dev <= tol
     reason = _reason(candidate, baseline, dev, tol, noise)
     return ParityResult(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
+
+
+def _not_checkable(
+    reference: Reference, steps: int, samples: int, t0: float, c_steps: int, b_steps: int, runs: int
+) -> ParityResult:
+    why = f"not checkable: {reference.not_checkable}"
+    return ParityResult(
+        steps, samples, None, None, None, False, why, time.monotonic() - t0, c_steps, b_steps, runs,
+        not_checkable=reference.not_checkable,
+    )  # fmt: skip
 
 
 def _reason(candidate: TrialConfig, baseline: TrialConfig, dev: float, tol: float, noise: float) -> str:
@@ -287,7 +342,14 @@ def same_training(a: TrialConfig, b: TrialConfig) -> bool:
 
 
 def train_losses(cfg: TrialConfig, trial_dir: Path, timeout_s: float, server: WarmServer | None) -> tuple[float, ...]:
+    return train_run(cfg, trial_dir, timeout_s, server)[0]
+
+
+def train_run(
+    cfg: TrialConfig, trial_dir: Path, timeout_s: float, server: WarmServer | None
+) -> tuple[tuple[float, ...], Mapping[str, Any]]:
+    """A run's losses, one per step, and what it recorded it applied."""
     result, _ = locked_trial(cfg, trial_dir, timeout_s, server=server)
     if len(result.losses) != cfg.timed_steps:  # the worker records every step: anything else is a bug
         raise TrialFailure(f"{len(result.losses)} losses recorded for {cfg.timed_steps} steps")
-    return tuple(result.losses)
+    return tuple(result.losses), result.applied

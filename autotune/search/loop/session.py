@@ -33,7 +33,7 @@ from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
 from autotune.core import outcomes
-from autotune.core.outcomes import Reason
+from autotune.core.outcomes import Reason, Role
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
 from autotune.search.loop import finish
@@ -50,7 +50,7 @@ from autotune.search.loop.proposals import Proposals
 from autotune.search.loop.strategy import CoordinateSampler
 from autotune.search.space.memory import stored_fit
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
-from autotune.search.space.resolve import resolve
+from autotune.search.space.resolve import batch_said, rebased, resolve
 from autotune.search.space.reading import load_space
 from autotune.search.store.storage import check_writable, open_storage
 from autotune.search.loop.study import config_for, enqueue_starts, load_study, open_study, study_workload
@@ -343,6 +343,8 @@ class SearchSession:
                 continue
             t0 = time.monotonic()
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(tally.left_s), events, server)
+            if TrialRecord.from_frozen(frozen).role == Role.BASELINE and self._own_batch_from(frozen):
+                s = self.settings
             tally.ran(frozen, time.monotonic() - t0)
             events.finished(frozen)
             self.sizer.calibrate(frozen)
@@ -351,6 +353,31 @@ class SearchSession:
                 self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say, budget
             )
             yield frozen
+
+    def _own_batch_from(self, trial0: optuna.trial.FrozenTrial) -> bool:
+        """Trial 0 ran the script as written and recorded the batch it ran (resolve.as_ran): where the study's
+        baseline says another (its source could not say: at.batch_size() of a name a configurator or a config
+        file sets, a DataLoader's computed batch), the study is rebased on it and the space resolved again, so
+        the batch is searched from here (or kept, at the one that ran). True when it was."""
+        s = self.settings
+        base = rebased(s.base, TrialRecord.from_frozen(trial0).config)
+        if base is None or pipelines.kind_of(s.base.pipeline).loop != "script":
+            return False
+        pipeline = pipelines.load_pipeline(base)
+        quiet = lambda line: self.say(line) if batch_said(line) else None  # noqa: E731
+        space, _, _ = resolve(load_space(s.space or DEFAULT_SPACE), pipeline, s, base, quiet)
+        new = sorted(set(space.searched()) - set(self.space.searched()))
+        before = dict(s.base.baseline or ())
+        changed = {k: v for k, v in dict(base.baseline or ()).items() if before.get(k) != v}
+        self.settings, self.space = dataclasses.replace(s, base=base), space
+        self.proposals = Proposals(self.proposals.inner, space, base)
+        self.study.sampler = self.proposals
+        records.write_rebased(self.study, base.workload(), space.to_dict())
+        self.say(
+            f"baseline: trial 0 ran the script's own {', '.join(f'{k} {v}' for k, v in changed.items())}, which its "
+            "source could not say" + (f": {', '.join(new)} searched from here" if new else ": kept, the script's own")
+        )
+        return True
 
     def _stop(self, tally: _Tally, budget: Budget) -> Stop | None:
         """Why the trials end now, before the next ask, or None: the job failing, then the proposals, then

@@ -7,7 +7,7 @@ each rank can hold). Each narrowing says what it dropped and why.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,11 @@ def resolve(
     the memory each micro-batch needs, with a `space:` line said for every change."""
     hw = Hardware.detect()
     space, notes = for_hardware(
-        space, hw, stages=len(pipelines.stages_of(pipeline)), unsupported=pipelines.unsupported_of(pipeline)
+        space,
+        hw,
+        stages=len(pipelines.stages_of(pipeline)),
+        unsupported=pipelines.unsupported_of(pipeline),
+        own=dict(base.baseline or ()),
     )
     space, more = by_global_batch(space, base.global_batch, base)
     fit = memory.probe_fit(settings, base, hw, say)
@@ -50,9 +54,16 @@ def resolve(
 
 
 def for_hardware(
-    space: SearchSpace, hw: Hardware, stages: int | None = None, unsupported: frozenset[str] = frozenset()
+    space: SearchSpace,
+    hw: Hardware,
+    stages: int | None = None,
+    unsupported: frozenset[str] = frozenset(),
+    own: Mapping[str, Any] | None = None,
 ) -> tuple[SearchSpace, list[str]]:
-    """Narrow `space` to what can have an effect on `hw`; return it with one note per change."""
+    """Narrow `space` to what can have an effect on `hw`; return it with one note per change. own: the
+    baseline's knobs (the job's own, as the study records them): a knob the job keeps is fixed at its own
+    value where the study knows it, so every record says what the job ran."""
+    own = own or {}
     n = _Narrowing(space.source, dict(space.knobs))
     parallel = space.knobs.get("parallel")
     if "parallel" in unsupported and parallel is not None and "ddp" not in spec_values(parallel):
@@ -64,7 +75,7 @@ def for_hardware(
         if k not in KNOBS:
             raise SearchSpaceError(f"{space.source}: knob {k!r}: marked unsupported but is not a knob")
         why = getattr(unsupported, "why", {}).get(k)  # a framework job says why (pipelines.frameworks)
-        n.leave(k, getattr(_DEFAULTS, k), "not supported by this pipeline" + (f": {why}" if why else ""))
+        n.leave(k, own.get(k, getattr(_DEFAULTS, k)), "not supported by this pipeline" + (f": {why}" if why else ""))
     for k, refused in getattr(unsupported, "values", {}).items():  # a value the pipeline cannot run (fp16 unscaled)
         for value, why in refused.items():
             n.keep(
@@ -269,3 +280,40 @@ def by_memory(space: SearchSpace, base: TrialConfig, fit: memory.Fit) -> tuple[S
 
 
 __all__ = ["by_global_batch", "by_memory", "for_hardware", "resolve"]
+
+
+# ---- the batch a script runs as its own, as trial 0 showed it -------------------------------------------------
+
+
+def as_ran(cfg: TrialConfig, applied: Mapping[str, Any], as_written: bool) -> TrialConfig:
+    """The config a script's trial ran. Where it ran the script's own batch (the baseline runs the script as
+    written; a script that hands no batch over keeps its own) and its run reported that batch (at.batch_size()'s
+    default as the script handed it, after a configurator or a config file; what its loaders delivered), the
+    config records that batch, and its baseline with it, however the source read it. `cfg` otherwise, and
+    under a study's global batch, whose micro-batch the baseline picks."""
+    script = applied.get("script")
+    own = script.get("own") if isinstance(script, Mapping) else None
+    batch = own.get("batch_size") if isinstance(own, Mapping) else None
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or cfg.global_batch is not None:
+        return cfg
+    assert isinstance(script, Mapping)
+    handed = bool((script.get("api_calls") or {}).get("batch_size"))
+    if (handed and not as_written) or batch == cfg.batch_size:
+        return cfg
+    baseline = {**dict(cfg.baseline or ()), "batch_size": batch}
+    return cfg.replace(batch_size=batch, baseline=tuple(sorted(baseline.items())))
+
+
+def rebased(base: TrialConfig, ran: Mapping[str, Any]) -> TrialConfig | None:
+    """The study's workload rebased on the batch trial 0 ran (its record's knobs, as_ran), when it is not
+    the one the baseline records (the script's source could not say it); None when it is, or when the
+    study fixes the global batch."""
+    batch = ran.get("batch_size")
+    if not isinstance(batch, int) or batch == baseline_of(base).batch_size or base.global_batch is not None:
+        return None
+    return base.replace(baseline=tuple(sorted({**dict(base.baseline or ()), "batch_size": batch}.items())))
+
+
+def batch_said(line: str) -> bool:
+    """A `space:` line about the batch: what a rebase says again."""
+    return line.startswith("space: batch_size")

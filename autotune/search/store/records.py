@@ -24,6 +24,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.training import training_math
 from autotune.core.outcomes import NOT_RUN, Outcome, Role
 from autotune.search.store import _optuna
+from autotune.search.space.resolve import as_ran
 
 # ---- the study attrs' keys ----------------------------------------------------------------------------
 
@@ -281,7 +282,32 @@ def ran_over_planned(applied: Mapping[str, Any]) -> float:
     return float(ran) / float(planned)  # type: ignore[arg-type]  # both checked numbers above
 
 
+SAMPLES_PER_S, STEPS_PER_S = "samples/s", "steps/s"
+
+
+def unit_of(applied: Mapping[str, Any]) -> str:
+    """The unit a trial's figure counts (a script's trial records it: samples/s where its loaders delivered
+    samples or it handed its batch over, else steps/s); samples/s for every other job."""
+    said = applied.get("throughput")
+    unit = said.get("unit") if isinstance(said, Mapping) else None
+    return unit if unit in (SAMPLES_PER_S, STEPS_PER_S) else SAMPLES_PER_S
+
+
+def throughput_unit(study: optuna.Study | StudySummary) -> str:
+    """The one unit every figure of a study is shown in: its first measured trial's (the baseline's,
+    trial 0); samples/s before any trial is measured. A script that counts no samples is measured in
+    optimizer steps per second, and every place a figure is shown says steps/s."""
+    if isinstance(study, StudySummary):
+        return SAMPLES_PER_S
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        applied = t.user_attrs.get("applied")
+        if isinstance(applied, Mapping) and "throughput" in applied:
+            return unit_of(applied)
+    return SAMPLES_PER_S
+
+
 def of_result(role: str, cfg: TrialConfig, result: TrialResult, speedup: float | None, contended: bool) -> TrialRecord:
+    cfg = as_ran(cfg, result.applied, as_written=role == Role.BASELINE)
     math = tuple(training_math(cfg, bool(result.applied.get("batch_norm_layers")), ran_over_planned(result.applied)))
     return TrialRecord(
         role=role,
@@ -325,6 +351,13 @@ class StudyRecord:
         for key, value in dataclasses.asdict(self).items():
             if value is not None:
                 study.set_user_attr(key, value)
+
+
+def write_rebased(study: optuna.Study, workload: Mapping[str, Any], space: Mapping[str, Any]) -> None:
+    """The study's workload and space once trial 0 showed the script's own batch (search/loop/session.py): the
+    workers that join from here read the baseline and the space the rest of the search runs."""
+    study.set_user_attr("workload", dict(workload))
+    study.set_user_attr("space", dict(space))
 
 
 def write_ablation(study: optuna.Study, steps: list[Any]) -> None:

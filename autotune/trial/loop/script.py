@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from autotune.core.config import TrialConfig, TrialResult, baseline_of, lr_factor
@@ -117,6 +117,9 @@ class Seams:
         self.pending_samples = 0  # delivered by loaders since the last optimizer step
         self.pending_batches = 0
         self.step_samples: list[int] = []
+        self.step_batches: list[int] = []  # loader batches per optimizer step: the script's own accumulation
+        self.shuffles: dict[int, bool] = {}  # each iterator the script drew from: does its order follow a seed
+        self.seeds: list[Any] = []  # what the script gave torch.manual_seed in this run
         self.loss_sum: torch.Tensor | None = None  # this step's backward() scalars, summed (a copy)
         self.batch_pinned: bool | None = None  # the first batch a loader handed over
         self.outputs: list[observe.OutputDtype] = []  # the model at.model() got, and its first layer
@@ -211,6 +214,7 @@ class Seams:
                 seams.clock.fetched()
             if seams.batch_pinned is None:
                 seams.batch_pinned = observe.pinned(batch)
+            seams.shuffles.setdefault(id(it), shuffled(it))
             seams.pending_samples += batch_len(batch)
             seams.pending_batches += 1
             return batch
@@ -315,6 +319,7 @@ class Seams:
             site |= {"stepped": True, "ran": fusion_of(optimizer.param_groups[0])}
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
+        self.step_batches.append(self.pending_batches)
         self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
         self.pending_samples = self.pending_batches = 0
         counted = [n for n in self.step_samples if n] or [self.handed_samples()]
@@ -333,6 +338,52 @@ class Seams:
         site = where | {"type": type(obj).__name__, "own": plain(own), "ran": plain(ran), **used}
         self.sites[kind].append(site)
         return site
+
+    def seed_call(self, original: Any) -> Any:
+        """torch.manual_seed: recorded, so the trial says whether this run started from the seed's weights
+        (a script may seed only under a flag it was not given)."""
+        seams = self
+
+        def manual_seed(seed: Any) -> Any:
+            seams.seeds.append(int(seed) if isinstance(seed, int) else str(seed))
+            return original(seed)
+
+        return manual_seed
+
+    def own_as_run(self) -> dict[str, Any] | None:
+        """The script's own micro-batch and accumulation as this run handed them over: at.batch_size()'s and
+        at.accumulation()'s defaults as the script passed them (a configurator or a config file has set
+        them by then), else what its loaders delivered (samples per batch, batches per optimizer step);
+        None when neither shows one."""
+        own = self.trial.defaults
+        if "batch_size" in own:
+            accumulation = int(own.get("accumulation", self.trial.own_accumulation))
+            return {
+                "batch_size": int(own["batch_size"]),
+                "accumulation": accumulation,
+                "from": "at.batch_size()'s default as the run handed it over",
+            }
+        samples, batches = per_step(self.step_samples), per_step(self.step_batches)
+        if not samples or not batches or samples % batches:
+            return None
+        return {
+            "batch_size": samples // batches,
+            "accumulation": batches,
+            "from": f"its loaders: {samples} sample(s) in {batches} batch(es) per optimizer step",
+        }
+
+    def throughput(self) -> dict[str, str]:
+        """The unit the trial's figure counts: samples when its loaders delivered them or the script handed its
+        batch over, else optimizer steps (the figure is then steps/s, and said so)."""
+        if per_step(self.step_samples):
+            return {"unit": "samples/s", "why": "the samples its loaders delivered per optimizer step"}
+        if "batch_size" in self.trial.returned:
+            return {"unit": "samples/s", "why": "at.batch_size() x at.accumulation() as handed over, per step"}
+        return {
+            "unit": "steps/s",
+            "why": "no loader delivered batches and the script hands over no batch (at.batch_size()): optimizer "
+            "steps are counted, not samples",
+        }
 
     def handed_samples(self) -> int:
         """Samples per optimizer step as the cooperative calls handed them over (no loader counted any):
@@ -501,6 +552,25 @@ def plain(value: Any) -> Any:
     return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
 
 
+def shuffled(it: Any) -> bool:
+    """Whether a DataLoader iterator draws its order from the loader's generator (a RandomSampler, the one
+    the trial seeds with the data seed); a sequential or distributed sampler keeps its own order."""
+    sampler = getattr(it, "_index_sampler", None)
+    sampler = getattr(sampler, "sampler", sampler)
+    return isinstance(sampler, RandomSampler)
+
+
+def data_order(seams: Seams, trial: api.Trial) -> str | None:
+    """Where the trial's data seed reached the data this run trained on: at.data_seed() (a script that draws
+    its batches itself), or a DataLoader that shuffles by its generator; None: nowhere, so parity's data-order
+    twin would train on the baseline's own batches."""
+    if "data_seed" in trial.calls:
+        return "at.data_seed()"
+    if any(seams.shuffles.values()):
+        return "a DataLoader that shuffles (the trial seeds its generator)"
+    return None
+
+
 def batch_len(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor (tuples, lists, dicts); 1 without one."""
     if isinstance(batch, torch.Tensor):
@@ -526,7 +596,7 @@ def _dynamo_graphs() -> int | None:
 @contextlib.contextmanager
 def installed(seams: Seams) -> Iterator[None]:
     """The seams in torch for the script's run, and torch as it was afterwards."""
-    patches = [
+    patches: list[tuple[Any, str, Any]] = [
         (DataLoader, "__init__", seams.loader_init(DataLoader.__init__)),
         (_BaseDataLoaderIter, "__init__", seams.loader_iter(_BaseDataLoaderIter.__init__)),
         (_BaseDataLoaderIter, "__next__", seams.loader_next(_BaseDataLoaderIter.__next__)),
@@ -538,6 +608,7 @@ def installed(seams: Seams) -> Iterator[None]:
         (torch.amp.GradScaler, "unscale_", seams.scaler_call(torch.amp.GradScaler.unscale_)),
         (torch.amp.GradScaler, "step", seams.scaler_call(torch.amp.GradScaler.step)),
     ]
+    patches += [(module, "manual_seed", seams.seed_call(torch.random.manual_seed)) for module in (torch, torch.random)]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     for owner, name, new in patches:
         setattr(owner, name, new)
@@ -651,10 +722,21 @@ def observed(
             "device": seen.get("device"),
             "world_size": seen.get("world_size"),
             "global_batch": seen.get("global_batch"),
-        }
+            "batches_per_step": per_step(seams.step_batches) or None,
+            "own": seams.own_as_run(),
+            "seeded": bool(seams.seeds),
+            "seeds": seams.seeds[:3],
+            "data_order": data_order(seams, trial),
+        },
+        "throughput": seams.throughput(),
     }
     loader = seams.loaders[0] if seams.loaders else None
-    if loader:
+    ran = seams.own_as_run()
+    if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
+        out["batch_size"] = knob_effect(cfg.batch_size, ran["batch_size"], f"the script's own batch: {ran['from']}")
+    elif "batch_size" in trial.returned:  # handed over (batch_and_lr says more where the study knows its own)
+        out["batch_size"] = knob_effect(cfg.batch_size, trial.returned["batch_size"], "through at.batch_size()")
+    elif loader:
         out["batch_size"] = knob_effect(cfg.batch_size, loader["batch_size"], "the script's own DataLoader batch size")
     for k in LOADER_KNOBS:
         if k in unsupported:

@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from autotune.core.errors import ExitCode, exit_code_for
 from autotune.core.files import write_json_atomic
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         write_json_atomic(args.out, result.to_dict())
         print(
-            f"autotune trial: {result.samples_per_s:.2f} samples/s, step p50 {result.step_time_p50 * 1000:.0f} ms, "
+            f"autotune trial: {result.samples_per_s:.2f} {unit_said(result.applied)}, step p50 {result.step_time_p50 * 1000:.0f} ms, "
             f"data wait {result.data_wait_fraction:.0%}, peak {result.peak_memory_bytes / 2**20:.0f} MiB"
         )
     _shutdown()
@@ -172,3 +172,9 @@ def _shutdown() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def unit_said(applied: Mapping[str, Any]) -> str:
+    """The unit the figure counts: samples/s, or steps/s where a script's trial counted no samples."""
+    said = applied.get("throughput")
+    return str(said.get("unit") or "samples/s") if isinstance(said, Mapping) else "samples/s"

@@ -156,3 +156,50 @@ def test_bf16_on_the_unet_passes(server: WarmServer, tiny_data: Path, tmp_path: 
     assert v.passed, v.reason
     assert v.noise is not None and v.noise > parity.FLOOR  # the twin saw other data
     assert v.deviation is not None and 0 < v.deviation < v.noise  # bf16 rounds differently, less than a reshuffle
+
+
+# --- what a reference cannot judge: not checkable, never a pass at the floor ---------------------------------
+
+SCRIPTS = Path(__file__).parents[2] / "pipelines" / "scripts"
+LOOP_SCRIPTS = Path(__file__).parents[2] / "trial" / "loop" / "scripts"
+
+
+def script_base(path: Path, *args: str) -> TrialConfig:
+    from autotune.pipelines import script
+
+    return TrialConfig(
+        pipeline=script.spec_of(str(path), list(args)), num_threads=1, warmup_steps=0, timed_steps=8, window=1
+    )
+
+
+def test_a_script_whose_data_order_follows_no_seed_is_not_checkable(server: WarmServer, tmp_path: Path) -> None:
+    """No at.data_seed() and no DataLoader: the data-order twin trains the baseline's own batches (noise
+    0.00%), so nothing sets a tolerance: not checked, with what to write, and no candidate run."""
+    base = script_base(SCRIPTS / "no_loader.py", "--steps", "1000")
+    ref = parity.noise_reference(base, 8, tmp_path / "reference", TIMEOUT_S, server)
+    assert ref.not_checkable and "trained on the baseline's own batches" in ref.not_checkable
+    assert "at.data_seed(0)" in ref.not_checkable
+    assert parity.Reference.from_dict(json.loads(json.dumps(ref.to_dict()))) == ref
+    v = parity.check(base.replace(optimizer_fusion="foreach"), base, 8, tmp_path / "c", TIMEOUT_S, server, ref)
+    d = v.to_dict()
+    assert d["verdict"] == "not checked" and d["reason"].startswith("not checkable: the data-order twin")
+    assert v.runs == 0 and not (tmp_path / "c" / "candidate").exists()
+
+
+def test_optimizer_fusion_alone_on_an_unseeded_script_is_not_failed_by_parity(
+    server: WarmServer, tmp_path: Path
+) -> None:
+    """A script that seeds torch only under a flag it was not given: its source calls manual_seed, its run
+    does not. A same-math config (fused AdamW) is not judged against a tolerance drawn from unseeded runs:
+    not checkable, so the export may take it on its measurement (docs/same-training.md)."""
+    base = script_base(LOOP_SCRIPTS / "seed_flag.py")
+    ref = parity.noise_reference(base, 8, tmp_path / "reference", TIMEOUT_S, server)
+    assert ref.not_checkable == parity.UNSEEDED
+    v = parity.check(base.replace(optimizer_fusion="fused"), base, 8, tmp_path / "c", TIMEOUT_S, server, ref)
+    assert v.to_dict()["verdict"] == "not checked" and "never seeded torch" in v.reason
+    # Given its seed, the same script is checkable, and the fused step passes against the data-order noise.
+    seeded = script_base(LOOP_SCRIPTS / "seed_flag.py", "--seed", "0")
+    ref = parity.noise_reference(seeded, 8, tmp_path / "seeded", TIMEOUT_S, server)
+    assert ref.not_checkable is None and ref.noise > 0
+    v = parity.check(seeded.replace(optimizer_fusion="fused"), seeded, 8, tmp_path / "s", TIMEOUT_S, server, ref)
+    assert v.to_dict()["verdict"] == "pass", v.reason

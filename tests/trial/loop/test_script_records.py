@@ -1,0 +1,85 @@
+"""What a script trial records is what ran: the batch a script keeps (its DataLoader's), read from its
+source and checked against what its loaders delivered at run time, the unit its throughput is counted in,
+and whether the run seeded torch and followed the data seed (what parity can compare)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.pipelines import base_config, load_pipeline, own_baseline, script
+from autotune.search.checks import parity
+from autotune.trial.loop import worker
+
+SCRIPTS = Path(__file__).parent / "scripts"
+KEEPS_16 = SCRIPTS / "keeps_16.py"
+
+
+def study_base(path: Path, args: list[str], **extra: Any) -> TrialConfig:
+    """The study's workload as `autotune search --script` makes it (the session's own_baseline)."""
+    base = base_config(script.spec_of(str(path), args), None, None, "studies", **extra)
+    own = own_baseline(load_pipeline(base), base.global_batch)
+    base = base.replace(num_threads=1, warmup_steps=1, timed_steps=3, window=1)
+    return base.replace(baseline=tuple(own.items())) if own else base
+
+
+def test_a_script_that_keeps_batch_16_records_16(tmp_path: Path, server: Any) -> None:
+    base = study_base(KEEPS_16, [])
+    baseline = baseline_of(base)
+    assert baseline.batch_size == 16 and baseline.global_batch_size == 16
+    a = worker.run(baseline).applied
+    assert a["batch_size"]["requested"] == 16 and a["batch_size"]["in_effect"] == 16
+    assert a["global_batch"]["in_effect"] == 16 and a["script"]["samples_per_step"] == 16
+    ref = parity.noise_reference(baseline, 4, tmp_path / "reference", 120, server)
+    assert ref.samples == 4 * 16
+
+
+def test_the_script_s_own_batch_and_accumulation_are_read_at_run_time() -> None:
+    """Trial 0 reads what its loaders delivered per optimizer step: a batch the source reads as 16 runs 16
+    x 2 micro-batches; one the source cannot read (a computed value) is still recorded as it ran."""
+    a = worker.run(baseline_of(study_base(KEEPS_16, ["--accum", "2"]))).applied
+    assert a["script"]["own"] == {
+        "batch_size": 16,
+        "accumulation": 2,
+        "from": "its loaders: 32 sample(s) in 2 batch(es) per optimizer step",
+    }
+    assert a["global_batch"]["in_effect"] == 32 and a["script"]["batches_per_step"] == 2
+    assert a["throughput"]["unit"] == "samples/s"
+    assert a["script"]["seeded"] and a["script"]["data_order"].startswith("a DataLoader that shuffles")
+
+
+def test_a_script_that_counts_no_samples_is_measured_in_steps_per_second() -> None:
+    """No DataLoader and no at.batch_size(): the figure is optimizer steps per second, and says so; the
+    data seed reaches nothing (no at.data_seed(), no loader)."""
+    no_loader = Path(__file__).parents[2] / "pipelines" / "scripts" / "no_loader.py"
+    a = worker.run(baseline_of(study_base(no_loader, ["--steps", "50"]))).applied
+    assert a["throughput"]["unit"] == "steps/s" and "optimizer steps are counted" in a["throughput"]["why"]
+    assert a["script"]["data_order"] is None and a["script"]["seeded"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("computed", [False, True], ids=["source", "run time"])
+def test_a_search_on_a_script_that_keeps_batch_16_exports_16(tmp_path: Path, computed: bool) -> None:
+    """best.yaml says the batch that ran, whether the source says it (argparse, through a variable) or only
+    the run does (a computed value: trial 0's loaders delivered 16, and the study is rebased on it)."""
+    import yaml
+
+    from tests.pipelines.framework_helpers import autotune
+
+    path = KEEPS_16
+    if computed:
+        path = tmp_path / "computed.py"
+        path.write_text(KEEPS_16.read_text().replace("bs = args.batch_size", "bs = args.batch_size * 2 // 2"))
+    search = autotune(
+        "search", "--script", str(path), "--budget", "60s", "--n-trials", "3", "--trial-seconds", "1",
+        "--warmup-steps", "1", "--confirm-rounds", "0", "--parity-steps", "6", "--seed", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    best = yaml.safe_load((tmp_path / "studies" / "autotune" / "best.yaml").read_text())
+    assert best["config"]["batch_size"] == 16 and best["training_math"]["global_batch"] == 16, best
+    assert best["metrics"]["throughput_unit"].startswith("samples/s")
+    if best.get("parity", {}).get("samples"):
+        assert best["parity"]["samples"] == 6 * 16
