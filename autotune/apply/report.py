@@ -43,12 +43,13 @@ def leaderboard_html(study: Any, top: int = 20) -> str:
 
 def confirmation_html(study: Any) -> str:
     """The confirmation rounds the exported winner came out of, or a note that there were none."""
-    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, order_note
+    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, export_notes, order_note
 
     confirmed = confirmation_summary(study)  # the terminal's rows: the two never disagree
     head = '<section id="confirmation"><h2>Confirmation</h2>'
+    notes = "".join(f"<p>{escaped(line)}</p>" for line in export_notes(study))  # the final lines' verdict
     if confirmed is None:
-        return head + "<p class=note>not confirmed: the figures are single measurements</p></section>"
+        return head + "<p class=note>not confirmed: the figures are single measurements</p>" + notes + "</section>"
     heading, rows = confirmed
     note = order_note(study)
     return (
@@ -56,6 +57,7 @@ def confirmation_html(study: Any) -> str:
         + f"<p>{escaped(heading)}</p>"
         + (f"<p>{escaped(note)}</p>" if note else "")
         + _table(CONFIRMATION_COLUMNS, rows)
+        + notes
         + "</section>"
     )
 

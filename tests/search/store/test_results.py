@@ -151,6 +151,7 @@ def _confirmed(study: optuna.Study, ratios: dict[int, list[float]]) -> None:
         {
             "label": f"trial {n}",
             "trial": n,
+            "search_samples_per_s": 10.0 * max(rs),
             "samples": [10.0 * r for r in rs],
             "samples_per_s_median": 10.0 * statistics.median(rs),
             "min": 10.0 * min(rs),
@@ -165,6 +166,7 @@ def _confirmed(study: optuna.Study, ratios: dict[int, list[float]]) -> None:
     base = {
         "label": "baseline",
         "trial": 0,
+        "search_samples_per_s": 10.0,
         "samples": [10.0] * rounds,
         "samples_per_s_median": 10.0,
         "min": 10.0,
