@@ -1,12 +1,14 @@
 """`autotune train --compare-baseline`'s verdict: the config's run against the baseline's, in speed, in
 optimizer steps, in time to the baseline's final metric (MLPerf's question) and in the final metric;
-over several rounds, each round's ratios, their median and their range, and whether that range can
-tell the config from the baseline at all."""
+over several rounds, each round's ratios, their median with the sign test's interval for it
+(core/paired.py), and whether that interval can tell the config from the baseline at all."""
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
+
+from autotune.core.paired import MIN_ROUNDS, Paired
 
 # How far the config's final metric may fall behind the baseline's (absolute IoU) before train says so.
 # Three baseline runs that differ only in data order (96 images at 96 px, 5 epochs) ended at IoU 0.619,
@@ -101,40 +103,40 @@ def compare(tuned: dict[str, Any], base: dict[str, Any], epochs: int, margin: fl
 
 def paired(rounds: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
     """The rounds' (config, baseline) runs summed up: each round's speedup (and speedup to the baseline's
-    target, where both reached it), their median and range. On a machine whose per-process speed drifts
-    by ~10%, one pair is one draw; a range that holds x1.0 cannot tell the config from the baseline, and
-    the verdict says so instead of a bare speedup."""
+    target, where both reached it), their median, range and the sign test's interval for the median. On a
+    machine whose per-process speed drifts by ~10%, one pair is one draw: "faster" (or "slower") only
+    from 3 rounds with an interval that excludes x1.00, else "no measurable gain"."""
     ratios = [tuned["samples_per_s"] / base["samples_per_s"] for tuned, base in rounds]
     to_target = [
         t["comparison"]["speedup_to_target"] for t, _ in rounds if "speedup_to_target" in t.get("comparison", {})
     ]
-    low, high, median = min(ratios), max(ratios), statistics.median(ratios)
-    gain = low > 1.0 if median >= 1.0 else high < 1.0
+    p = Paired.of(ratios)
+    low, high = min(ratios), max(ratios)
     summary = {
         "rounds": len(rounds),
         "speedups": ratios,
-        "speedup_median": median,
+        "speedup_median": p.median,
         "speedup_range": [low, high],
+        "interval": list(p.interval),
+        "coverage": p.coverage,
+        "direction": p.direction,  # faster | slower | None: the rounds cannot tell
+        "measurable": p.measurable,  # a gain: faster, by the interval
+        "verdict": p.statement(),
         "speedup_to_target": to_target,
-        "measurable": len(rounds) > 1 and gain,
     }
     lines = [
         f"paired rounds: {len(rounds)} (the two sides alternated, each run a fresh process): speedup median "
-        f"x{median:.2f}, range x{low:.2f}..x{high:.2f} (each round: {', '.join(f'x{r:.2f}' for r in ratios)})"
+        f"x{p.median:.2f}, range x{low:.2f}..x{high:.2f} (each round: {', '.join(f'x{r:.2f}' for r in ratios)})"
     ]
     if to_target:
         lines.append(
             f"time to the baseline's target, each round it was reached: median x{statistics.median(to_target):.2f}, "
             f"range x{min(to_target):.2f}..x{max(to_target):.2f} ({len(to_target)} of {len(rounds)} rounds)"
         )
-    if len(rounds) == 1:
-        lines.append("one round: a single draw; --rounds 3 or more says whether the gap is more than the noise")
-    elif not gain:
-        lines.append(
-            f"verdict: no measurable difference from the baseline on this machine: the rounds' speedups "
-            f"x{low:.2f}..x{high:.2f} hold x1.00"
-        )
-    else:
-        word = "faster" if median > 1 else "slower"
-        lines.append(f"verdict: {word} than the baseline in every round (x{low:.2f}..x{high:.2f})")
+    tail = (
+        f"; --rounds {MIN_ROUNDS} or more says whether the gap is more than the noise"
+        if len(rounds) < MIN_ROUNDS
+        else ""
+    )
+    lines.append(f"verdict: {p.statement()}{tail}")
     return summary, lines

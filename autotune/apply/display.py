@@ -14,13 +14,14 @@ from rich.text import Text
 
 from autotune.apply.fit_table import FitTable
 from autotune.core.config import BASELINE, TrialConfig
+from autotune.core.paired import Paired
 from autotune.core.training import shown
-from autotune.core.outcomes import Outcome, Reason, Verdict
+from autotune.core.outcomes import Outcome, Reason, Role, Verdict
 from autotune.search.store import records
 from autotune.search.budget import Budget
 from autotune.search.store.records import TrialRecord
 from autotune.search.loop import export_ceiling
-from autotune.search.store.results import class_check, exported, feasible, leaderboard
+from autotune.search.store.results import choose, class_check, confirmed_paired, exported, feasible, leaderboard
 from autotune.search.loop.runner import Events
 
 
@@ -209,8 +210,8 @@ def cost_table(study: optuna.Study, top: int = 10) -> FitTable | None:
     )
 
 
-# Short names: the seven fit 80 columns side by side (the heading says what "speedup" is).
-CONFIRMATION_COLUMNS = ("config", "search samples/s", "median", "min", "max", "speedup", "speedup range")
+# Short names: the seven fit 80 columns side by side (the heading says what "speedup" and "interval" are).
+CONFIRMATION_COLUMNS = ("config", "search samples/s", "median", "min", "max", "speedup", "interval")
 
 
 def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]]] | None:
@@ -221,7 +222,6 @@ def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]
         return None
     rows: list[tuple[str, ...]] = []
     for r in summary["rows"]:
-        spread = r["speedup_range"]
         rows.append(
             (
                 r["label"],
@@ -230,23 +230,39 @@ def confirmation_summary(study: optuna.Study) -> tuple[str, list[tuple[str, ...]
                 _fig(r["min"]),
                 _fig(r["max"]),
                 "-" if r["speedup_median"] is None else f"x{r['speedup_median']:.2f}",
-                "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}",
+                _interval_cell(r),
             )
         )
     return (
         f"{summary['rounds']} interleaved round(s), each a fresh process; speedup: median of each round's "
-        f"ratio to the baseline beside it; {_fastest(summary)}"
+        "ratio to the baseline beside it; interval: the sign test's for that median, with its coverage "
+        f"(the baseline's: its rounds' spread); {_fastest(summary)}"
     ), rows
 
 
+def _interval_cell(r: Mapping[str, Any]) -> str:
+    """A config's sign-test interval and coverage; the baseline's row (or a record without ratios), its range."""
+    ratios = r.get("ratios") or ()
+    if r["label"] != "baseline" and ratios:
+        p = Paired.of(ratios)
+        return f"x{p.interval[0]:.2f} .. x{p.interval[1]:.2f} {p.coverage:.0%}"
+    spread = r.get("speedup_range")
+    return "-" if not spread else f"x{spread[0]:.2f} .. x{spread[1]:.2f}"
+
+
 def _fastest(summary: records.ConfirmationSummary) -> str:
-    """The confirmed winner, said as what it is: a config the rounds measured no faster than the baseline
-    is not "fastest" (the export then falls back to the baseline, results.export_order)."""
-    row = next((r for r in summary["rows"] if r["trial"] == summary["winner"]), None)
-    speedup = None if row is None else row["speedup_median"]
-    if speedup is not None and speedup <= 1.0:
-        return f"none faster than the baseline by median (best: trial {summary['winner']}, x{speedup:.2f})"
-    return f"fastest by median: trial {summary['winner']}"
+    """What the rounds say, as what it is: "faster" only for a config whose sign-test interval excludes
+    x1.00 over at least 3 rounds (core/paired.py); without one, no change is exported (results.choose)."""
+    rows = [r for r in summary["rows"] if r["label"] != "baseline" and r.get("speedup_median")]
+    gained = sorted(
+        (r for r in rows if Paired.of(r.get("ratios") or ()).measurable), key=lambda r: -r["speedup_median"]
+    )
+    if gained:
+        return f"measurably faster: {gained[0]['label']}, {Paired.of(gained[0]['ratios']).statement()}"
+    if not rows:
+        return "no config was measured in a round"
+    best = max(rows, key=lambda r: r["speedup_median"])
+    return f"none measurably faster than the baseline (best by median: {best['label']}, {Paired.of(best.get('ratios') or ()).statement()})"
 
 
 def _fig(x: float | None) -> str:
@@ -272,6 +288,26 @@ def order_note(study: optuna.Study) -> str | None:
         f"confirmation changed the order: the search ranked {', '.join(summary['search_order'])}; "
         f"re-measured side by side: {', '.join(summary['confirmed_order'])}"
     )
+
+
+def export_notes(study: optuna.Study) -> list[str]:
+    """The final lines on what was exported: what its confirmation rounds say (or that the baseline was
+    kept), and each faster config it was chosen over, with why (best.yaml's `passed_over:`)."""
+    choice = choose(study)
+    best = choice.trial
+    if best is None:
+        return []
+    lines = []
+    if records.confirmation(study) is not None:
+        rounds = confirmed_paired(study, best.number)
+        if TrialRecord.from_frozen(best).role == Role.BASELINE:
+            lines.append("no change exported: the export is the baseline's own config")
+        elif rounds is not None:
+            lines.append(f"the exported trial {best.number}: {rounds.statement()}")
+    for p in choice.passed_over:
+        speed = f" (x{p['speedup']:.2f})" if p.get("speedup") else ""
+        lines.append(f"trial {p['trial']}{speed} was faster but is not exported: {p['why']}")
+    return lines
 
 
 def training_note(study: optuna.Study) -> str:

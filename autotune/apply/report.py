@@ -44,13 +44,14 @@ def leaderboard_html(study: Any, top: int = 20) -> str:
 
 def confirmation_html(study: Any) -> str:
     """The confirmation rounds the exported winner came out of, or a note that there were none."""
-    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, in_unit, order_note
+    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, export_notes, in_unit, order_note
     from autotune.search.store.records import throughput_unit
 
     confirmed = confirmation_summary(study)  # the terminal's rows: the two never disagree
     head = '<section id="confirmation"><h2>Confirmation</h2>'
+    notes = "".join(f"<p>{escaped(line)}</p>" for line in export_notes(study))  # the final lines' verdict
     if confirmed is None:
-        return head + "<p class=note>not confirmed: the figures are single measurements</p></section>"
+        return head + "<p class=note>not confirmed: the figures are single measurements</p>" + notes + "</section>"
     heading, rows = confirmed
     note = order_note(study)
     return (
@@ -58,6 +59,7 @@ def confirmation_html(study: Any) -> str:
         + f"<p>{escaped(heading)}</p>"
         + (f"<p>{escaped(note)}</p>" if note else "")
         + _table(in_unit(CONFIRMATION_COLUMNS, throughput_unit(study)), rows)
+        + notes
         + "</section>"
     )
 

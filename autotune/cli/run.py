@@ -70,8 +70,9 @@ def register(sub: Any) -> None:
         default=3,
         metavar="N",
         help="with --compare-baseline: N paired rounds, the two sides alternated, each run a fresh process; "
-        "the speedup is the rounds' median, with their range, and a range that holds x1.00 is said to be no "
-        "measurable difference (default 3; 1: one pair, a single draw). Each round trains both sides",
+        "the speedup is the rounds' median, with the sign test's interval for it: faster only from 3 rounds with "
+        "an interval clear of x1.00, else no measurable gain (default 3; 1: one pair, a single draw). Each round "
+        "trains both sides",
     )
     p.add_argument(
         "--out", default=None, metavar="DIR", help="checkpoints and train.json (default studies/train/<timestamp>)"

@@ -338,7 +338,14 @@ def _allowed(pipelines: list[str] | None) -> list[str]:
 
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
-    from autotune.apply.display import LiveSearch, confirmation_table, leaderboard_table, order_note, training_note
+    from autotune.apply.display import (
+        LiveSearch,
+        confirmation_table,
+        export_notes,
+        leaderboard_table,
+        order_note,
+        training_note,
+    )
     from autotune.search.budget import Budget
     from autotune.search.store.results import checks_summary
     from autotune.search.store.storage import shown_storage
@@ -377,6 +384,8 @@ def _run(session: Any, console: Any) -> int:
         console.print("autotune: no trial finished, nothing to export")
     else:
         console.print(f"autotune: {training_note(session.study)}", highlight=False)
+        for line in export_notes(session.study):  # the confirmation's verdict, the faster configs passed over
+            console.print(f"autotune: {line}", highlight=False)
         console.print(
             f"autotune: best config exported to {outcome.best_yaml}\n"
             f"  apply it:  autotune trial --config {outcome.best_yaml}\n"

@@ -42,6 +42,9 @@ class Export:
     # The confirmation rounds this winner came out of (medians, ranges, whether the order changed);
     # None when the search was not confirmed, and then best.yaml has no `confirmed:` section.
     confirmed: dict[str, Any] | None = None
+    # The configs faster than this one that it was chosen over, each with why (no measurable gain in its
+    # rounds; training math that differs and was not checked); None: none was.
+    passed_over: list[dict[str, Any]] | None = None
     # How its training differs from the baseline's (core/training.py section()), and the parity
     # check's verdict (search/checks/parity.py); None: not known, and the section is left out.
     training_math: dict[str, Any] | None = None
@@ -148,6 +151,7 @@ def to_yaml(e: Export) -> str:
         ("baseline", {"samples_per_s": e.baseline_samples_per_s}),
         ("speedup", e.speedup),
         *([("confirmed", e.confirmed)] if e.confirmed else []),
+        *([("passed_over", e.passed_over)] if e.passed_over else []),
         *([("training_math", e.training_math)] if e.training_math else []),
         *([("parity", e.parity)] if e.parity else []),
         *([("checks", e.checks)] if e.checks else []),

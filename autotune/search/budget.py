@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 
 from autotune.core.config import TrialConfig
+from autotune.core.paired import MIN_ROUNDS
 from autotune.core.settings import SearchSettings
 from autotune.trial.probes.ceiling import why_not
 
@@ -50,13 +51,19 @@ def grace_s(budget_s: float | None) -> float:
     return max(30.0, 0.02 * (budget_s or 0)) - 10.0
 
 
+def confirm_rounds(settings: SearchSettings) -> int:
+    """The confirmation's rounds: --confirm-rounds, and never fewer than MIN_ROUNDS (fewer cannot show a
+    gain, and no export changes anything without one); 0: off."""
+    return max(settings.confirm_rounds, MIN_ROUNDS) if settings.confirm_rounds else 0
+
+
 def confirm_reserve_s(settings: SearchSettings) -> float:
     """What confirmation keeps: (top + baseline) x rounds trials of measured seconds plus start-up, at
     most half the budget (the search needs trials to have something to confirm)."""
     if settings.confirm_rounds == 0 or settings.budget_s is None:
         return 0.0
     per_trial = trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
-    return min((settings.confirm_top + 1) * settings.confirm_rounds * per_trial, settings.budget_s / 2)
+    return min((settings.confirm_top + 1) * confirm_rounds(settings) * per_trial, settings.budget_s / 2)
 
 
 def parity_reserve_s(settings: SearchSettings) -> float:

@@ -86,20 +86,29 @@ def _side(sps: float, to_target: float | None = None) -> dict[str, Any]:
     return {"samples_per_s": sps, "comparison": {} if to_target is None else {"speedup_to_target": to_target}}
 
 
-def test_paired_rounds_whose_range_holds_one_are_no_measurable_difference() -> None:
-    # x1.2, x0.9, x1.1: the median says faster, the rounds cannot tell it from the baseline.
+def test_paired_rounds_whose_interval_holds_one_are_no_measurable_gain() -> None:
+    # x1.2, x0.9, x1.1: the median says faster, the sign test's interval cannot tell it from the baseline.
     summary, lines = paired([(_side(12.0), _side(10.0)), (_side(9.0), _side(10.0)), (_side(11.0, 1.3), _side(10.0))])
     assert summary["speedups"] == pytest.approx([1.2, 0.9, 1.1]) and summary["speedup_median"] == pytest.approx(1.1)
     assert summary["speedup_range"] == pytest.approx([0.9, 1.2]) and not summary["measurable"]
+    assert summary["interval"] == pytest.approx([0.9, 1.2]) and summary["coverage"] == 0.75
     assert summary["speedup_to_target"] == [1.3]  # only the round that reached the target
-    assert "no measurable difference from the baseline" in lines[-1] and "x0.90..x1.20" in lines[-1]
+    assert lines[-1] == (
+        "verdict: no measurable gain over the baseline on this machine: x1.10 (x0.90..x1.20, 75% sign-test "
+        "interval, 3 rounds) holds x1.00"
+    )
     assert "1 of 3 rounds" in lines[1]
 
 
-def test_paired_rounds_all_on_one_side_are_a_verdict() -> None:
-    faster, lines = paired([(_side(13.0), _side(10.0)), (_side(14.0), _side(10.0))])
-    assert faster["measurable"] and lines[-1].startswith("verdict: faster than the baseline in every round")
-    slower, lines = paired([(_side(8.0), _side(10.0)), (_side(9.0), _side(10.0))])
-    assert slower["measurable"] and "slower" in lines[-1]
+def test_paired_rounds_say_faster_only_from_three_rounds_with_an_interval_clear_of_one() -> None:
+    two, lines = paired([(_side(13.0), _side(10.0)), (_side(14.0), _side(10.0))])
+    # Faster in both rounds, yet two rounds are no interval: "faster in every round" came out x1.07 alone.
+    assert not two["measurable"] and two["direction"] is None
+    assert lines[-1].startswith("verdict: no measurable gain yet: x1.35 (x1.30..x1.40, 50% sign-test interval")
+    three, lines = paired([(_side(13.0), _side(10.0)), (_side(14.0), _side(10.0)), (_side(12.0), _side(10.0))])
+    assert three["measurable"] and three["interval"] == pytest.approx([1.2, 1.4])
+    assert lines[-1] == "verdict: faster than the baseline: x1.30 (x1.20..x1.40, 75% sign-test interval, 3 rounds)"
+    slower, lines = paired([(_side(8.0), _side(10.0)), (_side(9.0), _side(10.0)), (_side(8.5), _side(10.0))])
+    assert slower["direction"] == "slower" and not slower["measurable"] and "slower than the baseline" in lines[-1]
     one, lines = paired([(_side(13.0), _side(10.0))])
-    assert not one["measurable"] and "a single draw" in lines[-1]  # one pair is never a verdict
+    assert not one["measurable"] and "--rounds 3 or more" in lines[-1]  # one pair is never a verdict

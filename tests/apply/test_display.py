@@ -320,6 +320,7 @@ CONFIRMED = {
             "samples_per_s_median": 30.5,
             "min": 29.75,
             "max": 31.25,
+            "ratios": [2.98, 3.12, 3.05],
             "speedup_median": 3.05,
             "speedup_range": [2.98, 3.12],
         },
@@ -376,7 +377,7 @@ def test_a_log_file_shows_one_readable_row_per_trial(
     # The confirmation: each config's figures and its speedup range on one line.
     assert confirmed and "3 interleaved round(s)" in confirmed[0]
     for label, cells in (
-        ("trial 6", ("31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12")),
+        ("trial 6", ("31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12 75%")),
         ("baseline", ("10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05")),
     ):
         row = [line for line in confirmed if label in line and cells[-1] in line]
@@ -411,7 +412,7 @@ def test_the_report_shows_the_terminals_confirmation_rows(search: tuple[optuna.S
     heading, rows = confirmed
     assert "3 interleaved round(s)" in heading and "trial 6" in heading
     assert rows == [
-        ("trial 6", "31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12"),
+        ("trial 6", "31.00", "30.50", "29.75", "31.25", "x3.05", "x2.98 .. x3.12 75%"),
         ("baseline", "10.00", "10.00", "9.50", "10.50", "x1.00", "x0.95 .. x1.05"),
     ]
     html = confirmation_html(study)
@@ -419,12 +420,36 @@ def test_the_report_shows_the_terminals_confirmation_rows(search: tuple[optuna.S
     assert re.findall(r"<td[^>]*>([^<]*)</td>", html) == [cell for row in rows for cell in row]
 
 
-def test_a_confirmed_winner_slower_than_the_baseline_is_not_called_fastest() -> None:
+def test_a_confirmed_winner_is_called_faster_only_by_its_sign_test_interval() -> None:
     from autotune.apply.display import _fastest
 
-    assert _fastest(CONFIRMED) == "fastest by median: trial 6"  # type: ignore[arg-type]
+    assert _fastest(CONFIRMED) == (  # type: ignore[arg-type]
+        "measurably faster: trial 6, faster than the baseline: x3.05 (x2.98..x3.12, 75% sign-test interval, 3 rounds)"
+    )
     slower = {**CONFIRMED, "rows": [{**CONFIRMED["rows"][0], "speedup_median": 0.85}, CONFIRMED["rows"][1]]}
-    assert _fastest(slower) == "none faster than the baseline by median (best: trial 6, x0.85)"  # type: ignore[arg-type]
+    slower["rows"][0]["ratios"] = [0.80, 0.85, 0.90]
+    assert _fastest(slower).startswith("none measurably faster than the baseline (best by median: trial 6, slower")  # type: ignore[arg-type]
+    two = {**CONFIRMED, "rows": [{**CONFIRMED["rows"][0], "ratios": [1.30, 1.23], "speedup_median": 1.265}]}
+    assert "no measurable gain yet" in _fastest(two)  # type: ignore[arg-type]
+
+
+def test_the_final_lines_name_the_faster_config_the_export_passed_over(tmp_path: Path) -> None:
+    """Two rounds faster in both are no measured gain: the final lines say the baseline is kept, and name
+    the faster config and why, as best.yaml's passed_over does."""
+    from autotune.apply.display import export_notes
+    from autotune.apply.report import confirmation_html
+    from tests.search.store.test_results import _confirmed, study_with
+
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 2}, 13.0)], math={0: (), 1: ()})
+    _confirmed(study, {1: [1.30, 1.23]})
+    lines = export_notes(study)
+    assert lines[0] == "no change exported: the export is the baseline's own config"
+    assert lines[1].startswith("trial 1 (x1.27) was faster but is not exported: no measurable gain yet")
+    assert "at least 3 paired rounds decide" in confirmation_html(study)
+    _confirmed(study, {1: [1.30, 1.23, 1.25]})
+    assert export_notes(study) == [
+        "the exported trial 1: faster than the baseline: x1.25 (x1.23..x1.30, 75% sign-test interval, 3 rounds)"
+    ]
 
 
 # --- the unit: samples/s, or steps/s where a script's trials count no samples ---------------------------------

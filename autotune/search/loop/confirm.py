@@ -9,6 +9,13 @@ beside it in the same round, so drift between rounds (a shared VM's minutes-long
 on both sides of each ratio instead of on one median. The winner is the config with the best such
 median, with the ratios' spread stated beside it (benchmarks/README.md, lightning_export.py, compares
 the two readings with the user's own runs).
+
+What the rounds can say is core/paired.py's: the sign test's interval for each config's median ratio,
+and a gain only from MIN_ROUNDS (3) rounds with an interval clear of x1.00; no export changes anything
+without one (search/store/results.choose). So the rounds are never fewer than 3, and when the budget
+cannot pay for 3 rounds of every candidate, the lowest-ranked candidates are left out of the remaining
+rounds, so the ones kept reach 3, rather than every candidate ending with a round or two that decide
+nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
 from autotune.core.outcomes import Role
 from autotune.search.store import records
-from autotune.search.budget import Budget, trial_seconds
+from autotune.search.budget import Budget, confirm_rounds, trial_seconds
+from autotune.core.paired import MIN_ROUNDS, Paired
 from autotune.search.store.folders import end_folder
 from autotune.trial.processes.locks import locked_trial
 from autotune.search.store.records import ConfirmationSummary, TrialRecord
@@ -81,17 +89,19 @@ def run(
     """Measure the top --confirm-top candidates in up to --confirm-rounds interleaved rounds, only whole
     rounds that end by the budget's end (none: no limit); store and return the summary. None if there is
     nothing to compare (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
-    top, rounds = settings.confirm_top, settings.confirm_rounds
+    top, rounds = settings.confirm_top, confirm_rounds(settings)
     pool = candidates(study, settings.base, top)
     if rounds == 0 or not any(c.label != "baseline" for c in pool):
         return None
+    if rounds > settings.confirm_rounds:
+        say(f"confirmation: {rounds} rounds, not {settings.confirm_rounds}: fewer cannot show a gain")
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
     figures, trial_s = _rounds(
         pool, rounds, end_folder(settings, study, "confirm"), settings, server, say, budget.end if budget else None
     )
-    if not figures:
-        return None
-    summary = summarize(pool, *tally(figures), len(figures))
+    # Stored even when no round fitted: the search was to be confirmed, and an unconfirmed config is
+    # then not exported (results.choose); the summary says 0 rounds.
+    summary = summarize(pool, *tally(figures, pool), len(figures))
     summary["trial_s"] = trial_s
     records.write_confirmation(study, summary)
     return summary
@@ -111,7 +121,7 @@ def extend(
     that end by the budget's late end (its end plus the grace; none: no limit). Its samples join the
     stored summary and the baseline's new samples join the baseline's, so every speedup stays a ratio of
     figures taken side by side. Returns the summary."""
-    rounds = settings.confirm_rounds
+    rounds = confirm_rounds(settings)
     summary = records.confirmation(study)
     if not summary or rounds == 0 or any(r["trial"] == number for r in summary["rows"]):
         return summary
@@ -120,17 +130,23 @@ def extend(
     if number not in board or base is None:
         return summary
     pool = [board[number], base]
+    trial_s = summary.get("trial_s") or trial_seconds(settings.base)
+    deadline = budget.checks_end if budget else None
+    if not Budget.fits(trial_s * len(pool) * MIN_ROUNDS, deadline):  # fewer rounds could not show a gain
+        say(
+            f"confirmation: {MIN_ROUNDS} rounds of {board[number].label} beside the baseline (about "
+            f"{trial_s * len(pool) * MIN_ROUNDS:.0f} s) do not fit in the budget left: it is not exported"
+        )
+        return summary
     say(
         f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
         "before it did not pass parity"
     )
     folder = end_folder(settings, study, "confirm") / f"trial-{number}"
-    figures, _ = _rounds(
-        pool, rounds, folder, settings, server, say, budget.checks_end if budget else None, summary.get("trial_s")
-    )
+    figures, _ = _rounds(pool, rounds, folder, settings, server, say, deadline, trial_s)
     if not figures:
         return summary
-    new, new_ratios = tally(figures)
+    new, new_ratios = tally(figures, pool)
     old = {r["label"]: r for r in summary["rows"]}
     samples = {label: list(r["samples"]) for label, r in old.items()}
     ratios = {label: list(r.get("ratios") or ()) for label, r in old.items()}
@@ -143,10 +159,11 @@ def extend(
 
 
 def extension_s(study: optuna.Study) -> float:
-    """About how long one round of `extend` takes (a config and the baseline), from the confirmation's
-    measured trial length; 0 when there was no confirmation to extend."""
+    """About how long `extend`'s fewest rounds take (MIN_ROUNDS rounds of a config and the baseline: fewer
+    could not show a gain), from the confirmation's measured trial length; 0 when there was no
+    confirmation to extend."""
     summary = records.confirmation(study)
-    return 2 * float(summary.get("trial_s") or 0) if summary else 0.0
+    return 2 * MIN_ROUNDS * float(summary.get("trial_s") or 0) if summary else 0.0
 
 
 def _rounds(
@@ -159,11 +176,24 @@ def _rounds(
     deadline: float | None,
     trial_s: float | None = None,
 ) -> tuple[list[dict[str, float | None]], float]:
-    """Up to `rounds` interleaved rounds over `pool`, only whole rounds that fit before `deadline`: each
-    round's figure by label (None: that measurement failed), and the measured seconds per trial."""
+    """Up to `rounds` interleaved rounds over `pool` (its configs best first, the baseline last), only
+    whole rounds that fit before `deadline`: each round's figure by label (None: that measurement failed),
+    and the measured seconds per trial. Before each of the first MIN_ROUNDS rounds, the lowest-ranked
+    configs are left out of the rest when the budget cannot pay for MIN_ROUNDS rounds of them all: the
+    ones kept can then show a gain."""
     figures: list[dict[str, float | None]] = []
+    pool = list(pool)
     trial_s = trial_s or trial_seconds(settings.base)  # a first guess, then measured
     for r in range(rounds):
+        left = max(MIN_ROUNDS - r, 1)
+        out = []
+        while len(pool) > 2 and not Budget.fits(trial_s * len(pool) * left, deadline):
+            out.append(pool.pop(-2))
+        if out:
+            say(
+                f"confirmation: the budget left pays for {left} more round(s) of {', '.join(c.label for c in pool)}; "
+                f"{', '.join(c.label for c in reversed(out))} left out: fewer than {MIN_ROUNDS} rounds cannot show a gain"
+            )
         if not Budget.fits(trial_s * len(pool), deadline):
             say(f"confirmation: {len(figures)} of {rounds} round(s) fit in the budget")
             break
@@ -178,10 +208,14 @@ def _rounds(
     return figures, trial_s
 
 
-def tally(figures: list[dict[str, float | None]]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def tally(
+    figures: list[dict[str, float | None]],
+    pool: list[Candidate] = (),  # type: ignore[assignment]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """The rounds' figures by label, and each config's ratios to the baseline measured in the same round
-    (a round where either measurement failed has no ratio)."""
-    labels = [label for round_ in figures for label in round_]
+    (a round where either measurement failed has no ratio); every label of `pool` has an entry, empty
+    when no round measured it."""
+    labels = [c.label for c in pool] + [label for round_ in figures for label in round_]
     samples: dict[str, list[float]] = {label: [] for label in labels}
     ratios: dict[str, list[float]] = {label: [] for label in labels if label != "baseline"}
     for round_ in figures:
@@ -209,7 +243,8 @@ def summarize(
     pool: list[Candidate], samples: dict[str, list[float]], ratios: dict[str, list[float]], rounds: int
 ) -> ConfirmationSummary:
     """Medians and ranges over the rounds; each config's speedup the median of its per-round ratios to
-    the baseline (`tally`); the winner by that median, and whether the order of the search's figures held."""
+    the baseline (`tally`) with the sign test's interval for it and its verdict (core/paired.py); the
+    winner by that median, and whether the order of the search's figures held."""
     base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
     rows: list[dict[str, Any]] = []
     for c in pool:
@@ -217,6 +252,7 @@ def summarize(
         med = statistics.median(xs) if xs else None
         # The baseline's own row: its spread over its median, the rounds' noise in view.
         rs = [x / base for x in xs] if c.label == "baseline" and base else ratios.get(c.label, [])
+        paired = Paired.of(rs) if c.label != "baseline" and rs else None
         rows.append(
             {
                 "label": c.label,
@@ -229,6 +265,11 @@ def summarize(
                 "ratios": rs,
                 "speedup_median": statistics.median(rs) if rs else None,
                 "speedup_range": [min(rs), max(rs)] if rs else None,
+                # The sign test's interval for the median ratio, its coverage, and what it can say.
+                "interval": list(paired.interval) if paired else None,
+                "coverage": paired.coverage if paired else None,
+                "measurable": bool(paired and paired.measurable),
+                "verdict": paired.statement() if paired else None,
             }
         )
     ranked = sorted(

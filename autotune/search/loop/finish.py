@@ -16,10 +16,10 @@ import optuna
 
 from autotune.core.settings import SearchSettings
 from autotune.search.store.records import ConfirmationSummary
-from autotune.search.budget import Budget
+from autotune.search.budget import Budget, confirm_rounds
 from autotune.search.loop import confirm, export_ceiling
 from autotune.search.loop import gate
-from autotune.search.store.results import exported
+from autotune.search.store.results import choose
 from autotune.trial.processes.warm_client import WarmServer
 
 
@@ -35,7 +35,7 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
     s = settings
     return (
         f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
-        f"and the baseline in {s.confirm_rounds} interleaved rounds (--confirm-rounds 0: off) and to check "
+        f"and the baseline in {confirm_rounds(s)} interleaved rounds (--confirm-rounds 0: off) and to check "
         f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)"
         + (", then to measure its ceiling" if budget.ceiling_reserve_s else "")
     )
@@ -56,8 +56,10 @@ def confirm_and_gate(
     if settings.confirm_rounds:
         confirmation = confirm.run(study, settings, budget, server=server, say=say)
     gate.run(study, settings, budget, server=server, say=say)
-    best = exported(study) if confirmation else None
-    if best is not None:  # the gate may have passed a config the rounds did not measure
+    # The gate may have passed a config the rounds did not measure: exported only once its own rounds
+    # show a gain, so it is confirmed beside the baseline now.
+    best = choose(study, gain=False).trial if confirmation else None
+    if best is not None:
         confirmation = confirm.extend(study, settings, best.number, budget, server=server, say=say)
     export_ceiling.run(study, settings, budget, say=say)  # last: the export is decided
     return confirmation

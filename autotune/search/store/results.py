@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
+from autotune.core.paired import Paired
 from autotune.core.training import changes_step, section, shown
 from autotune.core.outcomes import Outcome, Reason, Role, Verdict
 from autotune.search.store import records
@@ -117,59 +119,138 @@ def checks_summary(study: optuna.Study) -> dict[str, Any] | None:
     }
 
 
+def confirmed_paired(study: optuna.Study, number: int) -> Paired | None:
+    """Trial `number`'s per-round ratios to the baseline in the confirmation, when it was confirmed."""
+    summary = records.confirmation(study) or {}
+    row = next((r for r in summary.get("rows", []) if r["trial"] == number and r["label"] != "baseline"), None)
+    return None if row is None else Paired.of(row.get("ratios") or ())
+
+
 def export_order(study: optuna.Study) -> list[FrozenTrial]:
-    """The order in which configs are considered for export: the confirmed ones by their median speedup
-    over the baseline measured beside them, then the rest of the leaderboard, fastest first. A confirmed
-    config whose median speedup is not above 1 goes just below the baseline: it is neither checked nor
-    exported on its single search figure. A config that changes the optimizer step and has a time to
-    target ranks by it (its speedup scaled to the rate at which it reaches the target)."""
+    """The order in which configs are considered for export: the confirmed ones whose rounds show a
+    measurable gain (core/paired.py: at least 3 rounds, a sign-test interval clear of x1.00), by their
+    median speedup over the baseline measured beside them, then the rest of the leaderboard, fastest
+    first. A confirmed config whose rounds show no measurable gain goes just below the baseline: it is
+    neither checked nor exported on its median or its single search figure. A config that changes the
+    optimizer step and has a time to target ranks by it (its speedup scaled to the rate at which it
+    reaches the target)."""
     board = leaderboard(study)
     summary = records.confirmation(study) or {}
-    speedups = {
-        r["trial"]: r["speedup_median"]
-        for r in summary.get("rows", [])
-        if r["label"] != "baseline" and r.get("speedup_median")
-    }
-    slower = {n for n, x in speedups.items() if x <= 1.0}
+    rows = [r for r in summary.get("rows", []) if r["label"] != "baseline"]
+    speedups = {r["trial"]: r["speedup_median"] for r in rows if r.get("speedup_median")}
+    gained = {r["trial"] for r in rows if Paired.of(r.get("ratios") or ()).measurable}
+    below_base = {r["trial"] for r in rows if r["trial"] not in gained}
     place = {t.number: i for i, t in enumerate(board)}  # the leaderboard's order (contended last) breaks ties
 
     def key(t: FrozenTrial) -> tuple[float, int]:
-        return -speedups[t.number] * to_target_factor(study, t), place[t.number]
+        return -(speedups.get(t.number) or 0.0) * to_target_factor(study, t), place[t.number]
 
-    confirmed = sorted((t for t in board if t.number in speedups and t.number not in slower), key=key)
-    rest = [t for t in board if t.number not in speedups]
+    confirmed = sorted((t for t in board if t.number in gained), key=key)
+    rest = [t for t in board if t.number not in gained and t.number not in below_base]
     roles = [TrialRecord.from_frozen(t).role for t in rest]
     at = roles.index(Role.BASELINE) + 1 if Role.BASELINE in roles else len(rest)
-    below = sorted((t for t in board if t.number in slower), key=key)
+    below = sorted((t for t in board if t.number in below_base), key=key)
     return confirmed + rest[:at] + below + rest[at:]
 
 
-def exported(study: optuna.Study) -> FrozenTrial | None:
-    """The trial best.yaml exports: the first in export order that passed parity, or the baseline if it
-    comes first. When nothing passed (parity off, or no check fitted in the budget): the first whose
-    check did not fail (nor was skipped after a failure of its global batch), except that with the checks
-    on, a config that changes the optimizer step is exported only once its time to target passed: its
-    samples/s says nothing of how soon it reaches the baseline's quality (a larger batch can run faster
-    and still reach the target later). None: no feasible trial."""
+@dataclass(frozen=True)
+class Choice:
+    """What best.yaml exports, and the configs faster than it that it passed over, each with why."""
+
+    trial: FrozenTrial | None
+    passed_over: tuple[dict[str, Any], ...] = ()
+
+
+def choose(study: optuna.Study, *, gain: bool = True) -> Choice:
+    """The export: the first config in export order that may be exported, or the baseline when it comes
+    first. A config may be exported when its check did not fail (nor was skipped after a failure of its
+    global batch); when its training math differs from the baseline's (precision, global batch, batch-norm
+    span), only once its check passed: parity, or its time to target when its optimizer step differs
+    (whether the check was off, did not fit in the budget or could not run: the README promises the
+    winner is checked before it is exported); once a check passed, a checked config before an unchecked
+    one. When the search was confirmed, a config that changes anything is exported only with a measurable
+    gain in its rounds (`gain`=False leaves out that last rule for a config the rounds did not measure:
+    the one the end of the search confirms next, finish.confirm_and_gate). The faster configs it passed
+    over are named with why, the first of each reason. None: no feasible trial."""
     checks = records.gate_checks(study)
     order = export_order(study)
     workload = StudyRecord.of(study).workload or {}
+    confirmed = records.confirmation(study) is not None
 
     def verdict(t: FrozenTrial) -> str | None:  # its own check's, else its class's
         return (checks.get(str(t.number)) or class_check(study, t) or {}).get("verdict")
 
-    def unproven_step(t: FrozenTrial) -> bool:
-        cfg = TrialConfig.from_dict({**workload, **TrialRecord.from_frozen(t).config})
-        return bool(checks) and verdict(t) != Verdict.PASS and changes_step(cfg)
+    def baseline(t: FrozenTrial) -> bool:
+        return TrialRecord.from_frozen(t).role == Role.BASELINE
 
-    if any(
-        check.get("verdict") == Verdict.PASS for check in checks.values()
-    ):  # a proven config before an unchecked one
-        proven = [t for t in order if verdict(t) == Verdict.PASS or TrialRecord.from_frozen(t).role == Role.BASELINE]
-        if proven:
-            return proven[0]
-    ok = [t for t in order if verdict(t) not in (Verdict.FAIL, Verdict.SKIPPED) and not unproven_step(t)]
-    return ok[0] if ok else None
+    def unchecked(t: FrozenTrial) -> str | None:
+        """Why `t`'s training math is not known to be the baseline's (None: it is, or its check passed)."""
+        math = TrialRecord.from_frozen(t).training_math
+        cfg = TrialConfig.from_dict({**workload, **TrialRecord.from_frozen(t).config})
+        if not (math or changes_step(cfg)) or verdict(t) == Verdict.PASS:
+            return None
+        check = checks.get(str(t.number)) or class_check(study, t)
+        said = f"it was not checked: {check['reason']}" if check and check.get("reason") else "it was not checked"
+        return f"its training math differs ({shown(math) if math else 'optimizer step'}) and {said}"
+
+    def no_gain(t: FrozenTrial) -> str | None:
+        """Why the rounds do not show `t` faster than the baseline (None: they do, or were not run)."""
+        if not confirmed:
+            return None
+        rounds = confirmed_paired(study, t.number)
+        if rounds is None or not rounds.ratios:
+            if rounds is None and not gain:
+                return None
+            return "not in the confirmation rounds (they did not fit in the budget): a single measurement"
+        return None if rounds.measurable else rounds.statement()
+
+    def why_not(t: FrozenTrial) -> str | None:
+        if baseline(t):
+            return None
+        if verdict(t) in (Verdict.FAIL, Verdict.SKIPPED):
+            return "failed"
+        return unchecked(t) or no_gain(t)
+
+    ok = [t for t in order if why_not(t) is None]
+    if any(check.get("verdict") == Verdict.PASS for check in checks.values()):  # a proven config first
+        ok = [t for t in ok if verdict(t) == Verdict.PASS or baseline(t)] or ok
+    best = ok[0] if ok else None
+    return Choice(best, tuple(_passed_over(study, order, best, why_not)))
+
+
+def _passed_over(
+    study: optuna.Study, order: list[FrozenTrial], best: FrozenTrial | None, why_not: Any
+) -> list[dict[str, Any]]:
+    """The configs faster than `best` it was chosen over (ahead of it in export order, or confirmed with a
+    higher median and no measurable gain), the first for each kind of reason; a failed check is not named:
+    the leaderboard says it."""
+    if best is None:
+        return []
+    mine = confirmed_paired(study, best.number)
+    floor = mine.median if mine and mine.ratios else _search_speedup(study, best) or 1.0
+    ahead = order[: order.index(best)]
+    out: dict[str, dict[str, Any]] = {}
+    for t in ahead + [t for t in order if t not in ahead and t is not best]:
+        why, rounds = why_not(t), confirmed_paired(study, t.number)
+        if why is None or why == "failed" or TrialRecord.from_frozen(t).role == Role.BASELINE:
+            continue
+        speed = rounds.median if rounds and rounds.ratios else _search_speedup(study, t)
+        if t not in ahead and (speed is None or speed <= floor):
+            continue
+        kind = "math" if why.startswith("its training math") else "gain"
+        out.setdefault(kind, {"trial": t.number, "speedup": speed, "why": why})
+    return list(out.values())
+
+
+def _search_speedup(study: optuna.Study, t: FrozenTrial) -> float | None:
+    """`t`'s speedup over the baseline in the search (its one measurement's)."""
+    base = baseline_sps(study)
+    return TrialRecord.from_frozen(t).speedup or (float(t.value) / base if t.value and base else None)
+
+
+def exported(study: optuna.Study) -> FrozenTrial | None:
+    """The trial best.yaml exports (`choose`); None: no feasible trial."""
+    return choose(study).trial
 
 
 def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None:
@@ -180,9 +261,13 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
         return None
     keep = ("samples_per_s_median", "min", "max", "speedup_median", "speedup_range")
     # Its own count: a config confirmed after the others (confirm.extend) may have had fewer rounds.
+    ratios = list(row.get("ratios") or ()) if row["label"] != "baseline" else []
+    paired = Paired.of(ratios)
     return {
         "rounds": len(row["samples"]),
         **{k: row[k] for k in keep},
+        # The per-round ratios, the sign test's interval for their median and how often it holds it.
+        **({"ratios": ratios, "interval": list(paired.interval), "coverage": paired.coverage} if ratios else {}),
         "baseline_median": summary["baseline_median"],
         "order_changed": summary["order_changed"],
         "search_order": summary["search_order"],
@@ -191,10 +276,11 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
 
 
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
-    """The winner as an Export: the first config in export order that passed parity (or was not
-    checked), with the confirmation rounds' median speedup and its range when it was confirmed, its
-    training math, and its parity check."""
-    best = exported(study)
+    """The winner as an Export (`choose`), with the confirmation rounds' median speedup, its range and
+    its sign-test interval when it was confirmed, its training math, its check, and the faster configs
+    it was chosen over."""
+    choice = choose(study)
+    best = choice.trial
     if best is None:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to export")
     rounds = confirmed_figures(study, best.number)
@@ -217,6 +303,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         checks=checks_summary(study),
         metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})},
         ceiling=records.ceiling(study, best.number),
+        passed_over=[dict(p) for p in choice.passed_over] or None,
     )
     if rounds is None:
         return export
@@ -227,22 +314,25 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         "samples_per_s": rounds["samples_per_s_median"],
         "search_samples_per_s": export.metrics.get("samples_per_s"),
     }
+    if record.role == Role.BASELINE:
+        verdict = "no change exported: " + (
+            f"trial {choice.passed_over[0]['trial']} was faster, but not measurably or not checked (passed_over)"
+            if choice.passed_over
+            else "no config was measurably faster than the baseline"
+        )
+    else:
+        verdict = gain_statement(rounds)
     return dataclasses.replace(
         export,
         speedup=rounds["speedup_median"],
-        confirmed={**rounds, "verdict": gain_statement(rounds)},
+        confirmed={**rounds, "verdict": verdict},
         metrics=metrics,
         baseline_samples_per_s=rounds["baseline_median"],
     )
 
 
 def gain_statement(rounds: Mapping[str, Any]) -> str:
-    """What the confirmation rounds can say of a speedup: a median with a range that holds x1.00 is no
-    measured gain, however the median reads, and one round is a single draw on a machine whose speed
-    moves from process to process."""
-    low, high = rounds["speedup_range"]
-    if rounds["rounds"] < 2:
-        return f"one round: a single draw (x{low:.2f}), not yet a measured gain"
-    if low <= 1.0 <= high:
-        return f"no measurable gain over the baseline on this machine (the rounds read x{low:.2f}..x{high:.2f})"
-    return f"{'faster' if low > 1.0 else 'slower'} than the baseline in every round (x{low:.2f}..x{high:.2f})"
+    """What a config's confirmation rounds can say of its speedup (core/paired.py): "faster" only with at
+    least 3 rounds and a sign-test interval for the median ratio that excludes x1.00, with the interval
+    and its coverage; else no measurable gain, however the median reads."""
+    return Paired.of(rounds.get("ratios") or ()).statement()

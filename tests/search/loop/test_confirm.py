@@ -3,7 +3,6 @@ baseline measured beside it; the speedup exported is that median, with its range
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from autotune.core.configfile import to_yaml
 from autotune.search.budget import Budget
 from autotune.search.loop import confirm
 from autotune.search.store.records import PARITY
-from autotune.search.store.results import best_export, confirmed_figures, export_order, exported
+from autotune.search.store.results import best_export, choose, confirmed_figures, export_order, exported
 from autotune.search.loop.session import SearchSession
 from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
 from tests.conftest import warm_server_on_repo
@@ -68,7 +67,11 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert best["study"]["trial"] == 2 and best["speedup"] == pytest.approx(2.1)
     assert best["confirmed"]["speedup_range"] == pytest.approx([2.0, 20 / 9]) and best["confirmed"]["order_changed"]
-    assert best["confirmed"]["verdict"] == "faster than the baseline in every round (x2.00..x2.22)"
+    assert (
+        best["confirmed"]["verdict"]
+        == "faster than the baseline: x2.10 (x2.00..x2.22, 75% sign-test interval, 3 rounds)"
+    )
+    assert best["confirmed"]["interval"] == pytest.approx([2.0, 20 / 9]) and best["confirmed"]["coverage"] == 0.75
     assert best["baseline"]["samples_per_s"] == 10.0
     # samples/s from the same rounds as the speedup; the search's one measurement beside it
     assert best["metrics"]["samples_per_s"] == 21.0 and best["metrics"]["search_samples_per_s"] == 20.0
@@ -78,15 +81,82 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     assert best["study"]["trial"] == 1 and best["parity"] == {"verdict": "pass"}
     assert best["confirmed"]["samples_per_s_median"] == 19.0 and best["speedup"] == pytest.approx(1.9)
     # A config that passed goes before one whose check did not fit in the budget; without any pass, the
-    # unchecked one is exported (and says so in its parity section).
+    # unchecked one is exported when it keeps the baseline's training math (and says so in its parity section).
     study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}, "1": {"verdict": "pass"}})
     assert exported(study).number == 1
     study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}})
     assert exported(study).number == 2
 
 
+def _instant(monkeypatch: pytest.MonkeyPatch, figures: dict[str, float]) -> list[str]:
+    """Confirmation measurements that take no time and read `figures` by label; returns the labels measured."""
+    measured: list[str] = []
+
+    def measure(c: confirm.Candidate, *_: object) -> float:
+        measured.append(c.label)
+        return figures[c.label]
+
+    monkeypatch.setattr(confirm, "_measure", measure)
+    return measured
+
+
+def test_a_short_budget_leaves_candidates_out_so_the_rest_get_three_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rounds the budget shrank to one or two decide nothing (core/paired.py): the lowest-ranked candidates
+    are left out instead, and the ones kept get the 3 rounds a gain needs."""
+    study = study_with(
+        tmp_path,
+        [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 30.0), ("search", {"num_workers": 2}, 20.0)],
+        math={0: (), 1: (), 2: ()},
+    )
+    measured = _instant(monkeypatch, {"trial 1": 13.0, "trial 2": 12.0, "baseline": 10.0})
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=2)
+    guess = TINY.seconds or 15.0  # budget.trial_seconds' first guess at a measurement
+    # 3 rounds of the three (9 trials) do not fit; 3 rounds of trial 1 and the baseline (6) do.
+    budget = Budget.of(settings, started=time.monotonic() - 600 + 7.5 * guess)
+    said: list[str] = []
+    summary = confirm.run(study, settings, budget, say=said.append)
+    assert summary is not None and summary["rounds"] == 3 and "trial 2" not in measured
+    assert any("trial 2 left out: fewer than 3 rounds cannot show a gain" in line for line in said)
+    rows = {r["label"]: r for r in summary["rows"]}
+    assert rows["trial 1"]["measurable"] and rows["trial 1"]["interval"] == pytest.approx([1.3, 1.3])
+    assert rows["trial 2"]["samples"] == [] and not rows["trial 2"]["measurable"]
+    assert exported(study).number == 1
+
+
+def test_asked_for_fewer_than_three_rounds_the_confirmation_runs_three(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 30.0)], math={0: (), 1: ()})
+    measured = _instant(monkeypatch, {"trial 1": 13.0, "baseline": 10.0})
+    settings = SearchSettings(
+        budget_s=None, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=2, confirm_top=1
+    )
+    said: list[str] = []
+    summary = confirm.run(study, settings, say=said.append)
+    assert summary is not None and summary["rounds"] == 3 and measured.count("trial 1") == 3
+    assert "confirmation: 3 rounds, not 2: fewer cannot show a gain" in said
+
+
+def test_when_no_round_fits_the_search_still_exports_no_unconfirmed_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget the trials spent to the end left no time to confirm: the fastest single measurement is not
+    a measured gain, so the export is the baseline, the faster config named beside it."""
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 30.0)], math={0: (), 1: ()})
+    _instant(monkeypatch, {"trial 1": 13.0, "baseline": 10.0})
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=1)
+    spent = Budget.of(settings, started=time.monotonic() - 10_000)
+    summary = confirm.run(study, settings, spent, say=lambda s: None)
+    assert summary is not None and summary["rounds"] == 0
+    assert exported(study).number == 0
+    best = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert best["passed_over"][0]["trial"] == 1 and "not in the confirmation rounds" in best["passed_over"][0]["why"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("rounds", [2, 0])
+@pytest.mark.parametrize("rounds", [3, 0])
 def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) -> None:
     settings = SearchSettings(
         budget_s=600,
@@ -105,19 +175,19 @@ def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) 
         assert outcome.confirmation is None and "confirmed" not in exported
         return
     summary = outcome.confirmation
-    assert summary["rounds"] == 2 and [r["label"] for r in summary["rows"]][-1] == "baseline"
-    assert all(len(r["samples"]) == 2 for r in summary["rows"])  # every candidate measured in every round
+    assert summary["rounds"] == 3 and [r["label"] for r in summary["rows"]][-1] == "baseline"
+    assert all(len(r["samples"]) == 3 for r in summary["rows"])  # every candidate measured in every round
     # Every round measured every config: each has one ratio to the baseline per round, the speedup their median.
     speedups = {r["trial"]: r["speedup_median"] for r in summary["rows"] if r["label"] != "baseline"}
-    assert all(len(r["ratios"]) == 2 for r in summary["rows"])
+    assert all(len(r["ratios"]) == 3 for r in summary["rows"])
     # The warm start's two loader workers halve a step's wait: the confirmed winner beats the baseline
     # beside it, and it is what is exported, with the rounds' median as its speedup.
     assert speedups[summary["winner"]] > 1.3, summary
-    assert exported["confirmed"]["rounds"] == 2 and exported["study"]["trial"] == summary["winner"]
+    assert exported["confirmed"]["rounds"] == 3 and exported["study"]["trial"] == summary["winner"]
     assert exported["speedup"] == pytest.approx(speedups[summary["winner"]])
     assert any(s.startswith("confirmation:") for s in said)  # the reserve is announced up front
     logs = sorted((tmp_path / "studies" / "autotune" / "confirm").rglob("trial.log"))
-    assert len(logs) == 2 * len(summary["rows"])  # each measurement a fresh trial process of its own
+    assert len(logs) == 3 * len(summary["rows"])  # each measurement a fresh trial process of its own
 
 
 @pytest.mark.slow
@@ -144,27 +214,31 @@ def _confirm_then_extend(
 ) -> None:
     first = confirm.run(study, settings, server=server, say=said.append)
     assert first is not None and [r["label"] for r in first["rows"]] == ["trial 1", "baseline"]
-    # The gate failed the confirmed one and passed trial 2: the export is trial 2, so far unconfirmed.
+    assert first["rounds"] == 3  # --confirm-rounds 1 asked, but fewer than 3 rounds cannot show a gain
+    # The gate failed the confirmed one and passed trial 2: the export would be trial 2, so far
+    # unconfirmed, so not yet exported.
     study.set_user_attr(PARITY, {"1": {"verdict": "fail", "reason": "deviates"}, "2": {"verdict": "pass"}})
-    assert exported(study).number == 2 and confirmed_figures(study, 2) is None
+    assert choose(study, gain=False).trial.number == 2 and confirmed_figures(study, 2) is None
+    assert exported(study).number == 0
     assert confirm.extension_s(study) > 0  # what the gate adds to the cost of checking it
-    # No round fits: nothing changes, and it is said.
+    # Its 3 rounds do not fit: nothing changes, and it is said.
     spent = Budget.of(settings, started=time.monotonic() - 10_000)
     assert confirm.extend(study, settings, 2, spent, server=server, say=said.append) == first
-    assert "confirmation: 0 of 1 round(s) fit in the budget" in said
-    two = dataclasses.replace(settings, confirm_rounds=2)
-    summary = confirm.extend(study, two, 2, server=server, say=said.append)
+    assert any(line.startswith("confirmation: 3 rounds of trial 2 beside the baseline") for line in said)
+    summary = confirm.extend(study, settings, 2, server=server, say=said.append)
     rows = {r["label"]: r for r in summary["rows"]}
-    assert len(rows["trial 2"]["samples"]) == 2 and len(rows["baseline"]["samples"]) == 1 + 2
+    assert len(rows["trial 2"]["samples"]) == 3 and len(rows["baseline"]["samples"]) == 3 + 3
     assert rows["trial 1"]["samples"] == first["rows"][0]["samples"]  # the earlier rounds are kept
-    assert len(rows["trial 2"]["ratios"]) == 2  # paired with the baseline's figures of its own rounds
+    assert len(rows["trial 2"]["ratios"]) == 3  # paired with the baseline's figures of its own rounds
     speedup = statistics.median(rows["trial 2"]["ratios"])
     assert rows["trial 2"]["speedup_median"] == pytest.approx(speedup)
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
-    assert speedup > 1.3, rows  # two loader workers: about twice the baseline's samples/s, by construction
-    assert best["study"]["trial"] == 2 and best["confirmed"]["rounds"] == 2
+    assert min(rows["trial 2"]["ratios"]) > 1.2, (
+        rows
+    )  # two loader workers: about twice the baseline's samples/s, by construction
+    assert best["study"]["trial"] == 2 and best["confirmed"]["rounds"] == 3
     assert best["speedup"] == pytest.approx(speedup)
     assert best["baseline"]["samples_per_s"] == pytest.approx(statistics.median(rows["baseline"]["samples"]))
     (extra,) = (tmp_path / "s" / "c" / "confirm").glob("*/trial-2")  # this run's own folder
-    assert len(list(extra.rglob("trial.log"))) == 4  # each measurement a fresh process
-    assert confirm.extend(study, two, 2, server=server, say=said.append) == summary  # confirmed once
+    assert len(list(extra.rglob("trial.log"))) == 6  # each measurement a fresh process
+    assert confirm.extend(study, settings, 2, server=server, say=said.append) == summary  # confirmed once
