@@ -63,7 +63,9 @@ def test_samples_come_from_the_scripts_own_loader_and_at_calls_are_the_identity(
 ) -> None:
     script = write(tmp_path, "train.py", LOADER_SCRIPT)
     seen = tmp_path / "seen.json"
-    got = run_alone(script, ["--seen", str(seen)], warmup=2, steps=5, out=tmp_path / "run" / "alone.json", timeout_s=120)
+    got = run_alone(
+        script, ["--seen", str(seen)], warmup=2, steps=5, out=tmp_path / "run" / "alone.json", timeout_s=120
+    )
     assert got["unit"] == UNIT_SAMPLES and got["samples"] == 5 * 4 and got["batch_sizes"] == [4]
     assert got["steps"] == 5 and got["samples_per_s"] == pytest.approx(4 * got["steps_per_s"])
     # No trial around it: at.batch_size() returned the script's own value; its argv is its own.
