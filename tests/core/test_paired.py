@@ -42,10 +42,8 @@ def test_an_interval_holding_one_is_no_measurable_gain():
 
 
 def test_clear_of_one_says_which_way():
-    assert (
-        Paired.of([1.2, 1.1, 1.3])
-        .statement(than="the script as written")
-        .startswith("faster than the script as written: x1.20")
+    assert Paired.of([1.2, 1.1, 1.3]).statement(than="the script as written").startswith(
+        "faster than the script as written: x1.20"
     )
     slow = Paired.of([0.8, 0.9, 0.85])
     assert slow.direction == "slower" and not slow.measurable
