@@ -87,7 +87,13 @@ def run(
         return None
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
     figures, trial_s = _rounds(
-        pool, rounds, end_folder(settings, study, "confirm"), settings, server, say, budget.end if budget else None
+        pool,
+        rounds,
+        end_folder(settings, study, "confirm"),
+        settings,
+        server,
+        say,
+        budget.confirm_end if budget else None,
     )
     if not figures:
         return None

@@ -15,7 +15,7 @@ from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.core.training import changes_step, section, shown
 from autotune.core.outcomes import Outcome, Reason, Role, Verdict
-from autotune.search.store import records
+from autotune.search.store import alone, records
 from autotune.search.space.memory import versus_peak
 from autotune.search.store.storage import shown_storage
 from autotune.search.store.records import CheckRecord, StudyRecord, TrialRecord
@@ -193,8 +193,10 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
     """The winner as an Export: the first config in export order that passed parity (or was not
     checked), with the confirmation rounds' median speedup and its range when it was confirmed, its
-    training math, and its parity check."""
-    best = exported(study)
+    training math, and its parity check. A script study's alone rounds have the last word
+    (search/store/alone.py): their figure is the speedup, or the export is "no change" when they cannot
+    tell the patched script from the script as written."""
+    best = alone.exported(study, exported(study), baseline_trial(study))
     if best is None:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to export")
     rounds = confirmed_figures(study, best.number)
@@ -219,7 +221,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         ceiling=records.ceiling(study, best.number),
     )
     if rounds is None:
-        return export
+        return alone.over(study, export)
     # Every figure from the same rounds: samples/s is the config's median over them (the search's single
     # measurement stays beside it), the speedup the median of its per-round ratios to the baseline.
     metrics = {
@@ -227,13 +229,14 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         "samples_per_s": rounds["samples_per_s_median"],
         "search_samples_per_s": export.metrics.get("samples_per_s"),
     }
-    return dataclasses.replace(
+    confirmed = dataclasses.replace(
         export,
         speedup=rounds["speedup_median"],
         confirmed={**rounds, "verdict": gain_statement(rounds)},
         metrics=metrics,
         baseline_samples_per_s=rounds["baseline_median"],
     )
+    return alone.over(study, confirmed)
 
 
 def gain_statement(rounds: Mapping[str, Any]) -> str:
