@@ -4,9 +4,11 @@ script run alone, as written and with the exported diff applied.
 Two measurements of one speedup:
 
   search   `autotune search --script COPY --script-args "DATA --epochs N" --budget B` in a fresh study over
-           a fresh `autotune make-data` set, and the figures its best.yaml reports: `speedup` (the winner's
-           trial over the baseline's) and, when confirmation ran, `confirmed.speedup_median` (the median
-           over the interleaved rounds of the winner over the baseline measured beside it).
+           a fresh `autotune make-data` set, and the figures its best.yaml reports: `speedup` (the search's
+           last word: its own alone rounds' median, `alone.median`, when they ran; else the confirmed or
+           the trial's), `alone.search_speedup` (the winner's trial over the baseline's) and, when
+           confirmation ran, `confirmed.speedup_median` (the median over the interleaved rounds of the
+           winner over the baseline measured beside it).
   alone    `autotune export --format diff` applied with `patch -p0` to a second copy of the script; then
            the copy as written (A) and the patched copy (B) each run as a user runs them, a fresh
            `python` process with no autotune trial around it (every `at.*` call is then the identity),
@@ -231,10 +233,15 @@ def export_and_patch(script: Path, patched: Path, out: Path) -> Path:
 
 
 def reported(best: dict[str, Any]) -> dict[str, Any]:
-    """The speedups best.yaml reports: the trial's, and the confirmed median and range when confirmation ran."""
+    """The speedups best.yaml reports: its own (the search's alone rounds' median, when they ran), the trial's,
+    and the confirmed median and range when confirmation ran."""
     confirmed = best.get("confirmed") or {}
+    alone = best.get("alone") or {}
     return {
         "speedup": best.get("speedup"),
+        "alone": alone.get("median"),
+        "alone_verdict": alone.get("verdict") or alone.get("skipped"),
+        "search": alone.get("search_speedup"),
         "confirmed": confirmed.get("speedup_median"),
         "confirmed_range": confirmed.get("speedup_range"),
         "confirmed_rounds": confirmed.get("rounds"),
@@ -273,7 +280,9 @@ def summary(runs: dict[str, list[dict[str, Any]]], said: dict[str, Any]) -> dict
     print(f"patched / as written, same round: median x{median:.3f}, min..max x{min(ratios):.3f}..x{max(ratios):.3f}")
     print("   per round: " + "  ".join(f"x{x:.3f}" for x in ratios))
     gaps = {}
-    for name in ("speedup", "confirmed"):
+    if said.get("alone_verdict"):
+        print(f"search's own alone rounds: {said['alone_verdict']}")
+    for name in ("speedup", "alone", "confirmed"):
         figure = said.get(name)
         if figure:
             gaps[name] = median / float(figure)
@@ -284,6 +293,7 @@ def summary(runs: dict[str, list[dict[str, Any]]], said: dict[str, Any]) -> dict
             print(
                 f"search's {name:9s} none in best.yaml"
                 + (" (confirmation off, or no whole round fitted)" if name == "confirmed" else "")
+                + (" (not a script study's export, or its rounds did not run)" if name == "alone" else "")
             )
     if said.get("confirmed_range"):
         lo, hi = said["confirmed_range"]
@@ -302,7 +312,10 @@ def measure(args: argparse.Namespace, extra: list[str], out: Path) -> int:
     asis, patched, script_args = prepare(args, out)
     best = search(asis, [*script_args, "--epochs", str(args.epochs)], args, extra, out)
     said = reported(best)
-    print(f"best: config {said['config']}; speedup {said['speedup']}, confirmed {said['confirmed']}")
+    print(
+        f"best: config {said['config']}; speedup {said['speedup']}, alone {said['alone']}, "
+        f"confirmed {said['confirmed']}, search {said['search']}"
+    )
     diff = export_and_patch(asis, patched, out)
     # The search's own command line: its --epochs outlast the timed steps, after which the hook ends the run.
     alone_args = [*script_args, "--epochs", str(args.epochs)]

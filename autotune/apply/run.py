@@ -66,9 +66,7 @@ def run(cfg: TrialConfig, out: Path, say: Say) -> int:
         "config": cfg.to_dict(),
         "exit_code": code,
         "applied": dict(result.applied),
-        "measured": {
-            k: v for k, v in result.to_dict().items() if k not in ("applied", "losses", "windows", "status")
-        },
+        "measured": {k: v for k, v in result.to_dict().items() if k not in ("applied", "losses", "windows", "status")},
     }
     write_json_atomic(out, record)
     steps = (result.applied.get("script") or {}).get("optimizer_steps")

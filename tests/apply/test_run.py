@@ -61,7 +61,9 @@ def test_the_readme_example_trains_to_its_end_with_the_measured_knobs_as_a_trial
     config, cfg = best_yaml(tmp_path, script, data, **KNOBS)
     trial = run_trial(cfg, tmp_path / "trial", timeout_s=300)
     out = tmp_path / "applied.json"
-    code = main(["run", "--config", str(config), "--out", str(out), str(script), str(data), "--size", "32", "--epochs", "2"])
+    code = main(
+        ["run", "--config", str(config), "--out", str(out), str(script), str(data), "--size", "32", "--epochs", "2"]
+    )
     said = capsys.readouterr()
     assert code == 0, said.err
     assert "epoch 0:" in said.out and "epoch 1:" in said.out  # the script's own epochs, to its end
