@@ -287,7 +287,8 @@ class SearchSession:
                 assert self.stop is not None  # the loop ends only through a stop
                 failure = self._say_stop(self.stop, tally)
                 _say_waiting_retries(self.study, self.say)
-                finishes = not self.stop.job_failed and self._finishes()
+                ends = finish.wanted(s) or patch is not None  # anything to run after the trials
+                finishes = ends and not self.stop.job_failed and self._finishes()
                 if finish.wanted(s) and finishes:
                     report.confirmation = finish.confirm_and_gate(self.study, s, budget, server=server, say=self.say)
                 report.alone = self._last_word(budget, patch) if finishes else None

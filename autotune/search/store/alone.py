@@ -62,7 +62,9 @@ def read(study: optuna.Study) -> dict[str, Any] | None:
 def overrules(record: Mapping[str, Any] | None, number: int) -> bool:
     """Whether the alone rounds of trial `number` turn its export into "no change": they ran (not
     skipped) and could not tell it from the script as written, or its patched script failed alone."""
-    return bool(record) and record.get("trial") == number and not record.get("skipped") and not record.get("measurable")
+    if not record:
+        return False
+    return record.get("trial") == number and not record.get("skipped") and not record.get("measurable")
 
 
 def exported(study: optuna.Study, best: FrozenTrial | None, baseline: FrozenTrial | None) -> FrozenTrial | None:
