@@ -7,7 +7,7 @@ tell from the script as written (core/paired.py: not `measurable`), or that fail
 the export is the baseline, "no change". A record that says it was skipped (the budget could not pay,
 the script could not run alone) leaves the search's export as it is, and says why in best.yaml.
 
-May import: autotune.core.
+May import: autotune.core, search/store/records.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from optuna.trial import FrozenTrial
 
 from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
+from autotune.search.store import records
 
-ALONE = "alone"
 # What best.yaml keeps of the record: the figures and what they rest on, not the per-run details.
 SHOWN = (
     "verdict",
@@ -49,14 +49,7 @@ SHOWN = (
 )
 
 
-def write(study: optuna.Study, record: Mapping[str, Any]) -> None:
-    study.set_user_attr(ALONE, dict(record))
-
-
-def read(study: optuna.Study) -> dict[str, Any] | None:
-    """The last alone record; None when none was made."""
-    value = study.user_attrs.get(ALONE)
-    return dict(value) if isinstance(value, Mapping) else None
+write, read = records.write_alone, records.alone  # the record's one spelling is the records module's
 
 
 def overrules(record: Mapping[str, Any] | None, number: int) -> bool:
