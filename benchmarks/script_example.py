@@ -4,20 +4,23 @@ script run alone, as written and with the exported diff applied.
 Two measurements of one speedup:
 
   search   `autotune search --script COPY --script-args "DATA --epochs N" --budget B` in a fresh study over
-           a fresh `autotune make-data` set, and the figures its best.yaml reports: `speedup` (the winner's
-           trial over the baseline's) and, when confirmation ran, `confirmed.speedup_median` (the median
-           over the interleaved rounds of the winner over the baseline measured beside it).
+           a fresh `autotune make-data` set, and the figures its best.yaml reports: `speedup` (the search's
+           last word: its own alone rounds' median, `alone.median`, when they ran; else the confirmed or
+           the trial's), `alone.search_speedup` (the winner's trial over the baseline's) and, when
+           confirmation ran, `confirmed.speedup_median` (the median over the interleaved rounds of the
+           winner over the baseline measured beside it).
   alone    `autotune export --format diff` applied with `patch -p0` to a second copy of the script; then
            the copy as written (A) and the patched copy (B) each run as a user runs them, a fresh
            `python` process with no autotune trial around it (every `at.*` call is then the identity),
            alternated A B A B ..., the order reversed on odd rounds so drift falls on both sides.
 
-Each alone run goes through a small runner (this file with --child) that runs the script with runpy as
-`__main__` and times it without editing it: torch's global optimizer step post-hook stamps
-perf_counter at each step; the first --warmup steps are dropped; steps/s and samples/s come from the
-next --steps steps, after which the hook ends the script. Samples are counted from the batches the
-script's own DataLoader yielded (the first dimension of each batch), so a diff that changed the batch
-is counted as it ran; the batch size each side's DataLoader was built with is printed beside it.
+Each alone run goes through the runner the search's own alone rounds use (`python -m
+autotune.trial.probes.alone`), which runs the script with runpy as `__main__` and times it without editing
+it: torch's global optimizer step post-hook stamps perf_counter at each step; the first --warmup steps
+are dropped; steps/s and samples/s come from the next --steps steps, after which the hook ends the
+script. Samples are counted from the batches the script's own DataLoader yielded (the first dimension of
+each batch), so a diff that changed the batch is counted as it ran; the batch size each side's
+DataLoader was built with is printed beside it.
 
 It prints each round's ratio (patched / as written, samples/s, same round), their median and min..max,
 the search's reported speedups, and the gap: the measured median / the reported one, with `uptime`'s
@@ -85,10 +88,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="ARGS",
         help="more `autotune search` flags, one shell-quoted string (default: none, the search's own defaults)",
     )
-    # One alone run, in its own process (the parent starts these).
-    p.add_argument("--child", metavar="SCRIPT", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -141,80 +140,22 @@ def check_input(args: argparse.Namespace) -> tuple[list[str], Path]:
     return extra, out
 
 
-# ---- one alone run (child process): the script under a timing hook, nothing else ------------------------------
-
-
-class _Enough(BaseException):
-    """Raised from the step hook after the timed steps: a BaseException, so the script's `except Exception`
-    lets it through."""
-
-
-def child(script: Path, script_args: list[str], warmup: int, steps: int, result: Path) -> int:
-    """Run `script` as `python script ARGS` would, stamping each optimizer step; the figures to `result`."""
-    import runpy
-
-    import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-    from torch.utils.data import DataLoader
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-    stamps: list[float] = []
-    samples: list[int] = [0]  # delivered since the last step; one entry per step after it
-    batch_sizes: list[Any] = []
-    init, nxt = DataLoader.__init__, _BaseDataLoaderIter.__next__
-
-    def counting_init(loader: Any, *a: Any, **kw: Any) -> None:
-        init(loader, *a, **kw)
-        batch_sizes.append(loader.batch_size)
-
-    def counting_next(it: Any) -> Any:
-        batch = nxt(it)
-        first = batch[0] if isinstance(batch, (list, tuple)) else batch
-        samples[-1] += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
-        return batch
-
-    def stamp(optimizer: Any, a: Any, kw: Any) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
-        samples.append(0)
-        if len(stamps) > warmup + steps:
-            raise _Enough
-
-    DataLoader.__init__ = counting_init  # type: ignore[method-assign,assignment]
-    _BaseDataLoaderIter.__next__ = counting_next  # type: ignore[method-assign,assignment]
-    register_optimizer_step_post_hook(stamp)
-    sys.argv, sys.path[0] = [str(script), *script_args], str(script.parent)
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except _Enough:
-        pass
-    if len(stamps) <= warmup + steps:
-        print(f"the script ended after {len(stamps)} optimizer steps, before {warmup + steps + 1}", file=sys.stderr)
-        return 1
-    # Step i's samples were delivered between stamps i-1 and i: the timed window is stamps[warmup]..[warmup+steps].
-    seconds = stamps[warmup + steps] - stamps[warmup]
-    timed = sum(samples[warmup + 1 : warmup + steps + 1])
-    figures = {"steps_per_s": steps / seconds, "samples_per_s": timed / seconds, "seconds": seconds}
-    result.write_text(
-        json.dumps(figures | {"samples": timed, "batch_sizes": batch_sizes, "threads": torch.get_num_threads()})
-    )
-    return 0
+# ---- one alone run: autotune's own runner (autotune/trial/probes/alone.py) ---------------------------------------
 
 
 def alone(script: Path, script_args: list[str], args: argparse.Namespace, folder: Path, name: str) -> dict[str, Any]:
-    """One fresh `python` process of `script` through the runner; its figures, and its log's tail on failure."""
-    result, log = folder / f"{name}.json", folder / f"{name}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(script), "--result", str(result)]
-    cmd += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--", *script_args]
-    with log.open("w") as f:
-        rc = subprocess.run(
-            cmd, cwd=folder, env=env(), stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
-        ).returncode
-    if rc != 0 or not result.is_file():
-        tail = log.read_text(errors="replace").splitlines()[-10:]
-        raise RuntimeError(f"{name}: exited {rc}; its log ({log}) ends:\n  " + "\n  ".join(tail))
-    return json.loads(result.read_text())
+    """One fresh `python` process of `script` through the runner the search's alone rounds use; its figures,
+    and its log's tail on failure. Run from `folder` (the round's), as before."""
+    from autotune.trial.probes.alone import AloneFailed, run_alone
+
+    old = Path.cwd()
+    os.chdir(folder)
+    try:
+        return run_alone(script, script_args, args.warmup, args.steps, folder / f"{name}.json", timeout_s=RUN_TIMEOUT_S)
+    except AloneFailed as e:
+        raise RuntimeError(f"{name}: {e}") from None
+    finally:
+        os.chdir(old)
 
 
 # ---- the search, the export, the patch --------------------------------------------------------------------------
@@ -292,10 +233,15 @@ def export_and_patch(script: Path, patched: Path, out: Path) -> Path:
 
 
 def reported(best: dict[str, Any]) -> dict[str, Any]:
-    """The speedups best.yaml reports: the trial's, and the confirmed median and range when confirmation ran."""
+    """The speedups best.yaml reports: its own (the search's alone rounds' median, when they ran), the trial's,
+    and the confirmed median and range when confirmation ran."""
     confirmed = best.get("confirmed") or {}
+    alone = best.get("alone") or {}
     return {
         "speedup": best.get("speedup"),
+        "alone": alone.get("median"),
+        "alone_verdict": alone.get("verdict") or alone.get("skipped"),
+        "search": alone.get("search_speedup"),
         "confirmed": confirmed.get("speedup_median"),
         "confirmed_range": confirmed.get("speedup_range"),
         "confirmed_rounds": confirmed.get("rounds"),
@@ -334,7 +280,9 @@ def summary(runs: dict[str, list[dict[str, Any]]], said: dict[str, Any]) -> dict
     print(f"patched / as written, same round: median x{median:.3f}, min..max x{min(ratios):.3f}..x{max(ratios):.3f}")
     print("   per round: " + "  ".join(f"x{x:.3f}" for x in ratios))
     gaps = {}
-    for name in ("speedup", "confirmed"):
+    if said.get("alone_verdict"):
+        print(f"search's own alone rounds: {said['alone_verdict']}")
+    for name in ("speedup", "alone", "confirmed"):
         figure = said.get(name)
         if figure:
             gaps[name] = median / float(figure)
@@ -345,6 +293,7 @@ def summary(runs: dict[str, list[dict[str, Any]]], said: dict[str, Any]) -> dict
             print(
                 f"search's {name:9s} none in best.yaml"
                 + (" (confirmation off, or no whole round fitted)" if name == "confirmed" else "")
+                + (" (not a script study's export, or its rounds did not run)" if name == "alone" else "")
             )
     if said.get("confirmed_range"):
         lo, hi = said["confirmed_range"]
@@ -359,10 +308,14 @@ def measure(args: argparse.Namespace, extra: list[str], out: Path) -> int:
         f"then {args.rounds} round(s) x 2 alone runs of {args.steps} timed steps after {args.warmup} warm-up steps",
         flush=True,
     )
+    os.environ["PYTHONPATH"] = env()["PYTHONPATH"]  # the alone runs' processes import this checkout too
     asis, patched, script_args = prepare(args, out)
     best = search(asis, [*script_args, "--epochs", str(args.epochs)], args, extra, out)
     said = reported(best)
-    print(f"best: config {said['config']}; speedup {said['speedup']}, confirmed {said['confirmed']}")
+    print(
+        f"best: config {said['config']}; speedup {said['speedup']}, alone {said['alone']}, "
+        f"confirmed {said['confirmed']}, search {said['search']}"
+    )
     diff = export_and_patch(asis, patched, out)
     # The search's own command line: its --epochs outlast the timed steps, after which the hook ends the run.
     alone_args = [*script_args, "--epochs", str(args.epochs)]
@@ -378,11 +331,6 @@ def measure(args: argparse.Namespace, extra: list[str], out: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.child:
-        rest = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-        return child(Path(args.child), rest, args.warmup, args.steps, Path(args.result))
-    if args.script_args:
-        bad(f"unexpected arguments {shlex.join(args.script_args)}")
     if str(ROOT) not in sys.path:  # run from a checkout without installing
         sys.path.insert(0, str(ROOT))
     extra, out = check_input(args)

@@ -21,7 +21,7 @@ from autotune.search.store import records
 from autotune.search.budget import Budget
 from autotune.search.store.records import TrialRecord
 from autotune.search.loop import export_ceiling
-from autotune.search.store.results import choose, class_check, confirmed_paired, exported, feasible, leaderboard
+from autotune.search.store.results import class_check, confirmed_paired, exported, feasible, final, leaderboard
 from autotune.search.loop.runner import Events
 
 
@@ -293,7 +293,7 @@ def order_note(study: optuna.Study) -> str | None:
 def export_notes(study: optuna.Study) -> list[str]:
     """The final lines on what was exported: what its confirmation rounds say (or that the baseline was
     kept), and each faster config it was chosen over, with why (best.yaml's `passed_over:`)."""
-    choice = choose(study)
+    choice = final(study)
     best = choice.trial
     if best is None:
         return []

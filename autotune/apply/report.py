@@ -241,7 +241,12 @@ def _summary(study: Any, base: float | None) -> list[tuple[str, Any]]:
             )
         )
     from autotune.apply.display import ceiling_note
+    from autotune.search.loop.alone import said
+    from autotune.search.store import alone
 
+    last_word = alone.read(study)
+    if last_word:  # a script study's figure: the script as written against the export applied, each alone
+        summary.append(("your script alone", said(last_word)))
     ceiling = ceiling_note(study)
     if ceiling:
         summary.append(("ceiling", ceiling))

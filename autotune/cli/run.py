@@ -81,6 +81,29 @@ def register(sub: Any) -> None:
     workload_args(p, inherited=True)
     p.set_defaults(func=cmd_train)
 
+    r = sub.add_parser(
+        "run",
+        help="train your script to its end with a script study's best.yaml applied as it was measured",
+        description="Run your training script as `python SCRIPT ARGS` would, to its own end (its epochs: no "
+        "timed stop, no step limit), with best.yaml applied through the same seams the study's trials used "
+        "(the DataLoader's and optimizer's arguments, zero_grad, cudnn, threads, and what the at.* calls hand "
+        "over), and no edit to the script: what runs is what was measured, including the knobs the diff "
+        "cannot write. The trial's window is measured on the way, and the `applied` record a trial writes "
+        "(each knob asked for beside the one in effect) goes to --out. A config on several GPUs runs under "
+        "torchrun: torchrun --nproc-per-node N -m autotune run --config best.yaml SCRIPT ARGS. Exit codes: "
+        "the script's own; 2 bad input (one line), 3 out of memory, 4 non-finite loss, 5 knob unsupported.",
+    )
+    r.add_argument("--config", required=True, help="a script study's best.yaml (autotune search --script ...)")
+    r.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="the JSON of what was applied and measured (default: <config dir>/run/applied.json)",
+    )
+    r.add_argument("script", help="your training script: the study's, or one that takes the same knobs")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="its own arguments, as you pass them to python")
+    r.set_defaults(func=cmd_run)
+
     m = sub.add_parser(
         "make-data",
         help="write a synthetic person-segmentation dataset",
@@ -164,6 +187,29 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"autotune train: {e}", file=sys.stderr)
         return e.code
     return ExitCode.OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autotune.apply.run import config_for, run
+    from autotune.core import errors
+
+    out = Path(args.out) if args.out else Path(args.config).resolve().parent / "run" / "applied.json"
+    check_folder(f"--out {out}", out.parent)
+    cfg, note = config_for(args.config, args.script, args.args)
+    if note:
+        print(f"autotune run: {note}", file=sys.stderr)
+    try:
+        return run(cfg, out, lambda s: print(s, file=sys.stderr))
+    except errors.AutotuneError:
+        raise
+    except Exception as e:  # a failure a trial names (out of memory, a non-finite loss): its exit code
+        from autotune.trial.loop.outcome import status_of
+
+        status, message = status_of(e)
+        if status not in (Reason.OOM, Reason.NUMERICS, Reason.UNSUPPORTED, Reason.DATA):
+            raise  # the script's own failure: its traceback, as `python` shows it
+        print(f"autotune run: {status}: {message}", file=sys.stderr)
+        return errors.exit_code_for(status)
 
 
 def cmd_make_data(args: argparse.Namespace) -> int:

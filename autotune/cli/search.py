@@ -338,6 +338,7 @@ def _allowed(pipelines: list[str] | None) -> list[str]:
 
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
+    from autotune.apply.alone import patched_copy
     from autotune.apply.display import (
         LiveSearch,
         confirmation_table,
@@ -347,6 +348,7 @@ def _run(session: Any, console: Any) -> int:
         training_note,
     )
     from autotune.search.budget import Budget
+    from autotune.search.loop.alone import said
     from autotune.search.store.results import checks_summary
     from autotune.search.store.storage import shown_storage
 
@@ -359,7 +361,7 @@ def _run(session: Any, console: Any) -> int:
     )
     budget = Budget.of(s)  # one clock for the session's deadlines and the panel's countdown
     with LiveSearch(session.study, budget, console) as live:
-        outcome = session.run(live.events(), budget)
+        outcome = session.run(live.events(), budget, patch=patched_copy)
     console.print(leaderboard_table(session.study))
     if outcome.confirmation:
         console.print(confirmation_table(session.study))
@@ -386,6 +388,11 @@ def _run(session: Any, console: Any) -> int:
         console.print(f"autotune: {training_note(session.study)}", highlight=False)
         for line in export_notes(session.study):  # the confirmation's verdict, the faster configs passed over
             console.print(f"autotune: {line}", highlight=False)
+        if outcome.alone:  # a script study's last word: the figure the user gets
+            console.print(
+                f"autotune: your script alone, as written against the export applied: {said(outcome.alone)}",
+                highlight=False,
+            )
         console.print(
             f"autotune: best config exported to {outcome.best_yaml}\n"
             f"  apply it:  autotune trial --config {outcome.best_yaml}\n"

@@ -45,6 +45,10 @@ class Export:
     # The configs faster than this one that it was chosen over, each with why (no measurable gain in its
     # rounds; training math that differs and was not checked); None: none was.
     passed_over: list[dict[str, Any]] | None = None
+    # A script study's last word (search/store/alone.py): the script as written against this export applied,
+    # each run alone in paired rounds, their figure and its sign-test interval, the search's figures beside
+    # it, or why it did not run; None: not a script study, or its best is the script as written.
+    alone: dict[str, Any] | None = None
     # How its training differs from the baseline's (core/training.py section()), and the parity
     # check's verdict (search/checks/parity.py); None: not known, and the section is left out.
     training_math: dict[str, Any] | None = None
@@ -109,6 +113,7 @@ _YAML_HEADER = """\
 # Apply it:
 #   autotune trial --config best.yaml    # re-measure it here
 #   autotune train --config best.yaml    # train with it
+#   autotune run --config best.yaml train.py ARGS   # a script study: your script, trained as measured
 # Only `config:` and `workload:` are read back; the other sections record what was measured.
 # Framework settings: autotune export --format lightning | hf | accelerate
 """
@@ -150,6 +155,7 @@ def to_yaml(e: Export) -> str:
         ("metrics", metrics),
         ("baseline", {"samples_per_s": e.baseline_samples_per_s}),
         ("speedup", e.speedup),
+        *([("alone", e.alone)] if e.alone else []),
         *([("confirmed", e.confirmed)] if e.confirmed else []),
         *([("passed_over", e.passed_over)] if e.passed_over else []),
         *([("training_math", e.training_math)] if e.training_math else []),

@@ -4,15 +4,17 @@
 search (confirmation and the parity gate); the trial loop spends the rest. Every phase asks one frozen
 `Budget`, made when the run starts, and none keeps a clock of its own:
 
-* the trial loop runs until `search_deadline` (the budget less the reserve, at least half of it,
+* the trial loop runs until `search_deadline` (the budget less the reserves, at least half of it,
   counted from when the loop begins: the warm server's start-up comes out of the end's share),
   each trial's timeout cut to what is left plus the grace;
 * a class check during the search starts only if it ends by `search_deadline`;
-* confirmation runs whole rounds that end by `end`;
+* confirmation runs whole rounds that end by `confirm_end` (the end, less the alone rounds' share);
 * the parity gate and the extension rounds may run to `checks_end`: the late end less the ceiling's
-  share, so the export's ceiling is still measured after them;
-* the ceiling may run to `late_end`: the search promises to end within budget + max(30 s, 2%), and
-  10 s of that stay for the export;
+  and the alone rounds' shares, so both still run after them;
+* the ceiling may run to `ceiling_end`: the late end less the alone rounds' share;
+* a script study's last word, the script as written against the export applied, each run alone in
+  paired rounds (search/loop/alone.py), may run to `late_end`: the search promises to end within
+  budget + max(30 s, 2%), and 10 s of that stay for the export;
 * the live display shows `left_s()`.
 """
 
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from autotune.core.config import TrialConfig
 from autotune.core.paired import MIN_ROUNDS
 from autotune.core.settings import SearchSettings
+from autotune.pipelines import kind_of
 from autotune.trial.probes.ceiling import why_not
 
 # A trial's measured seconds when the workload counts steps instead (seconds=None): a first guess.
@@ -38,6 +41,10 @@ PARITY_OVERHEAD_S = 15.0
 # The ceiling's fresh process: a cold start of the pipeline (the Unet's ~8 s on a 2-core CPU) and about
 # 10 s of alternated steps and the matmul probe (search/loop/export_ceiling.need_s for a measured step time).
 CEILING_S = 20.0
+# One alone run of a user's script (search/loop/alone.py): a fresh `python` (torch imported cold, the
+# script's own set-up and warm-up steps) and about ALONE_TIMED_S of timed steps; two runs a round.
+ALONE_OVERHEAD_S = 10.0
+ALONE_TIMED_S = 5.0
 
 
 def trial_seconds(base: TrialConfig) -> float:
@@ -82,6 +89,14 @@ def ceiling_reserve_s(settings: SearchSettings) -> float:
     return min(CEILING_S, settings.budget_s / 10)
 
 
+def alone_reserve_s(settings: SearchSettings) -> float:
+    """What a script study's alone rounds keep: MIN_ROUNDS rounds of two fresh runs (the script as written
+    and the export applied), at most a quarter of the budget; nothing for another kind of job."""
+    if settings.budget_s is None or kind_of(settings.base.pipeline).loop != "script":
+        return 0.0
+    return min(MIN_ROUNDS * 2 * (ALONE_OVERHEAD_S + ALONE_TIMED_S), settings.budget_s / 4)
+
+
 @dataclass(frozen=True)
 class Budget:
     """One run's budget: its start on time.monotonic()'s clock, and every deadline derived from it."""
@@ -93,6 +108,7 @@ class Budget:
     confirm_reserve_s: float
     parity_reserve_s: float
     ceiling_reserve_s: float = 0.0  # 0: no ceiling measured at the end
+    alone_reserve_s: float = 0.0  # 0: no alone rounds at the end (not a script study)
     # When the trial loop began: its share is counted from there, so the warm server's start-up comes out
     # of the end's share, not the trials'. None: from `started`.
     trials_started: float | None = None
@@ -108,6 +124,7 @@ class Budget:
             confirm_reserve_s=confirm_reserve_s(settings),
             parity_reserve_s=parity_reserve_s(settings),
             ceiling_reserve_s=ceiling_reserve_s(settings),
+            alone_reserve_s=alone_reserve_s(settings),
         )
 
     @property
@@ -121,23 +138,33 @@ class Budget:
         return None if self.budget_s is None else self.started + self.budget_s
 
     @property
+    def confirm_end(self) -> float | None:
+        """The end less the alone rounds' share: confirmation's rounds must end by it."""
+        return None if self.end is None else self.end - self.alone_reserve_s
+
+    @property
     def late_end(self) -> float | None:
-        """The end plus the grace: the parity gate's checks and the extension rounds must end by it."""
+        """The end plus the grace: the alone rounds, last of all, must end by it."""
         return None if self.end is None else self.end + self.grace_s
 
     @property
+    def ceiling_end(self) -> float | None:
+        """The late end less the alone rounds' share: the ceiling ends by it."""
+        return None if self.late_end is None else self.late_end - self.alone_reserve_s
+
+    @property
     def checks_end(self) -> float | None:
-        """The late end less the ceiling's share: the parity gate and the extension rounds end by it."""
-        return None if self.late_end is None else self.late_end - self.ceiling_reserve_s
+        """The ceiling's end less its share: the parity gate and the extension rounds end by it."""
+        return None if self.ceiling_end is None else self.ceiling_end - self.ceiling_reserve_s
 
     @property
     def search_deadline(self) -> float | None:
-        """When the trial loop stops: the budget less the reserve, and at least half the budget, counted
-        from when the trial loop began."""
+        """When the trial loop stops: the budget less the reserves (the end's, and the alone rounds'), and
+        at least half the budget, counted from when the trial loop began."""
         if self.budget_s is None:
             return None
         start = self.started if self.trials_started is None else self.trials_started
-        return start + max(self.budget_s - self.reserve_s, self.budget_s / 2)
+        return start + max(self.budget_s - self.reserve_s - self.alone_reserve_s, self.budget_s / 2)
 
     def trials_begin(self, now: float | None = None) -> Budget:
         """This budget with the trial loop beginning now (the warm server is up)."""

@@ -207,3 +207,16 @@ def test_memory_rows_put_the_estimate_beside_the_peak_with_its_error(tmp_path: P
     html = report.memory_html(study)
     assert 'id="memory"' in html and "+25%" in html and "skipped" in html
     assert "no trial recorded a memory estimate" in report.memory_html(make_study(str(tmp_path / "s.db"), n=2))
+
+
+def test_a_script_studys_alone_figure_is_in_the_summary(tmp_path: Path) -> None:
+    """The figure a script study gives is its script alone, as written against the export applied."""
+    from autotune.core.paired import Paired
+    from autotune.search.store import alone
+
+    study = make_study(str(tmp_path / "s.db"), n=2, ablation=False)
+    paired = Paired.of([1.3, 1.4, 1.2])
+    verdict = paired.statement(than="the script as written")
+    alone.write(study, {"trial": 1, **paired.to_dict(), "verdict": verdict, "exported": "the patched script"})
+    html = report.write_report(study, tmp_path / "r" / "report.html")[0].read_text()
+    assert "your script alone" in html and "faster than the script as written: x1.30 (x1.20..x1.40" in html

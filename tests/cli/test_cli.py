@@ -203,6 +203,7 @@ COMMANDS = (
     "ablate",
     "report",
     "make-data",
+    "run",
 )
 
 

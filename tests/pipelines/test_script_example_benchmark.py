@@ -1,10 +1,9 @@
 """benchmarks/script_example.py's mechanics, with nothing timed: bad input is one line and exit 2, and its
-runner times a script as written (the optimizer-step hook, the DataLoader's batches counted, the run
-ended after the timed steps)."""
+alone runs are autotune's own runner (trial/probes/alone.py: the script as written, timed by its optimizer
+steps, the DataLoader's batches counted, the run ended after the timed steps), not a copy of it."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -54,15 +53,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], said:
     assert not (tmp_path / "out").exists()  # nothing made before the input is checked
 
 
-def test_the_runner_times_the_script_as_written_and_stops_it(tmp_path: Path) -> None:
+def test_the_alone_runs_are_autotunes_own_runner_not_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark's alone runs go through autotune/trial/probes/alone.py (the search's own alone rounds):
+    the script timed as written and stopped after its timed steps; the benchmark keeps no runner of its own."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("script_example", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert not hasattr(bench, "child") and "register_optimizer_step_post_hook" not in BENCH.read_text()
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
     (tmp_path / "train.py").write_text(SCRIPT)
-    result = tmp_path / "r.json"
-    common = ["--child", str(tmp_path / "train.py"), "--result", str(result), "--warmup", "1", "--steps", "4"]
-    r = run(*common, "--", "--epochs", "3", cwd=tmp_path)  # 9 steps: stopped after the 1 + 4 + 1 it stamps
-    assert r.returncode == 0, r.stderr
-    assert "trained to the end" not in r.stdout
-    got = json.loads(result.read_text())
+    folder = tmp_path / "round-0"
+    folder.mkdir()
+    args = argparse.Namespace(warmup=1, steps=4)
+    got = bench.alone(tmp_path / "train.py", ["--epochs", "3"], args, folder, "as-written")  # 9 steps, stopped
+    assert "trained to the end" not in (folder / "as-written.log").read_text()
     assert got["batch_sizes"] == [4] and got["samples"] == 16  # 4 timed steps of the loader's 4
     assert got["samples_per_s"] == pytest.approx(4 * got["steps_per_s"])
-    r = run(*common, "--", "--epochs", "1", cwd=tmp_path)  # 3 steps: fewer than it needs
-    assert r.returncode == 1 and "ended after 3 optimizer steps" in r.stderr
+    with pytest.raises(RuntimeError, match="ended after 3 optimizer step"):
+        bench.alone(tmp_path / "train.py", ["--epochs", "1"], args, folder, "short")  # 3 steps: too few

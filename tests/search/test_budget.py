@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
-from autotune.search.budget import CEILING_S, Budget, ceiling_reserve_s, confirm_reserve_s, grace_s, parity_reserve_s
+from autotune.core.paired import MIN_ROUNDS
+from autotune.search.budget import (
+    ALONE_OVERHEAD_S,
+    ALONE_TIMED_S,
+    CEILING_S,
+    Budget,
+    alone_reserve_s,
+    ceiling_reserve_s,
+    confirm_reserve_s,
+    grace_s,
+    parity_reserve_s,
+)
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 
@@ -79,3 +91,24 @@ def test_the_ceiling_keeps_its_share_after_the_checks(monkeypatch: pytest.Monkey
     assert ceiling_reserve_s(dataclasses.replace(s, budget_s=None)) == 0.0
     monkeypatch.setenv("AUTOTUNE_CEILING", "0")
     assert Budget.of(s, started=0.0).checks_end == Budget.of(s, started=0.0).late_end
+
+
+def test_a_script_study_keeps_a_share_for_its_alone_rounds_after_everything_else(tmp_path: Path) -> None:
+    """The script as written against the export applied, each run alone, is the last word: the trial loop,
+    confirmation, the gate and the ceiling all end early enough for MIN_ROUNDS rounds of it."""
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    s = SearchSettings(budget_s=1000.0, base=TINY.replace(pipeline=f"script:{script}", seconds=5.0))
+    assert alone_reserve_s(s) == MIN_ROUNDS * 2 * (ALONE_OVERHEAD_S + ALONE_TIMED_S) == 90.0
+    assert alone_reserve_s(dataclasses.replace(s, budget_s=200.0)) == 50.0  # at most a quarter
+    b = Budget.of(s, started=0.0)
+    assert b.alone_reserve_s == 90.0 and b.reserve_s == confirm_reserve_s(s) + parity_reserve_s(s)
+    assert b.search_deadline == 1000.0 - b.reserve_s - 90.0
+    assert b.confirm_end == 1000.0 - 90.0 and b.ceiling_end == b.late_end - 90.0 and b.checks_end == b.ceiling_end
+    # Nothing kept for another kind of job, or without a budget.
+    assert (
+        alone_reserve_s(dataclasses.replace(s, base=TINY))
+        == 0.0
+        == Budget.of(dataclasses.replace(s, base=TINY)).alone_reserve_s
+    )
+    assert alone_reserve_s(dataclasses.replace(s, budget_s=None)) == 0.0

@@ -97,7 +97,13 @@ def run(
         say(f"confirmation: {rounds} rounds, not {settings.confirm_rounds}: fewer cannot show a gain")
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
     figures, trial_s = _rounds(
-        pool, rounds, end_folder(settings, study, "confirm"), settings, server, say, budget.end if budget else None
+        pool,
+        rounds,
+        end_folder(settings, study, "confirm"),
+        settings,
+        server,
+        say,
+        budget.confirm_end if budget else None,
     )
     # Stored even when no round fitted: the search was to be confirmed, and an unconfirmed config is
     # then not exported (results.choose); the summary says 0 rounds.

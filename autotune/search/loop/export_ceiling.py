@@ -55,7 +55,7 @@ def run(
     # The compute-only step is one process's; the config's per-GPU rate is the ceiling's.
     cfg = ran.one_process()
     need = need_s(record)
-    deadline = budget.late_end if budget else None
+    deadline = budget.ceiling_end if budget else None
     reason = measuring.why_not(cfg)
     if reason is None and not Budget.fits(need, deadline):
         left = max(0.0, deadline - time.monotonic()) if deadline is not None else float("inf")

@@ -36,7 +36,7 @@ from autotune.core import outcomes
 from autotune.core.outcomes import Reason, Role
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
-from autotune.search.loop import finish
+from autotune.search.loop import alone, finish
 from autotune.search.space import memory
 from autotune.search.budget import Budget
 from autotune.search.space.machine import differences, fingerprint
@@ -104,6 +104,7 @@ class RunReport:
     error: str | None = None  # why the run stopped early (a full disk, bad data), in one line
     code: int = ExitCode.OK
     confirmation: ConfirmationSummary | None = None  # search/loop/confirm.py summarize(); None when not run
+    alone: dict[str, Any] | None = None  # a script study's alone rounds (search/loop/alone.py); None: not run
 
 
 @dataclass
@@ -258,10 +259,13 @@ class SearchSession:
 
     # ---- run ------------------------------------------------------------------------------------
 
-    def run(self, events: Events | None = None, budget: Budget | None = None) -> RunReport:
+    def run(
+        self, events: Events | None = None, budget: Budget | None = None, patch: alone.Patch | None = None
+    ) -> RunReport:
         """Trials until a stop ends them, then the best so far exported. Ctrl-C and SIGTERM stop the current
         trial (recorded FAIL, interrupted) and still export. `budget`: the run's one clock, when the caller
-        started it already (the live display shows it); else it starts now."""
+        started it already (the live display shows it); else it starts now. `patch`: what applies a script
+        study's export to a copy of its script (apply/alone.patched_copy), for its alone rounds; None: none run."""
         report = RunReport()
         self.stop = None
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
@@ -272,6 +276,8 @@ class SearchSession:
         note = finish.reserve_note(s, budget)
         if note:
             self.say(note)
+        if patch is not None and (note := alone.reserve_note(budget)):
+            self.say(note)
         failure: str | None = None  # the job's failure, when every config would fail the same way
         try:
             with self._warm_server() as server:
@@ -281,8 +287,11 @@ class SearchSession:
                 assert self.stop is not None  # the loop ends only through a stop
                 failure = self._say_stop(self.stop, tally)
                 _say_waiting_retries(self.study, self.say)
-                if finish.wanted(s) and not self.stop.job_failed and self._finishes():
+                ends = finish.wanted(s) or patch is not None  # anything to run after the trials
+                finishes = ends and not self.stop.job_failed and self._finishes()
+                if finish.wanted(s) and finishes:
                     report.confirmation = finish.confirm_and_gate(self.study, s, budget, server=server, say=self.say)
+                report.alone = self._last_word(budget, patch) if finishes else None
         except KeyboardInterrupt:
             report.interrupted = True
             self.stop = self.stop or Stop.INTERRUPTED
@@ -311,6 +320,10 @@ class SearchSession:
         if report.interrupted and not report.error:
             report.code = ExitCode.INTERRUPTED
         return report
+
+    def _last_word(self, budget: Budget, patch: alone.Patch | None) -> dict[str, Any] | None:
+        """A script study's export against the script as written, each run alone (search/loop/alone.py)."""
+        return alone.run(self.study, self.settings, budget, patch, say=self.say)
 
     def _trials(
         self, events: Events, server: WarmServer | None, budget: Budget, tally: _Tally

@@ -446,6 +446,19 @@ def write_ceiling(study: optuna.Study, number: int, section: Mapping[str, Any]) 
     study.set_user_attr(CEILING, {"trial": number, **section})
 
 
+ALONE = "alone"  # a script study's alone rounds (search/loop/alone.py; what they decide: search/store/alone.py)
+
+
+def alone(study: optuna.Study) -> dict[str, Any] | None:
+    """The last alone rounds' record; None when none was made."""
+    value = study.user_attrs.get(ALONE)
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def write_alone(study: optuna.Study, record: Mapping[str, Any]) -> None:
+    study.set_user_attr(ALONE, dict(record))
+
+
 # ---- a fleet's workers and its claims ------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.paired import Paired
 from autotune.core.training import changes_step, section, shown
 from autotune.core.outcomes import Outcome, Reason, Role, Verdict
-from autotune.search.store import records
+from autotune.search.store import alone, records
 from autotune.search.space.memory import versus_peak
 from autotune.search.store.storage import shown_storage
 from autotune.search.store.records import CheckRecord, StudyRecord, TrialRecord
@@ -248,9 +248,21 @@ def _search_speedup(study: optuna.Study, t: FrozenTrial) -> float | None:
     return TrialRecord.from_frozen(t).speedup or (float(t.value) / base if t.value and base else None)
 
 
+def final(study: optuna.Study) -> Choice:
+    """`choose`, with a script study's alone rounds having the last word: where they could not tell its
+    choice from the script as written, the baseline, and the choice named as passed over."""
+    choice = choose(study)
+    best = alone.exported(study, choice.trial, baseline_trial(study))
+    if choice.trial is None or best is choice.trial:
+        return choice
+    why = "run alone, the patched script was not measurably faster than the script as written (alone:)"
+    over = {"trial": choice.trial.number, "speedup": _search_speedup(study, choice.trial), "why": why}
+    return Choice(best, (over, *choice.passed_over))
+
+
 def exported(study: optuna.Study) -> FrozenTrial | None:
-    """The trial best.yaml exports (`choose`); None: no feasible trial."""
-    return choose(study).trial
+    """The trial best.yaml exports (`final`); None: no feasible trial."""
+    return final(study).trial
 
 
 def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None:
@@ -278,9 +290,11 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
     """The winner as an Export (`choose`), with the confirmation rounds' median speedup, its range and
     its sign-test interval when it was confirmed, its training math, its check, and the faster configs
-    it was chosen over."""
-    choice = choose(study)
-    best = choice.trial
+    it was chosen over. A script study's alone rounds have the last word (search/store/alone.py): their
+    figure is the speedup, or the export is "no change" when they cannot tell the patched script from the
+    script as written."""
+    choice = final(study)
+    best, passed_over = choice.trial, [dict(p) for p in choice.passed_over]
     if best is None:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to export")
     rounds = confirmed_figures(study, best.number)
@@ -303,10 +317,10 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         checks=checks_summary(study),
         metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})},
         ceiling=records.ceiling(study, best.number),
-        passed_over=[dict(p) for p in choice.passed_over] or None,
+        passed_over=passed_over or None,
     )
     if rounds is None:
-        return export
+        return alone.over(study, export)
     # Every figure from the same rounds: samples/s is the config's median over them (the search's single
     # measurement stays beside it), the speedup the median of its per-round ratios to the baseline.
     metrics = {
@@ -316,19 +330,20 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     }
     if record.role == Role.BASELINE:
         verdict = "no change exported: " + (
-            f"trial {choice.passed_over[0]['trial']} was faster, but not measurably or not checked (passed_over)"
-            if choice.passed_over
+            f"trial {passed_over[0]['trial']} was faster, but not measurably or not checked (passed_over)"
+            if passed_over
             else "no config was measurably faster than the baseline"
         )
     else:
         verdict = gain_statement(rounds)
-    return dataclasses.replace(
+    confirmed = dataclasses.replace(
         export,
         speedup=rounds["speedup_median"],
         confirmed={**rounds, "verdict": verdict},
         metrics=metrics,
         baseline_samples_per_s=rounds["baseline_median"],
     )
+    return alone.over(study, confirmed)
 
 
 def gain_statement(rounds: Mapping[str, Any]) -> str:

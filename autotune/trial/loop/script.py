@@ -641,6 +641,19 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     """One trial of a script pipeline: the script run until the trial's timed steps are done. No process
     group is set up here: a script run under torchrun sets up its own, and the clock's collectives run
     only once it exists."""
+    return _run(cfg, progress, launched, whole=False)[0]
+
+
+def run_whole(cfg: TrialConfig, launched: float) -> tuple[TrialResult, int]:
+    """`autotune run`: the script trained to its own end (its epochs, no timed stop, no step limit) with
+    `cfg` applied through the same seams a trial installs. The trial's window is measured as a trial
+    measures it, and what was applied is read as a trial reads it; the script then trains on with the
+    seams still installed and the clock idle. The result (that window's figures, the `applied` record of
+    the whole run), and the script's exit code (its own sys.exit's; 0 when it ran to its end)."""
+    return _run(cfg, None, launched, whole=True)
+
+
+def _run(cfg: TrialConfig, progress: Path | None, launched: float, whole: bool) -> tuple[TrialResult, int]:
     rank, world, local_rank = knobs.dist_env()
     machine = knobs.pick_device(local_rank)
     applied: dict[str, Any] = knobs.setup_process(cfg, machine)
@@ -661,11 +674,14 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     )
 
     def clock_for(device: torch.device) -> Clock:
-        return Clock(cfg, device, rank, world, progress, launched)
+        clock = Clock(cfg, device, rank, world, progress, launched)
+        return _Whole(clock, seams.finish) if whole else clock  # type: ignore[return-value]
 
     seams = Seams(cfg, clock_for, as_written, trial, own_lr="lr" in job.uses.api, machine=machine)
-    finished = execute(job, seams)
-    if not finished or seams.clock is None:  # a part-measured run is not this config's speed
+    finished, code = execute(job, seams, whole=whole)
+    if whole and seams.clock is not None and not seams.final:  # it ended before the trial's window closed
+        seams.finish()
+    if not whole and (not finished or seams.clock is None):  # a part-measured run is not this config's speed
         need = f"{cfg.timed_steps} timed" if cfg.seconds is None else f"{cfg.seconds:g} s of timed"
         untimed = seams.clock.untimed_steps if seams.clock is not None else cfg.warmup_steps
         raise ConfigError(
@@ -680,27 +696,81 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     applied["script"]["sites"] = seams.sites
     if cfg.profile:
         applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
-    return seams.clock.result(applied, measure.memory_total_bytes(seams.at))
+    memory = measure.memory_total_bytes(seams.at)
+    try:
+        if seams.clock is None:
+            raise ConfigError("the script ran no optimizer step")
+        return seams.clock.result(applied, memory), code
+    except ConfigError as e:
+        if not whole:
+            raise
+        # A whole run shorter than a trial's window trained all the same: what it applied, unmeasured.
+        return TrialResult(status="ok", applied=applied, memory_total_bytes=memory, message=str(e)), code
 
 
-def execute(job: ScriptJob, seams: Seams) -> bool:
-    """Run the script with the seams and their trial installed (what the script's at.* calls read); True
-    when the trial stopped it after its timed steps, False when the script ended on its own first."""
+class _Whole:
+    """A whole run's clock (`run_whole`): the trial's Clock until its window is measured, when `done`
+    closes it and reads what the run showed (Seams.finish, as a trial's end does); idle afterwards, so
+    the script trains on with no device sync and no clock read per step, and the figures stay the
+    window's. It never asks the script to stop."""
+
+    def __init__(self, clock: Clock, done: Callable[[], None]) -> None:
+        object.__setattr__(self, "_clock", clock)
+        object.__setattr__(self, "_done", done)
+        object.__setattr__(self, "idle", False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._clock, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not self.idle:  # what the seams count after the window does not change its figures
+            setattr(self._clock, name, value)
+
+    def loader(self, loader: Any) -> None:
+        if not self.idle:
+            self._clock.loader(loader)
+
+    def fetching(self) -> None:
+        if not self.idle:
+            self._clock.fetching()
+
+    def fetched(self) -> None:
+        if not self.idle:
+            self._clock.fetched()
+
+    def step_end(self, loss: float | None = None) -> bool:
+        if not self.idle and self._clock.step_end(loss):
+            self._done()
+            object.__setattr__(self, "idle", True)
+        return False
+
+    def close(self, losses_per_rank: bool) -> None:
+        if not self.idle:
+            self._clock.close(losses_per_rank)
+
+
+def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, int]:
+    """Run the script with the seams and their trial installed (what the script's at.* calls read). Returns
+    whether the trial stopped it after its timed steps (False: the script ended on its own first), and
+    the script's exit code. A trial refuses a script that exits with an error before it measured enough;
+    a whole run (`whole`) hands the script's exit code back instead."""
     api.install(seams.trial)
     try:
         with installed(seams), as_main(job):
             runpy.run_path(job.path, run_name="__main__")
     except _Done:
-        return True
-    except SystemExit as e:  # the script's own sys.exit() before the trial measured enough
-        if e.code not in (None, 0):
+        return True, 0
+    except SystemExit as e:  # the script's own sys.exit(), before the trial measured enough
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if code != 0 and not whole:
             raise ConfigError(
                 f"the script exited with {e.code!r} after {seams.hook_steps} optimizer step(s); "
                 "its own message is in the trial log"
             ) from None
+        return False, code
     finally:
         api.install(None)
-    return False
+    return False, 0
 
 
 def observed(

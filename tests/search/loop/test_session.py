@@ -258,3 +258,20 @@ def test_an_interrupt_is_the_stop_stored(tmp_path: Path, monkeypatch: pytest.Mon
     report = session.run()
     assert report.interrupted and report.stop == Stop.INTERRUPTED and report.code == 130
     assert StudyRecord.of(session.study).stop_reason == "interrupted"
+
+
+def test_the_run_ends_with_the_alone_rounds_given_the_patcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After confirmation and the gate, the session hands the command's patcher (apply/alone.patched_copy)
+    to the alone rounds, with the run's one budget, and reports their record: best.yaml is written after."""
+    calls: list[Any] = []
+
+    def alone_run(study: Any, s: Any, budget: Any, patch: Any, say: Any) -> dict[str, Any]:
+        calls.append((budget, patch))
+        return {"trial": 1, "skipped": "a test"}
+
+    monkeypatch.setattr(session_module.alone, "run", alone_run)
+    session = SearchSession.create(settings(tmp_path, n_trials=1, confirm_rounds=0), warm=False, say=lambda s: None)
+    patch = object()
+    outcome = session.run(patch=patch)  # type: ignore[arg-type]
+    assert len(calls) == 1 and calls[0][1] is patch and calls[0][0] is not None
+    assert outcome.alone == {"trial": 1, "skipped": "a test"} and outcome.best_yaml is not None

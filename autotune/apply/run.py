@@ -1,0 +1,79 @@
+"""`autotune run --config best.yaml train.py ARGS`: the user's real training, with a script study's best.yaml
+applied the way it was measured.
+
+The script runs in this process as `python train.py ARGS` would run it, to its own end (its epochs, no
+timed stop, no step limit), with the same seams a trial installs (trial/loop/script.py: the DataLoader's
+and the optimizer's arguments, zero_grad, cudnn and the threads, and the at.* calls handing over the
+config's batch, precision, lr, model), and no edit to the script: what runs is what was measured, even
+the knobs a diff cannot write (an optimizer built in another module, a value computed at run time). The
+trial's window is measured on the way, and the `applied` record a trial writes (each knob's requested
+value beside the one in effect) is written to a JSON file, so the run can be checked against the trial.
+
+A config on several GPUs runs under torchrun, one process per rank, as the study's trials did:
+`torchrun --nproc-per-node N -m autotune run --config best.yaml train.py ARGS`; rank 0 writes the file.
+
+May import: autotune.core, autotune.search, autotune.trial, autotune.pipelines.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.core.config import TrialConfig
+from autotune.core.configfile import load_config
+from autotune.core.errors import ConfigError
+from autotune.core.files import write_json_atomic
+from autotune.pipelines import kind_of, script
+
+Say = Callable[[str], None]
+
+
+def config_for(config: str | os.PathLike[str], path: str, args: list[str]) -> tuple[TrialConfig, str | None]:
+    """best.yaml's config and workload, for `path ARGS` in place of the study's script and arguments, and a
+    note when that script is not the one the study measured. Bad input (a file that is not a script
+    study's export, a missing script, several GPUs without torchrun) is one ConfigError line."""
+    cfg = load_config(config)
+    if kind_of(cfg.pipeline).loop != "script":
+        raise ConfigError(
+            f"{config}: measured on {cfg.pipeline!r}, not a script (--pipeline script:...): "
+            "autotune run trains a script study's export; `autotune train --config` trains a pipeline's"
+        )
+    spec = script.spec_of(path, args)
+    if cfg.gpus > 1 and "WORLD_SIZE" not in os.environ:
+        raise ConfigError(
+            f"{config}: gpus {cfg.gpus}: run one process per GPU, as the trials did: torchrun --nproc-per-node "
+            f"{cfg.gpus} -m autotune run --config {config} {path} ..."
+        )
+    studied, _ = script.parse(cfg.pipeline)
+    ran, _ = script.parse(spec)
+    note = None if Path(studied).resolve() == Path(ran) else f"{config} was measured on {studied}; applied to {ran}"
+    return cfg.replace(pipeline=spec), note
+
+
+def run(cfg: TrialConfig, out: Path, say: Say) -> int:
+    """Train `cfg`'s script to its end with `cfg` applied through the trial's seams; what was applied, and
+    the trial's window measured on the way, written to `out` (rank 0). Returns the script's exit code."""
+    from autotune.trial.loop.script import run_whole
+
+    result, code = run_whole(cfg, time.time())
+    if int(os.environ.get("RANK", 0)) != 0:
+        return code
+    record: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "exit_code": code,
+        "applied": dict(result.applied),
+        "measured": {k: v for k, v in result.to_dict().items() if k not in ("applied", "losses", "windows", "status")},
+    }
+    write_json_atomic(out, record)
+    steps = (result.applied.get("script") or {}).get("optimizer_steps")
+    figure = (
+        f"the trial's window measured on the way: {result.samples_per_s:.2f} samples/s"
+        if result.samples_per_s
+        else f"too short to measure a trial's window ({result.message})"
+    )
+    say(f"autotune run: {steps} optimizer step(s), exit code {code}; {figure}; what was applied -> {out}")
+    return code

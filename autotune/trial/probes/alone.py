@@ -1,0 +1,173 @@
+"""One run of a user's script alone, as `python train.py ARGS` runs it, timed without editing it.
+
+`python -m autotune.trial.probes.alone --script FILE [--home DIR] --warmup W --steps N --out R -- ARGS`
+runs FILE with runpy as `__main__` (sys.argv = [FILE, *ARGS], DIR first on sys.path: the folder `python`
+would put there, the original script's when FILE is a patched copy kept elsewhere), in a fresh process
+with no trial around it: no knob seams, no at.* trial installed, so every at.* call is the identity and
+the script runs its own settings. Only a step clock is installed: torch's global optimizer step
+post-hook stamps perf_counter (after a device sync) at each step; the first W steps are dropped; after
+the next N steps the hook raises _Enough, a BaseException the script's own `except Exception` lets
+through, which ends the run. Samples are counted from the batches the script's own DataLoaders yielded
+(the first dimension of each batch's first tensor), so a change of batch is counted as it ran; a script
+whose batches come from no DataLoader is measured in steps/s, and the result says which unit.
+
+R holds steps_per_s, samples_per_s (None without a counted loader), unit, the timed seconds, samples, the
+batch size each DataLoader was built with and the thread count. Exit 0; 1 the script ended (or raised)
+before W + N + 1 steps.
+
+`run_alone` starts one such process (search/loop/alone.py alternates them in paired rounds;
+benchmarks/script_example.py measures a search's export the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import TrialTimeout
+
+UNIT_SAMPLES, UNIT_STEPS = "samples/s", "steps/s"
+
+
+class AloneFailed(Exception):
+    """The run did not measure its steps (the script failed or ended early): its log's last lines say why."""
+
+
+def command(script: Path, args: list[str], warmup: int, steps: int, out: Path, home: Path | None = None) -> list[str]:
+    """The argv of one alone run of `script` (with `home` first on sys.path: default its own folder)."""
+    cmd = [sys.executable, "-m", "autotune.trial.probes.alone", "--script", str(script), "--out", str(out)]
+    cmd += ["--warmup", str(warmup), "--steps", str(steps)]
+    if home is not None:
+        cmd += ["--home", str(home)]
+    return [*cmd, "--", *args]
+
+
+def run_alone(
+    script: Path,
+    args: list[str],
+    warmup: int,
+    steps: int,
+    out: Path,
+    *,
+    home: Path | None = None,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """One alone run in a fresh process (its log beside `out`, as out's stem + .log); its figures, or
+    AloneFailed with the log's tail. The process runs in this process's folder and environment, as the
+    trials do, so the script's relative paths mean what they mean to them."""
+    from autotune.trial.processes.launcher import run_process, tail
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    log = out.with_suffix(".log")
+    try:
+        code = run_process(command(script, args, warmup, steps, out, home), log, timeout_s)
+    except TrialTimeout as e:
+        raise AloneFailed(f"{script.name}: {e}") from None
+    if code != 0 or not out.is_file():
+        raise AloneFailed(f"{script.name} exited with code {code}; its log ({log}) ends:\n{tail(log, 8)}")
+    return dict(json.loads(out.read_text()))
+
+
+class _Enough(BaseException):
+    """Raised from the step hook after the timed steps: a BaseException, so the script's `except Exception`
+    lets it through."""
+
+
+def measure(script: Path, args: list[str], warmup: int, steps: int, home: Path | None = None) -> dict[str, Any]:
+    """Run `script` in this process as `python script ARGS` would, stamping each optimizer step; its figures.
+    Raises AloneFailed when it ends before warmup + steps + 1 steps."""
+    import runpy
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    stamps: list[float] = []
+    samples: list[int] = [0]  # delivered since the last step; one entry per step after it
+    counted = [False]  # a DataLoader handed over a batch
+    batch_sizes: list[Any] = []
+    init, nxt = DataLoader.__init__, _BaseDataLoaderIter.__next__
+
+    def counting_init(loader: Any, *a: Any, **kw: Any) -> None:
+        init(loader, *a, **kw)
+        batch_sizes.append(loader.batch_size)
+
+    def counting_next(it: Any) -> Any:
+        batch = nxt(it)
+        first = batch[0] if isinstance(batch, (list, tuple)) else batch
+        if isinstance(first, dict):
+            first = next(iter(first.values()), None)
+        samples[-1] += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+        counted[0] = True
+        return batch
+
+    def stamp(optimizer: Any, a: Any, kw: Any) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+        samples.append(0)
+        if len(stamps) > warmup + steps:
+            raise _Enough
+
+    DataLoader.__init__ = counting_init  # type: ignore[method-assign,assignment]
+    _BaseDataLoaderIter.__next__ = counting_next  # type: ignore[method-assign,assignment]
+    handle = register_optimizer_step_post_hook(stamp)
+    argv, path = sys.argv[:], sys.path[:]
+    sys.argv = [str(script), *args]
+    sys.path.insert(0, str(home or script.parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except _Enough:
+        pass
+    finally:
+        handle.remove()
+        DataLoader.__init__, _BaseDataLoaderIter.__next__ = init, nxt  # type: ignore[method-assign]
+        sys.argv, sys.path[:] = argv, path
+    if len(stamps) <= warmup + steps:
+        raise AloneFailed(
+            f"the script ended after {len(stamps)} optimizer step(s), before the {warmup} warm-up and {steps} timed "
+            "ones: give it more steps in its arguments"
+        )
+    # Step i's samples were delivered between stamps i-1 and i: the timed window is stamps[warmup]..[warmup+steps].
+    seconds = stamps[warmup + steps] - stamps[warmup]
+    timed = sum(samples[warmup + 1 : warmup + steps + 1])
+    return {
+        "steps_per_s": steps / seconds,
+        "samples_per_s": timed / seconds if counted[0] else None,
+        "unit": UNIT_SAMPLES if counted[0] else UNIT_STEPS,
+        "seconds": seconds,
+        "steps": steps,
+        "warmup": warmup,
+        "samples": timed if counted[0] else None,
+        "batch_sizes": batch_sizes,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autotune.trial.probes.alone", description=__doc__.split("\n\n")[0])
+    p.add_argument("--script", required=True, type=Path, help="the script to run as __main__")
+    p.add_argument("--home", type=Path, default=None, help="first on sys.path (default: the script's folder)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps (default 3)")
+    p.add_argument("--steps", type=int, required=True, help="timed optimizer steps")
+    p.add_argument("--out", required=True, type=Path, help="the figures' JSON")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments, after --")
+    a = p.parse_args(argv)
+    args = a.args[1:] if a.args[:1] == ["--"] else a.args
+    try:
+        figures = measure(a.script.resolve(), args, a.warmup, a.steps, a.home)
+    except AloneFailed as e:
+        print(f"autotune alone: {e}", file=sys.stderr)
+        return 1
+    a.out.write_text(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

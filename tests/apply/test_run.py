@@ -1,0 +1,110 @@
+"""`autotune run --config best.yaml train.py ARGS`: the README's example script trained to its own end with
+a script study's config applied through the trial's seams, no edit to the script; the `applied` record
+it writes is the trial's for the same config. Bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.cli import main
+from autotune.core.config import TrialConfig
+from autotune.core.configfile import Export, to_yaml
+from autotune.pipelines.script import spec_of
+from autotune.pipelines.unet.data import make_data
+from autotune.trial.processes.launcher import run_trial
+from tests.pipelines.script_helpers import EXAMPLE
+
+# The measured knobs: none of them the script's own (it builds its loader with 0 workers, SGD without
+# flags, zero_grad() to None, fp32, torch's threads).
+KNOBS: dict[str, Any] = {
+    "num_workers": 1,
+    "pin_memory": False,
+    "persistent_workers": True,
+    "optimizer_fusion": "foreach",
+    "set_to_none": False,
+    "num_threads": 1,
+    "precision": "bf16",
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data(tmp_path_factory.mktemp("run") / "data", 24, (64, 64))  # 3 steps an epoch at batch 8
+
+
+def best_yaml(folder: Path, script: Path, data: Path, **knobs: Any) -> tuple[Path, TrialConfig]:
+    spec = spec_of(str(script), [str(data), "--size", "32", "--epochs", "50"])
+    cfg = TrialConfig(pipeline=spec, warmup_steps=1, timed_steps=2, window=1, **knobs)
+    path = folder / "best.yaml"
+    path.write_text(to_yaml(Export(cfg)))
+    return path, cfg
+
+
+def knob_effects(applied: dict[str, Any]) -> dict[str, Any]:
+    """Each knob's requested value and the one in effect, and the loaders and optimizers the script built
+    (not the counts of a run: how many steps, how many autocasts)."""
+    out = {k: (v["requested"], v["in_effect"]) for k, v in applied.items() if k != "script" and "requested" in v}
+    script = applied["script"]
+    return out | {"loaders": script["loaders"], "optimizers": script["optimizers"]}
+
+
+def test_the_readme_example_trains_to_its_end_with_the_measured_knobs_as_a_trial_applies_them(
+    repo_on_path: Path, tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = Path(shutil.copy(EXAMPLE, tmp_path / "train.py"))
+    before = script.read_text()
+    config, cfg = best_yaml(tmp_path, script, data, **KNOBS)
+    trial = run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    out = tmp_path / "applied.json"
+    code = main(
+        ["run", "--config", str(config), "--out", str(out), str(script), str(data), "--size", "32", "--epochs", "2"]
+    )
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert "epoch 0:" in said.out and "epoch 1:" in said.out  # the script's own epochs, to its end
+    assert script.read_text() == before  # no edit to the script
+    record = json.loads(out.read_text())
+    assert record["exit_code"] == 0 and record["applied"]["script"]["optimizer_steps"] == 2 * 3
+    run, measured = knob_effects(record["applied"]), knob_effects(dict(trial.applied))
+    assert run == measured
+    for knob in ("num_workers", "persistent_workers", "optimizer_fusion", "set_to_none", "num_threads", "precision"):
+        assert run[knob] == (KNOBS[knob], KNOBS[knob]), knob  # the measured knobs ran, not the script's own
+    assert "autotune run: 6 optimizer step(s), exit code 0" in said.err and str(out) in said.err
+
+
+def test_a_script_that_exits_with_an_error_hands_its_code_back(
+    repo_on_path: Path, tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nprint('own message')\nsys.exit(7)\n")
+    config, _ = best_yaml(tmp_path, script, data)
+    out = tmp_path / "run" / "applied.json"
+    assert main(["run", "--config", str(config), str(script)]) == 7  # --out: beside the config
+    assert "own message" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["exit_code"] == 7 and record["applied"]["script"]["optimizer_steps"] == 0
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = Path(shutil.copy(EXAMPLE, tmp_path / "train.py"))
+    config, _ = best_yaml(tmp_path, script, data)
+    unet = tmp_path / "unet.yaml"
+    unet.write_text(to_yaml(Export(TrialConfig())))
+    several = tmp_path / "gpus.yaml"
+    several.write_text(config.read_text().replace("gpus: 1", "gpus: 2"))
+    cases = [
+        (["--config", str(tmp_path / "nope.yaml"), str(script)], "nope.yaml"),
+        (["--config", str(unet), str(script)], "not a script"),
+        (["--config", str(config), str(tmp_path / "missing.py")], "missing.py"),
+        (["--config", str(several), str(script)], "torchrun --nproc-per-node 2 -m autotune run"),
+    ]
+    for argv, said in cases:
+        assert main(["run", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "run").exists()  # nothing written

@@ -1,0 +1,141 @@
+"""A script study's last word: its export applied to a copy of the script and run alone against the
+script as written, in paired rounds, each side a fresh process. Their figure is the speedup best.yaml
+gives; when they cannot tell the two apart (here: the patched script is slower, built into the script),
+the export is "no change" and the diff is empty. The speed differences are built in (a dataset that
+sleeps per item in the process that loads it), never noise."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.apply.alone import patched_copy
+from autotune.apply.export.diff import NO_CHANGE, to_diff
+from autotune.core.config import TrialConfig
+from autotune.core.configfile import to_yaml
+from autotune.core.paired import MIN_ROUNDS
+from autotune.core.settings import SearchSettings
+from autotune.search.budget import Budget
+from autotune.search.loop import alone
+from autotune.search.store import alone as store
+from autotune.search.store.records import StudyRecord, TrialRecord, write
+from autotune.search.store.results import best_export
+from autotune.search.store.storage import open_storage
+
+# Each item sleeps in the process that loads it: in the main process (`--sleep-in main`) two workers load
+# twice as fast; in the workers (`--sleep-in workers`) they are slower than none at all.
+SCRIPT = """
+import argparse, time
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+p = argparse.ArgumentParser()
+p.add_argument("--sleep-in", choices=("main", "workers"), default="main")
+args = p.parse_args()
+
+
+class Sleepy(Dataset):
+    def __len__(self):
+        return 4000
+
+    def __getitem__(self, i):
+        in_worker = get_worker_info() is not None
+        if in_worker == (args.sleep_in == "workers"):
+            time.sleep(0.03 if in_worker else 0.01)
+        return torch.ones(3), torch.ones(1)
+
+
+loader = DataLoader(Sleepy(), batch_size=4, num_workers=0)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in loader:
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+
+def script_study(tmp_path: Path, sleep_in: str) -> tuple[optuna.Study, SearchSettings]:
+    """A study of SCRIPT whose search measured num_workers=2 faster than the baseline (trial 1 over 0)."""
+    script = tmp_path / "project" / "train.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(SCRIPT))
+    base = TrialConfig(pipeline=f"script:{script} --sleep-in {sleep_in}", warmup_steps=2, seconds=5.0)
+    study = optuna.create_study(
+        study_name="s", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize"
+    )
+    StudyRecord(workload=base.workload()).write(study)
+    for role, knobs, value in (("baseline", {}, 100.0), ("search", {"num_workers": 2}, 200.0)):
+        t = study.ask()
+        metrics = {"samples_per_s": value, "step_time_p50": 1.0, "device": "cpu"}  # 1 s: the fewest steps
+        write(t, TrialRecord(role=role, config=base.replace(**knobs).knobs(), metrics=metrics, speedup=value / 100))
+        t.set_constraint("infeasible", 0.0)
+        study.tell(t, value)
+    return study, SearchSettings(budget_s=None, base=base, studies_dir=str(tmp_path / "studies"))
+
+
+@pytest.fixture
+def three_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(alone, "MAX_ROUNDS", MIN_ROUNDS)  # the fewest that can show a gain: the test's time
+
+
+def test_a_patched_script_faster_alone_gives_its_paired_figure_as_the_speedup(
+    repo_on_path: Path, tmp_path: Path, three_rounds: None
+) -> None:
+    study, settings = script_study(tmp_path, "main")
+    said: list[str] = []
+    record = alone.run(study, settings, None, patched_copy, say=said.append)
+    assert record is not None and record["trial"] == 1 and record["rounds"] == MIN_ROUNDS
+    assert record["measurable"] and record["exported"] == "the patched script"
+    assert record["unit"] == "samples/s" and record["steps"] == alone.MIN_STEPS and record["warmup"] == 2
+    assert all(r > 1 for r in record["ratios"]) and record["search_speedup"] == 2.0
+    copy = Path(record["patched_copy"])
+    assert "num_workers=2" in copy.read_text() and "num_workers=0" in Path(record["script"]).read_text()
+    # Each side a fresh process, its log and figures kept; the script as written first in even rounds.
+    runs = sorted(p.relative_to(copy.parent.parent).as_posix() for p in copy.parent.parent.glob("round-*/*.json"))
+    assert runs == [f"round-{r}/{side}.json" for r in range(MIN_ROUNDS) for side in ("as_written", "patched")]
+    assert any(line.startswith("alone round 3:") for line in said) and said[-1].startswith("alone: faster than")
+    # best.yaml: the alone figure is the speedup, the search's figures beside it.
+    exported = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert exported["config"]["num_workers"] == 2
+    assert exported["speedup"] == pytest.approx(record["median"]) and exported["alone"]["search_speedup"] == 2.0
+    assert exported["alone"]["verdict"].startswith("faster than the script as written")
+
+
+def test_a_patched_script_not_faster_alone_is_exported_as_no_change(
+    repo_on_path: Path, tmp_path: Path, three_rounds: None
+) -> None:
+    study, settings = script_study(tmp_path, "workers")
+    record = alone.run(study, settings, None, patched_copy, say=lambda s: None)
+    assert record is not None and not record["measurable"] and all(r < 1 for r in record["ratios"])
+    assert record["exported"] == "no change: no measurable gain alone"
+    export = best_export(study, None, None)
+    assert export.config.num_workers == 0 and export.study["trial"] == 0  # the script as written
+    assert yaml.safe_load(to_yaml(export))["alone"]["verdict"].startswith("slower than the script as written")
+    assert to_diff(export).startswith(NO_CHANGE.split("{")[0])
+
+
+def test_no_alone_rounds_where_the_budget_cannot_pay_or_nothing_changes(tmp_path: Path) -> None:
+    study, settings = script_study(tmp_path, "main")
+    spent = Budget.of(SearchSettings(budget_s=60.0, base=settings.base), started=0.0)  # long over
+    record = alone.run(study, settings, spent, patched_copy, say=lambda s: None)
+    assert record is not None and "cannot pay for 3 paired rounds" in record["skipped"]
+    # The search's export stands, and says why the rounds did not run.
+    export = best_export(study, None, None)
+    assert export.study["trial"] == 1 and export.speedup == 2.0 and "cannot pay" in export.alone["skipped"]
+    assert store.read(study) == record
+    # No patcher handed in (a caller outside the CLI), or another kind of job: nothing to run.
+    assert alone.run(study, settings, None, None) is None
+    other = SearchSettings(budget_s=None, base=TrialConfig(), studies_dir=settings.studies_dir)
+    assert alone.run(study, other, None, patched_copy) is None
+
+
+def test_the_steps_are_planned_for_the_time_left() -> None:
+    assert alone.plan_steps(0.01, 3, float("inf")) == 500  # ALONE_TIMED_S of 10 ms steps
+    assert alone.plan_steps(10.0, 3, float("inf")) == alone.MIN_STEPS
+    assert alone.plan_steps(0.1, 3, 2 * MIN_ROUNDS * (10.0 + 3.0)) == 26  # 3 s a run past its start-up
+    assert alone.plan_steps(0.1, 3, 2 * MIN_ROUNDS * 10.5) is None  # not even MIN_STEPS

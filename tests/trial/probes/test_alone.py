@@ -1,0 +1,88 @@
+"""One run of a script alone: the script as `python script ARGS` runs it (no trial: every at.* call is the
+identity), timed by a step clock alone, its samples counted from the batches its own DataLoader yielded
+(steps/s, said, without one), ended after the timed steps; a script that ends first is a said failure."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune.trial.probes.alone import UNIT_SAMPLES, UNIT_STEPS, AloneFailed, measure, run_alone
+
+LOADER_SCRIPT = """
+import argparse, json, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from autotune import script as at
+from autotune.pipelines.script import api
+
+p = argparse.ArgumentParser()
+p.add_argument("--epochs", type=int, default=100)
+p.add_argument("--seen", default=None)
+args = p.parse_args()
+batch = at.batch_size(4)
+if args.seen:  # what the at.* calls handed over, outside a trial
+    with open(args.seen, "w") as f:
+        json.dump({"batch": batch, "argv": sys.argv[1:], "no_trial": api._trial is None}, f)
+data = TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
+loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(args.epochs):
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+"""
+
+NO_LOADER_SCRIPT = """
+import torch
+from helper import batch  # a sibling module: found through the folder `python` puts first on sys.path
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(100):
+    x = torch.randn(batch(), 3)
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+"""
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_samples_come_from_the_scripts_own_loader_and_at_calls_are_the_identity(
+    repo_on_path: Path, tmp_path: Path
+) -> None:
+    script = write(tmp_path, "train.py", LOADER_SCRIPT)
+    seen = tmp_path / "seen.json"
+    got = run_alone(
+        script, ["--seen", str(seen)], warmup=2, steps=5, out=tmp_path / "run" / "alone.json", timeout_s=120
+    )
+    assert got["unit"] == UNIT_SAMPLES and got["samples"] == 5 * 4 and got["batch_sizes"] == [4]
+    assert got["steps"] == 5 and got["samples_per_s"] == pytest.approx(4 * got["steps_per_s"])
+    # No trial around it: at.batch_size() returned the script's own value; its argv is its own.
+    assert json.loads(seen.read_text()) == {"batch": 4, "argv": ["--seen", str(seen)], "no_trial": True}
+    assert (tmp_path / "run" / "alone.log").is_file()
+
+
+def test_a_script_without_a_loader_is_measured_in_steps_per_second_from_its_home(tmp_path: Path) -> None:
+    home = tmp_path / "project"
+    write(home, "helper.py", "def batch():\n    return 6\n")
+    copy = write(tmp_path / "elsewhere", "train.py", NO_LOADER_SCRIPT)  # a patched copy kept apart
+    got = measure(copy, [], warmup=1, steps=3, home=home)
+    assert got["unit"] == UNIT_STEPS and got["samples_per_s"] is None and got["samples"] is None
+    assert got["steps_per_s"] > 0 and got["batch_sizes"] == []
+
+
+def test_a_script_that_ends_before_its_steps_is_a_said_failure(repo_on_path: Path, tmp_path: Path) -> None:
+    script = write(tmp_path, "train.py", LOADER_SCRIPT)
+    with pytest.raises(AloneFailed, match=r"ended after 10 optimizer step\(s\).*more steps"):
+        run_alone(script, ["--epochs", "1"], warmup=3, steps=20, out=tmp_path / "alone.json", timeout_s=120)
