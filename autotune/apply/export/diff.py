@@ -43,6 +43,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.configfile import Export
 from autotune.core.errors import ConfigError, PipelineError
 from autotune.pipelines import kind_of, script
+from autotune.search.space.resolve import NO_EFFECT_WITHOUT_CUDA
 
 NO_CHANGE = "# autotune: no change: the fastest configuration measured is {path} as written"
 
@@ -142,9 +143,6 @@ def same(node: ast.expr, value: Any) -> bool:
 
 
 UNKNOWN = object()  # a value the source computes at run time, which the diff cannot read
-# Knobs that do nothing on a machine without CUDA (search/space/resolve.py fixes them there, unsearched):
-# what a trial ran for them is no measured value, so the diff never writes one.
-NO_EFFECT_WITHOUT_CUDA = ("pin_memory", "cudnn_benchmark")
 
 
 class Source:

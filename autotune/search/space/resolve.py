@@ -30,6 +30,14 @@ from autotune.search.space.spec import (
 )
 
 
+# The knobs that do nothing without CUDA: fixed off on such a machine, so never a measured value (the diff
+# never writes them from a study made there).
+NO_EFFECT_WITHOUT_CUDA = {
+    "pin_memory": "no CUDA, pinning memory is a no-op",
+    "cudnn_benchmark": "no CUDA, cudnn is not used",
+}
+
+
 def resolve(
     space: SearchSpace, pipeline: Any, settings: SearchSettings, base: TrialConfig, say: Callable[[str], Any]
 ) -> tuple[SearchSpace, Hardware, memory.Fit | None]:
@@ -92,8 +100,8 @@ def for_hardware(
                 "this CPU has no native bf16 (AVX512-BF16 or AMX): "
                 "autocast would emulate it, about 70x slower than fp32",
             )
-        n.fix("pin_memory", False, "no CUDA, pinning memory is a no-op")
-        n.fix("cudnn_benchmark", False, "no CUDA, cudnn is not used")
+        for name, why in NO_EFFECT_WITHOUT_CUDA.items():
+            n.fix(name, False, why)
         n.fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")
     n.clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
     n.clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
