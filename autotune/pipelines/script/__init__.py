@@ -362,7 +362,8 @@ def lr_rule(uses: Uses) -> tuple[str, str]:
     if linear and not sqrt:
         return "linear", f"the script's optimizer is {', '.join(linear)}: linear, SGD's rule"
     if sqrt and not linear:
-        return "sqrt", f"the script's optimizer is {', '.join(sqrt)}: sqrt, the Adam family's rule"
+        adaptive = "the rule for adaptive optimizers (the Adam family, Adagrad, Adadelta, RMSprop)"
+        return "sqrt", f"the script's optimizer is {', '.join(sqrt)}: sqrt, {adaptive}"
     if linear and sqrt:
         return DEFAULT_RULE, (
             f"the script constructs {', '.join(uses.optimizers)}, whose rules differ: {DEFAULT_RULE}, the default "
@@ -379,11 +380,12 @@ def rule_of(optimizer: str) -> str | None:
 
 # What to write when at.batch_size()'s default cannot be read, before trial 0 has reported it.
 READ_AT_RUN_TIME = (
-    "at.batch_size()'s default cannot be read from the source ({why}): trial 0 runs the script as written and "
-    "reports the value the script hands it (after its configurator or config file), and batch_size is searched "
-    "from then on; to search it from the start, give the default as a number, a name assigned once or an "
-    "argparse option with a literal default (`batch_size = at.batch_size(12)`), or pass --baseline "
-    "'{{\"batch_size\": N}}' with the batch the script runs"
+    "at.batch_size()'s default cannot be read from the source ({why}): in a search, trial 0 runs the script as "
+    "written and reports the value the script hands it (after its configurator or config file), and batch_size "
+    "is searched from then on; to search it from the start, pass --baseline '{{\"batch_size\": N}}' with the "
+    "batch the script runs (a single `autotune trial` has no trial 0: leave batch_size out of its config), or, "
+    "where nothing overrides it, give the default as a number, a name assigned once or an argparse option "
+    "with a literal default (`batch_size = at.batch_size(12)`)"
 )
 
 
