@@ -181,10 +181,17 @@ def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) 
     speedups = {r["trial"]: r["speedup_median"] for r in summary["rows"] if r["label"] != "baseline"}
     assert all(len(r["ratios"]) == 3 for r in summary["rows"])
     # The warm start's two loader workers halve a step's wait: the confirmed winner beats the baseline
-    # beside it, and it is what is exported, with the rounds' median as its speedup.
+    # beside it. It is exported with the rounds' median as its speedup, unless its training math differs
+    # (bf16 where this CPU has it): with --parity-steps 0 nothing is checked, so it is passed over, named
+    # with why, for the best config that computes the baseline's training.
     assert speedups[summary["winner"]] > 1.3, summary
-    assert exported["confirmed"]["rounds"] == 3 and exported["study"]["trial"] == summary["winner"]
-    assert exported["speedup"] == pytest.approx(speedups[summary["winner"]])
+    chosen = exported["study"]["trial"]
+    if chosen != summary["winner"]:
+        over = exported["passed_over"][0]
+        assert over["trial"] == summary["winner"] and over["why"].startswith("its training math differs"), over
+        assert "training_math" not in exported or not exported["training_math"].get("changes")
+    assert exported["confirmed"]["rounds"] == 3
+    assert exported["speedup"] == pytest.approx(speedups[chosen])
     assert any(s.startswith("confirmation:") for s in said)  # the reserve is announced up front
     logs = sorted((tmp_path / "studies" / "autotune" / "confirm").rglob("trial.log"))
     assert len(logs) == 3 * len(summary["rows"])  # each measurement a fresh trial process of its own

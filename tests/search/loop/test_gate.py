@@ -16,7 +16,7 @@ from autotune.core.configfile import to_yaml
 from autotune.search.store import records
 from autotune.search.loop import gate
 from autotune.search.store.records import PARITY, of_result, write
-from autotune.search.store.results import best_export, exported
+from autotune.search.store.results import best_export, choose, exported
 from autotune.search.store.records import FEASIBLE_KEY
 from autotune.search.store.storage import open_storage
 from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
@@ -72,7 +72,11 @@ def test_parity_off_checks_nothing(tmp_path: Path) -> None:
     record(study, "baseline", BROKEN, 10.0)
     record(study, "search", BROKEN.replace(precision="bf16"), 30.0)
     assert gate.run(study, SearchSettings(base=BROKEN, parity_steps=0), say=lambda s: None) is None
-    assert exported(study).number == 1 and PARITY not in study.user_attrs
+    assert PARITY not in study.user_attrs
+    # Its training math differs and was never checked: the baseline is exported, the faster one named.
+    choice = choose(study)
+    assert choice.trial is not None and choice.trial.number == 0
+    assert choice.passed_over[0]["trial"] == 1 and "it was not checked" in choice.passed_over[0]["why"]
 
 
 def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: Path, server: WarmServer) -> None:
