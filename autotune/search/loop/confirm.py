@@ -104,6 +104,7 @@ def run(
         server,
         say,
         budget.confirm_end if budget else None,
+        searched_seconds(study, pool),
     )
     # Stored even when no round fitted: the search was to be confirmed, and an unconfirmed config is
     # then not exported (results.choose); the summary says 0 rounds.
@@ -170,6 +171,16 @@ def extension_s(study: optuna.Study) -> float:
     confirmation to extend."""
     summary = records.confirmation(study)
     return 2 * MIN_ROUNDS * float(summary.get("trial_s") or 0) if summary else 0.0
+
+
+def searched_seconds(study: optuna.Study, pool: list[Candidate]) -> float | None:
+    """What one measurement of the pool costs, from the search's own trials of it (the median wall time,
+    launch to result): a round is the same fresh processes, so the rounds left out or not begun are
+    decided on this, not on a guess that lets a first round run that the rest cannot follow. None: none
+    was timed."""
+    walls = [TrialRecord.from_frozen(study.trials[c.trial]).wall_s for c in pool if c.trial < len(study.trials)]
+    timed = [w for w in walls if w]
+    return statistics.median(timed) if timed else None
 
 
 def _rounds(
