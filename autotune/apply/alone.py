@@ -12,7 +12,9 @@ May import: autotune.core, autotune.search, autotune.trial, autotune.pipelines (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from autotune.apply.export.diff import Rewrite
 from autotune.core.config import TrialConfig, baseline_of
@@ -31,8 +33,11 @@ class Patched:
     notes: tuple[str, ...] = ()
 
 
-def patched_copy(cfg: TrialConfig, folder: Path, device: str | None = None) -> Patched:
-    """Write `cfg`'s export into a copy of its script under `folder` (made if missing). A config that is the
+def patched_copy(
+    cfg: TrialConfig, folder: Path, device: str | None = None, sites: Mapping[str, Any] | None = None
+) -> Patched:
+    """Write `cfg`'s export into a copy of its script under `folder` (made if missing), at the DataLoader and
+    optimizer `sites` its trial recorded (the diff's own rule: Export.sites). A config that is the
     baseline's is the script as written: its copy is byte for byte the original. ConfigError when the
     script cannot be read."""
     path, args = script.parse(cfg.pipeline)
@@ -44,7 +49,7 @@ def patched_copy(cfg: TrialConfig, folder: Path, device: str | None = None) -> P
     source = original.read_bytes()
     notes: tuple[str, ...] = ()
     if cfg.knobs() != baseline_of(cfg).knobs():
-        rewrite = Rewrite(source, cfg, job, "cpu" if device in (None, "cpu") else "cuda")
+        rewrite = Rewrite(source, cfg, job, "cpu" if device in (None, "cpu") else "cuda", sites=sites)
         source = rewrite.apply()
         notes = tuple(rewrite.notes)
     folder.mkdir(parents=True, exist_ok=True)

@@ -116,9 +116,8 @@ def test_a_script_and_a_framework_job_share_a_base_not_each_others_parts() -> No
     for build in (job.build_model, job.build_dataset, lambda: job.loss(None, None)):
         with pytest.raises(PipelineError, match="is your own script, run whole"):
             build()
-    assert own_baseline(job) == {
-        "batch_size": 8
-    }  # the example keeps its own batch: its DataLoader's, read from the source
+    # The example keeps its own batch: its DataLoader's, read from the source.
+    assert own_baseline(job) == {"batch_size": 8}
 
 
 def test_an_own_loop_job_must_say_its_baseline_and_why_it_is_not_built() -> None:

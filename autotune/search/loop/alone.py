@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,7 +61,7 @@ class PatchedScript(Protocol):
     notes: tuple[str, ...]
 
 
-Patch = Callable[[TrialConfig, Path, "str | None"], PatchedScript]
+Patch = Callable[[TrialConfig, Path, "str | None", "Mapping[str, Any] | None"], PatchedScript]
 Say = Callable[[str], None]
 
 
@@ -135,7 +135,8 @@ def _rounds(
     folder = end_folder(settings, study, "alone")
     device = str(TrialRecord.from_frozen(trials[0]).metrics.get("device") or "") or None
     try:
-        patched = patch(cfg, folder / "patched", device)
+        sites = (TrialRecord.from_frozen(trials[0]).applied.get("script") or {}).get("sites")
+        patched = patch(cfg, folder / "patched", device, sites)
     except AutotuneError as e:
         return head | {"skipped": f"the export could not be applied to a copy of the script: {e}"}
     head |= {
