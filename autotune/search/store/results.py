@@ -223,12 +223,13 @@ def _passed_over(
 ) -> list[dict[str, Any]]:
     """The configs faster than `best` it was chosen over (ahead of it in export order, or confirmed with a
     higher median and no measurable gain), the first for each kind of reason; a failed check is not named:
-    the leaderboard says it."""
+    the leaderboard says it. With no `best`, every config is ahead: why none may be exported."""
     if best is None:
-        return []
-    mine = confirmed_paired(study, best.number)
-    floor = mine.median if mine and mine.ratios else _search_speedup(study, best) or 1.0
-    ahead = order[: order.index(best)]
+        floor, ahead = 0.0, order
+    else:
+        mine = confirmed_paired(study, best.number)
+        floor = mine.median if mine and mine.ratios else _search_speedup(study, best) or 1.0
+        ahead = order[: order.index(best)]
     out: dict[str, dict[str, Any]] = {}
     for t in ahead + [t for t in order if t not in ahead and t is not best]:
         why, rounds = why_not(t), confirmed_paired(study, t.number)
@@ -296,7 +297,15 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     choice = final(study)
     best, passed_over = choice.trial, [dict(p) for p in choice.passed_over]
     if best is None:
-        raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial to export")
+        why = "; ".join(f"trial {p['trial']}: {p['why']}" for p in passed_over)
+        raise AutotuneError(
+            f"study {study.study_name!r} has no trial that may be exported"
+            + (
+                f" ({why}), and the baseline has not finished a trial: run more trials"
+                if why
+                else ": no finished feasible trial"
+            )
+        )
     rounds = confirmed_figures(study, best.number)
     record, study_record = TrialRecord.from_frozen(best), StudyRecord.of(study)
     cfg = TrialConfig.from_dict({**(study_record.workload or {}), **record.config})

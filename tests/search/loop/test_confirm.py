@@ -158,7 +158,14 @@ def test_when_no_round_fits_the_search_still_exports_no_unconfirmed_change(
 @pytest.mark.slow
 @pytest.mark.parametrize("rounds", [3, 0])
 def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) -> None:
+    # The loader knobs only, precision fixed (the warm start takes bf16 where this CPU has it, in the space
+    # or not): every config computes the baseline's training, so with --parity-steps 0 any may be exported.
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "knobs:\n  precision: fp32\n  num_workers: {low: 0, high: 2}\n  prefetch_factor: [2, 4]\n  persistent_workers: [false, true]\n"
+    )
     settings = SearchSettings(
+        space=str(space),
         budget_s=600,
         n_trials=4,
         storage=str(tmp_path / "studies.db"),
@@ -181,19 +188,14 @@ def test_a_search_ends_confirmed_unless_turned_off(tmp_path: Path, rounds: int) 
     speedups = {r["trial"]: r["speedup_median"] for r in summary["rows"] if r["label"] != "baseline"}
     assert all(len(r["ratios"]) == 3 for r in summary["rows"])
     # The warm start's two loader workers halve a step's wait: the confirmed winner beats the baseline
-    # beside it. It is exported with the rounds' median as its speedup, unless its training math differs
-    # (bf16 where this CPU has it): with --parity-steps 0 nothing is checked, so it is passed over, named
-    # with why, for the best config that computes the baseline's training.
+    # beside it; the export is the fastest config the rounds show measurably faster (the sign test: every
+    # round), with the rounds' median as its speedup.
     assert speedups[summary["winner"]] > 1.3, summary
-    chosen = exported["study"]["trial"]
-    if chosen != summary["winner"]:
-        over = exported["passed_over"][0]
-        assert over["trial"] == summary["winner"] and over["why"].startswith("its training math differs"), over
-        assert "training_math" not in exported or not exported["training_math"].get("changes")
-    # Its own rounds' median is its speedup (a config the first rounds left out is confirmed beside the
-    # baseline after them, confirm.extend).
-    assert exported["confirmed"]["rounds"] == 3
-    assert exported["speedup"] == pytest.approx(speedups.get(chosen, exported["confirmed"]["speedup_median"]))
+    measurable = [r for r in summary["rows"] if r["measurable"]]
+    assert measurable, summary
+    chosen = max(measurable, key=lambda r: r["speedup_median"])["trial"]
+    assert exported["confirmed"]["rounds"] == 3 and exported["study"]["trial"] == chosen, summary
+    assert exported["speedup"] == pytest.approx(speedups[chosen])
     assert any(s.startswith("confirmation:") for s in said)  # the reserve is announced up front
     logs = sorted((tmp_path / "studies" / "autotune" / "confirm").rglob("trial.log"))
     assert len(logs) == 3 * len(summary["rows"])  # each measurement a fresh trial process of its own

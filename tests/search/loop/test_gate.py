@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.errors import AutotuneError
 from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.search.store import records
@@ -77,6 +78,17 @@ def test_parity_off_checks_nothing(tmp_path: Path) -> None:
     choice = choose(study)
     assert choice.trial is not None and choice.trial.number == 0
     assert choice.passed_over[0]["trial"] == 1 and "it was not checked" in choice.passed_over[0]["why"]
+
+
+def test_with_no_baseline_and_no_check_the_error_says_why_nothing_is_exported(tmp_path: Path) -> None:
+    """A worker whose one trial is an unchecked bf16 config, the baseline not run: nothing may be exported,
+    and the one line says which trial was passed over and why, not "no finished feasible trial"."""
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
+    record(study, "warm_start", BROKEN.replace(precision="bf16"), 30.0)
+    with pytest.raises(AutotuneError) as e:
+        best_export(study, None, None)
+    assert "trial 0: its training math differs (precision fp32 -> bf16)" in str(e.value)
+    assert "the baseline has not finished a trial" in str(e.value)
 
 
 def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: Path, server: WarmServer) -> None:
