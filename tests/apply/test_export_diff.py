@@ -162,13 +162,16 @@ def test_call_arguments_are_rewritten_where_they_stand(tmp_path: Path) -> None:
     a, b, c = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("DataLoader")]
     assert ast.unparse(a) == "DataLoader(data, 4, True, None, None, 3, None, True)"  # positional, replaced
     assert _kwargs(c) == {"batch_size": 4, "num_workers": 3, "prefetch_factor": 2, "pin_memory": True}
-    # **kwargs may already hold the knob: adding it could pass it twice, so it is said, not written
-    assert ast.unparse(b) == "DataLoader(data, batch_size=4, **loader_kw)"
+    # **kwargs may already hold the knob: added beside it, it could be passed twice (a TypeError), so the
+    # measured keywords are merged over the mapping, and win whatever it holds.
+    assert ast.unparse(b) == "DataLoader(data, batch_size=4, **{**loader_kw, 'num_workers': 3, 'pin_memory': True})"
     note = (
-        "# not in the diff: line 8: DataLoader(...) takes **kwargs, which may hold them: give it num_workers=3, "
-        "pin_memory=True: DataLoader(data, batch_size=4, num_workers=3, pin_memory=True, **loader_kw)\n"
+        "# line 8: DataLoader(...) takes **loader_kw: the measured num_workers=3, pin_memory=True are merged "
+        "over it, so what ran holds whatever it carries\n"
     )
     assert note in diff
+    merged = eval(ast.unparse(b).replace("DataLoader", "dict").replace("data, ", ""), {"loader_kw": {"num_workers": 1}})
+    assert merged == {"batch_size": 4, "num_workers": 3, "pin_memory": True}  # no keyword passed twice
     assert _kwargs(_call(patched, "AdamW")) == {"lr": 1e-3, "foreach": False, "fused": True}
     assert ast.unparse(_call(patched, "opt.zero_grad")) == "opt.zero_grad(False)"
     assert ast.unparse(_call(patched, "model.zero_grad")) == "model.zero_grad(set_to_none=False)"

@@ -21,9 +21,11 @@ positions, and in them only the knobs whose measured value differs from the scri
     scaled for a changed global batch is scaled in the source (at.lr()'s default, else the optimizer's
     lr=) by the same factor.
 A knob that does nothing on the machine measured (pin_memory, cudnn_benchmark without CUDA: the search
-fixes them there, unsearched) is never written. What cannot be written (a call given **kwargs, a value
-computed at run time, a file outside the folder the diff is applied from, apex) is said in a comment
-above the diff with the file, line and what to write there, never guessed. A study without sites (made
+fixes them there, unsearched) is never written. A call given one **mapping gets the measured keywords
+merged over it (`**{**kw, 'num_workers': 2}`: added beside it, a keyword it holds would be passed twice).
+What cannot be written (a call given several **mappings, a value computed at run time, a file outside
+the folder the diff is applied from, apex) is said in a comment above the diff with the file, line and
+what to write there, never guessed. A study without sites (made
 before they were recorded) has every DataLoader and fusable optimizer call in the script edited, said.
 A best that is the baseline is one line, "no change".
 """
@@ -86,6 +88,7 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
         head.append(f"# measured speedup over the script as written: x{e.speedup:.2f}")
     head += caveats(e)
     head.append(f"# apply it{where}: patch -p0 < <this file>  (or: git apply -p0 <this file>)")
+    head += [f"# {note}" for note in rewrite.merged_notes]
     head += [f"# not in the diff: {note}" for note in rewrite.notes]
     if not diff:
         head.append("# no edit: the source already has every measured value (or was patched already)")
@@ -158,7 +161,8 @@ class Source:
         for line in source.splitlines(True):
             self.starts.append(self.starts[-1] + len(line))
         self.edits: list[Edit] = []
-        self.unwritten: dict[ast.Call, list[str]] = {}  # a call given **kwargs -> the keywords it needs
+        self.merged: dict[ast.Call, dict[str, Any]] = {}  # a call given one **mapping -> the keywords over it
+        self.unwritten: dict[ast.Call, list[str]] = {}  # a call given several -> the keywords it needs
 
     def where(self, node: ast.AST, main: bool) -> str:
         """A line as a note names it: `line N` in the script, `file:N` elsewhere."""
@@ -214,8 +218,13 @@ class Source:
         return given
 
     def add_keyword(self, call: ast.Call, name: str, value: Any) -> None:
-        if any(k.arg is None for k in call.keywords):
-            # The keyword may already be in the mapping: adding it could pass it twice (a TypeError).
+        spreads = [k for k in call.keywords if k.arg is None]
+        # The keyword may already be in a mapping: added beside it, it could be passed twice (a TypeError).
+        # Merged over the one mapping, it wins whatever the mapping holds; with several, it is said.
+        if len(spreads) == 1:
+            self.merged.setdefault(call, {})[name] = value
+            return
+        if spreads:
             self.unwritten.setdefault(call, []).append(f"{name}={value!r}")
             return
         args: list[ast.AST] = [*call.args, *call.keywords]
@@ -226,6 +235,24 @@ class Source:
         else:
             offset = self.span(call)[1] - 1  # before its closing parenthesis
             self.edits.append(Edit(offset, offset, f"{name}={value!r}"))
+
+    def merge_spreads(self, main: bool) -> list[str]:
+        """Write the keywords over each call's one **mapping (`**{**kw, 'num_workers': 2}`); the notes
+        that say so."""
+        notes = []
+        for call, keywords in self.merged.items():
+            spread = next(k.value for k in call.keywords if k.arg is None)
+            bare = isinstance(spread, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+            mapping = self.text(spread) if bare else f"({self.text(spread)})"
+            items = ", ".join(f"{k!r}: {v!r}" for k, v in keywords.items())
+            self.replace(spread, f"{{**{mapping}, {items}}}")
+            said = ", ".join(f"{k}={v!r}" for k, v in keywords.items())
+            verb = "is" if len(keywords) == 1 else "are"
+            notes.append(
+                f"{self.where(call, main)}: {callee(call)}(...) takes **{self.text(spread)}: the measured {said} "
+                f"{verb} merged over it, so what ran holds whatever it carries"
+            )
+        return notes
 
     def option(self, node: ast.expr) -> tuple[ast.Call, list[str]] | None:
         """The argparse option `node` reads (`args.workers`): its add_argument call in this file and its
@@ -272,7 +299,8 @@ class Rewrite(Source):
         self.skip = job.unsupported
         self.api_calls = api_calls(self.tree)
         self.base = baseline_of(cfg)
-        self.notes: list[str] = []
+        self.notes: list[str] = []  # what the diff could not write
+        self.merged_notes: list[str] = []  # the keywords written over a call's **mapping
         self.top: list[str] = []  # lines added after the script's imports
         self.files: dict[str, Source | None] = {os.path.realpath(job.path): self}
         # What does nothing where the best was measured (a device the Export does not name: unknown).
@@ -294,6 +322,7 @@ class Rewrite(Source):
         if self.top:
             self.insert_top()
         for src in self.sources():
+            self.merged_notes += src.merge_spreads(src is self) if src.editable else []
             for call, kwargs in src.unwritten.items():
                 line = ast.unparse(with_keywords(call, kwargs))
                 self.notes.append(

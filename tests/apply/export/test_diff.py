@@ -178,17 +178,24 @@ def test_an_optimizer_built_in_another_module_is_reached(tmp_path: Path) -> None
 
 
 def test_an_optimizer_the_diff_cannot_edit_is_named_with_the_line_to_write(tmp_path: Path) -> None:
-    """Given **kwargs (which may hold the flag already), or in a file outside the folder the diff is
-    applied from: the file, its line, and the line to write."""
+    """Given one **mapping (which may hold the flag already), the flag is merged over it; given several,
+    or in a file outside the folder the diff is applied from: the file, its line, and the line to write."""
     (tmp_path / "train.py").write_text(_TRAIN)
     (tmp_path / "model.py").write_text(_MODEL.replace("weight_decay=0.1)", "weight_decay=0.1, **extra_args)"))
     sites = {"loaders": [], "optimizers": [_optimizer(tmp_path / "model.py", 9, "fused")]}
     e = _export(tmp_path / "train.py", sites=sites, optimizer_fusion="fused")
     diff = to_diff(e, device="cpu", cwd=str(tmp_path))
+    assert (
+        "+        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1, **{**extra_args, 'fused': True})"
+        in diff
+    )
+    assert "# model.py:9: AdamW(...) takes **extra_args: the measured fused=True is merged over it" in diff
+    (tmp_path / "model.py").write_text(_MODEL.replace("weight_decay=0.1)", "weight_decay=0.1, **extra_args, **more)"))
+    diff = to_diff(e, device="cpu", cwd=str(tmp_path))
     assert "\n@@ " not in diff
     assert (
         "model.py:9: AdamW(...) takes **kwargs, which may hold them: give it fused=True: "
-        "torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1, fused=True, **extra_args)"
+        "torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.1, fused=True, **extra_args, **more)"
     ) in _notes(diff)
     elsewhere = tmp_path / "lib"
     elsewhere.mkdir()
