@@ -116,6 +116,8 @@ def _rounds(
     head: dict[str, Any],
     trials: list[optuna.trial.FrozenTrial],
 ) -> dict[str, Any]:
+    """Plan the runs, apply the export to a copy, run the two alternately and tally their ratios; the record,
+    or why it was skipped."""
     if cfg.gpus > 1:
         return head | {"skipped": f"a config on {cfg.gpus} GPUs runs under torchrun: its alone rounds run one process"}
     step_s = max(
@@ -133,10 +135,10 @@ def _rounds(
             f"two runs of ~{per_run:.0f} s each: the search's figure stands (a longer --budget runs them)"
         }
     folder = end_folder(settings, study, "alone")
-    device = str(TrialRecord.from_frozen(trials[0]).metrics.get("device") or "") or None
+    record = TrialRecord.from_frozen(trials[0])
     try:
-        sites = (TrialRecord.from_frozen(trials[0]).applied.get("script") or {}).get("sites")
-        patched = patch(cfg, folder / "patched", device, sites)
+        sites = (record.applied.get("script") or {}).get("sites")
+        patched = patch(cfg, folder / "patched", str(record.metrics.get("device") or "") or None, sites)
     except AutotuneError as e:
         return head | {"skipped": f"the export could not be applied to a copy of the script: {e}"}
     head |= {
@@ -147,20 +149,35 @@ def _rounds(
         "warmup": warmup,
         "steps": steps,
     }
-    scripts = {"as_written": patched.original, "patched": patched.copy}
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-    loads: list[float] = []
-    per_round = 2 * (ALONE_OVERHEAD_S + (warmup + steps + 1) * step_s)  # the plan, until a round has run
-    timeout = max(120.0, 5 * per_round)
     say(
         f"alone: {THAN} against the export applied ({patched.copy}), each a fresh `python` process, "
         f"{warmup} warm-up and {steps} timed optimizer steps per run, at least {MIN_ROUNDS} rounds"
     )
+    per_round = 2 * (ALONE_OVERHEAD_S + (warmup + steps + 1) * step_s)  # the plan, until a round has run
+    runs, loads, ended = _alternate(patched, folder, warmup, steps, per_round, deadline, say)
+    return head | (ended if ended is not None else _tally(runs, loads))
+
+
+def _alternate(
+    patched: PatchedScript,
+    folder: Path,
+    warmup: int,
+    steps: int,
+    per_round: float,
+    deadline: float | None,
+    say: Say,
+) -> tuple[dict[str, list[dict[str, Any]]], list[float], dict[str, Any] | None]:
+    """The paired rounds, A B B A ...: each side's runs, the load after each round, and the record's end when
+    they stopped short (a side that failed, rounds that did not fit)."""
+    scripts = {"as_written": patched.original, "patched": patched.copy}
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    loads: list[float] = []
+    timeout = max(120.0, 5 * per_round)
     for r in range(MAX_ROUNDS):
         if r >= MIN_ROUNDS and not Budget.fits(per_round, deadline):
             break
         if r < MIN_ROUNDS and not Budget.fits(per_round * (MIN_ROUNDS - r), deadline):
-            return head | {"skipped": f"only {r} of {MIN_ROUNDS} rounds fitted in the budget left"}
+            return runs, loads, {"skipped": f"only {r} of {MIN_ROUNDS} rounds fitted in the budget left"}
         t0 = time.monotonic()
         for side in SIDES if r % 2 == 0 else SIDES[::-1]:
             out = folder / f"round-{r}" / f"{side}.json"
@@ -176,12 +193,16 @@ def _rounds(
                 )
             except AloneFailed as e:
                 if side == "patched":  # the diff breaks what runs as written: never a gain
-                    return head | {
-                        "measurable": False,
-                        "verdict": f"the patched script failed alone: {e}",
-                        "exported": "no change: the export applied does not run alone",
-                    }
-                return head | {"skipped": f"{THAN} did not run alone: {e}"}
+                    return (
+                        runs,
+                        loads,
+                        {
+                            "measurable": False,
+                            "verdict": f"the patched script failed alone: {e}",
+                            "exported": "no change: the export applied does not run alone",
+                        },
+                    )
+                return runs, loads, {"skipped": f"{THAN} did not run alone: {e}"}
             runs[side].append(got)
         per_round = time.monotonic() - t0 if r == 0 else max(per_round, time.monotonic() - t0)
         loads.append(round(os.getloadavg()[0], 2))
@@ -191,13 +212,18 @@ def _rounds(
             f"alone round {r + 1}: as written {figure(a, unit):.1f}, patched {figure(b, unit):.1f} {unit}: "
             f"x{figure(b, unit) / figure(a, unit):.2f}  (load {loads[-1]:.2f})"
         )
+    return runs, loads, None
+
+
+def _tally(runs: dict[str, list[dict[str, Any]]], loads: list[float]) -> dict[str, Any]:
+    """The rounds' ratios, their median and sign-test interval, the verdict and what the export becomes."""
     unit = unit_of(runs)
     ratios = [figure(b, unit) / figure(a, unit) for a, b in zip(runs["as_written"], runs["patched"])]
     paired = Paired.of(ratios)
     verdict = paired.statement(than=THAN)
     if unit == UNIT_STEPS:
         verdict += " (in steps/s: the script's batches come from no DataLoader to count)"
-    return head | {
+    return {
         **paired.to_dict(),
         "verdict": verdict,
         "unit": unit,

@@ -22,7 +22,7 @@ from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
 from autotune.search.loop import alone
 from autotune.search.store import alone as store
-from autotune.search.store.records import StudyRecord, TrialRecord, write
+from autotune.search.store.records import StudyRecord, TrialRecord, write, write_gate_checks
 from autotune.search.store.results import best_export
 from autotune.search.store.storage import open_storage
 
@@ -34,7 +34,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 p = argparse.ArgumentParser()
-p.add_argument("--sleep-in", choices=("main", "workers"), default="main")
+p.add_argument("--sleep-in", choices=("main", "workers", "nowhere"), default="main")
+p.add_argument("--no-workers", action="store_true")  # a script that cannot load in worker processes
 args = p.parse_args()
 
 
@@ -44,6 +45,8 @@ class Sleepy(Dataset):
 
     def __getitem__(self, i):
         in_worker = get_worker_info() is not None
+        if in_worker and args.no_workers:
+            raise RuntimeError("this dataset cannot be loaded in a worker process")
         if in_worker == (args.sleep_in == "workers"):
             time.sleep(0.03 if in_worker else 0.01)
         return torch.ones(3), torch.ones(1)
@@ -59,17 +62,18 @@ for x, y in loader:
 """
 
 
-def script_study(tmp_path: Path, sleep_in: str) -> tuple[optuna.Study, SearchSettings]:
-    """A study of SCRIPT whose search measured num_workers=2 faster than the baseline (trial 1 over 0)."""
+def script_study(tmp_path: Path, args: str, best: dict[str, int] | None = None) -> tuple[optuna.Study, SearchSettings]:
+    """A study of SCRIPT whose search measured `best` (num_workers=2) faster than the baseline (trial 1
+    over 0)."""
     script = tmp_path / "project" / "train.py"
     script.parent.mkdir()
     script.write_text(textwrap.dedent(SCRIPT))
-    base = TrialConfig(pipeline=f"script:{script} --sleep-in {sleep_in}", warmup_steps=2, seconds=5.0)
+    base = TrialConfig(pipeline=f"script:{script} {args}", warmup_steps=2, seconds=5.0)
     study = optuna.create_study(
         study_name="s", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize"
     )
     StudyRecord(workload=base.workload()).write(study)
-    for role, knobs, value in (("baseline", {}, 100.0), ("search", {"num_workers": 2}, 200.0)):
+    for role, knobs, value in (("baseline", {}, 100.0), ("search", best or {"num_workers": 2}, 200.0)):
         t = study.ask()
         metrics = {"samples_per_s": value, "step_time_p50": 1.0, "device": "cpu"}  # 1 s: the fewest steps
         write(t, TrialRecord(role=role, config=base.replace(**knobs).knobs(), metrics=metrics, speedup=value / 100))
@@ -86,7 +90,7 @@ def three_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_patched_script_faster_alone_gives_its_paired_figure_as_the_speedup(
     repo_on_path: Path, tmp_path: Path, three_rounds: None
 ) -> None:
-    study, settings = script_study(tmp_path, "main")
+    study, settings = script_study(tmp_path, "--sleep-in main")
     said: list[str] = []
     record = alone.run(study, settings, None, patched_copy, say=said.append)
     assert record is not None and record["trial"] == 1 and record["rounds"] == MIN_ROUNDS
@@ -109,7 +113,7 @@ def test_a_patched_script_faster_alone_gives_its_paired_figure_as_the_speedup(
 def test_a_patched_script_not_faster_alone_is_exported_as_no_change(
     repo_on_path: Path, tmp_path: Path, three_rounds: None
 ) -> None:
-    study, settings = script_study(tmp_path, "workers")
+    study, settings = script_study(tmp_path, "--sleep-in workers")
     record = alone.run(study, settings, None, patched_copy, say=lambda s: None)
     assert record is not None and not record["measurable"] and all(r < 1 for r in record["ratios"])
     assert record["exported"] == "no change: no measurable gain alone"
@@ -120,7 +124,7 @@ def test_a_patched_script_not_faster_alone_is_exported_as_no_change(
 
 
 def test_no_alone_rounds_where_the_budget_cannot_pay_or_nothing_changes(tmp_path: Path) -> None:
-    study, settings = script_study(tmp_path, "main")
+    study, settings = script_study(tmp_path, "--sleep-in main")
     spent = Budget.of(SearchSettings(budget_s=60.0, base=settings.base), started=0.0)  # long over
     record = alone.run(study, settings, spent, patched_copy, say=lambda s: None)
     assert record is not None and "cannot pay for 3 paired rounds" in record["skipped"]
@@ -132,6 +136,28 @@ def test_no_alone_rounds_where_the_budget_cannot_pay_or_nothing_changes(tmp_path
     assert alone.run(study, settings, None, None) is None
     other = SearchSettings(budget_s=None, base=TrialConfig(), studies_dir=settings.studies_dir)
     assert alone.run(study, other, None, patched_copy) is None
+
+
+def test_a_patched_script_that_fails_alone_is_never_a_gain(repo_on_path: Path, tmp_path: Path) -> None:
+    """The diff's num_workers=2 breaks a script whose dataset cannot load in workers: the script as written
+    runs, the patched copy fails, and the export is "no change", said with the script's own error."""
+    study, settings = script_study(tmp_path, "--sleep-in nowhere --no-workers")
+    record = alone.run(study, settings, None, patched_copy, say=lambda s: None)
+    assert record is not None and record["measurable"] is False, record
+    assert record["verdict"].startswith("the patched script failed alone") and "worker process" in record["verdict"]
+    assert record["exported"] == "no change: the export applied does not run alone"
+    export = best_export(study, None, None)
+    assert export.study["trial"] == 0 and export.config.num_workers == 0
+    assert export.passed_over and export.passed_over[0]["trial"] == 1  # the search's choice, named with why
+
+
+def test_a_config_on_several_gpus_is_not_run_alone(tmp_path: Path) -> None:
+    study, settings = script_study(tmp_path, "--sleep-in main", best={"num_workers": 2, "gpus": 2})
+    # Two GPUs double the global batch: exported only once its time-to-target check passed.
+    write_gate_checks(study, {"1": {"kind": "time to target", "verdict": "pass"}})
+    record = alone.run(study, settings, None, patched_copy, say=lambda s: None)
+    assert record is not None and "runs under torchrun" in record["skipped"]
+    assert not (Path(settings.studies_dir) / "s").exists() or not list(Path(settings.studies_dir).rglob("*.json"))
 
 
 def test_the_steps_are_planned_for_the_time_left() -> None:
