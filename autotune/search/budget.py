@@ -4,8 +4,9 @@
 search (confirmation and the parity gate); the trial loop spends the rest. Every phase asks one frozen
 `Budget`, made when the run starts, and none keeps a clock of its own:
 
-* the trial loop runs until `search_deadline` (the budget less the reserves, at least half of it,
-  counted from when the loop begins: the warm server's start-up comes out of the end's share),
+* the trial loop runs until `search_deadline` (the budget less the reserves, counted from when the loop
+  begins: the warm server's start-up comes out of the end's share); the reserves together are at most
+  half the budget, each cut in proportion where they would be more (`Budget.of`),
   each trial's timeout cut to what is left plus the grace;
 * a class check during the search starts only if it ends by `search_deadline`;
 * confirmation runs whole rounds that end by `confirm_end` (the end, less the alone rounds' share);
@@ -115,16 +116,24 @@ class Budget:
 
     @classmethod
     def of(cls, settings: SearchSettings, started: float | None = None) -> Budget:
-        """The budget of a run of `settings` that starts now (or at `started`)."""
+        """The budget of a run of `settings` that starts now (or at `started`). The end's shares together
+        are at most half the budget, each cut in proportion where they would be more: the trials keep the
+        other half, and every phase its own share of the whole, so none runs on another's time."""
+        shares = {
+            "confirm_reserve_s": confirm_reserve_s(settings),
+            "parity_reserve_s": parity_reserve_s(settings),
+            "ceiling_reserve_s": ceiling_reserve_s(settings),
+            "alone_reserve_s": alone_reserve_s(settings),
+        }
+        total = sum(shares.values())
+        if settings.budget_s is not None and total > settings.budget_s / 2:
+            shares = {k: v * settings.budget_s / 2 / total for k, v in shares.items()}
         return cls(
             started=time.monotonic() if started is None else started,
             budget_s=settings.budget_s,
             trial_timeout_s=settings.trial_timeout,
             grace_s=grace_s(settings.budget_s),
-            confirm_reserve_s=confirm_reserve_s(settings),
-            parity_reserve_s=parity_reserve_s(settings),
-            ceiling_reserve_s=ceiling_reserve_s(settings),
-            alone_reserve_s=alone_reserve_s(settings),
+            **shares,
         )
 
     @property
