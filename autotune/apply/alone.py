@@ -2,15 +2,19 @@
 script as written (search/loop/alone.py), so the figure it gives is the one the user gets from the diff.
 
 The copy is the script with `export --format diff`'s edits made (the same `Rewrite`, so no `patch`
-binary is needed), written into the study's folder; the user's file is never touched. What the diff
-cannot write (apply/export/diff.py's "not in the diff" notes) is returned beside it: the copy runs
-without it, as the patched script would.
+binary is needed), written into the study's folder, beside the copies of the modules the diff edits
+too (where the script builds its optimizer: model.py; a package's Python files whole), at their paths
+relative to the script; the
+user's files are never touched. The copy runs with its own folder first on sys.path, then the script's,
+so it imports the edited modules and the user's others. What the diff cannot write (apply/export/diff.py's
+"not in the diff" notes) is returned beside it: the copy runs without it, as the patched script would.
 
 May import: autotune.core, autotune.search, autotune.trial, autotune.pipelines (and the rest of apply).
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +35,7 @@ class Patched:
     copy: Path
     args: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    modules: tuple[Path, ...] = ()  # the copies of the other files the diff edits, beside `copy`
 
 
 def patched_copy(
@@ -48,11 +53,25 @@ def patched_copy(
     original = Path(job.path)
     source = original.read_bytes()
     notes: tuple[str, ...] = ()
+    others: dict[Path, bytes] = {}
     if cfg.knobs() != baseline_of(cfg).knobs():
         rewrite = Rewrite(source, cfg, job, "cpu" if device in (None, "cpu") else "cuda", sites=sites)
         source = rewrite.apply()
         notes = tuple(rewrite.notes)
+        others = {folder / other.name: other.patched() for other in rewrite.others()}  # names inside its folder
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / original.name
     write_atomic(copy, source.decode())
-    return Patched(original, copy, tuple(args), notes)
+    for path in {p.relative_to(folder).parts[0] for p in others if p.parent != folder}:
+        _copy_package(original.parent / path, folder / path)
+    for path, text in others.items():
+        write_atomic(path, text.decode())
+    return Patched(original, copy, tuple(args), notes, tuple(others))
+
+
+def _copy_package(src: Path, dst: Path) -> None:
+    """A package the diff edits a module of, its Python files copied whole: a package found first on
+    sys.path is the one imported, so the copy must hold all of it, not the edited module alone."""
+    for path in src.rglob("*.py"):
+        (dst / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dst / path.relative_to(src))

@@ -43,3 +43,44 @@ def test_a_baseline_config_is_the_script_as_written(tmp_path: Path) -> None:
     path.write_text(TRAIN)
     patched = patched_copy(TrialConfig(pipeline=script.spec_of(str(path), [])), tmp_path / "alone", "cpu", None)
     assert patched.copy.read_bytes() == path.read_bytes() and patched.notes == ()
+
+
+MODEL = """import torch
+
+
+def build(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
+"""
+
+
+def test_a_module_the_diff_edits_is_copied_beside_the_script(tmp_path: Path) -> None:
+    """The optimizer is built in model.py: the copy's folder holds model.py with the measured flag, and the
+    user's model.py is untouched."""
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nfrom model import build\n\nopt = build(torch.nn.Linear(2, 2))\n")
+    (tmp_path / "model.py").write_text(MODEL)
+    own = {"fused": None, "foreach": None}
+    site = {"file": str(tmp_path / "model.py"), "line": 5, "type": "AdamW", "own": own, "ran": "fused", "stepped": True}
+    cfg = TrialConfig(pipeline=script.spec_of(str(path), []), optimizer_fusion="fused")
+    patched = patched_copy(cfg, tmp_path / "alone", "cpu", {"loaders": [], "optimizers": [site]})
+    assert patched.modules == (tmp_path / "alone" / "model.py",)
+    assert "lr=1e-3, fused=True)" in patched.modules[0].read_text() and (tmp_path / "model.py").read_text() == MODEL
+    assert patched.copy.read_text() == path.read_text()  # the script itself has nothing to change
+
+
+def test_a_package_the_diff_edits_is_copied_whole(tmp_path: Path) -> None:
+    """pkg/model.py edited: the copy holds all of pkg (found first on sys.path, it is the pkg imported)."""
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nfrom pkg.model import build\n\nopt = build(torch.nn.Linear(2, 2))\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from pkg import other\n")
+    (tmp_path / "pkg" / "other.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "model.py").write_text(MODEL)
+    own = {"fused": None, "foreach": None}
+    site = {"file": str(tmp_path / "pkg" / "model.py"), "line": 5, "type": "AdamW", "own": own, "ran": "fused"}
+    cfg = TrialConfig(pipeline=script.spec_of(str(path), []), optimizer_fusion="fused")
+    patched = patched_copy(cfg, tmp_path / "alone", "cpu", {"loaders": [], "optimizers": [site | {"stepped": True}]})
+    copied = sorted(p.relative_to(tmp_path / "alone").as_posix() for p in (tmp_path / "alone").rglob("*.py"))
+    assert copied == ["pkg/__init__.py", "pkg/model.py", "pkg/other.py", "train.py"]
+    assert "fused=True" in (tmp_path / "alone" / "pkg" / "model.py").read_text()
+    assert (tmp_path / "pkg" / "model.py").read_text() == MODEL
