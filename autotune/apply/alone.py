@@ -2,12 +2,12 @@
 script as written (search/loop/alone.py), so the figure it gives is the one the user gets from the diff.
 
 The copy is the script with `export --format diff`'s edits made (the same `Rewrite`, so no `patch`
-binary is needed), written into the study's folder, beside the copies of the modules the diff edits
-too (where the script builds its optimizer: model.py; a package's Python files whole), at their paths
-relative to the script; the
-user's files are never touched. The copy runs with its own folder first on sys.path, then the script's,
-so it imports the edited modules and the user's others. What the diff cannot write (apply/export/diff.py's
-"not in the diff" notes) is returned beside it: the copy runs without it, as the patched script would.
+binary is needed), written into the study's folder beside copies of the modules the diff edits too
+(where the script builds its optimizer: model.py; a package's Python files whole), at their paths
+relative to the script; the user's files are never touched. The copy runs with its own folder first on
+sys.path, then the script's, so it imports the edited modules and the user's others. What the diff
+cannot write (apply/export/diff.py's "not in the diff" notes) is returned beside it: the copy runs
+without it, as the patched script would.
 
 May import: autotune.core, autotune.search, autotune.trial, autotune.pipelines (and the rest of apply).
 """
