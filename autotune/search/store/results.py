@@ -257,7 +257,11 @@ def final(study: optuna.Study) -> Choice:
     if choice.trial is None or best is choice.trial:
         return choice
     why = "run alone, the patched script was not measurably faster than the script as written (alone:)"
-    over = {"trial": choice.trial.number, "speedup": _search_speedup(study, choice.trial), "why": why}
+    # Its figure is the rounds' that overruled it (what the user would get), else confirmation's, else the
+    # search's one measurement.
+    rounds = confirmed_paired(study, choice.trial.number)
+    speedup = (alone.read(study) or {}).get("median") or (rounds.median if rounds and rounds.ratios else None)
+    over = {"trial": choice.trial.number, "speedup": speedup or _search_speedup(study, choice.trial), "why": why}
     return Choice(best, (over, *choice.passed_over))
 
 

@@ -119,6 +119,8 @@ def test_a_patched_script_not_faster_alone_is_exported_as_no_change(
     assert record["exported"] == "no change: no measurable gain alone"
     export = best_export(study, None, None)
     assert export.config.num_workers == 0 and export.study["trial"] == 0  # the script as written
+    # The config passed over is named with the figure that overruled it: what the user would get.
+    assert export.passed_over and export.passed_over[0]["speedup"] == pytest.approx(record["median"])
     assert yaml.safe_load(to_yaml(export))["alone"]["verdict"].startswith("slower than the script as written")
     assert to_diff(export).startswith(NO_CHANGE.split("{")[0])
 
