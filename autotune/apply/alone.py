@@ -62,10 +62,10 @@ def patched_copy(
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / original.name
     write_atomic(copy, source.decode())
-    for path in {p.relative_to(folder).parts[0] for p in others if p.parent != folder}:
-        _copy_package(original.parent / path, folder / path)
-    for path, text in others.items():
-        write_atomic(path, text.decode())
+    for package in {p.relative_to(folder).parts[0] for p in others if p.parent != folder}:
+        _copy_package(original.parent / package, folder / package)
+    for module, text in others.items():
+        write_atomic(module, text.decode())
     return Patched(original, copy, tuple(args), notes, tuple(others))
 
 

@@ -82,5 +82,6 @@ def test_a_package_the_diff_edits_is_copied_whole(tmp_path: Path) -> None:
     patched = patched_copy(cfg, tmp_path / "alone", "cpu", {"loaders": [], "optimizers": [site | {"stepped": True}]})
     copied = sorted(p.relative_to(tmp_path / "alone").as_posix() for p in (tmp_path / "alone").rglob("*.py"))
     assert copied == ["pkg/__init__.py", "pkg/model.py", "pkg/other.py", "train.py"]
+    assert patched.modules == (tmp_path / "alone" / "pkg" / "model.py",)
     assert "fused=True" in (tmp_path / "alone" / "pkg" / "model.py").read_text()
     assert (tmp_path / "pkg" / "model.py").read_text() == MODEL

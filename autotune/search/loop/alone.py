@@ -170,6 +170,8 @@ def _alternate(
     """The paired rounds, A B B A ...: each side's runs, the load after each round, and the record's end when
     they stopped short (a side that failed, rounds that did not fit)."""
     scripts = {"as_written": patched.original, "patched": patched.copy}
+    # The copy imports the modules the diff edited from its own folder, the user's others from theirs.
+    homes = {"as_written": (patched.original.parent,), "patched": (patched.copy.parent, patched.original.parent)}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     loads: list[float] = []
     timeout = max(120.0, 5 * per_round)
@@ -188,7 +190,7 @@ def _alternate(
                     warmup,
                     steps,
                     out,
-                    home=patched.original.parent,
+                    home=homes[side],
                     timeout_s=timeout,
                 )
             except AloneFailed as e:

@@ -1,8 +1,9 @@
 """One run of a user's script alone, as `python train.py ARGS` runs it, timed without editing it.
 
-`python -m autotune.trial.probes.alone --script FILE [--home DIR] --warmup W --steps N --out R -- ARGS`
-runs FILE with runpy as `__main__` (sys.argv = [FILE, *ARGS], DIR first on sys.path: the folder `python`
-would put there, the original script's when FILE is a patched copy kept elsewhere), in a fresh process
+`python -m autotune.trial.probes.alone --script FILE [--home DIR ...] --warmup W --steps N --out R -- ARGS`
+runs FILE with runpy as `__main__` (sys.argv = [FILE, *ARGS], the DIRs first on sys.path, in order: the
+folder `python` would put there; for a patched copy kept elsewhere, the copy's folder, where the modules
+the diff edits are, then the original script's, for the rest), in a fresh process
 with no trial around it: no knob seams, no at.* trial installed, so every at.* call is the identity and
 the script runs its own settings. Only a step clock is installed: torch's global optimizer step
 post-hook stamps perf_counter (after a device sync) at each step; the first W steps are dropped; after
@@ -37,12 +38,14 @@ class AloneFailed(Exception):
     """The run did not measure its steps (the script failed or ended early): its log's last lines say why."""
 
 
-def command(script: Path, args: list[str], warmup: int, steps: int, out: Path, home: Path | None = None) -> list[str]:
-    """The argv of one alone run of `script` (with `home` first on sys.path: default its own folder)."""
+def command(
+    script: Path, args: list[str], warmup: int, steps: int, out: Path, home: tuple[Path, ...] = ()
+) -> list[str]:
+    """The argv of one alone run of `script` (with the `home` folders first on sys.path: default its own)."""
     cmd = [sys.executable, "-m", "autotune.trial.probes.alone", "--script", str(script), "--out", str(out)]
     cmd += ["--warmup", str(warmup), "--steps", str(steps)]
-    if home is not None:
-        cmd += ["--home", str(home)]
+    for folder in home:
+        cmd += ["--home", str(folder)]
     return [*cmd, "--", *args]
 
 
@@ -53,7 +56,7 @@ def run_alone(
     steps: int,
     out: Path,
     *,
-    home: Path | None = None,
+    home: tuple[Path, ...] = (),
     timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """One alone run in a fresh process (its log beside `out`, as out's stem + .log); its figures, or
@@ -78,7 +81,7 @@ class _Enough(BaseException):
     lets it through."""
 
 
-def measure(script: Path, args: list[str], warmup: int, steps: int, home: Path | None = None) -> dict[str, Any]:
+def measure(script: Path, args: list[str], warmup: int, steps: int, home: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Run `script` in this process as `python script ARGS` would, stamping each optimizer step; its figures.
     Raises AloneFailed when it ends before warmup + steps + 1 steps."""
     import runpy
@@ -120,7 +123,7 @@ def measure(script: Path, args: list[str], warmup: int, steps: int, home: Path |
     handle = register_optimizer_step_post_hook(stamp)
     argv, path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *args]
-    sys.path.insert(0, str(home or script.parent))
+    sys.path[0:0] = [str(folder) for folder in home or (script.parent,)]
     try:
         runpy.run_path(str(script), run_name="__main__")
     except _Enough:
@@ -153,7 +156,13 @@ def measure(script: Path, args: list[str], warmup: int, steps: int, home: Path |
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autotune.trial.probes.alone", description=__doc__.split("\n\n")[0])
     p.add_argument("--script", required=True, type=Path, help="the script to run as __main__")
-    p.add_argument("--home", type=Path, default=None, help="first on sys.path (default: the script's folder)")
+    p.add_argument(
+        "--home",
+        type=Path,
+        action="append",
+        default=[],
+        help="first on sys.path, in order (default: the script's folder)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps (default 3)")
     p.add_argument("--steps", type=int, required=True, help="timed optimizer steps")
     p.add_argument("--out", required=True, type=Path, help="the figures' JSON")
@@ -161,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     try:
-        figures = measure(a.script.resolve(), args, a.warmup, a.steps, a.home)
+        figures = measure(a.script.resolve(), args, a.warmup, a.steps, tuple(a.home))
     except AloneFailed as e:
         print(f"autotune alone: {e}", file=sys.stderr)
         return 1

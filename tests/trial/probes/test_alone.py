@@ -5,6 +5,7 @@ identity), timed by a step clock alone, its samples counted from the batches its
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -41,10 +42,11 @@ for epoch in range(args.epochs):
 NO_LOADER_SCRIPT = """
 import torch
 from helper import batch  # a sibling module: found through the folder `python` puts first on sys.path
+from sizes import SIZE
 model = torch.nn.Linear(3, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(100):
-    x = torch.randn(batch(), 3)
+    x = torch.randn(batch() * SIZE, 3)
     opt.zero_grad()
     model(x).sum().backward()
     opt.step()
@@ -76,10 +78,19 @@ def test_samples_come_from_the_scripts_own_loader_and_at_calls_are_the_identity(
 def test_a_script_without_a_loader_is_measured_in_steps_per_second_from_its_home(tmp_path: Path) -> None:
     home = tmp_path / "project"
     write(home, "helper.py", "def batch():\n    return 6\n")
+    write(home, "sizes.py", "SIZE = 1\n")
     copy = write(tmp_path / "elsewhere", "train.py", NO_LOADER_SCRIPT)  # a patched copy kept apart
-    got = measure(copy, [], warmup=1, steps=3, home=home)
+    got = measure(copy, [], warmup=1, steps=3, home=(home,))
     assert got["unit"] == UNIT_STEPS and got["samples_per_s"] is None and got["samples"] is None
     assert got["steps_per_s"] > 0 and got["batch_sizes"] == []
+    # The copy's folder first: a module the diff edited, kept beside the copy, is the one imported; the
+    # user's others come from the script's own folder.
+    write(copy.parent, "helper.py", "def batch():\n    raise SystemExit('the edited helper ran')\n")
+    sys.modules.pop("helper")  # measure() runs in this process here; a run alone is a fresh one
+    with pytest.raises(SystemExit, match="the edited helper ran"):
+        measure(copy, [], warmup=1, steps=3, home=(copy.parent, home))
+    for name in ("helper", "sizes"):
+        sys.modules.pop(name, None)
 
 
 def test_a_script_that_ends_before_its_steps_is_a_said_failure(repo_on_path: Path, tmp_path: Path) -> None:
