@@ -373,7 +373,7 @@ class SearchSession:
         file sets, a DataLoader's computed batch), the study is rebased on it and the space resolved again, so
         the batch is searched from here (or kept, at the one that ran). True when it was."""
         s = self.settings
-        base = rebased(s.base, TrialRecord.from_frozen(trial0).config)
+        base = rebased(s.base, TrialRecord.from_frozen(trial0).applied)
         if base is None or pipelines.kind_of(s.base.pipeline).loop != "script":
             return False
         pipeline = pipelines.load_pipeline(base)

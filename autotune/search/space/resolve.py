@@ -312,12 +312,19 @@ def as_ran(cfg: TrialConfig, applied: Mapping[str, Any], as_written: bool) -> Tr
     return cfg.replace(batch_size=batch, baseline=tuple(sorted(baseline.items())))
 
 
-def rebased(base: TrialConfig, ran: Mapping[str, Any]) -> TrialConfig | None:
-    """The study's workload rebased on the batch trial 0 ran (its record's knobs, as_ran), when it is not
-    the one the baseline records (the script's source could not say it); None when it is, or when the
-    study fixes the global batch."""
-    batch = ran.get("batch_size")
-    if not isinstance(batch, int) or batch == baseline_of(base).batch_size or base.global_batch is not None:
+def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None:
+    """The study's workload rebased on the batch trial 0's run reported as the script's own (its record's
+    `applied`: at.batch_size()'s default as handed over, what a kept loader delivered), when the baseline
+    does not record that one (the source could not say it: even where it is autotune's default 8, it is
+    known only now); None when it does, when the run reported none, or when the study fixes the global
+    batch."""
+    script = applied.get("script")
+    own = script.get("own") if isinstance(script, Mapping) else None
+    batch = own.get("batch_size") if isinstance(own, Mapping) else None
+    recorded = dict(base.baseline or ()).get("batch_size")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        return None
+    if batch == recorded or base.global_batch is not None:
         return None
     return base.replace(baseline=tuple(sorted({**dict(base.baseline or ()), "batch_size": batch}.items())))
 
