@@ -10,7 +10,8 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
   - the no-edit knobs (optimizer_fusion, set_to_none, cudnn_benchmark, num_threads) reach any script
     through torch's own seams; optimizer_fusion only an optimizer whose constructor takes the
     fused/foreach pair (fusion.py);
-  - the loader knobs need a `DataLoader` in the script's source;
+  - the loader knobs need a `DataLoader` in the script's source, or in a module it imports from its own
+    folder (modules.py), as the optimizers below;
   - precision needs a call to `at.autocast()`, channels_last and compile one to `at.model()`
     (autotune.script, the cooperative API); fp16 needs `at.scaler()` too: without loss scaling fp16's
     small gradients flush to zero, its speed wins by noise and its export would have no scaler; the
@@ -35,6 +36,7 @@ May import: autotune.core, autotune.pipelines (never torch at import).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,7 @@ from autotune.pipelines import Unsupported
 from autotune.pipelines.kind import SCRIPT_PREFIX as PREFIX, kind_of
 from autotune.pipelines.own_loop import OwnLoopJob
 from autotune.pipelines.script import fusion
+from autotune.pipelines.script.modules import local_modules
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
@@ -208,6 +211,18 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
     if "autocast" in first:
         own.append(("precision", _own_precision(tree, first["autocast"], args)))
     return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api, process_group)
+
+
+def scan_script(path: str, args: list[str] | tuple[str, ...] = ()) -> Uses:
+    """`scan` of the script at `path`, with the DataLoaders and optimizers of the modules it imports from its
+    own folder (modules.py): where it builds them is the script's choice, what it routes is the same."""
+    tree = check_source(path, f"script {path!r}")
+    uses = scan(tree, args)
+    modules = [scan(module) for _, module in local_modules(Path(path), tree)]
+    optimizers = dict.fromkeys([*uses.optimizers, *(o for m in modules for o in m.optimizers)])
+    return dataclasses.replace(
+        uses, dataloader=uses.dataloader or any(m.dataloader for m in modules), optimizers=tuple(optimizers)
+    )
 
 
 def _own_precision(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...]) -> str:
@@ -527,7 +542,7 @@ def load(cfg: TrialConfig) -> ScriptJob:
     if not Path(path).is_absolute():
         path = str(Path(path).resolve())
     recorded = dict(cfg.baseline or ()).get("batch_size")
-    uses = scan(check_source(path, f"script {path!r}"), args)
+    uses = scan_script(path, args)
     return ScriptJob(cfg.pipeline, path, args, uses, cfg.global_batch, recorded if isinstance(recorded, int) else None)
 
 
@@ -539,7 +554,7 @@ def study_defaults(spec: str, global_batch: int | None, given: Collection[str] =
     from autotune.core.config import TrialConfig, lr_factor
 
     path, args = parse(spec)
-    uses = scan(check_source(path, f"script {path!r}"), args)
+    uses = scan_script(path, args)
     rule = lr_rule(uses)[0] if "lr_scaling" not in given else None
     out: dict[str, Any] = {} if rule is None else {"lr_scaling": rule}
     lr = uses.own_value("lr")
