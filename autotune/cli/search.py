@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -264,8 +265,6 @@ def _search_settings(args: argparse.Namespace) -> Any:
 
 def _pipeline_spec(args: argparse.Namespace) -> str | None:
     """--pipeline, or the script spec --script and --script-args make (its path checked and made absolute)."""
-    import shlex
-
     from autotune.core.errors import ConfigError
     from autotune.pipelines import script
 
@@ -395,7 +394,7 @@ def _run(session: Any, console: Any) -> int:
             )
         console.print(
             f"autotune: best config exported to {outcome.best_yaml}\n"
-            f"  apply it:  autotune trial --config {outcome.best_yaml}\n"
+            f"{_apply_lines(s, outcome.best_yaml)}"
             f"  inspect:   optuna-dashboard {shown_storage(s.storage)} --artifact-dir "
             f"{Path(s.studies_dir) / 'artifacts'}",
             highlight=False,
@@ -403,6 +402,24 @@ def _run(session: Any, console: Any) -> int:
     if outcome.error:
         print(f"autotune: error: {outcome.error}", file=sys.stderr)
     return outcome.code
+
+
+def _apply_lines(s: Any, best_yaml: Path) -> str:
+    """How to use the export: a script's real training with it applied (what was measured, no edit) and its
+    change as a diff to the source; another pipeline's re-measure."""
+    from autotune.pipelines import kind_of, script
+    from autotune.search.store.storage import shown_storage
+
+    if kind_of(s.base.pipeline).loop != "script":
+        return f"  apply it:  autotune trial --config {best_yaml}\n"
+    path, args = script.parse(s.base.pipeline)
+    where = (f" --study {s.study}" if s.study != "autotune" else "") + (
+        f" --storage {shown_storage(s.storage)}" if s.storage else ""
+    )
+    return (
+        f"  apply it:  autotune run --config {best_yaml} {shlex.join([path, *args])}\n"
+        f"  or edit your source:  autotune export{where} --format diff -o tuned.diff  (patch -p0 < tuned.diff)\n"
+    )
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ script can take (from its source), the example run alone, and the export of what
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,13 @@ def test_a_search_on_the_example_exports_and_its_best_re_measures(
         "batch_size not searched: not supported by this pipeline: the script runs its own batch size, 8 (its DataLoader's"
         in search.stdout
     )
+    # The final lines say how to apply it: the real training with it applied, or the change as a diff.
+    assert f"apply it:  autotune run --config {best.relative_to(tmp_path)} {EXAMPLE} {args}" in search.stdout
+    printed = next(line for line in search.stdout.splitlines() if "or edit your source:" in line)
+    words = shlex.split(printed.split("or edit your source:", 1)[1].split("(", 1)[0])
+    assert words[:3] == ["autotune", "export", "--format"]
+    diff = autotune(*words[1:], cwd=tmp_path)
+    assert diff.returncode == 0 and (tmp_path / "tuned.diff").read_text().startswith("#"), diff.stderr
     export = autotune("export", "--format", "script", "-o", "changes.txt", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
     assert f"# autotune export for {EXAMPLE}" in (tmp_path / "changes.txt").read_text()
