@@ -6,7 +6,8 @@ timed stop, no step limit), with the same seams a trial installs (trial/loop/scr
 and the optimizer's arguments, zero_grad, cudnn and the threads, and the at.* calls handing over the
 config's batch, precision, lr, model), and no edit to the script: what runs is what was measured, even
 the knobs a diff cannot write (an optimizer built in another module, a value computed at run time). The
-trial's window is measured on the way, and the `applied` record a trial writes (each knob's requested
+loader knobs go where the exported trial iterated a DataLoader (best.yaml's `sites:`), as the diff writes
+them: a validation loader no trial measured keeps the script's own arguments. The trial's window is measured on the way, and the `applied` record a trial writes (each knob's requested
 value beside the one in effect) is written to a JSON file, so the run can be checked against the trial.
 
 A config on several GPUs runs under torchrun, one process per rank, as the study's trials did:
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.config import TrialConfig
-from autotune.core.configfile import load_config
+from autotune.core.configfile import load_config, load_sites
 from autotune.core.errors import ConfigError
 from autotune.core.files import write_json_atomic
 from autotune.pipelines import kind_of, script
@@ -54,12 +55,25 @@ def config_for(config: str | os.PathLike[str], path: str, args: list[str]) -> tu
     return cfg.replace(pipeline=spec), note
 
 
-def run(cfg: TrialConfig, out: Path, say: Say) -> int:
-    """Train `cfg`'s script to its end with `cfg` applied through the trial's seams; what was applied, and
-    the trial's window measured on the way, written to `out` (rank 0). Returns the script's exit code."""
+def measured_loaders(config: str | os.PathLike[str]) -> frozenset[tuple[str, int]] | None:
+    """Where the exported trial built the DataLoaders it iterated (file, line): the loader knobs are applied
+    there only, as the diff writes them, so a validation loader no trial measured keeps the script's own.
+    None (applied to every loader, as the trials did) when best.yaml has no sites (a study made before
+    they were recorded)."""
+    sites = load_sites(config)
+    if sites is None:
+        return None
+    loaders = [s for s in sites.get("loaders") or () if isinstance(s, dict)]
+    return frozenset((str(s.get("file")), int(s.get("line") or 0)) for s in loaders if s.get("iterated"))
+
+
+def run(cfg: TrialConfig, out: Path, say: Say, measured: frozenset[tuple[str, int]] | None = None) -> int:
+    """Train `cfg`'s script to its end with `cfg` applied through the trial's seams (the loader knobs at the
+    `measured` DataLoaders only); what was applied, and the trial's window measured on the way, written to
+    `out` (rank 0). Returns the script's exit code."""
     from autotune.trial.loop.script import run_whole
 
-    result, code = run_whole(cfg, time.time())
+    result, code = run_whole(cfg, time.time(), measured)
     if int(os.environ.get("RANK", 0)) != 0:
         return code
     record: dict[str, Any] = {

@@ -190,7 +190,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune.apply.run import config_for, run
+    from autotune.apply.run import config_for, measured_loaders, run
     from autotune.core import errors
 
     out = Path(args.out) if args.out else Path(args.config).resolve().parent / "run" / "applied.json"
@@ -199,7 +199,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if note:
         print(f"autotune run: {note}", file=sys.stderr)
     try:
-        return run(cfg, out, lambda s: print(s, file=sys.stderr))
+        # The loaders the exported trial iterated, where the script run is the one it measured.
+        measured = measured_loaders(args.config) if note is None else None
+        return run(cfg, out, lambda s: print(s, file=sys.stderr), measured)
     except errors.AutotuneError:
         raise
     except Exception as e:  # a failure a trial names (out of memory, a non-finite loss): its exit code

@@ -163,6 +163,8 @@ def to_yaml(e: Export) -> str:
         *([("checks", e.checks)] if e.checks else []),
         *([("framework", e.framework)] if e.framework else []),
         *([("ceiling", e.ceiling)] if e.ceiling else []),
+        # Where the script built its loaders and optimizers: `autotune run` applies the loader knobs there.
+        *([("sites", e.sites)] if e.sites else []),
         ("environment", e.environment),
         ("study", study),
         ("reproduce", e.reproduce),
@@ -180,6 +182,14 @@ def load_config(path: str | os.PathLike[str]) -> TrialConfig:
         raise ConfigError(f"{p}: {exc}") from None
     except (TypeError, ValueError) as exc:  # a value of the wrong type that a comparison tripped on
         raise ConfigError(f"{p}: bad config value: {exc}") from None
+
+
+def load_sites(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:
+    """An exported file's `sites:` (a script study's DataLoader and optimizer construction sites, as its
+    trial recorded them); None when it has none (another pipeline's, or a study made before them)."""
+    p = Path(path)
+    sites = _read_mapping(p.suffix.lower() == ".json", _read_text(p), str(p)).get("sites")
+    return sites if isinstance(sites, Mapping) else None
 
 
 def load_baseline(arg: str, workload: TrialConfig) -> dict[str, Any]:

@@ -108,3 +108,42 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: Path, capsys: py
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], err
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+TWO_LOADERS = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+train = DataLoader(data, batch_size=4, num_workers=0)
+val = DataLoader(data, batch_size=4, num_workers=0)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(20):
+    for x, y in train:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+with torch.no_grad():
+    print("val", sum(float(torch.nn.functional.mse_loss(model(x), y)) for x, y in val))
+"""
+
+
+def test_the_loader_knobs_go_only_where_the_trial_measured_them(
+    repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trial iterated the training loader only: `autotune run` gives it the measured workers, as the diff
+    would, and the validation loader keeps the script's own 0 (said in the record)."""
+    script = tmp_path / "train.py"
+    script.write_text(TWO_LOADERS)
+    cfg = TrialConfig(pipeline=spec_of(str(script), []), warmup_steps=1, timed_steps=2, window=1, num_workers=1)
+    trial = run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    sites = trial.applied["script"]["sites"]
+    assert [s["iterated"] for s in sites["loaders"]] == [True, False]
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(Export(cfg, sites=sites)))
+    out = tmp_path / "applied.json"
+    assert main(["run", "--config", str(config), "--out", str(out), str(script)]) == 0, capsys.readouterr().err
+    train, val = json.loads(out.read_text())["applied"]["script"]["loaders"]
+    assert train["num_workers"] == 1 and "kept" not in train
+    assert val["num_workers"] == 0 and val["kept"].startswith("no trial measured it")
+    assert json.loads(out.read_text())["applied"]["num_workers"]["in_effect"] == 1

@@ -48,7 +48,7 @@ import inspect
 import os
 import runpy
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +86,16 @@ def is_as_written(cfg: TrialConfig) -> bool:
     return cfg.knobs() == baseline_of(cfg).knobs()
 
 
+UNMEASURED = "no trial measured it (the exported trial never iterated it): the script's own"
+
+
 class Seams:
     """What the trial installs in torch around the script, and what it saw there.
 
     clock_for: the trial's Clock on a device, made when the script first fetches or steps, on the device
-    its tensors live on (`machine`, where the script shows none)."""
+    its tensors live on (`machine`, where the script shows none).
+    measured: `autotune run`'s (file, line) of the DataLoaders the exported trial iterated: the loader knobs
+    are applied there only, as the diff writes them; None: at every DataLoader, as a trial applies them."""
 
     def __init__(
         self,
@@ -100,8 +105,9 @@ class Seams:
         trial: api.Trial | None = None,
         own_lr: bool = False,
         machine: torch.device | None = None,
+        measured: Collection[tuple[str, int]] | None = None,
     ) -> None:
-        self.cfg, self.clock_for, self.as_written = cfg, clock_for, as_written
+        self.cfg, self.clock_for, self.as_written, self.measured = cfg, clock_for, as_written, measured
         self.machine = machine or torch.device("cpu")
         self.clock: Clock | None = None
         self.trial = trial or api.Trial(device_type=self.machine.type)
@@ -172,15 +178,16 @@ class Seams:
             # An IterableDataset yields its whole stream in every worker unless it shards itself: more
             # workers than the script chose would change what it trains on, so its loader keeps its own.
             iterable = isinstance(bound.arguments.get("dataset"), IterableDataset)
-            if not seams.as_written and not iterable:
+            where = call_site()
+            unmeasured = seams.measured is not None and (where["file"], where["line"]) not in seams.measured
+            if not seams.as_written and not iterable and not unmeasured:
                 bound.arguments |= loader_overrides(seams.cfg)
             if seams.cfg.data_seed is not None:  # parity's data-order twin: another order, the same weights
                 bound.arguments["generator"] = torch.Generator().manual_seed(seams.cfg.data_seed)
             original(*bound.args, **bound.kwargs)
             record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
-            seams.loaders.append(
-                record | ({"kept": "an IterableDataset: the script's own workers"} if iterable else {})
-            )
+            kept = "an IterableDataset: the script's own workers" if iterable else UNMEASURED if unmeasured else None
+            seams.loaders.append(record | ({"kept": kept} if kept else {}))
             ran = {k: record[k] for k in LOADER_KNOBS}
             loader._autotune_site = seams.site("loaders", loader, own, ran, iterated=False)
 
@@ -644,16 +651,25 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     return _run(cfg, progress, launched, whole=False)[0]
 
 
-def run_whole(cfg: TrialConfig, launched: float) -> tuple[TrialResult, int]:
+def run_whole(
+    cfg: TrialConfig, launched: float, measured: Collection[tuple[str, int]] | None = None
+) -> tuple[TrialResult, int]:
     """`autotune run`: the script trained to its own end (its epochs, no timed stop, no step limit) with
     `cfg` applied through the same seams a trial installs. The trial's window is measured as a trial
     measures it, and what was applied is read as a trial reads it; the script then trains on with the
-    seams still installed and the clock idle. The result (that window's figures, the `applied` record of
-    the whole run), and the script's exit code (its own sys.exit's; 0 when it ran to its end)."""
-    return _run(cfg, None, launched, whole=True)
+    seams still installed and the clock idle; the loader knobs only at the `measured` DataLoaders (Seams).
+    The result (that window's figures, the `applied` record of the whole run), and the script's exit code
+    (its own sys.exit's; 0 when it ran to its end)."""
+    return _run(cfg, None, launched, whole=True, measured=measured)
 
 
-def _run(cfg: TrialConfig, progress: Path | None, launched: float, whole: bool) -> tuple[TrialResult, int]:
+def _run(
+    cfg: TrialConfig,
+    progress: Path | None,
+    launched: float,
+    whole: bool,
+    measured: Collection[tuple[str, int]] | None = None,
+) -> tuple[TrialResult, int]:
     rank, world, local_rank = knobs.dist_env()
     machine = knobs.pick_device(local_rank)
     applied: dict[str, Any] = knobs.setup_process(cfg, machine)
@@ -677,7 +693,7 @@ def _run(cfg: TrialConfig, progress: Path | None, launched: float, whole: bool) 
         clock = Clock(cfg, device, rank, world, progress, launched)
         return _Whole(clock, seams.finish) if whole else clock  # type: ignore[return-value]
 
-    seams = Seams(cfg, clock_for, as_written, trial, own_lr="lr" in job.uses.api, machine=machine)
+    seams = Seams(cfg, clock_for, as_written, trial, own_lr="lr" in job.uses.api, machine=machine, measured=measured)
     finished, code = execute(job, seams, whole=whole)
     if whole and seams.clock is not None and not seams.final:  # it ended before the trial's window closed
         seams.finish()
@@ -800,7 +816,10 @@ def observed(
         },
         "throughput": seams.throughput(),
     }
-    loader = seams.loaders[0] if seams.loaders else None
+    # The first loader the knobs were applied to (`autotune run` leaves those no trial measured as written).
+    loader = next(
+        (x for x in seams.loaders if x.get("kept") != UNMEASURED), seams.loaders[0] if seams.loaders else None
+    )
     ran = seams.own_as_run()
     if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
         out["batch_size"] = knob_effect(cfg.batch_size, ran["batch_size"], f"the script's own batch: {ran['from']}")
