@@ -64,7 +64,7 @@ class Export:
     # each with how it was measured; {"skipped": why} when the budget could not pay for it; None: not run.
     ceiling: dict[str, Any] | None = None
     # A script study's DataLoader and optimizer construction sites, as its trial recorded them
-    # (trial/loop/script.py: file, line, the script's own arguments, what ran, whether it was iterated or
+    # (trial/loop/script_records.py: file, line, the script's own arguments, what ran, whether it was iterated or
     # stepped), for the diff to edit only those; None: not recorded (a study made before it was).
     sites: Mapping[str, Any] | None = None
 

@@ -16,6 +16,7 @@ import pytest
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.training import changes_step, training_math
 from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of, base_config
+from autotune.pipelines.script import source as script_source
 from autotune.search.checks import parity, target
 from autotune.trial.loop import worker
 from tests.pipelines.script_helpers import SCRIPTS
@@ -43,8 +44,8 @@ def sgd_script(tmp_path: Path) -> Path:
     return out
 
 
-def scan(source: str, *args: str) -> script.Uses:
-    return script.scan(ast.parse(source), args)
+def scan(source: str, *args: str) -> script_source.Uses:
+    return script_source.scan(ast.parse(source), args)
 
 
 # --- the source scan: the script's own batch, its lr and its optimizer's rule ---------------------

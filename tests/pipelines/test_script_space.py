@@ -19,6 +19,7 @@ from autotune.core.errors import PipelineError, TrialUnsupported, exit_code_for
 from autotune.core.settings import SearchSettings
 from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of
 from autotune.pipelines.script import fusion
+from autotune.pipelines.script.source import scan
 from autotune.search.loop.study import warm_start
 from autotune.search.space.reading import load_space
 from autotune.search.space.machine import Hardware
@@ -153,7 +154,7 @@ def test_gpus_is_searched_for_a_script_that_sets_up_its_own_process_group(tmp_pa
     ],
 )
 def test_the_process_group_is_read_from_the_source_in_any_spelling(source: str, sets_up: bool) -> None:
-    assert script.scan(ast.parse(source)).process_group is sets_up
+    assert scan(ast.parse(source)).process_group is sets_up
 
 
 def test_a_trial_asking_gpus_of_a_script_without_a_process_group_exits_5(tmp_path: Path) -> None:

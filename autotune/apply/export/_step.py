@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig, lr_factor
-from autotune.pipelines import script
+from autotune.pipelines.script import source
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
@@ -174,7 +174,7 @@ def _fusion(rw: Rewrite) -> None:
         rw.notes.append("optimizer_fusion=apex: construct apex.optimizers.FusedAdam in place of your optimizer")
         return
     sites = rw.sites("optimizers")
-    names = script.LINEAR_RULE | script.SQRT_RULE | script.OTHER_OPTIMIZERS
+    names = source.LINEAR_RULE | source.SQRT_RULE | source.OTHER_OPTIMIZERS
     built = [rw.callee(c) for c in rw.calls] if sites is None else [s.record.get("type") for s in sites if s.used()]
     flagless = sorted({str(n) for n in built if n in names - FUSABLE - {"FusedAdam", "FusedLAMB"}})
     if flagless and fusion != "none":
@@ -235,7 +235,7 @@ def _lr(rw: Rewrite) -> None:
         return
     targets = [c.args[0] if c.args else None for c in rw.api("lr")]
     if not targets:
-        names = script.LINEAR_RULE | script.SQRT_RULE | script.OTHER_OPTIMIZERS
+        names = source.LINEAR_RULE | source.SQRT_RULE | source.OTHER_OPTIMIZERS
         targets = [rw.lr_argument(c) for c in rw.calls_to(*names)]
     for node in targets:
         if node is None:

@@ -354,7 +354,7 @@ class Site:
 
 def api_calls(tree: ast.Module) -> list[tuple[str, ast.Call]]:
     """Each call into autotune.script in the source, with the API function it calls (the aliases
-    autotune.pipelines.script.scan accepts)."""
+    autotune.pipelines.script.source.scan accepts)."""
     aliases: set[str] = set()
     direct: dict[str, str] = {}
     for node in ast.walk(tree):

@@ -4,7 +4,7 @@ The spec holds the script's absolute path and its own command-line arguments, sh
 (`script:/abs/train.py --epochs 1 data/`), so every trial, a worker, and `autotune trial --config
 best.yaml` re-run the same command with no new TrialConfig field. autotune.trial.loop.script runs it with
 runpy, its seams installed in torch first; this package owns what needs no trial: the spec, the checks
-on the file, and which knobs the script can take.
+on the file, and which knobs the script can take (what its source routes is read in source.py).
 
 Which knobs a script takes is decided statically, from its source (`ast`), before the first trial:
   - the no-edit knobs (optimizer_fusion, set_to_none, cudnn_benchmark, num_threads) reach any script
@@ -38,7 +38,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
@@ -50,32 +49,22 @@ from autotune.pipelines.kind import SCRIPT_PREFIX as PREFIX, kind_of
 from autotune.pipelines.own_loop import OwnLoopJob
 from autotune.pipelines.script import fusion
 from autotune.pipelines.script.modules import local_modules
+from autotune.pipelines.script.source import (
+    API_MODULE,
+    LINEAR_RULE,
+    SQRT_RULE,
+    Uses,
+    scan,
+)
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
 
-API_MODULE = "autotune.script"
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 # Knob -> the at.* call that routes it.
 COOPERATIVE = {"precision": "autocast", "channels_last": "model", "compile": "model"}
-# Knobs read from the arguments of at.* calls: the script's own values, the baseline's.
-OWN = ("batch_size", "accumulation")
-# The lr rule each optimizer family scales by (core.config.lr_factor): SGD's is linear (Goyal et al. 2017),
-# adaptive methods' is sqrt (Malladi et al. 2022). An optimizer in neither keeps the default, said.
-LINEAR_RULE = frozenset({"SGD"})
-SQRT_RULE = frozenset(
-    {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam", "Adagrad", "Adadelta", "RMSprop", "Adafactor",
-     "Lamb", "LAMB", "FusedAdam", "FusedLAMB", "AdamW8bit", "Adam8bit"}
-)  # fmt: skip
-OTHER_OPTIMIZERS = frozenset({"Lion", "Rprop", "ASGD", "LBFGS", "Muon", "Shampoo", "SophiaG", "Adan"})
+# The lr rule for a script whose optimizers are in neither family (source.py), or in both: said.
 DEFAULT_RULE = "sqrt"
-# Calls that set up the default process group: a script making one runs under torchrun, one process per GPU.
-PROCESS_GROUP = frozenset({"init_process_group", "init_device_mesh"})
-# The script's own precision, as at.autocast() is given it: a name, or torch's dtype (torch.bfloat16, ...).
-OWN_PRECISION = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-}  # fmt: skip
 # What no script takes yet, with why.
 BATCH_WHY = (
     "the script runs its own batch size{own}: changing it changes its training, and its lr, schedule and "
@@ -143,76 +132,6 @@ def check_source(path: str, what: str) -> ast.Module:
         raise PipelineError(f"{what} is not valid Python{where}: {getattr(e, 'msg', e)}") from None
 
 
-@dataclass(frozen=True)
-class Uses:
-    """What a script's source routes: a DataLoader, the at.* calls it makes, the optimizer classes it
-    constructs, and its own value for each of OWN (an int, or why it cannot be read)."""
-
-    dataloader: bool
-    api: frozenset[str]
-    optimizers: tuple[str, ...] = ()
-    own: tuple[tuple[str, float | str], ...] = ()  # OWN's values, "lr", "loader_batch_size" and "precision"
-    seeded: bool = False  # it seeds torch itself (manual_seed, seed_everything, set_seed) or takes at.seed()
-    process_group: bool = False  # it sets up its own process group (init_process_group, init_device_mesh)
-
-    def own_value(self, name: str) -> Any:
-        """The script's own value of an OWN call's argument (or its lr), why it cannot be read, or None:
-        no such call."""
-        return dict(self.own).get(name)
-
-
-def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
-    """The DataLoader, the autotune.script calls, the optimizers named in a script's syntax tree, and the
-    defaults its OWN calls are given (`args`: the script's command line, which its argparse reads)."""
-    aliases: set[str] = set()  # names bound to the API module
-    direct: dict[str, str] = {}  # local name -> API function
-    group_calls = set(PROCESS_GROUP)  # and the names torch.distributed's are imported as
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "autotune":
-            aliases |= {a.asname or a.name for a in node.names if a.name == "script"}
-        elif isinstance(node, ast.ImportFrom) and node.module == API_MODULE:
-            direct |= {a.asname or a.name: a.name for a in node.names}
-        elif isinstance(node, ast.Import):
-            aliases |= {a.asname for a in node.names if a.name == API_MODULE and a.asname}
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch.distributed"):
-            group_calls |= {a.asname for a in node.names if a.name in PROCESS_GROUP and a.asname}
-    api: set[str] = set()
-    first: dict[str, ast.Call] = {}  # API function -> its first call in the source
-    optimizers: list[str] = []
-    loader = seeded = process_group = False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "DataLoader":
-            loader = True
-        if isinstance(node, ast.Attribute) and node.attr == "DataLoader":
-            loader = True
-        if not isinstance(node, ast.Call):
-            continue
-        f = node.func
-        name = None
-        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in aliases:
-            name = f.attr
-        elif isinstance(f, ast.Attribute) and ast.unparse(f.value) == API_MODULE:
-            name = f.attr
-        elif isinstance(f, ast.Name) and f.id in direct:
-            name = direct[f.id]
-        if name is not None:
-            api.add(name)
-            first.setdefault(name, node)
-        callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-        seeded = seeded or _seeds_torch(f)
-        process_group = process_group or callee in group_calls
-        if callee in LINEAR_RULE | SQRT_RULE | OTHER_OPTIMIZERS and callee not in optimizers:
-            optimizers.append(callee)
-    own: list[tuple[str, float | str]] = [(k, _own_default(tree, first[k], args)) for k in OWN if k in first]
-    if (lr := _own_lr(tree, first.get("lr"), optimizers, args)) is not None:
-        own.append(("lr", lr))
-    if (loader_batch := _loader_batch(tree, args)) is not None:
-        own.append(("loader_batch_size", loader_batch))
-    if "autocast" in first:
-        own.append(("precision", _own_precision(tree, first["autocast"], args)))
-    return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api, process_group)
-
-
 def scan_script(path: str, args: list[str] | tuple[str, ...] = ()) -> Uses:
     """`scan` of the script at `path`, with the DataLoaders and optimizers of the modules it imports from its
     own folder (modules.py): where it builds them is the script's choice, what it routes is the same."""
@@ -223,151 +142,6 @@ def scan_script(path: str, args: list[str] | tuple[str, ...] = ()) -> Uses:
     return dataclasses.replace(
         uses, dataloader=uses.dataloader or any(m.dataloader for m in modules), optimizers=tuple(optimizers)
     )
-
-
-def _own_precision(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...]) -> str:
-    """The precision the script runs alone, as its first at.autocast() is given it (fp32 when it gives none),
-    one of PRECISIONS; else why it cannot be read, in words."""
-    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "own"), None)
-    return "fp32" if arg is None else _precision(tree, arg, args, 0)
-
-
-def _precision(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...], depth: int) -> str:
-    """A precision as a script spells it: "bf16" (or "bfloat16"), torch.bfloat16, None (no autocast), a name
-    assigned once (followed), or an argparse option's literal default (the script's own arguments applied)."""
-    said = ast.unparse(node)
-    if isinstance(node, ast.Constant) and node.value is None:
-        return "fp32"
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return OWN_PRECISION.get(node.value.lower(), f"{said} is not one of {', '.join(OWN_PRECISION)}")
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
-        if node.attr in OWN_PRECISION and node.attr not in PRECISIONS:  # torch.bfloat16, not torch.bf16
-            return OWN_PRECISION[node.attr]
-    if isinstance(node, ast.Name) and depth < 5:
-        values = [
-            n.value
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
-        ]
-        if len(values) == 1:
-            return _precision(tree, values[0], args, depth + 1)
-    if isinstance(node, ast.Attribute):
-        word = _argparse_default(tree, node.attr, args, str)  # the option's value, or why it has none
-        if word is not None:
-            return OWN_PRECISION.get(str(word).lower(), f"{said}: {word}")
-    return f"{said!r} is not a precision, a name assigned once, or an argparse option's default in the source"
-
-
-def _own_lr(
-    tree: ast.Module, call: ast.Call | None, optimizers: list[str], args: list[str] | tuple[str, ...]
-) -> float | str | None:
-    """The script's own lr: at.lr()'s default, else the lr its optimizer's constructor is given."""
-    if call is not None:
-        arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
-        return None if arg is None else _resolve(tree, arg, args, 0, float)
-    for node in ast.walk(tree):
-        f = node.func if isinstance(node, ast.Call) else None
-        callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-        if isinstance(node, ast.Call) and optimizers and callee == optimizers[0]:
-            arg = next((k.value for k in node.keywords if k.arg == "lr"), node.args[1] if len(node.args) > 1 else None)
-            return None if arg is None else _resolve(tree, arg, args, 0, float)
-    return None
-
-
-def _loader_batch(tree: ast.Module, args: list[str] | tuple[str, ...]) -> int | str | None:
-    """The batch_size the script's first DataLoader(...) is given (torch's default 1 when it gives none),
-    why it cannot be read, or None: no DataLoader call. What a script that keeps its own batch runs."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _api_name(node) == "DataLoader":
-            arg = next((k.value for k in node.keywords if k.arg == "batch_size"), None)
-            if arg is None and len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
-                arg = node.args[1]
-            if arg is None:
-                return "its DataLoader passes **kwargs" if any(k.arg is None for k in node.keywords) else 1
-            return _resolve(tree, arg, args, 0, int)
-    return None
-
-
-def _own_default(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...]) -> int | str:
-    """The int an at.batch_size/at.accumulation call is given in the script as run alone with `args`,
-    or why it cannot be read from the source."""
-    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
-    if arg is None:
-        return 1 if _api_name(call) == "accumulation" else f"{ast.unparse(call)} has no default"
-    return _resolve(tree, arg, args, 0, int)
-
-
-def _api_name(call: ast.Call) -> str:
-    f = call.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-
-
-def _number(node: ast.expr | None, kind: type) -> Any:
-    """A literal of `kind` (int, float, or str: an option's word) in the source, else None."""
-    ok = (int,) if kind is int else (str,) if kind is str else (int, float)
-    if isinstance(node, ast.Constant) and isinstance(node.value, ok) and not isinstance(node.value, bool):
-        return kind(node.value)
-    return None
-
-
-def _resolve(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...], depth: int, kind: type) -> Any:
-    """A literal number, a name assigned once (followed), or `<parsed args>.dest` of an argparse option
-    with a literal default (the script's own arguments applied), as `kind`; else why not, in words."""
-    said = ast.unparse(node)
-    if (value := _number(node, kind)) is not None:
-        return value
-    if isinstance(node, ast.Name) and depth < 5:
-        values = [
-            n.value
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
-        ]
-        if len(values) == 1:
-            return _resolve(tree, values[0], args, depth + 1, kind)
-    if isinstance(node, ast.Attribute):
-        got = _argparse_default(tree, node.attr, args, kind)
-        if got is not None:
-            return got
-    return f"{said!r} is not a number, a name assigned once, or an argparse option's default in the source"
-
-
-def _argparse_default(tree: ast.Module, dest: str, args: list[str] | tuple[str, ...], kind: type) -> Any:
-    """The value argparse gives `dest` for the command line `args`: the option's literal default, or its
-    last `--opt V` / `--opt=V` in `args`; None when no add_argument in the source names that dest."""
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-            continue
-        if node.func.attr != "add_argument":
-            continue
-        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        kw = {k.arg: k.value for k in node.keywords if k.arg}
-        longs = [f for f in flags if f.startswith("--")]
-        named = kw.get("dest")
-        own_dest = (
-            named.value
-            if isinstance(named, ast.Constant)
-            else (longs[0] if longs else flags[0] if flags else "").lstrip("-").replace("-", "_")
-        )
-        if own_dest != dest:
-            continue
-        if not any(f.startswith("-") for f in flags):
-            return f"{dest!r} is a positional argument of the script"
-        value = _number(kw.get("default"), kind)
-        for i, word in enumerate(args):
-            for flag in flags:
-                if word == flag and i + 1 < len(args):
-                    value = _parse(args[i + 1], flag, kind)
-                elif word.startswith(flag + "="):
-                    value = _parse(word[len(flag) + 1 :], flag, kind)
-        return value if value is not None else f"the option {flags[0]} has no literal default"
-    return None
-
-
-def _parse(word: str, flag: str, kind: type) -> Any:
-    try:
-        return kind(word)
-    except ValueError:
-        return f"{flag} {word!r} in the script's arguments is not {'an int' if kind is int else 'a number'}"
 
 
 def lr_rule(uses: Uses) -> tuple[str, str]:
@@ -431,18 +205,10 @@ def own_batch(uses: Uses, global_batch: int | None, recorded: int | None = None)
     return batch
 
 
-# Calls that seed torch's global generator: a script making one starts each run from the same weights.
-# (A torch.Generator's manual_seed seeds only what draws from it, a sampler's order say, not the weights.)
-SEEDING = frozenset({"torch.manual_seed", "torch.random.manual_seed", "seed_everything", "set_seed"})
 NOT_REPRODUCIBLE = (
     "the script never seeds torch (no torch.manual_seed(at.seed(0)) or other manual_seed call), so no two "
     "runs start from the same weights and its loss trajectory cannot be compared with the baseline's"
 )
-
-
-def _seeds_torch(func: ast.expr) -> bool:
-    name = ast.unparse(func)
-    return name in SEEDING or name.rsplit(".", 1)[-1] in ("seed_everything", "set_seed")
 
 
 def not_checkable(cfg: TrialConfig) -> str | None:

@@ -271,13 +271,8 @@ class SearchSession:
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data
             pipelines.skip_bad_data_in_trials()
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-        s = self.settings
-        budget = budget or Budget.of(s)
-        note = finish.reserve_note(s, budget)
-        if note:
-            self.say(note)
-        if patch is not None and (note := alone.reserve_note(budget)):
-            self.say(note)
+        budget = budget or Budget.of(self.settings)
+        self._say_reserves(budget, patch)
         failure: str | None = None  # the job's failure, when every config would fail the same way
         try:
             with self._warm_server() as server:
@@ -287,11 +282,7 @@ class SearchSession:
                 assert self.stop is not None  # the loop ends only through a stop
                 failure = self._say_stop(self.stop, tally)
                 _say_waiting_retries(self.study, self.say)
-                ends = finish.wanted(s) or patch is not None  # anything to run after the trials
-                finishes = ends and not self.stop.job_failed and self._finishes()
-                if finish.wanted(s) and finishes:
-                    report.confirmation = finish.confirm_and_gate(self.study, s, budget, server=server, say=self.say)
-                report.alone = self._last_word(budget, patch) if finishes else None
+                self._finish(report, server, budget, patch)
         except KeyboardInterrupt:
             report.interrupted = True
             self.stop = self.stop or Stop.INTERRUPTED
@@ -304,6 +295,31 @@ class SearchSession:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        return self._close(report, failure)
+
+    def _say_reserves(self, budget: Budget, patch: alone.Patch | None) -> None:
+        """What the budget keeps back from the trials: for the confirmation, and for a script study's alone
+        rounds when they run."""
+        note = finish.reserve_note(self.settings, budget)
+        if note:
+            self.say(note)
+        if patch is not None and (note := alone.reserve_note(budget)):
+            self.say(note)
+
+    def _finish(self, report: RunReport, server: WarmServer | None, budget: Budget, patch: alone.Patch | None) -> None:
+        """After the trials: the winner confirmed and gated, and a script study's export run alone, where the
+        settings ask for them and the trials did not stop on the job's own failure."""
+        s = self.settings
+        assert self.stop is not None
+        ends = finish.wanted(s) or patch is not None  # anything to run after the trials
+        finishes = ends and not self.stop.job_failed and self._finishes()
+        if finish.wanted(s) and finishes:
+            report.confirmation = finish.confirm_and_gate(self.study, s, budget, server=server, say=self.say)
+        report.alone = self._last_word(budget, patch) if finishes else None
+
+    def _close(self, report: RunReport, failure: str | None) -> RunReport:
+        """The report completed: why the trials stopped (stored on the study), the best so far exported even
+        on a full disk or an interrupt, and the exit code: the job's failure, else an interrupt's."""
         report.stop = self.stop
         if self.stop is not None:
             with contextlib.suppress(OSError):  # a full disk is said already; the export below tries anyway

@@ -71,8 +71,20 @@ def for_hardware(
     """Narrow `space` to what can have an effect on `hw`; return it with one note per change. own: the
     baseline's knobs (the job's own, as the study records them): a knob the job keeps is fixed at its own
     value where the study knows it, so every record says what the job ran."""
-    own = own or {}
     n = _Narrowing(space.source, dict(space.knobs))
+    _by_pipeline(n, space, unsupported, own or {})
+    _by_machine(n, hw)
+    if stages == 0:
+        n.fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
+    elif stages is not None:
+        n.clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
+    _fix_inert(n, hw)
+    return SearchSpace(knobs=singles(n.knobs), source=space.source), n.notes
+
+
+def _by_pipeline(n: _Narrowing, space: SearchSpace, unsupported: frozenset[str], own: Mapping[str, Any]) -> None:
+    """The knobs the pipeline cannot route left at the job's own value (else the default), and the values it
+    cannot run dropped; a space that asks only for a parallel mode the pipeline lacks is refused."""
     parallel = space.knobs.get("parallel")
     if "parallel" in unsupported and parallel is not None and "ddp" not in spec_values(parallel):
         # Asked for fsdp only: narrowing it to ddp would search something else than what the file says.
@@ -89,6 +101,10 @@ def for_hardware(
             n.keep(
                 k, lambda v, value=value: v != value, f"not supported by this pipeline: {why}", against="the pipeline"
             )
+
+
+def _by_machine(n: _Narrowing, hw: Hardware) -> None:
+    """The devices, CPUs, native bf16 and apex this machine has."""
     n_gpus = max(1, hw.gpu_count)
     n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
     if not hw.cuda:
@@ -107,10 +123,11 @@ def for_hardware(
     n.clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
     if not hw.apex:
         n.keep("optimizer_fusion", lambda f: f != "apex", "apex.optimizers is not installed")
-    if stages == 0:
-        n.fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
-    elif stages is not None:
-        n.clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
+
+
+def _fix_inert(n: _Narrowing, hw: Hardware) -> None:
+    """The dependents no value left in the space can turn on, fixed at their inert values; without CUDA, the
+    fsdp knobs that only move work to or from host memory."""
     # A dependent whose lead no value left in the space turns on is inert. In LEADS order, after the leads
     # are narrowed: with one process parallel is fixed to ddp, and that fixes the fsdp knobs in turn.
     for needs in LEADS:
@@ -121,7 +138,6 @@ def for_hardware(
         n.fix("fsdp_offload", False, "no CUDA: the parameters already live in host memory")
         if not hw.cpu_bf16:
             n.keep("fsdp_param_dtype", lambda d: d != "bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX)")
-    return SearchSpace(knobs=singles(n.knobs), source=space.source), n.notes
 
 
 @dataclass

@@ -35,14 +35,14 @@ micro-batch and, under a study's global batch, its micro-batches per step; at.lr
 at.autocast() and at.scaler() the trial's precision, on the model's device.
 The baseline (a config equal to the study's baseline knobs) runs the script's own settings: nothing is
 overridden (at.autocast(own) and at.scaler(own) run the script's own AMP), and what the script set is
-recorded as observed.
+recorded as observed. What the trial reads from what the seams saw (each knob's effect, the construction sites,
+the script's own batch, the throughput unit) is autotune.trial.loop.script_records.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import inspect
 import os
@@ -56,24 +56,35 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from autotune.core.config import TrialConfig, TrialResult, baseline_of, lr_factor
-from autotune.core.effects import knob_effect, lr_effect, refuse_unsupported, unsupported_effects
+from autotune.core.effects import knob_effect, refuse_unsupported, unsupported_effects
 from autotune.core.errors import ConfigError
 from autotune.pipelines import load_pipeline
-from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
+from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api
 from autotune.trial.loop import knobs
+from autotune.trial.loop.script_records import (
+    UNMEASURED,
+    batch_and_lr,
+    batch_len,
+    call_site,
+    fusion_of,
+    handed_samples,
+    observed,
+    per_step,
+    planned_global,
+    shuffled,
+    record_site,
+)
 from autotune.trial.measurement import measure, observe
 from autotune.trial.measurement.clock import Clock
 
-AS_WRITTEN = "the baseline runs the script's own settings"
 # The lr values a param group or a schedule keeps, scaled together when the first step shows the global
 # batch the lr was planned for is not the one run (OneCycleLR keeps initial/max/min in the groups).
 GROUP_LRS = ("lr", "initial_lr", "max_lr", "min_lr")
 SCHEDULE_LRS = ("base_lrs", "_last_lr", "max_lrs")
-PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 class _Done(BaseException):
@@ -84,9 +95,6 @@ class _Done(BaseException):
 def is_as_written(cfg: TrialConfig) -> bool:
     """The baseline's knobs: run the script as it is, overriding nothing."""
     return cfg.knobs() == baseline_of(cfg).knobs()
-
-
-UNMEASURED = "no trial measured it (the exported trial never iterated it): the script's own"
 
 
 class Seams:
@@ -189,7 +197,7 @@ class Seams:
             kept = "an IterableDataset: the script's own workers" if iterable else UNMEASURED if unmeasured else None
             seams.loaders.append(record | ({"kept": kept} if kept else {}))
             ran = {k: record[k] for k in LOADER_KNOBS}
-            loader._autotune_site = seams.site("loaders", loader, own, ran, iterated=False)
+            loader._autotune_site = record_site(seams.sites, "loaders", loader, own, ran, iterated=False)
 
         return __init__
 
@@ -247,7 +255,7 @@ class Seams:
             optimizer._autotune_built = record
             seams.constructed.append(record)
             own: dict[str, Any] = {k: defaults.get(k) for k in ("fused", "foreach") if k in defaults}
-            optimizer._autotune_site = seams.site("optimizers", optimizer, own, None, stepped=False)
+            optimizer._autotune_site = record_site(seams.sites, "optimizers", optimizer, own, None, stepped=False)
 
         return __init__
 
@@ -329,22 +337,11 @@ class Seams:
         self.step_batches.append(self.pending_batches)
         self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
         self.pending_samples = self.pending_batches = 0
-        counted = [n for n in self.step_samples if n] or [self.handed_samples()]
+        counted = [n for n in self.step_samples if n] or [handed_samples(self.trial)]
         self.clock.samples_per_step = sum(counted) / len(counted)
         if self.clock.step_end(self.step_loss()):
             self.finish()
             raise _Done
-
-    def site(self, kind: str, obj: Any, own: dict[str, Any], ran: Any, **used: bool) -> dict[str, Any]:
-        """The record of the user's call that built `obj` (one per call, however often it runs: a loader built
-        each epoch is one site, iterated if any of its loaders was)."""
-        where = call_site()
-        for site in self.sites[kind]:
-            if all(site.get(k) == v for k, v in where.items()):
-                return site
-        site = where | {"type": type(obj).__name__, "own": plain(own), "ran": plain(ran), **used}
-        self.sites[kind].append(site)
-        return site
 
     def seed_call(self, original: Any) -> Any:
         """torch.manual_seed: recorded, so the trial says whether this run started from the seed's weights
@@ -356,47 +353,6 @@ class Seams:
             return original(seed)
 
         return manual_seed
-
-    def own_as_run(self) -> dict[str, Any] | None:
-        """The script's own micro-batch and accumulation as this run handed them over: at.batch_size()'s and
-        at.accumulation()'s defaults as the script passed them (a configurator or a config file has set
-        them by then), else what its loaders delivered (samples per batch, batches per optimizer step);
-        None when neither shows one."""
-        own = self.trial.defaults
-        if "batch_size" in own:
-            accumulation = int(own.get("accumulation", self.trial.own_accumulation))
-            return {
-                "batch_size": int(own["batch_size"]),
-                "accumulation": accumulation,
-                "from": "at.batch_size()'s default as the run handed it over",
-            }
-        samples, batches = per_step(self.step_samples), per_step(self.step_batches)
-        if not samples or not batches or samples % batches:
-            return None
-        return {
-            "batch_size": samples // batches,
-            "accumulation": batches,
-            "from": f"its loaders: {samples} sample(s) in {batches} batch(es) per optimizer step",
-        }
-
-    def throughput(self) -> dict[str, str]:
-        """The unit the trial's figure counts: samples when its loaders delivered them or the script handed its
-        batch over, else optimizer steps (the figure is then steps/s, and said so)."""
-        if per_step(self.step_samples):
-            return {"unit": "samples/s", "why": "the samples its loaders delivered per optimizer step"}
-        if "batch_size" in self.trial.returned:
-            return {"unit": "samples/s", "why": "at.batch_size() x at.accumulation() as handed over, per step"}
-        return {
-            "unit": "steps/s",
-            "why": "no loader delivered batches and the script hands over no batch (at.batch_size()): optimizer "
-            "steps are counted, not samples",
-        }
-
-    def handed_samples(self) -> int:
-        """Samples per optimizer step as the cooperative calls handed them over (no loader counted any):
-        the micro-batch x the micro-batches per step; 1 (steps/s) when the script hands over neither."""
-        got = self.trial.returned
-        return int(got.get("batch_size", 1)) * int(got.get("accumulation", 1)) if "batch_size" in got else 1
 
     def step_loss(self) -> float | None:
         if self.loss_sum is None:
@@ -413,7 +369,7 @@ class Seams:
         optimizer's devices, the output dtypes."""
         assert self.clock is not None
         self.clock.close(losses_per_rank=True)
-        per_rank = per_step(self.step_samples) or self.handed_samples()
+        per_rank = per_step(self.step_samples) or handed_samples(self.trial)
         world, global_batch = world_size(), per_rank
         if world > 1:
             t = torch.tensor([float(per_rank)], dtype=torch.float64, device=self.at)
@@ -483,22 +439,9 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
     }
 
 
-def planned_global(cfg: TrialConfig, own_accum: int) -> int:
-    """The global batch a trial plans for: the study's, else the config's micro-batch x the script's own
-    accumulation on each of its ranks (a script that keeps its per-rank batch under torchrun)."""
-    return cfg.global_batch_size if cfg.global_batch is not None else cfg.batch_size * cfg.gpus * own_accum
-
-
 def world_size() -> int:
     """The ranks of the process group the script set up; 1 without one."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def per_step(samples: list[int]) -> int:
-    """The samples a rank's loaders delivered per optimizer step: the most common count (an epoch's last,
-    smaller batch aside); 0 when no loader delivered any."""
-    counted = collections.Counter(n for n in samples if n)
-    return counted.most_common(1)[0][0] if counted else 0
 
 
 def rescale_lr(optimizer: torch.optim.Optimizer, schedules: list[LRScheduler], ratio: float) -> None:
@@ -525,69 +468,6 @@ def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
     kw["persistent_workers"] = cfg.persistent_workers if workers else False
     kw["prefetch_factor"] = cfg.loader_prefetch
     return kw
-
-
-def fusion_of(group: dict[str, Any]) -> str:
-    if group.get("fused"):
-        return "fused"
-    if group.get("foreach"):
-        return "foreach"
-    return "none" if "foreach" in group else "unknown"
-
-
-def call_site() -> dict[str, Any]:
-    """The user's call that is constructing a DataLoader or optimizer: the first frame out of torch and
-    autotune (a subclass's own __init__ is the user's), its file and line, and the call's columns where
-    Python says them (3.11+: the instruction's position)."""
-    inside = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (torch, sys.modules["autotune"]))
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
-        frame = frame.f_back
-    where: dict[str, Any] = {"file": os.path.abspath(frame.f_code.co_filename), "line": frame.f_lineno}
-    positions = getattr(frame.f_code, "co_positions", None)
-    if positions is not None:
-        line, end_line, col, end_col = list(positions())[frame.f_lasti // 2]
-        if line == frame.f_lineno and None not in (end_line, col, end_col):
-            where |= {"col": col, "end_line": end_line, "end_col": end_col}
-    return where
-
-
-def plain(value: Any) -> Any:
-    """A recorded argument as the study stores it (JSON): a number, a word or None, else its repr."""
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
-
-
-def shuffled(it: Any) -> bool:
-    """Whether a DataLoader iterator draws its order from the loader's generator (a RandomSampler, the one
-    the trial seeds with the data seed); a sequential or distributed sampler keeps its own order."""
-    sampler = getattr(it, "_index_sampler", None)
-    sampler = getattr(sampler, "sampler", sampler)
-    return isinstance(sampler, RandomSampler)
-
-
-def data_order(seams: Seams, trial: api.Trial) -> str | None:
-    """Where the trial's data seed reached the data this run trained on: at.data_seed() (a script that draws
-    its batches itself), or a DataLoader that shuffles by its generator; None: nowhere, so parity's data-order
-    twin would train on the baseline's own batches."""
-    if "data_seed" in trial.calls:
-        return "at.data_seed()"
-    if any(seams.shuffles.values()):
-        return "a DataLoader that shuffles (the trial seeds its generator)"
-    return None
-
-
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (tuples, lists, dicts); 1 without one."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        n = batch_len(item)
-        if n:
-            return n
-    return 1
 
 
 def _dynamo_graphs() -> int | None:
@@ -787,190 +667,3 @@ def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, in
     finally:
         api.install(None)
     return False, 0
-
-
-def observed(
-    cfg: TrialConfig, seams: Seams, trial: api.Trial, as_written: bool, unsupported: frozenset[str]
-) -> dict[str, Any]:
-    """What each routed knob did in the script's process, in `applied`'s shape (an unsupported knob keeps
-    its record, and why)."""
-    why = AS_WRITTEN if as_written else ""
-    seen = seams.final
-    out: dict[str, Any] = {
-        "script": {
-            "requested": None,
-            "in_effect": None,
-            "loaders": seams.loaders,
-            "optimizers": seams.optimizers,
-            "api_calls": dict(trial.calls),
-            "optimizer_steps": seams.hook_steps,
-            "samples_per_step": seams.clock.samples_per_step if seams.clock is not None else None,
-            "device": seen.get("device"),
-            "world_size": seen.get("world_size"),
-            "global_batch": seen.get("global_batch"),
-            "batches_per_step": per_step(seams.step_batches) or None,
-            "own": seams.own_as_run(),
-            "seeded": bool(seams.seeds),
-            "seeds": seams.seeds[:3],
-            "data_order": data_order(seams, trial),
-        },
-        "throughput": seams.throughput(),
-    }
-    # The first loader the knobs were applied to (`autotune run` leaves those no trial measured as written).
-    loader = next(
-        (x for x in seams.loaders if x.get("kept") != UNMEASURED), seams.loaders[0] if seams.loaders else None
-    )
-    ran = seams.own_as_run()
-    if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
-        out["batch_size"] = knob_effect(cfg.batch_size, ran["batch_size"], f"the script's own batch: {ran['from']}")
-    elif "batch_size" in trial.returned:  # handed over (batch_and_lr says more where the study knows its own)
-        out["batch_size"] = knob_effect(cfg.batch_size, trial.returned["batch_size"], "through at.batch_size()")
-    elif loader:
-        out["batch_size"] = knob_effect(cfg.batch_size, loader["batch_size"], "the script's own DataLoader batch size")
-    for k in LOADER_KNOBS:
-        if k in unsupported:
-            continue
-        out[k] = (
-            knob_effect(getattr(cfg, k), loader[k], loader.get("kept", why))
-            if loader
-            else knob_effect(getattr(cfg, k), None, "the script built no DataLoader in this run")
-        )
-    if seams.optimizers:
-        out["optimizer_fusion"] = knob_effect(cfg.optimizer_fusion, seams.optimizers[0]["fusion"], why)
-    if seams.zero_grads:
-        out["set_to_none"] = knob_effect(cfg.set_to_none, seams.zero_grads[-1], why)
-    out["cudnn_benchmark"] = knob_effect(cfg.cudnn_benchmark, torch.backends.cudnn.benchmark, why)
-    out["num_threads"] = knob_effect(cfg.num_threads, torch.get_num_threads(), why or "0 = torch default")
-    if "autocast" in trial.calls:
-        out["precision"] = precision_effect(cfg, trial, seen, as_written)
-        out["script"]["autocast"] = dict(trial.autocasts)
-        if trial.outer_autocast is not None:
-            out["script"]["outer_autocast"] = trial.outer_autocast
-    if trial.scalers:
-        scaling = [s for s in trial.scalers if observe.scaled(s)]
-        out["script"]["grad_scaler"] = {"enabled": trial.scalers[0].is_enabled(), "scaled": bool(scaling)}
-    if "gpus" not in unsupported:
-        out["gpus"] = knob_effect(cfg.gpus, seen.get("world_size"), "the ranks of the script's own process group")
-    if "model" in trial.calls:
-        convs = [p for m in trial.models for p in m.parameters() if p.dim() == 4]
-        last = bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
-        out["channels_last"] = knob_effect(cfg.channels_last, last, "through at.model()")
-        out["compile"] = compile_effect(cfg, trial, seen)
-    return out
-
-
-def precision_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any], as_written: bool) -> dict[str, Any]:
-    """The precision the model ran at, as its forward showed it (the output dtype of its first layer, else
-    its own): not the config's echo. Without a model handed to at.model() (or one the trial compiled), what
-    at.autocast() entered, on the device the script's tensors live on."""
-    own = trial.defaults.get("precision", "fp32")
-    entered = sorted(trial.autocasts, key=lambda k: -trial.autocasts[k])
-    said = [f"at.autocast() ran {', '.join(f'{k} x{trial.autocasts[k]}' for k in entered)}"]
-    dtype = seen.get("first_layer_output_dtype") or seen.get("output_dtype")
-    if dtype is not None:
-        in_effect = PRECISION_OF_DTYPE.get(dtype, dtype)
-        where = "its first layer's" if seen.get("first_layer_output_dtype") else "its"
-        said.append(f"the model at.model() got returned {dtype} ({where} output)")
-    else:
-        in_effect = entered[0].split(" on ")[0] if entered else own
-        said.append("its model's output was not watched (none handed to at.model(), or compiled)")
-    outer = trial.outer_autocast
-    if outer is not None:
-        said.append(
-            f"the script's own autocast({outer['device_type']}, {outer['dtype']}) encloses at.autocast(): "
-            + (
-                "the baseline keeps it, as the script runs alone"
-                if as_written
-                else "the trial's precision replaced it inside at.autocast() only; give its dtype to "
-                "at.autocast() (at.autocast(torch.bfloat16)) in its place"
-            )
-        )
-    if as_written:
-        said.append(f"{AS_WRITTEN}: at.autocast({own!r})")
-    return knob_effect(cfg.precision, in_effect, "; ".join(said))
-
-
-def compile_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any]) -> dict[str, Any]:
-    """Whether the model the script ran was compiled: at.model() returned a compiled module, and dynamo
-    compiled graphs while the script ran (a script that keeps the module it passed, not the one returned,
-    runs eagerly)."""
-    if not any(observe.is_compiled(m) for m in trial.handed_back):
-        return knob_effect(cfg.compile, "off", "through at.model(): the model it returned is not compiled")
-    graphs = seen.get("compiled_graphs")
-    if graphs == 0:
-        return knob_effect(
-            cfg.compile,
-            "off",
-            "at.model() returned a compiled model, but dynamo compiled no graph while the script ran: it runs "
-            "the module it passed, not the one at.model() returned",
-        )
-    mode = cfg.compile if cfg.compile != "off" else "the script's own torch.compile"
-    return knob_effect(cfg.compile, mode, f"through at.model(): {graphs} graph(s) compiled" if graphs else "")
-
-
-def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob) -> dict[str, Any]:
-    """The batch the script ran (handed over, or its own), its accumulation, the global batch its ranks
-    ran per step, the lr each optimizer was built with, and the lr rule: the study's, next to the one the
-    optimizer that stepped follows."""
-    out: dict[str, Any] = {}
-    got, own = trial.returned, trial.defaults
-    if job.own is not None and "batch_size" in got:
-        why = "through at.batch_size()"
-        if own["batch_size"] != job.own[0]:  # the source was read wrong: the baseline is not the script's own
-            why += f"; the script's own default is {own['batch_size']}, not the {job.own[0]} its source reads"
-        out["batch_size"] = knob_effect(cfg.batch_size, got["batch_size"], why)
-    accumulation = got.get("accumulation", own.get("accumulation", job.own[1] if job.own else 1))
-    built = seams.constructed[0] if seams.constructed else None
-    stepped = seams.optimizers[0]["type"] if seams.optimizers else None
-    rule: dict[str, Any] = {"rule": cfg.lr_scaling, "optimizer": stepped, "why": job.lr_rule_why}
-    if cfg.lr_scaling != job.lr_rule:  # the user's --lr-scaling, over the rule read from the source
-        rule["why"] = f"--lr-scaling {cfg.lr_scaling}, given (from the source: {job.lr_rule_why})"
-    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling):
-        rule["why"] += (
-            f"; the optimizer that stepped is {stepped}, whose rule is {rule_of(stepped)}: "
-            f"give --lr-scaling {rule_of(stepped)}"
-        )
-    if "lr" in got:
-        before, after = own["lr"], got["lr"]
-    else:
-        before, after = (built["lr"], built["lr_set"]) if built else (None, None)
-    own_global = job.own[0] * job.own[1] if job.own else None
-    planned = planned_global(cfg, int(own.get("accumulation", job.own[1] if job.own else 1)))
-    ran = seams.final.get("global_batch")
-    corrected = (built or {}).get("planned_for")
-    if own_global is not None and "batch_size" in got and before is not None:
-        lr_global = corrected["ran"] if corrected and "lr" not in got else planned
-        out["lr"] = lr_effect(cfg.replace(batch_size=lr_global, gpus=1, global_batch=None), before, after, own_global)
-        out["lr"]["rule"] = rule
-        if corrected:
-            out["lr"]["why"] += (
-                f"; planned for global batch {corrected['global_batch']}, the ranks ran {corrected['ran']}"
-                + (
-                    f": at.lr() had handed the lr for {corrected['global_batch']} (the rule's factor for "
-                    f"{corrected['ran']} is {corrected['rule_factor']:.4g})"
-                    if "lr" in got
-                    else ": set for the batch run before the first step"
-                )
-            )
-        out["global_batch"] = knob_effect(planned, ran, global_why(seams, planned, ran))
-    else:
-        out["lr"] = knob_effect(before, after, "the script's own lr (its batch is its own)") | {"rule": rule}
-        out["global_batch"] = knob_effect(None, ran, global_why(seams, None, ran))
-    out["script"] = {"accumulation": accumulation, "optimizers_built": seams.constructed}
-    return out
-
-
-def global_why(seams: Seams, planned: int | None, ran: int | None) -> str:
-    """What the global batch the ranks ran is made of, and, when it is not the one planned, that the
-    script splits its batch over its ranks its own way."""
-    seen = seams.final
-    world, per_rank = seen.get("world_size", 1), seen.get("samples_per_step_per_rank")
-    said = f"{per_rank} sample(s) per optimizer step on each of {world} rank(s), summed"
-    if not per_step(seams.step_samples):
-        said = f"no loader counted: {per_rank} handed over per step on each of {world} rank(s), summed"
-    if planned is not None and ran is not None and ran != planned:
-        said += (
-            f"; the trial planned {planned} (the micro-batch x the accumulation it handed over, on every rank): "
-            "the script splits its batch over its ranks its own way"
-        )
-    return said

@@ -81,9 +81,32 @@ class _Enough(BaseException):
     lets it through."""
 
 
+class _Counts:
+    """What the step clock and the DataLoader counters saw of one run."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+        self.samples: list[int] = [0]  # delivered since the last step; one entry per step after it
+        self.counted = False  # a DataLoader handed over a batch
+        self.batch_sizes: list[Any] = []
+
+
 def measure(script: Path, args: list[str], warmup: int, steps: int, home: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Run `script` in this process as `python script ARGS` would, stamping each optimizer step; its figures.
     Raises AloneFailed when it ends before warmup + steps + 1 steps."""
+    counts = _Counts()
+    _run_counted(script, args, home or (script.parent,), warmup + steps, counts)
+    if len(counts.stamps) <= warmup + steps:
+        raise AloneFailed(
+            f"the script ended after {len(counts.stamps)} optimizer step(s), before the {warmup} warm-up and "
+            f"{steps} timed ones: give it more steps in its arguments"
+        )
+    return _figures(counts, warmup, steps)
+
+
+def _run_counted(script: Path, args: list[str], home: tuple[Path, ...], stop_after: int, counts: _Counts) -> None:
+    """Run `script` as `__main__` with the step clock and the DataLoader counters installed, until it ends or
+    its step past `stop_after` is stamped; sys.argv, sys.path and torch as they were afterwards."""
     import runpy
 
     import torch
@@ -91,31 +114,27 @@ def measure(script: Path, args: list[str], warmup: int, steps: int, home: tuple[
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    stamps: list[float] = []
-    samples: list[int] = [0]  # delivered since the last step; one entry per step after it
-    counted = [False]  # a DataLoader handed over a batch
-    batch_sizes: list[Any] = []
     init, nxt = DataLoader.__init__, _BaseDataLoaderIter.__next__
 
     def counting_init(loader: Any, *a: Any, **kw: Any) -> None:
         init(loader, *a, **kw)
-        batch_sizes.append(loader.batch_size)
+        counts.batch_sizes.append(loader.batch_size)
 
     def counting_next(it: Any) -> Any:
         batch = nxt(it)
         first = batch[0] if isinstance(batch, (list, tuple)) else batch
         if isinstance(first, dict):
             first = next(iter(first.values()), None)
-        samples[-1] += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
-        counted[0] = True
+        counts.samples[-1] += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+        counts.counted = True
         return batch
 
     def stamp(optimizer: Any, a: Any, kw: Any) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
-        samples.append(0)
-        if len(stamps) > warmup + steps:
+        counts.stamps.append(time.perf_counter())
+        counts.samples.append(0)
+        if len(counts.stamps) > stop_after:
             raise _Enough
 
     DataLoader.__init__ = counting_init  # type: ignore[method-assign,assignment]
@@ -123,7 +142,7 @@ def measure(script: Path, args: list[str], warmup: int, steps: int, home: tuple[
     handle = register_optimizer_step_post_hook(stamp)
     argv, path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *args]
-    sys.path[0:0] = [str(folder) for folder in home or (script.parent,)]
+    sys.path[0:0] = [str(folder) for folder in home]
     try:
         runpy.run_path(str(script), run_name="__main__")
     except _Enough:
@@ -132,23 +151,24 @@ def measure(script: Path, args: list[str], warmup: int, steps: int, home: tuple[
         handle.remove()
         DataLoader.__init__, _BaseDataLoaderIter.__next__ = init, nxt  # type: ignore[method-assign]
         sys.argv, sys.path[:] = argv, path
-    if len(stamps) <= warmup + steps:
-        raise AloneFailed(
-            f"the script ended after {len(stamps)} optimizer step(s), before the {warmup} warm-up and {steps} timed "
-            "ones: give it more steps in its arguments"
-        )
+
+
+def _figures(counts: _Counts, warmup: int, steps: int) -> dict[str, Any]:
+    """The timed window's figures: steps/s, and samples/s where a DataLoader counted its batches."""
+    import torch
+
     # Step i's samples were delivered between stamps i-1 and i: the timed window is stamps[warmup]..[warmup+steps].
-    seconds = stamps[warmup + steps] - stamps[warmup]
-    timed = sum(samples[warmup + 1 : warmup + steps + 1])
+    seconds = counts.stamps[warmup + steps] - counts.stamps[warmup]
+    timed = sum(counts.samples[warmup + 1 : warmup + steps + 1])
     return {
         "steps_per_s": steps / seconds,
-        "samples_per_s": timed / seconds if counted[0] else None,
-        "unit": UNIT_SAMPLES if counted[0] else UNIT_STEPS,
+        "samples_per_s": timed / seconds if counts.counted else None,
+        "unit": UNIT_SAMPLES if counts.counted else UNIT_STEPS,
         "seconds": seconds,
         "steps": steps,
         "warmup": warmup,
-        "samples": timed if counted[0] else None,
-        "batch_sizes": batch_sizes,
+        "samples": timed if counts.counted else None,
+        "batch_sizes": counts.batch_sizes,
         "threads": torch.get_num_threads(),
     }
 

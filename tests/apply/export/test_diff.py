@@ -47,7 +47,7 @@ def _notes(diff: str) -> list[str]:
 
 
 def _loader(path: Path, line: int, iterated: bool, own: dict[str, Any], ran: dict[str, Any]) -> dict[str, Any]:
-    """A DataLoader site as a trial records it (trial/loop/script.py)."""
+    """A DataLoader site as a trial records it (trial/loop/script_records.py)."""
     knobs = {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "persistent_workers": False}
     return {
         "file": str(path),
