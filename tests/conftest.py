@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -177,3 +178,14 @@ def server(request: pytest.FixtureRequest) -> Iterator[WarmServer]:
     tests.* pipelines."""
     with warm_server_on_repo(tuple(getattr(request.module, "WARM_PRELOAD", DEFAULT_PRELOAD))) as s:
         yield s
+
+
+@pytest.fixture
+def classifier(tmp_path: Path) -> Iterator[Path]:
+    """tests/apply/export/scripts' classifier.py and tinymodel.py (where it builds its AdamW), copied; the
+    module imported afresh (a trial running in this process may have cached another test's copy)."""
+    for name in ("classifier.py", "tinymodel.py"):
+        shutil.copy(REPO_ROOT / "tests" / "apply" / "export" / "scripts" / name, tmp_path / name)
+    sys.modules.pop("tinymodel", None)
+    yield tmp_path / "classifier.py"
+    sys.modules.pop("tinymodel", None)

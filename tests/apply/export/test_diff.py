@@ -9,8 +9,6 @@ from __future__ import annotations
 import ast
 import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ from autotune.core.configfile import Export
 from autotune.pipelines import script
 from autotune.trial.loop import worker
 
-SCRIPTS = Path(__file__).parent / "scripts"
 needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
 
 
@@ -219,17 +216,6 @@ def test_a_study_without_sites_edits_the_script_s_calls_as_before_and_says_so(tm
 
 
 # -------------------------------------------------------------------------------- from a real trial
-
-
-@pytest.fixture
-def classifier(tmp_path: Path) -> Iterator[Path]:
-    """classifier.py and tinymodel.py (its AdamW), copied; the module imported afresh (the trial runs in
-    this process, where another test's copy may be cached)."""
-    for name in ("classifier.py", "tinymodel.py"):
-        shutil.copy(SCRIPTS / name, tmp_path / name)
-    sys.modules.pop("tinymodel", None)
-    yield tmp_path / "classifier.py"
-    sys.modules.pop("tinymodel", None)
 
 
 @needs_patch

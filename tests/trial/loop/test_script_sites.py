@@ -4,28 +4,11 @@ what `export --format diff` edits, and only that."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
-
-import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.pipelines import script
 from autotune.trial.loop import worker
-
-SCRIPTS = Path(__file__).parents[2] / "apply" / "export" / "scripts"
-
-
-@pytest.fixture
-def classifier(tmp_path: Path) -> Path:
-    """classifier.py and the module that builds its optimizer, copied; the module is imported afresh (the
-    trial runs in this process, where another test's copy may be cached)."""
-    for name in ("classifier.py", "tinymodel.py"):
-        shutil.copy(SCRIPTS / name, tmp_path / name)
-    sys.modules.pop("tinymodel", None)
-    yield tmp_path / "classifier.py"
-    sys.modules.pop("tinymodel", None)
 
 
 def test_the_trial_records_each_loader_and_optimizer_it_ran_where_the_script_built_it(classifier: Path) -> None:
