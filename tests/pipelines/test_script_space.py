@@ -251,3 +251,49 @@ def test_an_own_precision_the_source_cannot_give_keeps_precision_fixed_with_why(
     assert knobs["precision"] == Fixed("fp32") and "precision" not in own_baseline(job)
     said = note(notes, "precision")
     assert "the precision at.autocast() is given cannot be read: 'pick(args)' is not a precision" in said, said
+
+
+STREAM = """import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+
+class Stream(IterableDataset):  # yields its whole stream in every worker: the trials keep its loader's own
+    def __iter__(self):
+        while True:
+            yield torch.randn(4), torch.randn(1)
+
+
+loader = DataLoader(Stream(), batch_size=8)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(loader):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    if step == 10_000:
+        break
+"""
+
+
+@pytest.mark.slow
+def test_the_loader_knobs_of_a_script_that_streams_an_iterable_dataset_are_fixed_after_trial_0(tmp_path: Path) -> None:
+    """Its DataLoader is in the source, so the loader knobs are searched until trial 0 shows every loader it
+    built loads an IterableDataset (kept as written by every trial): from there they are fixed, said, and
+    the study's space (what workers read) says so."""
+    import optuna
+
+    from autotune.search.store.records import StudyRecord
+    from autotune.search.store.storage import open_storage
+    from tests.pipelines.framework_helpers import autotune, ok
+
+    script_path = tmp_path / "train.py"
+    script_path.write_text(STREAM)
+    search = autotune(
+        "search", "--script", str(script_path), "--budget", "60s", "--n-trials", "3", "--trial-seconds", "1",
+        "--warmup-steps", "1", "--confirm-rounds", "0", "--parity-steps", "0", "--seed", "0", cwd=tmp_path,
+    )  # fmt: skip
+    ok(search)
+    assert "space: num_workers, prefetch_factor, persistent_workers not searched from here" in search.stdout
+    study = optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+    knobs = (StudyRecord.of(study).space or {})["knobs"]
+    assert knobs["num_workers"] == {"fixed": 0} and knobs["persistent_workers"] == {"fixed": False}

@@ -61,6 +61,9 @@ if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
 
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+# Why a trial keeps a DataLoader's own arguments when it loads an IterableDataset: the stream is yielded
+# whole in every worker unless the dataset shards itself, so more workers would change what it trains on.
+ITERABLE_KEPT = "an IterableDataset: the script's own workers"
 # Knob -> the at.* call that routes it.
 COOPERATIVE = {"precision": "autocast", "channels_last": "model", "compile": "model"}
 # The lr rule for a script whose optimizers are in neither family (source.py), or in both: said.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune import pipelines
+from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS
 from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, TABLE, TrialConfig, baseline_of, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.core.settings import SearchSettings
@@ -343,6 +344,20 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
     if batch == recorded or base.global_batch is not None:
         return None
     return base.replace(baseline=tuple(sorted({**dict(base.baseline or ()), "batch_size": batch}.items())))
+
+
+def loaders_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]) -> tuple[SearchSpace, list[str]]:
+    """`space` with the loader knobs fixed at the baseline's where every DataLoader trial 0 built loads an
+    IterableDataset (its record's `applied`): the trials keep such a loader's own arguments, so searching
+    them measures only noise. The knobs it fixed ([] when none)."""
+    script = applied.get("script")
+    loaders = script.get("loaders") if isinstance(script, Mapping) else None
+    if not loaders or not all(x.get("kept") == ITERABLE_KEPT for x in loaders):
+        return space, []
+    fixed = [k for k in LOADER_KNOBS if k in space.searched()]
+    own = baseline_of(base)
+    knobs = {**space.knobs, **{k: Fixed(getattr(own, k)) for k in fixed}}
+    return SearchSpace(knobs=knobs, source=space.source), fixed
 
 
 def batch_said(line: str) -> bool:

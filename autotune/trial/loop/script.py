@@ -63,7 +63,7 @@ from autotune.core.config import TrialConfig, TrialResult, baseline_of, lr_facto
 from autotune.core.effects import knob_effect, refuse_unsupported, unsupported_effects
 from autotune.core.errors import ConfigError
 from autotune.pipelines import load_pipeline
-from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api
+from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, ScriptJob, api
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script_records import (
     UNMEASURED,
@@ -194,7 +194,7 @@ class Seams:
                 bound.arguments["generator"] = torch.Generator().manual_seed(seams.cfg.data_seed)
             original(*bound.args, **bound.kwargs)
             record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
-            kept = "an IterableDataset: the script's own workers" if iterable else UNMEASURED if unmeasured else None
+            kept = ITERABLE_KEPT if iterable else UNMEASURED if unmeasured else None
             seams.loaders.append(record | ({"kept": kept} if kept else {}))
             ran = {k: record[k] for k in LOADER_KNOBS}
             loader._autotune_site = record_site(seams.sites, "loaders", loader, own, ran, iterated=False)
