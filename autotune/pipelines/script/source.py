@@ -127,13 +127,8 @@ def _precision(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ..
         if node.attr in OWN_PRECISION and node.attr not in PRECISIONS:  # torch.bfloat16, not torch.bf16
             return OWN_PRECISION[node.attr]
     if isinstance(node, ast.Name) and depth < 5:
-        values = [
-            n.value
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
-        ]
-        if len(values) == 1:
-            return _precision(tree, values[0], args, depth + 1)
+        if (value := _assigned_once(tree, node.id)) is not None:
+            return _precision(tree, value, args, depth + 1)
     if isinstance(node, ast.Attribute):
         word = _argparse_default(tree, node.attr, args, str)  # the option's value, or why it has none
         if word is not None:
@@ -193,6 +188,17 @@ def _number(node: ast.expr | None, kind: type) -> Any:
     return None
 
 
+def _assigned_once(tree: ast.Module, name: str) -> ast.expr | None:
+    """The value `name` is assigned, where the source assigns it exactly once (else None: which one runs
+    depends on the run)."""
+    values = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+    ]
+    return values[0] if len(values) == 1 else None
+
+
 def _resolve(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...], depth: int, kind: type) -> Any:
     """A literal number, a name assigned once (followed), or `<parsed args>.dest` of an argparse option
     with a literal default (the script's own arguments applied), as `kind`; else why not, in words."""
@@ -200,13 +206,8 @@ def _resolve(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...]
     if (value := _number(node, kind)) is not None:
         return value
     if isinstance(node, ast.Name) and depth < 5:
-        values = [
-            n.value
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in n.targets)
-        ]
-        if len(values) == 1:
-            return _resolve(tree, values[0], args, depth + 1, kind)
+        if (value := _assigned_once(tree, node.id)) is not None:
+            return _resolve(tree, value, args, depth + 1, kind)
     if isinstance(node, ast.Attribute):
         got = _argparse_default(tree, node.attr, args, kind)
         if got is not None:
