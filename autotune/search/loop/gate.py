@@ -128,8 +128,8 @@ def _standing(study: optuna.Study, t: FrozenTrial, checks: dict[str, CheckRecord
     if str(t.number) in checks:
         return checks[str(t.number)]
     known = class_check(study, t)
-    if known is None:
-        return None
+    if known is None or known.get("trial") == t.number:  # none, or its own: no other trial to point to
+        return known
     return {
         **known,
         "reason": f"its training math ({class_label(t)}) was checked at trial {known.get('trial')}: "

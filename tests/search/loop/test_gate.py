@@ -17,7 +17,7 @@ from autotune.core.configfile import to_yaml
 from autotune.search.store import records
 from autotune.search.loop import gate
 from autotune.search.store.records import PARITY, of_result, write
-from autotune.search.store.results import best_export, choose, exported
+from autotune.search.store.results import best_export, choose, class_label, exported
 from autotune.search.store.records import FEASIBLE_KEY
 from autotune.search.store.storage import open_storage
 from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
@@ -113,3 +113,20 @@ def test_a_class_is_checked_once_and_a_changed_step_by_time_to_target(tmp_path: 
         assert checks["1"]["speedup_to_target"] > 1 and exported(study).number == 1
         assert "2" not in checks
     assert sum("time to target: trial" in line for line in said) == 1, said  # one check for the class
+
+
+def test_a_class_checked_at_the_trial_itself_keeps_its_own_reason(tmp_path: Path) -> None:
+    """The check of trial 1's class was trial 1's own: its reason is said as it is, not as "checked at
+    trial 1" of trial 1 (a circle); another trial of the class points to trial 1."""
+    study = optuna.create_study(storage=open_storage(str(tmp_path / "studies.db")), direction="maximize")
+    record(study, "baseline", BROKEN, 10.0)
+    record(study, "search", BROKEN.replace(precision="bf16"), 30.0)
+    record(study, "search", BROKEN.replace(precision="bf16", num_threads=1), 25.0)
+    trials = study.get_trials()
+    own = {"kind": "parity", "verdict": "not checkable", "trial": 1, "reason": "the script never seeds torch"}
+    records.write_class_check(study, class_label(trials[1]), own)
+    assert gate._standing(study, trials[1], {}) == own
+    other = gate._standing(study, trials[2], {})
+    assert other is not None and other["reason"].startswith(
+        "its training math (precision fp32 -> bf16) was checked at trial 1"
+    )
