@@ -2,7 +2,7 @@
 applied the way it was measured.
 
 The script runs in this process as `python train.py ARGS` would run it, to its own end (its epochs, no
-timed stop, no step limit), with the same seams a trial installs (trial/loop/script.py: the DataLoader's
+timed stop, no step limit), with the same seams a trial installs (trial/loop/script_seams.py: the DataLoader's
 and the optimizer's arguments, zero_grad, cudnn and the threads, and the at.* calls handing over the
 config's batch, precision, lr, model), and no edit to the script: what runs is what was measured, even
 the knobs a diff cannot write (an optimizer built in another module, a value computed at run time). The

@@ -36,7 +36,7 @@ from autotune.core import outcomes
 from autotune.core.outcomes import Reason, Role
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
-from autotune.search.loop import alone, finish
+from autotune.search.loop import alone, finish, trial0
 from autotune.search.space import memory
 from autotune.search.budget import Budget
 from autotune.search.space.machine import differences, fingerprint
@@ -50,7 +50,7 @@ from autotune.search.loop.proposals import Proposals
 from autotune.search.loop.strategy import CoordinateSampler
 from autotune.search.space.memory import stored_fit
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
-from autotune.search.space.resolve import batch_said, loaders_kept, rebased, resolve
+from autotune.search.space.resolve import resolve
 from autotune.search.space.reading import load_space
 from autotune.search.store.storage import check_writable, open_storage
 from autotune.search.loop.study import config_for, enqueue_starts, load_study, open_study, study_workload
@@ -372,9 +372,9 @@ class SearchSession:
                 continue
             t0 = time.monotonic()
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(tally.left_s), events, server)
-            if TrialRecord.from_frozen(frozen).role == Role.BASELINE:
-                self._own_batch_from(frozen)
-                self._loaders_from(frozen)
+            record = TrialRecord.from_frozen(frozen)
+            if record.role == Role.BASELINE and (learned := trial0.lessons(s, self.space, record.applied, self.say)):
+                self._respace(*learned)
                 s = self.settings
             tally.ran(frozen, time.monotonic() - t0)
             events.finished(frozen)
@@ -385,40 +385,7 @@ class SearchSession:
             )
             yield frozen
 
-    def _own_batch_from(self, trial0: optuna.trial.FrozenTrial) -> None:
-        """Trial 0 ran the script as written and recorded the batch it ran (resolve.as_ran): where the study's
-        baseline says another (its source could not say: at.batch_size() of a name a configurator or a config
-        file sets, a DataLoader's computed batch), the study is rebased on it and the space resolved again, so
-        the batch is searched from here (or kept, at the one that ran)."""
-        s = self.settings
-        base = rebased(s.base, TrialRecord.from_frozen(trial0).applied)
-        if base is None or pipelines.kind_of(s.base.pipeline).loop != "script":
-            return
-        pipeline = pipelines.load_pipeline(base)
-        quiet = lambda line: self.say(line) if batch_said(line) else None  # noqa: E731
-        space, _, _ = resolve(load_space(s.space or DEFAULT_SPACE), pipeline, s, base, quiet)
-        new = sorted(set(space.searched()) - set(self.space.searched()))
-        before = dict(s.base.baseline or ())
-        changed = {k: v for k, v in dict(base.baseline or ()).items() if before.get(k) != v}
-        self._respace(space, dataclasses.replace(s, base=base))
-        self.say(
-            f"baseline: trial 0 ran the script's own {', '.join(f'{k} {v}' for k, v in changed.items())}, which its "
-            "source could not say" + (f": {', '.join(new)} searched from here" if new else ": kept, the script's own")
-        )
-
-    def _loaders_from(self, trial0: optuna.trial.FrozenTrial) -> None:
-        """Trial 0 built only DataLoaders over an IterableDataset, which every trial leaves as the script built
-        them: the loader knobs are fixed from here (said), so no trial is spent on what cannot change."""
-        space, fixed = loaders_kept(self.space, self.settings.base, TrialRecord.from_frozen(trial0).applied)
-        if not fixed:
-            return
-        self._respace(space, self.settings)
-        self.say(
-            f"space: {', '.join(fixed)} not searched from here: every DataLoader trial 0 built loads an "
-            "IterableDataset, whose workers the script keeps (more would yield its stream once per worker)"
-        )
-
-    def _respace(self, space: SearchSpace, settings: SearchSettings) -> None:
+    def _respace(self, settings: SearchSettings, space: SearchSpace) -> None:
         """The rest of the search on `space` and `settings`' workload: the sampler's proposals, and the study's
         record of both, read by the workers that join from here."""
         self.settings, self.space = settings, space

@@ -310,7 +310,18 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
                 else ": no finished feasible trial"
             )
         )
+    export = _measured(study, best, storage, out, passed_over)
     rounds = confirmed_figures(study, best.number)
+    if rounds is None:
+        return alone.over(study, export)
+    return alone.over(study, _confirmed(export, rounds, TrialRecord.from_frozen(best).role == Role.BASELINE))
+
+
+def _measured(
+    study: optuna.Study, best: FrozenTrial, storage: str | None, out: Path | None, passed_over: list[dict[str, Any]]
+) -> Export:
+    """`best` as its trial measured it, with its training math, its check, the study's checks, its
+    ceiling and the configs passed over."""
     record, study_record = TrialRecord.from_frozen(best), StudyRecord.of(study)
     cfg = TrialConfig.from_dict({**(study_record.workload or {}), **record.config})
     export = Export.from_result(
@@ -323,7 +334,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     )
     # The estimate made before launch beside the peak it measured, so the estimate's error is in view.
     estimate = versus_peak(record.memory_estimate, record.metrics.get("peak_memory_bytes"))
-    export = dataclasses.replace(
+    return dataclasses.replace(
         export,
         training_math=section(cfg, record.training_math),
         parity=records.gate_check(study, best.number) or class_check(study, best),
@@ -332,8 +343,12 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         ceiling=records.ceiling(study, best.number),
         passed_over=passed_over or None,
     )
-    if rounds is None:
-        return alone.over(study, export)
+
+
+def _confirmed(export: Export, rounds: Mapping[str, Any], baseline: bool) -> Export:
+    """`export` with its confirmation rounds' figures and their verdict (`baseline`: it is the baseline's,
+    "no change", with the first config it was chosen over)."""
+    passed_over = export.passed_over or ()
     # Every figure from the same rounds: samples/s is the config's median over them (the search's single
     # measurement stays beside it), the speedup the median of its per-round ratios to the baseline.
     metrics = {
@@ -341,7 +356,7 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         "samples_per_s": rounds["samples_per_s_median"],
         "search_samples_per_s": export.metrics.get("samples_per_s"),
     }
-    if record.role == Role.BASELINE:
+    if baseline:
         verdict = "no change exported: " + (
             f"trial {passed_over[0]['trial']} was faster, but not measurably or not checked (passed_over)"
             if passed_over
@@ -349,14 +364,13 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
         )
     else:
         verdict = gain_statement(rounds)
-    confirmed = dataclasses.replace(
+    return dataclasses.replace(
         export,
         speedup=rounds["speedup_median"],
         confirmed={**rounds, "verdict": verdict},
         metrics=metrics,
         baseline_samples_per_s=rounds["baseline_median"],
     )
-    return alone.over(study, confirmed)
 
 
 def gain_statement(rounds: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""What a script trial records of the script's run, read where the seams (autotune.trial.loop.script) saw it:
+"""What a script trial records of the script's run, read where the seams (autotune.trial.loop.script_seams) saw it:
 each routed knob's effect in `applied`'s shape (observed, not the config's echo), the DataLoader and optimizer
 construction sites the diff edits, the script's own batch and accumulation as its loaders delivered them,
 the global batch and lr it ran, and the unit the trial's throughput counts.
@@ -22,7 +22,7 @@ from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
 from autotune.trial.measurement import observe
 
 if TYPE_CHECKING:
-    from autotune.trial.loop.script import Seams
+    from autotune.trial.loop.script_seams import Seams
 
 AS_WRITTEN = "the baseline runs the script's own settings"
 # A loader `autotune run` left as written: the exported trial never iterated it (Seams.measured).

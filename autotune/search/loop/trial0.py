@@ -1,0 +1,65 @@
+"""What trial 0, the script run as written, teaches a script study about the rest of its search, read from
+its record (`applied`):
+  - the batch the script ran, where its source could not say it (at.batch_size() of a name a configurator
+    or a config file sets, a DataLoader's computed batch): the study is rebased on it and the space resolved
+    again, so the batch is searched from here (or kept, at the one that ran);
+  - DataLoaders that all load an IterableDataset, which every trial leaves as the script built them: the
+    loader knobs are fixed from here, so no trial is spent on what cannot change.
+Each lesson is said; the session runs the rest of the search on what they return.
+
+May import: autotune.core, autotune.pipelines, and the rest of autotune.search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune import pipelines
+from autotune.core.settings import SearchSettings
+from autotune.search.space.reading import load_space
+from autotune.search.space.resolve import batch_said, loaders_kept, rebased, resolve
+from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
+
+Say = Callable[[str], None]
+
+
+def lessons(
+    settings: SearchSettings, space: SearchSpace, applied: Mapping[str, Any], say: Say
+) -> tuple[SearchSettings, SearchSpace] | None:
+    """The settings and space the rest of the search runs on, after trial 0's `applied`; None: as they are."""
+    if pipelines.kind_of(settings.base.pipeline).loop != "script":
+        return None
+    rebase = own_batch(settings, space, applied, say)
+    after_settings, after_space = rebase or (settings, space)
+    kept, fixed = loaders_kept(after_space, after_settings.base, applied)
+    if fixed:
+        say(
+            f"space: {', '.join(fixed)} not searched from here: every DataLoader trial 0 built loads an "
+            "IterableDataset, whose workers the script keeps (more would yield its stream once per worker)"
+        )
+        return after_settings, kept
+    return rebase
+
+
+def own_batch(
+    settings: SearchSettings, space: SearchSpace, applied: Mapping[str, Any], say: Say
+) -> tuple[SearchSettings, SearchSpace] | None:
+    """The study rebased on the batch trial 0 ran, where its baseline did not record that one, and the space
+    resolved again on it; None where nothing changes."""
+    base = rebased(settings.base, applied)
+    if base is None:
+        return None
+    quiet = lambda line: say(line) if batch_said(line) else None  # noqa: E731
+    again, _, _ = resolve(
+        load_space(settings.space or DEFAULT_SPACE), pipelines.load_pipeline(base), settings, base, quiet
+    )
+    new = sorted(set(again.searched()) - set(space.searched()))
+    before = dict(settings.base.baseline or ())
+    changed = {k: v for k, v in dict(base.baseline or ()).items() if before.get(k) != v}
+    say(
+        f"baseline: trial 0 ran the script's own {', '.join(f'{k} {v}' for k, v in changed.items())}, which its "
+        "source could not say" + (f": {', '.join(new)} searched from here" if new else ": kept, the script's own")
+    )
+    return dataclasses.replace(settings, base=base), again

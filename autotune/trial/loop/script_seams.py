@@ -1,0 +1,467 @@
+"""The seams a script trial installs in torch around the user's script, and what they see there (Seams),
+with `installed`, which puts them in torch for the run and takes them out afterwards. What each seam
+does to the script is said in autotune.trial.loop.script's docstring; what the trial reads from what
+they saw is autotune.trial.loop.script_records.
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from autotune.core.config import TrialConfig, baseline_of, lr_factor
+from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, ScriptJob, api
+from autotune.trial.loop.script_records import (
+    UNMEASURED,
+    batch_len,
+    call_site,
+    fusion_of,
+    handed_samples,
+    per_step,
+    planned_global,
+    shuffled,
+    record_site,
+)
+from autotune.trial.measurement import observe
+from autotune.trial.measurement.clock import Clock
+
+# The lr values a param group or a schedule keeps, scaled together when the first step shows the global
+# batch the lr was planned for is not the one run (OneCycleLR keeps initial/max/min in the groups).
+GROUP_LRS = ("lr", "initial_lr", "max_lr", "min_lr")
+SCHEDULE_LRS = ("base_lrs", "_last_lr", "max_lrs")
+
+
+class Done(BaseException):
+    """Raised from the step hook once the trial has measured enough: a BaseException, so a script's own
+    `except Exception` does not swallow it."""
+
+
+def is_as_written(cfg: TrialConfig) -> bool:
+    """The baseline's knobs: run the script as it is, overriding nothing."""
+    return cfg.knobs() == baseline_of(cfg).knobs()
+
+
+class Seams:
+    """What the trial installs in torch around the script, and what it saw there.
+
+    clock_for: the trial's Clock on a device, made when the script first fetches or steps, on the device
+    its tensors live on (`machine`, where the script shows none).
+    measured: `autotune run`'s (file, line) of the DataLoaders the exported trial iterated: the loader knobs
+    are applied there only, as the diff writes them; None: at every DataLoader, as a trial applies them."""
+
+    def __init__(
+        self,
+        cfg: TrialConfig,
+        clock_for: Callable[[torch.device], Clock],
+        as_written: bool,
+        trial: api.Trial | None = None,
+        own_lr: bool = False,
+        machine: torch.device | None = None,
+        measured: Collection[tuple[str, int]] | None = None,
+    ) -> None:
+        self.cfg, self.clock_for, self.as_written, self.measured = cfg, clock_for, as_written, measured
+        self.machine = machine or torch.device("cpu")
+        self.clock: Clock | None = None
+        self.trial = trial or api.Trial(device_type=self.machine.type)
+        self.trial.watch = self.watch
+        self.own_lr = own_lr  # the script hands its lr through at.lr()
+        self.loaders: list[dict[str, Any]] = []
+        self.iterated: list[Any] = []  # loaders iterated before the clock was made
+        self.constructed: list[dict[str, Any]] = []  # each optimizer the script built: its type and lr
+        self.schedules: list[LRScheduler] = []
+        self.optimizers: list[dict[str, Any]] = []
+        self.stepped: list[torch.optim.Optimizer] = []
+        self.zero_grads: list[bool] = []
+        self.pending_samples = 0  # delivered by loaders since the last optimizer step
+        self.pending_batches = 0
+        self.step_samples: list[int] = []
+        self.step_batches: list[int] = []  # loader batches per optimizer step: the script's own accumulation
+        self.shuffles: dict[int, bool] = {}  # each iterator the script drew from: does its order follow a seed
+        self.seeds: list[Any] = []  # what the script gave torch.manual_seed in this run
+        self.loss_sum: torch.Tensor | None = None  # this step's backward() scalars, summed (a copy)
+        self.batch_pinned: bool | None = None  # the first batch a loader handed over
+        self.outputs: list[observe.OutputDtype] = []  # the model at.model() got, and its first layer
+        self.graphs_before: int | None = None  # dynamo's graph count when at.model() compiled
+        self.final: dict[str, Any] = {}  # what the run showed, read when the trial stopped it
+        self.began = False
+        self.at = self.machine  # the device the clock syncs and reads memory on, once made
+        self.hook_steps = 0
+        # Where the script built each DataLoader and optimizer (the user's call: file, line, columns), what it
+        # gave the knobs there and what ran, and whether the trial iterated or stepped it: what the diff edits.
+        self.sites: dict[str, list[dict[str, Any]]] = {"loaders": [], "optimizers": []}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the script's tensors live: the model handed to at.model(), else its optimizer's parameters."""
+        return self.trial.tensor_device() or self.machine
+
+    def begin(self) -> None:
+        if not self.began:
+            self.began = True
+            self.at = self.device
+            self.clock = self.clock_for(self.at)
+            for loader in self.iterated:
+                self.clock.loader(loader)
+            self.clock.begin()
+
+    def watch(self, module: torch.nn.Module) -> None:
+        """The model at.model() got: its output's dtype and its first layer's (a model may cast its output
+        back to float32; its first Linear or convolution shows the autocast it ran under), watched on its
+        first forward. Not a model the trial compiles: dynamo would trace the hooks."""
+        if self.trial.compile != "off":
+            if self.graphs_before is None:
+                self.graphs_before = _dynamo_graphs()
+            return
+        if self.outputs:
+            return
+        layer, name = observe.first_layer(module)
+        self.outputs = [observe.OutputDtype(module, "the model at.model() got")]
+        if layer is not None and layer is not module:
+            self.outputs.append(observe.OutputDtype(layer, f"its first layer, {name}"))
+
+    # ---- DataLoader ---------------------------------------------------------------------------
+    def loader_init(self, original: Any) -> Any:
+        signature = inspect.signature(original)
+        seams = self
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(loader, *args, **kwargs)
+            own = {k: bound.arguments.get(k, signature.parameters[k].default) for k in LOADER_KNOBS}
+            # An IterableDataset yields its whole stream in every worker unless it shards itself: more
+            # workers than the script chose would change what it trains on, so its loader keeps its own.
+            iterable = isinstance(bound.arguments.get("dataset"), IterableDataset)
+            where = call_site()
+            unmeasured = seams.measured is not None and (where["file"], where["line"]) not in seams.measured
+            if not seams.as_written and not iterable and not unmeasured:
+                bound.arguments |= loader_overrides(seams.cfg)
+            if seams.cfg.data_seed is not None:  # parity's data-order twin: another order, the same weights
+                bound.arguments["generator"] = torch.Generator().manual_seed(seams.cfg.data_seed)
+            original(*bound.args, **bound.kwargs)
+            record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
+            kept = ITERABLE_KEPT if iterable else UNMEASURED if unmeasured else None
+            seams.loaders.append(record | ({"kept": kept} if kept else {}))
+            ran = {k: record[k] for k in LOADER_KNOBS}
+            loader._autotune_site = record_site(seams.sites, "loaders", loader, own, ran, iterated=False)
+
+        return __init__
+
+    def loader_iter(self, original: Any) -> Any:
+        seams = self
+
+        def __init__(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+            original(it, loader, *args, **kwargs)
+            site = getattr(loader, "_autotune_site", None)
+            if site is not None:
+                site["iterated"] = True
+            if seams.clock is None:  # iterated: its workers now make batches ahead
+                seams.iterated.append(loader)
+            else:
+                seams.clock.loader(loader)
+
+        return __init__
+
+    def loader_next(self, original: Any) -> Any:
+        seams = self
+
+        def __next__(it: Any) -> Any:
+            seams.begin()
+            assert seams.clock is not None
+            seams.clock.fetching()
+            try:
+                batch = original(it)
+            finally:
+                seams.clock.fetched()
+            if seams.batch_pinned is None:
+                seams.batch_pinned = observe.pinned(batch)
+            seams.shuffles.setdefault(id(it), shuffled(it))
+            seams.pending_samples += batch_len(batch)
+            seams.pending_batches += 1
+            return batch
+
+        return __next__
+
+    # ---- the optimizer ------------------------------------------------------------------------
+    def optimizer_init(self, original: Any) -> Any:
+        seams = self
+
+        def __init__(optimizer: Any, params: Any, defaults: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+            # A script whose source calls at.lr() scales its lr itself: not scaled again here (the call
+            # may come after the constructor, as OneCycleLR's max_lr does).
+            factor = 1.0 if seams.own_lr else seams.trial.lr_factor()
+            lr = defaults.get("lr")
+            if factor != 1 and lr is not None:
+                defaults = {**defaults, "lr": lr * factor}
+                params = list(params)  # param groups that give their own lr get it scaled too
+                params = [{**g, "lr": g["lr"] * factor} if isinstance(g, dict) and "lr" in g else g for g in params]
+            original(optimizer, params, defaults, *args, **kwargs)
+            seams.trial.optimizers.append(optimizer)
+            record = {"type": type(optimizer).__name__, "lr": lr, "lr_set": defaults.get("lr"), "factor": factor}
+            optimizer._autotune_built = record
+            seams.constructed.append(record)
+            own: dict[str, Any] = {k: defaults.get(k) for k in ("fused", "foreach") if k in defaults}
+            optimizer._autotune_site = record_site(seams.sites, "optimizers", optimizer, own, None, stepped=False)
+
+        return __init__
+
+    def schedule_init(self, original: Any) -> Any:
+        seams = self
+
+        def __init__(schedule: Any, *args: Any, **kwargs: Any) -> None:
+            original(schedule, *args, **kwargs)
+            seams.schedules.append(schedule)
+
+        return __init__
+
+    def scaler_call(self, original: Any) -> Any:
+        """GradScaler.step / unscale_: the optimizer prepared before the scaler reads its flags."""
+        seams = self
+
+        def call(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            seams.prepare(optimizer)
+            return original(scaler, optimizer, *args, **kwargs)
+
+        return call
+
+    def step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.prepare(optimizer)
+
+    def prepare(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per optimizer, before its first step and before GradScaler sees it: the trial's fused /
+        foreach flags (and whether GradScaler hands it the scale: a fused step unscales in its kernel, the
+        others must get unscaled gradients), and its lr set for the global batch its first step runs."""
+        self.begin()
+        if getattr(optimizer, "_autotune_seen", False):
+            return
+        optimizer._autotune_seen = True  # type: ignore[attr-defined]
+        group = optimizer.param_groups[0]
+        record: dict[str, Any] = {"type": type(optimizer).__name__}
+        if {"fused", "foreach"} <= set(group) and not self.as_written:
+            fusion = self.cfg.optimizer_fusion
+            for g in optimizer.param_groups:
+                g["fused"], g["foreach"] = fusion == "fused", fusion == "foreach"
+            optimizer._step_supports_amp_scaling = fusion == "fused"  # type: ignore[attr-defined]
+        record["fusion"] = fusion_of(group)
+        self.optimizers.append(record)
+        self.stepped.append(optimizer)
+        self.lr_for_the_batch_run(optimizer)
+
+    def lr_for_the_batch_run(self, optimizer: torch.optim.Optimizer) -> None:
+        """The lr was scaled at construction for the global batch planned (the handed-over micro-batch x
+        accumulation on every rank); the first step shows the one run: its loaders' samples x the ranks.
+        Where they differ, the lr and the schedules built on it are set for the batch run, before the
+        step updates anything."""
+        built = getattr(optimizer, "_autotune_built", None)
+        own = self.trial.own()
+        if built is None or own is None or self.trial.lr_scale is None or not self.pending_samples:
+            return
+        world = world_size()
+        planned, runs = planned_global(self.cfg, own[1]), self.pending_samples * world
+        if world == 1 or runs == planned:  # one process runs the batch handed over
+            return
+        factor = lr_factor(runs / (own[0] * own[1]), self.cfg.lr_scaling)
+        if self.own_lr:  # at.lr() handed its lr already: said, not changed
+            built["planned_for"] = {"global_batch": planned, "ran": runs, "rule_factor": factor}
+            return
+        ratio = factor / built["factor"]
+        if ratio != 1:
+            rescale_lr(optimizer, [s for s in self.schedules if s.optimizer is optimizer], ratio)
+        built |= {
+            "factor": factor,
+            "lr_set": None if built["lr"] is None else built["lr"] * factor,
+            "planned_for": {"global_batch": planned, "ran": runs},
+        }
+
+    def step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        assert self.clock is not None
+        site = getattr(optimizer, "_autotune_site", None)
+        if site is not None and not site["stepped"]:
+            site |= {"stepped": True, "ran": fusion_of(optimizer.param_groups[0])}
+        self.hook_steps += 1
+        self.step_samples.append(self.pending_samples)
+        self.step_batches.append(self.pending_batches)
+        self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
+        self.pending_samples = self.pending_batches = 0
+        counted = [n for n in self.step_samples if n] or [handed_samples(self.trial)]
+        self.clock.samples_per_step = sum(counted) / len(counted)
+        if self.clock.step_end(self.step_loss()):
+            self.finish()
+            raise Done
+
+    def seed_call(self, original: Any) -> Any:
+        """torch.manual_seed: recorded, so the trial says whether this run started from the seed's weights
+        (a script may seed only under a flag it was not given)."""
+        seams = self
+
+        def manual_seed(seed: Any) -> Any:
+            seams.seeds.append(int(seed) if isinstance(seed, int) else str(seed))
+            return original(seed)
+
+        return manual_seed
+
+    def step_loss(self) -> float | None:
+        if self.loss_sum is None:
+            return None
+        total = float(self.loss_sum)
+        self.loss_sum = None
+        scalers = [s for s in self.trial.scalers if s.is_enabled()]  # at.scaler()'s, in the trial installed
+        return total / float(scalers[0].get_scale()) if scalers else total
+
+    def finish(self) -> None:
+        """The trial has measured enough: the clock closes while the script's process group (if any) still
+        exists (the script may tear it down as Done unwinds it), and what the run showed is read now: the
+        ranks, the global batch (each rank's loaders' samples per step, summed), the model's and
+        optimizer's devices, the output dtypes."""
+        assert self.clock is not None
+        self.clock.close(losses_per_rank=True)
+        per_rank = per_step(self.step_samples) or handed_samples(self.trial)
+        world, global_batch = world_size(), per_rank
+        if world > 1:
+            t = torch.tensor([float(per_rank)], dtype=torch.float64, device=self.at)
+            dist.all_reduce(t)  # SUM over ranks
+            global_batch = int(t.item())
+        model = self.trial.models[0] if self.trial.models else None
+        seen: dict[str, Any] = {}
+        for output in self.outputs:
+            seen.setdefault("output_dtype", output.seen.get("output_dtype"))
+            seen.setdefault("output_of", output.seen.get("output_of"))
+            if output is not self.outputs[0] and output.seen:
+                seen["first_layer_output_dtype"] = output.seen["output_dtype"]
+            output.close()
+        optimizer = self.stepped[0] if self.stepped else None
+        seen |= observe.in_job(model, optimizer, self.at, self.clock.util)
+        seen |= {"batch_pinned": self.batch_pinned, "world_size": world, "global_batch": global_batch}
+        seen["samples_per_step_per_rank"] = per_rank
+        seen["device"] = str(self.at)
+        if self.graphs_before is not None:
+            seen["compiled_graphs"] = (_dynamo_graphs() or 0) - self.graphs_before
+        self.final = seen
+
+    # ---- zero_grad and backward ---------------------------------------------------------------
+    def zero_grad(self, original: Any) -> Any:
+        seams = self
+
+        def zero_grad(obj: Any, set_to_none: bool = True) -> None:
+            if not seams.as_written:
+                set_to_none = seams.cfg.set_to_none
+            seams.zero_grads.append(set_to_none)
+            original(obj, set_to_none=set_to_none)
+
+        return zero_grad
+
+    def backward(self, original: Any) -> Any:
+        seams = self
+
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() == 1:
+                # A copy summed on the device, read once at the step's end: the script's own tensor is not
+                # held across steps (under CUDA graphs its storage is the graph's, rewritten by a replay).
+                copy = tensor.detach().to(torch.float32, copy=True).reshape(())
+                seams.loss_sum = copy if seams.loss_sum is None else seams.loss_sum.add_(copy)
+            return original(tensor, *args, **kwargs)
+
+        return backward
+
+
+def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
+    """What at.batch_size(), at.accumulation() and the lr scale hand the script: the config's micro-batch,
+    and its micro-batches per step when the study fixes the global batch; nothing for a script whose
+    batch is its own (it never calls at.batch_size(), or its default cannot be read)."""
+    if job.own is None:
+        return {}
+    fixed = cfg.global_batch is not None
+
+    def scale(own_batch: int, own_accum: int) -> float:
+        # The user's lr is meant for the script's own global batch; the trial plans its own (below).
+        return lr_factor(planned_global(cfg, own_accum) / (own_batch * own_accum), cfg.lr_scaling)
+
+    return {
+        "batch_size": cfg.batch_size,
+        "accumulation": cfg.grad_accum if fixed else None,
+        "own_batch_size": job.own[0],
+        "own_accumulation": job.own[1],
+        "lr_scale": scale,
+    }
+
+
+def world_size() -> int:
+    """The ranks of the process group the script set up; 1 without one."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rescale_lr(optimizer: torch.optim.Optimizer, schedules: list[LRScheduler], ratio: float) -> None:
+    """Every lr the optimizer's groups and its schedules keep, times `ratio` (a schedule computes from its
+    base_lrs, or from the group's lr: both move together)."""
+    for group in optimizer.param_groups:
+        for key in GROUP_LRS:
+            value = group.get(key)
+            if isinstance(value, torch.Tensor):
+                value.mul_(ratio)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                group[key] = value * ratio
+    for schedule in schedules:
+        for name in SCHEDULE_LRS:
+            values = getattr(schedule, name, None)
+            if isinstance(values, list):
+                setattr(schedule, name, [v * ratio for v in values])
+
+
+def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
+    """The DataLoader arguments a config sets over the script's own."""
+    kw: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
+    workers = cfg.num_workers > 0  # DataLoader refuses both without worker processes
+    kw["persistent_workers"] = cfg.persistent_workers if workers else False
+    kw["prefetch_factor"] = cfg.loader_prefetch
+    return kw
+
+
+def _dynamo_graphs() -> int | None:
+    """The graphs dynamo has compiled in this process (a private counter: None where it is absent)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - an observation must not fail a trial
+        return None
+
+
+@contextlib.contextmanager
+def installed(seams: Seams) -> Iterator[None]:
+    """The seams in torch for the script's run, and torch as it was afterwards."""
+    patches: list[tuple[Any, str, Any]] = [
+        (DataLoader, "__init__", seams.loader_init(DataLoader.__init__)),
+        (_BaseDataLoaderIter, "__init__", seams.loader_iter(_BaseDataLoaderIter.__init__)),
+        (_BaseDataLoaderIter, "__next__", seams.loader_next(_BaseDataLoaderIter.__next__)),
+        (torch.optim.Optimizer, "zero_grad", seams.zero_grad(torch.optim.Optimizer.zero_grad)),
+        (torch.nn.Module, "zero_grad", seams.zero_grad(torch.nn.Module.zero_grad)),
+        (torch.Tensor, "backward", seams.backward(torch.Tensor.backward)),
+        (torch.optim.Optimizer, "__init__", seams.optimizer_init(torch.optim.Optimizer.__init__)),
+        (LRScheduler, "__init__", seams.schedule_init(LRScheduler.__init__)),
+        (torch.amp.GradScaler, "unscale_", seams.scaler_call(torch.amp.GradScaler.unscale_)),
+        (torch.amp.GradScaler, "step", seams.scaler_call(torch.amp.GradScaler.step)),
+    ]
+    patches += [(module, "manual_seed", seams.seed_call(torch.random.manual_seed)) for module in (torch, torch.random)]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
+    for owner, name, new in patches:
+        setattr(owner, name, new)
+    pre = register_optimizer_step_pre_hook(seams.step_pre)
+    post = register_optimizer_step_post_hook(seams.step_post)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+        for owner, name, old in saved:
+            setattr(owner, name, old)
+        for output in seams.outputs:
+            output.close()
