@@ -115,6 +115,9 @@ class TrialConfig:
     lr: float = 1e-3  # for the reference global batch: global_batch, else REFERENCE_BATCH
     lr_scaling: str = "sqrt"  # how lr follows a changed global batch: sqrt | linear | none
     global_batch: int | None = None  # samples per optimizer step, fixed by the study; None: free
+    # Micro-batches a script accumulates per optimizer step on its own (it hands over no at.accumulation()):
+    # trial 0 counts them from its loaders. Never searched; the global batch counts them. 1 for every other job.
+    own_accumulation: int = 1
     profile: bool = False
     # The knobs the user trains with today (--baseline), as sorted (knob, value) pairs so the config stays
     # hashable; None: plain PyTorch. Every speedup and training-math label is measured against it.
@@ -164,6 +167,7 @@ class TrialConfig:
         )
         need(self.warmup_steps >= 0 and self.timed_steps >= 1, "warmup_steps must be >= 0 and timed_steps >= 1")
         need(self.window >= 1, f"window must be >= 1, got {self.window}")
+        need(self.own_accumulation >= 1, f"own_accumulation must be >= 1, got {self.own_accumulation}")
         need(
             self.seconds is None or (_number(self.seconds) and self.seconds > 0),
             f"seconds must be > 0, got {self.seconds!r}",
@@ -183,8 +187,9 @@ class TrialConfig:
 
     @property
     def grad_accum(self) -> int:
-        """Micro-batches per optimizer step: derived from the global batch, never searched on its own."""
-        return self.global_batch // (self.batch_size * self.gpus) if self.global_batch else 1
+        """Micro-batches per optimizer step: derived from the study's global batch, else the job's own
+        accumulation (a script's, as trial 0 counted it); never searched on its own."""
+        return self.global_batch // (self.batch_size * self.gpus) if self.global_batch else self.own_accumulation
 
     @property
     def global_batch_size(self) -> int:
@@ -195,7 +200,9 @@ class TrialConfig:
     def reference_batch(self) -> int:
         """The global batch `lr` is meant for: the study's, else the baseline's."""
         given = dict(self.baseline or ())
-        return self.global_batch or given.get("batch_size", REFERENCE_BATCH) * given.get("gpus", 1)
+        return (
+            self.global_batch or given.get("batch_size", REFERENCE_BATCH) * given.get("gpus", 1) * self.own_accumulation
+        )
 
     @property
     def effective_lr(self) -> float:

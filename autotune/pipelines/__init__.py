@@ -243,9 +243,10 @@ def base_config(
         changes["pipeline"] = pipeline
     kind = kind_of(changes.get("pipeline", cfg.pipeline))
     changes["pipeline"] = kind.normalize()  # a script's path made absolute, the file checked
-    # The lr and the rule its optimizer scales by, read from the job's own source (a script's) unless given.
+    # The lr, the rule its optimizer scales by and its own accumulation, read from the job's own source (a
+    # script's) unless given.
     changes |= kind_of(changes["pipeline"]).study_defaults(
-        cfg.global_batch, {k for k in ("lr", "lr_scaling") if k in extra}
+        cfg.global_batch, {k for k in ("lr", "lr_scaling", "own_accumulation") if k in extra}
     )
     if image_size:
         changes["image_size"] = image_size

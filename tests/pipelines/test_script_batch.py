@@ -122,6 +122,9 @@ def trial(base: TrialConfig, **knobs: Any) -> Any:
 def test_the_trial_hands_over_the_batch_and_scales_the_optimizer_s_lr(tmp_path: Path) -> None:
     base = study_base(TOKENS, ["--steps", "50"])
     assert dict(base.baseline or ()) == {"batch_size": 4}
+    # at.accumulation(args.accum)'s default (2) is the script's own: the global batch counts it.
+    assert base.own_accumulation == 2 and baseline_of(base).global_batch_size == 8
+    assert training_math(base.replace(batch_size=16), False)[0] == "global batch 8 -> 32"
     r = trial(baseline_of(base))  # the baseline: the script as written
     a = r.applied
     assert a["batch_size"]["in_effect"] == 4 and a["script"]["accumulation"] == 2
@@ -312,3 +315,57 @@ def test_a_configurator_set_batch_is_searched_once_trial_0_has_reported_it(
     assert "batch_size" in (StudyRecord.of(study).space or {})["knobs"]
     handed = {TrialRecord.from_frozen(t).applied.get("batch_size", {}).get("in_effect") for t in trials[1:]}
     assert handed - {None, 6}, handed  # another batch was handed over and ran
+
+
+@pytest.mark.slow
+def test_a_script_that_accumulates_on_its_own_is_searched_with_the_batch_that_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama2.c's shape (batch 6 handed over after a configurator, 2 micro-batches accumulated by the script's
+    own loop, lr 0.005 from the configurator): trial 0's report rebases the study on all three, so a trial
+    at another batch is labelled with the global batch and lr that ran, and best.yaml's training math says
+    the accumulation."""
+    import optuna
+    import yaml
+
+    from autotune.search.store.records import StudyRecord, TrialRecord
+    from autotune.search.store.storage import open_storage
+    from tests.pipelines.framework_helpers import autotune
+
+    accumulating = CONFIGURED.with_name("accumulating.py")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = "--batch_size=6 --gradient_accumulation_steps=2 --learning_rate=0.005"
+    search = autotune(
+        "search", "--script", str(accumulating), f"--script-args={args}", "--budget", "60s",
+        "--n-trials", "4", "--trial-seconds", "1", "--warmup-steps", "1", "--confirm-rounds", "0",
+        "--parity-steps", "0", "--seed", "0", "--sampler", "random", "--space", str(_batch_only(tmp_path)),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    said = "baseline: trial 0 ran the script's own batch_size 6, accumulation 2 (global batch 12), lr 0.005"
+    assert said in search.stdout, search.stdout[-3000:]
+    study = optuna.load_study(study_name="autotune", storage=open_storage(str(tmp_path / "studies.db")))
+    workload = StudyRecord.of(study).workload or {}
+    assert (workload["own_accumulation"], workload["lr"]) == (2, 0.005)
+    labels = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        r = TrialRecord.from_frozen(t)
+        labels[r.config["batch_size"]] = r.training_math
+        assert r.applied["global_batch"]["in_effect"] == 2 * r.config["batch_size"]
+    assert labels[6] == ()
+    others = {b: m for b, m in labels.items() if b != 6}
+    assert others, labels  # another batch ran
+    for b, math_ in others.items():
+        assert math_[0] == f"global batch 12 -> {2 * b}" and math_[1].startswith("lr 0.005 -> "), math_
+    best = yaml.safe_load((tmp_path / "studies" / "autotune" / "best.yaml").read_text())
+    tm = best["training_math"]
+    assert tm["grad_accum"] == 2 and tm["baseline_global_batch"] == 12
+    assert tm["global_batch"] == 2 * best["config"]["batch_size"]
+
+
+def _batch_only(tmp_path: Path) -> Path:
+    """A space that searches the batch alone (the speed-only knobs fixed): every trial after trial 0 runs
+    another global batch."""
+    out = tmp_path / "space.yaml"
+    out.write_text("knobs:\n  batch_size: [3, 12]\n  num_workers: 0\n  optimizer_fusion: none\n  num_threads: 1\n")
+    return out

@@ -99,12 +99,12 @@ def test_a_script_study_keeps_a_share_for_its_alone_rounds_after_everything_else
     script = tmp_path / "train.py"
     script.write_text("print('train')\n")
     s = SearchSettings(budget_s=1000.0, base=TINY.replace(pipeline=f"script:{script}", seconds=5.0))
-    assert alone_reserve_s(s) == MIN_ROUNDS * 2 * (ALONE_OVERHEAD_S + ALONE_TIMED_S) == 90.0
+    assert alone_reserve_s(s) == MIN_ROUNDS * 2 * (ALONE_OVERHEAD_S + ALONE_TIMED_S) == 150.0
     assert alone_reserve_s(dataclasses.replace(s, budget_s=200.0)) == 50.0  # at most a quarter
     b = Budget.of(s, started=0.0)
-    assert b.alone_reserve_s == 90.0 and b.reserve_s == confirm_reserve_s(s) + parity_reserve_s(s)
-    assert b.search_deadline == 1000.0 - b.reserve_s - 90.0
-    assert b.confirm_end == 1000.0 - 90.0 and b.ceiling_end == b.late_end - 90.0 and b.checks_end == b.ceiling_end
+    assert b.alone_reserve_s == 150.0 and b.reserve_s == confirm_reserve_s(s) + parity_reserve_s(s)
+    assert b.search_deadline == 1000.0 - b.reserve_s - 150.0
+    assert b.confirm_end == 1000.0 - 150.0 and b.ceiling_end == b.late_end - 150.0 and b.checks_end == b.ceiling_end
     # Nothing kept for another kind of job, or without a budget.
     assert (
         alone_reserve_s(dataclasses.replace(s, base=TINY))

@@ -233,6 +233,12 @@ def _lr(rw: Rewrite) -> None:
     factor = lr_factor(ran / (own[0] * own[1]), cfg.lr_scaling)
     if factor == 1:
         return
+    if any(site.get("own_schedule") for site in (rw.recorded or {}).get("optimizers", [])):
+        rw.notes.append(
+            f"lr: the script sets its optimizer's lr itself before its steps (a schedule of its own), over the lr "
+            f"it is built with; the trial scaled each value it set by {factor:.6g}: multiply what it sets by "
+            f"{factor:.6g} (autotune run does)"
+        )
     targets = [c.args[0] if c.args else None for c in rw.api("lr")]
     if not targets:
         names = source.LINEAR_RULE | source.SQRT_RULE | source.OTHER_OPTIMIZERS

@@ -262,9 +262,11 @@ class ScriptJob(OwnLoopJob):
         uses: Uses,
         global_batch: int | None = None,
         recorded: int | None = None,
+        recorded_accumulation: int = 1,
     ) -> None:
         """recorded: the study's baseline batch_size, the script's own where its source cannot say which
-        (trial 0 reported the value at.batch_size() was handed, or --baseline gave it)."""
+        (trial 0 reported the value at.batch_size() was handed, or --baseline gave it); recorded_accumulation:
+        the micro-batches per step trial 0 saw it accumulate, where no at.accumulation() default says."""
         super().__init__(spec, unsupported(uses, global_batch, recorded))
         self.unsupported = Unsupported(self.unsupported.why, refused_values(uses))
         self.path, self.args, self.uses = path, list(args), uses
@@ -275,7 +277,7 @@ class ScriptJob(OwnLoopJob):
         self.own: tuple[int, int] | None = None
         if isinstance(batch, int):
             accum = uses.own_value("accumulation")
-            self.own = (batch, accum if isinstance(accum, int) else 1)
+            self.own = (batch, accum if isinstance(accum, int) else recorded_accumulation)
         self.lr_rule, self.lr_rule_why = lr_rule(uses)
 
     def own_baseline(self, global_batch: int | None = None) -> dict[str, Any]:
@@ -312,23 +314,34 @@ def load(cfg: TrialConfig) -> ScriptJob:
         path = str(Path(path).resolve())
     recorded = dict(cfg.baseline or ()).get("batch_size")
     uses = scan_script(path, args)
-    return ScriptJob(cfg.pipeline, path, args, uses, cfg.global_batch, recorded if isinstance(recorded, int) else None)
+    return ScriptJob(
+        cfg.pipeline,
+        path,
+        args,
+        uses,
+        cfg.global_batch,
+        recorded if isinstance(recorded, int) else None,
+        cfg.own_accumulation,
+    )
 
 
 def study_defaults(spec: str, global_batch: int | None, given: Collection[str] = ()) -> dict[str, Any]:
     """The workload fields a script's source sets when the user gave none (`given` names those they did):
     `lr_scaling`, the rule its optimizer follows (lr_rule), and `lr`, its own (read from at.lr() or its
     optimizer's constructor), which is meant for its own global batch: under a study's --global-batch
-    it is scaled to that batch, the batch TrialConfig.lr is given for."""
+    it is scaled to that batch, the batch TrialConfig.lr is given for. Without --global-batch, the
+    accumulation at.accumulation()'s default reads (`own_accumulation`): every trial keeps it."""
     from autotune.core.config import TrialConfig, lr_factor
 
     path, args = parse(spec)
     uses = scan_script(path, args)
+    job = ScriptJob(spec, path, args, uses, global_batch)
     rule = lr_rule(uses)[0] if "lr_scaling" not in given else None
     out: dict[str, Any] = {} if rule is None else {"lr_scaling": rule}
+    if "own_accumulation" not in given and not global_batch and job.own is not None and job.own[1] != 1:
+        out["own_accumulation"] = job.own[1]
     lr = uses.own_value("lr")
     if "lr" not in given and isinstance(lr, float) and lr > 0:
-        job = ScriptJob(spec, path, args, uses, global_batch)
         if global_batch and job.own is not None:
             lr *= lr_factor(global_batch / (job.own[0] * job.own[1]), rule or TrialConfig().lr_scaling)
         out["lr"] = lr

@@ -124,7 +124,8 @@ def _rounds(
         (float(s) for t in trials if (s := TrialRecord.from_frozen(t).metrics.get("step_time_p50"))),
         default=GUESSED_STEP_S,
     )
-    warmup = cfg.warmup_steps
+    # Both sides skip what the patched config's loaders make ahead, as the trial did: timed, those steps come free.
+    warmup = cfg.untimed_steps
     deadline = budget.late_end if budget is not None else None
     left = math.inf if deadline is None else deadline - time.monotonic()
     steps = plan_steps(step_s, warmup, left)

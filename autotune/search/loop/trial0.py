@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune import pipelines
+from autotune.core.config import baseline_of
 from autotune.core.settings import SearchSettings
 from autotune.search.space.reading import load_space
 from autotune.search.space.resolve import batch_said, loaders_kept, rebased, resolve
@@ -46,8 +47,8 @@ def lessons(
 def own_batch(
     settings: SearchSettings, space: SearchSpace, applied: Mapping[str, Any], say: Say
 ) -> tuple[SearchSettings, SearchSpace] | None:
-    """The study rebased on the batch trial 0 ran, where its baseline did not record that one, and the space
-    resolved again on it; None where nothing changes."""
+    """The study rebased on the batch, accumulation and lr trial 0 ran, where its workload did not record
+    them, and the space resolved again on it; None where nothing changes."""
     base = rebased(settings.base, applied)
     if base is None:
         return None
@@ -57,9 +58,13 @@ def own_batch(
     )
     new = sorted(set(again.searched()) - set(space.searched()))
     before = dict(settings.base.baseline or ())
-    changed = {k: v for k, v in dict(base.baseline or ()).items() if before.get(k) != v}
+    changed = [f"{k} {v}" for k, v in dict(base.baseline or ()).items() if before.get(k) != v]
+    if base.own_accumulation != settings.base.own_accumulation:
+        changed.append(f"accumulation {base.own_accumulation} (global batch {baseline_of(base).global_batch_size})")
+    if base.lr != settings.base.lr:
+        changed.append(f"lr {base.lr:.4g}")
     say(
-        f"baseline: trial 0 ran the script's own {', '.join(f'{k} {v}' for k, v in changed.items())}, which its "
-        "source could not say" + (f": {', '.join(new)} searched from here" if new else ": kept, the script's own")
+        f"baseline: trial 0 ran the script's own {', '.join(changed)}, which its source could not say"
+        + (f": {', '.join(new)} searched from here" if new else ": kept, the script's own")
     )
     return dataclasses.replace(settings, base=base), again

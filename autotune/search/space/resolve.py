@@ -7,6 +7,7 @@ each rank can hold). Each narrowing says what it dropped and why.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -314,14 +315,17 @@ def as_ran(cfg: TrialConfig, applied: Mapping[str, Any], as_written: bool) -> Tr
     """The config a script's trial ran. Where it ran the script's own batch (the baseline runs the script as
     written; a script that hands no batch over keeps its own) and its run reported that batch (at.batch_size()'s
     default as the script handed it, after a configurator or a config file; what its loaders delivered), the
-    config records that batch, and its baseline with it, however the source read it. `cfg` otherwise, and
-    under a study's global batch, whose micro-batch the baseline picks."""
+    config records that batch, and its baseline with it, however the source read it. The accumulation the
+    run showed as the script's own is recorded too: every trial keeps it. `cfg` otherwise, and under a
+    study's global batch, whose micro-batch the baseline picks."""
     script = applied.get("script")
     own = script.get("own") if isinstance(script, Mapping) else None
     batch = own.get("batch_size") if isinstance(own, Mapping) else None
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or cfg.global_batch is not None:
+    if not _count(batch) or cfg.global_batch is not None:
         return cfg
-    assert isinstance(script, Mapping)
+    assert isinstance(script, Mapping) and isinstance(own, Mapping)
+    accumulation = own.get("accumulation")
+    cfg = cfg.replace(own_accumulation=accumulation if _count(accumulation) else cfg.own_accumulation)
     handed = bool((script.get("api_calls") or {}).get("batch_size"))
     if (handed and not as_written) or batch == cfg.batch_size:
         return cfg
@@ -330,20 +334,32 @@ def as_ran(cfg: TrialConfig, applied: Mapping[str, Any], as_written: bool) -> Tr
 
 
 def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None:
-    """The study's workload rebased on the batch trial 0's run reported as the script's own (its record's
-    `applied`: at.batch_size()'s default as handed over, what a kept loader delivered), when the baseline
-    does not record that one (the source could not say it: even where it is autotune's default 8, it is
-    known only now); None when it does, when the run reported none, or when the study fixes the global
-    batch."""
+    """The study's workload rebased on what trial 0's run reported as the script's own (its record's
+    `applied`): its batch (at.batch_size()'s default as handed over, what a kept loader delivered), its
+    accumulation (the batches its loaders delivered per optimizer step) and the lr its optimizer was built
+    with, where the workload does not record them (the source could not say them: even where the batch
+    is autotune's default 8, it is known only now). None when it does, when the run reported no batch,
+    or when the study fixes the global batch (the trials hand the batch and accumulation over)."""
     script = applied.get("script")
     own = script.get("own") if isinstance(script, Mapping) else None
-    batch = own.get("batch_size") if isinstance(own, Mapping) else None
-    recorded = dict(base.baseline or ()).get("batch_size")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+    if not isinstance(own, Mapping) or not _count(own.get("batch_size")) or base.global_batch is not None:
         return None
-    if batch == recorded or base.global_batch is not None:
-        return None
-    return base.replace(baseline=tuple(sorted({**dict(base.baseline or ()), "batch_size": batch}.items())))
+    accumulation = own.get("accumulation")
+    lr = (applied.get("lr") or {}).get("requested")
+    changes = {
+        "baseline": tuple(sorted({**dict(base.baseline or ()), "batch_size": own["batch_size"]}.items())),
+        "own_accumulation": accumulation if _count(accumulation) else base.own_accumulation,
+        "lr": float(lr)
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0
+        else base.lr,
+    }
+    after = base.replace(**changes)
+    return None if after == base else after
+
+
+def _count(value: Any) -> bool:
+    """A whole number of samples or micro-batches, as a record may hold one."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def loaders_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]) -> tuple[SearchSpace, list[str]]:

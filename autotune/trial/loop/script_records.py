@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from autotune.trial.loop.script_seams import Seams
 
 AS_WRITTEN = "the baseline runs the script's own settings"
+OWN_SCHEDULE = "the script sets its optimizer's lr itself before its steps (a schedule of its own)"
 # A loader `autotune run` left as written: the exported trial never iterated it (Seams.measured).
 UNMEASURED = "no trial measured it (the exported trial never iterated it): the script's own"
 PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -59,6 +60,8 @@ def script_record(seams: Seams, trial: api.Trial) -> dict[str, Any]:
         "optimizers": seams.optimizers,
         "api_calls": dict(trial.calls),
         "optimizer_steps": seams.hook_steps,
+        # the lr each stepped optimizer's first group ran its last step at (after the script's own schedule)
+        "lr_last_step": [plain(lrs[0]) for o in seams.stepped if (lrs := getattr(o, "_autotune_lrs", None))],
         "samples_per_step": seams.clock.samples_per_step if seams.clock is not None else None,
         "device": seen.get("device"),
         "world_size": seen.get("world_size"),
@@ -247,6 +250,12 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
     else:
         out["lr"] = knob_effect(before, after, "the script's own lr (its batch is its own)") | {"rule": rule}
         out["global_batch"] = knob_effect(None, ran, global_why(seams, None, ran))
+    if built is not None and built.get("own_schedule"):
+        out["lr"]["why"] += (
+            "; "
+            + OWN_SCHEDULE
+            + (f": the trial scaled each value it set by {built['factor']:.4g}" if built["factor"] != 1 else "")
+        )
     out["script"] = {"accumulation": accumulation, "optimizers_built": seams.constructed}
     return out
 
@@ -328,16 +337,23 @@ def own_as_run(trial: api.Trial, step_samples: list[int], step_batches: list[int
     """The script's own micro-batch and accumulation as this run handed them over: at.batch_size()'s and
     at.accumulation()'s defaults as the script passed them (a configurator or a config file has set
     them by then), else what its loaders delivered (samples per batch, batches per optimizer step);
-    None when neither shows one."""
+    None when neither shows one. A script that hands its batch over but accumulates on its own (no
+    at.accumulation()) has its accumulation counted from its loaders: the batches per optimizer step."""
     own = trial.defaults
-    if "batch_size" in own:
-        accumulation = int(own.get("accumulation", trial.own_accumulation))
-        return {
-            "batch_size": int(own["batch_size"]),
-            "accumulation": accumulation,
-            "from": "at.batch_size()'s default as the run handed it over",
-        }
     samples, batches = per_step(step_samples), per_step(step_batches)
+    if "batch_size" in own:
+        said = "at.batch_size()'s default as the run handed it over"
+        if "accumulation" in own:
+            accumulation, said = (
+                int(own["accumulation"]),
+                "at.batch_size()'s and at.accumulation()'s defaults as the run handed them over",
+            )
+        elif batches:
+            accumulation = batches
+            said += f"; the accumulation: its loaders' {batches} batch(es) per optimizer step"
+        else:
+            accumulation = trial.own_accumulation
+        return {"batch_size": int(own["batch_size"]), "accumulation": accumulation, "from": said}
     if not samples or not batches or samples % batches:
         return None
     return {

@@ -211,6 +211,7 @@ class Seams:
             seams.constructed.append(record)
             own: dict[str, Any] = {k: defaults.get(k) for k in ("fused", "foreach") if k in defaults}
             optimizer._autotune_site = record_site(seams.sites, "optimizers", optimizer, own, None, stepped=False)
+            optimizer._autotune_lrs = group_lrs(optimizer)
 
         return __init__
 
@@ -234,7 +235,22 @@ class Seams:
         return call
 
     def step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.scale_own_schedule(optimizer)
         self.prepare(optimizer)
+
+    def scale_own_schedule(self, optimizer: torch.optim.Optimizer) -> None:
+        """A script that sets its optimizer's lr itself between steps (a schedule of its own, as llama2.c's
+        get_lr, not a torch LRScheduler built on the scaled lr): each value it sets is meant for its own
+        batch, so it gets the trial's factor, as the lr the optimizer was built with did; and it is said."""
+        built, before = getattr(optimizer, "_autotune_built", None), getattr(optimizer, "_autotune_lrs", None)
+        if built is None or before is None or any(s.optimizer is optimizer for s in self.schedules):
+            return
+        factor = built["factor"]
+        for group, lr in zip(optimizer.param_groups, before):
+            if isinstance(group["lr"], (int, float)) and not isinstance(group["lr"], bool) and group["lr"] != lr:
+                built["own_schedule"] = True
+                optimizer._autotune_site["own_schedule"] = True  # type: ignore[attr-defined]
+                group["lr"] *= factor
 
     def prepare(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer, before its first step and before GradScaler sees it: the trial's fused /
@@ -287,6 +303,7 @@ class Seams:
         site = getattr(optimizer, "_autotune_site", None)
         if site is not None and not site["stepped"]:
             site |= {"stepped": True, "ran": fusion_of(optimizer.param_groups[0])}
+        optimizer._autotune_lrs = group_lrs(optimizer)  # type: ignore[attr-defined]
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
         self.step_batches.append(self.pending_batches)
@@ -397,6 +414,12 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
 def world_size() -> int:
     """The ranks of the process group the script set up; 1 without one."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def group_lrs(optimizer: torch.optim.Optimizer) -> list[Any]:
+    """Each param group's lr as the trial last left it: a float that differs at the next step was set by
+    the script."""
+    return [group["lr"] for group in optimizer.param_groups]
 
 
 def rescale_lr(optimizer: torch.optim.Optimizer, schedules: list[LRScheduler], ratio: float) -> None:

@@ -246,3 +246,16 @@ def test_the_diff_of_a_trial_holds_what_it_ran(classifier: Path) -> None:
         if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.optim.AdamW"
     )
     assert {k.arg: ast.unparse(k.value) for k in call.keywords} == {"lr": "lr", "weight_decay": "0.1", "fused": "True"}
+
+
+def test_an_lr_the_script_sets_itself_each_step_is_named_with_the_factor(tmp_path: Path) -> None:
+    """The trial scaled the lr the script set before each step (its own schedule, trial/loop/script_seams.py);
+    the diff scales the constructor's lr, which that schedule overwrites, so it names what to multiply."""
+    path = Path(__file__).parents[2] / "trial" / "loop" / "scripts" / "configured" / "accumulating.py"
+    args = ["--batch_size=6", "--gradient_accumulation_steps=2", "--learning_rate=0.005"]
+    mine = {"baseline": {"batch_size": 6}, "own_accumulation": 2, "batch_size": 12}
+    scheduled = _optimizer(path, 43, "none") | {"own_schedule": True}
+    notes = _notes(to_diff(_export(path, args, {"loaders": [], "optimizers": [scheduled]}, **mine)))
+    assert any("sets its optimizer's lr itself" in n and "multiply what it sets by 1.41421" in n for n in notes), notes
+    plain = _export(path, args, {"loaders": [], "optimizers": [_optimizer(path, 43, "none")]}, **mine)
+    assert not any("sets its optimizer's lr itself" in n for n in _notes(to_diff(plain)))

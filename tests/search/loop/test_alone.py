@@ -75,7 +75,7 @@ def script_study(tmp_path: Path, args: str, best: dict[str, int] | None = None) 
     StudyRecord(workload=base.workload()).write(study)
     for role, knobs, value in (("baseline", {}, 100.0), ("search", best or {"num_workers": 2}, 200.0)):
         t = study.ask()
-        metrics = {"samples_per_s": value, "step_time_p50": 1.0, "device": "cpu"}  # 1 s: the fewest steps
+        metrics = {"samples_per_s": value, "step_time_p50": 2.0, "device": "cpu"}  # 2 s: the fewest steps
         write(t, TrialRecord(role=role, config=base.replace(**knobs).knobs(), metrics=metrics, speedup=value / 100))
         t.set_constraint("infeasible", 0.0)
         study.tell(t, value)
@@ -95,7 +95,8 @@ def test_a_patched_script_faster_alone_gives_its_paired_figure_as_the_speedup(
     record = alone.run(study, settings, None, patched_copy, say=said.append)
     assert record is not None and record["trial"] == 1 and record["rounds"] == MIN_ROUNDS
     assert record["measurable"] and record["exported"] == "the patched script"
-    assert record["unit"] == "samples/s" and record["steps"] == alone.MIN_STEPS and record["warmup"] == 2
+    assert record["unit"] == "samples/s" and record["steps"] == alone.MIN_STEPS
+    assert record["warmup"] == 2 + 2 * 2  # the warm-up, then the drain of 2 workers x 2 batches made ahead
     assert all(r > 1 for r in record["ratios"]) and record["search_speedup"] == 2.0
     copy = Path(record["patched_copy"])
     assert "num_workers=2" in copy.read_text() and "num_workers=0" in Path(record["script"]).read_text()
@@ -163,7 +164,8 @@ def test_a_config_on_several_gpus_is_not_run_alone(tmp_path: Path) -> None:
 
 
 def test_the_steps_are_planned_for_the_time_left() -> None:
-    assert alone.plan_steps(0.01, 3, float("inf")) == 500  # ALONE_TIMED_S of 10 ms steps
+    assert alone.plan_steps(0.03, 3, float("inf")) == 500  # ALONE_TIMED_S of 30 ms steps
+    assert alone.plan_steps(0.001, 3, float("inf")) == alone.MAX_STEPS
     assert alone.plan_steps(10.0, 3, float("inf")) == alone.MIN_STEPS
     assert alone.plan_steps(0.1, 3, 2 * MIN_ROUNDS * (10.0 + 3.0)) == 26  # 3 s a run past its start-up
     assert alone.plan_steps(0.1, 3, 2 * MIN_ROUNDS * 10.5) is None  # not even MIN_STEPS

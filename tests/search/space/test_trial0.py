@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.training import section, training_math
 from autotune.pipelines.script import ITERABLE_KEPT
 from autotune.search.space.resolve import loaders_kept, rebased
 from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace
@@ -15,9 +16,14 @@ from autotune.search.space.spec import Choices, Fixed, IntRange, SearchSpace
 SPEC = "script:train.py --batch_size=8"
 
 
-def _applied(batch: Any) -> dict[str, Any]:
-    own = {"batch_size": batch, "accumulation": 1, "from": "at.batch_size()'s default as the run handed it over"}
-    return {"script": {"own": own, "api_calls": {"batch_size": 1}}}
+def _applied(batch: Any, accumulation: int = 1, lr: float | None = None) -> dict[str, Any]:
+    own = {
+        "batch_size": batch,
+        "accumulation": accumulation,
+        "from": "at.batch_size()'s default as the run handed it over",
+    }
+    out: dict[str, Any] = {"script": {"own": own, "api_calls": {"batch_size": 1}}}
+    return out | ({"lr": {"requested": lr, "in_effect": lr}} if lr is not None else {})
 
 
 def test_a_batch_the_source_could_not_say_is_recorded_even_at_autotune_s_default() -> None:
@@ -33,6 +39,21 @@ def test_nothing_to_rebase_when_the_baseline_says_it_or_the_run_reported_none() 
     assert rebased(TrialConfig(pipeline=SPEC), {"script": {"own": None}}) is None  # a script with no batch
     assert rebased(TrialConfig(pipeline=SPEC), {}) is None
     assert rebased(TrialConfig(pipeline=SPEC, global_batch=32), _applied(8)) is None  # the study fixes it
+
+
+def test_the_script_s_own_accumulation_and_lr_make_the_records_say_what_ran() -> None:
+    """llama2.c's shape: batch 6 handed over, 2 micro-batches accumulated by the script's own loop, lr 0.005 set
+    by its configurator. The study records them, so a trial at batch 12 says the global batch and lr that ran
+    (12 x 2 = 24 against 6 x 2 = 12), and best.yaml's training math says 2 accumulation steps."""
+    base = rebased(TrialConfig(pipeline=SPEC), _applied(6, accumulation=2, lr=0.005))
+    assert base is not None and (base.own_accumulation, base.lr) == (2, 0.005)
+    assert baseline_of(base).global_batch_size == 12
+    trial = base.replace(batch_size=12)
+    assert training_math(trial, False) == ["global batch 12 -> 24", "lr 0.005 -> 0.00707 (sqrt rule)"]
+    out = section(trial, training_math(trial, False))
+    assert (out["global_batch"], out["grad_accum"], out["baseline_global_batch"]) == (24, 2, 12)
+    assert training_math(baseline_of(base), False) == []
+    assert rebased(base, _applied(6, accumulation=2, lr=0.005)) is None  # recorded: nothing to change
 
 
 SPACE = SearchSpace(

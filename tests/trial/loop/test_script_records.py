@@ -83,3 +83,31 @@ def test_a_search_on_a_script_that_keeps_batch_16_exports_16(tmp_path: Path, com
     assert best["metrics"]["throughput_unit"].startswith("samples/s")
     if best.get("parity", {}).get("samples"):
         assert best["parity"]["samples"] == 6 * 16
+
+
+ACCUMULATING = SCRIPTS / "configured" / "accumulating.py"
+CONFIGURED_ARGS = ["--batch_size=6", "--gradient_accumulation_steps=2", "--learning_rate=0.005"]
+
+
+def test_a_script_that_accumulates_on_its_own_records_its_accumulation_and_global_batch() -> None:
+    """llama2.c's shape: the batch is handed over (at.batch_size() after a configurator), the accumulation is
+    the script's own loop (no at.accumulation()): trial 0 counts it from its loaders, so the global batch it
+    records is 6 x 2, and the lr its optimizer was built with is the configurator's."""
+    a = worker.run(baseline_of(study_base(ACCUMULATING, CONFIGURED_ARGS))).applied
+    own = a["script"]["own"]
+    assert (own["batch_size"], own["accumulation"]) == (6, 2), own
+    assert "its loaders' 2 batch(es) per optimizer step" in own["from"]
+    assert a["global_batch"]["in_effect"] == 12 and a["lr"]["requested"] == 0.005
+
+
+def test_an_lr_the_script_sets_before_each_step_gets_the_trial_s_factor() -> None:
+    """The script sets its optimizer's lr itself every step (a warm-up, then constant), overwriting the lr the
+    trial scaled at construction: each value it sets is scaled too, so a trial at twice the batch trains at
+    the sqrt rule's lr, and the record says the script's schedule was scaled."""
+    base = study_base(ACCUMULATING, CONFIGURED_ARGS).replace(baseline={"batch_size": 6}, own_accumulation=2)
+    run = worker.run(base.replace(batch_size=12, timed_steps=6))
+    optimizer = run.applied["script"]["optimizers_built"][0]
+    assert optimizer["own_schedule"] and optimizer["factor"] == pytest.approx(2**0.5)
+    assert "a schedule of its own): the trial scaled each value it set by 1.414" in run.applied["lr"]["why"]
+    # Past the warm-up the script sets 0.005 before every step; the step ran at 0.005 x sqrt(2).
+    assert run.applied["script"]["lr_last_step"] == [pytest.approx(0.005 * 2**0.5)]
