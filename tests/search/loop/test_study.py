@@ -224,3 +224,24 @@ def test_search_end_to_end(tmp_path: Path, tiny_data: Path) -> None:
     finally:
         dash.terminate()
         dash.wait(timeout=10)
+
+
+def test_the_pruner_cuts_the_slowest_quarter_at_a_window_not_all_but_the_fastest() -> None:
+    """Four finished trials ran 100, 200, 300 and 400 samples/s at every window: a trial at 250 (above the
+    slowest quarter, below the fastest) runs on; one at 120 (the slowest quarter) is pruned."""
+    from autotune.search.loop.study import make_pruner
+
+    study = optuna.create_study(direction="maximize", pruner=make_pruner())
+    for value in (100.0, 200.0, 300.0, 400.0):
+        t = study.ask()
+        for window in range(3):
+            t.report(value, window)
+        study.tell(t, value)
+    verdicts = {}
+    for value in (250.0, 120.0):
+        t = study.ask()
+        t.report(value, 0)
+        t.report(value, 1)  # the first window is skipped: judged from the second
+        verdicts[value] = t.should_prune()
+        study.tell(t, state=optuna.trial.TrialState.PRUNED)
+    assert verdicts == {250.0: False, 120.0: True}
