@@ -265,8 +265,8 @@ def test_pipeline_from_outside_the_package(tmp_path: Path) -> None:
 
 # --- a half-minute search on each example, exported and reproduced --------------------------------
 # The knobs' combinations on each example are the trial tests' above (and test_one_step_with_every_stage_
-# checkpointed); this one is the path from a search to a reproduced export. 30 s of 1-second trials run
-# 7-17 trials here (the lm's are pruned after a window or two), then the parity gate's checks.
+# checkpointed); this one is the path from a search to a reproduced export: three 1-second trials, then the
+# parity gate's checks.
 
 
 @pytest.mark.slow
