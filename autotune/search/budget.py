@@ -6,7 +6,8 @@ search (confirmation and the parity gate); the trial loop spends the rest. Every
 
 * the trial loop runs until `search_deadline` (the budget less the reserves, counted from when the loop
   begins: the warm server's start-up comes out of the end's share); the reserves together are at most
-  half the budget, each cut in proportion where they would be more (`Budget.of`),
+  half the budget, the alone rounds' kept whole and the others cut in proportion where they would be
+  more (`Budget.of`),
   each trial's timeout cut to what is left plus the grace;
 * a class check during the search starts only if it ends by `search_deadline`;
 * confirmation runs whole rounds that end by `confirm_end` (the end, less the alone rounds' share);
@@ -119,22 +120,25 @@ class Budget:
     @classmethod
     def of(cls, settings: SearchSettings, started: float | None = None) -> Budget:
         """The budget of a run of `settings` that starts now (or at `started`). The end's shares together
-        are at most half the budget, each cut in proportion where they would be more: the trials keep the
-        other half, and every phase its own share of the whole, so none runs on another's time."""
+        are at most half the budget: the trials keep the other half, and every phase its own share of the
+        whole, so none runs on another's time. A script study's alone rounds keep theirs whole (at most a
+        quarter): they are its last word, and cut short they cannot tell a gain from a process's own
+        swing; the others are cut in proportion to what is left of the half."""
+        alone = alone_reserve_s(settings)
         shares = {
             "confirm_reserve_s": confirm_reserve_s(settings),
             "parity_reserve_s": parity_reserve_s(settings),
             "ceiling_reserve_s": ceiling_reserve_s(settings),
-            "alone_reserve_s": alone_reserve_s(settings),
         }
         total = sum(shares.values())
-        if settings.budget_s is not None and total > settings.budget_s / 2:
-            shares = {k: v * settings.budget_s / 2 / total for k, v in shares.items()}
+        if settings.budget_s is not None and total + alone > settings.budget_s / 2:
+            shares = {k: v * (settings.budget_s / 2 - alone) / total for k, v in shares.items()}
         return cls(
             started=time.monotonic() if started is None else started,
             budget_s=settings.budget_s,
             trial_timeout_s=settings.trial_timeout,
             grace_s=grace_s(settings.budget_s),
+            alone_reserve_s=alone,
             **shares,
         )
 

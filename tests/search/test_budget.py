@@ -116,8 +116,9 @@ def test_a_script_study_keeps_a_share_for_its_alone_rounds_after_everything_else
 
 def test_at_a_short_budget_the_end_s_shares_are_cut_together_to_half(tmp_path: Path) -> None:
     """A 6-minute script study wants more than half its budget for confirmation, the gate, the ceiling and
-    the alone rounds: each is cut in proportion, so together they are half, and each phase's deadline
-    leaves the next its share (before, confirmation's half and the trials' half left the rest none)."""
+    the alone rounds: the alone rounds keep theirs (its last word; at most a quarter), the others are cut in
+    proportion to the rest, so together they are half, and each phase's deadline leaves the next its share
+    (before, confirmation's half and the trials' half left the rest none)."""
     script = tmp_path / "train.py"
     script.write_text("print('train')\n")
     s = SearchSettings(budget_s=360.0, base=TINY.replace(pipeline=f"script:{script}", seconds=5.0))
@@ -126,7 +127,9 @@ def test_at_a_short_budget_the_end_s_shares_are_cut_together_to_half(tmp_path: P
     b = Budget.of(s, started=0.0)
     got = [b.confirm_reserve_s, b.parity_reserve_s, b.ceiling_reserve_s, b.alone_reserve_s]
     assert sum(got) == pytest.approx(180.0) and b.search_deadline == pytest.approx(180.0)
-    assert [g / w for g, w in zip(got, wanted) if w] == pytest.approx([180.0 / sum(wanted)] * sum(map(bool, wanted)))
+    assert b.alone_reserve_s == alone_reserve_s(s) == 90.0  # a quarter of 360 s
+    cut = (180.0 - 90.0) / sum(wanted[:3])
+    assert [g / w for g, w in zip(got[:3], wanted[:3]) if w] == pytest.approx([cut] * sum(map(bool, wanted[:3])))
     assert b.confirm_end == pytest.approx(360.0 - b.alone_reserve_s)
     assert b.checks_end == pytest.approx(b.late_end - b.alone_reserve_s - b.ceiling_reserve_s)
     # A long budget keeps what each phase wants.

@@ -47,6 +47,7 @@ from autotune.trial.probes.alone import UNIT_SAMPLES, UNIT_STEPS, AloneFailed, r
 MAX_ROUNDS = 7  # enough for a 90% sign-test interval (from 5) and a margin; more rounds are the budget's waste
 MIN_STEPS, MAX_STEPS = 10, 1000  # timed optimizer steps per run
 GUESSED_STEP_S = 1.0  # a step's seconds where no trial measured one
+PLAN_SHARE = 0.9  # of the time left, what MIN_ROUNDS rounds are planned to take: the rest absorbs start-up swings
 SIDES = ("as_written", "patched")
 THAN = "the script as written"
 
@@ -240,10 +241,11 @@ def _tally(runs: dict[str, list[dict[str, Any]]], loads: list[float]) -> dict[st
 
 def plan_steps(step_s: float, warmup: int, left: float) -> int | None:
     """Timed steps per run: about ALONE_TIMED_S of them (MIN_STEPS..MAX_STEPS), fewer where the time left
-    would not pay for MIN_ROUNDS rounds of two runs; None when even MIN_STEPS would not."""
+    would not pay for MIN_ROUNDS rounds of two runs (planned on PLAN_SHARE of it: a plan that fills the time
+    left to the second no longer fits once the copy is patched); None when even MIN_STEPS would not."""
     steps = min(MAX_STEPS, max(MIN_STEPS, round(ALONE_TIMED_S / step_s)))
     if math.isfinite(left):
-        per_run = left / (2 * MIN_ROUNDS)
+        per_run = PLAN_SHARE * left / (2 * MIN_ROUNDS)
         steps = min(steps, math.floor((per_run - ALONE_OVERHEAD_S) / step_s) - warmup - 1)
     return steps if steps >= MIN_STEPS else None
 

@@ -167,5 +167,9 @@ def test_the_steps_are_planned_for_the_time_left() -> None:
     assert alone.plan_steps(0.03, 3, float("inf")) == 500  # ALONE_TIMED_S of 30 ms steps
     assert alone.plan_steps(0.001, 3, float("inf")) == alone.MAX_STEPS
     assert alone.plan_steps(10.0, 3, float("inf")) == alone.MIN_STEPS
-    assert alone.plan_steps(0.1, 3, 2 * MIN_ROUNDS * (10.0 + 3.0)) == 26  # 3 s a run past its start-up
-    assert alone.plan_steps(0.1, 3, 2 * MIN_ROUNDS * 10.5) is None  # not even MIN_STEPS
+    left = 2 * MIN_ROUNDS * (10.0 + 3.0) / alone.PLAN_SHARE  # 3 s a run past its start-up, planned on 90%
+    assert alone.plan_steps(0.1, 3, left) == 26
+    assert alone.plan_steps(0.1, 3, 2 * MIN_ROUNDS * 10.5 / alone.PLAN_SHARE) is None  # not even MIN_STEPS
+    # The plan leaves room: MIN_ROUNDS rounds of it still fit once a moment has passed.
+    steps = alone.plan_steps(0.1, 3, 120.0)
+    assert steps is not None and MIN_ROUNDS * 2 * (10.0 + (3 + steps + 1) * 0.1) < 120.0 - 1.0
