@@ -34,7 +34,7 @@ from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
 from autotune.core.outcomes import Role
 from autotune.search.store import records
-from autotune.search.budget import Budget, confirm_rounds, trial_seconds
+from autotune.search.budget import CONFIRM_OVERHEAD_S, Budget, confirm_rounds, trial_seconds
 from autotune.core.paired import MIN_ROUNDS, Paired
 from autotune.search.store.folders import end_folder
 from autotune.trial.processes.locks import locked_trial
@@ -137,7 +137,7 @@ def extend(
     if number not in board or base is None:
         return summary
     pool = [board[number], base]
-    trial_s = summary.get("trial_s") or trial_seconds(settings.base)
+    trial_s = summary.get("trial_s") or first_guess(settings)
     deadline = budget.checks_end if budget else None
     if not Budget.fits(trial_s * len(pool) * MIN_ROUNDS, deadline):  # fewer rounds could not show a gain
         say(
@@ -200,7 +200,7 @@ def _rounds(
     ones kept can then show a gain."""
     figures: list[dict[str, float | None]] = []
     pool = list(pool)
-    trial_s = trial_s or trial_seconds(settings.base)  # a first guess, then measured
+    trial_s = trial_s or first_guess(settings)  # then measured
     for r in range(rounds):
         left = max(MIN_ROUNDS - r, 1)
         out = []
@@ -223,6 +223,12 @@ def _rounds(
         )
         trial_s = (time.monotonic() - t0) / len(pool)
     return figures, trial_s
+
+
+def first_guess(settings: SearchSettings) -> float:
+    """A confirmation trial's seconds before one is measured: its time box and a fresh process's start-up,
+    as the budget's reserve counts them (a guess without the start-up planned rounds that then did not fit)."""
+    return trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
 
 
 def tally(

@@ -13,7 +13,7 @@ import yaml
 
 from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
-from autotune.search.budget import Budget
+from autotune.search.budget import CONFIRM_OVERHEAD_S, Budget
 from autotune.search.loop import confirm
 from autotune.search.store.records import PARITY
 from autotune.search.store.results import best_export, choose, confirmed_figures, export_order, exported
@@ -112,7 +112,8 @@ def test_a_short_budget_leaves_candidates_out_so_the_rest_get_three_rounds(
     )
     measured = _instant(monkeypatch, {"trial 1": 13.0, "trial 2": 12.0, "baseline": 10.0})
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=2)
-    guess = TINY.seconds or 15.0  # budget.trial_seconds' first guess at a measurement
+    guess = confirm.first_guess(settings)  # a measurement's seconds and a fresh process's start-up
+    assert guess == (TINY.seconds or 15.0) + CONFIRM_OVERHEAD_S
     # 3 rounds of the three (9 trials) do not fit; 3 rounds of trial 1 and the baseline (6) do.
     budget = Budget.of(settings, started=time.monotonic() - 600 + 7.5 * guess)
     said: list[str] = []
