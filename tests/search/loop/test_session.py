@@ -17,6 +17,7 @@ from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.core.outcomes import Reason
 from autotune.search.loop import session as session_module
+from autotune.search.loop import stops
 from autotune.search.loop.session import SearchSession, Stop
 from autotune.search.store.records import StudyRecord, TrialRecord, write
 from autotune.search.space.spec import DEFAULT_SPACE
@@ -190,7 +191,7 @@ def fake_trials(monkeypatch: pytest.MonkeyPatch, tell: Any) -> list[int]:
 
 def tally_of(session: SearchSession) -> Any:
     """A tally whose last trial is the study's last, as the loop leaves it."""
-    tally = session_module._Tally()
+    tally = stops.Tally()
     tally.last = TrialRecord.from_frozen(session.study.trials[-1])
     return tally
 
@@ -229,7 +230,7 @@ def test_the_same_failure_before_any_measurement_stops_the_job(tmp_path: Path, m
     # A script's is the user's own command: the job's kind gives it.
     script = dataclasses.replace(session.settings, base=TINY.replace(pipeline="script:/jobs/train.py --epochs 1"))
     session.settings = script
-    said = session._say_stop(Stop.SAME_FAILURES, tally_of(session))
+    said = stops.say_stop(Stop.SAME_FAILURES, tally_of(session), session.settings, lambda line: None)
     assert said is not None and "(run it alone to see: python /jobs/train.py --epochs 1)" in said
 
 
