@@ -68,13 +68,32 @@ def confirm_rounds(settings: SearchSettings) -> int:
     return max(settings.confirm_rounds, MIN_ROUNDS) if settings.confirm_rounds else 0
 
 
+def confirm_trial_s(settings: SearchSettings) -> float:
+    """A confirmation trial's seconds before one is measured: its time box and a fresh process's start-up
+    (planned without the start-up, '3 more rounds' fitted 2)."""
+    return trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
+
+
 def confirm_reserve_s(settings: SearchSettings) -> float:
     """What confirmation keeps: (top + baseline) x rounds trials of measured seconds plus start-up, at
     most half the budget (the search needs trials to have something to confirm)."""
     if settings.confirm_rounds == 0 or settings.budget_s is None:
         return 0.0
-    per_trial = trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
-    return min((settings.confirm_top + 1) * confirm_rounds(settings) * per_trial, settings.budget_s / 2)
+    return min((settings.confirm_top + 1) * confirm_rounds(settings) * confirm_trial_s(settings), settings.budget_s / 2)
+
+
+def least_confirming_budget_s(settings: SearchSettings) -> float | None:
+    """The shortest budget, in whole minutes, whose end share pays for MIN_ROUNDS rounds of one config
+    beside the baseline (confirmation's rounds may run to `confirm_end`, so the whole of what the trials
+    leave them): below it nothing but the baseline can be exported, whatever the trials find. None:
+    confirmation is off, or no budget up to a day pays for it."""
+    if settings.confirm_rounds == 0:
+        return None
+    need = 2 * MIN_ROUNDS * confirm_trial_s(settings)
+    for minutes in range(1, 24 * 60 + 1):
+        if Budget.of(dataclasses.replace(settings, budget_s=60.0 * minutes), 0.0).reserve_s >= need:
+            return 60.0 * minutes
+    return None
 
 
 def parity_reserve_s(settings: SearchSettings) -> float:

@@ -18,7 +18,9 @@ from autotune.search.budget import (
     alone_reserve_s,
     ceiling_reserve_s,
     confirm_reserve_s,
+    confirm_trial_s,
     grace_s,
+    least_confirming_budget_s,
     parity_reserve_s,
 )
 
@@ -136,3 +138,22 @@ def test_at_a_short_budget_the_end_s_shares_are_cut_together_to_half(tmp_path: P
     s = dataclasses.replace(s, budget_s=7200.0)
     long = Budget.of(s, started=0.0)
     assert long.alone_reserve_s == alone_reserve_s(s) and long.confirm_reserve_s == confirm_reserve_s(s)
+
+
+def test_a_budget_too_short_to_confirm_anything_is_said_before_the_trials_with_the_one_that_can() -> None:
+    """Below the least confirming budget, what the trials leave cannot pay for 3 rounds of even one config
+    beside the baseline, so only the baseline can be exported: said up front, with the budget that can."""
+    from autotune.search.loop.finish import reserve_note
+
+    s = SearchSettings(budget_s=180.0, base=TINY.replace(seconds=15.0))
+    least = least_confirming_budget_s(s)
+    assert least is not None and least % 60 == 0
+    need = 2 * MIN_ROUNDS * confirm_trial_s(s)
+    assert Budget.of(dataclasses.replace(s, budget_s=least)).reserve_s >= need
+    assert Budget.of(dataclasses.replace(s, budget_s=least - 60.0)).reserve_s < need
+    short = reserve_note(s, Budget.of(s))
+    assert short is not None and least > 180.0
+    assert f"this search can export only the baseline's own config; --budget {least / 60:.0f}m or more" in short
+    enough = dataclasses.replace(s, budget_s=least)
+    assert "only the baseline" not in (reserve_note(enough, Budget.of(enough)) or "")
+    assert least_confirming_budget_s(dataclasses.replace(s, confirm_rounds=0)) is None

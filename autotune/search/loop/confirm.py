@@ -15,7 +15,7 @@ and a gain only from MIN_ROUNDS (3) rounds with an interval clear of x1.00; no e
 without one (search/store/results.choose). So the rounds are never fewer than 3, and when the budget
 cannot pay for 3 rounds of every candidate, the lowest-ranked candidates are left out of the remaining
 rounds, so the ones kept reach 3, rather than every candidate ending with a round or two that decide
-nothing.
+nothing; when the budget cannot pay for 3 rounds of even the top one beside the baseline, none run.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from autotune.core.settings import SearchSettings
 from autotune.core.errors import TrialFailure
 from autotune.core.outcomes import Role
 from autotune.search.store import records
-from autotune.search.budget import CONFIRM_OVERHEAD_S, Budget, confirm_rounds, trial_seconds
+from autotune.search.budget import Budget, confirm_rounds, confirm_trial_s
 from autotune.core.paired import MIN_ROUNDS, Paired
 from autotune.search.store.folders import end_folder
 from autotune.trial.processes.locks import locked_trial
@@ -137,7 +137,7 @@ def extend(
     if number not in board or base is None:
         return summary
     pool = [board[number], base]
-    trial_s = summary.get("trial_s") or first_guess(settings)
+    trial_s = summary.get("trial_s") or confirm_trial_s(settings)
     deadline = budget.checks_end if budget else None
     if not Budget.fits(trial_s * len(pool) * MIN_ROUNDS, deadline):  # fewer rounds could not show a gain
         say(
@@ -197,21 +197,26 @@ def _rounds(
     whole rounds that fit before `deadline`: each round's figure by label (None: that measurement failed),
     and the measured seconds per trial. Before each of the first MIN_ROUNDS rounds, the lowest-ranked
     configs are left out of the rest when the budget cannot pay for MIN_ROUNDS rounds of them all: the
-    ones kept can then show a gain."""
+    ones kept can then show a gain. When it cannot pay for them of even the top config beside the
+    baseline, no more rounds run: they could not show a gain, and the time is the user's."""
     figures: list[dict[str, float | None]] = []
     pool = list(pool)
-    trial_s = trial_s or first_guess(settings)  # then measured
+    trial_s = trial_s or confirm_trial_s(settings)  # then measured
     for r in range(rounds):
         left = max(MIN_ROUNDS - r, 1)
         out = []
         while len(pool) > 2 and not Budget.fits(trial_s * len(pool) * left, deadline):
             out.append(pool.pop(-2))
-        if out:
+        pays = r >= MIN_ROUNDS or Budget.fits(trial_s * len(pool) * left, deadline)
+        if out or not pays:
             say(
-                f"confirmation: the budget left pays for {left} more round(s) of {', '.join(c.label for c in pool)}; "
-                f"{', '.join(c.label for c in reversed(out))} left out: fewer than {MIN_ROUNDS} rounds cannot show a gain"
+                f"confirmation: the budget left pays for {'' if pays else 'fewer than '}{left} more round(s) of "
+                f"{', '.join(c.label for c in pool)}"
+                + (f"; {', '.join(c.label for c in reversed(out))} left out" if out else "")
+                + f": fewer than {MIN_ROUNDS} rounds cannot show a gain"
+                + ("" if pays else ", so no more run and only the baseline's own config can be exported")
             )
-        if not Budget.fits(trial_s * len(pool), deadline):
+        if not pays or not Budget.fits(trial_s * len(pool), deadline):
             say(f"confirmation: {len(figures)} of {rounds} round(s) fit in the budget")
             break
         t0 = time.monotonic()
@@ -223,12 +228,6 @@ def _rounds(
         )
         trial_s = (time.monotonic() - t0) / len(pool)
     return figures, trial_s
-
-
-def first_guess(settings: SearchSettings) -> float:
-    """A confirmation trial's seconds before one is measured: its time box and a fresh process's start-up,
-    as the budget's reserve counts them (a guess without the start-up planned rounds that then did not fit)."""
-    return trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
 
 
 def tally(

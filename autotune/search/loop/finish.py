@@ -16,7 +16,8 @@ import optuna
 
 from autotune.core.settings import SearchSettings
 from autotune.search.store.records import ConfirmationSummary
-from autotune.search.budget import Budget, confirm_rounds
+from autotune.core.paired import MIN_ROUNDS
+from autotune.search.budget import Budget, confirm_rounds, confirm_trial_s, least_confirming_budget_s
 from autotune.search.loop import confirm, export_ceiling
 from autotune.search.loop import gate
 from autotune.search.store.results import choose
@@ -33,12 +34,22 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
     if not budget.reserve_s:
         return None
     s = settings
-    return (
+    note = (
         f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
         f"and the baseline in {confirm_rounds(s)} interleaved rounds (--confirm-rounds 0: off) and to check "
         f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)"
         + (", then to measure its ceiling" if budget.ceiling_reserve_s else "")
     )
+    least = least_confirming_budget_s(s)
+    if s.budget_s is not None and least is not None and least > s.budget_s:
+        # Said before the trials, not after them: the user may rather give the budget that can export.
+        note += (
+            f"\nconfirmation: at about {confirm_trial_s(s):.0f} s a trial, its {budget.reserve_s:.0f} s pay "
+            f"for fewer than {MIN_ROUNDS} rounds of even one config beside the baseline, and fewer cannot show a "
+            f"gain: this search can export only the baseline's own config; --budget {least / 60:.0f}m or more can "
+            "confirm one"
+        )
+    return note
 
 
 def confirm_and_gate(

@@ -13,7 +13,7 @@ import yaml
 
 from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
-from autotune.search.budget import CONFIRM_OVERHEAD_S, Budget
+from autotune.search.budget import CONFIRM_OVERHEAD_S, Budget, confirm_trial_s
 from autotune.search.loop import confirm
 from autotune.search.store.records import PARITY
 from autotune.search.store.results import best_export, choose, confirmed_figures, export_order, exported
@@ -112,7 +112,7 @@ def test_a_short_budget_leaves_candidates_out_so_the_rest_get_three_rounds(
     )
     measured = _instant(monkeypatch, {"trial 1": 13.0, "trial 2": 12.0, "baseline": 10.0})
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=2)
-    guess = confirm.first_guess(settings)  # a measurement's seconds and a fresh process's start-up
+    guess = confirm_trial_s(settings)  # a measurement's seconds and a fresh process's start-up
     assert guess == (TINY.seconds or 15.0) + CONFIRM_OVERHEAD_S
     # 3 rounds of the three (9 trials) do not fit; 3 rounds of trial 1 and the baseline (6) do.
     budget = Budget.of(settings, started=time.monotonic() - 600 + 7.5 * guess)
@@ -124,6 +124,30 @@ def test_a_short_budget_leaves_candidates_out_so_the_rest_get_three_rounds(
     assert rows["trial 1"]["measurable"] and rows["trial 1"]["interval"] == pytest.approx([1.3, 1.3])
     assert rows["trial 2"]["samples"] == [] and not rows["trial 2"]["measurable"]
     assert exported(study).number == 1
+
+
+def test_a_budget_short_of_three_rounds_even_for_the_top_config_says_so_not_that_it_pays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left out down to the top config and the baseline, the rounds may still not reach 3: the line says
+    the budget pays for fewer, and no round runs (it said the budget paid for 3 rounds, and 2 ran)."""
+    study = study_with(
+        tmp_path,
+        [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 30.0), ("search", {"num_workers": 2}, 20.0)],
+        math={0: (), 1: (), 2: ()},
+    )
+    measured = _instant(monkeypatch, {"trial 1": 13.0, "trial 2": 12.0, "baseline": 10.0})
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=2)
+    budget = Budget.of(settings, started=time.monotonic() - 600 + 4.5 * confirm_trial_s(settings))
+    said: list[str] = []
+    summary = confirm.run(study, settings, budget, say=said.append)
+    assert (
+        "confirmation: the budget left pays for fewer than 3 more round(s) of trial 1, baseline; trial 2 left out: "
+        "fewer than 3 rounds cannot show a gain, so no more run and only the baseline's own config can be exported"
+    ) in said
+    # Two rounds would fit, and decide nothing: none runs, and nothing the search found is exported.
+    assert measured == [] and summary is not None and summary["rounds"] == 0
+    assert exported(study).number == 0
 
 
 def test_asked_for_fewer_than_three_rounds_the_confirmation_runs_three(
