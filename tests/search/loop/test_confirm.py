@@ -15,7 +15,7 @@ from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.search.budget import CONFIRM_OVERHEAD_S, Budget, confirm_trial_s
 from autotune.search.loop import confirm
-from autotune.search.store.records import PARITY
+from autotune.search.store.records import PARITY, ConfirmationSummary
 from autotune.search.store.results import best_export, choose, confirmed_figures, export_order, exported
 from autotune.search.loop.session import SearchSession
 from autotune.trial.processes.warm_client import DEFAULT_PRELOAD, WarmServer
@@ -100,11 +100,11 @@ def _instant(monkeypatch: pytest.MonkeyPatch, figures: dict[str, float]) -> list
     return measured
 
 
-def test_a_short_budget_leaves_candidates_out_so_the_rest_get_three_rounds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rounds the budget shrank to one or two decide nothing (core/paired.py): the lowest-ranked candidates
-    are left out instead, and the ones kept get the 3 rounds a gain needs."""
+def _three_candidates_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trials_left: float
+) -> tuple[optuna.Study, list[str], ConfirmationSummary | None, list[str]]:
+    """Trials 1 and 2 and the baseline confirmed with the budget's end `trials_left` confirmation trials
+    away (by the first guess of their seconds): the study, the labels measured, the summary, the lines."""
     study = study_with(
         tmp_path,
         [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 30.0), ("search", {"num_workers": 2}, 20.0)],
@@ -114,10 +114,18 @@ def test_a_short_budget_leaves_candidates_out_so_the_rest_get_three_rounds(
     settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=2)
     guess = confirm_trial_s(settings)  # a measurement's seconds and a fresh process's start-up
     assert guess == (TINY.seconds or 15.0) + CONFIRM_OVERHEAD_S
-    # 3 rounds of the three (9 trials) do not fit; 3 rounds of trial 1 and the baseline (6) do.
-    budget = Budget.of(settings, started=time.monotonic() - 600 + 7.5 * guess)
+    budget = Budget.of(settings, started=time.monotonic() - 600 + trials_left * guess)
     said: list[str] = []
-    summary = confirm.run(study, settings, budget, say=said.append)
+    return study, measured, confirm.run(study, settings, budget, say=said.append), said
+
+
+def test_a_short_budget_leaves_candidates_out_so_the_rest_get_three_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rounds the budget shrank to one or two decide nothing (core/paired.py): the lowest-ranked candidates
+    are left out instead, and the ones kept get the 3 rounds a gain needs."""
+    # 3 rounds of the three (9 trials) do not fit; 3 rounds of trial 1 and the baseline (6) do.
+    study, measured, summary, said = _three_candidates_with(tmp_path, monkeypatch, 7.5)
     assert summary is not None and summary["rounds"] == 3 and "trial 2" not in measured
     assert any("trial 2 left out: fewer than 3 rounds cannot show a gain" in line for line in said)
     rows = {r["label"]: r for r in summary["rows"]}
@@ -131,16 +139,7 @@ def test_a_budget_short_of_three_rounds_even_for_the_top_config_says_so_not_that
 ) -> None:
     """Left out down to the top config and the baseline, the rounds may still not reach 3: the line says
     the budget pays for fewer, and no round runs (it said the budget paid for 3 rounds, and 2 ran)."""
-    study = study_with(
-        tmp_path,
-        [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 30.0), ("search", {"num_workers": 2}, 20.0)],
-        math={0: (), 1: (), 2: ()},
-    )
-    measured = _instant(monkeypatch, {"trial 1": 13.0, "trial 2": 12.0, "baseline": 10.0})
-    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=2)
-    budget = Budget.of(settings, started=time.monotonic() - 600 + 4.5 * confirm_trial_s(settings))
-    said: list[str] = []
-    summary = confirm.run(study, settings, budget, say=said.append)
+    study, measured, summary, said = _three_candidates_with(tmp_path, monkeypatch, 4.5)
     assert (
         "confirmation: the budget left pays for fewer than 3 more round(s) of trial 1, baseline; trial 2 left out: "
         "fewer than 3 rounds cannot show a gain, so no more run and only the baseline's own config can be exported"
