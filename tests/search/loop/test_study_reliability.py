@@ -142,6 +142,20 @@ def group_gone(pgid: int, timeout_s: float = 15.0) -> bool:
     return False
 
 
+def in_group(pgid: int) -> list[str]:
+    """What is left in a process group, for a failure's message: pid, parent, status and command line."""
+    left = []
+    for p in psutil.process_iter(["pid", "ppid", "status", "cmdline"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                left.append(
+                    f"{p.pid} (parent {p.info['ppid']}, {p.info['status']}): {' '.join(p.info['cmdline'] or [])[:120]}"
+                )
+        except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return left
+
+
 def left_in(cwd: Path, timeout_s: float = 15.0) -> list[psutil.Process]:
     """Processes still working in this test's folder: the controller, warm server and trials all do."""
     deadline = time.monotonic() + timeout_s
@@ -185,7 +199,8 @@ def test_killed_controller_resumes_cleanly(tmp_path: Path) -> None:
     running = _wait_running(tmp_path, completed=1)
     search.send_signal(signal.SIGKILL)
     search.communicate(timeout=10)
-    assert group_gone(running.user_attrs["owner"]["pgid"]), "the trial outlived its killed controller"
+    pgid = running.user_attrs["owner"]["pgid"]
+    assert group_gone(pgid), f"the trial outlived its killed controller: {in_group(pgid)}"
     assert left_in(tmp_path) == [], "the warm server or a trial outlived its killed controller"
 
     # The resume is what is checked: one trial, then no confirmation and no parity gate to wait for.
