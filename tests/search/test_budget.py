@@ -153,7 +153,7 @@ def test_a_budget_too_short_to_confirm_anything_is_said_before_the_trials_with_t
     assert Budget.of(dataclasses.replace(s, budget_s=least - 60.0)).reserve_s < need
     short = reserve_note(s, Budget.of(s))
     assert short is not None and least > 180.0
-    assert f"this search can export only the baseline's own config; --budget {least / 60:.0f}m or more" in short
+    assert f"this search can export only the baseline's own config; --budget {least / 60:.0f}m or more pays" in short
     enough = dataclasses.replace(s, budget_s=least)
     assert "only the baseline" not in (reserve_note(enough, Budget.of(enough)) or "")
     assert least_confirming_budget_s(dataclasses.replace(s, confirm_rounds=0)) is None

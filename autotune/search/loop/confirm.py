@@ -146,8 +146,8 @@ def extend(
         )
         return summary
     say(
-        f"confirming the exported {board[number].label} too, beside the baseline: the configs confirmed "
-        "before it did not pass parity"
+        f"confirming the exported {board[number].label} too, beside the baseline: it was not in the "
+        "confirmation rounds, whose configs may not be exported (their training math failed its check or was not checked)"
     )
     folder = end_folder(settings, study, "confirm") / f"trial-{number}"
     figures, _ = _rounds(pool, rounds, folder, settings, server, say, deadline, trial_s)
@@ -160,7 +160,9 @@ def extend(
     samples[pool[0].label], ratios[pool[0].label] = new[pool[0].label], new_ratios[pool[0].label]
     samples["baseline"] = samples.get("baseline", []) + new["baseline"]
     merged = [c for c in board.values() if c.label in old and c.label != "baseline"] + pool
-    summary = {**summarize(merged, samples, ratios, summary["rounds"]), "trial_s": summary.get("trial_s")}
+    # Its rounds are rounds of their own beside the baseline: the count is of every round run.
+    rounds_run = summary["rounds"] + len(figures)
+    summary = {**summarize(merged, samples, ratios, rounds_run), "trial_s": summary.get("trial_s")}
     records.write_confirmation(study, summary)
     return summary
 
@@ -214,7 +216,7 @@ def _rounds(
                 f"{', '.join(c.label for c in pool)}"
                 + (f"; {', '.join(c.label for c in reversed(out))} left out" if out else "")
                 + f": fewer than {MIN_ROUNDS} rounds cannot show a gain"
-                + ("" if pays else ", so no more run and only the baseline's own config can be exported")
+                + ("" if pays else ", so none run")
             )
         if not pays or not Budget.fits(trial_s * len(pool), deadline):
             say(f"confirmation: {len(figures)} of {rounds} round(s) fit in the budget")

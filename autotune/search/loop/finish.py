@@ -46,8 +46,8 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
         note += (
             f"\nconfirmation: at about {confirm_trial_s(s):.0f} s a trial, its {budget.reserve_s:.0f} s pay "
             f"for fewer than {MIN_ROUNDS} rounds of even one config beside the baseline, and fewer cannot show a "
-            f"gain: this search can export only the baseline's own config; --budget {least / 60:.0f}m or more can "
-            "confirm one"
+            f"gain: unless its trials are shorter than that, this search can export only the baseline's own "
+            f"config; --budget {least / 60:.0f}m or more pays for them"
         )
     return note
 

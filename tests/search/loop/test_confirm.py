@@ -142,7 +142,7 @@ def test_a_budget_short_of_three_rounds_even_for_the_top_config_says_so_not_that
     study, measured, summary, said = _three_candidates_with(tmp_path, monkeypatch, 4.5)
     assert (
         "confirmation: the budget left pays for fewer than 3 more round(s) of trial 1, baseline; trial 2 left out: "
-        "fewer than 3 rounds cannot show a gain, so no more run and only the baseline's own config can be exported"
+        "fewer than 3 rounds cannot show a gain, so none run"
     ) in said
     # Two rounds would fit, and decide nothing: none runs, and nothing the search found is exported.
     assert measured == [] and summary is not None and summary["rounds"] == 0
@@ -263,6 +263,7 @@ def _confirm_then_extend(
     summary = confirm.extend(study, settings, 2, server=server, say=said.append)
     rows = {r["label"]: r for r in summary["rows"]}
     assert len(rows["trial 2"]["samples"]) == 3 and len(rows["baseline"]["samples"]) == 3 + 3
+    assert summary["rounds"] == 3 + 3  # every round run, its own and the ones before
     assert rows["trial 1"]["samples"] == first["rows"][0]["samples"]  # the earlier rounds are kept
     assert len(rows["trial 2"]["ratios"]) == 3  # paired with the baseline's figures of its own rounds
     speedup = statistics.median(rows["trial 2"]["ratios"])

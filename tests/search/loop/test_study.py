@@ -23,6 +23,7 @@ from autotune.search.space.reading import load_space
 from autotune.search.store.storage import open_storage
 from autotune.search.store import records
 from autotune.search.store.records import StudyRecord
+from autotune.search.store.results import confirmed_figures
 from autotune.search.loop.study import config_for, open_study, warm_start
 from tests.fakes import free_port
 
@@ -153,10 +154,17 @@ def test_search_end_to_end(tmp_path: Path, tiny_data: Path) -> None:
     best = tmp_path / "studies" / "autotune" / "best.yaml"
     exported = yaml.safe_load(best.read_text())
     assert exported["speedup"] > 0 and exported["baseline"]["samples_per_s"] > 0
-    # Every search ends with a confirmation: the exported speedup is the rounds' median, with its range.
+    # Every search ends with a confirmation, and nothing but the baseline is exported without 3 rounds of
+    # its own beside it. How many rounds 45 s pays for depends on how fast the machine forks a trial, so
+    # that is not asserted: at 0 rounds the search says why (the end's rounds may still confirm a config
+    # the parity gate passes, in the grace).
     assert "confirmed:" in run.stdout, run.stdout[-3000:]
     summary = records.confirmation(study)
-    assert summary and summary["rounds"] >= 1
+    assert summary is not None
+    if summary["rounds"] == 0:
+        assert "fewer than 3 rounds cannot show a gain, so none run" in run.stdout, run.stdout[-3000:]
+    number = exported["study"]["trial"]
+    assert number == 0 or (confirmed_figures(study, number) or {}).get("rounds", 0) >= 3, exported
     # Which config the rounds confirm on this Unet depends on the machine's noise, so what is exported
     # after them is asserted where the speed difference is built in: tests/search/loop/test_confirm.py
     # (test_a_search_ends_confirmed_unless_turned_off, a loader-bound pipeline).
