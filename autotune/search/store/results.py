@@ -72,14 +72,15 @@ def class_check(study: optuna.Study, t: FrozenTrial) -> CheckRecord | None:
 
 
 def to_target_factor(study: optuna.Study, t: FrozenTrial) -> float:
-    """speedup to target / samples/s speedup for a config whose time to target was measured, else 1: what
-    turns its samples/s into the rate at which it reaches the baseline's quality."""
+    """How many times fewer samples `t`'s class needs to reach the baseline's target than the baseline does
+    (its time-to-target check's samples), else 1: what turns a config's samples/s into the rate at which it
+    reaches the baseline's quality. A property of the class, the same for each of its configs, so within a
+    class the configs keep the order of their own figures."""
     check = class_check(study, t)
-    speedup = TrialRecord.from_frozen(t).speedup
-    to_target = check.get("speedup_to_target") if check else None
-    if not check or check.get("kind") != "time to target" or not to_target or not speedup:
+    if not check or check.get("kind") != "time to target":
         return 1.0
-    return float(to_target) / speedup
+    mine, base = check.get("samples_to_target"), check.get("baseline_samples_to_target")
+    return float(base) / float(mine) if mine and base else 1.0
 
 
 def checks_summary(study: optuna.Study) -> dict[str, Any] | None:

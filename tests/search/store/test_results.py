@@ -11,16 +11,21 @@ import yaml
 
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import to_yaml
+from autotune.search.store import records
 from autotune.search.store.records import CONFIRMATION, PARITY, TrialRecord, write
-from autotune.search.store.results import best_export, export_order, exported, gain_statement
+from autotune.search.store.results import best_export, export_order, exported, gain_statement, to_target_factor
 from autotune.search.store.storage import open_storage
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
 
 
 def study_with(
-    tmp_path: Path, rows: list[tuple[str, dict, float]], math: dict[int, tuple[str, ...]] | None = None
+    tmp_path: Path,
+    rows: list[tuple[str, dict, float]],
+    math: dict[int, tuple[str, ...]] | None = None,
+    speedups: bool = False,
 ) -> optuna.Study:
+    """A study of these (role, knobs, samples/s) trials; `speedups`: each records its speedup over the first's."""
     study = optuna.create_study(
         study_name="c", storage=open_storage(str(tmp_path / "studies.db")), direction="maximize"
     )
@@ -33,6 +38,7 @@ def study_with(
                 config=TINY.replace(**knobs).knobs(),
                 metrics={"samples_per_s": value},
                 training_math=(math or {}).get(i),
+                speedup=value / rows[0][2] if speedups else None,
             ),
         )
         t.set_constraint("infeasible", 0.0)
@@ -242,3 +248,37 @@ def test_a_config_whose_math_differs_and_was_not_checked_is_never_exported(tmp_p
         assert "precision fp32 -> bf16" in named["why"] and "not checked" in named["why"]
     study.set_user_attr(PARITY, {"1": {"verdict": "fail", "reason": "deviates"}, "3": {"verdict": "pass"}})
     assert exported(study).number == 3  # a differs-math config that passed its check is exported
+
+
+def test_the_faster_of_two_confirmed_configs_of_a_passed_class_is_exported(tmp_path: Path) -> None:
+    """The README's 10-minute search: two configs of one class (global batch 16 with bf16), whose time to
+    target passed at trial 4, confirmed at x1.95 (trial 5) and x1.82 (trial 6); trial 6, the slower, was
+    exported, since each trial's to-target factor was the class's speedup over its own search figure. The
+    factor is the class's (samples to target), so the confirmed figures decide within the class."""
+    math = ("global batch 8 -> 16", "precision fp32 -> bf16")
+    study = study_with(
+        tmp_path,
+        [
+            ("baseline", {}, 10.0),
+            ("search", {"batch_size": 16, "precision": "bf16"}, 19.0),
+            ("search", {"batch_size": 16, "precision": "bf16", "num_workers": 1}, 17.0),
+        ],
+        math={0: (), 1: math, 2: math},
+        speedups=True,
+    )
+    records.write_class_check(
+        study,
+        "; ".join(math),
+        {
+            "kind": "time to target",
+            "verdict": "pass",
+            "trial": 1,
+            "samples_to_target": 96,
+            "baseline_samples_to_target": 120,
+            "speedup_to_target": 2.1,
+        },
+    )
+    _confirmed(study, {1: [1.95, 1.90, 2.05], 2: [1.82, 1.81, 1.87]})
+    assert to_target_factor(study, study.trials[1]) == to_target_factor(study, study.trials[2]) == pytest.approx(1.25)
+    assert [t.number for t in export_order(study)][:2] == [1, 2]
+    assert exported(study).number == 1
