@@ -15,6 +15,10 @@ config whose step differs is judged here instead:
   else the search's figures). speedup to target = the baseline's time / the candidate's.
 * It passes when that speedup is above 1 and, once there, its smoothed loss stays within the parity
   tolerance (the data-order noise) above the target to the end of its run: no divergence.
+* A target too thin to tell is no check: the baseline must reach it after at least MIN_STEPS of its
+  optimizer steps, and its loss must fall to it by more than the tolerance. Below that the class is "not
+  checked" (never a pass), decided from the stored reference before the candidate trains: a target
+  reached within a step or two passed a batch change at "1.91x sooner" on one draw of the baseline.
 
 Smoothing is a trailing mean over the same span of samples for both runs, SMOOTH baseline steps (a
 larger batch's single step already averages over more samples).
@@ -40,6 +44,8 @@ from autotune.trial.processes.warm_client import WarmServer
 # config reached, and 3x keeps the check's cost at about 3 baseline reference runs of samples, done at
 # the candidate's higher speed. A larger cap would mostly buy checks that fail anyway.
 CAP = 3.0
+# The fewest baseline optimizer steps before its target that make samples to target a measurement.
+MIN_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,13 @@ class TargetResult:
     seconds: float
     tolerance: float
     failure: str | None = None
+    checkable: bool = True  # False: the target is too thin to tell (never a pass, never a fail)
 
     def to_dict(self) -> CheckRecord:
+        verdict = Verdict.NOT_CHECKED if not self.checkable else Verdict.PASS if self.passed else Verdict.FAIL
         d: CheckRecord = {
             "kind": "time to target",
-            "verdict": Verdict.PASS if self.passed else Verdict.FAIL,
+            "verdict": verdict,
             "reason": self.reason,
             "target_loss": round(self.target, 6),
             "baseline_samples_to_target": self.baseline_samples,
@@ -90,6 +98,27 @@ def smoothed_curve(losses: Sequence[float], per_step: int, span: int) -> list[tu
 def samples_to(curve: Sequence[tuple[int, float]], target: float) -> int | None:
     """The first sample count at which the smoothed loss is at or below `target`."""
     return next((x for x, loss in curve if loss <= target), None)
+
+
+def thin(reference: Reference) -> str | None:
+    """Why the reference's target cannot tell a candidate's time to it (None: it can): the baseline reaches
+    it within fewer than MIN_STEPS steps, or its loss falls to it by no more than the tolerance."""
+    g_b = reference.baseline.global_batch_size
+    curve = smoothed_curve(reference.losses, g_b, SMOOTH * g_b)
+    target = curve[-1][1]
+    steps = (samples_to(curve, target) or reference.samples) // g_b
+    if steps < MIN_STEPS:
+        return (
+            f"not checkable: the target (the baseline's loss {target:.4g}) is reached within {steps} of its "
+            f"steps; at least {MIN_STEPS} tell (--parity-steps sets how far the baseline trains)"
+        )
+    drop, tol = (reference.losses[0] - target) / abs(target or 1.0), tolerance_for(reference.noise)
+    if drop <= tol:
+        return (
+            f"not checkable: the baseline's loss falls {drop:.1%} to the target {target:.4g}, within its noise "
+            f"{tol:.1%} (--parity-steps sets how far it trains)"
+        )
+    return None
 
 
 def judge(
@@ -153,6 +182,9 @@ def check(
     t0 = time.monotonic()
     g_c = candidate.global_batch_size
     steps = steps_for(CAP * reference.samples, g_c)
+    why = thin(reference)
+    if why is not None:
+        return TargetResult(0.0, None, None, 0, None, False, why, 0.0, tolerance_for(reference.noise), checkable=False)
     try:
         losses = train_losses(as_run(candidate, steps), folder / "candidate", timeout_s, server)
     except TrialFailure as e:

@@ -67,6 +67,20 @@ def test_slower_in_wall_time_or_diverging_after_fails() -> None:
     assert not diverged.passed and "beyond the tolerance" in diverged.reason
 
 
+def test_a_target_reached_within_a_few_baseline_steps_is_not_checkable(tmp_path: Path) -> None:
+    """Seen on a public script: a batch change passed with "1.91x sooner" on a target the baseline reached
+    after one step. Such a target is no check: "not checked", decided before the candidate trains."""
+    early = reference([1.0, 1.01, 0.99, 1.02, 1.0, 1.01, 0.98, 1.02, 1.0, 1.01])  # no fall past its first step
+    why = target.thin(early)
+    assert why is not None and "reached within 1 of its steps" in why and f"at least {target.MIN_STEPS}" in why
+    v = target.check(TrialConfig(batch_size=16), early, tmp_path, 60.0, candidate_sps=30.0, baseline_sps=10.0)
+    assert not v.passed and not v.checkable and v.to_dict()["verdict"] == "not checked", v
+    assert not (tmp_path / "candidate").exists()  # nothing trained
+    flat = reference([1.0 - 0.0005 * i for i in range(20)])  # reached late, but a 0.7% fall within 1% noise
+    assert "within its noise" in (target.thin(flat) or "")
+    assert target.thin(reference([1.0 - 0.02 * i for i in range(10)])) is None  # 10 steps, 15% fall: it tells
+
+
 # --- real runs ------------------------------------------------------------------------------------------
 
 
