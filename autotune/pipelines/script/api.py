@@ -4,7 +4,7 @@
         loss = criterion(model(x), y)
     scaler = at.scaler()                # a GradScaler, enabled only when the trial runs fp16
     model = at.model(model)             # channels_last and torch.compile, when the trial asks
-    torch.manual_seed(at.seed(0))       # the trial's seed, or the script's own default
+    torch.manual_seed(at.seed(0))       # the script's own seed, always: it says the script seeds
     order = torch.Generator().manual_seed(at.data_seed(0))  # the data order (a script with no DataLoader)
     batch = at.batch_size(args.batch_size)  # the trial's micro-batch (batch_size is then searched)
     accum = at.accumulation(args.accum)     # micro-batches per step, at the study's global batch
@@ -52,7 +52,7 @@ class Trial:
     compile: str = "off"
     compile_backend: str = "inductor"
     seed: int = 0
-    data_seed: int | None = None  # the data order; None: seed
+    data_seed: int | None = None  # parity's data-order twin: the data order shifted by data_seed - seed
     device_type: str = "cpu"  # the machine's: until the script's model (or optimizer) says where it lives
     # The baseline: the script as written, so at.autocast() and at.scaler() run the script's own setting
     # (what they do outside a trial) whatever the config says.
@@ -236,23 +236,23 @@ def model(module: Any) -> Any:
 
 
 def seed(default: int = 0) -> int:
-    """The trial's seed (parity trains two runs from the same one), else the script's own default."""
+    """The script's own seed, in a trial too: each trial, parity's two runs and `autotune run` start from the
+    weights `python train.py` starts from (the call says the script seeds; it never changes the seed)."""
     t = _trial
-    if t is None:
-        return default
-    t.called("seed")
-    return t.seed
+    if t is not None:
+        t.handed("seed", default, default)
+    return default
 
 
 def data_seed(default: int = 0) -> int:
-    """The trial's data-order seed: parity's data-order twin changes it and keeps seed(), so a script that
-    draws its batches itself (no DataLoader: a get_batch over a memmap) seeds its sampling with this to be
-    reshuffled like a DataLoader is. The trial's seed when the config sets no data seed; else `default`."""
+    """The data-order seed a script that draws its batches itself (no DataLoader: a get_batch over a memmap)
+    seeds its sampling with: the script's own `default`, except in parity's data-order twin, which shifts it
+    (the config's data seed past its seed) so the twin draws other batches from the same initial weights."""
     t = _trial
     if t is None:
         return default
-    t.called("data_seed")
-    return t.seed if t.data_seed is None else t.data_seed
+    shift = 0 if t.data_seed is None else t.data_seed - t.seed
+    return int(t.handed("data_seed", default, default + shift))
 
 
 def _whole(name: str, default: Any) -> int:
