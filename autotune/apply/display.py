@@ -21,14 +21,31 @@ from autotune.search.store import records
 from autotune.search.budget import Budget
 from autotune.search.store.records import TrialRecord
 from autotune.search.loop import export_ceiling
-from autotune.search.store.results import class_check, confirmed_paired, exported, feasible, final, leaderboard
+from autotune.search.store.results import (
+    BaselineKnobs,
+    baseline_figures,
+    baseline_knobs,
+    baseline_sps,
+    baseline_spread,
+    class_check,
+    confirmed_paired,
+    exported,
+    feasible,
+    final,
+    leaderboard,
+)
 from autotune.search.loop.runner import Events
 
 
-def knob_summary(config: Mapping[str, Any]) -> str:
-    """Only what differs from the plain-PyTorch baseline: that is what the reader needs to apply."""
-    changed = {k: v for k, v in config.items() if k in BASELINE.knobs() and v != getattr(BASELINE, k)}
-    return " ".join(f"{k}={v}" for k, v in changed.items()) or "(baseline)"
+def knob_summary(config: Mapping[str, Any], base: BaselineKnobs | None = None) -> str:
+    """What a trial changes from the baseline the study ran (`base`: the script's own values, not autotune's
+    defaults; plain PyTorch without one): that is what the reader needs to apply. A config equal to the
+    baseline's runs the job as written: "(baseline)"."""
+    written = BASELINE.knobs() if base is None else base.config
+    ran = written if base is None else base.ran
+    if all(config.get(k) == v for k, v in written.items() if k in config):
+        return "(baseline)"
+    return " ".join(f"{k}={v}" for k, v in config.items() if k in ran and v != ran[k]) or "(baseline)"
 
 
 class LiveSearch:
@@ -52,7 +69,8 @@ class LiveSearch:
         self.live.__exit__(*exc)
 
     def started(self, number: int, role: str, cfg: TrialConfig) -> None:
-        self.current, self.current_sps = f"trial {number} ({role}) running: {knob_summary(cfg.knobs())}", None
+        running = knob_summary(cfg.knobs(), baseline_knobs(self.study))
+        self.current, self.current_sps = f"trial {number} ({role}) running: {running}", None
         self.live.update(self._render())
 
     def window(self, sps: float) -> None:
@@ -77,7 +95,7 @@ class LiveSearch:
         if r.cost_estimate_s is not None and r.wall_s is not None:
             speed += f"  [time: estimated {r.cost_estimate_s:.0f} s, took {r.wall_s:.0f} s]"
         self.console.print(
-            f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config)}",
+            f"trial {t.number:3d} [{r.role:10s}] {figure}{speed}  {knob_summary(r.config, baseline_knobs(self.study))}",
             highlight=False,
             markup=False,
         )
@@ -122,7 +140,7 @@ LONG_COLUMNS = ("training math", "config")
 def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
     """The top feasible trials as text cells, one row each; the terminal and the HTML report show these."""
     rows: list[tuple[str, ...]] = []
-    checks = records.gate_checks(study)
+    checks, base = records.gate_checks(study), baseline_knobs(study)
     for rank, t in enumerate(leaderboard(study)[:top], 1):
         r = TrialRecord.from_frozen(t)
         mem, wait = r.metrics.get("peak_memory_bytes"), r.metrics.get("data_wait_fraction")
@@ -136,7 +154,7 @@ def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
                 f"{mem / 2**20:.0f}" if mem else "-",
                 f"{wait:.0%}" if wait is not None else "-",
                 shown(r.training_math) + checked(checks.get(str(t.number)) or class_check(study, t)),
-                knob_summary(r.config),
+                knob_summary(r.config, base),
             )
         )
     return rows
@@ -156,16 +174,35 @@ def leaderboard_table(study: optuna.Study, top: int = 10) -> FitTable:
     """The leaderboard at any width: a full table where it fits, else the training math and config
     under each trial's row (an 80-column terminal would otherwise wrap them a letter per line)."""
     n = len(study.trials)
-    ceiling = ceiling_note(study)
+    notes = [note for note in (noise_note(study), ceiling_note(study)) if note]
     return FitTable(
         f"study {study.study_name}: "
         + (f"top {top} of {n} trials" if n > top else f"{n} trials")
-        + (f"\n{ceiling}" if ceiling else ""),
+        + "".join(f"\n{note}" for note in notes),
         in_unit(LEADERBOARD_COLUMNS, records.throughput_unit(study)),
         leaderboard_rows(study, top),
         long=LONG_COLUMNS,
         left=("role",),
     )
+
+
+def noise_note(study: optuna.Study) -> str | None:
+    """The baseline's draws (search/loop/draws.py): their spread, this machine's run-to-run noise for one
+    config, and when it exceeds the best gain the trials show, that they cannot tell the configs apart;
+    None with one draw."""
+    spread, base = baseline_spread(study), baseline_sps(study)
+    if spread is None or base is None:
+        return None
+    lo, hi = spread
+    said = f"baseline: {len(baseline_figures(study))} draws, speedups over their median; spread x{lo:.2f}..x{hi:.2f}"
+    board = [t for t in leaderboard(study) if TrialRecord.from_frozen(t).role != Role.BASELINE]
+    best = float(board[0].value or 0) / base if board else None
+    if best is not None and hi / lo > best:
+        said += (
+            f", wider than the best gain the trials show (x{best:.2f}): they cannot tell these configs apart, "
+            "confirmation's side-by-side rounds decide"
+        )
+    return said
 
 
 def ceiling_note(study: optuna.Study) -> str | None:

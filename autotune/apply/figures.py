@@ -145,11 +145,11 @@ def pareto_points(study: Any) -> list[tuple[int, float, float, bool, str]]:
     """(trial, peak MiB, samples/s, on the front, config) for feasible trials that recorded memory."""
     from autotune.apply.display import knob_summary
     from autotune.search.store.records import TrialRecord
-    from autotune.search.store.results import leaderboard
+    from autotune.search.store.results import baseline_knobs, leaderboard
 
-    records = [(t, TrialRecord.from_frozen(t)) for t in leaderboard(study)]
+    records, base = [(t, TrialRecord.from_frozen(t)) for t in leaderboard(study)], baseline_knobs(study)
     pts = [
-        (t.number, r.metrics["peak_memory_bytes"] / 2**20, float(t.value or 0), knob_summary(r.config))
+        (t.number, r.metrics["peak_memory_bytes"] / 2**20, float(t.value or 0), knob_summary(r.config, base))
         for t, r in records
         if r.metrics.get("peak_memory_bytes")
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.core.paired import Paired
@@ -48,10 +49,58 @@ def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
     return clean[0] if clean else None
 
 
-def baseline_sps(study: optuna.Study) -> float | None:
-    """The baseline's figure (baseline_trial's)."""
+@dataclass(frozen=True)
+class BaselineKnobs:
+    """The study's baseline config (a trial equal to it runs the job as written) and the knobs it ran: each
+    value its measurement showed in effect over the config's (a script's own `-j 2` loader, its batch 12)."""
+
+    config: Mapping[str, Any]
+    ran: Mapping[str, Any]
+
+
+def baseline_knobs(study: optuna.Study) -> BaselineKnobs:
+    """What a trial is shown against: what the user runs, not autotune's defaults."""
+    workload = StudyRecord.of(study).workload or {}
+    try:
+        knobs = baseline_of(TrialConfig.from_dict(dict(workload))).knobs()
+    except (TypeError, ValueError):  # a study made before its workload was recorded whole
+        knobs = TrialConfig().knobs()
     t = baseline_trial(study)
-    return float(t.value or 0) if t is not None else None
+    applied = TrialRecord.from_frozen(t).applied if t is not None else {}
+    ran = dict(knobs)
+    for k in knobs:
+        effect = applied.get(k) if isinstance(applied, Mapping) else None
+        value = effect.get("in_effect") if isinstance(effect, Mapping) else None
+        if isinstance(value, (bool, int, float, str)) and type(value) is type(knobs[k]):
+            ran[k] = value
+    return BaselineKnobs(knobs, ran)
+
+
+def baseline_figures(study: optuna.Study) -> list[float]:
+    """Every draw of the baseline, each its own process: its trials' figures (the clean ones, else all) and
+    its further draws (search/loop/draws.py). One draw can be 30% low on a machine whose processes each run
+    at their own speed, so no speedup rests on one."""
+    runs = [
+        (t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    ]
+    runs = [(t, r) for t, r in runs if r.role == Role.BASELINE and feasible(t)]
+    clean = [float(t.value or 0) for t, r in runs if not r.contended] or [float(t.value or 0) for t, _ in runs]
+    return clean + (records.baseline_draws(study) if clean else [])
+
+
+def baseline_sps(study: optuna.Study) -> float | None:
+    """The baseline's figure, every speedup's denominator: the median of its draws (baseline_figures)."""
+    figures = baseline_figures(study)
+    return statistics.median(figures) if figures else None
+
+
+def baseline_spread(study: optuna.Study) -> tuple[float, float] | None:
+    """The baseline's draws as ratios to their median, lowest and highest: this machine's run-to-run noise for
+    one config; None with fewer than two draws."""
+    figures, median = baseline_figures(study), baseline_sps(study)
+    if len(figures) < 2 or not median:
+        return None
+    return min(figures) / median, max(figures) / median
 
 
 def class_label(t: FrozenTrial) -> str | None:
@@ -341,6 +390,7 @@ def _measured(
         parity=records.gate_check(study, best.number) or class_check(study, best),
         checks=checks_summary(study),
         metrics={**export.metrics, **({"memory_estimate": estimate} if estimate else {})},
+        baseline_draws=baseline_figures(study),
         ceiling=records.ceiling(study, best.number),
         passed_over=passed_over or None,
     )

@@ -11,9 +11,16 @@ import yaml
 
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import to_yaml
-from autotune.search.store import records
+from autotune.search.store import records, results
 from autotune.search.store.records import CONFIRMATION, PARITY, TrialRecord, write
-from autotune.search.store.results import best_export, export_order, exported, gain_statement, to_target_factor
+from autotune.search.store.results import (
+    baseline_knobs,
+    best_export,
+    export_order,
+    exported,
+    gain_statement,
+    to_target_factor,
+)
 from autotune.search.store.storage import open_storage
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, warmup_steps=1, timed_steps=3, window=1)
@@ -24,6 +31,7 @@ def study_with(
     rows: list[tuple[str, dict, float]],
     math: dict[int, tuple[str, ...]] | None = None,
     speedups: bool = False,
+    applied: dict[int, dict] | None = None,
 ) -> optuna.Study:
     """A study of these (role, knobs, samples/s) trials; `speedups`: each records its speedup over the first's."""
     study = optuna.create_study(
@@ -39,6 +47,7 @@ def study_with(
                 metrics={"samples_per_s": value},
                 training_math=(math or {}).get(i),
                 speedup=value / rows[0][2] if speedups else None,
+                applied=(applied or {}).get(i, {}),
             ),
         )
         t.set_constraint("infeasible", 0.0)
@@ -282,3 +291,32 @@ def test_the_faster_of_two_confirmed_configs_of_a_passed_class_is_exported(tmp_p
     assert to_target_factor(study, study.trials[1]) == to_target_factor(study, study.trials[2]) == pytest.approx(1.25)
     assert [t.number for t in export_order(study)][:2] == [1, 2]
     assert exported(study).number == 1
+
+
+def test_a_trial_is_shown_by_what_it_changes_from_what_the_script_ran(tmp_path: Path) -> None:
+    """Seen on a public script run with `-j 2` and its own batch 12: trial lines hid num_workers 0 and batch 8,
+    autotune's defaults, and one trial at batch 8 was labelled "(baseline)". They differ from the script's own."""
+    from autotune.apply.display import knob_summary
+
+    ran = {"num_workers": {"requested": 0, "in_effect": 2}, "batch_size": {"requested": 8, "in_effect": 12}}
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 12.0)], applied={0: ran})
+    knobs = baseline_knobs(study)
+    assert knobs.ran["num_workers"] == 2 and knobs.ran["batch_size"] == 12 and knobs.config["num_workers"] == 0
+    assert knob_summary(TINY.knobs(), knobs) == "(baseline)"  # the baseline's own config runs the script as written
+    assert knob_summary(TINY.replace(num_workers=1).knobs(), knobs) == "num_workers=1 batch_size=8"
+    assert knob_summary(TINY.replace(set_to_none=False).knobs(), knobs) == "num_workers=0 batch_size=8 set_to_none=False"
+
+
+def test_the_baselines_draws_are_every_speedups_denominator_and_their_spread_is_said(tmp_path: Path) -> None:
+    from autotune.apply.display import noise_note
+
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 10.5)])
+    assert results.baseline_sps(study) == 10.0 and results.baseline_spread(study) is None and noise_note(study) is None
+    records.write_baseline_draw(study, 8.0)  # a second process of the same config ran 20% slower
+    assert results.baseline_sps(study) == pytest.approx(9.0)
+    assert results.baseline_spread(study) == pytest.approx((8 / 9, 10 / 9))
+    note = noise_note(study) or ""
+    assert "2 draws" in note and "x0.89..x1.11" in note and "cannot tell these configs apart" in note, note
+    best = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert best["baseline"]["samples_per_s"] == pytest.approx(9.0) and best["speedup"] == pytest.approx(10.5 / 9)
+    assert best["baseline"]["search_draws"] == [10.0, 8.0] and best["baseline"]["noise"].startswith("x0.889..x1.111")
