@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ class Export:
     # (trial/loop/script_records.py: file, line, the script's own arguments, what ran, whether it was iterated or
     # stepped), for the diff to edit only those; None: not recorded (a study made before it was).
     sites: Mapping[str, Any] | None = None
+    # The baseline's draws in the search, each its own process (search/loop/draws.py): their spread is the
+    # machine's run-to-run noise for one config; None: one draw.
+    baseline_draws: list[float] | None = None
 
     @classmethod
     def from_result(
@@ -142,6 +146,18 @@ def _section(key: str, value: Any) -> str:
     return yaml.safe_dump({key: _plain(value)}, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
+def _draws(draws: list[float] | None) -> dict[str, Any]:
+    """best.yaml's record of the baseline's draws in the search: each figure, and their spread around their
+    median (the machine's run-to-run noise for one config); nothing for one draw."""
+    if not draws or len(draws) < 2:
+        return {}
+    mid = statistics.median(draws)
+    return {
+        "search_draws": [round(x, 4) for x in draws],
+        "noise": f"x{min(draws) / mid:.3f}..x{max(draws) / mid:.3f} of their median: each draw its own process",
+    }
+
+
 def to_yaml(e: Export) -> str:
     """The native format. Sections are dumped one by one so the file reads with a blank line between them."""
     metrics = {k: e.metrics.get(k) for k in METRIC_KEYS}
@@ -153,7 +169,7 @@ def to_yaml(e: Export) -> str:
         ("config", e.config.knobs()),  # KNOBS order: the contract shared with search spaces
         ("workload", e.config.workload()),
         ("metrics", metrics),
-        ("baseline", {"samples_per_s": e.baseline_samples_per_s}),
+        ("baseline", {"samples_per_s": e.baseline_samples_per_s, **_draws(e.baseline_draws)}),
         ("speedup", e.speedup),
         *([("alone", e.alone)] if e.alone else []),
         *([("confirmed", e.confirmed)] if e.confirmed else []),

@@ -32,7 +32,7 @@ from autotune.core.files import disk_error, write_atomic
 from autotune.core.outcomes import Role
 from autotune.search.store import _optuna, fleet, records
 from autotune.search.checks import classes
-from autotune.search.loop import alone, finish, stops, trial0
+from autotune.search.loop import alone, draws, finish, stops, trial0
 from autotune.search.loop.stops import Stop
 from autotune.search.space import memory
 from autotune.search.budget import Budget
@@ -315,6 +315,8 @@ class SearchSession:
                 s = self.settings
             tally.ran(frozen, time.monotonic() - t0)
             events.finished(frozen)
+            if record.role == Role.BASELINE and draws.wanted(self.study, frozen):
+                draws.draw(self.study, s, frozen, end_folder(s, self.study, "baseline"), budget, server, self.say)
             self.sizer.calibrate(frozen)
             _retry_if_contended(self.study, frozen)
             classes.check_if_it_matters(

@@ -489,3 +489,16 @@ def claimant(study: optuna.Study, claim: str) -> Any:
 
 def write_claim(study: optuna.Study, claim: str, me: str) -> None:
     study.set_user_attr(claim, me)
+
+
+DRAWS = "baseline_draws"  # the baseline's further draws, each in its own process (search/loop/draws.py)
+
+
+def baseline_draws(study: optuna.Study | StudySummary) -> list[float]:
+    """The samples/s of each further draw of the baseline; [] when none was made."""
+    value = study.user_attrs.get(DRAWS)
+    return [float(x) for x in value if isinstance(x, (int, float))] if isinstance(value, list) else []
+
+
+def write_baseline_draw(study: optuna.Study, samples_per_s: float) -> None:
+    study.set_user_attr(DRAWS, [*baseline_draws(study), float(samples_per_s)])

@@ -11,14 +11,16 @@ from typing import Any
 
 import optuna
 import pytest
+import yaml
 
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.core.outcomes import Reason
 from autotune.search.loop import session as session_module
-from autotune.search.loop import stops
+from autotune.search.loop import draws, stops
 from autotune.search.loop.session import SearchSession, Stop
+from autotune.search.store import records, results
 from autotune.search.store.records import StudyRecord, TrialRecord, write
 from autotune.search.space.spec import DEFAULT_SPACE
 from autotune.search.store.storage import open_storage
@@ -186,6 +188,8 @@ def fake_trials(monkeypatch: pytest.MonkeyPatch, tell: Any) -> list[int]:
         return tell(study, trial, cfg)
 
     monkeypatch.setattr(session_module, "run_one", run_one)
+    # The baseline's second draw measures what trial 0 did: an A/A draw, no process.
+    monkeypatch.setattr(draws, "measure", lambda *_: 10.0)
     return ran
 
 
@@ -276,3 +280,26 @@ def test_the_run_ends_with_the_alone_rounds_given_the_patcher(tmp_path: Path, mo
     outcome = session.run(patch=patch)  # type: ignore[arg-type]
     assert len(calls) == 1 and calls[0][1] is patch and calls[0][0] is not None
     assert outcome.alone == {"trial": 1, "skipped": "a test"} and outcome.best_yaml is not None
+
+
+@pytest.mark.slow
+@pytest.mark.side_by_side
+def test_the_baseline_is_drawn_twice_and_every_speedup_is_over_the_draws_median(tmp_path: Path) -> None:
+    """Seen on a public script: trial 0 drew a slow process (613 samples/s against 863 in confirmation) and
+    every speedup on the leaderboard was inflated by it. Trial 0's config runs once more in a process of its
+    own before any other trial; the speedups are over the median of both draws, their spread is said."""
+    said: list[str] = []
+    s = settings(tmp_path, budget_s=None, n_trials=2, confirm_rounds=0, sampler="random", seed=1)
+    session = SearchSession.create(s, warm=True, say=said.append)
+    session.run()
+    study = session.study
+    first, again = float(study.trials[0].value), records.baseline_draws(study)
+    assert len(again) == 1 and again[0] > 0 and (tmp_path / "studies").exists()
+    median = (first + again[0]) / 2
+    assert results.baseline_sps(study) == pytest.approx(median)
+    line = next(line for line in said if line.startswith("baseline: a second draw"))
+    assert f"(trial 0: {first:.2f})" in line and f"over their median, {median:.2f}" in line and "spread x" in line
+    record = TrialRecord.from_frozen(study.trials[1])
+    assert record.speedup == pytest.approx(float(study.trials[1].value) / median)
+    best = yaml.safe_load(Path(str(session.export_best())).read_text())
+    assert best["baseline"]["search_draws"] == [round(first, 4), round(again[0], 4)] and "noise" in best["baseline"]

@@ -1,0 +1,85 @@
+"""The baseline's second draw: trial 0's config measured once more, in a process of its own, before any
+other trial, so that no speedup the search prints rests on one draw of the reference.
+
+On a machine whose processes each run at their own speed (a VM's steal time, a CPU's boost), one process
+of a config can run 20-30% below another of the same config: an A/A control of a public script measured
+x0.79..x1.21, and its trial 0 drew a slow process that inflated every speedup on the leaderboard. The
+draws' median is the denominator of every speedup from here (search/store/results.baseline_sps), and
+their spread is this machine's run-to-run noise for one config, said here and in best.yaml.
+
+May import: autotune.core, autotune.trial, the rest of autotune.search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+
+from autotune.core.config import TrialConfig
+from autotune.core.errors import TrialFailure
+from autotune.core.settings import SearchSettings
+from autotune.search.budget import Budget
+from autotune.search.store import records
+from autotune.search.store.records import TrialRecord
+from autotune.search.store.results import baseline_sps, baseline_spread
+from autotune.trial.processes.locks import locked_trial
+from autotune.trial.processes.warm_client import WarmServer
+
+# The draws the baseline gets before the other trials: trial 0 and one more.
+DRAWS = 2
+
+
+def wanted(study: optuna.Study, trial0: optuna.trial.FrozenTrial) -> bool:
+    """Whether `trial0`, a baseline trial that just finished, still lacks a further draw: it measured, and
+    the study has fewer than DRAWS draws of the baseline."""
+    if trial0.state != optuna.trial.TrialState.COMPLETE or trial0.value is None:
+        return False
+    return 1 + len(records.baseline_draws(study)) < DRAWS
+
+
+def draw(
+    study: optuna.Study,
+    settings: SearchSettings,
+    trial0: optuna.trial.FrozenTrial,
+    folder: Path,
+    budget: Budget,
+    server: WarmServer | None,
+    say: Callable[[str], None],
+) -> float | None:
+    """Measure trial 0's config once more in a fresh process (forked from the warm server, as every trial),
+    store the figure, and say the draws' median and spread; None when it did not fit or failed (said)."""
+    record = TrialRecord.from_frozen(trial0)
+    need = record.wall_s or (trial0.duration.total_seconds() if trial0.duration else 0.0)
+    if not Budget.fits(need, budget.search_deadline):
+        say(f"baseline: no second draw (about {need:.0f} s): the trials' share of the budget is shorter")
+        return None
+    cfg = record.config_for(settings.base)
+    try:
+        figure = measure(cfg, folder / f"draw-{1 + len(records.baseline_draws(study))}", settings, server)
+    except TrialFailure as e:
+        say(f"baseline: its second draw failed ({e.reason}); speedups rest on trial 0 alone")
+        return None
+    if not figure:
+        return None
+    records.write_baseline_draw(study, figure)
+    say(statement(study, float(trial0.value or 0), figure))
+    return figure
+
+
+def measure(cfg: TrialConfig, folder: Path, settings: SearchSettings, server: WarmServer | None) -> float:
+    """One measurement of `cfg` in a process of its own, as a trial runs it: its samples/s (0: none)."""
+    result, _ = locked_trial(cfg, folder, settings.trial_timeout, server=server)
+    return float(result.samples_per_s or 0.0)
+
+
+def statement(study: optuna.Study, first: float, again: float) -> str:
+    """The line that says the draws, their median (every speedup's denominator) and their spread."""
+    unit = records.throughput_unit(study)
+    median, spread = baseline_sps(study), baseline_spread(study)
+    noise = f"; spread x{spread[0]:.2f}..x{spread[1]:.2f} of their median, this machine's noise for one config" if spread else ""
+    return (
+        f"baseline: a second draw in its own process ran {again:.2f} {unit} (trial 0: {first:.2f}): every speedup "
+        f"is over their median, {median:.2f}{noise}"
+    )
