@@ -310,7 +310,7 @@ class SearchSession:
             t0 = time.monotonic()
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(tally.left_s), events, server)
             record = TrialRecord.from_frozen(frozen)
-            if record.role == Role.BASELINE and (learned := trial0.lessons(s, self.space, record.applied, self.say)):
+            if record.role == Role.BASELINE and (learned := trial0.lessons(s, self.space, record, self.say)):
                 self._respace(*learned)
                 s = self.settings
             tally.ran(frozen, time.monotonic() - t0)

@@ -1,5 +1,8 @@
-"""What trial 0, the script run as written, teaches a script study about the rest of its search, read from
-its record (`applied`):
+"""What trial 0, the baseline, teaches a study about the rest of its search, read from its record:
+  - how long a throughput window must be: at least about WINDOW_S and MIN_WINDOW steps, whichever is
+    longer, at the step time trial 0 measured, so no trial is pruned on windows too short to measure (a
+    script's 1.7 ms steps made 3-step windows of 5 ms, and most of its trials were pruned on them);
+and what trial 0, the script run as written, teaches a script study (its `applied`):
   - the batch the script ran, where its source could not say it (at.batch_size() of a name a configurator
     or a config file sets, a DataLoader's computed batch): the study is rebased on it and the space resolved
     again, so the batch is searched from here (or kept, at the one that ran);
@@ -13,6 +16,7 @@ May import: autotune.core, autotune.pipelines, and the rest of autotune.search.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,14 +26,47 @@ from autotune.core.settings import SearchSettings
 from autotune.search.space.reading import load_space
 from autotune.search.space.resolve import batch_said, loaders_kept, rebased, resolve
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
+from autotune.search.store.records import TrialRecord
 
 Say = Callable[[str], None]
 
 
 def lessons(
+    settings: SearchSettings, space: SearchSpace, trial0: TrialRecord, say: Say
+) -> tuple[SearchSettings, SearchSpace] | None:
+    """The settings and space the rest of the search runs on, after trial 0's record; None: as they are."""
+    widened = window(settings, trial0.metrics, say)
+    learned = script_lessons(widened or settings, space, trial0.applied, say)
+    return learned or ((widened, space) if widened else None)
+
+
+# A throughput window lasts at least about this long, and this many steps: shorter ones measure noise.
+WINDOW_S = 1.0
+MIN_WINDOW = 3
+
+
+def window(settings: SearchSettings, metrics: Mapping[str, Any], say: Say) -> SearchSettings | None:
+    """The settings with windows of at least WINDOW_S at trial 0's step time (and MIN_WINDOW steps), where
+    the study's are shorter; None: they are long enough, or trial 0 measured no step time."""
+    step = metrics.get("step_time_p50")
+    if not isinstance(step, (int, float)) or step <= 0:
+        return None
+    steps = max(MIN_WINDOW, math.ceil(WINDOW_S / step))
+    if settings.base.seconds is None:  # a trial of a fixed step count: no window longer than its steps
+        steps = min(steps, settings.base.timed_steps)
+    if steps <= settings.base.window:
+        return None
+    say(
+        f"windows: {steps} steps each from here (trial 0's steps take {step * 1000:.3g} ms; a window of "
+        f"{settings.base.window} would last {settings.base.window * step * 1000:.3g} ms, too short to measure or prune on)"
+    )
+    return dataclasses.replace(settings, base=settings.base.replace(window=steps))
+
+
+def script_lessons(
     settings: SearchSettings, space: SearchSpace, applied: Mapping[str, Any], say: Say
 ) -> tuple[SearchSettings, SearchSpace] | None:
-    """The settings and space the rest of the search runs on, after trial 0's `applied`; None: as they are."""
+    """What trial 0's `applied` teaches a script study; None: nothing (or not a script study)."""
     if pipelines.kind_of(settings.base.pipeline).loop != "script":
         return None
     rebase = own_batch(settings, space, applied, say)

@@ -263,11 +263,12 @@ class Clock:
         n, cfg = len(self._step_times), self._cfg
         if n % cfg.window:
             return
-        self._windows.append(cfg.window * self.samples_per_step * self._world / (t - self._window_start))
+        took = t - self._window_start
+        self._windows.append(cfg.window * self.samples_per_step * self._world / took)
         self._window_start = t
         if self._rank == 0 and self._progress is not None:
             with self._progress.open("a") as f:
-                f.write(json.dumps({"step": n, "samples_per_s": self._windows[-1]}) + "\n")
+                f.write(json.dumps({"step": n, "samples_per_s": self._windows[-1], "seconds": took}) + "\n")
 
     def _finished(self, t: float) -> bool:
         assert self._t_begin is not None

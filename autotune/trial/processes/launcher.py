@@ -194,6 +194,7 @@ class _Attempt:
         self.cfg, self.trial_dir, self.log, self.log_path = cfg, trial_dir, log, log_path
         self.on_window, self.on_start, self.on_groups = on_window, on_start, on_groups
         self.windows: list[float] = []
+        self.seconds: list[float] = []  # each window's length: what a pruned trial was judged on
         self.warm = False
 
     def run(self, env: dict[str, str], timeout_s: float, poll_s: float, server: WarmServer | None) -> int:
@@ -202,6 +203,7 @@ class _Attempt:
         for stale in (*trial_dir.glob("result.json*"), trial_dir / "progress.jsonl", trial_dir / GROUPS_FILE):
             stale.unlink(missing_ok=True)
         windows.clear()
+        self.seconds.clear()
         env = {**env, LAUNCH_TIME_ENV: repr(time.time())}
         proc = _start(self.cfg, trial_dir, env, self.log, log_path, server)
         self.warm = isinstance(proc, WarmProcess)
@@ -219,11 +221,12 @@ class _Attempt:
                     )
                 time.sleep(poll_s)
                 groups.refresh()
-                read, prune = _read_progress(trial_dir / "progress.jsonl", read, windows, self.on_window)
+                read, prune = _read_progress(trial_dir / "progress.jsonl", read, windows, self.seconds, self.on_window)
                 if prune:
                     kill_group(proc, grace_s=1.0, groups=groups)
-                    raise errors.TrialPruned(f"pruned after {len(windows)} window(s)", "", {"windows": windows})
-            _read_progress(trial_dir / "progress.jsonl", read, windows, None)
+                    took = f", {sum(self.seconds):.1f} s measured" if self.seconds else ""
+                    raise errors.TrialPruned(f"pruned after {len(windows)} window(s){took}", "", {"windows": windows})
+            _read_progress(trial_dir / "progress.jsonl", read, windows, self.seconds, None)
         finally:
             # Loader workers or ranks left behind by a dying leader; on an interrupt (Ctrl-C, an error in
             # a callback) the whole trial, ranks included.
@@ -332,8 +335,11 @@ def _lost_cuda(trial_dir: Path) -> bool:
         return False
 
 
-def _read_progress(path: Path, offset: int, windows: list[float], on_window: OnWindow | None) -> tuple[int, bool]:
-    """Consume new throughput windows; returns the new offset and whether to prune."""
+def _read_progress(
+    path: Path, offset: int, windows: list[float], seconds: list[float], on_window: OnWindow | None
+) -> tuple[int, bool]:
+    """Consume new throughput windows (their figures into `windows`, their lengths into `seconds`); returns
+    the new offset and whether to prune."""
     try:
         with path.open() as f:
             f.seek(offset)
@@ -345,6 +351,8 @@ def _read_progress(path: Path, offset: int, windows: list[float], on_window: OnW
     for line in complete.splitlines():
         rec = json.loads(line)
         windows.append(rec["samples_per_s"])
+        if "seconds" in rec:
+            seconds.append(float(rec["seconds"]))
         if on_window is not None and on_window(rec["step"], rec["samples_per_s"]):
             prune = True
     return offset + len(complete), prune

@@ -100,8 +100,8 @@ def test_a_trial_on_the_clock_measures_what_its_steps_took(fake: FakeTime, tmp_p
     assert r.data_wait_fraction == 0.25  # the time blocked on the loader, inside each step
     assert r.samples_per_s == 4.0 and r.windows == (4.0, 4.0)  # 2 steps x 4 samples a window of 2 s
     assert [json.loads(x) for x in progress.read_text().splitlines()] == [
-        {"step": 2, "samples_per_s": 4.0},
-        {"step": 4, "samples_per_s": 4.0},
+        {"step": 2, "samples_per_s": 4.0, "seconds": 2.0},
+        {"step": 4, "samples_per_s": 4.0, "seconds": 2.0},
     ]
     assert r.losses == (1.0, 0.5, 1 / 3, 0.25, 0.2) and r.loss_first == 1.0  # warm-up's loss included
     assert r.peak_memory_bytes == 7 * 2**20  # reset when the timed steps began: not the warm-up's peak

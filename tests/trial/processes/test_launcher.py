@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -291,6 +292,8 @@ def test_pruned_trial_keeps_partial_windows(tmp_path: Path) -> None:
         launcher.run_trial(fault_cfg("slow", timed_steps=200, window=1), trial_dir, timeout_s=120, on_window=on_window)
     windows = info.value.partial["windows"]
     assert len(windows) >= 3 and all(w > 0 for w in windows)
+    # The line says what it was judged on: its windows' measured time, not only their count.
+    assert re.fullmatch(rf"pruned after {len(windows)} window\(s\), \d+\.\d s measured", str(info.value)), str(info.value)
     assert [s for s, _ in seen] == list(range(1, len(seen) + 1))
     assert [w for _, w in seen] == windows[: len(seen)]
     assert_nothing_left(trial_dir)
