@@ -68,10 +68,11 @@ def confirm_rounds(settings: SearchSettings) -> int:
     return max(settings.confirm_rounds, MIN_ROUNDS) if settings.confirm_rounds else 0
 
 
-def confirm_trial_s(settings: SearchSettings) -> float:
-    """A confirmation trial's seconds before one is measured: its time box and a fresh process's start-up
-    (planned without the start-up, '3 more rounds' fitted 2)."""
-    return trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
+def confirm_trial_s(settings: SearchSettings, measured_s: float | None = None) -> float:
+    """A confirmation trial's seconds: `measured_s`, a trial's launch-to-result time once one is measured
+    (trial 0's: a confirmation trial is the same fresh process); before that its time box and a fresh
+    process's start-up (planned without the start-up, '3 more rounds' fitted 2)."""
+    return measured_s if measured_s else trial_seconds(settings.base) + CONFIRM_OVERHEAD_S
 
 
 def confirm_reserve_s(settings: SearchSettings) -> float:
@@ -82,14 +83,15 @@ def confirm_reserve_s(settings: SearchSettings) -> float:
     return min((settings.confirm_top + 1) * confirm_rounds(settings) * confirm_trial_s(settings), settings.budget_s / 2)
 
 
-def least_confirming_budget_s(settings: SearchSettings) -> float | None:
+def least_confirming_budget_s(settings: SearchSettings, trial_s: float | None = None) -> float | None:
     """The shortest budget, in whole minutes, whose end share pays for MIN_ROUNDS rounds of one config
     beside the baseline (confirmation's rounds may run to `confirm_end`, so the whole of what the trials
-    leave them): below it nothing but the baseline can be exported, whatever the trials find. None:
-    confirmation is off, or no budget up to a day pays for it."""
+    leave them): below it nothing but the baseline can be exported, whatever the trials find. `trial_s`: a
+    confirmation trial's measured seconds (confirm_trial_s). None: confirmation is off, or no budget up to a
+    day pays for it."""
     if settings.confirm_rounds == 0:
         return None
-    need = 2 * MIN_ROUNDS * confirm_trial_s(settings)
+    need = 2 * MIN_ROUNDS * confirm_trial_s(settings, trial_s)
     for minutes in range(1, 24 * 60 + 1):
         if Budget.of(dataclasses.replace(settings, budget_s=60.0 * minutes), 0.0).reserve_s >= need:
             return 60.0 * minutes

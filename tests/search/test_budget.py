@@ -140,20 +140,24 @@ def test_at_a_short_budget_the_end_s_shares_are_cut_together_to_half(tmp_path: P
     assert long.alone_reserve_s == alone_reserve_s(s) and long.confirm_reserve_s == confirm_reserve_s(s)
 
 
-def test_a_budget_too_short_to_confirm_anything_is_said_before_the_trials_with_the_one_that_can() -> None:
+def test_a_budget_too_short_to_confirm_anything_is_said_after_trial_0_with_the_one_that_can() -> None:
     """Below the least confirming budget, what the trials leave cannot pay for 3 rounds of even one config
-    beside the baseline, so only the baseline can be exported: said up front, with the budget that can."""
-    from autotune.search.loop.finish import reserve_note
+    beside the baseline, so only the baseline can be exported: said once trial 0 has shown what a trial
+    costs, with the budget that can. Never on a guess: both public-script searches said it at 6 minutes
+    on the first guess of 25 s a trial, then ran 3 rounds and one exported a change."""
+    from autotune.search.loop.finish import reserve_note, short_note
 
     s = SearchSettings(budget_s=180.0, base=TINY.replace(seconds=15.0))
-    least = least_confirming_budget_s(s)
-    assert least is not None and least % 60 == 0
-    need = 2 * MIN_ROUNDS * confirm_trial_s(s)
+    least = least_confirming_budget_s(s, 25.0)
+    assert least is not None and least % 60 == 0 and least == least_confirming_budget_s(s)  # the guess: 25 s
+    need = 2 * MIN_ROUNDS * 25.0
     assert Budget.of(dataclasses.replace(s, budget_s=least)).reserve_s >= need
     assert Budget.of(dataclasses.replace(s, budget_s=least - 60.0)).reserve_s < need
-    short = reserve_note(s, Budget.of(s))
-    assert short is not None and least > 180.0
+    assert "only the baseline" not in (reserve_note(s, Budget.of(s)) or "")  # nothing said before a trial
+    short = short_note(s, Budget.of(s), 25.0)
+    assert short is not None and least > 180.0 and "at 25 s a trial (trial 0's, launch to result)" in short
     assert f"this search can export only the baseline's own config; --budget {least / 60:.0f}m or more pays" in short
     enough = dataclasses.replace(s, budget_s=least)
-    assert "only the baseline" not in (reserve_note(enough, Budget.of(enough)) or "")
+    assert short_note(enough, Budget.of(enough), 25.0) is None
+    assert short_note(s, Budget.of(s), 8.0) is None  # trials of 8 s: 3 rounds of one config fit in 180 s
     assert least_confirming_budget_s(dataclasses.replace(s, confirm_rounds=0)) is None

@@ -17,7 +17,7 @@ import optuna
 from autotune.core.settings import SearchSettings
 from autotune.search.store.records import ConfirmationSummary
 from autotune.core.paired import MIN_ROUNDS
-from autotune.search.budget import Budget, confirm_rounds, confirm_trial_s, least_confirming_budget_s
+from autotune.search.budget import Budget, confirm_rounds, least_confirming_budget_s
 from autotune.search.loop import confirm, export_ceiling
 from autotune.search.loop import gate
 from autotune.search.store.results import choose
@@ -34,22 +34,30 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
     if not budget.reserve_s:
         return None
     s = settings
-    note = (
+    return (
         f"confirmation: {budget.reserve_s:.0f} s of the budget kept to re-measure the top {s.confirm_top} "
         f"and the baseline in {confirm_rounds(s)} interleaved rounds (--confirm-rounds 0: off) and to check "
         f"that the winner trains like the baseline over {s.parity_steps} steps (--parity-steps 0: off)"
         + (", then to measure its ceiling" if budget.ceiling_reserve_s else "")
     )
-    least = least_confirming_budget_s(s)
-    if s.budget_s is not None and least is not None and least > s.budget_s:
-        # Said before the trials, not after them: the user may rather give the budget that can export.
-        note += (
-            f"\nconfirmation: at about {confirm_trial_s(s):.0f} s a trial, its {budget.reserve_s:.0f} s pay "
-            f"for fewer than {MIN_ROUNDS} rounds of even one config beside the baseline, and fewer cannot show a "
-            f"gain: unless its trials are shorter than that, this search can export only the baseline's own "
-            f"config; --budget {least / 60:.0f}m or more pays for them"
-        )
-    return note
+
+
+def short_note(settings: SearchSettings, budget: Budget, trial_s: float | None) -> str | None:
+    """After trial 0, at its measured launch-to-result seconds (`trial_s`: what a confirmation trial costs):
+    the line that says the end share cannot pay for MIN_ROUNDS rounds of one config beside the baseline, so
+    only the baseline's own config can be exported, with the budget that can; None when the rounds fit (a
+    guess made before any trial ran said so at 6 minutes, and 3 rounds then ran and exported a change)."""
+    if not trial_s or not budget.reserve_s or settings.budget_s is None:
+        return None
+    least = least_confirming_budget_s(settings, trial_s)
+    if least is None or least <= settings.budget_s:
+        return None
+    return (
+        f"confirmation: at {trial_s:.0f} s a trial (trial 0's, launch to result), the {budget.reserve_s:.0f} s kept "
+        f"pay for fewer than {MIN_ROUNDS} rounds of even one config beside the baseline, and fewer cannot show a "
+        f"gain: this search can export only the baseline's own config; --budget {least / 60:.0f}m or more pays "
+        "for them"
+    )
 
 
 def confirm_and_gate(
@@ -76,4 +84,4 @@ def confirm_and_gate(
     return confirmation
 
 
-__all__ = ["confirm", "confirm_and_gate", "export_ceiling", "gate", "reserve_note", "wanted"]
+__all__ = ["confirm", "confirm_and_gate", "export_ceiling", "gate", "reserve_note", "short_note", "wanted"]

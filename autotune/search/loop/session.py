@@ -317,6 +317,8 @@ class SearchSession:
             events.finished(frozen)
             if record.role == Role.BASELINE and draws.wanted(self.study, frozen):
                 draws.draw(self.study, s, frozen, end_folder(s, self.study, "baseline"), budget, server, self.say)
+                if finish.wanted(s) and (short := finish.short_note(s, budget, record.wall_s)):
+                    self.say(short)
             self.sizer.calibrate(frozen)
             _retry_if_contended(self.study, frozen)
             classes.check_if_it_matters(
