@@ -10,6 +10,13 @@ from __future__ import annotations
 from autotune.core.config import TrialConfig, baseline_of, lr_factor
 
 SAME = "same"
+# What "same" means, said in best.yaml beside the verdict: why such a config needs no check.
+SAME_MEANS = (
+    "the baseline's global batch, lr, precision and batch-norm span (and FSDP's dtypes): each optimizer step "
+    "computes what the baseline's computes, up to floating-point rounding; the knobs that differ (the loader, "
+    "fusion, checkpointing, memory layout, cudnn, micro-batch x accumulation) change only how fast, so no "
+    "parity check is needed"
+)
 
 
 def training_math(cfg: TrialConfig, batch_norm: bool, ran: float = 1.0) -> list[str]:
@@ -73,6 +80,8 @@ def section(cfg: TrialConfig, changes: list[str] | tuple[str, ...] | None) -> di
         "lr_scaling": cfg.lr_scaling,
         "baseline_global_batch": base.global_batch_size,
     }
+    if changes is not None and not changes:
+        out["same_means"] = SAME_MEANS
     if changes:
         advice = [f"this config trains differently from the baseline ({shown(changes)})."]
         if cfg.global_batch_size != base.global_batch_size:

@@ -130,8 +130,10 @@ def extend(
     figures taken side by side. Returns the summary."""
     rounds = confirm_rounds(settings)
     summary = records.confirmation(study)
-    if not summary or rounds == 0 or any(r["trial"] == number for r in summary["rows"]):
+    if not summary or rounds == 0 or any(r["trial"] == number and r.get("samples") for r in summary["rows"]):
         return summary
+    # Left out of the rounds (they did not fit it), or not among the configs they measured.
+    left_out = any(r["trial"] == number for r in summary["rows"])
     board = {c.trial: c for c in candidates(study, settings.base, len(study.trials))}
     base = next((c for c in board.values() if c.label == "baseline"), None)
     if number not in board or base is None:
@@ -145,10 +147,13 @@ def extend(
             f"{trial_s * len(pool) * MIN_ROUNDS:.0f} s) do not fit in the budget left: it is not exported"
         )
         return summary
-    say(
-        f"confirming the exported {board[number].label} too, beside the baseline: it was not in the "
-        "confirmation rounds, whose configs may not be exported (their training math failed its check or was not checked)"
+    why = (
+        "the rounds did not fit it"
+        if left_out
+        else "it was not among the configs the rounds measured, none of which may be exported (no measurable gain, "
+        "or training math that failed its check or was not checked)"
     )
+    say(f"confirming the exported {board[number].label} too, beside the baseline: {why}")
     folder = end_folder(settings, study, "confirm") / f"trial-{number}"
     figures, _ = _rounds(pool, rounds, folder, settings, server, say, deadline, trial_s)
     if not figures:
@@ -159,7 +164,7 @@ def extend(
     ratios = {label: list(r.get("ratios") or ()) for label, r in old.items()}
     samples[pool[0].label], ratios[pool[0].label] = new[pool[0].label], new_ratios[pool[0].label]
     samples["baseline"] = samples.get("baseline", []) + new["baseline"]
-    merged = [c for c in board.values() if c.label in old and c.label != "baseline"] + pool
+    merged = [c for c in board.values() if c.label in old and c.label not in ("baseline", pool[0].label)] + pool
     # Its rounds are rounds of their own beside the baseline: the count is of every round run.
     rounds_run = summary["rounds"] + len(figures)
     summary = {**summarize(merged, samples, ratios, rounds_run), "trial_s": summary.get("trial_s")}

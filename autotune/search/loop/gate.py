@@ -5,8 +5,9 @@ leaderboard, fastest first). Each is checked as its training-math class is (sear
 parity beside the baseline, or time to the baseline's loss when its optimizer step differs. A
 candidate that fails is recorded in the study, said, and skipped, and the next one is checked. A class
 already checked (during the search, or for an earlier candidate) is not checked again: its check
-stands for every config in it. A config computing the baseline's own training is checked on its own
-(parity: rounding-level changes such as a fused optimizer still have to train alike). A check that
+stands for every config in it. A config computing the baseline's own training needs no check: its
+optimizer step is the baseline's by construction (core/training.SAME_MEANS), so the gate stops at it,
+as the export does (results.choose). A check that
 does not fit in the budget left is not started (`not checked`) and a cheaper candidate is tried: a
 config that passed is exported before one that could not be checked (results.exported). The
 baseline's reference trajectory is measured once per study and kept in the study, so a resumed
@@ -30,7 +31,7 @@ from autotune.search.budget import Budget
 from autotune.search.loop import confirm
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import CheckRecord, TrialRecord
-from autotune.search.store.results import class_check, class_label, confirmed_figures, export_order
+from autotune.search.store.results import class_check, class_label, confirmed_figures, export_order, needs_check
 from autotune.trial.processes.warm_client import WarmServer
 
 
@@ -56,6 +57,9 @@ def run(
     )
     for t in order:
         key = str(t.number)
+        if not needs_check(study, t, settings.base):
+            say(f"parity: trial {t.number} computes the baseline's training (same): no check is needed")
+            break
         standing = _standing(study, t, checks)
         if standing is not None:  # checked before (a resumed study), or its class was: its check stands
             checks[key] = standing
@@ -97,7 +101,7 @@ def _unpaid(
     if Budget.fits(need, budget.checks_end if budget else None):
         return None
     say(
-        f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left; a cheaper one is tried"
+        f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left: not checked, so not exported"
     )
     return {
         "verdict": Verdict.NOT_CHECKED,

@@ -189,7 +189,9 @@ def export_order(study: optuna.Study) -> list[FrozenTrial]:
     rows = [r for r in summary.get("rows", []) if r["label"] != "baseline"]
     speedups = {r["trial"]: r["speedup_median"] for r in rows if r.get("speedup_median")}
     gained = {r["trial"] for r in rows if Paired.of(r.get("ratios") or ()).measurable}
-    below_base = {r["trial"] for r in rows if r["trial"] not in gained}
+    # Measured in the rounds without a gain; a row the rounds never reached (they did not fit) keeps its
+    # place: its search figure is all that is known of it, as of a config the rounds left out.
+    below_base = {r["trial"] for r in rows if r["trial"] not in gained and r.get("samples")}
     place = {t.number: i for i, t in enumerate(board)}  # the leaderboard's order (contended last) breaks ties
 
     def key(t: FrozenTrial) -> tuple[float, int]:
@@ -211,20 +213,30 @@ class Choice:
     passed_over: tuple[dict[str, Any], ...] = ()
 
 
+def needs_check(study: optuna.Study, t: FrozenTrial, workload: TrialConfig | None = None) -> bool:
+    """Whether `t`'s training math differs from the baseline's (precision, global batch, lr, batch-norm
+    span), so it is exported only once its check passed; False for a config whose step is the baseline's
+    (core/training.SAME_MEANS), and for one whose math is unknown only when it keeps the step."""
+    record = TrialRecord.from_frozen(t)
+    base = workload or TrialConfig.from_dict(dict(StudyRecord.of(study).workload or {}))
+    return bool(record.training_math) or changes_step(record.config_for(base))
+
+
 def choose(study: optuna.Study, *, gain: bool = True) -> Choice:
     """The export: the first config in export order that may be exported, or the baseline when it comes
     first. A config may be exported when its check did not fail (nor was skipped after a failure of its
     global batch); when its training math differs from the baseline's (precision, global batch, batch-norm
     span), only once its check passed: parity, or its time to target when its optimizer step differs
     (whether the check was off, did not fit in the budget or could not run: the README promises the
-    winner is checked before it is exported); once a check passed, a checked config before an unchecked
+    winner is checked before it is exported); once a check passed, a checked config (or one of the
+    baseline's own training, which needs none) before an unchecked
     one. When the search was confirmed, a config that changes anything is exported only with a measurable
     gain in its rounds (`gain`=False leaves out that last rule for a config the rounds did not measure:
     the one the end of the search confirms next, finish.confirm_and_gate). The faster configs it passed
     over are named with why, the first of each reason. None: no feasible trial."""
     checks = records.gate_checks(study)
     order = export_order(study)
-    workload = StudyRecord.of(study).workload or {}
+    base = TrialConfig.from_dict(dict(StudyRecord.of(study).workload or {}))
     confirmed = records.confirmation(study) is not None
 
     def verdict(t: FrozenTrial) -> str | None:  # its own check's, else its class's
@@ -236,8 +248,7 @@ def choose(study: optuna.Study, *, gain: bool = True) -> Choice:
     def unchecked(t: FrozenTrial) -> str | None:
         """Why `t`'s training math is not known to be the baseline's (None: it is, or its check passed)."""
         math = TrialRecord.from_frozen(t).training_math
-        cfg = TrialConfig.from_dict({**workload, **TrialRecord.from_frozen(t).config})
-        if not (math or changes_step(cfg)) or verdict(t) == Verdict.PASS:
+        if not needs_check(study, t, base) or verdict(t) == Verdict.PASS:
             return None
         check = checks.get(str(t.number)) or class_check(study, t)
         said = f"it was not checked: {check['reason']}" if check and check.get("reason") else "it was not checked"
@@ -249,7 +260,7 @@ def choose(study: optuna.Study, *, gain: bool = True) -> Choice:
             return None
         rounds = confirmed_paired(study, t.number)
         if rounds is None or not rounds.ratios:
-            if rounds is None and not gain:
+            if not gain:  # the one the end of the search confirms next
                 return None
             return "not in the confirmation rounds (they did not fit in the budget): a single measurement"
         return None if rounds.measurable else rounds.statement()
@@ -263,7 +274,9 @@ def choose(study: optuna.Study, *, gain: bool = True) -> Choice:
 
     ok = [t for t in order if why_not(t) is None]
     if any(check.get("verdict") == Verdict.PASS for check in checks.values()):  # a proven config first
-        ok = [t for t in ok if verdict(t) == Verdict.PASS or baseline(t)] or ok
+        # A config of the baseline's own training needs no proof: it is never passed over as unchecked.
+        proven = [t for t in ok if verdict(t) == Verdict.PASS or baseline(t) or not needs_check(study, t, base)]
+        ok = proven or ok
     best = ok[0] if ok else None
     return Choice(best, tuple(_passed_over(study, order, best, why_not)))
 

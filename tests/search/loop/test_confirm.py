@@ -80,10 +80,9 @@ def test_summary_picks_by_median_and_says_when_the_order_changed(tmp_path: Path)
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert best["study"]["trial"] == 1 and best["parity"] == {"verdict": "pass"}
     assert best["confirmed"]["samples_per_s_median"] == 19.0 and best["speedup"] == pytest.approx(1.9)
-    # A config that passed goes before one whose check did not fit in the budget; without any pass, the
-    # unchecked one is exported when it keeps the baseline's training math (and says so in its parity section).
+    # Both keep the baseline's training math: neither needs a check, so another's pass does not put it first.
     study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}, "1": {"verdict": "pass"}})
-    assert exported(study).number == 1
+    assert exported(study).number == 2
     study.set_user_attr(PARITY, {"2": {"verdict": "not checked"}})
     assert exported(study).number == 2
 
@@ -278,3 +277,36 @@ def _confirm_then_extend(
     (extra,) = (tmp_path / "s" / "c" / "confirm").glob("*/trial-2")  # this run's own folder
     assert len(list(extra.rglob("trial.log"))) == 6  # each measurement a fresh process
     assert confirm.extend(study, settings, 2, server=server, say=said.append) == summary  # confirmed once
+
+
+def test_when_no_round_fits_the_fastest_same_math_config_is_confirmed_not_a_slower_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen on a public script: "0 of 3 rounds fit" dropped trials 9, 8 and 7, and the extension then confirmed
+    trial 11 (x1.06, set_to_none false), which the search had measured slower than trial 8 (x1.17) without
+    that knob, saying the rounds' configs "may not be exported (failed its check or was not checked)": false
+    for configs of the baseline's training math. A row the rounds never reached keeps its place."""
+    same: dict[int, tuple[str, ...]] = {0: (), 1: (), 2: (), 3: ()}
+    study = study_with(
+        tmp_path,
+        [
+            ("baseline", {}, 10.0),
+            ("search", {"num_workers": 1}, 11.7),
+            ("search", {"num_workers": 2}, 11.0),
+            ("search", {"num_workers": 1, "set_to_none": False}, 10.6),
+        ],
+        math=same,
+    )
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=2)
+    spent = Budget.of(settings, started=time.monotonic() - 10_000)
+    _instant(monkeypatch, {"trial 1": 12.0, "trial 2": 11.0, "baseline": 10.0})
+    summary = confirm.run(study, settings, spent, say=lambda s: None)
+    assert summary is not None and summary["rounds"] == 0 and [r["trial"] for r in summary["rows"]] == [1, 2, 0]
+    assert [t.number for t in export_order(study)][:3] == [1, 2, 3]  # the search's order: nothing was measured
+    assert choose(study, gain=False).trial.number == 1
+    said: list[str] = []
+    extended = confirm.extend(study, settings, 1, None, say=said.append)
+    assert "confirming the exported trial 1 too, beside the baseline: the rounds did not fit it" in said
+    rows = {r["label"]: r for r in extended["rows"]}
+    assert [r["label"] for r in extended["rows"]].count("trial 1") == 1 and len(rows["trial 1"]["ratios"]) == 3
+    assert exported(study).number == 1

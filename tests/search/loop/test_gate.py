@@ -130,3 +130,15 @@ def test_a_class_checked_at_the_trial_itself_keeps_its_own_reason(tmp_path: Path
     assert other is not None and other["reason"].startswith(
         "its training math (precision fp32 -> bf16) was checked at trial 1"
     )
+
+
+def test_a_config_of_the_baselines_training_is_not_checked(tmp_path: Path) -> None:
+    """Its optimizer step is the baseline's by construction: the gate stops at it, nothing is run."""
+    from tests.search.store.test_results import TINY, study_with
+
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 2}, 12.0)], math={0: (), 1: ()})
+    said: list[str] = []
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, parity_steps=5)
+    assert gate.run(study, settings, say=said.append) == {}
+    assert "parity: trial 1 computes the baseline's training (same): no check is needed" in said
+    assert not (tmp_path / "s").exists()  # no run, no folder

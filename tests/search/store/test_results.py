@@ -256,7 +256,15 @@ def test_a_config_whose_math_differs_and_was_not_checked_is_never_exported(tmp_p
         (named,) = [p for p in best["passed_over"] if p["trial"] == 1]
         assert "precision fp32 -> bf16" in named["why"] and "not checked" in named["why"]
     study.set_user_attr(PARITY, {"1": {"verdict": "fail", "reason": "deviates"}, "3": {"verdict": "pass"}})
-    assert exported(study).number == 3  # a differs-math config that passed its check is exported
+    assert exported(study).number == 2  # the faster config of the baseline's math needs no check to go first
+    (tmp_path / "2").mkdir()
+    study2 = study_with(
+        tmp_path / "2",
+        [("baseline", {}, 10.0), ("search", {"precision": "bf16", "num_workers": 1}, 14.0), ("search", {"num_workers": 2}, 13.0)],
+        math={0: (), 1: ("precision fp32 -> bf16",), 2: ()},
+    )
+    study2.set_user_attr(PARITY, {"1": {"verdict": "pass"}})
+    assert exported(study2).number == 1  # a differs-math config that passed its check, and faster, is exported
 
 
 def test_the_faster_of_two_confirmed_configs_of_a_passed_class_is_exported(tmp_path: Path) -> None:
@@ -320,3 +328,17 @@ def test_the_baselines_draws_are_every_speedups_denominator_and_their_spread_is_
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
     assert best["baseline"]["samples_per_s"] == pytest.approx(9.0) and best["speedup"] == pytest.approx(10.5 / 9)
     assert best["baseline"]["search_draws"] == [10.0, 8.0] and best["baseline"]["noise"].startswith("x0.889..x1.111")
+
+
+def test_a_config_of_the_baselines_training_is_never_passed_over_as_unchecked(tmp_path: Path) -> None:
+    """Once a check passed (bf16, here), a checked config went before every unchecked one, and a faster config
+    of the baseline's own training math was passed over as "not checked": it needs no check."""
+    study = study_with(
+        tmp_path,
+        [("baseline", {}, 10.0), ("search", {"precision": "bf16"}, 20.0), ("search", {"num_workers": 2}, 25.0)],
+        math={0: (), 1: ("precision fp32 -> bf16",), 2: ()},
+    )
+    study.set_user_attr(PARITY, {"1": {"verdict": "pass"}})
+    assert exported(study).number == 2
+    best = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert best["training_math"]["verdict"] == "same" and "no parity check is needed" in best["training_math"]["same_means"]
