@@ -96,6 +96,7 @@ def run(
     if rounds > settings.confirm_rounds:
         say(f"confirmation: {rounds} rounds, not {settings.confirm_rounds}: fewer cannot show a gain")
     say(f"confirming: {', '.join(c.label for c in pool)} in {rounds} interleaved round(s), each a fresh process")
+    searched = searched_seconds(study, pool)
     figures, trial_s = _rounds(
         pool,
         rounds,
@@ -103,8 +104,8 @@ def run(
         settings,
         server,
         say,
-        budget.confirm_end if budget else None,
-        searched_seconds(study, pool),
+        deadline(budget, confirm_trial_s(settings, searched), say),
+        searched,
     )
     # Stored even when no round fitted: the search was to be confirmed, and an unconfirmed config is
     # then not exported (results.choose); the summary says 0 rounds.
@@ -112,6 +113,23 @@ def run(
     summary["trial_s"] = trial_s
     records.write_confirmation(study, summary)
     return summary
+
+
+def deadline(budget: Budget | None, trial_s: float, say: Callable[[str], None]) -> float | None:
+    """When the rounds must end: the budget's end less the alone rounds' share; or, where that cannot pay
+    for MIN_ROUNDS rounds of one config beside the baseline and the budget's end can, the budget's end. A
+    script study's alone rounds measure only a change the rounds confirmed: without rounds they would not
+    run, and the share kept for them would buy nothing (a 4-minute search ended after 130 s so)."""
+    if budget is None:
+        return None
+    need = 2 * MIN_ROUNDS * trial_s
+    if budget.alone_reserve_s and not Budget.fits(need, budget.confirm_end) and Budget.fits(need, budget.end):
+        say(
+            f"confirmation: takes the alone rounds' share ({budget.alone_reserve_s:.0f} s): without it no round "
+            "fits, and without rounds nothing is exported that alone rounds would measure"
+        )
+        return budget.end
+    return budget.confirm_end
 
 
 def extend(

@@ -3,6 +3,7 @@ baseline measured beside it; the speedup exported is that median, with its range
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -310,3 +311,20 @@ def test_when_no_round_fits_the_fastest_same_math_config_is_confirmed_not_a_slow
     rows = {r["label"]: r for r in extended["rows"]}
     assert [r["label"] for r in extended["rows"]].count("trial 1") == 1 and len(rows["trial 1"]["ratios"]) == 3
     assert exported(study).number == 1
+
+
+def test_rounds_that_fit_only_in_the_alone_rounds_share_take_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on a held-out script: "0 of 3 round(s) fit", and the share kept for the alone rounds was never
+    spent (they measure only a confirmed change): half the budget bought nothing. Rounds that fit only with
+    that share take it, and say so."""
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 30.0)], math={0: (), 1: ()})
+    measured = _instant(monkeypatch, {"trial 1": 20.0, "baseline": 10.0})
+    settings = SearchSettings(budget_s=600, studies_dir=str(tmp_path / "s"), base=TINY, confirm_rounds=3, confirm_top=1)
+    need = 2 * 3 * confirm_trial_s(settings)  # 3 rounds of one config and the baseline, at the first guess
+    budget = dataclasses.replace(Budget.of(settings, started=time.monotonic() - 600 + need + 30), alone_reserve_s=100.0)
+    said: list[str] = []
+    summary = confirm.run(study, settings, budget, say=said.append)
+    assert summary is not None and summary["rounds"] == 3 and measured.count("trial 1") == 3, said
+    assert any(line.startswith("confirmation: takes the alone rounds' share (100 s)") for line in said), said
+    none = dataclasses.replace(budget, alone_reserve_s=0.0, started=budget.started - 100)  # no share to take
+    assert confirm.deadline(none, confirm_trial_s(settings), said.append) == none.confirm_end
