@@ -45,7 +45,9 @@ from autotune.search.store.results import baseline_trial, choose, confirmed_figu
 from autotune.trial.probes.alone import UNIT_SAMPLES, UNIT_STEPS, AloneFailed, run_alone
 
 MAX_ROUNDS = 7  # enough for a 90% sign-test interval (from 5) and a margin; more rounds are the budget's waste
-MIN_STEPS, MAX_STEPS = 10, 1000  # timed optimizer steps per run
+# Timed optimizer steps per run. The cap only bounds a run whose steps the trials measured far too slow: a
+# script of 1.7 ms steps needs ~9,000 steps for ALONE_TIMED_S (a cap of 1,000 timed it 1.7 s, not 15).
+MIN_STEPS, MAX_STEPS = 10, 100_000
 GUESSED_STEP_S = 1.0  # a step's seconds where no trial measured one
 PLAN_SHARE = 0.9  # of the time left, what MIN_ROUNDS rounds are planned to take: the rest absorbs start-up swings
 SIDES = ("as_written", "patched")
@@ -151,9 +153,13 @@ def _rounds(
         "warmup": warmup,
         "steps": steps,
     }
+    timed = steps * step_s
+    short = f", fewer than the {ALONE_TIMED_S:.0f} s planned: the budget left" if timed < 0.9 * ALONE_TIMED_S else ""
+    head["timed_s"] = round(timed, 1)
     say(
         f"alone: {THAN} against the export applied ({patched.copy}), each a fresh `python` process, "
-        f"{warmup} warm-up and {steps} timed optimizer steps per run, at least {MIN_ROUNDS} rounds"
+        f"{warmup} warm-up and {steps} timed optimizer steps per run (about {timed:.0f} s{short}), "
+        f"at least {MIN_ROUNDS} rounds"
     )
     per_round = 2 * (ALONE_OVERHEAD_S + (warmup + steps + 1) * step_s)  # the plan, until a round has run
     runs, loads, ended = _alternate(patched, folder, warmup, steps, per_round, deadline, say)

@@ -37,6 +37,7 @@ SHOWN = (
     "patched",
     "warmup",
     "steps",
+    "timed_s",
     "search_speedup",
     "confirmed_speedup",
     "trial",

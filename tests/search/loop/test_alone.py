@@ -165,7 +165,8 @@ def test_a_config_on_several_gpus_is_not_run_alone(tmp_path: Path) -> None:
 
 def test_the_steps_are_planned_for_the_time_left() -> None:
     assert alone.plan_steps(0.03, 3, float("inf")) == 500  # ALONE_TIMED_S of 30 ms steps
-    assert alone.plan_steps(0.001, 3, float("inf")) == alone.MAX_STEPS
+    assert alone.plan_steps(0.0017, 3, float("inf")) == 8824  # 1.7 ms steps: ~15 s of them, not a 1.7 s cap
+    assert alone.plan_steps(0.00001, 3, float("inf")) == alone.MAX_STEPS
     assert alone.plan_steps(10.0, 3, float("inf")) == alone.MIN_STEPS
     left = 2 * MIN_ROUNDS * (10.0 + 3.0) / alone.PLAN_SHARE  # 3 s a run past its start-up, planned on 90%
     assert alone.plan_steps(0.1, 3, left) == 26
