@@ -36,6 +36,9 @@ class Patched:
     args: tuple[str, ...]
     notes: tuple[str, ...] = ()
     modules: tuple[Path, ...] = ()  # the copies of the other files the diff edits, beside `copy`
+    # The arguments the copy runs with: the study's, with each flag the export tells the user to give
+    # ("run it with --workers 0") given so, as the user will run it.
+    copy_args: tuple[str, ...] = ()
 
 
 def patched_copy(
@@ -54,11 +57,13 @@ def patched_copy(
     source = original.read_bytes()
     notes: tuple[str, ...] = ()
     others: dict[Path, bytes] = {}
+    copy_args = tuple(args)
     if cfg.knobs() != baseline_of(cfg).knobs():
-        rewrite = Rewrite(source, cfg, job, "cpu" if device in (None, "cpu") else "cuda", sites=sites)
+        rewrite = Rewrite.measured(source, cfg, job, device, sites)
         source = rewrite.apply()
         notes = tuple(rewrite.notes)
         others = {folder / other.name: other.patched() for other in rewrite.others()}  # names inside its folder
+        copy_args = with_flags(tuple(args), rewrite.flags)
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / original.name
     write_atomic(copy, source.decode())
@@ -66,7 +71,21 @@ def patched_copy(
         _copy_package(original.parent / package, folder / package)
     for module, text in others.items():
         write_atomic(module, text.decode())
-    return Patched(original, copy, tuple(args), notes, tuple(others))
+    return Patched(original, copy, tuple(args), notes, tuple(others), copy_args)
+
+
+def with_flags(args: tuple[str, ...], flags: Mapping[tuple[str, ...], Any]) -> tuple[str, ...]:
+    """`args` with each option of `flags` (any of its spellings) given its value: `-j 2`, `--workers 2` or
+    `--workers=2` -> the same flag with 0."""
+    out = list(args)
+    for spellings, value in flags.items():
+        for i, word in enumerate(out):
+            for flag in spellings:
+                if word == flag and i + 1 < len(out):
+                    out[i + 1] = str(value)
+                elif flag.startswith("--") and word.startswith(flag + "="):
+                    out[i] = f"{flag}={value}"
+    return tuple(out)
 
 
 def _copy_package(src: Path, dst: Path) -> None:

@@ -79,8 +79,7 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
     source = Path(path).read_bytes()
     name, where = header_name(path, cwd or os.getcwd())
     home = str(Path(path).parent) if where else cwd or os.getcwd()
-    on = "cpu" if device in (None, "cpu") else "cuda"
-    rewrite = Rewrite(source, cfg, job, on, sites=e.sites, home=home, measured_on=device)
+    rewrite = Rewrite.measured(source, cfg, job, device, e.sites, home)
     new = rewrite.apply()
     diff = unified(source.decode(), new.decode(), name)
     for other in rewrite.others():  # a module where the script builds a loader or optimizer it ran
@@ -158,12 +157,30 @@ class Rewrite(Source):
         self.api_calls = api_calls(self.tree)
         self.base = baseline_of(cfg)
         self.notes: list[str] = []  # what the diff could not write
+        # Each option whose default the diff changed while the study's arguments give it (its flags ->
+        # value): the script runs the change only with those arguments changed too, as the notes advise.
+        self.flags: dict[tuple[str, ...], Any] = {}
         self.merged_notes: list[str] = []  # the keywords written over a call's **mapping
         self.top: list[str] = []  # lines added after the script's imports
         self.files: dict[str, Source | None] = {os.path.realpath(job.path): self}
         # What does nothing where the best was measured (a device the Export does not name: unknown).
         cpu = measured_on is not None and measured_on.startswith("cpu")
         self.no_effect = frozenset(NO_EFFECT_WITHOUT_CUDA if cpu else ())
+
+    @classmethod
+    def measured(
+        cls,
+        source: bytes,
+        cfg: TrialConfig,
+        job: script.ScriptJob,
+        device: str | None,
+        sites: Mapping[str, Any] | None,
+        home: str | None = None,
+    ) -> Rewrite:
+        """The rewrite of `cfg` as measured on `device` (the Export's): the diff's, and the copy the alone
+        rounds run (apply/alone.py), so the copy holds exactly the diff."""
+        on = "cpu" if device in (None, "cpu") else "cuda"
+        return cls(source, cfg, job, on, sites=sites, home=home, measured_on=device)
 
     def name_of(self, path: str) -> str:
         return os.path.relpath(path, self.home)
@@ -264,6 +281,7 @@ class Rewrite(Source):
             return
         given = [w for w in self.job.args if w in flags or any(w.startswith(f + "=") for f in flags if f[:2] == "--")]
         if given and src is self:
+            self.flags[tuple(flags)] = value
             self.notes.append(
                 f"{flags[-1]}: the study ran the script with {given[-1]}, which overrides the default: run it with "
                 f"{flags[-1]} {value}"

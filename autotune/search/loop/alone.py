@@ -62,6 +62,7 @@ class PatchedScript(Protocol):
     copy: Path
     args: tuple[str, ...]
     notes: tuple[str, ...]
+    copy_args: tuple[str, ...]
 
 
 Patch = Callable[[TrialConfig, Path, "str | None", "Mapping[str, Any] | None"], PatchedScript]
@@ -148,6 +149,7 @@ def _rounds(
     head |= {
         "script": str(patched.original),
         "args": list(patched.args),
+        **({"patched_args": list(patched.copy_args)} if patched.copy_args != patched.args else {}),
         "patched_copy": str(patched.copy),
         "not_in_the_diff": list(patched.notes),
         "warmup": warmup,
@@ -178,6 +180,8 @@ def _alternate(
     """The paired rounds, A B B A ...: each side's runs, the load after each round, and the record's end when
     they stopped short (a side that failed, rounds that did not fit)."""
     scripts = {"as_written": patched.original, "patched": patched.copy}
+    # The copy runs as the export tells the user to run it (a flag the study passed, given its new value).
+    args = {"as_written": list(patched.args), "patched": list(patched.copy_args)}
     # The copy imports the modules the diff edited from its own folder, the user's others from theirs.
     homes = {"as_written": (patched.original.parent,), "patched": (patched.copy.parent, patched.original.parent)}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
@@ -194,7 +198,7 @@ def _alternate(
             try:
                 got = run_alone(
                     scripts[side],
-                    list(patched.args),
+                    args[side],
                     warmup,
                     steps,
                     out,

@@ -43,6 +43,7 @@ SHOWN = (
     "trial",
     "script",
     "args",
+    "patched_args",
     "patched_copy",
     "not_in_the_diff",
     "load",
