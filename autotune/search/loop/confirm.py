@@ -154,7 +154,7 @@ def extend(
     left_out = any(r["trial"] == number for r in summary["rows"])
     board = {c.trial: c for c in candidates(study, settings.base, len(study.trials))}
     base = next((c for c in board.values() if c.label == "baseline"), None)
-    if number not in board or base is None:
+    if number not in board or base is None or board[number] is base:
         return summary
     pool = [board[number], base]
     trial_s = summary.get("trial_s") or confirm_trial_s(settings)

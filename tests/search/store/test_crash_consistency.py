@@ -119,7 +119,7 @@ def test_disk_full_mid_search_fails_the_trial_and_still_exports(
 
     def fills_up(*args: object, **kw: object):  # type: ignore[no-untyped-def]
         calls[0] += 1
-        if calls[0] == 2:  # the disk fills while the second trial starts writing its files
+        if calls[0] == 3:  # after trial 0 and the baseline's second draw: the second trial starts writing its files
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "studies" / "trial-1" / "trial.log"))
         return real(*args, **kw)
 
