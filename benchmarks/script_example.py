@@ -27,7 +27,19 @@ the search's reported speedups, and the gap: the measured median / the reported 
 load before and after. A best that is the baseline exports "no change": both sides then run the same
 script, a null check of the method.
 
-    PYTHONPATH=. python benchmarks/script_example.py [--budget 4m] [--rounds 5] [--steps 60] [--out DIR]
+Before the search, an A/A control (--aa rounds, 0: none): the script as written against a second copy of
+itself, alternated the same way, so the machine's process-to-process noise is in view; then the search's
+baseline draws (best.yaml's `baseline.search_draws`) are set against it, and each time-to-target class
+the search passed is listed with its reason (the baseline's steps to its target).
+
+Another script (`--script PATH --script-args "ARGS"`, a public repository's train.py): its folder is copied
+whole twice (the script's sibling modules and its data with it), every command runs in the copy's folder
+(the script's relative paths mean what they mean there), and no data is generated. The patched side runs
+with the flags the export advises (best.yaml's `alone.patched_args`, when the study passed one the diff's
+default cannot reach).
+
+    PYTHONPATH=. python benchmarks/script_example.py [--budget 4m] [--rounds 5] [--aa 5] [--steps 60] [--out DIR]
+    PYTHONPATH=. python benchmarks/script_example.py --script ~/nanoGPT/train.py --script-args "config/..." --steps 2000
 
 Everything (data, the two copies, study, search log, tuned.diff, each run's log and JSON, result.json)
 goes under --out, a new or empty folder (default: a temp folder). Exit code 0; 1 the search, the
@@ -79,6 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the script's --epochs, in the search: enough that no trial runs out of steps (default 2000)",
     )
     p.add_argument("--rounds", type=int, default=5, help="alone rounds, as written and patched in each (default 5)")
+    p.add_argument(
+        "--aa", type=int, default=5, help="A/A rounds before the search, the script against itself (default 5)"
+    )
+    p.add_argument("--script", metavar="PATH", help="another script to measure (default: the README's example)")
+    p.add_argument("--script-args", default="", metavar="ARGS", help="its arguments, one shell-quoted string")
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per alone run (default 3)")
     p.add_argument("--steps", type=int, default=60, help="timed optimizer steps per alone run (default 60)")
     p.add_argument("--out", metavar="DIR", help="a new or empty folder for everything (default: a temp folder)")
@@ -122,8 +139,14 @@ def check_input(args: argparse.Namespace) -> tuple[list[str], Path]:
     for name in ("images", "px", "size", "epochs", "rounds", "steps"):
         if getattr(args, name) < 1:
             bad(f"--{name} {getattr(args, name)}: at least 1")
-    if args.warmup < 0:
-        bad(f"--warmup {args.warmup}: at least 0")
+    if args.warmup < 0 or args.aa < 0:
+        bad(f"--warmup {args.warmup} / --aa {args.aa}: at least 0")
+    if args.script and not Path(args.script).is_file():
+        bad(f"--script {args.script}: no such file")
+    try:
+        shlex.split(args.script_args)
+    except ValueError as e:
+        bad(f"--script-args {args.script_args!r}: {e}")
     try:
         extra = shlex.split(args.search_args)
     except ValueError as e:
@@ -145,11 +168,12 @@ def check_input(args: argparse.Namespace) -> tuple[list[str], Path]:
 
 def alone(script: Path, script_args: list[str], args: argparse.Namespace, folder: Path, name: str) -> dict[str, Any]:
     """One fresh `python` process of `script` through the runner the search's alone rounds use; its figures,
-    and its log's tail on failure. Run from `folder` (the round's), as before."""
+    and its log's tail on failure. Run from `folder` (the round's), or from the script's own folder for
+    another script (--script: its relative paths)."""
     from autotune.trial.probes.alone import AloneFailed, run_alone
 
     old = Path.cwd()
-    os.chdir(folder)
+    os.chdir(script.parent if getattr(args, "script", None) else folder)
     try:
         return run_alone(script, script_args, args.warmup, args.steps, folder / f"{name}.json", timeout_s=RUN_TIMEOUT_S)
     except AloneFailed as e:
@@ -172,13 +196,21 @@ def autotune(words: list[str], cwd: Path, log: Path) -> None:
 
 
 def prepare(args: argparse.Namespace, out: Path) -> tuple[Path, Path, list[str]]:
-    """The data set and two copies of the example: `asis/` (searched, run as written) and `patched/`."""
+    """The data set and two copies of the example: `asis/` (searched, run as written) and `patched/`; for
+    another script (--script), two copies of its whole folder and its own arguments."""
+    if args.script:
+        src = Path(args.script).resolve()
+        copies = [
+            Path(shutil.copytree(src.parent, out / folder, ignore=shutil.ignore_patterns(".git"))) / src.name
+            for folder in ("asis", "patched", "aa")
+        ]
+        return copies[0], copies[1], shlex.split(args.script_args)
     data = out / "data"
     autotune(
         ["make-data", str(data), "--n", str(args.images), "--size", f"{args.px}x{args.px}"], out, out / "make-data.log"
     )
     copies = []
-    for folder in ("asis", "patched"):
+    for folder in ("asis", "patched", "aa"):
         (out / folder).mkdir()
         copies.append(Path(shutil.copy(EXAMPLE, out / folder / EXAMPLE.name)))
     return copies[0], copies[1], [str(data), "--size", str(args.size)]
@@ -190,7 +222,7 @@ def search(
     words = ["search", "--script", str(script), "--script-args", shlex.join(script_args), "--budget", args.budget]
     words += ["--study", STUDY, "--studies-dir", str(out / "studies"), "--storage", str(out / "studies.db"), *extra]
     t0 = time.monotonic()
-    autotune(words, out, out / "search.log")
+    autotune(words, script.parent if args.script else out, out / "search.log")
     print(f"search took {time.monotonic() - t0:.0f} s; what it said of the space and the best:")
     for line in (out / "search.log").read_text(errors="replace").splitlines():
         if line.startswith(
@@ -246,6 +278,9 @@ def reported(best: dict[str, Any]) -> dict[str, Any]:
         "confirmed_range": confirmed.get("speedup_range"),
         "confirmed_rounds": confirmed.get("rounds"),
         "config": best.get("config"),
+        "patched_args": alone.get("patched_args"),
+        "baseline_draws": (best.get("baseline") or {}).get("search_draws"),
+        "classes": ((best.get("checks") or {}).get("classes")),
     }
 
 
@@ -253,29 +288,66 @@ def reported(best: dict[str, Any]) -> dict[str, Any]:
 
 
 def rounds(
-    copies: dict[str, Path], script_args: list[str], args: argparse.Namespace, out: Path
+    copies: dict[str, Path],
+    sides_args: dict[str, list[str]],
+    args: argparse.Namespace,
+    out: Path,
+    n: int,
+    name: str = "runs",
 ) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-    for r in range(args.rounds):
-        folder = out / "runs" / f"round-{r}"
+    for r in range(n):
+        folder = out / name / f"round-{r}"
         folder.mkdir(parents=True)
         for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-            got = alone(copies[side], script_args, args, folder, side.replace(" ", "-"))
+            got = alone(copies[side], sides_args[side], args, folder, side.replace(" ", "-"))
             runs[side].append(got | {"load": os.getloadavg()[0]})
             print(
-                f"round {r} {side:10s} {got['samples_per_s']:8.1f} samples/s {got['steps_per_s']:7.2f} steps/s  "
+                f"round {r} {side:10s} {got['samples_per_s'] or 0:8.1f} samples/s {got['steps_per_s']:7.2f} steps/s  "
                 f"batch {got['batch_sizes']}  load {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
     return runs
 
 
+def figure(run: dict[str, Any]) -> float:
+    """A run's figure: samples/s where its loaders counted samples, else steps/s (the search's unit rule)."""
+    return float(run["samples_per_s"] or run["steps_per_s"])
+
+
+def aa_control(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The script against itself: the machine's process-to-process noise for one config."""
+    ratios = [figure(b) / figure(a) for a, b in zip(runs["as written"], runs["patched"])]
+    xs = [figure(x) for side in SIDES for x in runs[side]]
+    print(
+        f"A/A control, {len(ratios)} rounds: copy / as written x{statistics.median(ratios):.3f} "
+        f"(x{min(ratios):.3f}..x{max(ratios):.3f}); every run over their median "
+        f"x{min(xs) / statistics.median(xs):.3f}..x{max(xs) / statistics.median(xs):.3f}",
+        flush=True,
+    )
+    return {"ratios": ratios, "min": min(ratios), "max": max(ratios), "runs": xs}
+
+
+def against_noise(said: dict[str, Any], aa: dict[str, Any] | None) -> None:
+    """The search's baseline draws beside the A/A runs, and the time-to-target classes it passed."""
+    draws = said.get("baseline_draws")
+    if draws and aa:
+        mid, lo, hi = statistics.median(aa["runs"]), min(aa["runs"]), max(aa["runs"])
+        inside = all(lo * 0.98 <= x <= hi * 1.02 for x in draws)
+        print(
+            f"search's baseline draws {', '.join(f'{x:.1f}' for x in draws)} against the A/A runs "
+            f"{lo:.1f}..{hi:.1f} (median {mid:.1f}): {'within' if inside else 'OUTSIDE'} this machine's noise"
+        )
+    for label, check in (said.get("classes") or {}).items():
+        print(f"class {label}: {check.get('kind')} {check.get('verdict')}: {check.get('reason')}")
+
+
 def summary(runs: dict[str, list[dict[str, Any]]], said: dict[str, Any]) -> dict[str, Any]:
-    ratios = [p["samples_per_s"] / a["samples_per_s"] for a, p in zip(runs["as written"], runs["patched"])]
+    ratios = [figure(p) / figure(a) for a, p in zip(runs["as written"], runs["patched"])]
     median = statistics.median(ratios)
-    print("\nsamples/s (samples counted from the batches the script's DataLoader yielded), per round:")
+    print("\nsamples/s (samples counted from the batches the script's DataLoader yielded; else steps/s), per round:")
     for side in SIDES:
-        xs = [x["samples_per_s"] for x in runs[side]]
+        xs = [figure(x) for x in runs[side]]
         print(f"  {side:10s} median {statistics.median(xs):8.1f}   " + "  ".join(f"{x:.1f}" for x in xs))
     print(f"patched / as written, same round: median x{median:.3f}, min..max x{min(ratios):.3f}..x{max(ratios):.3f}")
     print("   per round: " + "  ".join(f"x{x:.3f}" for x in ratios))
@@ -310,18 +382,27 @@ def measure(args: argparse.Namespace, extra: list[str], out: Path) -> int:
     )
     os.environ["PYTHONPATH"] = env()["PYTHONPATH"]  # the alone runs' processes import this checkout too
     asis, patched, script_args = prepare(args, out)
-    best = search(asis, [*script_args, "--epochs", str(args.epochs)], args, extra, out)
+    # The search's own command line: its --epochs outlast the timed steps, after which the hook ends the run.
+    alone_args = script_args if args.script else [*script_args, "--epochs", str(args.epochs)]
+    aa = None
+    if args.aa:
+        copies = {"as written": asis, "patched": asis.parent.parent / "aa" / asis.name}
+        aa = aa_control(rounds(copies, {side: alone_args for side in SIDES}, args, out, args.aa, "aa"))
+    best = search(asis, alone_args, args, extra, out)
     said = reported(best)
+    against_noise(said, aa)
     print(
         f"best: config {said['config']}; speedup {said['speedup']}, alone {said['alone']}, "
         f"confirmed {said['confirmed']}, search {said['search']}"
     )
     diff = export_and_patch(asis, patched, out)
-    # The search's own command line: its --epochs outlast the timed steps, after which the hook ends the run.
-    alone_args = [*script_args, "--epochs", str(args.epochs)]
+    patched_args = list(said.get("patched_args") or alone_args)  # as the export tells the user to run it
     print(f"alone: python <copy> {shlex.join(alone_args)} (through the runner; the hook ends it after the timed steps)")
-    runs = rounds({"as written": asis, "patched": patched}, alone_args, args, out)
-    figures = summary(runs, said)
+    if patched_args != alone_args:
+        print(f"       the patched copy with the export's advice: {shlex.join(patched_args)}")
+    sides_args = {"as written": alone_args, "patched": patched_args}
+    runs = rounds({"as written": asis, "patched": patched}, sides_args, args, out, args.rounds)
+    figures = summary(runs, said) | ({"aa": aa} if aa else {})
     load_end = uptime()
     print(f"load at end: {load_end}")
     record = {"reported": said, "runs": runs, "figures": figures, "diff": diff.read_text(), "load_end": load_end}

@@ -110,7 +110,9 @@ def test_the_copy_runs_as_the_export_tells_the_user_to_run_it(tmp_path: Path) ->
     cfg = TrialConfig(pipeline=script.spec_of(str(path), ["-j", "2", "--epochs=1"]), set_to_none=False)
     own = {"num_workers": 2, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False}
     ran = own | {"num_workers": 0, "prefetch_factor": None}
-    sites = {"loaders": [{"file": str(path), "line": 8, "type": "DataLoader", "own": own, "ran": ran, "iterated": True}]}
+    sites = {
+        "loaders": [{"file": str(path), "line": 8, "type": "DataLoader", "own": own, "ran": ran, "iterated": True}]
+    }
     patched = patched_copy(cfg, tmp_path / "alone", "cpu", sites)
     assert patched.args == ("-j", "2", "--epochs=1") and patched.copy_args == ("-j", "0", "--epochs=1")
     assert any("run it with --workers 0" in note for note in patched.notes), patched.notes

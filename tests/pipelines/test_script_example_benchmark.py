@@ -44,6 +44,8 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--budget", "soon"], "--budget"),
         (["--search-args", "--study x"], "--study is set by this script"),
         (["--bogus"], "unrecognized arguments"),
+        (["--script", "nowhere/train.py"], "--script nowhere/train.py: no such file"),
+        (["--aa", "-1"], "--aa -1: at least 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], said: str) -> None:

@@ -18,7 +18,6 @@ from autotune.search.budget import (
     alone_reserve_s,
     ceiling_reserve_s,
     confirm_reserve_s,
-    confirm_trial_s,
     grace_s,
     least_confirming_budget_s,
     parity_reserve_s,

@@ -1,5 +1,6 @@
-"""The baseline's second draw: trial 0's config measured once more, in a process of its own, before any
-other trial, so that no speedup the search prints rests on one draw of the reference.
+"""The baseline's further draws: trial 0's config measured once more, in a process of its own, before any
+other trial, so that no speedup the search prints rests on one draw of the reference; and once more at the
+middle of a long trial loop (LONG_S or more), since a machine's speed drifts over a long search.
 
 On a machine whose processes each run at their own speed (a VM's steal time, a CPU's boost), one process
 of a config can run 20-30% below another of the same config: an A/A control of a public script measured
@@ -12,6 +13,7 @@ May import: autotune.core, autotune.trial, the rest of autotune.search.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,12 +25,14 @@ from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
 from autotune.search.store import records
 from autotune.search.store.records import TrialRecord
-from autotune.search.store.results import baseline_sps, baseline_spread
+from autotune.search.store.results import baseline_figures, baseline_sps, baseline_spread
 from autotune.trial.processes.locks import locked_trial
 from autotune.trial.processes.warm_client import WarmServer
 
 # The draws the baseline gets before the other trials: trial 0 and one more.
 DRAWS = 2
+# A trial loop at least this long draws the baseline once more at its middle.
+LONG_S = 600.0
 
 
 def wanted(study: optuna.Study, trial0: optuna.trial.FrozenTrial) -> bool:
@@ -37,6 +41,16 @@ def wanted(study: optuna.Study, trial0: optuna.trial.FrozenTrial) -> bool:
     if trial0.state != optuna.trial.TrialState.COMPLETE or trial0.value is None:
         return False
     return 1 + len(records.baseline_draws(study)) < DRAWS
+
+
+def due(study: optuna.Study, budget: Budget, now: float | None = None) -> bool:
+    """Whether a long trial loop (LONG_S or more) has reached its middle without its mid-search draw."""
+    deadline = budget.search_deadline
+    if deadline is None or len(records.baseline_draws(study)) != DRAWS - 1:
+        return False
+    start = budget.trials_started if budget.trials_started is not None else budget.started
+    length = deadline - start
+    return length >= LONG_S and (time.monotonic() if now is None else now) >= start + length / 2
 
 
 def draw(
@@ -53,18 +67,18 @@ def draw(
     record = TrialRecord.from_frozen(trial0)
     need = record.wall_s or (trial0.duration.total_seconds() if trial0.duration else 0.0)
     if not Budget.fits(need, budget.search_deadline):
-        say(f"baseline: no second draw (about {need:.0f} s): the trials' share of the budget is shorter")
+        say(f"baseline: no further draw (about {need:.0f} s): the trials' share of the budget left is shorter")
         return None
     cfg = record.config_for(settings.base)
     try:
         figure = measure(cfg, folder / f"draw-{1 + len(records.baseline_draws(study))}", settings, server)
     except TrialFailure as e:
-        say(f"baseline: its second draw failed ({e.reason}); speedups rest on trial 0 alone")
+        say(f"baseline: a further draw failed ({e.reason}); speedups rest on the draws before it")
         return None
     if not figure:
         return None
     records.write_baseline_draw(study, figure)
-    say(statement(study, float(trial0.value or 0), figure))
+    say(statement(study, figure))
     return figure
 
 
@@ -74,12 +88,18 @@ def measure(cfg: TrialConfig, folder: Path, settings: SearchSettings, server: Wa
     return float(result.samples_per_s or 0.0)
 
 
-def statement(study: optuna.Study, first: float, again: float) -> str:
-    """The line that says the draws, their median (every speedup's denominator) and their spread."""
+def statement(study: optuna.Study, again: float) -> str:
+    """The line that says the new draw, the draws so far, their median (every speedup's denominator from
+    here) and their spread."""
     unit = records.throughput_unit(study)
-    median, spread = baseline_sps(study), baseline_spread(study)
-    noise = f"; spread x{spread[0]:.2f}..x{spread[1]:.2f} of their median, this machine's noise for one config" if spread else ""
+    figures, median, spread = baseline_figures(study), baseline_sps(study), baseline_spread(study)
+    others = ", ".join(f"{x:.2f}" for x in figures[:-1])
+    noise = (
+        f"; spread x{spread[0]:.2f}..x{spread[1]:.2f} of their median, this machine's noise for one config"
+        if spread
+        else ""
+    )
     return (
-        f"baseline: a second draw in its own process ran {again:.2f} {unit} (trial 0: {first:.2f}): every speedup "
-        f"is over their median, {median:.2f}{noise}"
+        f"baseline: another draw in its own process ran {again:.2f} {unit} (the draws before: {others}): every "
+        f"speedup from here is over their median, {median:.2f}{noise}"
     )

@@ -39,7 +39,7 @@ from autotune.search.budget import Budget
 from autotune.search.space.machine import differences, fingerprint
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import ConfirmationSummary, StudyRecord, TrialRecord
-from autotune.search.store.results import best_export, leaderboard
+from autotune.search.store.results import baseline_trial, best_export, leaderboard
 from autotune.search.loop.runner import Events, run_one
 from autotune.search.loop import admission
 from autotune.search.loop.admission import Admission, Limits, Sizer
@@ -319,6 +319,8 @@ class SearchSession:
                 draws.draw(self.study, s, frozen, end_folder(s, self.study, "baseline"), budget, server, self.say)
                 if finish.wanted(s) and (short := finish.short_note(s, budget, record.wall_s)):
                     self.say(short)
+            elif draws.due(self.study, budget) and (first := baseline_trial(self.study)) is not None:
+                draws.draw(self.study, s, first, end_folder(s, self.study, "baseline"), budget, server, self.say)
             self.sizer.calibrate(frozen)
             _retry_if_contended(self.study, frozen)
             classes.check_if_it_matters(

@@ -80,9 +80,7 @@ def baseline_figures(study: optuna.Study) -> list[float]:
     """Every draw of the baseline, each its own process: its trials' figures (the clean ones, else all) and
     its further draws (search/loop/draws.py). One draw can be 30% low on a machine whose processes each run
     at their own speed, so no speedup rests on one."""
-    runs = [
-        (t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    ]
+    runs = [(t, TrialRecord.from_frozen(t)) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     runs = [(t, r) for t, r in runs if r.role == Role.BASELINE and feasible(t)]
     clean = [float(t.value or 0) for t, r in runs if not r.contended] or [float(t.value or 0) for t, _ in runs]
     return clean + (records.baseline_draws(study) if clean else [])

@@ -369,7 +369,7 @@ def throughput(trial: api.Trial, step_samples: list[int]) -> dict[str, str]:
     if per_step(step_samples):
         return {"unit": "samples/s", "why": "the samples its loaders delivered per optimizer step"}
     if "batch_size" in trial.returned:
-        return {"unit": "samples/s", "why": "at.batch_size() x at.accumulation() as handed over, per step"}
+        return {"unit": "samples/s", "why": "at.batch_size() as handed over x the backward passes of each step"}
     return {
         "unit": "steps/s",
         "why": "no loader delivered batches and the script hands over no batch (at.batch_size()): optimizer "
@@ -377,11 +377,15 @@ def throughput(trial: api.Trial, step_samples: list[int]) -> dict[str, str]:
     }
 
 
-def handed_samples(trial: api.Trial) -> int:
-    """Samples per optimizer step as the cooperative calls handed them over (no loader counted any):
-    the micro-batch x the micro-batches per step; 1 (steps/s) when the script hands over neither."""
+def handed_samples(trial: api.Trial, backwards: int = 0) -> int:
+    """Samples per optimizer step where no loader counted any: the micro-batch at.batch_size() handed over
+    x the backward passes the step ran (`backwards`, observed: a DDP script that divides its accumulation
+    by the world size runs fewer than at.accumulation() handed over), else x the micro-batches per step
+    handed over; 1 (steps/s) when the script hands over no batch."""
     got = trial.returned
-    return int(got.get("batch_size", 1)) * int(got.get("accumulation", 1)) if "batch_size" in got else 1
+    if "batch_size" not in got:
+        return 1
+    return int(got["batch_size"]) * (backwards or int(got.get("accumulation", 1)))
 
 
 def per_step(samples: list[int]) -> int:

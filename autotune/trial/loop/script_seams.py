@@ -85,7 +85,9 @@ class Seams:
         self.zero_grads: list[bool] = []
         self.pending_samples = 0  # delivered by loaders since the last optimizer step
         self.pending_batches = 0
+        self.pending_backwards = 0  # backward passes of a scalar loss since the last optimizer step
         self.step_samples: list[int] = []
+        self.step_backwards: list[int] = []
         self.step_batches: list[int] = []  # loader batches per optimizer step: the script's own accumulation
         self.shuffles: dict[int, bool] = {}  # each iterator the script drew from: does its order follow a seed
         self.seeds: list[Any] = []  # what the script gave torch.manual_seed in this run
@@ -279,10 +281,12 @@ class Seams:
         step updates anything."""
         built = getattr(optimizer, "_autotune_built", None)
         own = self.trial.own()
-        if built is None or own is None or self.trial.lr_scale is None or not self.pending_samples:
+        handed = "batch_size" in self.trial.returned
+        consumed = self.pending_samples or (handed_samples(self.trial, self.pending_backwards) if handed else 0)
+        if built is None or own is None or self.trial.lr_scale is None or not consumed:
             return
         world = world_size()
-        planned, runs = planned_global(self.cfg, own[1]), self.pending_samples * world
+        planned, runs = planned_global(self.cfg, own[1]), consumed * world
         if world == 1 or runs == planned:  # one process runs the batch handed over
             return
         factor = lr_factor(runs / (own[0] * own[1]), self.cfg.lr_scaling)
@@ -307,13 +311,19 @@ class Seams:
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
         self.step_batches.append(self.pending_batches)
+        self.step_backwards.append(self.pending_backwards)
         self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
-        self.pending_samples = self.pending_batches = 0
-        counted = [n for n in self.step_samples if n] or [handed_samples(self.trial)]
+        self.pending_samples = self.pending_batches = self.pending_backwards = 0
+        counted = [n for n in self.step_samples if n] or [self.consumed_without_loaders()]
         self.clock.samples_per_step = sum(counted) / len(counted)
         if self.clock.step_end(self.step_loss()):
             self.finish()
             raise Done
+
+    def consumed_without_loaders(self) -> int:
+        """A rank's samples per optimizer step where no loader counted them: the handed-over micro-batch x
+        the backward passes its steps ran (the most common count: what its steps consumed, observed)."""
+        return handed_samples(self.trial, per_step(self.step_backwards))
 
     def seed_call(self, original: Any) -> Any:
         """torch.manual_seed: recorded, so the trial says whether this run started from the seed's weights
@@ -341,7 +351,7 @@ class Seams:
         optimizer's devices, the output dtypes."""
         assert self.clock is not None
         self.clock.close(losses_per_rank=True)
-        per_rank = per_step(self.step_samples) or handed_samples(self.trial)
+        per_rank = per_step(self.step_samples) or self.consumed_without_loaders()
         world, global_batch = world_size(), per_rank
         if world > 1:
             t = torch.tensor([float(per_rank)], dtype=torch.float64, device=self.at)
@@ -381,6 +391,7 @@ class Seams:
 
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if tensor.numel() == 1:
+                seams.pending_backwards += 1  # one micro-batch's backward: what a step consumed, without a loader
                 # A copy summed on the device, read once at the step's end: the script's own tensor is not
                 # held across steps (under CUDA graphs its storage is the graph's, rewritten by a replay).
                 copy = tensor.detach().to(torch.float32, copy=True).reshape(())

@@ -313,7 +313,9 @@ def test_when_no_round_fits_the_fastest_same_math_config_is_confirmed_not_a_slow
     assert exported(study).number == 1
 
 
-def test_rounds_that_fit_only_in_the_alone_rounds_share_take_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rounds_that_fit_only_in_the_alone_rounds_share_take_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Seen on a held-out script: "0 of 3 round(s) fit", and the share kept for the alone rounds was never
     spent (they measure only a confirmed change): half the budget bought nothing. Rounds that fit only with
     that share take it, and say so."""

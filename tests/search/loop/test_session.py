@@ -297,8 +297,10 @@ def test_the_baseline_is_drawn_twice_and_every_speedup_is_over_the_draws_median(
     assert len(again) == 1 and again[0] > 0 and (tmp_path / "studies").exists()
     median = (first + again[0]) / 2
     assert results.baseline_sps(study) == pytest.approx(median)
-    line = next(line for line in said if line.startswith("baseline: a second draw"))
-    assert f"(trial 0: {first:.2f})" in line and f"over their median, {median:.2f}" in line and "spread x" in line
+    line = next(line for line in said if line.startswith("baseline: another draw"))
+    assert (
+        f"(the draws before: {first:.2f})" in line and f"over their median, {median:.2f}" in line and "spread x" in line
+    )
     record = TrialRecord.from_frozen(study.trials[1])
     assert record.speedup == pytest.approx(float(study.trials[1].value) / median)
     best = yaml.safe_load(Path(str(session.export_best())).read_text())

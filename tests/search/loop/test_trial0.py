@@ -23,7 +23,9 @@ def test_windows_last_about_a_second_at_trial_0s_step_time(tmp_path: Path) -> No
     them, most after "0 s". A window lasts at least about a second, and several steps."""
     said: list[str] = []
     space: SearchSpace = load_space(DEFAULT_SPACE)
-    learned = trial0.lessons(settings(tmp_path), space, TrialRecord(role="baseline", metrics={"step_time_p50": 0.0017}), said.append)
+    learned = trial0.lessons(
+        settings(tmp_path), space, TrialRecord(role="baseline", metrics={"step_time_p50": 0.0017}), said.append
+    )
     assert learned is not None and learned[0].base.window == 589 and learned[1] is space
     assert said == [
         "windows: 589 steps each from here (trial 0's steps take 1.7 ms; a window of 3 would last 5.1 ms, "

@@ -260,7 +260,11 @@ def test_a_config_whose_math_differs_and_was_not_checked_is_never_exported(tmp_p
     (tmp_path / "2").mkdir()
     study2 = study_with(
         tmp_path / "2",
-        [("baseline", {}, 10.0), ("search", {"precision": "bf16", "num_workers": 1}, 14.0), ("search", {"num_workers": 2}, 13.0)],
+        [
+            ("baseline", {}, 10.0),
+            ("search", {"precision": "bf16", "num_workers": 1}, 14.0),
+            ("search", {"num_workers": 2}, 13.0),
+        ],
         math={0: (), 1: ("precision fp32 -> bf16",), 2: ()},
     )
     study2.set_user_attr(PARITY, {"1": {"verdict": "pass"}})
@@ -312,7 +316,9 @@ def test_a_trial_is_shown_by_what_it_changes_from_what_the_script_ran(tmp_path: 
     assert knobs.ran["num_workers"] == 2 and knobs.ran["batch_size"] == 12 and knobs.config["num_workers"] == 0
     assert knob_summary(TINY.knobs(), knobs) == "(baseline)"  # the baseline's own config runs the script as written
     assert knob_summary(TINY.replace(num_workers=1).knobs(), knobs) == "num_workers=1 batch_size=8"
-    assert knob_summary(TINY.replace(set_to_none=False).knobs(), knobs) == "num_workers=0 batch_size=8 set_to_none=False"
+    assert (
+        knob_summary(TINY.replace(set_to_none=False).knobs(), knobs) == "num_workers=0 batch_size=8 set_to_none=False"
+    )
 
 
 def test_the_baselines_draws_are_every_speedups_denominator_and_their_spread_is_said(tmp_path: Path) -> None:
@@ -341,4 +347,7 @@ def test_a_config_of_the_baselines_training_is_never_passed_over_as_unchecked(tm
     study.set_user_attr(PARITY, {"1": {"verdict": "pass"}})
     assert exported(study).number == 2
     best = yaml.safe_load(to_yaml(best_export(study, None, None)))
-    assert best["training_math"]["verdict"] == "same" and "no parity check is needed" in best["training_math"]["same_means"]
+    assert (
+        best["training_math"]["verdict"] == "same"
+        and "no parity check is needed" in best["training_math"]["same_means"]
+    )

@@ -22,6 +22,9 @@ OWN_LR, OWN_GLOBAL = 0.01, 4 * 2  # the scripts' own lr, batch 4 x accumulation 
     [
         ("ddp_keeps_batch.py", 2 * 4 * 2),  # each rank its own 4 x 2: twice the script's global batch
         ("ddp_divides_accumulation.py", 4 * 2),  # 4 x (2 // 2) on each of 2 ranks: its own global batch
+        # No DataLoader: counted from what its steps consumed (their backward passes), not from the 4 x 2
+        # at.batch_size() and at.accumulation() handed over (a public script was recorded at 48, ran 24).
+        ("ddp_no_loader.py", 4 * 2),
     ],
 )
 def test_a_script_with_its_own_process_group_runs_as_two_gloo_ranks(

@@ -293,7 +293,9 @@ def test_pruned_trial_keeps_partial_windows(tmp_path: Path) -> None:
     windows = info.value.partial["windows"]
     assert len(windows) >= 3 and all(w > 0 for w in windows)
     # The line says what it was judged on: its windows' measured time, not only their count.
-    assert re.fullmatch(rf"pruned after {len(windows)} window\(s\), \d+\.\d s measured", str(info.value)), str(info.value)
+    assert re.fullmatch(rf"pruned after {len(windows)} window\(s\), \d+\.\d s measured", str(info.value)), str(
+        info.value
+    )
     assert [s for s, _ in seen] == list(range(1, len(seen) + 1))
     assert [w for _, w in seen] == windows[: len(seen)]
     assert_nothing_left(trial_dir)
