@@ -329,14 +329,17 @@ def aa_control(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def against_noise(said: dict[str, Any], aa: dict[str, Any] | None) -> None:
-    """The search's baseline draws beside the A/A runs, and the time-to-target classes it passed."""
+    """The spread of the search's baseline draws (best.yaml's `baseline.search_draws`, trial measurements)
+    beside the A/A control's ratios (alone runs): the same config's process-to-process spread, measured two
+    ways; and each time-to-target class the search passed, with its reason."""
     draws = said.get("baseline_draws")
     if draws and aa:
-        mid, lo, hi = statistics.median(aa["runs"]), min(aa["runs"]), max(aa["runs"])
-        inside = all(lo * 0.98 <= x <= hi * 1.02 for x in draws)
+        spread = max(draws) / min(draws)
+        lo, hi = aa["min"], aa["max"]
+        width = max(hi, 1 / lo)
         print(
-            f"search's baseline draws {', '.join(f'{x:.1f}' for x in draws)} against the A/A runs "
-            f"{lo:.1f}..{hi:.1f} (median {mid:.1f}): {'within' if inside else 'OUTSIDE'} this machine's noise"
+            f"search's baseline draws {', '.join(f'{x:.1f}' for x in draws)}: spread x{spread:.3f}; the A/A control's "
+            f"ratios x{lo:.3f}..x{hi:.3f}: {'within' if spread <= width else 'WIDER than'} this machine's noise"
         )
     for label, check in (said.get("classes") or {}).items():
         print(f"class {label}: {check.get('kind')} {check.get('verdict')}: {check.get('reason')}")
@@ -355,11 +358,11 @@ def summary(runs: dict[str, list[dict[str, Any]]], said: dict[str, Any]) -> dict
     if said.get("alone_verdict"):
         print(f"search's own alone rounds: {said['alone_verdict']}")
     for name in ("speedup", "alone", "confirmed"):
-        figure = said.get(name)
-        if figure:
-            gaps[name] = median / float(figure)
+        said_x = said.get(name)
+        if said_x:
+            gaps[name] = median / float(said_x)
             print(
-                f"search's {name:9s} x{float(figure):.3f}: measured / reported = {gaps[name]:.3f} ({gaps[name] - 1:+.1%})"
+                f"search's {name:9s} x{float(said_x):.3f}: measured / reported = {gaps[name]:.3f} ({gaps[name] - 1:+.1%})"
             )
         else:
             print(

@@ -14,6 +14,7 @@ May import: autotune.core, autotune.search, autotune.trial, autotune.pipelines (
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from collections.abc import Mapping
@@ -39,6 +40,9 @@ class Patched:
     # The arguments the copy runs with: the study's, with each flag the export tells the user to give
     # ("run it with --workers 0") given so, as the user will run it.
     copy_args: tuple[str, ...] = ()
+    # The config whose model knobs no diff writes (an unedited script's precision, channels_last,
+    # checkpointing), for the copy's runs to apply as `autotune run` does; None: none differ.
+    model: Path | None = None
 
 
 def patched_copy(
@@ -58,12 +62,17 @@ def patched_copy(
     notes: tuple[str, ...] = ()
     others: dict[Path, bytes] = {}
     copy_args = tuple(args)
+    model: Path | None = None
+    routed: list[str] = []
     if cfg.knobs() != baseline_of(cfg).knobs():
         rewrite = Rewrite.measured(source, cfg, job, device, sites)
         source = rewrite.apply()
         notes = tuple(rewrite.notes)
         others = {folder / other.name: other.patched() for other in rewrite.others()}  # names inside its folder
         copy_args = with_flags(tuple(args), rewrite.flags)
+        base = baseline_of(cfg)
+        if routed := sorted(k for k in job.routed if getattr(cfg, k) != getattr(base, k)):
+            model = folder / "model.json"
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / original.name
     write_atomic(copy, source.decode())
@@ -71,7 +80,9 @@ def patched_copy(
         _copy_package(original.parent / package, folder / package)
     for module, text in others.items():
         write_atomic(module, text.decode())
-    return Patched(original, copy, tuple(args), notes, tuple(others), copy_args)
+    if model is not None:
+        write_atomic(model, json.dumps({"config": cfg.to_dict(), "routed": routed}))
+    return Patched(original, copy, tuple(args), notes, tuple(others), copy_args, model)
 
 
 def with_flags(args: tuple[str, ...], flags: Mapping[tuple[str, ...], Any]) -> tuple[str, ...]:

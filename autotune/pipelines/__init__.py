@@ -163,6 +163,12 @@ def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
     return tuple(getattr(pipeline, "stages", ()) or ())
 
 
+def stage_count(pipeline: Pipeline) -> int | None:
+    """How many stages checkpoint_segments may wrap; None where the pipeline finds them only as it runs (an
+    unedited script's repeated blocks: trial 0 reports them, trial/loop/unedited)."""
+    return None if getattr(pipeline, "stages", ()) is None else len(stages_of(pipeline))
+
+
 def blocks_of(pipeline: Pipeline) -> tuple[str, ...]:
     """What parallel=fsdp shards one by one: the pipeline's `blocks`, else its checkpointing stages."""
     return tuple(getattr(pipeline, "blocks", ()) or ()) or stages_of(pipeline)

@@ -23,7 +23,8 @@ class OwnLoopJob(ABC):
     """A checked job whose loop is its own (see the module): not a Pipeline, though shaped like one so that
     load_pipeline hands every kind back alike."""
 
-    def __init__(self, spec: str, unsupported: Mapping[str, str], stages: tuple[str, ...] = ()) -> None:
+    def __init__(self, spec: str, unsupported: Mapping[str, str], stages: tuple[str, ...] | None = ()) -> None:
+        """stages: what checkpoint_segments wraps; None: found only as the job runs (stage_count)."""
         self.spec, self.stages = spec, stages
         self.unsupported = Unsupported(unsupported)
 

@@ -93,7 +93,8 @@ def least_confirming_budget_s(settings: SearchSettings, trial_s: float | None = 
         return None
     need = 2 * MIN_ROUNDS * confirm_trial_s(settings, trial_s)
     for minutes in range(1, 24 * 60 + 1):
-        if Budget.of(dataclasses.replace(settings, budget_s=60.0 * minutes), 0.0).reserve_s >= need:
+        b = Budget.of(dataclasses.replace(settings, budget_s=60.0 * minutes), 0.0)
+        if b.reserve_s + b.alone_reserve_s >= need:  # rounds that need it take the alone share (confirm.deadline)
             return 60.0 * minutes
     return None
 

@@ -253,6 +253,19 @@ def edit(rw: Rewrite) -> None:
     for call in rw.api("model"):
         if call.args:
             _model(rw, call)
+    for knob in sorted(k for k in rw.job.routed if k not in rw.skip):
+        if getattr(cfg, knob) != getattr(rw.base, knob):
+            rw.notes.append(f"{knob} {getattr(cfg, knob)}: {UNEDITED_HOW[knob]}; {UNEDITED_RUN}")
+
+
+# A knob the trial applied to the model the script's optimizer trains (trial/loop/unedited): no line of the
+# script names that model for sure, so the diff does not write it; `autotune run` applies it as measured.
+UNEDITED_RUN = "`autotune run --config best.yaml SCRIPT ARGS` applies it, with no edit, as the trials did"
+UNEDITED_HOW = {
+    "precision": "autocast around the forward of the model the optimizer trains, its outputs back in fp32",
+    "channels_last": "model.to(memory_format=torch.channels_last) on the model the optimizer trains",
+    "checkpoint_segments": "torch.distributed._composable.checkpoint(block) on the model's first repeated blocks",
+}
 
 
 def _globals(rw: Rewrite) -> None:

@@ -12,11 +12,14 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
     fused/foreach pair (fusion.py);
   - the loader knobs need a `DataLoader` in the script's source, or in a module it imports from its own
     folder (modules.py), as the optimizers below;
-  - precision needs a call to `at.autocast()`, channels_last and compile one to `at.model()`
-    (autotune.script, the cooperative API); fp16 needs `at.scaler()` too: without loss scaling fp16's
-    small gradients flush to zero, its speed wins by noise and its export would have no scaler; the
-    precision the script runs alone is the argument it gives at.autocast() (`at.autocast("bf16")`, a
-    torch dtype), trial 0's;
+  - precision, channels_last and checkpoint_segments reach the model the script's optimizer trains with
+    no edit (trial/loop/unedited: autocast around its forward, its weights in channels_last, torch's
+    checkpointing on its repeated blocks), unless the script routes them itself: `at.autocast()` for
+    precision, `at.model()` for channels_last (the cooperative API, autotune.script); compile needs
+    `at.model()`; fp16 needs `at.scaler()` too: without loss scaling fp16's small gradients flush to zero,
+    its speed wins by noise and its export would have no scaler; the precision the script runs alone is
+    the argument it gives at.autocast() (`at.autocast("bf16")`, a torch dtype), else what trial 0's model
+    returned;
   - gpus needs the script to set up its own process group (a call to init_process_group or
     init_device_mesh, by any spelling): it then runs under torchrun, one process per GPU, its own DDP
     set-up untouched, each rank with the seams; a script that sets up none runs as one process;
@@ -77,7 +80,13 @@ BATCH_WHY = (
 # says it, and from what trial 0's loaders delivered where it does not (the session rebases the study on it).
 KEPT_OWN = ", {batch} (its DataLoader's batch_size), recorded as the baseline's"
 KEPT_UNREAD = ", read from what trial 0's loaders deliver (its DataLoader's batch_size {why})"
-ALWAYS = {"checkpoint_segments": "the script's forward owns activation checkpointing"}
+# The knobs the model seams apply to an unedited script (trial/loop/unedited), where no at.* call routes them.
+UNEDITED = ("precision", "channels_last", "checkpoint_segments")
+# How the baseline's record says the precision an unedited script's model returned: trial 0's lesson
+# (search/space/resolve.rebased) rebases the study's baseline on it.
+OWN_PRECISION = "the script's own: its model returned"
+# How a record says a knob went through the model seams (what trial 0's lessons read back).
+MODEL_SEAM = "applied to the model its optimizer trains"
 ONE_PROCESS = {
     "gpus": (
         "the script sets up no process group: call torch.distributed.init_process_group() in it (and wrap its "
@@ -222,7 +231,7 @@ def not_checkable(cfg: TrialConfig) -> str | None:
 
 def unsupported(uses: Uses, global_batch: int | None = None, recorded: int | None = None) -> dict[str, str]:
     """Knob -> why the script cannot take it, from what its source routes (recorded: own_batch's)."""
-    out = ALWAYS | (OWN_STRATEGY if uses.process_group else ONE_PROCESS)
+    out = dict(OWN_STRATEGY if uses.process_group else ONE_PROCESS)
     if isinstance(why := own_batch(uses, global_batch, recorded), str):
         out["batch_size"] = why
     if fused := fusion.unroutable(uses.optimizers):
@@ -230,11 +239,17 @@ def unsupported(uses: Uses, global_batch: int | None = None, recorded: int | Non
     if not uses.dataloader:
         out |= {k: "the script builds no torch DataLoader (none in its source)" for k in LOADER_KNOBS}
     for knob, call in COOPERATIVE.items():
-        if call not in uses.api:
+        if call not in uses.api and knob not in UNEDITED:
             out[knob] = f"the script never calls at.{call}() ({API_MODULE})"
     if "precision" not in out and (own := own_precision(uses)) not in PRECISIONS:
         out["precision"] = f"the precision at.autocast() is given cannot be read: {own}"
     return out
+
+
+def routed_to_model(uses: Uses, unsupported: Collection[str]) -> frozenset[str]:
+    """The knobs an unedited script takes through the model its optimizer trains: those it takes, where it
+    makes no at.* call that routes them itself."""
+    return frozenset(k for k in UNEDITED if k not in unsupported and COOPERATIVE.get(k) not in uses.api)
 
 
 def own_precision(uses: Uses) -> str:
@@ -246,7 +261,7 @@ def own_precision(uses: Uses) -> str:
 def refused_values(uses: Uses) -> dict[str, dict[Any, str]]:
     """Knob -> {value the script cannot take: why}, for knobs it takes otherwise: fp16 without a GradScaler
     handed over (at.scaler()), unless fp16 is what the script runs alone (its own scaler scales then)."""
-    if "autocast" in uses.api and "scaler" not in uses.api and own_precision(uses) != "fp16":
+    if "scaler" not in uses.api and own_precision(uses) != "fp16":
         return {"precision": {"fp16": NO_SCALER}}
     return {}
 
@@ -270,6 +285,10 @@ class ScriptJob(OwnLoopJob):
         super().__init__(spec, unsupported(uses, global_batch, recorded))
         self.unsupported = Unsupported(self.unsupported.why, refused_values(uses))
         self.path, self.args, self.uses = path, list(args), uses
+        # What the model seams apply (trial/loop/unedited): the knobs it takes that no at.* call routes.
+        self.routed = routed_to_model(uses, self.unsupported)
+        # Its repeated blocks are found when its model is first called: none known before (stage_count).
+        self.stages = None if "checkpoint_segments" in self.routed else ()
         self.recorded = recorded
         self.read_at_run_time = isinstance(uses.own_value("batch_size"), str) and recorded is None
         batch = own_batch(uses, global_batch, recorded)

@@ -63,6 +63,7 @@ class PatchedScript(Protocol):
     args: tuple[str, ...]
     notes: tuple[str, ...]
     copy_args: tuple[str, ...]
+    model: Path | None
 
 
 Patch = Callable[[TrialConfig, Path, "str | None", "Mapping[str, Any] | None"], PatchedScript]
@@ -204,6 +205,7 @@ def _alternate(
                     out,
                     home=homes[side],
                     timeout_s=timeout,
+                    model=patched.model if side == "patched" else None,
                 )
             except AloneFailed as e:
                 if side == "patched":  # the diff breaks what runs as written: never a gain

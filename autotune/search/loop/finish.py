@@ -53,7 +53,8 @@ def short_note(settings: SearchSettings, budget: Budget, trial_s: float | None) 
     if least is None or least <= settings.budget_s:
         return None
     return (
-        f"confirmation: at {trial_s:.0f} s a trial (trial 0's, launch to result), the {budget.reserve_s:.0f} s kept "
+        f"confirmation: at {trial_s:.0f} s a trial (trial 0's, launch to result), the "
+        f"{budget.reserve_s + budget.alone_reserve_s:.0f} s kept "
         f"pay for fewer than {MIN_ROUNDS} rounds of even one config beside the baseline, and fewer cannot show a "
         f"gain: this search can export only the baseline's own config; --budget {least / 60:.0f}m or more pays "
         "for them"

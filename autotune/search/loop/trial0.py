@@ -24,7 +24,7 @@ from autotune import pipelines
 from autotune.core.config import baseline_of
 from autotune.core.settings import SearchSettings
 from autotune.search.space.reading import load_space
-from autotune.search.space.resolve import batch_said, loaders_kept, rebased, resolve
+from autotune.search.space.resolve import batch_said, loaders_kept, model_kept, rebased, resolve
 from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
 from autotune.search.store.records import TrialRecord
 
@@ -77,8 +77,10 @@ def script_lessons(
             f"space: {', '.join(fixed)} not searched from here: every DataLoader trial 0 built loads an "
             "IterableDataset, whose workers the script keeps (more would yield its stream once per worker)"
         )
-        return after_settings, kept
-    return rebase
+    kept, why = model_kept(kept, after_settings.base, applied)
+    for knob, reason in why.items():
+        say(f"space: {knob} not searched from here: {reason}")
+    return (after_settings, kept) if fixed or why else rebase
 
 
 def own_batch(

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune import pipelines
-from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS
-from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, TABLE, TrialConfig, baseline_of, dependents
+from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, MODEL_SEAM, OWN_PRECISION, UNEDITED
+from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, PRECISIONS, TABLE, TrialConfig, baseline_of, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.core.settings import SearchSettings
 from autotune.search.space import memory
@@ -49,7 +49,7 @@ def resolve(
     space, notes = for_hardware(
         space,
         hw,
-        stages=len(pipelines.stages_of(pipeline)),
+        stages=pipelines.stage_count(pipeline),
         unsupported=pipelines.unsupported_of(pipeline),
         own=dict(base.baseline or ()),
     )
@@ -338,21 +338,26 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
     `applied`): its batch (at.batch_size()'s default as handed over, what a kept loader delivered), its
     accumulation (the batches its loaders delivered per optimizer step) and the lr its optimizer was built
     with, where the workload does not record them (the source could not say them: even where the batch
-    is autotune's default 8, it is known only now). None when it does, when the run reported no batch,
-    or when the study fixes the global batch (the trials hand the batch and accumulation over)."""
+    is autotune's default 8, it is known only now), unless the study fixes the global batch (the trials
+    hand the batch and accumulation over); and the precision its model returned where no at.autocast()
+    says it (an unedited script's own autocast: trial/loop/unedited). None when nothing changes."""
+    changes: dict[str, Any] = {}
+    baseline = dict(base.baseline or ())
     script = applied.get("script")
     own = script.get("own") if isinstance(script, Mapping) else None
-    if not isinstance(own, Mapping) or not _count(own.get("batch_size")) or base.global_batch is not None:
-        return None
-    accumulation = own.get("accumulation")
-    lr = (applied.get("lr") or {}).get("requested")
-    changes = {
-        "baseline": tuple(sorted({**dict(base.baseline or ()), "batch_size": own["batch_size"]}.items())),
-        "own_accumulation": accumulation if _count(accumulation) else base.own_accumulation,
-        "lr": float(lr)
-        if isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0
-        else base.lr,
-    }
+    if isinstance(own, Mapping) and _count(own.get("batch_size")) and base.global_batch is None:
+        accumulation = own.get("accumulation")
+        lr = (applied.get("lr") or {}).get("requested")
+        baseline["batch_size"] = own["batch_size"]
+        changes["own_accumulation"] = accumulation if _count(accumulation) else base.own_accumulation
+        good = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0
+        changes["lr"] = float(lr) if good and lr is not None else base.lr
+    precision = applied.get("precision")
+    if isinstance(precision, Mapping) and str(precision.get("why", "")).startswith(OWN_PRECISION):
+        ran = precision.get("in_effect")
+        if ran in PRECISIONS and ran != baseline_of(base).precision:
+            baseline["precision"] = ran
+    changes["baseline"] = tuple(sorted(baseline.items())) or None
     after = base.replace(**changes)
     return None if after == base else after
 
@@ -374,6 +379,32 @@ def loaders_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, An
     own = baseline_of(base)
     knobs = {**space.knobs, **{k: Fixed(getattr(own, k)) for k in fixed}}
     return SearchSpace(knobs=knobs, source=space.source), fixed
+
+
+def model_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]) -> tuple[SearchSpace, dict[str, str]]:
+    """`space` with the knobs an unedited script's model cannot take fixed at the baseline's, from what trial
+    0 found of it (its record's `applied.script.model`, trial/loop/unedited): several optimizers (no one model),
+    no 4-D weights (channels_last), no repeated blocks (checkpoint_segments); and why, by knob."""
+    script = applied.get("script")
+    facts = script.get("model") if isinstance(script, Mapping) else None
+    if not isinstance(facts, Mapping):
+        return space, {}
+    said = {k: str((applied.get(k) or {}).get("why", "")) for k in UNEDITED}
+    routed = {k for k in UNEDITED if k in space.searched() and said[k].startswith((MODEL_SEAM, OWN_PRECISION))}
+    why: dict[str, str] = {}
+    if int(facts.get("optimizers") or 0) > 1:
+        why = {
+            k: f"the script builds {facts['optimizers']} optimizers: no one model is the one it trains" for k in routed
+        }
+    elif facts.get("convolutions") == 0 and "channels_last" in routed:
+        why["channels_last"] = f"its model ({facts.get('model')}) has no 4-D (convolution) weights"
+    if facts.get("repeated_blocks") == 0 and "checkpoint_segments" in routed and not why.get("checkpoint_segments"):
+        why["checkpoint_segments"] = f"its model ({facts.get('model')}) has no repeated blocks to checkpoint"
+    if not why:
+        return space, {}
+    own = baseline_of(base)
+    knobs = {**space.knobs, **{k: Fixed(getattr(own, k)) for k in why}}
+    return SearchSpace(knobs=knobs, source=space.source), why
 
 
 def batch_said(line: str) -> bool:

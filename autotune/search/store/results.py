@@ -58,6 +58,10 @@ class BaselineKnobs:
     ran: Mapping[str, Any]
 
 
+# The knobs a job's own run may set away from autotune's defaults: its loaders' arguments and its batch.
+OWN_VALUES = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
+
+
 def baseline_knobs(study: optuna.Study) -> BaselineKnobs:
     """What a trial is shown against: what the user runs, not autotune's defaults."""
     workload = StudyRecord.of(study).workload or {}
@@ -68,7 +72,7 @@ def baseline_knobs(study: optuna.Study) -> BaselineKnobs:
     t = baseline_trial(study)
     applied = TrialRecord.from_frozen(t).applied if t is not None else {}
     ran = dict(knobs)
-    for k in knobs:
+    for k in OWN_VALUES:  # not the thread count, whose 0 is torch's default and in effect its count
         effect = applied.get(k) if isinstance(applied, Mapping) else None
         value = effect.get("in_effect") if isinstance(effect, Mapping) else None
         if isinstance(value, (bool, int, float, str)) and type(value) is type(knobs[k]):

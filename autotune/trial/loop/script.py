@@ -30,6 +30,9 @@ No edit to the script:
     launcher's, as for every kind); the trial sets up none itself, so the script's own DDP set-up runs
     untouched, and each rank runs these seams. The world size and the global batch (the samples every
     rank's loaders delivered per optimizer step, summed) are what the run showed.
+  - the model its optimizer trains, with no edit (autotune.trial.loop.unedited): checkpoint_segments,
+    channels_last and precision applied to it in place when it is first called, each observed, unless an
+    at.* call routes the knob (at.autocast() precision, at.model() channels_last).
 With the cooperative calls (autotune.script): at.batch_size() and at.accumulation() hand over the trial's
 micro-batch and, under a study's global batch, its micro-batches per step; at.lr() the scaled lr;
 at.autocast() and at.scaler() the trial's precision, on the model's device.
@@ -130,7 +133,16 @@ def _run(
         clock = Clock(cfg, device, rank, world, progress, launched)
         return _Whole(clock, seams.finish) if whole else clock  # type: ignore[return-value]
 
-    seams = Seams(cfg, clock_for, as_written, trial, own_lr="lr" in job.uses.api, machine=machine, measured=measured)
+    seams = Seams(
+        cfg,
+        clock_for,
+        as_written,
+        trial,
+        own_lr="lr" in job.uses.api,
+        machine=machine,
+        measured=measured,
+        routed=job.routed,
+    )
     finished, code = execute(job, seams, whole=whole)
     if whole and seams.clock is not None and not seams.final:  # it ended before the trial's window closed
         seams.finish()
@@ -145,6 +157,9 @@ def _run(
     extra = batch_and_lr(cfg, seams, trial, job)
     applied["script"] |= extra.pop("script")
     applied |= extra
+    applied |= seams.model.effects()
+    if seams.model.facts:
+        applied["script"]["model"] = seams.model.facts
     applied["observed"] = seams.final
     applied["script"]["sites"] = seams.sites
     if cfg.profile:

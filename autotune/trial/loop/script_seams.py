@@ -33,6 +33,7 @@ from autotune.trial.loop.script_records import (
     shuffled,
     record_site,
 )
+from autotune.trial.loop.unedited.seams import ModelSeams
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
 
@@ -69,8 +70,11 @@ class Seams:
         own_lr: bool = False,
         machine: torch.device | None = None,
         measured: Collection[tuple[str, int]] | None = None,
+        routed: Collection[str] = (),
     ) -> None:
         self.cfg, self.clock_for, self.as_written, self.measured = cfg, clock_for, as_written, measured
+        # The knobs applied to the model the optimizer trains, with no at.* call (trial/loop/unedited).
+        self.model = ModelSeams(cfg, routed, as_written)
         self.machine = machine or torch.device("cpu")
         self.clock: Clock | None = None
         self.trial = trial or api.Trial(device_type=self.machine.type)
@@ -208,6 +212,7 @@ class Seams:
                 params = [{**g, "lr": g["lr"] * factor} if isinstance(g, dict) and "lr" in g else g for g in params]
             original(optimizer, params, defaults, *args, **kwargs)
             seams.trial.optimizers.append(optimizer)
+            seams.model.arm(optimizer)
             record = {"type": type(optimizer).__name__, "lr": lr, "lr_set": defaults.get("lr"), "factor": factor}
             optimizer._autotune_built = record
             seams.constructed.append(record)
@@ -499,3 +504,4 @@ def installed(seams: Seams) -> Iterator[None]:
             setattr(owner, name, old)
         for output in seams.outputs:
             output.close()
+        seams.model.close()

@@ -39,13 +39,22 @@ class AloneFailed(Exception):
 
 
 def command(
-    script: Path, args: list[str], warmup: int, steps: int, out: Path, home: tuple[Path, ...] = ()
+    script: Path,
+    args: list[str],
+    warmup: int,
+    steps: int,
+    out: Path,
+    home: tuple[Path, ...] = (),
+    model: Path | None = None,
 ) -> list[str]:
-    """The argv of one alone run of `script` (with the `home` folders first on sys.path: default its own)."""
+    """The argv of one alone run of `script` (with the `home` folders first on sys.path: default its own;
+    `model`: a config whose model knobs the run applies, as `autotune run` does)."""
     cmd = [sys.executable, "-m", "autotune.trial.probes.alone", "--script", str(script), "--out", str(out)]
     cmd += ["--warmup", str(warmup), "--steps", str(steps)]
     for folder in home:
         cmd += ["--home", str(folder)]
+    if model is not None:
+        cmd += ["--model", str(model)]
     return [*cmd, "--", *args]
 
 
@@ -58,6 +67,7 @@ def run_alone(
     *,
     home: tuple[Path, ...] = (),
     timeout_s: float | None = None,
+    model: Path | None = None,
 ) -> dict[str, Any]:
     """One alone run in a fresh process (its log beside `out`, as out's stem + .log); its figures, or
     AloneFailed with the log's tail. The process runs in this process's folder and environment, as the
@@ -68,7 +78,7 @@ def run_alone(
     out.unlink(missing_ok=True)
     log = out.with_suffix(".log")
     try:
-        code = run_process(command(script, args, warmup, steps, out, home), log, timeout_s)
+        code = run_process(command(script, args, warmup, steps, out, home, model), log, timeout_s)
     except TrialTimeout as e:
         raise AloneFailed(f"{script.name}: {e}") from None
     if code != 0 or not out.is_file():
@@ -91,11 +101,20 @@ class _Counts:
         self.batch_sizes: list[Any] = []
 
 
-def measure(script: Path, args: list[str], warmup: int, steps: int, home: tuple[Path, ...] = ()) -> dict[str, Any]:
+def measure(
+    script: Path, args: list[str], warmup: int, steps: int, home: tuple[Path, ...] = (), model: Path | None = None
+) -> dict[str, Any]:
     """Run `script` in this process as `python script ARGS` would, stamping each optimizer step; its figures.
+    `model`: a config JSON ({"config", "routed"}) whose model knobs are applied to the model the script's
+    optimizer trains, as `autotune run` applies them (trial/loop/unedited): what no diff can write.
     Raises AloneFailed when it ends before warmup + steps + 1 steps."""
     counts = _Counts()
-    _run_counted(script, args, home or (script.parent,), warmup + steps, counts)
+    seams = _model_seams(model)
+    try:
+        _run_counted(script, args, home or (script.parent,), warmup + steps, counts, seams)
+    finally:
+        if seams is not None:
+            seams.close()
     if len(counts.stamps) <= warmup + steps:
         raise AloneFailed(
             f"the script ended after {len(counts.stamps)} optimizer step(s), before the {warmup} warm-up and "
@@ -104,9 +123,23 @@ def measure(script: Path, args: list[str], warmup: int, steps: int, home: tuple[
     return _figures(counts, warmup, steps)
 
 
-def _run_counted(script: Path, args: list[str], home: tuple[Path, ...], stop_after: int, counts: _Counts) -> None:
-    """Run `script` as `__main__` with the step clock and the DataLoader counters installed, until it ends or
-    its step past `stop_after` is stamped; sys.argv, sys.path and torch as they were afterwards."""
+def _model_seams(model: Path | None) -> Any:
+    """The model seams of the config in `model` (None: none), applied as a trial's are."""
+    if model is None:
+        return None
+    from autotune.core.config import TrialConfig
+    from autotune.trial.loop.unedited.seams import ModelSeams
+
+    record = json.loads(model.read_text())
+    return ModelSeams(TrialConfig.from_dict(record["config"]), record["routed"], as_written=False)
+
+
+def _run_counted(
+    script: Path, args: list[str], home: tuple[Path, ...], stop_after: int, counts: _Counts, seams: Any = None
+) -> None:
+    """Run `script` as `__main__` with the step clock and the DataLoader counters installed (and the model
+    `seams`, armed by each optimizer the script builds), until it ends or its step past `stop_after` is
+    stamped; sys.argv, sys.path and torch as they were afterwards."""
     import runpy
 
     import torch
@@ -114,7 +147,11 @@ def _run_counted(script: Path, args: list[str], home: tuple[Path, ...], stop_aft
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    init, nxt = DataLoader.__init__, _BaseDataLoaderIter.__next__
+    init, nxt, build = DataLoader.__init__, _BaseDataLoaderIter.__next__, torch.optim.Optimizer.__init__
+
+    def arming_init(optimizer: Any, *a: Any, **kw: Any) -> None:
+        build(optimizer, *a, **kw)
+        seams.arm(optimizer)
 
     def counting_init(loader: Any, *a: Any, **kw: Any) -> None:
         init(loader, *a, **kw)
@@ -139,6 +176,8 @@ def _run_counted(script: Path, args: list[str], home: tuple[Path, ...], stop_aft
 
     DataLoader.__init__ = counting_init  # type: ignore[method-assign,assignment]
     _BaseDataLoaderIter.__next__ = counting_next  # type: ignore[method-assign,assignment]
+    if seams is not None:
+        torch.optim.Optimizer.__init__ = arming_init  # type: ignore[method-assign,assignment]
     handle = register_optimizer_step_post_hook(stamp)
     argv, path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *args]
@@ -150,6 +189,7 @@ def _run_counted(script: Path, args: list[str], home: tuple[Path, ...], stop_aft
     finally:
         handle.remove()
         DataLoader.__init__, _BaseDataLoaderIter.__next__ = init, nxt  # type: ignore[method-assign]
+        torch.optim.Optimizer.__init__ = build  # type: ignore[method-assign]
         sys.argv, sys.path[:] = argv, path
 
 
@@ -186,11 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps (default 3)")
     p.add_argument("--steps", type=int, required=True, help="timed optimizer steps")
     p.add_argument("--out", required=True, type=Path, help="the figures' JSON")
+    p.add_argument("--model", type=Path, help="a config JSON whose model knobs to apply, as `autotune run` does")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments, after --")
     a = p.parse_args(argv)
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     try:
-        figures = measure(a.script.resolve(), args, a.warmup, a.steps, tuple(a.home))
+        figures = measure(a.script.resolve(), args, a.warmup, a.steps, tuple(a.home), a.model)
     except AloneFailed as e:
         print(f"autotune alone: {e}", file=sys.stderr)
         return 1

@@ -69,8 +69,9 @@ def seed_all(seed: int) -> None:
 
 def _refuse_more_segments_than_stages(cfg: TrialConfig, job: FrameworkJob) -> None:
     """checkpoint_segments past the stages the job declares: exit 5, naming them."""
-    if cfg.checkpoint_segments > len(job.stages):
+    stages = job.stages or ()
+    if cfg.checkpoint_segments > len(stages):
         raise TrialUnsupported(
             f"checkpoint_segments={cfg.checkpoint_segments} but the pipeline declares "
-            f"{len(job.stages)} stage(s) {list(job.stages)}"
+            f"{len(stages)} stage(s) {list(stages)}"
         )

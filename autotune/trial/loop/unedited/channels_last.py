@@ -1,0 +1,35 @@
+"""channels_last for an unedited script: the model's weights in channels_last, in place
+(`Module.to(memory_format=...)` swaps each parameter's data, so the optimizer holds the same parameters),
+and every 4-D floating input converted at its forward pre-hook. Observed: the memory format of its 4-D
+weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NO_CONV = "the model the optimizer trains has no 4-D (convolution) weights: channels_last changes nothing"
+
+
+def convolutions(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.dim() == 4]
+
+
+def apply(model: torch.nn.Module) -> None:
+    model.to(memory_format=torch.channels_last)
+
+
+def inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The forward's arguments with each 4-D floating tensor in channels_last."""
+    return tuple(
+        a.contiguous(memory_format=torch.channels_last)
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point()
+        else a
+        for a in args
+    )
+
+
+def in_effect(model: torch.nn.Module) -> bool:
+    convs = convolutions(model)
+    return bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)

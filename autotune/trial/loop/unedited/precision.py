@@ -1,0 +1,70 @@
+"""precision for an unedited script: autocast around the forward of the model its optimizer trains, entered
+at the model's forward pre-hook and left at its forward hook (one hook pair on one module, not a global hook
+on every module call). The model's floating outputs are handed back in fp32, so a loss the script computes
+outside the model runs in fp32, as it would under autocast. Inside a script's own autocast the trial's
+precision runs in its place (fp32: autocast off), and that is said. Observed: the dtype of the model's
+output inside the autocast, before it is handed back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def first_floating(output: Any) -> torch.Tensor | None:
+    """The first floating tensor of a forward's output (a tensor, a tuple or list, a dict, a dataclass)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.is_floating_point() else None
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) else ()
+    for value in values:
+        if (found := first_floating(value)) is not None:
+            return found
+    return None
+
+
+def to_fp32(output: Any) -> Any:
+    """`output` with each low-precision floating tensor cast to fp32, its containers rebuilt alike."""
+    if isinstance(output, torch.Tensor):
+        return output.float() if output.dtype in (torch.bfloat16, torch.float16) else output
+    if isinstance(output, tuple) and hasattr(output, "_fields"):  # a namedtuple
+        return type(output)(*(to_fp32(v) for v in output))
+    if isinstance(output, (list, tuple)):
+        return type(output)(to_fp32(v) for v in output)
+    if isinstance(output, dict):
+        return type(output)((k, to_fp32(v)) for k, v in output.items()) if type(output) is dict else output
+    return output
+
+
+class Autocast:
+    """The hook pair on one model: `precision` ("fp32" turns autocast off, inside a script's own too)."""
+
+    def __init__(self, precision: str, device_type: str) -> None:
+        self.precision, self.device_type = precision, device_type
+        self.entered: list[Any] = []
+        self.outer: str | None = None  # the script's own autocast around the model, when it ran one
+        self.seen: str | None = None  # the output dtype inside, on the first forward
+
+    def pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if torch.is_autocast_enabled(self.device_type) and self.outer is None:
+            self.outer = NAMES.get(torch.get_autocast_dtype(self.device_type), "?")
+        on = self.precision != "fp32"
+        ctx = torch.autocast(self.device_type, dtype=DTYPES.get(self.precision, torch.bfloat16), enabled=on)
+        ctx.__enter__()
+        self.entered.append(ctx)
+
+    def post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        if self.entered:
+            self.entered.pop().__exit__(None, None, None)
+        if self.seen is None and (t := first_floating(output)) is not None:
+            self.seen = NAMES.get(t.dtype, str(t.dtype).removeprefix("torch."))
+        return to_fp32(output)
+
+
+def observed_dtype(output: Any) -> str | None:
+    """The precision name of a forward's first floating output (the baseline's, watched without a hook pair)."""
+    t = first_floating(output)
+    return None if t is None else NAMES.get(t.dtype, str(t.dtype).removeprefix("torch."))

@@ -1,0 +1,126 @@
+"""The model seams of one trial of an unedited script: the knobs it routes through the model its optimizer
+trains (precision, channels_last, checkpoint_segments), applied when the model is first called, in one fixed
+order (checkpointing, the memory format, autocast: torchtitan's), and what each showed (`effects`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import torch
+
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.effects import knob_effect
+from autotune.core.errors import TrialUnsupported
+from autotune.pipelines.script import MODEL_SEAM, OWN_PRECISION
+from autotune.trial.loop.unedited import channels_last, checkpointing, precision
+from autotune.trial.loop.unedited.model import ModelFinder
+
+KNOBS = ("precision", "channels_last", "checkpoint_segments")
+SEVERAL = (
+    "the script builds {n} optimizers (a GAN, a teacher and a student, an EMA copy): no one module is the model "
+    "its optimizer trains, so {knobs} cannot be applied with no edit"
+)
+WHERE = MODEL_SEAM + " ({name}), no edit"
+
+
+class ModelSeams:
+    """routed: the knobs this trial applies through the model (those the script hands no at.* call for);
+    as_written: the baseline, whose model is only watched (its output dtype: the script's own precision)."""
+
+    def __init__(self, cfg: TrialConfig, routed: Collection[str], as_written: bool) -> None:
+        self.cfg, self.routed, self.as_written = cfg, tuple(k for k in KNOBS if k in routed), as_written
+        self.finder = ModelFinder(self.found)
+        self.handles: list[Any] = []
+        self.autocast: precision.Autocast | None = None
+        self.seen: str | None = None  # the baseline's output dtype, watched
+        self.facts: dict[str, Any] = {}
+        self.applied: dict[str, Any] = {}
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self.finder.model
+
+    def arm(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.routed:
+            self.finder.arm(optimizer)
+
+    def close(self) -> None:
+        self.finder.disarm()
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def changed(self) -> list[str]:
+        """The routed knobs this trial sets away from the baseline's (the script's own run)."""
+        base = baseline_of(self.cfg)
+        return [] if self.as_written else [k for k in self.routed if getattr(self.cfg, k) != getattr(base, k)]
+
+    def found(self, model: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The model's first call: what it is, then each knob applied to it, checkpointing first."""
+        blocks = checkpointing.blocks(model)
+        self.facts = {
+            "model": type(model).__name__,
+            "optimizers": self.finder.optimizers,
+            "convolutions": len(channels_last.convolutions(model)),
+            "repeated_blocks": len(blocks),
+            "block": type(blocks[0]).__name__ if blocks else None,
+        }
+        if self.as_written:
+            self.handles.append(model.register_forward_hook(self._watch))
+            return None
+        if self.finder.optimizers > 1 and self.changed():
+            raise TrialUnsupported(SEVERAL.format(n=self.finder.optimizers, knobs=", ".join(self.changed())))
+        if "checkpoint_segments" in self.changed():
+            if not blocks:
+                why = checkpointing.NO_BLOCKS
+                raise TrialUnsupported(f"checkpoint_segments {self.cfg.checkpoint_segments}: {why}")
+            self.applied["checkpoint_segments"] = checkpointing.apply(model, self.cfg.checkpoint_segments)
+        if "channels_last" in self.changed():
+            if not self.facts["convolutions"]:
+                raise TrialUnsupported(f"channels_last: {channels_last.NO_CONV}")
+            channels_last.apply(model)
+            self.handles.append(model.register_forward_pre_hook(lambda m, a: channels_last.inputs(a)))
+            args = channels_last.inputs(args)
+        if "precision" in self.changed():
+            device = next(model.parameters()).device.type
+            self.autocast = precision.Autocast(self.cfg.precision, device)
+            self.handles.append(model.register_forward_pre_hook(self.autocast.pre))
+            self.handles.append(model.register_forward_hook(self.autocast.post))
+            self.autocast.pre(model, args)  # this call's pre-hooks were listed before it was added
+        return args
+
+    def _watch(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self.seen is None:
+            self.seen = precision.observed_dtype(output)
+
+    def effects(self) -> dict[str, Any]:
+        """Each routed knob as the model ran it: the output dtype inside the autocast, the weights' memory
+        format, the blocks that carry checkpoint hooks; why, where the model was never found."""
+        model = self.model
+        if model is None:
+            why = "the script's optimizer never trained a module it called (no model found): as the script runs"
+            return {k: knob_effect(getattr(self.cfg, k), None, why) for k in self.routed}
+        where = WHERE.format(name=self.facts.get("model"))
+        out: dict[str, Any] = {}
+        if "precision" in self.routed:
+            out["precision"] = self._precision(where)
+        if "channels_last" in self.routed:
+            out["channels_last"] = knob_effect(self.cfg.channels_last, channels_last.in_effect(model), where)
+        if "checkpoint_segments" in self.routed:
+            wrapped = checkpointing.wrapped(model)
+            out["checkpoint_segments"] = knob_effect(
+                self.cfg.checkpoint_segments,
+                wrapped,
+                f"{where}: {len(wrapped)} of its {self.facts.get('repeated_blocks')} {self.facts.get('block')} block(s)",
+            )
+        return out
+
+    def _precision(self, where: str) -> dict[str, Any]:
+        if self.autocast is None:  # the baseline (watched: the script's own precision), or its precision kept
+            seen = self.seen or baseline_of(self.cfg).precision
+            return knob_effect(self.cfg.precision, seen, f"{OWN_PRECISION} {seen}")
+        said = f"{where}: autocast around its forward, its outputs handed back in fp32"
+        if self.autocast.outer is not None:
+            said += f"; inside the script's own autocast ({self.autocast.outer}), which the trial's replaced there"
+        return knob_effect(self.cfg.precision, self.autocast.seen or "fp32", said)

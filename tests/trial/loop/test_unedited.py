@@ -1,0 +1,76 @@
+"""trial/loop/unedited: precision, channels_last and checkpoint_segments reach a script with no autotune
+line in it, through the model its optimizer trains, and each is recorded as observed; a script whose own
+autocast runs bf16 has bf16 as its baseline; a script with two optimizers keeps them, with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.core.config import TrialConfig
+from autotune.core.errors import TrialUnsupported
+from autotune.pipelines import script
+from autotune.search.space.resolve import model_kept, rebased
+from autotune.search.space.reading import load_space
+from autotune.search.space.spec import DEFAULT_SPACE
+from autotune.trial.processes import launcher
+
+pytestmark = [pytest.mark.usefixtures("repo_on_path"), pytest.mark.slow, pytest.mark.side_by_side]
+SCRIPT = Path(__file__).parent / "scripts" / "unedited" / "train.py"
+
+
+def trial(tmp_path: Path, *args: str, **knobs: object) -> dict:
+    cfg = TrialConfig(
+        pipeline=script.spec_of(str(SCRIPT), list(args)), warmup_steps=1, timed_steps=3, window=1, **knobs
+    )
+    r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    assert r.status == "ok", r.message
+    return dict(r.applied)
+
+
+def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp_path: Path) -> None:
+    job = script.load(TrialConfig(pipeline=script.spec_of(str(SCRIPT))))
+    assert {"precision", "channels_last", "checkpoint_segments"} <= job.routed
+    assert not {"precision", "channels_last", "checkpoint_segments"} & set(job.unsupported)
+    assert "fp16" in job.unsupported.values["precision"]  # no GradScaler handed over: fp16 is not searched
+    a = trial(tmp_path, precision="bf16", checkpoint_segments=2, channels_last=True)
+    assert a["precision"]["in_effect"] == "bf16" and "autocast around its forward" in a["precision"]["why"]
+    assert a["channels_last"]["in_effect"] is True
+    assert a["checkpoint_segments"]["in_effect"] == ["blocks.0", "blocks.1"]
+    assert "2 of its 4 Block block(s)" in a["checkpoint_segments"]["why"]
+    assert a["script"]["model"] == {
+        "model": "Net",
+        "optimizers": 1,
+        "convolutions": 5,
+        "repeated_blocks": 4,
+        "block": "Block",
+    }
+    log = (tmp_path / "trial" / "trial.log").read_text()
+    assert "torch.float32" in log and "torch.bfloat16" not in log  # the loss outside the model ran in fp32
+
+
+def test_the_baseline_is_watched_and_an_own_autocast_is_its_precision(tmp_path: Path) -> None:
+    a = trial(tmp_path, "--own-autocast")  # the baseline: nothing applied, the model watched
+    assert a["precision"]["in_effect"] == "bf16" and a["precision"]["why"].startswith(script.OWN_PRECISION)
+    assert a["checkpoint_segments"]["in_effect"] == [] and a["channels_last"]["in_effect"] is False
+    base = TrialConfig(pipeline=script.spec_of(str(SCRIPT), ["--own-autocast"]))
+    after = rebased(base, a)
+    assert after is not None and dict(after.baseline or ())["precision"] == "bf16"
+    # A trial at fp32 runs the model outside the script's own autocast, and says so.
+    fp32 = trial(tmp_path / "fp32", "--own-autocast", precision="fp32", baseline=(("precision", "bf16"),))
+    assert (
+        fp32["precision"]["in_effect"] == "fp32"
+        and "inside the script's own autocast (bf16)" in fp32["precision"]["why"]
+    )
+
+
+def test_two_optimizers_keep_the_model_knobs_with_the_reason(tmp_path: Path) -> None:
+    cfg = TrialConfig(pipeline=script.spec_of(str(SCRIPT), ["--gan"]), warmup_steps=1, timed_steps=3, window=1)
+    with pytest.raises(TrialUnsupported, match="builds 2 optimizers .*channels_last cannot be applied"):
+        launcher.run_trial(cfg.replace(channels_last=True), tmp_path / "t", timeout_s=300)
+    baseline = trial(tmp_path / "b", "--gan")
+    space = load_space(DEFAULT_SPACE)
+    kept, why = model_kept(space, cfg, baseline)
+    assert set(why) == {"precision", "channels_last", "checkpoint_segments"} & set(space.searched())
+    assert all("2 optimizers" in reason for reason in why.values())
