@@ -3,6 +3,7 @@ the sites the exported trial recorded, the user's file untouched, a baseline con
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,27 @@ def test_the_copy_runs_as_the_export_tells_the_user_to_run_it(tmp_path: Path) ->
     assert any("default=0" in line for line in added) and not any("pin_memory=False" in line for line in added)
     copy = patched.copy.read_text()  # exactly the diff: pinning, a no-op on a CPU, is not written there either
     assert "default=0" in copy and "pin_memory=True" in copy and "pin_memory=False" not in copy
+
+
+UNEDITED = Path(__file__).parent.parent / "trial" / "loop" / "scripts" / "unedited" / "train.py"
+
+
+def test_the_model_knobs_no_diff_writes_are_applied_in_the_copys_runs(tmp_path: Path, monkeypatch: Any) -> None:
+    """An unedited script's precision, channels_last and checkpointing reach its model through the trial's
+    seams; no line names that model for sure, so the diff says so, and the alone runs of the patched copy
+    apply them as `autotune run` does (else the last word would measure a copy without them)."""
+    from autotune.apply.export.diff import to_diff
+    from autotune.core.configfile import Export
+    from autotune.trial.probes.alone import measure
+
+    path = Path(shutil.copy(UNEDITED, tmp_path / "train.py"))
+    cfg = TrialConfig(pipeline=script.spec_of(str(path), ["--steps", "12"]), precision="bf16", checkpoint_segments=2)
+    diff = to_diff(Export(cfg, sites={"loaders": [], "optimizers": []}), device="cpu", cwd=str(tmp_path))
+    assert "# not in the diff: checkpoint_segments 2: " in diff and "# not in the diff: precision bf16: " in diff
+    assert "`autotune run --config best.yaml SCRIPT ARGS` applies it" in diff
+    patched = patched_copy(cfg, tmp_path / "alone", "cpu", {"loaders": [], "optimizers": []})
+    assert patched.model is not None and patched.model.is_file()
+    monkeypatch.chdir(tmp_path)
+    got = measure(patched.copy, list(patched.copy_args), 1, 4, model=patched.model)
+    assert got["model"]["precision"]["in_effect"] == "bf16"
+    assert got["model"]["checkpoint_segments"]["in_effect"] == ["blocks.0", "blocks.1"]

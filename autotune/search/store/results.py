@@ -12,7 +12,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.config import TABLE, TrialConfig, baseline_of
+from autotune.pipelines.script import LOADER_KNOBS
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.core.paired import Paired
@@ -58,8 +59,9 @@ class BaselineKnobs:
     ran: Mapping[str, Any]
 
 
-# The knobs a job's own run may set away from autotune's defaults: its loaders' arguments and its batch.
-OWN_VALUES = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
+# The knobs a job's own run may set away from autotune's defaults: its loaders' arguments and its batch
+# (the micro-batch: the knob whose math spans the batch norm).
+OWN_VALUES = (*LOADER_KNOBS, *(k.name for k in TABLE if "batch-norm span" in k.math))
 
 
 def baseline_knobs(study: optuna.Study) -> BaselineKnobs:

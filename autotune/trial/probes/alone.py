@@ -120,7 +120,7 @@ def measure(
             f"the script ended after {len(counts.stamps)} optimizer step(s), before the {warmup} warm-up and "
             f"{steps} timed ones: give it more steps in its arguments"
         )
-    return _figures(counts, warmup, steps)
+    return _figures(counts, warmup, steps) | ({"model": seams.effects()} if seams is not None else {})
 
 
 def _model_seams(model: Path | None) -> Any:

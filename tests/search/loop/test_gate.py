@@ -53,18 +53,20 @@ def test_a_winner_that_trains_differently_is_skipped_for_the_next_best(tmp_path:
     )
     said: list[str] = []
     checks = gate.run(study, settings, server=server, say=said.append)
-    assert checks is not None and checks["1"]["verdict"] == "fail" and checks["2"]["verdict"] == "pass"
+    assert checks is not None and checks["1"]["verdict"] == "fail" and "2" not in checks
     assert any("trial 1 FAILS" in line and "the next best is checked" in line for line in said), said
+    # The next best computes the baseline's training: its step is the baseline's by construction, no check.
+    assert "parity: trial 2 computes the baseline's training (same): no check is needed" in said
     assert exported(study).number == 2  # never the broken one
     best: dict[str, Any] = yaml.safe_load(to_yaml(best_export(study, None, None)))
-    assert best["study"]["trial"] == 2 and best["parity"]["verdict"] == "pass"
-    assert set(best["parity"]) >= {"steps", "deviation", "tolerance", "verdict", "reason", "seconds"}
-    assert best["training_math"]["verdict"] == "same"
+    assert best["study"]["trial"] == 2 and "parity" not in best
+    assert best["training_math"]["verdict"] == "same" and "same_means" in best["training_math"]
     assert study.user_attrs[PARITY]["1"]["deviation"] > study.user_attrs[PARITY]["1"]["tolerance"]
     # A resumed study keeps its checks and its reference: nothing is trained again.
     again: list[str] = []
     assert gate.run(study, settings, server=server, say=again.append) == checks
     assert not any("passes" in line or "FAILS" in line for line in again)
+    assert study.user_attrs[PARITY]["1"]["verdict"] == "fail"
     assert records.parity_reference(study) is not None
 
 
