@@ -8,7 +8,11 @@ ratios' distribution (no normality, no independence of sides, only of rounds). I
 bootstrap because it stays exact at the few rounds a budget pays for (a bootstrap of 3 ratios resamples
 3 numbers). With 3-4 rounds the only interval is the rounds' range, and its coverage (75%, 87.5%) is
 said with it; from 5 rounds it reaches 90%. A gain is claimed only with at least MIN_ROUNDS rounds and an
-interval that excludes x1.00: fewer rounds, or an interval that holds it, is "no measurable gain".
+interval that excludes x1.00: fewer rounds, or an interval that holds it, is "no measurable gain". Below
+CONFIDENCE (3-4 rounds) the interval must also clear the reference's own spread in the same rounds
+(`noise`: its highest figure over its median): on a machine whose processes run 25% apart, three rounds
+"confirmed" a set_to_none change at x1.46 (x1.06..x1.46) that ran alone at x0.93, beside a baseline whose
+own rounds spread x0.98..x1.34.
 
 May import: nothing of autotune (pure arithmetic, used by the search, the export and `autotune train`).
 """
@@ -16,8 +20,9 @@ May import: nothing of autotune (pure arithmetic, used by the search, the export
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from math import comb
 
 MIN_ROUNDS = 3  # below this no export changes anything: two rounds "faster in every round" came out x1.07
@@ -34,10 +39,16 @@ class Paired:
     """Per-round ratios (config / reference, same round) and what they say."""
 
     ratios: tuple[float, ...]
+    noise: float = 1.0  # the reference's own spread in the same rounds (its highest figure over its median)
 
     @classmethod
-    def of(cls, ratios: Sequence[float]) -> Paired:
-        return cls(tuple(float(r) for r in ratios))
+    def of(cls, ratios: Sequence[float], noise: float | None = None) -> Paired:
+        return cls(tuple(float(r) for r in ratios), max(1.0, float(noise or 1.0)))
+
+    @classmethod
+    def of_row(cls, row: Mapping[str, Any]) -> Paired:
+        """A stored row's rounds (a confirmation's, an alone record's): its ratios and the noise beside them."""
+        return cls.of(row.get("ratios") or (), row.get("noise"))
 
     @property
     def rounds(self) -> int:
@@ -71,7 +82,8 @@ class Paired:
         if self.rounds < MIN_ROUNDS:
             return None
         low, high = self.interval
-        return "faster" if low > 1.0 else "slower" if high < 1.0 else None
+        floor = self.noise if self.coverage < CONFIDENCE else 1.0  # thin rounds must clear the noise too
+        return "faster" if low > floor else "slower" if high < 1.0 else None
 
     @property
     def measurable(self) -> bool:
@@ -92,6 +104,12 @@ class Paired:
         if self.rounds < MIN_ROUNDS:
             return f"no measurable gain yet: {self.figure()}; at least {MIN_ROUNDS} paired rounds decide"
         if self.direction is None:
+            low = self.interval[0]
+            if 1.0 < low <= self.noise and self.coverage < CONFIDENCE:
+                return (
+                    f"no measurable gain over {than} on this machine: {self.figure()} does not clear "
+                    f"{than}'s own spread in the same rounds (x{self.noise:.2f}); more rounds decide"
+                )
             return f"no measurable gain over {than} on this machine: {self.figure()} holds x1.00"
         return f"{self.direction} than {than}: {self.figure()}"
 
@@ -105,4 +123,5 @@ class Paired:
             "coverage": self.coverage,
             "verdict": self.statement(),
             "measurable": self.measurable,
+            "noise": self.noise,
         }

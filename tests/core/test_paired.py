@@ -50,3 +50,14 @@ def test_clear_of_one_says_which_way():
     slow = Paired.of([0.8, 0.9, 0.85])
     assert slow.direction == "slower" and not slow.measurable
     assert slow.to_dict()["interval"] == [0.8, 0.9]
+
+
+def test_thin_rounds_must_clear_the_references_own_spread() -> None:
+    """Seen on a public script: 3 rounds "confirmed" x1.46 (x1.06..x1.46, 75%) beside a baseline whose own
+    rounds spread to x1.34; alone, the change ran x0.93. Below 90% coverage the interval must clear that."""
+    thin = Paired.of([1.06, 1.46, 1.40], noise=1.34)
+    assert not thin.measurable and "does not clear the baseline's own spread" in thin.statement()
+    assert Paired.of([1.06, 1.46, 1.40]).measurable  # a quiet reference: the interval alone decides
+    assert Paired.of([1.40, 1.46, 1.42], noise=1.34).measurable
+    many = Paired.of([1.06, 1.46, 1.40, 1.2, 1.3, 1.25, 1.1], noise=1.34)  # 7 rounds: 98% coverage
+    assert many.coverage >= 0.9 and many.measurable

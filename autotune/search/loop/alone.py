@@ -24,6 +24,7 @@ May import: autotune.core, autotune.trial, autotune.pipelines, and the rest of a
 from __future__ import annotations
 
 import math
+import statistics
 import os
 import time
 from collections.abc import Mapping, Callable
@@ -235,7 +236,8 @@ def _tally(runs: dict[str, list[dict[str, Any]]], loads: list[float]) -> dict[st
     """The rounds' ratios, their median and sign-test interval, the verdict and what the export becomes."""
     unit = unit_of(runs)
     ratios = [figure(b, unit) / figure(a, unit) for a, b in zip(runs["as_written"], runs["patched"])]
-    paired = Paired.of(ratios)
+    own = [figure(a, unit) for a in runs["as_written"]]
+    paired = Paired.of(ratios, max(own) / statistics.median(own))  # the script's own spread: the noise
     verdict = paired.statement(than=THAN)
     if unit == UNIT_STEPS:
         verdict += " (in steps/s: the script's batches come from no DataLoader to count)"

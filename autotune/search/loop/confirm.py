@@ -293,13 +293,15 @@ def summarize(
     the baseline (`tally`) with the sign test's interval for it and its verdict (core/paired.py); the
     winner by that median, and whether the order of the search's figures held."""
     base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
+    # The baseline's own spread in these rounds: a gain thinner than it is no gain at 3-4 rounds (Paired).
+    noise = max(samples["baseline"]) / base if base else 1.0
     rows: list[dict[str, Any]] = []
     for c in pool:
         xs = samples[c.label]
         med = statistics.median(xs) if xs else None
         # The baseline's own row: its spread over its median, the rounds' noise in view.
         rs = [x / base for x in xs] if c.label == "baseline" and base else ratios.get(c.label, [])
-        paired = Paired.of(rs) if c.label != "baseline" and rs else None
+        paired = Paired.of(rs, noise) if c.label != "baseline" and rs else None
         rows.append(
             {
                 "label": c.label,
@@ -317,6 +319,7 @@ def summarize(
                 "coverage": paired.coverage if paired else None,
                 "measurable": bool(paired and paired.measurable),
                 "verdict": paired.statement() if paired else None,
+                "noise": noise,
             }
         )
     ranked = sorted(

@@ -177,7 +177,7 @@ def confirmed_paired(study: optuna.Study, number: int) -> Paired | None:
     """Trial `number`'s per-round ratios to the baseline in the confirmation, when it was confirmed."""
     summary = records.confirmation(study) or {}
     row = next((r for r in summary.get("rows", []) if r["trial"] == number and r["label"] != "baseline"), None)
-    return None if row is None else Paired.of(row.get("ratios") or ())
+    return None if row is None else Paired.of_row(row)
 
 
 def export_order(study: optuna.Study) -> list[FrozenTrial]:
@@ -192,7 +192,7 @@ def export_order(study: optuna.Study) -> list[FrozenTrial]:
     summary = records.confirmation(study) or {}
     rows = [r for r in summary.get("rows", []) if r["label"] != "baseline"]
     speedups = {r["trial"]: r["speedup_median"] for r in rows if r.get("speedup_median")}
-    gained = {r["trial"] for r in rows if Paired.of(r.get("ratios") or ()).measurable}
+    gained = {r["trial"] for r in rows if Paired.of_row(r).measurable}
     # Measured in the rounds without a gain; a row the rounds never reached (they did not fit) keeps its
     # place: its search figure is all that is known of it, as of a config the rounds left out.
     below_base = {r["trial"] for r in rows if r["trial"] not in gained and r.get("samples")}
@@ -352,6 +352,7 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
         **{k: row[k] for k in keep},
         # The per-round ratios, the sign test's interval for their median and how often it holds it.
         **({"ratios": ratios, "interval": list(paired.interval), "coverage": paired.coverage} if ratios else {}),
+        **({"noise": row["noise"]} if row.get("noise") else {}),
         "baseline_median": summary["baseline_median"],
         "order_changed": summary["order_changed"],
         "search_order": summary["search_order"],
@@ -445,4 +446,4 @@ def gain_statement(rounds: Mapping[str, Any]) -> str:
     """What a config's confirmation rounds can say of its speedup (core/paired.py): "faster" only with at
     least 3 rounds and a sign-test interval for the median ratio that excludes x1.00, with the interval
     and its coverage; else no measurable gain, however the median reads."""
-    return Paired.of(rounds.get("ratios") or ()).statement()
+    return Paired.of_row(rounds).statement()
