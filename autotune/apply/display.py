@@ -291,15 +291,15 @@ def _fastest(summary: records.ConfirmationSummary) -> str:
     """What the rounds say, as what it is: "faster" only for a config whose sign-test interval excludes
     x1.00 over at least 3 rounds (core/paired.py); without one, no change is exported (results.choose)."""
     rows = [r for r in summary["rows"] if r["label"] != "baseline" and r.get("speedup_median")]
-    gained = sorted(
-        (r for r in rows if Paired.of_row(r).measurable), key=lambda r: -r["speedup_median"]
-    )
+    gained = sorted((r for r in rows if Paired.of_row(r).measurable), key=lambda r: -r["speedup_median"])
     if gained:
         return f"measurably faster: {gained[0]['label']}, {Paired.of_row(gained[0]).statement()}"
     if not rows:
         return "no config was measured in a round"
     best = max(rows, key=lambda r: r["speedup_median"])
-    return f"none measurably faster than the baseline (best by median: {best['label']}, {Paired.of_row(best).statement()})"
+    return (
+        f"none measurably faster than the baseline (best by median: {best['label']}, {Paired.of_row(best).statement()})"
+    )
 
 
 def _fig(x: float | None) -> str:
