@@ -133,16 +133,8 @@ def _run(
         clock = Clock(cfg, device, rank, world, progress, launched)
         return _Whole(clock, seams.finish) if whole else clock  # type: ignore[return-value]
 
-    seams = Seams(
-        cfg,
-        clock_for,
-        as_written,
-        trial,
-        own_lr="lr" in job.uses.api,
-        machine=machine,
-        measured=measured,
-        routed=job.routed,
-    )
+    own_lr, routed = "lr" in job.uses.api, job.routed
+    seams = Seams(cfg, clock_for, as_written, trial, own_lr, machine=machine, measured=measured, routed=routed)
     finished, code = execute(job, seams, whole=whole)
     if whole and seams.clock is not None and not seams.final:  # it ended before the trial's window closed
         seams.finish()
@@ -153,17 +145,7 @@ def _run(
             f"the script ended after {seams.hook_steps} optimizer step(s), before {untimed} warm-up "
             f"and {need} step(s): give it more steps in its arguments"
         )
-    applied |= unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
-    extra = batch_and_lr(cfg, seams, trial, job)
-    applied["script"] |= extra.pop("script")
-    applied |= extra
-    applied |= seams.model.effects()
-    if seams.model.facts:
-        applied["script"]["model"] = seams.model.facts
-    applied["observed"] = seams.final
-    applied["script"]["sites"] = seams.sites
-    if cfg.profile:
-        applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
+    applied |= what_ran(cfg, seams, trial, job, as_written)
     memory = measure.memory_total_bytes(seams.at)
     try:
         if seams.clock is None:
@@ -174,6 +156,23 @@ def _run(
             raise
         # A whole run shorter than a trial's window trained all the same: what it applied, unmeasured.
         return TrialResult(status="ok", applied=applied, memory_total_bytes=memory, message=str(e)), code
+
+
+def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, as_written: bool) -> dict[str, Any]:
+    """The trial's `applied` beyond the process set-up: each knob as the seams saw it in effect (the loaders,
+    the optimizer, the at.* calls, the model), the batch and lr that ran, the sites the diff edits, and
+    what the run showed (`observed`)."""
+    applied = unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
+    extra = batch_and_lr(cfg, seams, trial, job)
+    applied["script"] |= extra.pop("script")
+    applied |= extra | seams.model.effects()
+    if seams.model.facts:
+        applied["script"]["model"] = seams.model.facts
+    applied["observed"] = seams.final
+    applied["script"]["sites"] = seams.sites
+    if cfg.profile:
+        applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
+    return applied
 
 
 class _Whole:
