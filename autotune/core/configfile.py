@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import yaml
 
 from autotune.core.config import TrialConfig, TrialResult, bare_off
 from autotune.core.errors import ConfigError
+from autotune.core.paired import spread
 from autotune.core.urls import mask_url
 
 # The headline figures, in the order a reader wants them; any other metric follows these.
@@ -151,10 +151,10 @@ def _draws(draws: list[float] | None) -> dict[str, Any]:
     median (the machine's run-to-run noise for one config); nothing for one draw."""
     if not draws or len(draws) < 2:
         return {}
-    mid = statistics.median(draws)
+    low, high = spread(draws)
     return {
         "search_draws": [round(x, 4) for x in draws],
-        "noise": f"x{min(draws) / mid:.3f}..x{max(draws) / mid:.3f} of their median: each draw its own process",
+        "noise": f"x{low:.3f}..x{high:.3f} of their median: each draw its own process",
     }
 
 

@@ -29,6 +29,12 @@ MIN_ROUNDS = 3  # below this no export changes anything: two rounds "faster in e
 CONFIDENCE = 0.90  # the interval's target coverage, reached from 5 rounds
 
 
+def spread(figures: Sequence[float]) -> tuple[float, float]:
+    """The lowest and the highest of one config's figures over their median: its run-to-run noise."""
+    mid = statistics.median(figures)
+    return min(figures) / mid, max(figures) / mid
+
+
 def coverage(n: int, k: int) -> float:
     """P(r_(k) <= median <= r_(n+1-k)) for n ratios: 1 - 2 P(Binomial(n, 1/2) < k)."""
     return 1.0 - 2.0 * sum(comb(n, i) for i in range(k)) / 2.0**n

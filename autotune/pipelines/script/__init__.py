@@ -64,6 +64,9 @@ if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
 
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+# The knobs a job's own run may set away from autotune's defaults, as trial 0 records them in effect: its
+# loaders' arguments (a script's `-j 2`) and its batch (its own 12): what a trial is shown against.
+OWN_RUN = (*LOADER_KNOBS, "batch_size")
 # Why a trial keeps a DataLoader's own arguments when it loads an IterableDataset: the stream is yielded
 # whole in every worker unless the dataset shards itself, so more workers would change what it trains on.
 ITERABLE_KEPT = "an IterableDataset: the script's own workers"
@@ -82,11 +85,6 @@ KEPT_OWN = ", {batch} (its DataLoader's batch_size), recorded as the baseline's"
 KEPT_UNREAD = ", read from what trial 0's loaders deliver (its DataLoader's batch_size {why})"
 # The knobs the model seams apply to an unedited script (trial/loop/unedited), where no at.* call routes them.
 UNEDITED = ("precision", "channels_last", "checkpoint_segments")
-# How the baseline's record says the precision an unedited script's model returned: trial 0's lesson
-# (search/space/resolve.rebased) rebases the study's baseline on it.
-OWN_PRECISION = "the script's own: its model returned"
-# How a record says a knob went through the model seams (what trial 0's lessons read back).
-MODEL_SEAM = "applied to the model its optimizer trains"
 ONE_PROCESS = {
     "gpus": (
         "the script sets up no process group: call torch.distributed.init_process_group() in it (and wrap its "

@@ -24,7 +24,6 @@ May import: autotune.core, autotune.trial, autotune.pipelines, and the rest of a
 from __future__ import annotations
 
 import math
-import statistics
 import os
 import time
 from collections.abc import Mapping, Callable
@@ -35,7 +34,7 @@ import optuna
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import AutotuneError
-from autotune.core.paired import MIN_ROUNDS, Paired
+from autotune.core.paired import MIN_ROUNDS, Paired, spread
 from autotune.core.settings import SearchSettings
 from autotune.pipelines import kind_of
 from autotune.search.budget import ALONE_OVERHEAD_S, ALONE_TIMED_S, Budget
@@ -237,7 +236,7 @@ def _tally(runs: dict[str, list[dict[str, Any]]], loads: list[float]) -> dict[st
     unit = unit_of(runs)
     ratios = [figure(b, unit) / figure(a, unit) for a, b in zip(runs["as_written"], runs["patched"])]
     own = [figure(a, unit) for a in runs["as_written"]]
-    paired = Paired.of(ratios, max(own) / statistics.median(own))  # the script's own spread: the noise
+    paired = Paired.of(ratios, spread(own)[1])  # the script's own spread in these rounds: the noise
     verdict = paired.statement(than=THAN)
     if unit == UNIT_STEPS:
         verdict += " (in steps/s: the script's batches come from no DataLoader to count)"

@@ -35,7 +35,7 @@ from autotune.core.errors import TrialFailure
 from autotune.core.outcomes import Role
 from autotune.search.store import records
 from autotune.search.budget import Budget, confirm_rounds, confirm_trial_s
-from autotune.core.paired import MIN_ROUNDS, Paired
+from autotune.core.paired import MIN_ROUNDS, Paired, spread
 from autotune.search.store.folders import end_folder
 from autotune.trial.processes.locks import locked_trial
 from autotune.search.store.records import ConfirmationSummary, TrialRecord
@@ -294,7 +294,7 @@ def summarize(
     winner by that median, and whether the order of the search's figures held."""
     base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
     # The baseline's own spread in these rounds: a gain thinner than it is no gain at 3-4 rounds (Paired).
-    noise = max(samples["baseline"]) / base if base else 1.0
+    noise = spread(samples["baseline"])[1] if base else 1.0
     rows: list[dict[str, Any]] = []
     for c in pool:
         xs = samples[c.label]

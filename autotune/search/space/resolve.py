@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune import pipelines
-from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, MODEL_SEAM, OWN_PRECISION, UNEDITED
+from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, UNEDITED
 from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, PRECISIONS, TABLE, TrialConfig, baseline_of, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.core.settings import SearchSettings
@@ -352,11 +352,11 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
         changes["own_accumulation"] = accumulation if _count(accumulation) else base.own_accumulation
         good = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0
         changes["lr"] = float(lr) if good and lr is not None else base.lr
-    precision = applied.get("precision")
-    if isinstance(precision, Mapping) and str(precision.get("why", "")).startswith(OWN_PRECISION):
-        ran = precision.get("in_effect")
-        if ran in PRECISIONS and ran != baseline_of(base).precision:
-            baseline["precision"] = ran
+    model = script.get("model") if isinstance(script, Mapping) else None
+    routed = model.get("routed", ()) if isinstance(model, Mapping) else ()
+    ran = model.get("own_precision") if isinstance(model, Mapping) and "precision" in routed else None
+    if ran in PRECISIONS and ran != baseline_of(base).precision:
+        baseline["precision"] = ran
     changes["baseline"] = tuple(sorted(baseline.items())) or None
     after = base.replace(**changes)
     return None if after == base else after
@@ -389,8 +389,7 @@ def model_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]
     facts = script.get("model") if isinstance(script, Mapping) else None
     if not isinstance(facts, Mapping):
         return space, {}
-    said = {k: str((applied.get(k) or {}).get("why", "")) for k in UNEDITED}
-    routed = {k for k in UNEDITED if k in space.searched() and said[k].startswith((MODEL_SEAM, OWN_PRECISION))}
+    routed = {k for k in UNEDITED if k in space.searched() and k in facts.get("routed", ())}
     why: dict[str, str] = {}
     if int(facts.get("optimizers") or 0) > 1:
         why = {

@@ -12,11 +12,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import TABLE, TrialConfig, baseline_of
-from autotune.pipelines.script import LOADER_KNOBS
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.pipelines.script import OWN_RUN
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
-from autotune.core.paired import Paired
+from autotune.core.paired import Paired, spread
 from autotune.core.training import changes_step, section, shown
 from autotune.core.outcomes import Outcome, Reason, Role, Verdict
 from autotune.search.store import alone, records
@@ -59,22 +59,13 @@ class BaselineKnobs:
     ran: Mapping[str, Any]
 
 
-# The knobs a job's own run may set away from autotune's defaults: its loaders' arguments and its batch
-# (the micro-batch: the knob whose math spans the batch norm).
-OWN_VALUES = (*LOADER_KNOBS, *(k.name for k in TABLE if "batch-norm span" in k.math))
-
-
 def baseline_knobs(study: optuna.Study) -> BaselineKnobs:
     """What a trial is shown against: what the user runs, not autotune's defaults."""
-    workload = StudyRecord.of(study).workload or {}
-    try:
-        knobs = baseline_of(TrialConfig.from_dict(dict(workload))).knobs()
-    except (TypeError, ValueError):  # a study made before its workload was recorded whole
-        knobs = TrialConfig().knobs()
+    knobs = baseline_of(TrialConfig.from_dict(dict(StudyRecord.of(study).workload or {}))).knobs()
     t = baseline_trial(study)
     applied = TrialRecord.from_frozen(t).applied if t is not None else {}
     ran = dict(knobs)
-    for k in OWN_VALUES:  # not the thread count, whose 0 is torch's default and in effect its count
+    for k in OWN_RUN:  # not the thread count, whose 0 is torch's default and in effect its count
         effect = applied.get(k) if isinstance(applied, Mapping) else None
         value = effect.get("in_effect") if isinstance(effect, Mapping) else None
         if isinstance(value, (bool, int, float, str)) and type(value) is type(knobs[k]):
@@ -101,10 +92,8 @@ def baseline_sps(study: optuna.Study) -> float | None:
 def baseline_spread(study: optuna.Study) -> tuple[float, float] | None:
     """The baseline's draws as ratios to their median, lowest and highest: this machine's run-to-run noise for
     one config; None with fewer than two draws."""
-    figures, median = baseline_figures(study), baseline_sps(study)
-    if len(figures) < 2 or not median:
-        return None
-    return min(figures) / median, max(figures) / median
+    figures = baseline_figures(study)
+    return spread(figures) if len(figures) >= 2 else None
 
 
 def class_label(t: FrozenTrial) -> str | None:

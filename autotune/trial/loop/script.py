@@ -166,8 +166,8 @@ def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, a
     extra = batch_and_lr(cfg, seams, trial, job)
     applied["script"] |= extra.pop("script")
     applied |= extra | seams.model.effects()
-    if seams.model.facts:
-        applied["script"]["model"] = seams.model.facts
+    if model := seams.model.record():
+        applied["script"]["model"] = model
     applied["observed"] = seams.final
     applied["script"]["sites"] = seams.sites
     if cfg.profile:

@@ -45,6 +45,7 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
         "convolutions": 5,
         "repeated_blocks": 4,
         "block": "Block",
+        "routed": ["precision", "channels_last", "checkpoint_segments"],
     }
     log = (tmp_path / "trial" / "trial.log").read_text()
     assert "torch.float32" in log and "torch.bfloat16" not in log  # the loss outside the model ran in fp32
@@ -52,7 +53,7 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
 
 def test_the_baseline_is_watched_and_an_own_autocast_is_its_precision(tmp_path: Path) -> None:
     a = trial(tmp_path, "--own-autocast")  # the baseline: nothing applied, the model watched
-    assert a["precision"]["in_effect"] == "bf16" and a["precision"]["why"].startswith(script.OWN_PRECISION)
+    assert a["precision"]["in_effect"] == "bf16" and a["script"]["model"]["own_precision"] == "bf16"
     assert a["checkpoint_segments"]["in_effect"] == [] and a["channels_last"]["in_effect"] is False
     base = TrialConfig(pipeline=script.spec_of(str(SCRIPT), ["--own-autocast"]))
     after = rebased(base, a)

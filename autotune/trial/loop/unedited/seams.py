@@ -12,7 +12,6 @@ import torch
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.effects import knob_effect
 from autotune.core.errors import TrialUnsupported
-from autotune.pipelines.script import MODEL_SEAM, OWN_PRECISION
 from autotune.trial.loop.unedited import channels_last, checkpointing, precision
 from autotune.trial.loop.unedited.model import ModelFinder
 
@@ -21,7 +20,7 @@ SEVERAL = (
     "the script builds {n} optimizers (a GAN, a teacher and a student, an EMA copy): no one module is the model "
     "its optimizer trains, so {knobs} cannot be applied with no edit"
 )
-WHERE = MODEL_SEAM + " ({name}), no edit"
+WHERE = "applied to the model its optimizer trains ({name}), no edit"
 
 
 class ModelSeams:
@@ -90,6 +89,14 @@ class ModelSeams:
             self.autocast.pre(model, args)  # this call's pre-hooks were listed before it was added
         return args
 
+    def record(self) -> dict[str, Any]:
+        """What the trial records of the model (`applied.script.model`, which trial 0's lessons read): what
+        it is, the knobs routed to it, and, watched in the baseline, the precision its output came in (the
+        script's own); {} when no model was found."""
+        if not self.facts:
+            return {}
+        return self.facts | {"routed": list(self.routed), **({"own_precision": self.seen} if self.seen else {})}
+
     def _watch(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self.seen is None:
             self.seen = precision.observed_dtype(output)
@@ -119,7 +126,7 @@ class ModelSeams:
     def _precision(self, where: str) -> dict[str, Any]:
         if self.autocast is None:  # the baseline (watched: the script's own precision), or its precision kept
             seen = self.seen or baseline_of(self.cfg).precision
-            return knob_effect(self.cfg.precision, seen, f"{OWN_PRECISION} {seen}")
+            return knob_effect(self.cfg.precision, seen, f"the script's own: its model returned {seen}")
         said = f"{where}: autocast around its forward, its outputs handed back in fp32"
         if self.autocast.outer is not None:
             said += f"; inside the script's own autocast ({self.autocast.outer}), which the trial's replaced there"
