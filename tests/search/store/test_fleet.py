@@ -218,4 +218,7 @@ def test_the_last_worker_to_finish_confirms_once(fleet) -> None:
     assert "confirming:" in last, last[-2000:]
     summary = fleet.study().user_attrs.get("confirmation")
     assert "confirmation: 3 rounds, not 1" in last, last[-2000:]
-    assert summary and summary["rounds"] == 3 and summary["winner"] is not None
+    # 3 rounds; 3 more of the exported config beside the baseline when the noise left the confirmed
+    # one without a measurable gain and the export fell to one the rounds did not measure (confirm.extend).
+    extended = last.count("confirming the exported")
+    assert summary and summary["rounds"] == 3 * (1 + extended) and summary["winner"] is not None
