@@ -2,7 +2,7 @@
 applied the way it was measured.
 
 The script runs in this process as `python train.py ARGS` would run it, to its own end (its epochs, no
-timed stop, no step limit), with the same seams a trial installs (trial/loop/script_seams.py: the DataLoader's
+timed stop, no step limit), with the same seams a trial installs (trial/loop/script/seams.py: the DataLoader's
 and the optimizer's arguments, zero_grad, cudnn and the threads, and the at.* calls handing over the
 config's batch, precision, lr, model), and no edit to the script: what runs is what was measured, even
 the knobs a diff cannot write (an optimizer built in another module, a value computed at run time). The
@@ -71,7 +71,7 @@ def run(cfg: TrialConfig, out: Path, say: Say, measured: frozenset[tuple[str, in
     """Train `cfg`'s script to its end with `cfg` applied through the trial's seams (the loader knobs at the
     `measured` DataLoaders only); what was applied, and the trial's window measured on the way, written to
     `out` (rank 0). Returns the script's exit code."""
-    from autotune.trial.loop.script import run_whole
+    from autotune.trial.loop.script.running import run_whole
 
     result, code = run_whole(cfg, time.time(), measured)
     if int(os.environ.get("RANK", 0)) != 0:

@@ -65,7 +65,7 @@ class Export:
     # each with how it was measured; {"skipped": why} when the budget could not pay for it; None: not run.
     ceiling: dict[str, Any] | None = None
     # A script study's DataLoader and optimizer construction sites, as its trial recorded them
-    # (trial/loop/script_records.py: file, line, the script's own arguments, what ran, whether it was iterated or
+    # (trial/loop/script/sites.py: file, line, the script's own arguments, what ran, whether it was iterated or
     # stepped), for the diff to edit only those; None: not recorded (a study made before it was).
     sites: Mapping[str, Any] | None = None
     # The baseline's draws in the search, each its own process (search/loop/draws.py): their spread is the

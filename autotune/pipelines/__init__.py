@@ -165,7 +165,7 @@ def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
 
 def stage_count(pipeline: Pipeline) -> int | None:
     """How many stages checkpoint_segments may wrap; None where the pipeline finds them only as it runs (an
-    unedited script's repeated blocks: trial 0 reports them, trial/loop/unedited)."""
+    unedited script's repeated blocks: trial 0 reports them, trial/loop/script/model.py)."""
     return None if getattr(pipeline, "stages", ()) is None else len(stages_of(pipeline))
 
 

@@ -124,7 +124,7 @@ def test_the_copy_runs_as_the_export_tells_the_user_to_run_it(tmp_path: Path) ->
     assert "default=0" in copy and "pin_memory=True" in copy and "pin_memory=False" not in copy
 
 
-UNEDITED = Path(__file__).parent.parent / "trial" / "loop" / "scripts" / "unedited" / "train.py"
+UNEDITED = Path(__file__).parent.parent / "trial" / "loop" / "script" / "scripts" / "unedited" / "train.py"
 
 
 def test_the_model_knobs_no_diff_writes_are_applied_in_the_copys_runs(tmp_path: Path, monkeypatch: Any) -> None:

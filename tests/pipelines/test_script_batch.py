@@ -267,7 +267,7 @@ def test_an_optimizer_whose_rule_the_study_does_not_use_is_said(tmp_path: Path) 
 
 # --- a batch set by a configurator: read when trial 0 runs --------------------------------------------------
 
-CONFIGURED = Path(__file__).parents[1] / "trial" / "loop" / "scripts" / "configured" / "train.py"
+CONFIGURED = Path(__file__).parents[1] / "trial" / "loop" / "script" / "scripts" / "configured" / "train.py"
 
 
 def test_a_configurator_set_batch_is_read_at_run_time_and_its_message_says_what_to_write() -> None:

@@ -258,7 +258,7 @@ def edit(rw: Rewrite) -> None:
             rw.notes.append(f"{knob} {getattr(cfg, knob)}: {UNEDITED_HOW[knob]}; {UNEDITED_RUN}")
 
 
-# A knob the trial applied to the model the script's optimizer trains (trial/loop/unedited): no line of the
+# A knob the trial applied to the model the script's optimizer trains (trial/loop/script/model.py): no line of the
 # script names that model for sure, so the diff does not write it; `autotune run` applies it as measured.
 UNEDITED_RUN = "`autotune run --config best.yaml SCRIPT ARGS` applies it, with no edit, as the trials did"
 UNEDITED_HOW = {

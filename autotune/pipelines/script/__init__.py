@@ -13,7 +13,7 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
   - the loader knobs need a `DataLoader` in the script's source, or in a module it imports from its own
     folder (modules.py), as the optimizers below;
   - precision, channels_last and checkpoint_segments reach the model the script's optimizer trains with
-    no edit (trial/loop/unedited: autocast around its forward, its weights in channels_last, torch's
+    no edit (trial/loop/script/model.py: autocast around its forward, its weights in channels_last, torch's
     checkpointing on its repeated blocks), unless the script routes them itself: `at.autocast()` for
     precision, `at.model()` for channels_last (the cooperative API, autotune.script); compile needs
     `at.model()`; fp16 needs `at.scaler()` too: without loss scaling fp16's small gradients flush to zero,
@@ -83,7 +83,7 @@ BATCH_WHY = (
 # says it, and from what trial 0's loaders delivered where it does not (the session rebases the study on it).
 KEPT_OWN = ", {batch} (its DataLoader's batch_size), recorded as the baseline's"
 KEPT_UNREAD = ", read from what trial 0's loaders deliver (its DataLoader's batch_size {why})"
-# The knobs the model seams apply to an unedited script (trial/loop/unedited), where no at.* call routes them.
+# The knobs the model seams apply to an unedited script (trial/loop/script/model.py), where no at.* call routes them.
 UNEDITED = ("precision", "channels_last", "checkpoint_segments")
 ONE_PROCESS = {
     "gpus": (
@@ -283,7 +283,7 @@ class ScriptJob(OwnLoopJob):
         super().__init__(spec, unsupported(uses, global_batch, recorded))
         self.unsupported = Unsupported(self.unsupported.why, refused_values(uses))
         self.path, self.args, self.uses = path, list(args), uses
-        # What the model seams apply (trial/loop/unedited): the knobs it takes that no at.* call routes.
+        # What the model seams apply (trial/loop/script/model.py): the knobs it takes that no at.* call routes.
         self.routed = routed_to_model(uses, self.unsupported)
         # Its repeated blocks are found when its model is first called: none known before (stage_count).
         self.stages = None if "checkpoint_segments" in self.routed else ()

@@ -340,7 +340,7 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
     with, where the workload does not record them (the source could not say them: even where the batch
     is autotune's default 8, it is known only now), unless the study fixes the global batch (the trials
     hand the batch and accumulation over); and the precision its model returned where no at.autocast()
-    says it (an unedited script's own autocast: trial/loop/unedited). None when nothing changes."""
+    says it (an unedited script's own autocast: trial/loop/script/model.py). None when nothing changes."""
     changes: dict[str, Any] = {}
     baseline = dict(base.baseline or ())
     script = applied.get("script")
@@ -383,7 +383,7 @@ def loaders_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, An
 
 def model_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]) -> tuple[SearchSpace, dict[str, str]]:
     """`space` with the knobs an unedited script's model cannot take fixed at the baseline's, from what trial
-    0 found of it (its record's `applied.script.model`, trial/loop/unedited): several optimizers (no one model),
+    0 found of it (its record's `applied.script.model`, trial/loop/script/model.py): several optimizers (no one model),
     no 4-D weights (channels_last), no repeated blocks (checkpoint_segments); and why, by knob."""
     script = applied.get("script")
     facts = script.get("model") if isinstance(script, Mapping) else None

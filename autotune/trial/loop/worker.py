@@ -39,7 +39,7 @@ def run(cfg: Any, progress: Path | None = None, profile_out: Path | None = None)
 
         return run_framework(cfg, progress, launched)
     if loop == "script":  # the user's own script, run as written, torch's hooks driving the clock
-        from autotune.trial.loop.script import run as run_script
+        from autotune.trial.loop.script.running import run as run_script
 
         return run_script(cfg, progress, launched)
     return _run_pipeline(cfg, progress, profile_out, launched)

@@ -106,7 +106,7 @@ def measure(
 ) -> dict[str, Any]:
     """Run `script` in this process as `python script ARGS` would, stamping each optimizer step; its figures.
     `model`: a config JSON ({"config", "routed"}) whose model knobs are applied to the model the script's
-    optimizer trains, as `autotune run` applies them (trial/loop/unedited): what no diff can write.
+    optimizer trains, as `autotune run` applies them (trial/loop/script/model.py): what no diff can write.
     Raises AloneFailed when it ends before warmup + steps + 1 steps."""
     counts = _Counts()
     seams = _model_seams(model)
@@ -128,7 +128,7 @@ def _model_seams(model: Path | None) -> Any:
     if model is None:
         return None
     from autotune.core.config import TrialConfig
-    from autotune.trial.loop.unedited.seams import ModelSeams
+    from autotune.trial.loop.script.model import ModelSeams
 
     record = json.loads(model.read_text())
     return ModelSeams(TrialConfig.from_dict(record["config"]), record["routed"], as_written=False)

@@ -44,7 +44,7 @@ def _notes(diff: str) -> list[str]:
 
 
 def _loader(path: Path, line: int, iterated: bool, own: dict[str, Any], ran: dict[str, Any]) -> dict[str, Any]:
-    """A DataLoader site as a trial records it (trial/loop/script_records.py)."""
+    """A DataLoader site as a trial records it (trial/loop/script/sites.py)."""
     knobs = {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "persistent_workers": False}
     return {
         "file": str(path),
@@ -249,9 +249,9 @@ def test_the_diff_of_a_trial_holds_what_it_ran(classifier: Path) -> None:
 
 
 def test_an_lr_the_script_sets_itself_each_step_is_named_with_the_factor(tmp_path: Path) -> None:
-    """The trial scaled the lr the script set before each step (its own schedule, trial/loop/script_seams.py);
+    """The trial scaled the lr the script set before each step (its own schedule, trial/loop/script/batch.py);
     the diff scales the constructor's lr, which that schedule overwrites, so it names what to multiply."""
-    path = Path(__file__).parents[2] / "trial" / "loop" / "scripts" / "configured" / "accumulating.py"
+    path = Path(__file__).parents[2] / "trial" / "loop" / "script" / "scripts" / "configured" / "accumulating.py"
     args = ["--batch_size=6", "--gradient_accumulation_steps=2", "--learning_rate=0.005"]
     mine = {"baseline": {"batch_size": 6}, "own_accumulation": 2, "batch_size": 12}
     scheduled = _optimizer(path, 43, "none") | {"own_schedule": True}

@@ -161,7 +161,7 @@ def test_bf16_on_the_unet_passes(server: WarmServer, tiny_data: Path, tmp_path: 
 # --- what a reference cannot judge: not checkable, never a pass at the floor ---------------------------------
 
 SCRIPTS = Path(__file__).parents[2] / "pipelines" / "scripts"
-LOOP_SCRIPTS = Path(__file__).parents[2] / "trial" / "loop" / "scripts"
+LOOP_SCRIPTS = Path(__file__).parents[2] / "trial" / "loop" / "script" / "scripts"
 
 
 def script_base(path: Path, *args: str) -> TrialConfig:

@@ -1,48 +1,8 @@
-"""A script pipeline's trial: the user's own script, run as written in this process (runpy, with its own
-sys.argv and `__name__ == "__main__"`), with autotune's seams installed in torch before it starts.
+"""Running the user's script in a trial's process: as written (runpy, with its own sys.argv and
+`__name__ == "__main__"`), with the seams installed in torch, until the trial's window is measured
+(`run`) or to its own end (`run_whole`, `autotune run`).
 
-No edit to the script:
-  - DataLoader construction: the trial's num_workers, pin_memory, prefetch_factor, persistent_workers
-    replace the script's own arguments (DataLoader.__init__ wrapped);
-  - the optimizer's fused/foreach flags, set on its param groups before GradScaler or its first step sees
-    it (GradScaler.unscale_/step wrapped, and a global step pre-hook): GradScaler picks its path by the
-    optimizer's flags, so a flag switched inside step() would hand a foreach step a fused step's scale;
-    zero_grad(set_to_none) on optimizers and modules; cudnn.benchmark and the thread count set before
-    the script runs;
-  - the lr for the trial's global batch: the lr each optimizer's constructor is given, scaled by the
-    study's rule from the script's own global batch (Optimizer.__init__ wrapped, so a schedule built on
-    it afterwards keeps its shape from the scaled lr); a script that calls at.lr() scales its own. The
-    scale is planned for the handed-over micro-batch x accumulation on every rank; where the first step
-    delivers another global batch (a script that divides its accumulation by the world size), the lr,
-    and the schedules built on it, are set for the batch run before that step updates anything;
-  - the data order: a config with a data seed (parity's data-order twin) hands each DataLoader a
-    generator seeded with it; without one the script's own RNG decides, as it does alone;
-  - measurement: the trial's one Clock (trial.measurement.clock), as every kind drives it, made when the
-    script first fetches or steps, on the device its tensors live on (the model handed to at.model(), else
-    its optimizer's parameters; the machine's without either): each loader the script starts iterating is
-    told to it (what its workers make ahead is drained in the warm-up); a global optimizer-step post-hook
-    ends each step; the time blocked in the DataLoader iterator's __next__, from a device sync, is the
-    data wait; each backward()'s scalar (a copy: the script's tensor is not held) is the step's loss; the
-    samples of a step are what its loaders delivered, else at.batch_size() x at.accumulation() as handed
-    over. After the timed steps the hook closes the clock (its collectives run while the script's process
-    group exists), reads what the run showed, and raises Done, which ends the script and is caught here.
-  - gpus: a script that sets up its own process group runs under torchrun, one process per GPU (the
-    launcher's, as for every kind); the trial sets up none itself, so the script's own DDP set-up runs
-    untouched, and each rank runs these seams. The world size and the global batch (the samples every
-    rank's loaders delivered per optimizer step, summed) are what the run showed.
-  - the model its optimizer trains, with no edit (autotune.trial.loop.unedited): checkpoint_segments,
-    channels_last and precision applied to it in place when it is first called, each observed, unless an
-    at.* call routes the knob (at.autocast() precision, at.model() channels_last).
-With the cooperative calls (autotune.script): at.batch_size() and at.accumulation() hand over the trial's
-micro-batch and, under a study's global batch, its micro-batches per step; at.lr() the scaled lr;
-at.autocast() and at.scaler() the trial's precision, on the model's device.
-The baseline (a config equal to the study's baseline knobs) runs the script's own settings: nothing is
-overridden (at.autocast(own) and at.scaler(own) run the script's own AMP), and what the script set is
-recorded as observed. The seams are autotune.trial.loop.script_seams; what the trial reads from what they
-saw (each knob's effect, the construction sites, the script's own batch, the throughput unit) is
-autotune.trial.loop.script_records.
-
-May import: autotune.core, autotune.pipelines, the rest of autotune.trial.
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
 
 from __future__ import annotations
@@ -58,18 +18,17 @@ from typing import Any
 import torch
 
 from autotune.core.config import TrialConfig, TrialResult
-from autotune.core.effects import knob_effect, refuse_unsupported, unsupported_effects
+from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import ConfigError
 from autotune.pipelines import load_pipeline
 from autotune.pipelines.script import ScriptJob, api
 from autotune.trial.loop import knobs
-from autotune.trial.loop.script_records import (
-    batch_and_lr,
-    observed,
-)
+from autotune.trial.loop.script.baseline import is_as_written
+from autotune.trial.loop.script.batch import batch_handover
+from autotune.trial.loop.script.records import what_ran
+from autotune.trial.loop.script.seams import Done, Seams, installed
 from autotune.trial.measurement import measure
 from autotune.trial.measurement.clock import Clock
-from autotune.trial.loop.script_seams import Seams, Done, batch_handover, installed, is_as_written
 
 
 @contextlib.contextmanager
@@ -156,23 +115,6 @@ def _run(
             raise
         # A whole run shorter than a trial's window trained all the same: what it applied, unmeasured.
         return TrialResult(status="ok", applied=applied, memory_total_bytes=memory, message=str(e)), code
-
-
-def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, as_written: bool) -> dict[str, Any]:
-    """The trial's `applied` beyond the process set-up: each knob as the seams saw it in effect (the loaders,
-    the optimizer, the at.* calls, the model), the batch and lr that ran, the sites the diff edits, and
-    what the run showed (`observed`)."""
-    applied = unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
-    extra = batch_and_lr(cfg, seams, trial, job)
-    applied["script"] |= extra.pop("script")
-    applied |= extra | seams.model.effects()
-    if model := seams.model.record():
-        applied["script"]["model"] = model
-    applied["observed"] = seams.final
-    applied["script"]["sites"] = seams.sites
-    if cfg.profile:
-        applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
-    return applied
 
 
 class _Whole:

@@ -1,11 +1,15 @@
 """checkpoint_segments for an unedited script: torch's composable activation checkpointing
 (`torch.distributed._composable.checkpoint`, in place: the module keeps its class and its state-dict keys)
 on the first k of the model's repeated blocks, its longest ModuleList or Sequential of modules of one
-class. Observed: the blocks that carry the checkpoint hooks."""
+class. Observed: the blocks that carry the checkpoint hooks.
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
+"""
 
 from __future__ import annotations
 
 import torch
+
 
 NO_BLOCKS = "the model the optimizer trains has no repeated blocks (no ModuleList or Sequential of like modules)"
 

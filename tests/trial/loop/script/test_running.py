@@ -18,7 +18,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
 from autotune.pipelines import script
 from autotune.trial.loop import worker
-from autotune.trial.loop.script_seams import Seams
+from autotune.trial.loop.script.seams import Seams
 from autotune.trial.measurement.clock import Clock
 from tests.fakes import FakeGpu, FakeNvml
 from tests.pipelines.script_helpers import EXAMPLE, SCRIPTS, images

@@ -54,7 +54,7 @@ def test_the_script_s_own_batch_and_accumulation_are_read_at_run_time() -> None:
 def test_a_script_that_counts_no_samples_is_measured_in_steps_per_second() -> None:
     """No DataLoader and no at.batch_size(): the figure is optimizer steps per second, and says so; the
     data seed reaches nothing (no at.data_seed(), no loader)."""
-    no_loader = Path(__file__).parents[2] / "pipelines" / "scripts" / "no_loader.py"
+    no_loader = Path(__file__).parents[3] / "pipelines" / "scripts" / "no_loader.py"
     a = worker.run(baseline_of(study_base(no_loader, ["--steps", "50"]))).applied
     assert a["throughput"]["unit"] == "steps/s" and "optimizer steps are counted" in a["throughput"]["why"]
     assert a["script"]["data_order"] is None and a["script"]["seeded"]

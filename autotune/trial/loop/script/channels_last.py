@@ -1,13 +1,23 @@
 """channels_last for an unedited script: the model's weights in channels_last, in place
 (`Module.to(memory_format=...)` swaps each parameter's data, so the optimizer holds the same parameters),
 and every 4-D floating input converted at its forward pre-hook. Observed: the memory format of its 4-D
-weights."""
+weights.
+
+With at.model() the trial hands over a model in channels_last instead (`handed_effect`).
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect
+from autotune.pipelines.script import api
+
 
 NO_CONV = "the model the optimizer trains has no 4-D (convolution) weights: channels_last changes nothing"
 
@@ -33,3 +43,10 @@ def inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
 def in_effect(model: torch.nn.Module) -> bool:
     convs = convolutions(model)
     return bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+
+
+def handed_effect(cfg: TrialConfig, trial: api.Trial) -> dict[str, Any]:
+    """The memory format of the 4-D weights of the models at.model() got."""
+    convs = [p for m in trial.models for p in m.parameters() if p.dim() == 4]
+    last = bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    return knob_effect(cfg.channels_last, last, "through at.model()")

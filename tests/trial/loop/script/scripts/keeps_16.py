@@ -1,6 +1,6 @@
 """A plain script that keeps its own batch: no at.batch_size(), its DataLoader built with batch_size=16
 through an argparse option and a variable, and its own accumulation (--accum micro-batches per optimizer
-step, default 1). It seeds torch and shuffles through its DataLoader (tests/trial/loop/test_script_records.py).
+step, default 1). It seeds torch and shuffles through its DataLoader (tests/trial/loop/script/test_records.py).
 
 Usage: keeps_16.py [--steps N] [--accum A] [--batch-size B]
 """

@@ -3,13 +3,26 @@ at the model's forward pre-hook and left at its forward hook (one hook pair on o
 on every module call). The model's floating outputs are handed back in fp32, so a loss the script computes
 outside the model runs in fp32, as it would under autocast. Inside a script's own autocast the trial's
 precision runs in its place (fp32: autocast off), and that is said. Observed: the dtype of the model's
-output inside the autocast, before it is handed back."""
+output inside the autocast, before it is handed back.
+
+With at.autocast() the trial's precision is handed over instead (`amp_record`, `precision_effect`: what the
+model's forward showed).
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect
+from autotune.pipelines.script import api
+from autotune.trial.loop.script.baseline import AS_WRITTEN
+from autotune.trial.measurement import observe
+
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -68,3 +81,51 @@ def observed_dtype(output: Any) -> str | None:
     """The precision name of a forward's first floating output (the baseline's, watched without a hook pair)."""
     t = first_floating(output)
     return None if t is None else NAMES.get(t.dtype, str(t.dtype).removeprefix("torch."))
+
+
+PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def amp_record(trial: api.Trial) -> dict[str, Any]:
+    """The script's own AMP: what at.autocast() entered (and an autocast of the script's around it), and
+    whether at.scaler()'s GradScaler scaled."""
+    out: dict[str, Any] = {}
+    if "autocast" in trial.calls:
+        out["autocast"] = dict(trial.autocasts)
+        if trial.outer_autocast is not None:
+            out["outer_autocast"] = trial.outer_autocast
+    if trial.scalers:
+        scaling = [s for s in trial.scalers if observe.scaled(s)]
+        out["grad_scaler"] = {"enabled": trial.scalers[0].is_enabled(), "scaled": bool(scaling)}
+    return out
+
+
+def precision_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any], as_written: bool) -> dict[str, Any]:
+    """The precision the model ran at, as its forward showed it (the output dtype of its first layer, else
+    its own): not the config's echo. Without a model handed to at.model() (or one the trial compiled), what
+    at.autocast() entered, on the device the script's tensors live on."""
+    own = trial.defaults.get("precision", "fp32")
+    entered = sorted(trial.autocasts, key=lambda k: -trial.autocasts[k])
+    said = [f"at.autocast() ran {', '.join(f'{k} x{trial.autocasts[k]}' for k in entered)}"]
+    dtype = seen.get("first_layer_output_dtype") or seen.get("output_dtype")
+    if dtype is not None:
+        in_effect = PRECISION_OF_DTYPE.get(dtype, dtype)
+        where = "its first layer's" if seen.get("first_layer_output_dtype") else "its"
+        said.append(f"the model at.model() got returned {dtype} ({where} output)")
+    else:
+        in_effect = entered[0].split(" on ")[0] if entered else own
+        said.append("its model's output was not watched (none handed to at.model(), or compiled)")
+    outer = trial.outer_autocast
+    if outer is not None:
+        said.append(
+            f"the script's own autocast({outer['device_type']}, {outer['dtype']}) encloses at.autocast(): "
+            + (
+                "the baseline keeps it, as the script runs alone"
+                if as_written
+                else "the trial's precision replaced it inside at.autocast() only; give its dtype to "
+                "at.autocast() (at.autocast(torch.bfloat16)) in its place"
+            )
+        )
+    if as_written:
+        said.append(f"{AS_WRITTEN}: at.autocast({own!r})")
+    return knob_effect(cfg.precision, in_effect, "; ".join(said))

@@ -1,4 +1,4 @@
-"""trial/loop/unedited: precision, channels_last and checkpoint_segments reach a script with no autotune
+"""trial/loop/script (model, precision, channels_last, checkpointing): precision, channels_last and checkpoint_segments reach a script with no autotune
 line in it, through the model its optimizer trains, and each is recorded as observed; a script whose own
 autocast runs bf16 has bf16 as its baseline; a script with two optimizers keeps them, with the reason."""
 

@@ -1,9 +1,9 @@
 """The seams a script trial installs in torch around the user's script, and what they see there (Seams),
-with `installed`, which puts them in torch for the run and takes them out afterwards. What each seam
-does to the script is said in autotune.trial.loop.script's docstring; what the trial reads from what
-they saw is autotune.trial.loop.script_records.
+with `installed`, which puts them in torch for the run and takes them out afterwards. Each knob's part
+is in its own module (loader, batch, optimizer, precision, channels_last, checkpointing, compile, model);
+the seams drive the trial's Clock (the step hook ends the timed window).
 
-May import: autotune.core, autotune.pipelines, the rest of autotune.trial.
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
 
 from __future__ import annotations
@@ -20,37 +20,29 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from autotune.core.config import TrialConfig, baseline_of, lr_factor
-from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, ScriptJob, api
-from autotune.trial.loop.script_records import (
-    UNMEASURED,
+from autotune.core.config import TrialConfig, lr_factor
+from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
+from autotune.trial.loop.script.batch import (
     batch_len,
-    call_site,
-    fusion_of,
+    group_lrs,
     handed_samples,
     per_step,
     planned_global,
-    shuffled,
-    record_site,
+    rescale_lr,
+    world_size,
 )
-from autotune.trial.loop.unedited.seams import ModelSeams
+from autotune.trial.loop.script.compiled import dynamo_graphs
+from autotune.trial.loop.script.loader import UNMEASURED, loader_overrides, shuffled
+from autotune.trial.loop.script.model import ModelSeams
+from autotune.trial.loop.script.optimizer import fusion_of
+from autotune.trial.loop.script.sites import call_site, record_site
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
-
-# The lr values a param group or a schedule keeps, scaled together when the first step shows the global
-# batch the lr was planned for is not the one run (OneCycleLR keeps initial/max/min in the groups).
-GROUP_LRS = ("lr", "initial_lr", "max_lr", "min_lr")
-SCHEDULE_LRS = ("base_lrs", "_last_lr", "max_lrs")
 
 
 class Done(BaseException):
     """Raised from the step hook once the trial has measured enough: a BaseException, so a script's own
     `except Exception` does not swallow it."""
-
-
-def is_as_written(cfg: TrialConfig) -> bool:
-    """The baseline's knobs: run the script as it is, overriding nothing."""
-    return cfg.knobs() == baseline_of(cfg).knobs()
 
 
 class Seams:
@@ -73,7 +65,7 @@ class Seams:
         routed: Collection[str] = (),
     ) -> None:
         self.cfg, self.clock_for, self.as_written, self.measured = cfg, clock_for, as_written, measured
-        # The knobs applied to the model the optimizer trains, with no at.* call (trial/loop/unedited).
+        # The knobs applied to the model the optimizer trains, with no at.* call (trial/loop/script/model.py).
         self.model = ModelSeams(cfg, routed, as_written)
         self.machine = machine or torch.device("cpu")
         self.clock: Clock | None = None
@@ -127,7 +119,7 @@ class Seams:
         first forward. Not a model the trial compiles: dynamo would trace the hooks."""
         if self.trial.compile != "off":
             if self.graphs_before is None:
-                self.graphs_before = _dynamo_graphs()
+                self.graphs_before = dynamo_graphs()
             return
         if self.outputs:
             return
@@ -376,7 +368,7 @@ class Seams:
         seen["samples_per_step_per_rank"] = per_rank
         seen["device"] = str(self.at)
         if self.graphs_before is not None:
-            seen["compiled_graphs"] = (_dynamo_graphs() or 0) - self.graphs_before
+            seen["compiled_graphs"] = (dynamo_graphs() or 0) - self.graphs_before
         self.final = seen
 
     # ---- zero_grad and backward ---------------------------------------------------------------
@@ -404,74 +396,6 @@ class Seams:
             return original(tensor, *args, **kwargs)
 
         return backward
-
-
-def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
-    """What at.batch_size(), at.accumulation() and the lr scale hand the script: the config's micro-batch,
-    and its micro-batches per step when the study fixes the global batch; nothing for a script whose
-    batch is its own (it never calls at.batch_size(), or its default cannot be read)."""
-    if job.own is None:
-        return {}
-    fixed = cfg.global_batch is not None
-
-    def scale(own_batch: int, own_accum: int) -> float:
-        # The user's lr is meant for the script's own global batch; the trial plans its own (below).
-        return lr_factor(planned_global(cfg, own_accum) / (own_batch * own_accum), cfg.lr_scaling)
-
-    return {
-        "batch_size": cfg.batch_size,
-        "accumulation": cfg.grad_accum if fixed else None,
-        "own_batch_size": job.own[0],
-        "own_accumulation": job.own[1],
-        "lr_scale": scale,
-    }
-
-
-def world_size() -> int:
-    """The ranks of the process group the script set up; 1 without one."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def group_lrs(optimizer: torch.optim.Optimizer) -> list[Any]:
-    """Each param group's lr as the trial last left it: a float that differs at the next step was set by
-    the script."""
-    return [group["lr"] for group in optimizer.param_groups]
-
-
-def rescale_lr(optimizer: torch.optim.Optimizer, schedules: list[LRScheduler], ratio: float) -> None:
-    """Every lr the optimizer's groups and its schedules keep, times `ratio` (a schedule computes from its
-    base_lrs, or from the group's lr: both move together)."""
-    for group in optimizer.param_groups:
-        for key in GROUP_LRS:
-            value = group.get(key)
-            if isinstance(value, torch.Tensor):
-                value.mul_(ratio)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                group[key] = value * ratio
-    for schedule in schedules:
-        for name in SCHEDULE_LRS:
-            values = getattr(schedule, name, None)
-            if isinstance(values, list):
-                setattr(schedule, name, [v * ratio for v in values])
-
-
-def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
-    """The DataLoader arguments a config sets over the script's own."""
-    kw: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
-    workers = cfg.num_workers > 0  # DataLoader refuses both without worker processes
-    kw["persistent_workers"] = cfg.persistent_workers if workers else False
-    kw["prefetch_factor"] = cfg.loader_prefetch
-    return kw
-
-
-def _dynamo_graphs() -> int | None:
-    """The graphs dynamo has compiled in this process (a private counter: None where it is absent)."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # noqa: BLE001 - an observation must not fail a trial
-        return None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,38 @@
+"""A user's script in a trial: how an unedited script gets tuned. It runs as written in the trial's process
+(runpy, with its own sys.argv and `__name__ == "__main__"`: `running`), with autotune's seams installed in
+torch before it starts (`seams`); each knob's part, how it reaches the script, what it observes and what
+the trial records of it, is one module:
+
+  - `loader`: the trial's num_workers, pin_memory, prefetch_factor, persistent_workers replace the
+    script's own DataLoader arguments (DataLoader.__init__ wrapped); a config with a data seed (parity's
+    data-order twin) hands each DataLoader a generator seeded with it;
+  - `optimizer`: the fused/foreach flags, set on its param groups before GradScaler or its first step sees
+    it (GradScaler.unscale_/step wrapped, and a global step pre-hook: GradScaler picks its path by the
+    optimizer's flags, so a flag switched inside step() would hand a foreach step a fused step's scale);
+    zero_grad(set_to_none) on optimizers and modules. cudnn.benchmark and the thread count are set before
+    the script runs (trial/loop/knobs.py);
+  - `batch`: the micro-batch and accumulation at.batch_size() and at.accumulation() hand over, and the lr
+    for the trial's global batch: the lr each optimizer's constructor is given, scaled by the study's rule
+    from the script's own global batch (Optimizer.__init__ wrapped, so a schedule built on it keeps its
+    shape); a script that calls at.lr() scales its own. Where the first step delivers another global batch
+    (a script that divides its accumulation by the world size), the lr and its schedules are set for the
+    batch run before that step updates anything. The samples of a step are what its loaders delivered,
+    else at.batch_size() x at.accumulation() as handed over;
+  - the model its optimizer trains, with no edit (`model`, which finds it at its first call): in one fixed
+    order `checkpointing` (checkpoint_segments), `channels_last` and `precision` applied to it in place,
+    each observed, unless an at.* call routes the knob (at.autocast() precision, at.model() channels_last);
+    `compile` through at.model();
+  - gpus: a script that sets up its own process group runs under torchrun, one process per GPU; the trial
+    sets up none itself, so the script's own DDP set-up runs untouched, and each rank runs these seams.
+    The world size and the global batch are what the run showed.
+Measurement is the trial's one Clock, made when the script first fetches or steps, on the device its
+tensors live on: each loader the script starts iterating is told to it, a global optimizer-step post-hook
+ends each step, the time blocked in the DataLoader iterator's __next__ is the data wait, each backward()'s
+scalar (a copy) is the step's loss. After the timed steps the hook closes the clock, reads what the run
+showed, and raises Done, which ends the script. The baseline (`baseline`) runs the script's own settings,
+overriding nothing. `records` reads each knob's effect, the construction sites the diff edits (`sites`)
+and what the run showed into the trial's `applied`. The static reading of the script (what it calls, its
+own batch and lr rule) is autotune.pipelines.script, which the search and the export read without torch.
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
+"""

@@ -1,0 +1,68 @@
+"""The DataLoader knobs for a script (num_workers, pin_memory, persistent_workers, prefetch_factor), and
+the data order: what a trial sets over the script's own DataLoader arguments, and what each loader ran.
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import RandomSampler
+
+from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect
+from autotune.pipelines.script import LOADER_KNOBS, api
+
+if TYPE_CHECKING:
+    from autotune.trial.loop.script.seams import Seams
+
+
+# A loader `autotune run` left as written: the exported trial never iterated it (Seams.measured).
+UNMEASURED = "no trial measured it (the exported trial never iterated it): the script's own"
+
+
+def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
+    """The DataLoader arguments a config sets over the script's own."""
+    kw: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
+    workers = cfg.num_workers > 0  # DataLoader refuses both without worker processes
+    kw["persistent_workers"] = cfg.persistent_workers if workers else False
+    kw["prefetch_factor"] = cfg.loader_prefetch
+    return kw
+
+
+def shuffled(it: Any) -> bool:
+    """Whether a DataLoader iterator draws its order from the loader's generator (a RandomSampler, the one
+    the trial seeds with the data seed); a sequential or distributed sampler keeps its own order."""
+    sampler = getattr(it, "_index_sampler", None)
+    sampler = getattr(sampler, "sampler", sampler)
+    return isinstance(sampler, RandomSampler)
+
+
+def loader_effects(cfg: TrialConfig, seams: Seams, unsupported: frozenset[str], why: str) -> dict[str, Any]:
+    """Each supported DataLoader knob as the script's first loader it was applied to ran it (`autotune run`
+    leaves the loaders no trial measured as written), else its first."""
+    loader = next(
+        (x for x in seams.loaders if x.get("kept") != UNMEASURED), seams.loaders[0] if seams.loaders else None
+    )
+    out: dict[str, Any] = {}
+    for k in LOADER_KNOBS:
+        if k in unsupported:
+            continue
+        out[k] = (
+            knob_effect(getattr(cfg, k), loader[k], loader.get("kept", why))
+            if loader
+            else knob_effect(getattr(cfg, k), None, "the script built no DataLoader in this run")
+        )
+    return out
+
+
+def data_order(seams: Seams, trial: api.Trial) -> str | None:
+    """Where the trial's data seed reached the data this run trained on: at.data_seed() (a script that draws
+    its batches itself), or a DataLoader that shuffles by its generator; None: nowhere, so parity's data-order
+    twin would train on the baseline's own batches."""
+    if "data_seed" in trial.calls:
+        return "at.data_seed()"
+    if any(seams.shuffles.values()):
+        return "a DataLoader that shuffles (the trial seeds its generator)"
+    return None

@@ -1,0 +1,33 @@
+"""The optimizer's knobs for a script: its fused/foreach flags and zero_grad's set_to_none, as its steps ran
+them.
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autotune.core.config import TrialConfig
+from autotune.core.effects import knob_effect
+
+if TYPE_CHECKING:
+    from autotune.trial.loop.script.seams import Seams
+
+
+def fusion_of(group: dict[str, Any]) -> str:
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach"):
+        return "foreach"
+    return "none" if "foreach" in group else "unknown"
+
+
+def optimizer_effects(cfg: TrialConfig, seams: Seams, why: str) -> dict[str, Any]:
+    """The optimizer's fusion as its first step ran it, and zero_grad's set_to_none as last called."""
+    out: dict[str, Any] = {}
+    if seams.optimizers:
+        out["optimizer_fusion"] = knob_effect(cfg.optimizer_fusion, seams.optimizers[0]["fusion"], why)
+    if seams.zero_grads:
+        out["set_to_none"] = knob_effect(cfg.set_to_none, seams.zero_grads[-1], why)
+    return out
