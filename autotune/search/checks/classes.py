@@ -31,7 +31,7 @@ from autotune.pipelines import kind_of
 from autotune.search.checks import parity, target
 from autotune.search.store import records
 from autotune.search.budget import Budget
-from autotune.search.store.records import CheckRecord, TrialRecord, write
+from autotune.search.store.records import CheckRecord, TrialRecord
 from autotune.search.store.results import (
     baseline_sps,
     baseline_trial,
@@ -40,7 +40,7 @@ from autotune.search.store.results import (
     feasible,
     leaderboard,
 )
-from autotune.search.store.records import FEASIBLE_KEY
+from autotune.search.store.telling import tell_infeasible
 from autotune.trial.processes.warm_client import WarmServer
 
 
@@ -48,7 +48,8 @@ def write_off(
     study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, label: str, check: CheckRecord
 ) -> FrozenTrial:
     """Tell a proposal in a failed class infeasible without running it."""
-    write(
+    return tell_infeasible(
+        study,
         trial,
         TrialRecord(
             role=Role.SEARCH,
@@ -58,8 +59,6 @@ def write_off(
             f"{check.get('trial')}: {check.get('reason', '')}"[:500],
         ),
     )
-    trial.set_constraint(FEASIBLE_KEY, 1.0)
-    return study.tell(trial, 0.0)
 
 
 def reference(

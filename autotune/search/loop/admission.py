@@ -38,8 +38,9 @@ from autotune.search.loop import cost
 from autotune.search.loop.runner import Events
 from autotune.search.space import memory
 from autotune.search.store import records
-from autotune.search.store.records import FEASIBLE_KEY, CheckRecord, ConfigKey, TrialRecord, config_key
+from autotune.search.store.records import CheckRecord, ConfigKey, TrialRecord, config_key
 from autotune.search.store.results import baseline_trial
+from autotune.search.store.telling import tell, tell_infeasible
 
 # Why a config is not run now (`why_not`; proposals.py counts them when nothing is left).
 MEASURED, FAILED_CLASS, TOO_BIG, TOO_SLOW, DEFERRED = "measured", "failed class", "memory", "timeout", "budget left"
@@ -72,9 +73,9 @@ class Sizer:
 
     def write_off(self, study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, role: str) -> FrozenTrial:
         """Tell a proposal that cannot fit infeasible, unrun: a constraint, like an OOM."""
-        records.write(trial, TrialRecord(role=role, reason=Reason.MEMORY_ESTIMATE, message=self.too_big(cfg) or ""))
-        trial.set_constraint(FEASIBLE_KEY, 1.0)
-        return study.tell(trial, 0.0)
+        return tell_infeasible(
+            study, trial, TrialRecord(role=role, reason=Reason.MEMORY_ESTIMATE, message=self.too_big(cfg) or "")
+        )
 
     def calibrate(self, frozen: optuna.trial.FrozenTrial) -> None:
         """On a CPU the peak is the process's RSS, and a trial forked from the warm server holds less of it
@@ -183,12 +184,12 @@ class Admission:
             records.write(trial, TrialRecord(role=role, cost_estimate_s=round(est.seconds, 2)))
         if why is None or est is None:
             return None
-        records.write(trial, TrialRecord(role=role, reason=Reason.COST_ESTIMATE, message=self.limits.message(est, why)))
+        record = TrialRecord(role=role, reason=Reason.COST_ESTIMATE, message=self.limits.message(est, why))
         if why == TOO_SLOW:  # a property of the config on this machine: infeasible, so the sampler learns it
-            trial.set_constraint(FEASIBLE_KEY, 1.0)
-            events.finished(self.study.tell(trial, 0.0))
+            events.finished(tell_infeasible(self.study, trial, record))
         else:  # a FAIL is never reused as a measurement: a later run of the study may propose it again
-            events.finished(self.study.tell(trial, state=TrialState.FAIL))
+            records.write(trial, record)
+            events.finished(tell(self.study, trial, state=TrialState.FAIL))
         return why
 
     def _label(self, cfg: TrialConfig) -> str | None:
@@ -211,11 +212,11 @@ def reuse(study: optuna.Study, trial: optuna.Trial, cfg: TrialConfig, earlier: F
                 message=f"not run: trial {earlier.number} runs the same config now",
             ),
         )
-        return study.tell(trial, state=TrialState.FAIL)
+        return tell(study, trial, state=TrialState.FAIL)
     record = TrialRecord.from_frozen(earlier)
     records.write(trial, dataclasses.replace(record, role=Role.SEARCH, owner=None, repeat_of=earlier.number))
     if earlier.state == TrialState.PRUNED:
-        return study.tell(trial, state=TrialState.PRUNED)
+        return tell(study, trial, state=TrialState.PRUNED)
     for key, value in earlier.constraints.items():
         trial.set_constraint(key, value)
-    return study.tell(trial, earlier.value)
+    return tell(study, trial, earlier.value)

@@ -31,6 +31,7 @@ from autotune.search.store import _optuna
 from autotune.trial.processes.locks import locked_trial
 from autotune.search.store.records import FEASIBLE_KEY, TrialRecord, of_result, write, write_owner, write_reason
 from autotune.search.store.results import baseline_sps
+from autotune.search.store.telling import tell
 from autotune.search.space.machine import usable_cpus
 from autotune.core.files import disk_error
 from autotune.core.outcomes import Reason, Role
@@ -96,19 +97,19 @@ def run_one(
         # A full or read-only disk: record why if the journal still takes a write, then stop the search.
         with contextlib.suppress(OSError):
             write(trial, TrialRecord(role=role, reason=Reason.DISK, message=f"{e.strerror or e}: {e.filename or ''}"))
-            study.tell(trial, state=TrialState.FAIL)
+            tell(study, trial, state=TrialState.FAIL)
         raise
     except BaseException:
         write_reason(trial, Reason.INTERRUPTED)
         _upload(trial, trial_dir)
-        study.tell(trial, state=TrialState.FAIL)
+        tell(study, trial, state=TrialState.FAIL)
         raise
     else:
         # The wall time beside the cost estimate made before launch (search/loop/cost.py reads it back).
         write(trial, TrialRecord(role=role, wall_s=round(time.monotonic() - launched, 2)))
         state, value = TrialState.COMPLETE, _measured(study, trial, role, cfg, result, settings, lease.contended)
     _upload(trial, trial_dir)
-    return study.tell(trial, value, state=state if value is None else None)
+    return tell(study, trial, value, state=state if value is None else None)
 
 
 @dataclass
