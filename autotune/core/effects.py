@@ -15,6 +15,15 @@ from autotune.core.config import KNOBS, TrialConfig, lr_factor
 from autotune.core.errors import TrialUnsupported
 
 
+# What a job saw of each knob: the value in effect, and why it differs from the one asked for when it does.
+Seen = dict[str, tuple[Any, str]]
+
+
+def seen_effects(cfg: TrialConfig, seen: Seen) -> dict[str, Any]:
+    """Each knob seen, recorded against what the config asked of it (`knob_effect`)."""
+    return {k: knob_effect(getattr(cfg, k), ran, why) for k, (ran, why) in seen.items()}
+
+
 def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:
     """One knob's record in a result's `applied`: {"requested", "in_effect"}, and "why" when it says something."""
     rec = {"requested": requested, "in_effect": in_effect}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from autotune.core.config import TrialConfig, baseline_of
 
-
 AS_WRITTEN = "the baseline runs the script's own settings"
 
 

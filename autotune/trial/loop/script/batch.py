@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LRScheduler
 
 from autotune.core.config import TrialConfig, lr_factor
-from autotune.core.effects import knob_effect, lr_effect
+from autotune.core.effects import Seen, knob_effect, lr_effect
 from autotune.pipelines.script import ScriptJob, api, rule_of
 
 if TYPE_CHECKING:
@@ -134,19 +134,17 @@ def own_as_run(trial: api.Trial, step_samples: list[int], step_batches: list[int
     }
 
 
-def batch_effect(cfg: TrialConfig, seams: Seams, trial: api.Trial) -> dict[str, Any]:
+def seen(seams: Seams, trial: api.Trial) -> Seen:
     """The micro-batch the script ran: its own as its loaders delivered it, else the one handed over, else
     its first DataLoader's; nothing when none shows one."""
     loader = seams.loaders[0] if seams.loaders else None
     ran = own_as_run(trial, seams.step_samples, seams.step_batches)
     if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
-        return {"batch_size": knob_effect(cfg.batch_size, ran["batch_size"], f"the script's own batch: {ran['from']}")}
+        return {"batch_size": (ran["batch_size"], f"the script's own batch: {ran['from']}")}
     if "batch_size" in trial.returned:  # handed over (batch_and_lr says more where the study knows its own)
-        return {"batch_size": knob_effect(cfg.batch_size, trial.returned["batch_size"], "through at.batch_size()")}
+        return {"batch_size": (trial.returned["batch_size"], "through at.batch_size()")}
     if loader:
-        return {
-            "batch_size": knob_effect(cfg.batch_size, loader["batch_size"], "the script's own DataLoader batch size")
-        }
+        return {"batch_size": (loader["batch_size"], "the script's own DataLoader batch size")}
     return {}
 
 

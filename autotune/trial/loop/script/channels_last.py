@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 
-from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
 from autotune.pipelines.script import api
 
 
@@ -45,8 +43,8 @@ def in_effect(model: torch.nn.Module) -> bool:
     return bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
 
 
-def handed_effect(cfg: TrialConfig, trial: api.Trial) -> dict[str, Any]:
+def handed_seen(trial: api.Trial) -> tuple[bool, str]:
     """The memory format of the 4-D weights of the models at.model() got."""
     convs = [p for m in trial.models for p in m.parameters() if p.dim() == 4]
     last = bool(convs) and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
-    return knob_effect(cfg.channels_last, last, "through at.model()")
+    return last, "through at.model()"

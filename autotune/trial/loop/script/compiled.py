@@ -8,28 +8,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
 from autotune.pipelines.script import api
 from autotune.trial.measurement import observe
 
 
-def compile_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any]) -> dict[str, Any]:
+def handed_seen(trial: api.Trial, seen: dict[str, Any]) -> tuple[str, str]:
     """Whether the model the script ran was compiled: at.model() returned a compiled module, and dynamo
     compiled graphs while the script ran (a script that keeps the module it passed, not the one returned,
     runs eagerly)."""
     if not any(observe.is_compiled(m) for m in trial.handed_back):
-        return knob_effect(cfg.compile, "off", "through at.model(): the model it returned is not compiled")
+        return "off", "through at.model(): the model it returned is not compiled"
     graphs = seen.get("compiled_graphs")
     if graphs == 0:
-        return knob_effect(
-            cfg.compile,
+        return (
             "off",
             "at.model() returned a compiled model, but dynamo compiled no graph while the script ran: it runs "
             "the module it passed, not the one at.model() returned",
         )
-    mode = cfg.compile if cfg.compile != "off" else "the script's own torch.compile"
-    return knob_effect(cfg.compile, mode, f"through at.model(): {graphs} graph(s) compiled" if graphs else "")
+    mode = trial.compile if trial.compile != "off" else "the script's own torch.compile"
+    return mode, f"through at.model(): {graphs} graph(s) compiled" if graphs else ""
 
 
 def dynamo_graphs() -> int | None:

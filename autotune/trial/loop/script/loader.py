@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import RandomSampler
 
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
+from autotune.core.effects import Seen
 from autotune.pipelines.script import LOADER_KNOBS, api
 
 if TYPE_CHECKING:
@@ -39,20 +39,18 @@ def shuffled(it: Any) -> bool:
     return isinstance(sampler, RandomSampler)
 
 
-def loader_effects(cfg: TrialConfig, seams: Seams, unsupported: frozenset[str], why: str) -> dict[str, Any]:
+def seen(seams: Seams, unsupported: frozenset[str], why: str) -> Seen:
     """Each supported DataLoader knob as the script's first loader it was applied to ran it (`autotune run`
     leaves the loaders no trial measured as written), else its first."""
     loader = next(
         (x for x in seams.loaders if x.get("kept") != UNMEASURED), seams.loaders[0] if seams.loaders else None
     )
-    out: dict[str, Any] = {}
+    out: Seen = {}
     for k in LOADER_KNOBS:
         if k in unsupported:
             continue
         out[k] = (
-            knob_effect(getattr(cfg, k), loader[k], loader.get("kept", why))
-            if loader
-            else knob_effect(getattr(cfg, k), None, "the script built no DataLoader in this run")
+            (loader[k], loader.get("kept", why)) if loader else (None, "the script built no DataLoader in this run")
         )
     return out
 

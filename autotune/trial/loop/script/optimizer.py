@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
+from autotune.core.effects import Seen
+
 
 if TYPE_CHECKING:
     from autotune.trial.loop.script.seams import Seams
@@ -23,11 +23,11 @@ def fusion_of(group: dict[str, Any]) -> str:
     return "none" if "foreach" in group else "unknown"
 
 
-def optimizer_effects(cfg: TrialConfig, seams: Seams, why: str) -> dict[str, Any]:
+def seen(seams: Seams, why: str) -> Seen:
     """The optimizer's fusion as its first step ran it, and zero_grad's set_to_none as last called."""
-    out: dict[str, Any] = {}
+    out: Seen = {}
     if seams.optimizers:
-        out["optimizer_fusion"] = knob_effect(cfg.optimizer_fusion, seams.optimizers[0]["fusion"], why)
+        out["optimizer_fusion"] = (seams.optimizers[0]["fusion"], why)
     if seams.zero_grads:
-        out["set_to_none"] = knob_effect(cfg.set_to_none, seams.zero_grads[-1], why)
+        out["set_to_none"] = (seams.zero_grads[-1], why)
     return out

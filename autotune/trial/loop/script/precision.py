@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 
-from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
 from autotune.pipelines.script import api
 from autotune.trial.loop.script.baseline import AS_WRITTEN
 from autotune.trial.measurement import observe
@@ -100,7 +98,7 @@ def amp_record(trial: api.Trial) -> dict[str, Any]:
     return out
 
 
-def precision_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any], as_written: bool) -> dict[str, Any]:
+def handed_seen(trial: api.Trial, seen: dict[str, Any], as_written: bool) -> tuple[Any, str]:
     """The precision the model ran at, as its forward showed it (the output dtype of its first layer, else
     its own): not the config's echo. Without a model handed to at.model() (or one the trial compiled), what
     at.autocast() entered, on the device the script's tensors live on."""
@@ -128,4 +126,4 @@ def precision_effect(cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any], a
         )
     if as_written:
         said.append(f"{AS_WRITTEN}: at.autocast({own!r})")
-    return knob_effect(cfg.precision, in_effect, "; ".join(said))
+    return in_effect, "; ".join(said)

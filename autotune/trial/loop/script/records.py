@@ -12,13 +12,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect, unsupported_effects
+from autotune.core.effects import Seen, knob_effect, seen_effects, unsupported_effects
 from autotune.pipelines.script import ScriptJob, api
-from autotune.trial.loop.script import channels_last, compiled, precision
+from autotune.trial.loop.script import batch, channels_last, compiled, loader, optimizer, precision
 from autotune.trial.loop.script.baseline import AS_WRITTEN
-from autotune.trial.loop.script.batch import batch_and_lr, batch_effect, own_as_run, per_step, throughput
-from autotune.trial.loop.script.loader import data_order, loader_effects
-from autotune.trial.loop.script.optimizer import optimizer_effects
 from autotune.trial.loop.script.sites import plain
 
 if TYPE_CHECKING:
@@ -30,7 +27,7 @@ def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, a
     the optimizer, the at.* calls, the model), the batch and lr that ran, the sites the diff edits, and
     what the run showed (`observed`)."""
     applied = unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
-    extra = batch_and_lr(cfg, seams, trial, job)
+    extra = batch.batch_and_lr(cfg, seams, trial, job)
     applied["script"] |= extra.pop("script")
     applied |= extra | seams.model.effects()
     if model := seams.model.record():
@@ -45,20 +42,16 @@ def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, a
 def observed(
     cfg: TrialConfig, seams: Seams, trial: api.Trial, as_written: bool, unsupported: frozenset[str]
 ) -> dict[str, Any]:
-    """What each routed knob did in the script's process, in `applied`'s shape (an unsupported knob keeps
-    its record, and why)."""
+    """What each routed knob did in the script's process, in `applied`'s shape: what each knob's module saw,
+    recorded against the config in one place (an unsupported knob keeps its record, and why)."""
     why = AS_WRITTEN if as_written else ""
+    seen = batch.seen(seams, trial) | loader.seen(seams, unsupported, why) | optimizer.seen(seams, why)
+    seen |= process_seen(why) | model_seen(trial, seams.final, as_written, unsupported)
     out: dict[str, Any] = {
-        "script": script_record(seams, trial),
-        "throughput": throughput(trial, seams.step_samples),
+        "script": script_record(seams, trial) | precision.amp_record(trial),
+        "throughput": batch.throughput(trial, seams.step_samples),
     }
-    out["script"] |= precision.amp_record(trial)
-    out |= batch_effect(cfg, seams, trial)
-    out |= loader_effects(cfg, seams, unsupported, why)
-    out |= optimizer_effects(cfg, seams, why)
-    out |= process_effects(cfg, why)
-    out |= model_effects(cfg, trial, seams.final, as_written, unsupported)
-    return out
+    return out | seen_effects(cfg, seen)
 
 
 def script_record(seams: Seams, trial: api.Trial) -> dict[str, Any]:
@@ -78,33 +71,31 @@ def script_record(seams: Seams, trial: api.Trial) -> dict[str, Any]:
         "device": seen.get("device"),
         "world_size": seen.get("world_size"),
         "global_batch": seen.get("global_batch"),
-        "batches_per_step": per_step(seams.step_batches) or None,
-        "own": own_as_run(trial, seams.step_samples, seams.step_batches),
+        "batches_per_step": batch.per_step(seams.step_batches) or None,
+        "own": batch.own_as_run(trial, seams.step_samples, seams.step_batches),
         "seeded": bool(seams.seeds),
         "seeds": seams.seeds[:3],
-        "data_order": data_order(seams, trial),
+        "data_order": loader.data_order(seams, trial),
     }
 
 
-def process_effects(cfg: TrialConfig, why: str) -> dict[str, Any]:
+def process_seen(why: str) -> Seen:
     """The process's cudnn.benchmark and thread count, as the script ran under them (set before it ran)."""
-    out: dict[str, Any] = {}
-    out["cudnn_benchmark"] = knob_effect(cfg.cudnn_benchmark, torch.backends.cudnn.benchmark, why)
-    out["num_threads"] = knob_effect(cfg.num_threads, torch.get_num_threads(), why or "0 = torch default")
-    return out
+    return {
+        "cudnn_benchmark": (torch.backends.cudnn.benchmark, why),
+        "num_threads": (torch.get_num_threads(), why or "0 = torch default"),
+    }
 
 
-def model_effects(
-    cfg: TrialConfig, trial: api.Trial, seen: dict[str, Any], as_written: bool, unsupported: frozenset[str]
-) -> dict[str, Any]:
-    """The precision the model ran at, the ranks, and the memory format and compilation of the model
-    at.model() got."""
-    out: dict[str, Any] = {}
+def model_seen(trial: api.Trial, final: dict[str, Any], as_written: bool, unsupported: frozenset[str]) -> Seen:
+    """The precision the model ran at through at.autocast(), the ranks, and the memory format and
+    compilation of the model at.model() got."""
+    out: Seen = {}
     if "autocast" in trial.calls:
-        out["precision"] = precision.precision_effect(cfg, trial, seen, as_written)
+        out["precision"] = precision.handed_seen(trial, final, as_written)
     if "gpus" not in unsupported:
-        out["gpus"] = knob_effect(cfg.gpus, seen.get("world_size"), "the ranks of the script's own process group")
+        out["gpus"] = (final.get("world_size"), "the ranks of the script's own process group")
     if "model" in trial.calls:
-        out["channels_last"] = channels_last.handed_effect(cfg, trial)
-        out["compile"] = compiled.compile_effect(cfg, trial, seen)
+        out["channels_last"] = channels_last.handed_seen(trial)
+        out["compile"] = compiled.handed_seen(trial, final)
     return out
