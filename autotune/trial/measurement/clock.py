@@ -1,5 +1,6 @@
-"""The one measured loop's clock: whatever owns the loop (autotune's own steps, a Trainer's callback, a
-script's optimizer hook) tells it where a step is, and it measures the trial the same way for every kind.
+"""The one clock of every measured loop: whatever owns the loop (autotune's own steps, a Trainer's callback,
+a script's optimizer hook, a probe's phase or its hook in a script run alone) tells it where a step is,
+and it measures a trial the same way for every kind, and a probe's steps the way a trial's are.
 
 What it owns:
   * the warm-up: steps untimed (allocator, cuDNN autotuning, compilation, loader start-up), then as many
@@ -9,22 +10,29 @@ What it owns:
   * the data wait: the time blocked on the loader, counted inside each step, from a synchronized mark, so
     kernels still running from the previous micro-batch are not taken for a wait on the loader;
   * each step's time, throughput per window (progress.jsonl, for pruning), and when the trial has measured
-    enough (agreed over ranks: a rank that stopped alone would leave the others in an all-reduce);
+    enough (agreed over ranks: a rank that stopped alone would leave the others in an all-reduce): the
+    decision to stop is the clock's (`over`; `raise_if_over` for a driver inside a loop it does not own);
+  * the samples the loaders handed over during the timed steps, counted one way (samples.batch_len);
   * every optimizer step's loss, warm-up included (parity and time to target read them);
-  * peak memory and GPU utilisation over the timed window, and other processes' CPU use meanwhile;
+  * peak memory and GPU utilisation over the timed window, and other processes' CPU use meanwhile (a
+    trial's meters; a probe's Span may leave them off);
   * the figures over ranks (the slowest rank's time, the device's peak, the mean utilisation) and the
     TrialResult.
 
-A driver calls, in this order:
+A trial's clock times what its config says (warm-up, timed steps or seconds, windows); a probe's, a
+`Span` (a fixed warm-up and timed steps or seconds, without the trial's meters: a probe's steps are
+timed as a trial's are, and it reads the figures it needs). A driver calls, in this order:
 
     clock.loader(l)        each loader the job iterates, once known (before the warm-up ends)
     clock.begin()          the job is ready to step: start-up ends, the warm-up begins
     clock.fetching()       the loop turns to its loader (a step's start, or after a micro-batch)
     clock.fetched()        the loader handed over its batch, or a step's batches
+    clock.delivered(b)     a batch the loader handed over, its samples counted (optional)
     clock.step_end(loss)   an optimizer step finished; True once the trial has measured enough
+    clock.raise_if_over()  from a hook inside a loop the driver does not own: WindowOver ends it
     clock.loss(x)          a step's loss handed over after step_end (HF logs it then)
     clock.close(...)       the loop ended: the window closes, the figures are reduced over ranks
-    clock.result(...)      the TrialResult
+    clock.result(...)      the TrialResult (a probe reads seconds, timed_steps, waited_s, samples instead)
 
 May import: autotune.core, and trial.measurement's instruments.
 """
@@ -36,6 +44,7 @@ import math
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,7 @@ from autotune.core.config import TrialConfig, TrialResult, drain_steps
 from autotune.core.errors import ConfigError
 from autotune.trial.measurement import measure
 from autotune.trial.measurement.contention import OtherCpu
+from autotune.trial.measurement.samples import batch_len
 
 UTIL_INTERVAL_S = 0.1  # NVML utilisation is read this often during the timed steps
 
@@ -54,26 +64,63 @@ class NonFiniteLoss(Exception):
     """A step's loss became nan or inf: the config's numerics failed (exit 4)."""
 
 
+class WindowOver(BaseException):
+    """Raised by Clock.raise_if_over once the timed window is measured, to end a loop the driver does not
+    own (a user's script, from a hook inside it): a BaseException, so the script's own `except Exception`
+    lets it through."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """What a clock leaves untimed and what it times: `warmup` steps (then, for the loaders told to it,
+    those that drain the batches they made ahead), then `steps` timed steps, or with `seconds` at least
+    `steps` and until `seconds` have passed. `every`: steps per throughput window (0: none). `meters`: the
+    peak memory (reset when the timed steps begin), NVML utilisation and other processes' CPU use over
+    the timed steps; off, the clock only counts and times (a reset of the peak empties CUDA's cache,
+    which a run that must run as written does not do)."""
+
+    warmup: int
+    steps: int
+    seconds: float | None = None
+    every: int = 0
+    meters: bool = True
+
+    @classmethod
+    def of(cls, cfg: TrialConfig) -> Span:
+        """A trial's: its warm-up, its timed steps or, time-boxed, a window at least and its seconds."""
+        steps = cfg.timed_steps if cfg.seconds is None else cfg.window
+        return cls(cfg.warmup_steps, steps, cfg.seconds, cfg.window, meters=True)
+
+
 def _made_ahead(loader: Any) -> int:
     """Batches a DataLoader's workers keep in flight: num_workers x prefetch_factor (0 without workers)."""
     return int(getattr(loader, "num_workers", 0) or 0) * int(getattr(loader, "prefetch_factor", 0) or 0)
 
 
 class Clock:
-    """One trial's measurement (see the module's docstring for the calls, in order).
+    """One measured run's clock (see the module's docstring for the calls, in order).
 
+    cfg: a trial's config (Span.of reads what to time from it), or a probe's Span. launched: when the
+    process started (time.time()), for the start-up's seconds; None: not counted.
     samples_per_step: the samples one optimizer step trains on, over all its micro-batches, on one rank:
-    the config's; a script's seams set what its loaders delivered. batches_per_step: the loader batches
-    one step takes (the config's accumulation; a script's seams set what they counted), which the drain
-    divides the batches made ahead by."""
+    the config's (0 for a Span); a script's seams set what its loaders delivered. batches_per_step: the
+    loader batches one step takes (the config's accumulation; a script's seams set what they counted),
+    which the drain divides the batches made ahead by."""
 
     def __init__(
-        self, cfg: TrialConfig, device: torch.device, rank: int, world: int, progress: Path | None, launched: float
+        self,
+        cfg: TrialConfig | Span,
+        device: torch.device,
+        rank: int = 0,
+        world: int = 1,
+        progress: Path | None = None,
+        launched: float | None = None,
     ) -> None:
-        self._cfg, self._device, self._rank, self._world = cfg, device, rank, world
+        self._span = cfg if isinstance(cfg, Span) else Span.of(cfg)
+        self._device, self._rank, self._world = device, rank, world
         self._progress, self._launched = progress, launched
-        self.samples_per_step: float = cfg.batch_size * cfg.grad_accum
-        self.batches_per_step = cfg.grad_accum
+        self.samples_per_step: float = 0.0 if isinstance(cfg, Span) else cfg.batch_size * cfg.grad_accum
+        self.batches_per_step = 1 if isinstance(cfg, Span) else cfg.grad_accum
         self._losses: list[float] = []
         self._step_times: list[float] = []
         self._waits: list[float] = []  # time blocked on the loader, inside each timed step
@@ -92,6 +139,10 @@ class Clock:
         self._window_start = 0.0
         self._util: measure.GpuUtilSampler | None = None
         self._others: OtherCpu | None = None
+        self._over = False  # the window closed on its steps or seconds: the driver stops
+        self._batches = 0  # told to `delivered`, since the clock was made
+        self._pending = 0  # samples delivered since the last step's end (or begin)
+        self._samples = 0  # samples delivered during the timed steps
 
     # ---- what the driver tells ----------------------------------------------------------------
     def loader(self, loader: Any) -> None:
@@ -102,9 +153,10 @@ class Clock:
 
     def begin(self) -> None:
         """The job is ready to step (model, optimizer and loader built): start-up ends here."""
-        self._startup_s = time.time() - self._launched
+        self._startup_s = 0.0 if self._launched is None else time.time() - self._launched
         self._started = self._mark = self._step_start = measure.now(self._device)
-        if self._cfg.warmup_steps == 0:
+        self._pending = 0  # what was delivered before the job was ready belongs to no step
+        if self._span.warmup == 0:
             self._untimed = 0
             self._start_timing()
 
@@ -117,6 +169,12 @@ class Clock:
         without a sync: the wait is the host's, and the mark was synchronized)."""
         self._wait += time.perf_counter() - self._mark
 
+    def delivered(self, batch: Any) -> None:
+        """A batch a loader handed over: its samples (samples.batch_len) count toward the step it is
+        trained in, and toward `samples` when that step is timed. Read without a sync: only counted."""
+        self._batches += 1
+        self._pending += batch_len(batch)
+
     def step_end(self, loss: float | None = None) -> bool:
         """An optimizer step finished (its loss, when the driver has it now). True once the trial has
         measured enough: the driver stops its loop."""
@@ -128,19 +186,26 @@ class Clock:
         if self._timing:
             self._step_times.append(t - self._step_start)
             self._waits.append(self._wait)
+            self._samples += self._pending
             self._window(t)
             done = self._finished(t)
             if done:
+                self._over = True
                 self._stop(measure.now(self._device))
         elif self.warming:
-            if self._untimed is None and self._steps >= self._cfg.warmup_steps:
-                self._untimed = self._cfg.warmup_steps + self._drain()
+            if self._untimed is None and self._steps >= self._span.warmup:
+                self._untimed = self._span.warmup + self._drain()
             if self._untimed is not None and self._steps >= self._untimed:
                 self._warmup_s = t - self._started
                 self._start_timing()
-        self._wait = 0.0
+        self._wait, self._pending = 0.0, 0
         self._step_start = self._mark = measure.now(self._device)  # the clock's own work is no step's
         return done
+
+    def raise_if_over(self) -> None:
+        """For a driver in a hook inside a loop it does not own: WindowOver once the window is measured."""
+        if self._over:
+            raise WindowOver
 
     def loss(self, value: float) -> None:
         """A step's loss. Raises NonFiniteLoss on nan or inf."""
@@ -183,10 +248,36 @@ class Clock:
         return self._t_begin is None
 
     @property
+    def over(self) -> bool:
+        """The timed window closed on its steps or seconds: the run has measured enough, the loop stops."""
+        return self._over
+
+    @property
     def untimed_steps(self) -> int:
         """The warm-up's steps: the config's, and once they are done, those that drain what the loaders
         made ahead."""
-        return self._cfg.warmup_steps if self._untimed is None else self._untimed
+        return self._span.warmup if self._untimed is None else self._untimed
+
+    @property
+    def seconds(self) -> float | None:
+        """The timed window's length (from its start, synchronized, to its close), once closed."""
+        return self._elapsed
+
+    @property
+    def timed_steps(self) -> int:
+        """The optimizer steps timed so far."""
+        return len(self._step_times)
+
+    @property
+    def waited_s(self) -> float:
+        """The time the timed steps spent blocked on the loader (told by fetching and fetched)."""
+        return sum(self._waits)
+
+    @property
+    def samples(self) -> int | None:
+        """The samples the timed steps trained on, as `delivered` counted them; None where no batch was
+        told to it (a job whose batches come from no loader the driver sees)."""
+        return self._samples if self._batches else None
 
     @property
     def util(self) -> measure.GpuUtilSampler | None:
@@ -233,7 +324,7 @@ class Clock:
     def _drain(self) -> int:
         """Decided once the warm-up's own steps are done: the loaders are known, and so is a step's take."""
         ahead = sum(_made_ahead(loader) for loader in self._loaders)
-        drain = drain_steps(ahead, self.batches_per_step, self._cfg.warmup_steps)
+        drain = drain_steps(ahead, self.batches_per_step, self._span.warmup)
         if drain and self._rank == 0:
             print(
                 f"autotune trial: {drain} more warm-up step(s): {_ahead_why(self._loaders)}",
@@ -243,15 +334,17 @@ class Clock:
         return drain
 
     def _start_timing(self) -> None:
-        measure.reset_peak_memory(self._device)  # the peak of the timed steps, not of the warm-up's workspaces
-        self._util = measure.GpuUtilSampler(self._device, UTIL_INTERVAL_S).__enter__()
-        self._others = OtherCpu().__enter__()
+        if self._span.meters:
+            measure.reset_peak_memory(self._device)  # the peak of the timed steps, not of the warm-up's workspaces
+            self._util = measure.GpuUtilSampler(self._device, UTIL_INTERVAL_S).__enter__()
+            self._others = OtherCpu().__enter__()
         self._t_begin = self._window_start = self._step_start = measure.now(self._device)
 
     def _stop(self, t: float) -> None:
         assert self._t_begin is not None
         self._elapsed = t - self._t_begin
-        self._peak = measure.peak_memory_bytes(self._device)
+        if self._span.meters:
+            self._peak = measure.peak_memory_bytes(self._device)
         for ctx in (self._util, self._others):
             if ctx is not None:
                 ctx.__exit__(None, None, None)
@@ -260,11 +353,11 @@ class Clock:
             self._gpu_util, self._gpu_util_errors = self._util.mean, self._util.errors
 
     def _window(self, t: float) -> None:
-        n, cfg = len(self._step_times), self._cfg
-        if n % cfg.window:
+        n, every = len(self._step_times), self._span.every
+        if not every or n % every:
             return
         took = t - self._window_start
-        self._windows.append(cfg.window * self.samples_per_step * self._world / took)
+        self._windows.append(every * self.samples_per_step * self._world / took)
         self._window_start = t
         if self._rank == 0 and self._progress is not None:
             with self._progress.open("a") as f:
@@ -272,10 +365,10 @@ class Clock:
 
     def _finished(self, t: float) -> bool:
         assert self._t_begin is not None
-        n, cfg = len(self._step_times), self._cfg
-        if cfg.seconds is None:
-            return n >= cfg.timed_steps
-        done = n >= cfg.window and t - self._t_begin >= cfg.seconds
+        n, span = len(self._step_times), self._span
+        if span.seconds is None:
+            return n >= span.steps
+        done = n >= span.steps and t - self._t_begin >= span.seconds
         if self._world > 1 and dist.is_initialized():  # ranks agree on the step count, or one waits in an all-reduce
             flag = torch.tensor([float(done)], device=self._device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)

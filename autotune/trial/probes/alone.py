@@ -5,12 +5,15 @@ runs FILE with runpy as `__main__` (sys.argv = [FILE, *ARGS], the DIRs first on 
 folder `python` would put there; for a patched copy kept elsewhere, the copy's folder, where the modules
 the diff edits are, then the original script's, for the rest), in a fresh process
 with no trial around it: no knob seams, no at.* trial installed, so every at.* call is the identity and
-the script runs its own settings. Only a step clock is installed: torch's global optimizer step
-post-hook stamps perf_counter (after a device sync) at each step; the first W steps are dropped; after
-the next N steps the hook raises _Enough, a BaseException the script's own `except Exception` lets
-through, which ends the run. Samples are counted from the batches the script's own DataLoaders yielded
-(the first dimension of each batch's first tensor), so a change of batch is counted as it ran; a script
-whose batches come from no DataLoader is measured in steps/s, and the result says which unit.
+the script runs its own settings. Only the Clock trials drive is installed (trial.measurement.clock, with a
+Span of W warm-up and N timed steps and no meters: it counts and times, and changes nothing the script
+runs), driven from torch's global optimizer step post-hook: the first step's end begins it (where a step
+starts in a script is not seen), the next W steps are its warm-up, the N after them are timed, each read
+after a device sync; then the clock raises WindowOver, a BaseException the script's own
+`except Exception` lets through, which ends the run. Samples are what the script's own DataLoaders
+handed over during the timed steps, counted as a trial counts them (trial.measurement.samples), so a
+change of batch is counted as it ran; a script whose batches come from no DataLoader is measured in
+steps/s, and the result says which unit.
 
 R holds steps_per_s, samples_per_s (None without a counted loader), unit, the timed seconds, samples, the
 batch size each DataLoader was built with and the thread count. Exit 0; 1 the script ended (or raised)
@@ -18,6 +21,8 @@ before W + N + 1 steps.
 
 `run_alone` starts one such process (search/loop/alone.py alternates them in paired rounds;
 benchmarks/script_example.py measures a search's export the same way).
+
+May import: autotune.core, trial.processes, trial.loop and trial.measurement.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,41 +90,58 @@ def run_alone(
     return dict(json.loads(out.read_text()))
 
 
-class _Enough(BaseException):
-    """Raised from the step hook after the timed steps: a BaseException, so the script's `except Exception`
-    lets it through."""
+class _Run:
+    """What one alone run saw: its clock (a Span of `warmup` then `steps` timed steps, without the trial's
+    meters: it only counts and times), the optimizer steps the script took, and the batch size each
+    DataLoader was built with."""
 
+    def __init__(self, warmup: int, steps: int) -> None:
+        from autotune.trial.measurement.clock import Clock, Span  # not at import: the search needs no torch
 
-class _Counts:
-    """What the step clock and the DataLoader counters saw of one run."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-        self.samples: list[int] = [0]  # delivered since the last step; one entry per step after it
-        self.counted = False  # a DataLoader handed over a batch
+        self.clock = Clock(Span(warmup, steps, meters=False), _device())
+        self.steps = 0  # optimizer steps, the first (which started the clock) included
         self.batch_sizes: list[Any] = []
+
+    def step_end(self) -> None:
+        """An optimizer step finished. Where a step starts in a script is not seen, so the first step's end
+        begins the clock (the script's start-up and first step are no warm-up step of it); WindowOver once
+        the timed steps are done, which ends the script."""
+        self.steps += 1
+        if self.steps == 1:
+            self.clock.begin()
+        else:
+            self.clock.step_end()
+        self.clock.raise_if_over()
 
 
 def measure(
     script: Path, args: list[str], warmup: int, steps: int, home: tuple[Path, ...] = (), model: Path | None = None
 ) -> dict[str, Any]:
-    """Run `script` in this process as `python script ARGS` would, stamping each optimizer step; its figures.
+    """Run `script` in this process as `python script ARGS` would, timing its optimizer steps; its figures.
     `model`: a config JSON ({"config", "routed"}) whose model knobs are applied to the model the script's
-    optimizer trains, as `autotune run` applies them (trial/loop/script/model.py): what no diff can write.
+    optimizer trains, as `autotune run` applies them (trial/loop/unedited): what no diff can write.
     Raises AloneFailed when it ends before warmup + steps + 1 steps."""
-    counts = _Counts()
+    run = _Run(warmup, steps)
     seams = _model_seams(model)
     try:
-        _run_counted(script, args, home or (script.parent,), warmup + steps, counts, seams)
+        _run_counted(script, args, home or (script.parent,), run, seams)
     finally:
         if seams is not None:
             seams.close()
-    if len(counts.stamps) <= warmup + steps:
+    if not run.clock.over:
         raise AloneFailed(
-            f"the script ended after {len(counts.stamps)} optimizer step(s), before the {warmup} warm-up and "
+            f"the script ended after {run.steps} optimizer step(s), before the {warmup} warm-up and "
             f"{steps} timed ones: give it more steps in its arguments"
         )
-    return _figures(counts, warmup, steps) | ({"model": seams.effects()} if seams is not None else {})
+    return _figures(run, warmup, steps) | ({"model": seams.effects()} if seams is not None else {})
+
+
+def _device() -> Any:
+    """The device the clock synchronizes before reading: CUDA's current one (whichever the script set when
+    the clock reads), else the CPU."""
+    import torch
+
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _model_seams(model: Path | None) -> Any:
@@ -134,18 +155,19 @@ def _model_seams(model: Path | None) -> Any:
     return ModelSeams(TrialConfig.from_dict(record["config"]), record["routed"], as_written=False)
 
 
-def _run_counted(
-    script: Path, args: list[str], home: tuple[Path, ...], stop_after: int, counts: _Counts, seams: Any = None
-) -> None:
-    """Run `script` as `__main__` with the step clock and the DataLoader counters installed (and the model
-    `seams`, armed by each optimizer the script builds), until it ends or its step past `stop_after` is
-    stamped; sys.argv, sys.path and torch as they were afterwards."""
+def _run_counted(script: Path, args: list[str], home: tuple[Path, ...], run: _Run, seams: Any = None) -> None:
+    """Run `script` as `__main__` with the run's clock driven from torch's global optimizer step post-hook
+    and the DataLoaders' batches told to it (and the model `seams`, armed by each optimizer the script
+    builds), until it ends or the clock's window is over; sys.argv, sys.path and torch as they were
+    afterwards."""
     import runpy
 
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from autotune.trial.measurement.clock import WindowOver
 
     init, nxt, build = DataLoader.__init__, _BaseDataLoaderIter.__next__, torch.optim.Optimizer.__init__
 
@@ -155,36 +177,27 @@ def _run_counted(
 
     def counting_init(loader: Any, *a: Any, **kw: Any) -> None:
         init(loader, *a, **kw)
-        counts.batch_sizes.append(loader.batch_size)
+        run.batch_sizes.append(loader.batch_size)
 
     def counting_next(it: Any) -> Any:
         batch = nxt(it)
-        first = batch[0] if isinstance(batch, (list, tuple)) else batch
-        if isinstance(first, dict):
-            first = next(iter(first.values()), None)
-        counts.samples[-1] += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
-        counts.counted = True
+        run.clock.delivered(batch)
         return batch
 
-    def stamp(optimizer: Any, a: Any, kw: Any) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        counts.stamps.append(time.perf_counter())
-        counts.samples.append(0)
-        if len(counts.stamps) > stop_after:
-            raise _Enough
+    def stepped(optimizer: Any, a: Any, kw: Any) -> None:
+        run.step_end()
 
     DataLoader.__init__ = counting_init  # type: ignore[method-assign,assignment]
     _BaseDataLoaderIter.__next__ = counting_next  # type: ignore[method-assign,assignment]
     if seams is not None:
         torch.optim.Optimizer.__init__ = arming_init  # type: ignore[method-assign,assignment]
-    handle = register_optimizer_step_post_hook(stamp)
+    handle = register_optimizer_step_post_hook(stepped)
     argv, path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *args]
     sys.path[0:0] = [str(folder) for folder in home]
     try:
         runpy.run_path(str(script), run_name="__main__")
-    except _Enough:
+    except WindowOver:
         pass
     finally:
         handle.remove()
@@ -193,22 +206,22 @@ def _run_counted(
         sys.argv, sys.path[:] = argv, path
 
 
-def _figures(counts: _Counts, warmup: int, steps: int) -> dict[str, Any]:
-    """The timed window's figures: steps/s, and samples/s where a DataLoader counted its batches."""
+def _figures(run: _Run, warmup: int, steps: int) -> dict[str, Any]:
+    """The timed window's figures, as the clock measured them: steps/s, and samples/s where a DataLoader
+    handed over batches."""
     import torch
 
-    # Step i's samples were delivered between stamps i-1 and i: the timed window is stamps[warmup]..[warmup+steps].
-    seconds = counts.stamps[warmup + steps] - counts.stamps[warmup]
-    timed = sum(counts.samples[warmup + 1 : warmup + steps + 1])
+    seconds, samples = run.clock.seconds, run.clock.samples
+    assert seconds is not None  # the window is over
     return {
         "steps_per_s": steps / seconds,
-        "samples_per_s": timed / seconds if counts.counted else None,
-        "unit": UNIT_SAMPLES if counts.counted else UNIT_STEPS,
+        "samples_per_s": samples / seconds if samples is not None else None,
+        "unit": UNIT_SAMPLES if samples is not None else UNIT_STEPS,
         "seconds": seconds,
         "steps": steps,
         "warmup": warmup,
-        "samples": timed if counts.counted else None,
-        "batch_sizes": counts.batch_sizes,
+        "samples": samples,
+        "batch_sizes": run.batch_sizes,
         "threads": torch.get_num_threads(),
     }
 

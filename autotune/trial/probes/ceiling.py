@@ -13,10 +13,14 @@ trial does (`harness.build`) and, in one process:
                  threads: what this device sustains on the op the FLOP count counts
 
 The two phases run in ROUNDS rounds, alternating which goes first, and each rate is the median of its
-rounds. The share lost to data wait is 1 - end-to-end / compute only, both from this process seconds
-apart (a process's own speed moves ~10% on a shared VM, so two processes would not compare). The
-utilisation is FLOPs per sample x samples/s over the probed peak. `timed_steps` and `warm_up` are the
-measuring code benchmarks/roofline.py shares.
+rounds. Each phase is timed by a Clock of its own (trial.measurement.clock, the one trials drive), with
+a Span of its warm-up and at least MIN_STEPS steps and PHASE_S seconds: its warm-up, the sync before
+every read and the data wait inside each step are the trial's. The share lost to data wait is 1 -
+end-to-end / compute only, both from this process seconds apart (a process's own speed moves ~10% on a
+shared VM, so two processes would not compare). The utilisation is FLOPs per sample x samples/s over the
+probed peak. `timed_steps` and `warm_up` are the measuring code benchmarks/roofline.py shares.
+
+May import: autotune.core, autotune.pipelines, trial.processes, trial.loop and trial.measurement.
 """
 
 from __future__ import annotations
@@ -71,28 +75,32 @@ def samples_per_step(cfg: TrialConfig) -> int:
 
 
 def warm_up(h: Any, source: Iterator[Any], steps: int) -> None:
-    """Untimed steps: one-off costs (allocations, kernel selection) and batches prefetched while idle."""
+    """Untimed steps outside any phase: one-off costs (allocations, kernel selection) before the first.
+    A phase's own warm-up is its clock's (timed_steps' `warmup`)."""
     for _ in range(steps):
         h.step(next(source))
 
 
-def timed_steps(h: Any, source: Iterator[Any], min_steps: int, seconds: float) -> Timed:
-    """h.step on `source` until both `min_steps` and `seconds` are reached. h.step ends in loss.item()
-    (a device sync) and the clock is read after a sync, so the phase's time is the steps' own."""
-    from autotune.trial.measurement import measure
+def timed_steps(h: Any, source: Iterator[Any], min_steps: int, seconds: float, warmup: int = 0) -> Timed:
+    """One phase on a Clock of its own: `warmup` untimed steps, then h.step on `source` until both
+    `min_steps` and `seconds` are reached. The clock syncs before every read and before each fetch, and
+    counts the time blocked on `source` inside each step, so the phase's time is the steps' own."""
+    from autotune.trial.measurement.clock import Clock, Span
 
-    steps, waited = 0, 0.0
-    t0 = measure.now(h.device)
+    # No meters: the rounds meter other processes' CPU use as a whole (a phase is shorter than it can be
+    # judged over), and the section holds no peak memory or NVML utilisation of the phase's steps.
+    clock = Clock(Span(warmup, min_steps, seconds, meters=False), h.device)
+    clock.begin()
     while True:
-        t = time.perf_counter()
+        clock.fetching()
         batch = next(source)
-        waited += time.perf_counter() - t
+        clock.fetched()
         h.step(batch)
-        steps += 1
-        elapsed = measure.now(h.device) - t0
-        if steps >= min_steps and elapsed >= seconds:
+        if clock.step_end():
             break
-    return Timed(steps * samples_per_step(h.cfg) / elapsed, waited / elapsed, steps, elapsed)
+    elapsed, steps = clock.seconds, clock.timed_steps
+    assert elapsed is not None  # the window closed on its steps and seconds
+    return Timed(steps * samples_per_step(h.cfg) / elapsed, clock.waited_s / elapsed, steps, elapsed)
 
 
 def step_flops(h: Any, batch: Any) -> tuple[int, str | None]:
@@ -208,11 +216,10 @@ def alternated_rounds(
         for r in range(ROUNDS):
             for loader_fed in (True, False) if r % 2 == 0 else (False, True):
                 if loader_fed:
-                    # Stepped through, not just drained: what the workers prefetched while the loader was
-                    # not read costs no wait, and a queue emptied at once makes the first steps wait more
-                    # than in a trial's steady state.
-                    warm_up(h, stream, prefetched)
-                    e2e.append(timed_steps(h, stream, MIN_STEPS, PHASE_S))
+                    # The clock's warm-up steps through the batches, not just drains them: what the workers
+                    # prefetched while the loader was not read costs no wait, and a queue emptied at once
+                    # makes the first steps wait more than in a trial's steady state.
+                    e2e.append(timed_steps(h, stream, MIN_STEPS, PHASE_S, warmup=prefetched))
                 else:
                     comp.append(timed_steps(h, cycle, MIN_STEPS, PHASE_S))
     return e2e, comp, others.cpus

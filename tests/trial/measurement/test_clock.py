@@ -1,7 +1,9 @@
-"""autotune/trial/measurement/clock.py: the one clock every kind of job's loop drives, read on a fake GPU and
-a fake time, so each figure is known exactly: warm-up and the drain of batches made ahead, a sync before
-every read and before each fetch, the data wait, windows and progress.jsonl, when a trial is finished
-(agreed over ranks), the peak memory of the timed steps, the losses and the result."""
+"""autotune/trial/measurement/clock.py: the one clock every kind of job's loop and every probe drives, read on
+a fake GPU and a fake time, so each figure is known exactly: warm-up and the drain of batches made ahead, a
+sync before every read and before each fetch, the data wait, windows and progress.jsonl, when a trial is
+finished (agreed over ranks), the peak memory of the timed steps, the losses and the result; a probe's
+Span (its own warm-up and window, no meters), the samples delivered in the timed steps, and the window
+being over, said by the clock."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
 from autotune.trial.measurement import clock as clock_module
 from autotune.trial.measurement import measure
-from autotune.trial.measurement.clock import Clock, NonFiniteLoss
+from autotune.trial.measurement.clock import Clock, NonFiniteLoss, Span, WindowOver
 from tests.fakes import UUID_A, FakeGpu, FakeNvml
 
 GPU = torch.device("cuda", 0)
@@ -224,6 +226,72 @@ def test_a_window_nvml_never_sampled_says_why_it_has_no_utilisation(monkeypatch:
     cpu = measure.GpuUtilSampler(torch.device("cpu"))
     clock_module._say_why_no_util(cpu, torch.device("cpu"), 0.04)
     assert cpu.first_error is None  # a CPU has no utilisation to miss
+
+
+# --- a probe's Span ---------------------------------------------------------------------------------
+
+
+def test_a_span_times_its_steps_after_its_warm_up_and_only_counts_and_times(
+    fake: FakeTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe's clock: its warm-up untimed, its steps timed, and nothing of the trial's meters (no reset
+    of the peak, which would empty CUDA's cache under a script run as written; no NVML sampler)."""
+    monkeypatch.setattr(measure, "reset_peak_memory", lambda device: fake.events.append("reset"))
+    clock = Clock(Span(warmup=2, steps=3, meters=False), GPU)
+    clock.begin()
+    for _ in range(2):  # the warm-up: slow steps the window must not see
+        assert not step(clock, fake, wait=1.0, compute=9.0)
+    assert not clock.warming and clock.seconds is None
+    done = [step(clock, fake, wait=0.25, compute=0.75) for _ in range(3)]
+    assert done == [False, False, True] and clock.over
+    assert clock.seconds == 3.0 and clock.timed_steps == 3 and clock.waited_s == 0.75
+    assert clock.util is None and "reset" not in fake.events and "sync" in fake.events
+    r = clock.result({}, None)
+    assert r.peak_memory_bytes == 0 and r.gpu_util is None and r.windows == ()  # no meters, no windows
+    metered = Clock(Span(warmup=0, steps=1), GPU)  # meters on: the same span resets the peak, as a trial does
+    run(metered, fake)
+    assert "reset" in fake.events and metered.util is not None
+
+
+def test_a_span_with_seconds_runs_its_steps_at_least_then_its_seconds(fake: FakeTime) -> None:
+    clock = Clock(Span(warmup=0, steps=2, seconds=3.5), GPU)
+    assert run(clock, fake) == 4  # 1 s a step: the 4th passes 3.5 s
+    clock = Clock(Span(warmup=0, steps=3, seconds=0.1), GPU)
+    assert run(clock, fake) == 3  # the seconds are spent after one step, the steps are not
+    assert Span.of(cfg(seconds=2.0, window=2)) == Span(1, 2, 2.0, every=2, meters=True)
+    assert Span.of(cfg()) == Span(1, 4, None, every=2, meters=True)  # a trial's: its timed steps
+
+
+def test_the_clock_says_when_the_window_is_over_and_raises_through_a_loop_it_does_not_own(fake: FakeTime) -> None:
+    clock = Clock(Span(warmup=1, steps=2, meters=False), GPU)
+    clock.begin()
+    ended_at = 0
+    with pytest.raises(WindowOver):
+        for n in range(1, 100):  # a script's loop, the clock driven from a hook inside it
+            try:
+                ended_at = n
+                step(clock, fake, 0.0, 1.0)
+                clock.raise_if_over()
+            except Exception:  # noqa: BLE001 - a script's own handler: WindowOver is no Exception
+                pass
+    assert ended_at == 3 and clock.over  # one warm-up step, two timed
+
+
+def test_the_samples_counted_are_the_timed_steps_delivered_batches(fake: FakeTime) -> None:
+    clock = Clock(Span(warmup=1, steps=2, meters=False), GPU)
+    assert clock.samples is None  # no batch told: the job's batches come from no loader the driver sees
+    clock.delivered(torch.zeros(100, 3))  # before the job is ready to step: no step's
+    clock.begin()
+    for batches in ([torch.zeros(8, 3)], [torch.zeros(5, 3), torch.zeros(5, 3)], [{"x": (torch.zeros(3, 2),)}]):
+        for b in batches:  # the warm-up's 8, then 5 + 5 (two micro-batches), then 3 from a nested batch
+            clock.delivered(b)
+        clock.step_end()
+    assert clock.over and clock.samples == 10 + 3
+    clock = Clock(Span(warmup=0, steps=1, meters=False), GPU)
+    clock.begin()
+    clock.delivered([])  # a batch with no tensor counts as one sample, and says a loader delivered
+    clock.step_end()
+    assert clock.samples == 1
 
 
 # --- over ranks: two gloo ranks, forked ------------------------------------------------------------

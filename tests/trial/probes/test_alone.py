@@ -1,6 +1,8 @@
 """One run of a script alone: the script as `python script ARGS` runs it (no trial: every at.* call is the
-identity), timed by a step clock alone, its samples counted from the batches its own DataLoader yielded
-(steps/s, said, without one), ended after the timed steps; a script that ends first is a said failure."""
+identity), timed by the trial's Clock driven from its optimizer steps (its warm-up excluded, its window
+the timed steps), its samples counted from the batches its own DataLoader yielded as a trial counts them
+(steps/s, said, without one), ended by the clock after the timed steps, through the script's own
+`except Exception`; a script that ends first is a said failure."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.trial.measurement import measure as instruments
 from autotune.trial.probes.alone import UNIT_SAMPLES, UNIT_STEPS, AloneFailed, measure, run_alone
+from tests.trial.measurement.test_clock import FakeTime
 
 LOADER_SCRIPT = """
 import argparse, json, sys
@@ -50,6 +54,36 @@ for step in range(100):
     opt.zero_grad()
     model(x).sum().backward()
     opt.step()
+"""
+
+# Nested batches ((x, x2), y), each step's seconds said to the test's fake time, and a handler of its own
+# around the loop: only a BaseException ends it before `steps` steps.
+TIMED_SCRIPT = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+import alone_fake_time
+
+class Pairs(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return (torch.randn(3), torch.randn(3)), torch.randn(1)
+
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+steps = 0
+try:
+    for epoch in range(100):
+        for (x, _), y in DataLoader(Pairs(), batch_size=4, drop_last=True):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            steps += 1
+            alone_fake_time.advance(10.0 if steps <= 3 else 0.5)  # the first step and the warm-up's are slow
+            opt.step()
+except Exception:
+    pass
+raise SystemExit(f"ran on after {steps} steps")
 """
 
 
@@ -97,3 +131,17 @@ def test_a_script_that_ends_before_its_steps_is_a_said_failure(repo_on_path: Pat
     script = write(tmp_path, "train.py", LOADER_SCRIPT)
     with pytest.raises(AloneFailed, match=r"ended after 10 optimizer step\(s\).*more steps"):
         run_alone(script, ["--epochs", "1"], warmup=3, steps=20, out=tmp_path / "alone.json", timeout_s=120)
+
+
+def test_the_window_is_the_clocks_after_its_warm_up_and_its_samples_are_counted_as_a_trial_counts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a fake time the script advances: the first step's end begins the clock, the next 2 are its warm-up
+    (10 s each, unseen), the 4 after them are timed (0.5 s each); the nested batches hold 4 samples each."""
+    t = FakeTime()
+    monkeypatch.setattr(instruments, "time", t)
+    monkeypatch.setitem(sys.modules, "alone_fake_time", t)
+    got = measure(write(tmp_path, "train.py", TIMED_SCRIPT), [], warmup=2, steps=4)
+    assert got["seconds"] == 2.0 and got["steps_per_s"] == 2.0
+    assert got["unit"] == UNIT_SAMPLES and got["samples"] == 4 * 4 and got["samples_per_s"] == 8.0
+    assert got["steps"] == 4 and got["warmup"] == 2 and got["batch_sizes"] == [4]

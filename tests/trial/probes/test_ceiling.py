@@ -1,8 +1,12 @@
-"""The ceiling measurement: FlopCounterMode over one training step counts what the model computes, worked
-by hand; the section holds each figure with how it was measured; a model with no countable op says so."""
+"""The ceiling measurement: each phase timed by a Clock of its own (its warm-up unseen, its window at least
+its steps and seconds, the data wait inside each step), on a fake time so each figure is known exactly;
+FlopCounterMode over one training step counts what the model computes, worked by hand; the section holds
+each figure with how it was measured; a model with no countable op says so."""
 
 from __future__ import annotations
 
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,10 @@ from torch import nn
 from autotune.core.config import TrialConfig
 from autotune.trial.probes import ceiling
 from autotune.trial.loop.harness import build
+from autotune.trial.measurement import clock as clock_module
+from autotune.trial.measurement import measure
 from tests.fault_pipelines import TinyPipeline
+from tests.trial.measurement.test_clock import FakeTime
 
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, batch_size=4)
 ELEMENTWISE = TINY.replace(pipeline="tests.trial.probes.test_ceiling:elementwise")
@@ -42,6 +49,41 @@ def elementwise(cfg: Any) -> ElementwisePipeline:
 def conv_flops(n: int, c_in: int, c_out: int, k: int, hw: int) -> int:
     """2 x multiply-adds of a stride-1, same-padded convolution (FlopCounterMode's convention, no bias)."""
     return 2 * n * c_out * hw * c_in * k * k
+
+
+def fake_phase(monkeypatch: pytest.MonkeyPatch, wait: float, warm: float, timed: float) -> tuple[Any, Iterator[int]]:
+    """A harness whose step takes `warm` s on the source's first 3 batches, then `timed` s, and a source that
+    blocks `wait` s on each batch; the clock reads the fake time."""
+    t = FakeTime()
+    monkeypatch.setattr(clock_module, "time", t)
+    monkeypatch.setattr(measure, "time", t)
+    stepped: list[int] = []
+
+    def step(batch: int) -> float:
+        stepped.append(batch)
+        t.advance(warm if batch < 3 else timed)
+        return 1.0
+
+    def source() -> Iterator[int]:
+        n = 0
+        while True:
+            t.advance(wait)
+            yield n
+            n += 1
+
+    h = types.SimpleNamespace(device=torch.device("cpu"), cfg=TINY.replace(batch_size=4), step=step, stepped=stepped)
+    return h, source()
+
+
+def test_a_phase_is_timed_by_its_clock_after_its_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    h, source = fake_phase(monkeypatch, wait=0.25, warm=20.0, timed=0.75)
+    t = ceiling.timed_steps(h, source, min_steps=2, seconds=3.5, warmup=3)
+    # 3 warm-up steps unseen, then 1 s steps (0.25 s of it blocked on the source) until 3.5 s have passed.
+    assert h.stepped == list(range(3 + 4)) and t.steps == 4 and t.seconds == 4.0
+    assert t.samples_per_s == 4 * 4 / 4.0 and t.data_wait == 0.25
+    h, source = fake_phase(monkeypatch, wait=0.0, warm=1.0, timed=1.0)
+    t = ceiling.timed_steps(h, source, min_steps=3, seconds=0.1)  # no warm-up: benchmarks/roofline.py's call
+    assert t.steps == 3 and t.seconds == 3.0  # the seconds were spent after one step, the steps were not
 
 
 def test_the_flops_of_one_step_of_a_tiny_conv_net_are_the_analytic_count(repo_on_path: Path) -> None:
