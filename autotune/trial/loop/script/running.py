@@ -11,7 +11,7 @@ import contextlib
 import os
 import runpy
 import sys
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,9 @@ from autotune.trial.loop import knobs
 from autotune.trial.loop.script.baseline import is_as_written
 from autotune.trial.loop.script.batch import batch_handover
 from autotune.trial.loop.script.records import what_ran
-from autotune.trial.loop.script.seams import Done, Seams, installed
+from autotune.trial.loop.script.seams import Seams, installed
 from autotune.trial.measurement import measure
-from autotune.trial.measurement.clock import Clock
+from autotune.trial.measurement.clock import Clock, WindowOver
 
 
 @contextlib.contextmanager
@@ -89,11 +89,12 @@ def _run(
     )
 
     def clock_for(device: torch.device) -> Clock:
-        clock = Clock(cfg, device, rank, world, progress, launched)
-        return _Whole(clock, seams.finish) if whole else clock  # type: ignore[return-value]
+        return Clock(cfg, device, rank, world, progress, launched)
 
     own_lr, routed = "lr" in job.uses.api, job.routed
-    seams = Seams(cfg, clock_for, as_written, trial, own_lr, machine=machine, measured=measured, routed=routed)
+    seams = Seams(
+        cfg, clock_for, as_written, trial, own_lr, machine=machine, measured=measured, routed=routed, whole=whole
+    )
     finished, code = execute(job, seams, whole=whole)
     if whole and seams.clock is not None and not seams.final:  # it ended before the trial's window closed
         seams.finish()
@@ -117,47 +118,6 @@ def _run(
         return TrialResult(status="ok", applied=applied, memory_total_bytes=memory, message=str(e)), code
 
 
-class _Whole:
-    """A whole run's clock (`run_whole`): the trial's Clock until its window is measured, when `done`
-    closes it and reads what the run showed (Seams.finish, as a trial's end does); idle afterwards, so
-    the script trains on with no device sync and no clock read per step, and the figures stay the
-    window's. It never asks the script to stop."""
-
-    def __init__(self, clock: Clock, done: Callable[[], None]) -> None:
-        object.__setattr__(self, "_clock", clock)
-        object.__setattr__(self, "_done", done)
-        object.__setattr__(self, "idle", False)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._clock, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not self.idle:  # what the seams count after the window does not change its figures
-            setattr(self._clock, name, value)
-
-    def loader(self, loader: Any) -> None:
-        if not self.idle:
-            self._clock.loader(loader)
-
-    def fetching(self) -> None:
-        if not self.idle:
-            self._clock.fetching()
-
-    def fetched(self) -> None:
-        if not self.idle:
-            self._clock.fetched()
-
-    def step_end(self, loss: float | None = None) -> bool:
-        if not self.idle and self._clock.step_end(loss):
-            self._done()
-            object.__setattr__(self, "idle", True)
-        return False
-
-    def close(self, losses_per_rank: bool) -> None:
-        if not self.idle:
-            self._clock.close(losses_per_rank)
-
-
 def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, int]:
     """Run the script with the seams and their trial installed (what the script's at.* calls read). Returns
     whether the trial stopped it after its timed steps (False: the script ended on its own first), and
@@ -167,7 +127,7 @@ def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, in
     try:
         with installed(seams), as_main(job):
             runpy.run_path(job.path, run_name="__main__")
-    except Done:
+    except WindowOver:
         return True, 0
     except SystemExit as e:  # the script's own sys.exit(), before the trial measured enough
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1

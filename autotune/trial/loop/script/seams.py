@@ -40,18 +40,16 @@ from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
 
 
-class Done(BaseException):
-    """Raised from the step hook once the trial has measured enough: a BaseException, so a script's own
-    `except Exception` does not swallow it."""
-
-
 class Seams:
     """What the trial installs in torch around the script, and what it saw there.
 
     clock_for: the trial's Clock on a device, made when the script first fetches or steps, on the device
     its tensors live on (`machine`, where the script shows none).
     measured: `autotune run`'s (file, line) of the DataLoaders the exported trial iterated: the loader knobs
-    are applied there only, as the diff writes them; None: at every DataLoader, as a trial applies them."""
+    are applied there only, as the diff writes them; None: at every DataLoader, as a trial applies them.
+    whole: `autotune run`'s whole run: once the clock's window is measured the script is not stopped; the
+    seams read what it showed and leave the clock alone, so it trains on with no sync or clock read per
+    step, and the figures stay the window's."""
 
     def __init__(
         self,
@@ -63,8 +61,10 @@ class Seams:
         machine: torch.device | None = None,
         measured: Collection[tuple[str, int]] | None = None,
         routed: Collection[str] = (),
+        whole: bool = False,
     ) -> None:
         self.cfg, self.clock_for, self.as_written, self.measured = cfg, clock_for, as_written, measured
+        self.whole = whole
         # The knobs applied to the model the optimizer trains, with no at.* call (trial/loop/script/model.py).
         self.model = ModelSeams(cfg, routed, as_written)
         self.machine = machine or torch.device("cpu")
@@ -103,6 +103,16 @@ class Seams:
     def device(self) -> torch.device:
         """Where the script's tensors live: the model handed to at.model(), else its optimizer's parameters."""
         return self.trial.tensor_device() or self.machine
+
+    @property
+    def timing(self) -> bool:
+        """The clock is made and its window not yet measured: the seams tell it each step."""
+        return self.clock is not None and not self.after_window
+
+    @property
+    def after_window(self) -> bool:
+        """A whole run past its measured window: nothing is timed or read any more."""
+        return self.clock is not None and self.clock.over
 
     def begin(self) -> None:
         if not self.began:
@@ -164,7 +174,7 @@ class Seams:
                 site["iterated"] = True
             if seams.clock is None:  # iterated: its workers now make batches ahead
                 seams.iterated.append(loader)
-            else:
+            elif seams.timing:
                 seams.clock.loader(loader)
 
         return __init__
@@ -174,12 +184,15 @@ class Seams:
 
         def __next__(it: Any) -> Any:
             seams.begin()
-            assert seams.clock is not None
-            seams.clock.fetching()
-            try:
+            if not seams.timing:
                 batch = original(it)
-            finally:
-                seams.clock.fetched()
+            else:
+                assert seams.clock is not None
+                seams.clock.fetching()
+                try:
+                    batch = original(it)
+                finally:
+                    seams.clock.fetched()
             if seams.batch_pinned is None:
                 seams.batch_pinned = observe.pinned(batch)
             seams.shuffles.setdefault(id(it), shuffled(it))
@@ -309,13 +322,17 @@ class Seams:
         self.step_samples.append(self.pending_samples)
         self.step_batches.append(self.pending_batches)
         self.step_backwards.append(self.pending_backwards)
-        self.clock.batches_per_step = max(1, self.pending_batches)  # what the drain divides by
+        batches = self.pending_batches
         self.pending_samples = self.pending_batches = self.pending_backwards = 0
+        if not self.timing:  # a whole run after its window: the clock is closed
+            return
+        self.clock.batches_per_step = max(1, batches)  # what the drain divides by
         counted = [n for n in self.step_samples if n] or [self.consumed_without_loaders()]
         self.clock.samples_per_step = sum(counted) / len(counted)
         if self.clock.step_end(self.step_loss()):
             self.finish()
-            raise Done
+            if not self.whole:
+                self.clock.raise_if_over()  # WindowOver ends the script, caught where it was run
 
     def consumed_without_loaders(self) -> int:
         """A rank's samples per optimizer step where no loader counted them: the handed-over micro-batch x
@@ -343,7 +360,7 @@ class Seams:
 
     def finish(self) -> None:
         """The trial has measured enough: the clock closes while the script's process group (if any) still
-        exists (the script may tear it down as Done unwinds it), and what the run showed is read now: the
+        exists (the script may tear it down as WindowOver unwinds it), and what the run showed is read now: the
         ranks, the global batch (each rank's loaders' samples per step, summed), the model's and
         optimizer's devices, the output dtypes."""
         assert self.clock is not None
@@ -389,6 +406,7 @@ class Seams:
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if tensor.numel() == 1:
                 seams.pending_backwards += 1  # one micro-batch's backward: what a step consumed, without a loader
+            if tensor.numel() == 1 and not seams.after_window:
                 # A copy summed on the device, read once at the step's end: the script's own tensor is not
                 # held across steps (under CUDA graphs its storage is the graph's, rewritten by a replay).
                 copy = tensor.detach().to(torch.float32, copy=True).reshape(())
