@@ -38,7 +38,7 @@ def config_for(config: str | os.PathLike[str], path: str, args: list[str]) -> tu
     note when that script is not the one the study measured. Bad input (a file that is not a script
     study's export, a missing script, several GPUs without torchrun) is one ConfigError line."""
     cfg = load_config(config)
-    if kind_of(cfg.pipeline).loop != "script":
+    if not kind_of(cfg.pipeline).has_run_command:
         raise ConfigError(
             f"{config}: measured on {cfg.pipeline!r}, not a script (--pipeline script:...): "
             "autotune run trains a script study's export; `autotune train --config` trains a pipeline's"

@@ -337,7 +337,7 @@ def _allowed(pipelines: list[str] | None) -> list[str]:
 
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
-    from autotune.apply.alone import patched_copy
+    from autotune.apply.export.patched import patched_copy
     from autotune.apply.display import (
         LiveSearch,
         confirmation_table,
@@ -410,7 +410,7 @@ def _apply_lines(s: Any, best_yaml: Path) -> str:
     from autotune.pipelines import kind_of, script
     from autotune.search.store.storage import shown_storage
 
-    if kind_of(s.base.pipeline).loop != "script":
+    if not kind_of(s.base.pipeline).has_run_command:
         return f"  apply it:  autotune trial --config {best_yaml}\n"
     path, args = script.parse(s.base.pipeline)
     where = (f" --study {s.study}" if s.study != "autotune" else "") + (

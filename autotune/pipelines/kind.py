@@ -9,10 +9,12 @@ A spec is one of four kinds:
     script      script:PATH [ARGS...]    the user's script's, run as written, through torch's own seams
 
 `kind_of(spec)` reads the prefix once, here; every other layer asks the Kind what it needs (whose loop
-runs, whether the model can be built apart for a probe, a ceiling or a warm draw, which export formats
-render the job, what a warm server preloads, the command that runs the job alone) instead of testing the
-prefix itself. What depends on the job's contents, not its kind (the knobs it cannot take, its own
-baseline), is the loaded job's: `load_pipeline` and `unsupported_of`.
+runs, whether the model can be built apart for a probe, a ceiling or a warm draw, whether the search ends
+with alone rounds, learns from trial 0, or the export has `autotune run`, which framework's Trainer runs
+it, which export formats render the job, what a warm server preloads, the command that runs the job alone)
+by a capability's name instead of testing the kind or the prefix itself. What depends on the job's
+contents, not its kind (the knobs it cannot take, its own baseline), is the loaded job's: `load_pipeline`
+and `unsupported_of`.
 
 May import: autotune.core, autotune.pipelines (its kinds' packages, lazily).
 """
@@ -43,8 +45,9 @@ _SCRIPT_PRELOAD = ("torch.utils.data",)
 
 @dataclass(frozen=True)
 class Kind:
-    """A spec's kind, bound to the spec. Compare kinds by `name`; the spec rides along so that the questions
-    that need it (normalize, alone_command, preload_modules) take no argument."""
+    """A spec's kind, bound to the spec. Ask it what the job can do by a capability's name, not which kind it
+    is; the spec rides along so that the questions that need it (normalize, alone_command, preload_modules)
+    take no argument."""
 
     name: Literal["pipeline", "lightning", "hf", "script"]
     spec: str
@@ -78,6 +81,26 @@ class Kind:
             if self.builds_model_apart
             else f"{self.noun} trains in its own loop; the compute-only step needs autotune's"
         )
+
+    @property
+    def runs_alone(self) -> bool:
+        """A script's figure is its user's, `python train.py ARGS` run alone: its search ends with alone rounds."""
+        return self.loop == "script"
+
+    @property
+    def learns_from_trial0(self) -> bool:
+        """Trial 0 runs a script as written and records what its source could not say (its batch, its loaders)."""
+        return self.loop == "script"
+
+    @property
+    def has_run_command(self) -> bool:
+        """Only a script trains under a trial's seams with no edit: `autotune run` applies best.yaml to it."""
+        return self.loop == "script"
+
+    @property
+    def framework(self) -> str | None:
+        """The library whose Trainer runs the job, which its kind is named after ("lightning", "hf"); else None."""
+        return self.name if self.loop == "trainer" else None
 
     @property
     def factory(self) -> str | None:

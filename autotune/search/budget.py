@@ -118,7 +118,7 @@ def ceiling_reserve_s(settings: SearchSettings) -> float:
 def alone_reserve_s(settings: SearchSettings) -> float:
     """What a script study's alone rounds keep: MIN_ROUNDS rounds of two fresh runs (the script as written
     and the export applied), at most a quarter of the budget; nothing for another kind of job."""
-    if settings.budget_s is None or kind_of(settings.base.pipeline).loop != "script":
+    if settings.budget_s is None or not kind_of(settings.base.pipeline).runs_alone:
         return 0.0
     return min(MIN_ROUNDS * 2 * (ALONE_OVERHEAD_S + ALONE_TIMED_S), settings.budget_s / 4)
 

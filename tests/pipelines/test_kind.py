@@ -51,6 +51,35 @@ def test_whose_loop_runs_decides_what_can_be_built_apart(spec: str, loop: str, e
         assert kind.why_no_ceiling is not None and "trains in its own loop" in kind.why_no_ceiling
 
 
+@pytest.mark.parametrize(
+    ("spec", "runs_alone", "learns_from_trial0", "has_run_command", "framework"),
+    [
+        ("unet", False, False, False, None),
+        ("pkg.mod:make", False, False, False, None),
+        ("lightning:m:f", False, False, False, "lightning"),
+        ("hf:m:f", False, False, False, "hf"),
+        ("script:/abs/train.py --epochs 1", True, True, True, None),
+    ],
+)
+def test_each_kind_answers_each_capability_by_name(
+    spec: str, runs_alone: bool, learns_from_trial0: bool, has_run_command: bool, framework: str | None
+) -> None:
+    kind = kind_of(spec)
+    assert kind.runs_alone is runs_alone  # the search's alone rounds and their share of the budget
+    assert kind.learns_from_trial0 is learns_from_trial0  # trial 0's script lessons
+    assert kind.has_run_command is has_run_command  # `autotune run --config best.yaml`
+    assert kind.framework == framework  # best.yaml's framework.library, the framework export's format
+
+
+def test_a_framework_job_reads_its_library_from_its_kind() -> None:
+    class Job(FrameworkJob):
+        def own_baseline(self, global_batch: int | None = None) -> dict[str, object]:
+            return {}
+
+    assert Job("lightning:m:f", (), {}).library == "lightning"
+    assert Job("hf:m:f", (), {}).library == "hf"
+
+
 def test_the_ceiling_says_which_kind_trains_in_its_own_loop() -> None:
     assert kind_of("lightning:m:f").why_no_ceiling == (
         "a framework pipeline trains in its own loop; the compute-only step needs autotune's"

@@ -5,7 +5,8 @@ pipeline (--pipeline lightning:... / hf:...) exports, in its own format, the use
 its winning trial passed them (`framework.py`). The framework renderings are one-way, one module each:
 each lists every tuned knob, either as a field the framework has or as a comment saying where it goes,
 so nothing the search found is dropped silently. A script study (--pipeline script:...) exports what to
-change in that script: the lines (`script.py`), or a unified diff against it to apply with patch (`diff.py`).
+change in that script: the lines (`script.py`), or a unified diff against it to apply with patch (`diff.py`);
+the diff applied to a copy of the script is what the search's alone rounds run (`patched.py`).
 """
 
 from __future__ import annotations

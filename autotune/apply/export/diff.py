@@ -178,7 +178,7 @@ class Rewrite(Source):
         home: str | None = None,
     ) -> Rewrite:
         """The rewrite of `cfg` as measured on `device` (the Export's): the diff's, and the copy the alone
-        rounds run (apply/alone.py), so the copy holds exactly the diff."""
+        rounds run (apply/export/patched.py), so the copy holds exactly the diff."""
         on = "cpu" if device in (None, "cpu") else "cuda"
         return cls(source, cfg, job, on, sites=sites, home=home, measured_on=device)
 

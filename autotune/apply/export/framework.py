@@ -12,17 +12,19 @@ from collections.abc import Mapping
 from autotune.apply.export import _loader
 from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
+from autotune.pipelines import kind_of
 from autotune.pipelines.frameworks import hf, lightning
 
 
 def renders(fmt: str, e: Export) -> bool:
-    """Whether `fmt` is the study's own framework: then its export is the user's objects, tuned."""
-    return bool(e.framework) and e.framework.get("library") == fmt  # type: ignore[union-attr]
+    """Whether `fmt` is the study's own framework (its Kind's) and the trial recorded what it passed that
+    framework: then its export is the user's objects, tuned."""
+    return bool(e.framework) and kind_of(e.config.pipeline).framework == fmt
 
 
 def render(e: Export) -> str:
     fw = e.framework or {}
-    return _lightning(e, fw) if fw.get("library") == "lightning" else _hf(e, fw)
+    return _lightning(e, fw) if kind_of(e.config.pipeline).framework == "lightning" else _hf(e, fw)
 
 
 def _header(e: Export, what: str) -> list[str]:

@@ -27,7 +27,7 @@ from autotune.pipelines.own_loop import OwnLoopJob
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
 
-# kind name -> (the module checked and used, what to install). lightning.pytorch, not pytorch_lightning:
+# Kind.framework -> (the module checked and used, what to install). lightning.pytorch, not pytorch_lightning:
 # the two packages define distinct classes, and a trial must build the Trainer of the module's package.
 LIBRARIES = {
     "lightning": ("lightning.pytorch", "pip install 'autotune[frameworks]'"),
@@ -41,7 +41,7 @@ EXPECTED = {
 
 def library_module(spec: str) -> Any:
     """The framework's module, imported now; a missing library is bad input, said in one line."""
-    name, install = LIBRARIES[kind_of(spec).name]
+    name, install = LIBRARIES[kind_of(spec).framework or ""]
     try:
         return importlib.import_module(name)
     except ImportError as e:
@@ -60,7 +60,10 @@ class FrameworkJob(OwnLoopJob):
     """What the factory returned (`parts`), checked, under the framework `library` ("lightning", "hf"):
     the user's own objects, which a trial hands to that framework's Trainer."""
 
-    library = ""
+    @property
+    def library(self) -> str:
+        """The framework whose Trainer runs the job, as the spec's Kind names it (Kind.framework)."""
+        return kind_of(self.spec).framework or ""
 
     def __init__(
         self, spec: str, parts: tuple[Any, ...], unsupported: Mapping[str, str], stages: tuple[str, ...] = ()
@@ -80,22 +83,22 @@ def load(cfg: TrialConfig) -> FrameworkJob:
     from autotune.pipelines import resolve_factory
 
     kind = kind_of(cfg.pipeline)
-    target = kind.factory
-    assert target is not None, "a framework's spec names its factory"
+    target, framework = kind.factory, kind.framework
+    assert target is not None and framework is not None, "a framework's spec names its framework and factory"
     library = library_module(cfg.pipeline)
     try:
         factory = resolve_factory(target)
     except PipelineError as e:  # its message names the part after the prefix: name what the user wrote
         raise PipelineError(str(e).replace(repr(target), repr(cfg.pipeline), 1)) from None
     returned = factory(cfg)
-    if kind.name == "lightning":
+    if framework == "lightning":
         from autotune.pipelines.frameworks import lightning as adapter
     else:
         from autotune.pipelines.frameworks import hf as adapter  # type: ignore[no-redef]
     job = adapter.check(cfg.pipeline, library, returned)
     if job is None:
         raise PipelineError(
-            f"--pipeline {cfg.pipeline!r} returned {describe(returned)}, expected {EXPECTED[kind.name]}"
+            f"--pipeline {cfg.pipeline!r} returned {describe(returned)}, expected {EXPECTED[framework]}"
         )
     return job
 

@@ -30,8 +30,6 @@ STAGES = ("gradient_checkpointing",)
 
 
 class HFJob(FrameworkJob):
-    library = "hf"
-
     @property
     def model(self) -> Any:
         return self.parts[0]

@@ -32,8 +32,6 @@ UNSUPPORTED = {
 
 
 class LightningJob(FrameworkJob):
-    library = "lightning"
-
     @property
     def module(self) -> Any:
         return self.parts[0]

@@ -3,7 +3,7 @@
 give is theirs; the trial loop's and confirmation's stay beside it as the search's.
 
 After confirmation and the gate, when the export is not the script as written, the export is applied
-to a copy of the script in the study's folder (`patch`: apply/alone.patched_copy, handed in by the
+to a copy of the script in the study's folder (`patch`: apply/export/patched.patched_copy, handed in by the
 command, since the search does not import apply/) and the two are run alternately, A B B A ... (the
 order reversed each round, so a drift falls on both sides), each a fresh process through
 trial/probes/alone.py: no knob seams, no at.* trial, only a step clock, a fixed number of warm-up then
@@ -55,7 +55,7 @@ THAN = "the script as written"
 
 
 class PatchedScript(Protocol):
-    """What `patch` returns (apply/alone.Patched): the user's script, its patched copy, its arguments and
+    """What `patch` returns (apply/export/patched.Patched): the user's script, its patched copy, its arguments and
     what the diff could not write into the copy."""
 
     original: Path
@@ -91,7 +91,7 @@ def run(
     """The alone rounds of the export against the script as written, their record written on the study
     (search/store/alone.py) and returned; None where there is nothing to run (not a script study, no
     patcher handed in, no export, or the export is the script as written)."""
-    if patch is None or kind_of(settings.base.pipeline).loop != "script":
+    if patch is None or not kind_of(settings.base.pipeline).runs_alone:
         return None
     best, baseline = choose(study).trial, baseline_trial(study)  # the search's: these rounds have the last word
     if best is None or baseline is None or best.number == baseline.number:

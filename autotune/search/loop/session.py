@@ -202,7 +202,7 @@ class SearchSession:
         """Trials until a stop ends them, then the best so far exported. Ctrl-C and SIGTERM stop the current
         trial (recorded FAIL, interrupted) and still export. `budget`: the run's one clock, when the caller
         started it already (the live display shows it); else it starts now. `patch`: what applies a script
-        study's export to a copy of its script (apply/alone.patched_copy), for its alone rounds; None: none run."""
+        study's export to a copy of its script (apply/export/patched.patched_copy), for its alone rounds; None: none run."""
         report = RunReport()
         self.stop = None
         if self.settings.skip_bad_data:  # trial processes (cold or forked) read it when they build the data

@@ -67,7 +67,7 @@ def script_lessons(
     settings: SearchSettings, space: SearchSpace, applied: Mapping[str, Any], say: Say
 ) -> tuple[SearchSettings, SearchSpace] | None:
     """What trial 0's `applied` teaches a script study; None: nothing (or not a script study)."""
-    if pipelines.kind_of(settings.base.pipeline).loop != "script":
+    if not pipelines.kind_of(settings.base.pipeline).learns_from_trial0:
         return None
     rebase = own_batch(settings, space, applied, say)
     after_settings, after_space = rebase or (settings, space)

@@ -1,4 +1,4 @@
-"""apply/alone.py: the export applied to a copy of the script, the way the diff would apply it: only at
+"""apply/export/patched.py: the export applied to a copy of the script, the way the diff would apply it: only at
 the sites the exported trial recorded, the user's file untouched, a baseline config copied byte for byte."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from autotune.apply.alone import patched_copy
+from autotune.apply.export.patched import patched_copy
 from autotune.core.config import TrialConfig
 from autotune.pipelines import script
 
@@ -124,7 +124,7 @@ def test_the_copy_runs_as_the_export_tells_the_user_to_run_it(tmp_path: Path) ->
     assert "default=0" in copy and "pin_memory=True" in copy and "pin_memory=False" not in copy
 
 
-UNEDITED = Path(__file__).parent.parent / "trial" / "loop" / "script" / "scripts" / "unedited" / "train.py"
+UNEDITED = Path(__file__).parents[2] / "trial" / "loop" / "script" / "scripts" / "unedited" / "train.py"
 
 
 def test_the_model_knobs_no_diff_writes_are_applied_in_the_copys_runs(tmp_path: Path, monkeypatch: Any) -> None:

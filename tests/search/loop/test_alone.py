@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune.apply.alone import patched_copy
+from autotune.apply.export.patched import patched_copy
 from autotune.apply.export.diff import NO_CHANGE, to_diff
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import to_yaml

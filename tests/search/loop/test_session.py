@@ -266,7 +266,7 @@ def test_an_interrupt_is_the_stop_stored(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_the_run_ends_with_the_alone_rounds_given_the_patcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After confirmation and the gate, the session hands the command's patcher (apply/alone.patched_copy)
+    """After confirmation and the gate, the session hands the command's patcher (apply/export/patched.patched_copy)
     to the alone rounds, with the run's one budget, and reports their record: best.yaml is written after."""
     calls: list[Any] = []
 

@@ -48,7 +48,7 @@ def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, work
     applied = effects(cfg, job, args, seen)
     applied["observed"] = output.seen | observe.in_job(job.model, seen.get("optimizer"), device, clock.util)
     applied["framework"] = {
-        "library": "hf",
+        "library": job.library,
         "training_args": changes(base, tuned),
         "base": {k: getattr(getattr(base, k, None), "value", getattr(base, k, None)) for k in changes(base, tuned)},
         **threads(cfg),

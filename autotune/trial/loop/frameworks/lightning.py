@@ -225,7 +225,7 @@ def effects(cfg: TrialConfig, job: LightningJob, trainer: Any, cuda: bool) -> di
         **unsupported_effects(cfg, job.unsupported),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.module.modules()),
         "framework": {
-            "library": "lightning",
+            "library": job.library,
             "trainer_kwargs": trainer_kwargs(cfg, cuda),
             "dataloader_kwargs": loader_kwargs(cfg),
             **threads(cfg),
