@@ -8,9 +8,18 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from rich.table import Table
+from rich.text import Text
+
 from autotune.core.config import BASELINE, KNOBS, LEADS, TrialConfig, dependents
 from autotune.core.errors import AutotuneError, ConfigError, TrialFailure
 from autotune.core.outcomes import Role
+from autotune.search.loop.study import study_workload
+from autotune.search.space.machine import differences, fingerprint
+from autotune.search.store.records import StudyRecord, TrialRecord, write_ablation
+from autotune.search.store.results import leaderboard
+from autotune.trial.processes import launcher
+from autotune.trial.processes.locks import device_lock
 
 # A knob that means nothing without another (the loader's without workers, FSDP's without fsdp) travels
 # with the knob it waits on, first in its group.
@@ -109,10 +118,6 @@ def greedy(
 
 def _configs(study: Any, studies_dir: str, data: str | None, seconds: float | None) -> tuple[TrialConfig, TrialConfig]:
     """(baseline, best) from the study, on its workload (with --data / --seconds applied)."""
-    from autotune.search.store.records import TrialRecord
-    from autotune.search.store.results import leaderboard
-    from autotune.search.loop.study import study_workload
-
     work = study_workload(study, data, studies_dir)
     if seconds:
         work = work.replace(seconds=seconds)
@@ -133,11 +138,6 @@ def run_ablation(
     seconds: float | None = None,
     trial_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
-    from autotune.trial.processes import launcher
-    from autotune.search.space.machine import differences, fingerprint
-    from autotune.trial.processes.locks import device_lock
-    from autotune.search.store.records import StudyRecord, write_ablation
-
     base, best = _configs(study, studies_dir, data, seconds)
     diff = differences(StudyRecord.of(study).fingerprint, fingerprint(base))
     if diff:  # every step is re-measured here, so the ablation is self-consistent; the study's figures are not
@@ -167,9 +167,6 @@ def run_ablation(
 
 
 def table(steps: list[dict[str, Any]], title: str) -> Any:
-    from rich.table import Table
-    from rich.text import Text
-
     t = Table(title=title)
     for col in ("step", "technique", "samples/s", "gain", "speedup"):
         t.add_column(col, justify="left" if col == "technique" else "right")

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
-from autotune.search.store.records import throughput_unit
+from autotune.apply.display import knob_summary
+from autotune.search.store.records import TrialRecord, throughput_unit
+from autotune.search.store.results import baseline_knobs, leaderboard
 
 GREEN, RED, GREY, BLUE = "#2ca02c", "#d62728", "#7f7f7f", "#1f77b4"
 
@@ -143,10 +145,6 @@ def importance_figure(study: Any) -> tuple[Any | None, str]:
 
 def pareto_points(study: Any) -> list[tuple[int, float, float, bool, str]]:
     """(trial, peak MiB, samples/s, on the front, config) for feasible trials that recorded memory."""
-    from autotune.apply.display import knob_summary
-    from autotune.search.store.records import TrialRecord
-    from autotune.search.store.results import baseline_knobs, leaderboard
-
     records, base = [(t, TrialRecord.from_frozen(t)) for t in leaderboard(study)], baseline_knobs(study)
     pts = [
         (t.number, r.metrics["peak_memory_bytes"] / 2**20, float(t.value or 0), knob_summary(r.config, base))

@@ -17,7 +17,27 @@ from autotune.apply.figures import (
     waterfall_figure,
     waterfall_png,
 )
+from autotune.apply.display import (
+    CONFIRMATION_COLUMNS,
+    COST_COLUMNS,
+    LEADERBOARD_COLUMNS,
+    LONG_COLUMNS,
+    batch_cell,
+    ceiling_note,
+    confirmation_summary,
+    cost_rows,
+    export_notes,
+    in_unit,
+    leaderboard_rows,
+    order_note,
+)
+from autotune.core.files import write_atomic
 from autotune.core.outcomes import Outcome
+from autotune.search.loop.alone import said
+from autotune.search.space.memory import versus_peak
+from autotune.search.store import last_word, records
+from autotune.search.store.records import StudyRecord, TrialRecord, throughput_unit
+from autotune.search.store.results import baseline_sps, leaderboard
 
 
 # ---- tables and the page ---------------------------------------------------------------------
@@ -33,9 +53,6 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], long: Sequence[st
 
 
 def leaderboard_html(study: Any, top: int = 20) -> str:
-    from autotune.apply.display import LEADERBOARD_COLUMNS, LONG_COLUMNS, in_unit, leaderboard_rows
-    from autotune.search.store.records import throughput_unit
-
     rows = leaderboard_rows(study, top)
     if not rows:
         return "<p class=note>No feasible trial finished yet.</p>"
@@ -44,9 +61,6 @@ def leaderboard_html(study: Any, top: int = 20) -> str:
 
 def confirmation_html(study: Any) -> str:
     """The confirmation rounds the exported winner came out of, or a note that there were none."""
-    from autotune.apply.display import CONFIRMATION_COLUMNS, confirmation_summary, export_notes, in_unit, order_note
-    from autotune.search.store.records import throughput_unit
-
     confirmed = confirmation_summary(study)  # the terminal's rows: the two never disagree
     head = '<section id="confirmation"><h2>Confirmation</h2>'
     notes = "".join(f"<p>{escaped(line)}</p>" for line in export_notes(study))  # the final lines' verdict
@@ -81,10 +95,6 @@ def memory_rows(study: Any, top: int | None = None) -> list[tuple[str, ...]]:
     """One row of text cells per trial with an estimate, in trial order (`top`: the last ones only);
     a config written off before launch shows "skipped" for its peak. The terminal (`show`) and the
     HTML report print these."""
-    from autotune.apply.display import batch_cell
-    from autotune.search.space.memory import versus_peak
-    from autotune.search.store import records
-    from autotune.search.store.records import TrialRecord
 
     def mib(x: Any) -> str:
         return f"{x / 2**20:.0f}" if x is not None else "-"
@@ -127,8 +137,6 @@ def memory_html(study: Any) -> str:
 
 
 def cost_html(study: Any) -> str:
-    from autotune.apply.display import COST_COLUMNS, cost_rows
-
     return _estimate_section(
         "cost",
         "Time estimate vs wall time taken",
@@ -158,10 +166,6 @@ th{background:#f0f0f0}.note{color:#666;font-style:italic}section{margin:2em 0}
 
 def write_report(study: Any, out: Path) -> list[Path]:
     """Write the HTML report and its PNGs; returns every file written, the HTML first."""
-    from autotune.core.files import write_atomic
-    from autotune.search.store.records import StudyRecord
-    from autotune.search.store.results import baseline_sps
-
     out.parent.mkdir(parents=True, exist_ok=True)
     base, record = baseline_sps(study), StudyRecord.of(study)
     written, parts = _figure_sections(study, base, record.ablation, out)
@@ -223,9 +227,6 @@ def _figure_sections(study: Any, base: float | None, ablation: Any, out: Path) -
 
 
 def _summary(study: Any, base: float | None) -> list[tuple[str, Any]]:
-    from autotune.search.store.records import TrialRecord, throughput_unit
-    from autotune.search.store.results import leaderboard
-
     board, unit = leaderboard(study), throughput_unit(study)
     summary: list[tuple[str, Any]] = [
         ("trials", len(study.trials)),
@@ -240,13 +241,9 @@ def _summary(study: Any, base: float | None) -> list[tuple[str, Any]]:
                 f"{best.value:.2f} {unit} (trial {best.number})" + (f", x{speedup:.2f} vs baseline" if speedup else ""),
             )
         )
-    from autotune.apply.display import ceiling_note
-    from autotune.search.loop.alone import said
-    from autotune.search.store import alone
-
-    last_word = alone.read(study)
-    if last_word:  # a script study's figure: the script as written against the export applied, each alone
-        summary.append(("your script alone", said(last_word)))
+    alone = last_word.read(study)
+    if alone:  # a script study's figure: the script as written against the export applied, each alone
+        summary.append(("your script alone", said(alone)))
     ceiling = ceiling_note(study)
     if ceiling:
         summary.append(("ceiling", ceiling))

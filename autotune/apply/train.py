@@ -15,9 +15,13 @@ from typing import Any
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune.apply.comparison import METRIC_MARGIN, compare, paired
 from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.configfile import load_config
 from autotune.core.errors import AutotuneError, ExitCode, exit_code_for
 from autotune.core.files import write_atomic, write_json_atomic
 from autotune.core.procs import die_with_parent, exit_now
@@ -26,6 +30,10 @@ from autotune.trial.processes.launcher import run_process
 from autotune.trial.loop.loading import val_loader
 from autotune.trial.processes.nodes import python_for
 from autotune.trial.loop.outcome import TRACEBACK_WORTHY, named_failure, read_verdicts, status_of
+from autotune.trial.loop import harness, knobs
+from autotune.trial.loop.knobs import CheckpointedStage, ranks_share_gpus
+from autotune.trial.loop.sharding import full_state_dict, is_sharded
+from autotune.trial.measurement import measure
 
 Say = Callable[[str], None]
 
@@ -46,9 +54,6 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights as the pipeline's own build_model() names them: no DDP/compile/checkpoint wrappers.
     Under fsdp a collective: every rank calls it, and rank 0 gets the whole model (the others nothing)."""
-    from autotune.trial.loop.knobs import CheckpointedStage
-    from autotune.trial.loop.sharding import full_state_dict, is_sharded
-
     model = _unwrap(model)
     wrapped = [f"{n}.inner." for n, m in model.named_modules() if isinstance(m, CheckpointedStage)]
     out = {}
@@ -73,8 +78,6 @@ def _val_loader(h: Any) -> tuple[Any | None, str]:
 def validate(h: Any, loader: Any) -> float:
     """Mean per-batch metric (IoU for the Unet), weighted by batch size. In fp32, so that the
     comparison is about what training produced, not about inference precision."""
-    from autotune.trial.loop import knobs
-
     model = _unwrap(h.model)  # eager: a compiled model would recompile for eval mode
     model.eval()
     total, n = 0.0, 0
@@ -90,13 +93,6 @@ def validate(h: Any, loader: Any) -> float:
 def _epoch(h: Any, cfg: TrialConfig, epoch: int, epochs: int, name: str) -> tuple[float, float, int, int]:
     """One pass over the whole loader: (seconds, mean loss, samples, optimizer steps), the slowest rank's
     time and the mean loss over ranks. Data loading (and worker start-up) is inside the time."""
-    import torch.distributed as dist
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from autotune.trial.loop import harness
-
-    from autotune.trial.measurement import measure
-
     if hasattr(h.loader.sampler, "set_epoch"):
         h.loader.sampler.set_epoch(epoch)
     losses: list[float] = []
@@ -128,10 +124,6 @@ def _epoch(h: Any, cfg: TrialConfig, epoch: int, epochs: int, name: str) -> tupl
 
 def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
     """Train `cfg` for `epochs` epochs over the whole loader; rank 0 reports, validates and saves."""
-    import torch.distributed as dist
-
-    from autotune.trial.loop import harness
-
     h = harness.build(cfg)
     lead = h.rank == 0
     # A sharded model's forward is a collective (each block all-gathers): every rank validates, rank 0 reports.
@@ -189,8 +181,6 @@ def train_one(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> 
 
 
 def _sharded(model: torch.nn.Module) -> bool:
-    from autotune.trial.loop.sharding import is_sharded
-
     return is_sharded(model)
 
 
@@ -207,8 +197,6 @@ def _save(weights: dict[str, torch.Tensor], summary: dict[str, Any], path: Path)
 def run_config(cfg: TrialConfig, epochs: int, out: Path, name: str, say: Say) -> dict[str, Any]:
     """Each run in a fresh process, as a user's training script would be: neither run inherits the other's
     warm state (threads, cudnn, allocator, kernel caches). gpus > 1: one process per device under torchrun."""
-    from autotune.trial.loop.knobs import ranks_share_gpus
-
     if torch.cuda.is_available() and torch.cuda.device_count() < cfg.gpus and not ranks_share_gpus():
         raise AutotuneError(
             f"the config uses gpus={cfg.gpus} but this machine has {torch.cuda.device_count()} GPU(s) "
@@ -299,10 +287,6 @@ def train(
 
 def main(argv: list[str] | None = None) -> int:
     """The worker: one training run (one rank of it under torchrun), started by run_config."""
-    from rich.console import Console
-
-    from autotune.core.configfile import load_config
-
     p = argparse.ArgumentParser(prog="python -m autotune.apply.train", description="one run of autotune train")
     p.add_argument("--config", required=True)
     p.add_argument("--epochs", type=int, required=True)
@@ -324,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.out, args.name, status, message)
     if rank == 0:
         write_json_atomic(args.out / f"{args.name}.json", summary)
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from autotune.core.errors import ExitCode
+from autotune.core.errors import ConfigError, ExitCode
+from autotune.core.files import folder_problem
+from autotune.pipelines import skip_bad_data_in_trials
+from autotune.trial.processes import placement as where
+from autotune.trial.processes.placement import LAUNCHERS
 
 
 class Parser(argparse.ArgumentParser):
@@ -54,9 +59,6 @@ def study_args(p: argparse.ArgumentParser, *, studies_dir: str | None = None) ->
 def check_folder(what: str, path: str | os.PathLike[str]) -> None:
     """The folder `what` names (e.g. "--studies-dir x") must be one or be makeable, else bad input: one
     line, before anything is written (a search makes its default data under --studies-dir first)."""
-    from autotune.core.errors import ConfigError
-    from autotune.core.files import folder_problem
-
     problem = folder_problem(path)
     if problem:
         raise ConfigError(f"{what}: {problem}")
@@ -64,9 +66,6 @@ def check_folder(what: str, path: str | os.PathLike[str]) -> None:
 
 def check_journal(storage: str | None) -> None:
     """A journal --storage (a path, not a URL) must be a file in a folder that is or can be made."""
-    from autotune.core.errors import ConfigError
-    from autotune.core.files import folder_problem
-
     if storage is None or "://" in storage:
         return
     problem = folder_problem(Path(storage).parent)
@@ -90,8 +89,6 @@ def skip_bad_data_arg(p: argparse.ArgumentParser) -> None:
 def apply_skip_bad_data(args: argparse.Namespace) -> None:
     """`trial` and `train`: their processes read it when they build their data (a search's session
     passes it to its trials itself, from its settings)."""
-    from autotune.pipelines import skip_bad_data_in_trials
-
     if getattr(args, "skip_bad_data", False):
         skip_bad_data_in_trials()
 
@@ -110,8 +107,6 @@ def cpus_arg(p: argparse.ArgumentParser) -> None:
 
 def apply_cpus(args: argparse.Namespace) -> None:
     """Pin to --cpus before anything starts (the warm server and every trial inherit the affinity)."""
-    from autotune.core.errors import ConfigError
-
     if getattr(args, "cpus", None) is None:
         return
     try:
@@ -155,17 +150,13 @@ def format_cpu_list(cpus: set[int]) -> str:
 def new_console() -> Any:
     """rich's Console; wide when the output is not a terminal (a log file, a pipe, CI), where rich would
     otherwise fold every table into 80 columns and cut the training-math and config cells to one letter."""
-    import sys
-
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich, not loaded for `autotune --help`
 
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def nodes_args(p: argparse.ArgumentParser) -> None:
     """--nodes, --launcher, --scheduler, --scheduler-arg: where a trial's ranks run (trial/processes/nodes.py)."""
-    from autotune.trial.processes.placement import LAUNCHERS
-
     p.add_argument(
         "--nodes",
         default="1",
@@ -200,8 +191,7 @@ def nodes_args(p: argparse.ArgumentParser) -> None:
 def apply_nodes(args: argparse.Namespace) -> None:
     """Check the placement (exit 2, one line, nothing written) and hand it to every trial this process
     starts, through the environment."""
-    from autotune.core.errors import ConfigError
-    from autotune.trial.processes import nodes, placement as where
+    from autotune.trial.processes import nodes  # lazy: torchx_nodes, ~20 ms of start-up `--help` skips
 
     placement = where.parse(args.nodes, args.launcher, args.scheduler, args.scheduler_arg)
     if placement.nodes > 1 and getattr(args, "global_batch", None):

@@ -6,6 +6,9 @@ import argparse
 from typing import Any
 
 from autotune.cli._common import new_console
+from autotune.search.space import table
+from autotune.search.space.reading import load_space
+from autotune.search.space.spec import DEFAULT_SPACE
 
 
 def register(sub: Any) -> None:
@@ -22,15 +25,11 @@ def register(sub: Any) -> None:
 
 
 def cmd_knobs(args: argparse.Namespace) -> int:
-    from autotune.search.space import table
-    from autotune.search.space.reading import load_space
-    from autotune.search.space.spec import DEFAULT_SPACE
-
     space = load_space(args.space or DEFAULT_SPACE)
     if args.markdown:
         print(table.markdown(space), end="")
         return 0
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich, not loaded for `autotune --help`
 
     t = Table(*table.HEADER, title=f"knobs ({args.space or 'default space'})")
     for row in table.rows(space):

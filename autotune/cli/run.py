@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,14 @@ from autotune.cli._common import (
     skip_bad_data_arg,
     workload_args,
 )
-from autotune.core.errors import ExitCode
+from autotune.apply.run import config_for, measured_loaders, run
+from autotune.core import errors
+from autotune.core.configfile import load_config
+from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.outcomes import Reason
+from autotune.pipelines import base_config
+from autotune.trial.loop.outcome import status_of
+from autotune.trial.loop.worker import unit_said
 
 
 def register(sub: Any) -> None:
@@ -118,17 +125,12 @@ def register(sub: Any) -> None:
 
 def _config(args: argparse.Namespace, **extra: Any) -> Any:
     """The config file, with the command line's workload flags over it."""
-    from autotune.core.configfile import load_config
-    from autotune.pipelines import base_config
-
     cfg = {**load_config(args.config).to_dict(), **extra}
     return base_config(args.pipeline, args.image_size, args.data, "studies", **cfg)
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
-    from autotune.core import errors
-    from autotune.trial.loop.worker import unit_said
-    from autotune.trial.processes import launcher
+    from autotune.trial.processes import launcher  # lazy: psutil and torchx_nodes, not for `autotune --help`
 
     extra: dict[str, Any] = {}
     if args.steps:
@@ -161,10 +163,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import time
-
-    from autotune.apply.train import TrainFailed, train
-    from autotune.core.errors import AutotuneError
+    from autotune.apply.train import TrainFailed, train  # lazy: torch, not loaded for `autotune --help`
 
     if args.epochs < 1:
         raise AutotuneError(f"--epochs must be >= 1, got {args.epochs}")
@@ -190,9 +189,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune.apply.run import config_for, measured_loaders, run
-    from autotune.core import errors
-
     out = Path(args.out) if args.out else Path(args.config).resolve().parent / "run" / "applied.json"
     check_folder(f"--out {out}", out.parent)
     cfg, note = config_for(args.config, args.script, args.args)
@@ -205,8 +201,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except errors.AutotuneError:
         raise
     except Exception as e:  # a failure a trial names (out of memory, a non-finite loss): its exit code
-        from autotune.trial.loop.outcome import status_of
-
         status, message = status_of(e)
         if status not in (Reason.OOM, Reason.NUMERICS, Reason.UNSUPPORTED, Reason.DATA):
             raise  # the script's own failure: its traceback, as `python` shows it
@@ -215,7 +209,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_make_data(args: argparse.Namespace) -> int:
-    from autotune.pipelines.unet.data import make_data, parse_size
+    from autotune.pipelines.unet.data import make_data, parse_size  # lazy: numpy and PIL, not for `autotune --help`
 
     check_folder(args.dir, args.dir)
     path = make_data(args.dir, args.n, parse_size(args.size), args.seed)

@@ -21,9 +21,16 @@ from autotune.cli._common import (
     skip_bad_data_arg,
     workload_args,
 )
-from autotune.core.config import LR_RULES, whole_batch
-from autotune.core.settings import SAMPLERS
+from autotune.apply.export.patched import patched_copy
+from autotune.core.config import LR_RULES, TrialConfig, whole_batch
+from autotune.core.configfile import load_baseline
+from autotune.core.errors import AutotuneError, ConfigError
+from autotune.core.settings import SAMPLERS, SearchSettings, parse_duration, parse_percent
 from autotune.core.outcomes import Verdict
+from autotune.pipelines import base_config, kind_of, script
+from autotune.search.budget import Budget
+from autotune.search.space.reading import load_space
+from autotune.search.store.storage import shown_storage
 
 LARGE_DATA = 200  # items: below this the up-front data check takes a moment and needs no bar
 
@@ -194,8 +201,7 @@ def _console() -> Any:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autotune.search.store.storage import shown_storage
-    from autotune.search.loop.session import SearchSession
+    from autotune.search.loop.session import SearchSession  # lazy: optuna, psutil (--help starts without)
 
     settings = _search_settings(args)
     console = _console()
@@ -217,12 +223,6 @@ def cmd_search(args: argparse.Namespace) -> int:
 def _search_settings(args: argparse.Namespace) -> Any:
     """`search`'s flags checked and resolved into SearchSettings. Every flag is read before the last step,
     which makes the default data on first use (under --studies-dir): bad input writes nothing."""
-    from autotune.core.config import TrialConfig
-    from autotune.core.configfile import load_baseline
-    from autotune.core.errors import ConfigError
-    from autotune.core.settings import SearchSettings, parse_percent
-    from autotune.pipelines import base_config
-    from autotune.search.space.reading import load_space
 
     if args.budget is None and not args.create_only:
         raise ConfigError("search needs --budget (e.g. --budget 10m)")
@@ -265,8 +265,6 @@ def _search_settings(args: argparse.Namespace) -> Any:
 
 def _pipeline_spec(args: argparse.Namespace) -> str | None:
     """--pipeline, or the script spec --script and --script-args make (its path checked and made absolute)."""
-    from autotune.core.errors import ConfigError
-    from autotune.pipelines import script
 
     if args.script is None:
         if args.script_args is not None:
@@ -283,7 +281,6 @@ def _pipeline_spec(args: argparse.Namespace) -> str | None:
 
 def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings `search` and `worker` take alike."""
-    from autotune.core.settings import parse_duration
 
     timeout = args.trial_timeout
     return dict(
@@ -301,10 +298,8 @@ def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_worker(args: argparse.Namespace) -> int:
     import optuna
 
-    from autotune.core.settings import SearchSettings
-    from autotune.core.errors import AutotuneError
-    from autotune.search.store import fleet
-    from autotune.search.loop.session import SearchSession
+    from autotune.search.store import fleet  # lazy: optuna
+    from autotune.search.loop.session import SearchSession  # lazy: optuna, psutil (--help starts without)
 
     if args.budget is None and args.n_trials is None:
         raise AutotuneError("worker needs --budget or --n-trials")
@@ -330,14 +325,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _allowed(pipelines: list[str] | None) -> list[str]:
     """A worker's --pipeline values as a study records them: a script's path made absolute."""
-    from autotune.pipelines import kind_of
 
     return [kind_of(p).normalize() for p in pipelines or ()]
 
 
 def _run(session: Any, console: Any) -> int:
     """Run the session under the live display, then the leaderboard and where the best went."""
-    from autotune.apply.export.patched import patched_copy
+    # lazy: rich, optuna (--help starts without)
     from autotune.apply.display import (
         LiveSearch,
         confirmation_table,
@@ -346,10 +340,8 @@ def _run(session: Any, console: Any) -> int:
         order_note,
         training_note,
     )
-    from autotune.search.budget import Budget
     from autotune.search.loop.alone import said
     from autotune.search.store.results import checks_summary
-    from autotune.search.store.storage import shown_storage
 
     s = session.settings
     limit = "no time limit" if s.budget_s is None else f"budget {s.budget_s:.0f} s"
@@ -407,8 +399,6 @@ def _run(session: Any, console: Any) -> int:
 def _apply_lines(s: Any, best_yaml: Path) -> str:
     """How to use the export: a script's real training with it applied (what was measured, no edit) and its
     change as a diff to the source; another pipeline's re-measure."""
-    from autotune.pipelines import kind_of, script
-    from autotune.search.store.storage import shown_storage
 
     if not kind_of(s.base.pipeline).has_run_command:
         return f"  apply it:  autotune trial --config {best_yaml}\n"

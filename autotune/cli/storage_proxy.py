@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from typing import Any
+
+from autotune.core.errors import ConfigError
+from autotune.search.store.storage import open_storage, shown_storage
 
 
 def register(sub: Any) -> None:
@@ -33,10 +37,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_storage_proxy(args: argparse.Namespace) -> int:
-    import optuna
-
-    from autotune.search.store.storage import shown_storage
-    from autotune.search.store.storage import open_storage
+    import optuna  # lazy: optuna, not loaded for `autotune --help`
 
     _check_listen(args.host, args.port, args.trusted_network)
     storage = open_storage(args.storage)
@@ -48,8 +49,6 @@ def cmd_storage_proxy(args: argparse.Namespace) -> int:
 def _check_listen(host: str, port: int, trusted: bool) -> None:
     """The proxy lets whoever reaches it rewrite a study, and so the code every worker imports: off
     loopback only when the operator says the network is trusted. Bad input before anything is opened."""
-    from autotune.core.errors import ConfigError
-
     if trusted or _loopback(host):
         return
     raise ConfigError(
@@ -61,8 +60,6 @@ def _check_listen(host: str, port: int, trusted: bool) -> None:
 
 def _loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 (bracketed or not) or localhost; any other name or address is not loopback."""
-    import ipaddress
-
     name = host.strip().strip("[]")
     if name.lower() == "localhost":
         return True

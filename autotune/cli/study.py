@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.apply.export import FORMATS, render
 from autotune.cli._common import check_folder, new_console, study_args
 from autotune.core.errors import ExitCode
+from autotune.core.files import write_atomic
 
 
 def register(sub: Any) -> None:
-    from autotune.apply.export import FORMATS
-
     s = sub.add_parser("show", help="print the leaderboard of a study", description="Print the leaderboard of a study.")
     study_args(s)
     s.add_argument("--top", type=int, default=10, help="rows to show (default 10)")
@@ -74,15 +74,15 @@ def register(sub: Any) -> None:
 
 
 def _study(args: argparse.Namespace) -> Any:
-    from autotune.search.loop.study import load_study
+    from autotune.search.loop.study import load_study  # lazy: optuna, not loaded for `autotune --help`
 
     return load_study(args.storage, args.study)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from autotune.apply.display import confirmation_table, cost_table, leaderboard_table, order_note
-    from autotune.apply.fit_table import FitTable
-    from autotune.apply.report import MEMORY_COLUMNS, memory_rows
+    from autotune.apply.display import confirmation_table, cost_table, leaderboard_table, order_note  # lazy: optuna
+    from autotune.apply.fit_table import FitTable  # lazy: rich, not loaded for `autotune --help`
+    from autotune.apply.report import MEMORY_COLUMNS, memory_rows  # lazy: optuna, not loaded for `autotune --help`
 
     console, study = new_console(), _study(args)
     console.print(leaderboard_table(study, args.top))
@@ -110,9 +110,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from autotune.apply.export import render
-    from autotune.core.files import write_atomic
-    from autotune.search.store.results import best_export
+    from autotune.search.store.results import best_export  # lazy: optuna, not loaded for `autotune --help`
 
     out = Path(args.output) if args.output else None
     if out is not None:
@@ -127,7 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    import optuna
+    import optuna  # lazy, this and the four below: optuna, not loaded for `autotune --help`
     from autotune.apply.ablate import run_ablation, table
     from autotune.apply.figures import waterfall_png
     from autotune.search.store.records import TrialRecord, throughput_unit
@@ -164,7 +162,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotune.apply.report import write_report
+    from autotune.apply.report import write_report  # lazy: optuna, plotly, matplotlib; not for `autotune --help`
 
     check_folder(f"--studies-dir {args.studies_dir}", args.studies_dir)
     if args.output:

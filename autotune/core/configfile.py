@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import yaml
 
-from autotune.core.config import TrialConfig, TrialResult, bare_off
+from autotune.core.config import KNOBS, TrialConfig, TrialResult, bare_off, baseline_of
 from autotune.core.errors import ConfigError
 from autotune.core.paired import spread
 from autotune.core.urls import mask_url
@@ -46,7 +46,7 @@ class Export:
     # The configs faster than this one that it was chosen over, each with why (no measurable gain in its
     # rounds; training math that differs and was not checked); None: none was.
     passed_over: list[dict[str, Any]] | None = None
-    # A script study's last word (search/store/alone.py): the script as written against this export applied,
+    # A script study's last word (search/store/last_word.py): the script as written against this export applied,
     # each run alone in paired rounds, their figure and its sign-test interval, the search's figures beside
     # it, or why it did not run; None: not a script study, or its best is the script as written.
     alone: dict[str, Any] | None = None
@@ -212,8 +212,6 @@ def load_baseline(arg: str, workload: TrialConfig) -> dict[str, Any]:
     """--baseline: the knobs the user trains with today, as inline JSON or a YAML/JSON file in best.yaml's
     format (its `config:` section) or a flat mapping of knobs. Checked as `workload`'s baseline would run;
     every failure is one ConfigError line."""
-    from autotune.core.config import KNOBS, baseline_of
-
     inline = arg.lstrip().startswith("{")
     where = "--baseline" if inline else f"--baseline {arg}"
     data = (

@@ -41,14 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from collections.abc import Callable, Mapping
 
+from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
 from autotune.pipelines.kind import BUILTIN, Kind, kind_of
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
-
-    from autotune.core.config import TrialConfig
 
 # Set (to "1") in a trial's environment under --skip-bad-data: a pipeline that validates its data then
 # leaves out in the trial the items its up-front validate_data(skip_bad=True) dropped.
@@ -94,11 +93,11 @@ def load_pipeline(cfg: TrialConfig) -> Pipeline:
     cannot honour is bad input here, before any study or trial is made from it."""
     kind = kind_of(cfg.pipeline)
     if kind.loop == "trainer":
-        from autotune.pipelines import frameworks
+        from autotune.pipelines import frameworks  # lazy: a cycle, its own_loop.py imports this package
 
         pipeline: Any = frameworks.load(cfg)
     elif kind.loop == "script":
-        from autotune.pipelines import script
+        from autotune.pipelines import script  # lazy: a cycle, it imports this package
 
         pipeline = script.load(cfg)
     else:
@@ -117,7 +116,7 @@ def own_baseline(pipeline: Pipeline, global_batch: int | None = None) -> dict[st
     Trainer's arguments, a script's own batch); {} for a Pipeline, whose baseline is plain PyTorch unless
     --baseline says otherwise. A batch that does not divide the study's --global-batch is left out: the
     baseline then picks one that does (baseline_of)."""
-    from autotune.pipelines.own_loop import OwnLoopJob
+    from autotune.pipelines.own_loop import OwnLoopJob  # lazy: a cycle, own_loop.py imports this package
 
     knobs = pipeline.own_baseline(global_batch) if isinstance(pipeline, OwnLoopJob) else {}
     if global_batch and "batch_size" in knobs and global_batch % knobs["batch_size"]:
@@ -126,8 +125,6 @@ def own_baseline(pipeline: Pipeline, global_batch: int | None = None) -> dict[st
 
 
 def _check_baseline(cfg: TrialConfig, pipeline: Pipeline, unsupported: frozenset[str]) -> None:
-    from autotune.core.config import TrialConfig
-
     default, given = TrialConfig(), dict(cfg.baseline or ())
     refused = sorted(k for k in unsupported & set(given) if given[k] != getattr(default, k))
     if refused:  # a knob a job keeps is recorded at its own value (a script's kept batch)
@@ -211,14 +208,14 @@ def default_data(spec: str, studies_dir: str | os.PathLike[str]) -> str | None:
     set (generated once under studies_dir/data); None for a pipeline that brings its own."""
     if spec != "unet":
         return None
-    from autotune.pipelines.unet.data import default_data as unet_default
+    from autotune.pipelines.unet.data import default_data as unet_default  # lazy: numpy and PIL
 
     return str(unet_default(studies_dir))
 
 
 def is_regenerable(data_dir: str) -> bool:
     """A default synthetic set: identical on any machine, so a missing copy may be made afresh."""
-    from autotune.pipelines.unet.data import SYNTHETIC_PREFIX
+    from autotune.pipelines.unet.data import SYNTHETIC_PREFIX  # lazy: numpy and PIL
 
     return Path(data_dir).name.startswith(SYNTHETIC_PREFIX)
 
@@ -240,8 +237,6 @@ def base_config(
     """The base config every trial of a run shares: --pipeline, --image-size and --data over `extra`
     (a config file's values, or the defaults); without any data, the pipeline's own default.
     Positional-only: a whole config file passed as `extra` has its own `pipeline` and `image_size`."""
-    from autotune.core.config import TrialConfig
-
     extra = {k: v for k, v in extra.items() if not (k in ("lr", "lr_scaling") and v is None)}  # None: not given
     cfg = TrialConfig(**extra)
     changes: dict[str, Any] = {}

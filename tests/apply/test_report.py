@@ -212,7 +212,7 @@ def test_memory_rows_put_the_estimate_beside_the_peak_with_its_error(tmp_path: P
 def test_a_script_studys_alone_figure_is_in_the_summary(tmp_path: Path) -> None:
     """The figure a script study gives is its script alone, as written against the export applied."""
     from autotune.core.paired import Paired
-    from autotune.search.store import alone
+    from autotune.search.store import last_word as alone
 
     study = make_study(str(tmp_path / "s.db"), n=2, ablation=False)
     paired = Paired.of([1.3, 1.4, 1.2])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,6 +228,24 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], cmd: str) ->
     assert out.startswith(f"usage: autotune {cmd} "), out[:200]
     assert "-h, --help" in out and err == ""
     assert not Path("studies.db").exists() and not Path("studies").exists()  # help runs nothing
+
+
+HEAVY = ("torch", "optuna", "matplotlib", "numpy", "rich")
+
+
+@pytest.mark.parametrize("cmd", [None, *COMMANDS])
+def test_help_starts_without_the_heavy_libraries(cmd: str | None) -> None:
+    """What the CLI's lazy imports are for (each says which it keeps out): `autotune --help` and every
+    command's --help load none of torch, optuna, matplotlib, numpy or rich, so they answer at once."""
+    argv = ["--help"] if cmd is None else [cmd, "--help"]
+    code = (
+        f"import sys\nfrom autotune.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)"
+    )
+    root = Path(__file__).resolve().parents[2]  # the checkout, whatever folder the test runs in
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == "[]", run.stderr[-2000:]
 
 
 def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:

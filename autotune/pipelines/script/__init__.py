@@ -43,9 +43,9 @@ import dataclasses
 import shlex
 from pathlib import Path
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from autotune.core.config import LEADS, PRECISIONS, dependents
+from autotune.core.config import LEADS, PRECISIONS, TrialConfig, dependents, lr_factor
 from autotune.core.errors import PipelineError
 from autotune.pipelines import Unsupported
 from autotune.pipelines.kind import SCRIPT_PREFIX as PREFIX, kind_of
@@ -59,9 +59,6 @@ from autotune.pipelines.script.source import (
     Uses,
     scan,
 )
-
-if TYPE_CHECKING:
-    from autotune.core.config import TrialConfig
 
 LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 # The knobs a job's own run may set away from autotune's defaults, as trial 0 records them in effect: its
@@ -348,8 +345,6 @@ def study_defaults(spec: str, global_batch: int | None, given: Collection[str] =
     optimizer's constructor), which is meant for its own global batch: under a study's --global-batch
     it is scaled to that batch, the batch TrialConfig.lr is given for. Without --global-batch, the
     accumulation at.accumulation()'s default reads (`own_accumulation`): every trial keeps it."""
-    from autotune.core.config import TrialConfig, lr_factor
-
     path, args = parse(spec)
     uses = scan_script(path, args)
     job = ScriptJob(spec, path, args, uses, global_batch)

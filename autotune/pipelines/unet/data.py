@@ -260,7 +260,10 @@ def _check_all(
 
 
 def _decodes(image: Path, mask: Path) -> tuple[Path, str] | None:
-    from autotune.pipelines.unet.pipeline import BadPairFile, decode_pair
+    from autotune.pipelines.unet.pipeline import (  # lazy: torch (make-data needs none), and a cycle: it imports this
+        BadPairFile,
+        decode_pair,
+    )
 
     try:
         decode_pair(image, mask)

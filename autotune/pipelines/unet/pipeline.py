@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 
 from autotune.core.errors import ConfigError, DataItemError
 from autotune.pipelines import SKIP_BAD_DATA_ENV
+from autotune.pipelines.unet.data import decode_reason, scan_folder, screen_pairs, validate_folder
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
@@ -42,8 +43,6 @@ class BadPairFile(Exception):
 def decode_pair(image_path: Path, mask_path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """Both files of a pair, decoded as training uses them (the up-front check calls this too, so
     what it passes is what trials can read); BadPairFile naming the file otherwise."""
-    from autotune.pipelines.unet.data import decode_reason
-
     decoded = []
     for path, mode in ((image_path, ImageReadMode.RGB), (mask_path, ImageReadMode.GRAY)):
         try:
@@ -133,8 +132,6 @@ class UnetPipeline:
     unsupported: frozenset[str] = frozenset()
 
     def __init__(self, cfg: TrialConfig) -> None:
-        from autotune.pipelines.unet.data import scan_folder
-
         if not cfg.data_dir:
             raise ConfigError("the unet pipeline needs data_dir (generate one with `autotune make-data DIR`)")
         self.image_size = cfg.image_size
@@ -167,8 +164,6 @@ class UnetPipeline:
 
     def validate_data(self, *, skip_bad: bool, progress: Callable[[int, int], None] | None) -> str | None:
         """Decode every pair once (see validate_folder); with skip_bad, a note on what was dropped."""
-        from autotune.pipelines.unet.data import validate_folder
-
         good = set(validate_folder(self.data_dir, skip_bad=skip_bad, progress=progress))
         if len(good) == len(self.pairs):
             return None
@@ -182,8 +177,6 @@ class UnetPipeline:
         environment) those failing a cheap header check, as the up-front validation dropped them."""
         if os.environ.get(SKIP_BAD_DATA_ENV, "") in ("", "0"):
             return pairs
-        from autotune.pipelines.unet.data import screen_pairs
-
         good, bad = screen_pairs(pairs)
         if bad:
             print(

@@ -11,7 +11,7 @@ timed optimizer steps; samples/s from the batches the script's own DataLoader yi
 for a script without one). Each round's figure is the patched side over the script as written; the
 rounds' median and sign-test interval (core/paired.py) decide: a gain only from MIN_ROUNDS rounds with
 an interval clear of x1.00. When they cannot tell the two apart, or the patched script fails alone, the
-export is "no change" (search/store/alone.py).
+export is "no change" (search/store/last_word.py).
 
 The rounds are paid from the search's budget (search/budget.py keeps `alone_reserve_s` for them, said up
 front): at least MIN_ROUNDS, more while another round fits by the late end, at most MAX_ROUNDS. When the
@@ -38,7 +38,7 @@ from autotune.core.paired import MIN_ROUNDS, Paired, spread
 from autotune.core.settings import SearchSettings
 from autotune.pipelines import kind_of
 from autotune.search.budget import ALONE_OVERHEAD_S, ALONE_TIMED_S, Budget
-from autotune.search.store import alone as store
+from autotune.search.store import last_word as store
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import StudyRecord, TrialRecord
 from autotune.search.store.results import baseline_trial, choose, confirmed_figures
@@ -89,7 +89,7 @@ def run(
     say: Say = print,
 ) -> dict[str, Any] | None:
     """The alone rounds of the export against the script as written, their record written on the study
-    (search/store/alone.py) and returned; None where there is nothing to run (not a script study, no
+    (search/store/last_word.py) and returned; None where there is nothing to run (not a script study, no
     patcher handed in, no export, or the export is the script as written)."""
     if patch is None or not kind_of(settings.base.pipeline).runs_alone:
         return None

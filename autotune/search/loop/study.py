@@ -85,7 +85,7 @@ def _bf16_supported(gpus: int = 1) -> bool:
     >= 8.0), asked of NVML: torch's answer would create a CUDA context in this controller process (it
     reads the device properties), and its default also counts emulation, so says True on a V100 or T4,
     where bf16 is emulated and slow. Without NVML: fp16, which autocast runs on every CUDA GPU."""
-    from autotune.trial.measurement.measure import nvml, visible_handles
+    from autotune.trial.measurement.measure import nvml, visible_handles  # lazy: torch; `show` loads studies without it
 
     pynvml = nvml()
     if pynvml is None:

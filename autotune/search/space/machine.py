@@ -42,7 +42,7 @@ def memory_bytes(cuda: bool) -> int | None:
     """The smallest visible GPU's memory, asked of NVML (torch would create a CUDA context in this
     controller); on a CPU its RAM, MemTotal: what is available now varies from run to run, and the
     space narrowed by it must not (a resumed study's distributions must stay the same). None: unknown."""
-    from autotune.trial.measurement.measure import nvml, visible_handles
+    from autotune.trial.measurement.measure import nvml, visible_handles  # lazy: torch, see _driver
 
     if not cuda:
         try:
@@ -72,7 +72,7 @@ class Hardware:
     def detect(cls) -> Hardware:
         import torch  # lazy: loading a space file must stay cheap
 
-        from autotune.trial.loop.knobs import apex_available
+        from autotune.trial.loop.knobs import apex_available  # lazy: torch, as above
 
         cuda = bool(torch.cuda.is_available())
         return cls(
@@ -151,7 +151,7 @@ def _gpus(pynvml: Any, n: int) -> tuple[list[int | None], list[str | None]]:
     """Per visible GPU: total memory in bytes, and MIG: "off", "on" (a whole GPU in MIG mode), or the
     slice's name, which names its profile ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"): a slice, or a 40 GB and
     an 80 GB board, may carry the whole GPU's name. None: NVML could not say."""
-    from autotune.trial.measurement.measure import text, visible_handles
+    from autotune.trial.measurement.measure import text, visible_handles  # lazy: torch, see _driver
 
     memory: list[int | None] = [None] * n
     mig: list[str | None] = [None] * n
@@ -178,7 +178,7 @@ def _gpus(pynvml: Any, n: int) -> tuple[list[int | None], list[str | None]]:
 def fingerprint(base: TrialConfig) -> dict[str, Any]:
     import torch
 
-    from autotune.trial.measurement.measure import nvml
+    from autotune.trial.measurement.measure import nvml  # lazy: torch, as above
 
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []

@@ -446,7 +446,7 @@ def write_ceiling(study: optuna.Study, number: int, section: Mapping[str, Any]) 
     study.set_user_attr(CEILING, {"trial": number, **section})
 
 
-ALONE = "alone"  # a script study's alone rounds (search/loop/alone.py; what they decide: search/store/alone.py)
+ALONE = "alone"  # a script study's alone rounds (search/loop/alone.py; what they decide: search/store/last_word.py)
 
 
 def alone(study: optuna.Study) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.paired import Paired, spread
 from autotune.core.training import changes_step, section, shown
 from autotune.core.outcomes import Outcome, Reason, Role, Verdict
-from autotune.search.store import alone, records
+from autotune.search.store import last_word, records
 from autotune.search.space.memory import versus_peak
 from autotune.search.store.storage import shown_storage
 from autotune.search.store.records import CheckRecord, StudyRecord, TrialRecord
@@ -309,14 +309,14 @@ def final(study: optuna.Study) -> Choice:
     """`choose`, with a script study's alone rounds having the last word: where they could not tell its
     choice from the script as written, the baseline, and the choice named as passed over."""
     choice = choose(study)
-    best = alone.exported(study, choice.trial, baseline_trial(study))
+    best = last_word.exported(study, choice.trial, baseline_trial(study))
     if choice.trial is None or best is choice.trial:
         return choice
     why = "run alone, the patched script was not measurably faster than the script as written (alone:)"
     # Its figure is the rounds' that overruled it (what the user would get), else confirmation's, else the
     # search's one measurement.
     rounds = confirmed_paired(study, choice.trial.number)
-    speedup = (alone.read(study) or {}).get("median") or (rounds.median if rounds and rounds.ratios else None)
+    speedup = (last_word.read(study) or {}).get("median") or (rounds.median if rounds and rounds.ratios else None)
     over = {"trial": choice.trial.number, "speedup": speedup or _search_speedup(study, choice.trial), "why": why}
     return Choice(best, (over, *choice.passed_over))
 
@@ -352,7 +352,7 @@ def confirmed_figures(study: optuna.Study, number: int) -> dict[str, Any] | None
 def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> Export:
     """The winner as an Export (`choose`), with the confirmation rounds' median speedup, its range and
     its sign-test interval when it was confirmed, its training math, its check, and the faster configs
-    it was chosen over. A script study's alone rounds have the last word (search/store/alone.py): their
+    it was chosen over. A script study's alone rounds have the last word (search/store/last_word.py): their
     figure is the speedup, or the export is "no change" when they cannot tell the patched script from the
     script as written."""
     choice = final(study)
@@ -370,8 +370,8 @@ def best_export(study: optuna.Study, storage: str | None, out: Path | None) -> E
     export = _measured(study, best, storage, out, passed_over)
     rounds = confirmed_figures(study, best.number)
     if rounds is None:
-        return alone.over(study, export)
-    return alone.over(study, _confirmed(export, rounds, TrialRecord.from_frozen(best).role == Role.BASELINE))
+        return last_word.over(study, export)
+    return last_word.over(study, _confirmed(export, rounds, TrialRecord.from_frozen(best).role == Role.BASELINE))
 
 
 def _measured(

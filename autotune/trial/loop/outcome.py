@@ -6,11 +6,14 @@ whichever command met it."""
 from __future__ import annotations
 
 import json
+import sys
+import traceback
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported
+from autotune.core.errors import AutotuneError, DataItemError, TrialUnsupported, exit_code_for
+from autotune.core.files import write_json_atomic
 from autotune.core.outcomes import Reason
 
 # Statuses whose traceback helps whoever reads the log: the others are said fully by their one line.
@@ -19,8 +22,8 @@ TRACEBACK_WORTHY = frozenset({Reason.DATA, Reason.OOM, Reason.ERROR})
 
 def status_of(e: BaseException) -> tuple[str, str]:
     """(status, one line) for the exception that ended a trial, a training run or a probe."""
-    from autotune.trial.loop.harness import is_out_of_memory, oom_message
-    from autotune.trial.measurement.clock import NonFiniteLoss
+    from autotune.trial.loop.harness import is_out_of_memory, oom_message  # lazy: torch, not for the launcher or CLI
+    from autotune.trial.measurement.clock import NonFiniteLoss  # lazy: torch, as above
 
     if isinstance(e, AutotuneError):
         return Reason.BAD_CONFIG, str(e)
@@ -59,12 +62,6 @@ def entry_main(name: str, measure: Callable[[], dict[str, Any]], out: Path) -> i
     """The end of a measuring entry point (`python -m autotune.trial.probes.model_facts`, `.ceiling`): its result to `out`,
     exit 0; or one classified line on stderr (a traceback above it where one helps) and that status's
     exit code, which the launcher's run_entry reports."""
-    import sys
-    import traceback
-
-    from autotune.core.errors import exit_code_for
-    from autotune.core.files import write_json_atomic
-
     try:
         result = measure()
     except Exception as e:

@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.config import TrialConfig
+from autotune.core.configfile import load_config
+from autotune.core.errors import TrialTimeout
 from autotune.core.procs import die_with_parent
+from autotune.pipelines import load_pipeline, stages_of
+from autotune.trial.loop.outcome import entry_main
 
 PROBE_BATCH = 2  # small enough to fit wherever a trial could, large enough to divide out per-sample figures
 
@@ -30,11 +34,7 @@ class ProbeError(Exception):
 
 def run_probe(cfg: TrialConfig, folder: Path, timeout_s: float) -> dict[str, Any]:
     """Measure `cfg`'s pipeline in a fresh process; its facts (memory.ModelFacts' fields) or ProbeError."""
-    from autotune.core.errors import TrialTimeout
-    from autotune.trial.processes.launcher import (
-        EntryFailed,
-        run_entry,
-    )  # not at import: the probe's own process needs none
+    from autotune.trial.processes.launcher import EntryFailed, run_entry  # lazy: psutil; `--help` imports this module
 
     try:
         return run_entry("autotune.trial.probes.model_facts", cfg, folder, "facts.json", timeout_s)
@@ -51,8 +51,7 @@ def measure(cfg: TrialConfig, batch: int = PROBE_BATCH) -> dict[str, Any]:
     import torch
     from torch.utils.data import default_collate
 
-    from autotune.pipelines import load_pipeline, stages_of
-    from autotune.trial.loop import harness  # noqa: F401 - what a trial imports, so the runtime counts it too
+    from autotune.trial.loop import harness  # noqa: F401 - lazy: torch; what a trial imports, so the runtime counts it
 
     torch.manual_seed(cfg.seed)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -168,9 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=PROBE_BATCH)
     args = parser.parse_args(argv)
     die_with_parent()
-    from autotune.core.configfile import load_config
-    from autotune.trial.loop.outcome import entry_main
-
     return entry_main("probe", lambda: measure(load_config(args.config), args.batch), args.out)
 
 

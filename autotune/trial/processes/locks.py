@@ -94,7 +94,7 @@ def _uuids(ids: list[str]) -> list[str]:
     initialise it in the controller, which must not hold a context on the GPUs its trials measure.
     Then "0" and "GPU-<uuid>" for one GPU do not exclude each other; searches that name their GPUs
     alike (the usual case: all by index, or all by UUID) still do."""
-    from autotune.trial.measurement.measure import handle_for, nvml, text
+    from autotune.trial.measurement.measure import handle_for, nvml, text  # lazy: torch, only once a GPU is locked
 
     pynvml = nvml()
     if pynvml is None:

@@ -4,14 +4,22 @@ trial, and always reach os._exit (it must never fall back into the server's loop
 
 from __future__ import annotations
 
+import atexit
+import importlib
+import io
 import os
+import random
 import signal
 import sys
+import traceback
 from typing import Any, NoReturn
 from collections.abc import Callable, Mapping
 
+from autotune.core.errors import exit_code_for
+from autotune.core.files import write_json_atomic
 from autotune.core.procs import die_with_parent
 from autotune.core.outcomes import Reason
+from autotune.trial.loop import worker
 from autotune.trial.processes.warm_client import CUDA_LOST_CAUSE, EXPECT_CUDA_ENV
 
 
@@ -53,8 +61,6 @@ def child(
 
 
 def _redirect(log: str, unbuffered: bool) -> None:
-    import io
-
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # append: the caller may have written to it
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -79,17 +85,12 @@ def _redirect(log: str, unbuffered: bool) -> None:
 
 def _become(request: dict[str, Any], base_path: list[str]) -> None:
     """Env, cwd, sys.path, argv and RNG state as a cold `python -m autotune.trial` would have them."""
-    import importlib
-    import random
-
-    import autotune.trial.loop.worker
-
     os.environ.clear()  # replaced, not merged: putenv/unsetenv reach C libraries too
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[:] = _child_sys_path(request["env"], base_path)
     importlib.invalidate_caches()
-    sys.argv = [autotune.trial.loop.worker.__file__, *request["argv"]]
+    sys.argv = [worker.__file__, *request["argv"]]
     # Forked children share the server's RNG states; a cold start seeds from the OS. (The trial then
     # seeds torch from cfg.seed itself, so its measurements stay reproducible.) torch's CPU generator
     # only: torch.seed() would also queue a reseed of every CUDA, XPU and MTIA generator (a few ms of
@@ -133,9 +134,6 @@ def _cuda_lost() -> str | None:
 def _fail_cuda_lost(argv: list[str], message: str) -> int:
     """End the trial as the worker ends a crash (verdict, stderr line, exit code), marked CUDA_LOST_CAUSE
     so the launcher can retry it cold. Never run it: on the CPU it would measure the wrong machine."""
-    from autotune.core.errors import exit_code_for
-    from autotune.core.files import write_json_atomic
-
     if "--out" in argv[:-1]:
         verdict = {"status": Reason.ERROR, "message": message, "cause": CUDA_LOST_CAUSE}
         write_json_atomic(argv[argv.index("--out") + 1], verdict)
@@ -144,12 +142,8 @@ def _fail_cuda_lost(argv: list[str], message: str) -> int:
 
 
 def _run_trial(argv: list[str]) -> int:
-    import atexit
-
-    from autotune.trial.loop.worker import main
-
     try:
-        code = main(argv)
+        code = worker.main(argv)
     except SystemExit as e:  # argparse errors, sys.exit() in user code
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
@@ -166,8 +160,6 @@ def _run_trial(argv: list[str]) -> int:
 
 
 def _print_exc() -> None:
-    import traceback
-
     try:
         traceback.print_exc()
     except BaseException:  # noqa: BLE001 - stderr may be gone

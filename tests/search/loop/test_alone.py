@@ -21,7 +21,7 @@ from autotune.core.paired import MIN_ROUNDS
 from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
 from autotune.search.loop import alone
-from autotune.search.store import alone as store
+from autotune.search.store import last_word as store
 from autotune.search.store.records import StudyRecord, TrialRecord, write, write_gate_checks
 from autotune.search.store.results import best_export
 from autotune.search.store.storage import open_storage

@@ -1,5 +1,6 @@
-"""A script study's last word, as the study keeps it: the script as written against the export applied,
-each run alone in paired rounds (search/loop/alone.py), and what that record does to the export.
+"""A script study's last word, as the study keeps it: its alone rounds (the script as written against the
+export applied, each run alone in paired rounds: search/loop/alone.py), and what that record does to the
+export.
 
 It decides the export: a patched script the rounds show faster is exported with their figure as its
 speedup (the trial loop's and confirmation's figures stay beside it, as the search's); one they cannot
