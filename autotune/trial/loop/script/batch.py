@@ -234,15 +234,3 @@ def throughput(trial: api.Trial, step_samples: list[int]) -> dict[str, str]:
         "why": "no loader delivered batches and the script hands over no batch (at.batch_size()): optimizer "
         "steps are counted, not samples",
     }
-
-
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (tuples, lists, dicts); 1 without one."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        n = batch_len(item)
-        if n:
-            return n
-    return 1

@@ -23,7 +23,6 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
 from autotune.trial.loop.script.batch import (
-    batch_len,
     group_lrs,
     handed_samples,
     per_step,
@@ -38,6 +37,7 @@ from autotune.trial.loop.script.optimizer import fusion_of
 from autotune.trial.loop.script.sites import call_site, record_site
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
+from autotune.trial.measurement.samples import batch_len
 
 
 class Seams:
