@@ -119,7 +119,7 @@ def measure(
 ) -> dict[str, Any]:
     """Run `script` in this process as `python script ARGS` would, timing its optimizer steps; its figures.
     `model`: a config JSON ({"config", "routed"}) whose model knobs are applied to the model the script's
-    optimizer trains, as `autotune run` applies them (trial/loop/unedited): what no diff can write.
+    optimizer trains, as `autotune run` applies them (trial/loop/script/model.py): what no diff can write.
     Raises AloneFailed when it ends before warmup + steps + 1 steps."""
     run = _Run(warmup, steps)
     seams = _model_seams(model)
