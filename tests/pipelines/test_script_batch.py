@@ -67,11 +67,11 @@ def test_the_script_s_own_batch_is_read_from_its_source_with_its_arguments_appli
     assert uses.own_value("lr") == 0.1 and uses.optimizers == ("SGD",)
 
 
-def test_only_a_script_that_hands_over_its_batch_has_it_searched() -> None:
+def test_a_script_without_a_dataloader_has_its_batch_searched_only_when_it_hands_it_over() -> None:
     tokens = script.load(TrialConfig(pipeline=script.spec_of(str(TOKENS))))
     assert "batch_size" not in unsupported_of(tokens) and tokens.own == (4, 2)
     plain = script.load(TrialConfig(pipeline=script.spec_of(str(SCRIPTS / "no_loader.py"))))
-    assert plain.unsupported.why["batch_size"].startswith("the script runs its own batch size")
+    assert plain.unsupported.why["batch_size"].startswith("the script builds its batches without a torch DataLoader")
     # At a study's global batch the script must take its accumulation too, or its step is its own.
     source = "from autotune import script as at\nb = at.batch_size(8)\n"
     assert "batch_size" not in script.unsupported(scan(source))

@@ -55,16 +55,25 @@ def note(notes: list[str], knob: str) -> str:
     return next(n for n in notes if n.startswith(f"{knob} not searched"))
 
 
-def test_a_script_that_keeps_its_batch_is_said_to_run_its_own_value(tmp_path: Path) -> None:
+def own_of(tmp_path: Path, body: str, *args: str) -> tuple[int, int] | None:
+    """The (micro-batch, accumulation) a script `HEAD + body` run with `args` runs as its own."""
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + body)
+    return script.load(TrialConfig(pipeline=script.spec_of(str(path), list(args)))).own
+
+
+def test_a_script_whose_dataloader_builds_its_batches_has_batch_size_searched_from_its_own(tmp_path: Path) -> None:
+    """No at.batch_size(): the trial hands its batch over through the DataLoader, so batch_size is searched,
+    from the DataLoader's own batch_size as the source reads it (the script's own arguments applied)."""
     loader = "loader = DataLoader(data, batch_size=args.batch_size, shuffle=True)\n"
-    said = note(notes_for(tmp_path, loader)[1], "batch_size")
-    assert "the script runs its own batch size, 32 (its DataLoader's batch_size)" in said, said
-    assert "32" in note(notes_for(tmp_path, loader, "--batch-size", "32")[1], "batch_size")
-    assert ", 4 (its DataLoader" in note(notes_for(tmp_path, loader, "--batch-size", "4")[1], "batch_size")
-    assert ", 1 (its DataLoader" in note(notes_for(tmp_path, "loader = DataLoader(data)\n")[1], "batch_size")
-    # A batch the source cannot give: read from what trial 0's loaders deliver.
+    knobs, notes = notes_for(tmp_path, loader)
+    assert not any(n.startswith("batch_size not searched") for n in notes), notes
+    assert own_of(tmp_path, loader) == (32, 1) and own_of(tmp_path, loader, "--batch-size", "4") == (4, 1)
+    assert own_of(tmp_path, "loader = DataLoader(data)\n") == (1, 1)  # torch's default
+    # A batch the source cannot give: read from what trial 0's loaders deliver, searched from then on.
     unread = note(notes_for(tmp_path, "loader = DataLoader(data, batch_size=args.batch_size // 2)\n")[1], "batch_size")
-    assert "the script runs its own batch size, read from what trial 0's loaders deliver" in unread, unread
+    assert "its DataLoader's batch_size cannot be read from the source" in unread, unread
+    assert "trial 0 runs the script as written and reports the batch its loaders deliver" in unread, unread
 
 
 def test_optimizer_fusion_is_fixed_for_an_optimizer_without_the_fused_foreach_pair(tmp_path: Path) -> None:

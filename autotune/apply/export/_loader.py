@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 # DataLoader's positional order (torch.utils.data.DataLoader.__init__), for a script that passes the
 # loader knobs positionally; prefetch_factor and persistent_workers are keyword-only.
-POSITION = {"num_workers": 5, "pin_memory": 7}
+POSITION = {"batch_size": 1, "num_workers": 5, "pin_memory": 7}
 
 
 # The comments beside a Lightning study's own dataloader_kwargs, as its trial passed them.
@@ -127,7 +127,8 @@ def script_lines(cfg: TrialConfig, skip: frozenset[str]) -> list[str]:
 
 def edit(rw: Rewrite) -> None:
     """The loaders a trial iterated get the arguments it ran them with, where those differ from the script's
-    own (a knob that does nothing on the machine measured is not one); at.batch_size() gets the measured
+    own (a knob that does nothing on the machine measured is not one); the micro-batch where the trial
+    handed it over there (the script calls no at.batch_size()), else at.batch_size() gets the measured
     default. Without a record of which loaders ran, every DataLoader(...) call in the script."""
     cfg = rw.cfg
     if not set(script.LOADER_KNOBS) & rw.skip:
@@ -141,6 +142,12 @@ def edit(rw: Rewrite) -> None:
             if site.used():
                 _write(rw, site.src, site.call, changes(site.record["ran"], site.record["own"], rw.no_effect))
     if "batch_size" in rw.skip or rw.job.own is None:
+        return
+    if rw.job.through_loader:
+        for site in rw.sites("loaders") or []:
+            own, ran = site.record["own"].get("batch_size"), site.record["ran"].get("batch_size")
+            if site.used() and own == rw.job.own[0] and ran != own:
+                _write(rw, site.src, site.call, {"batch_size": ran})
         return
     for call in rw.api("batch_size"):
         if cfg.batch_size != rw.job.own[0]:

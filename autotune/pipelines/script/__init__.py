@@ -23,10 +23,12 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
   - gpus needs the script to set up its own process group (a call to init_process_group or
     init_device_mesh, by any spelling): it then runs under torchrun, one process per GPU, its own DDP
     set-up untouched, each rank with the seams; a script that sets up none runs as one process;
-  - batch_size needs `at.batch_size(default)`, and under a study's --global-batch `at.accumulation()`
-    too; the script's own batch (the baseline's) is read from that default: an int, a name assigned
-    once, or an argparse option's default (with the script's own arguments applied); a script that
-    keeps its own batch has it read from its DataLoader's batch_size, to say which batch it runs;
+  - batch_size reaches a script that builds its batches with a torch DataLoader with no edit: the trial
+    replaces the batch_size of the DataLoaders built with the script's own (trial/loop/script/loader.py),
+    which is read from its DataLoader's batch_size (an int, a name assigned once, an argparse option's
+    default), else from what trial 0's loaders delivered; a script that builds its batches itself hands
+    them over with `at.batch_size(default)` (whose default is then its own), and under a study's
+    --global-batch either needs `at.accumulation()` too;
   - the lr rule for a changed global batch follows the optimizer the script constructs: linear for
     SGD, sqrt for the Adam family (`lr_rule`), unless the user gives --lr-scaling.
 A static declaration is chosen over a probe run because it is free, known before the space is
@@ -73,13 +75,9 @@ COOPERATIVE = {"precision": "autocast", "channels_last": "model", "compile": "mo
 DEFAULT_RULE = "sqrt"
 # What no script takes yet, with why.
 BATCH_WHY = (
-    "the script runs its own batch size{own}: changing it changes its training, and its lr, schedule and "
-    "accumulation are its own (hand it over with at.batch_size() to search it)"
+    "the script builds its batches without a torch DataLoader: hand its batch over with at.batch_size() "
+    "(autotune.script) to search it"
 )
-# The batch a script keeps is recorded as the baseline's: read from its DataLoader's batch_size where the source
-# says it, and from what trial 0's loaders delivered where it does not (the session rebases the study on it).
-KEPT_OWN = ", {batch} (its DataLoader's batch_size), recorded as the baseline's"
-KEPT_UNREAD = ", read from what trial 0's loaders deliver (its DataLoader's batch_size {why})"
 # The knobs the model seams apply to an unedited script (trial/loop/script/model.py), where no at.* call routes them.
 UNEDITED = ("precision", "channels_last", "checkpoint_segments")
 ONE_PROCESS = {
@@ -174,7 +172,8 @@ def rule_of(optimizer: str) -> str | None:
     return "linear" if optimizer in LINEAR_RULE else "sqrt" if optimizer in SQRT_RULE else None
 
 
-# What to write when at.batch_size()'s default cannot be read, before trial 0 has reported it.
+# What to write when the script's own batch cannot be read (at.batch_size()'s default, its DataLoader's batch_size),
+# before trial 0 has reported it.
 READ_AT_RUN_TIME = (
     "at.batch_size()'s default cannot be read from the source ({why}): in a search, trial 0 runs the script as "
     "written and reports the value the script hands it (after its configurator or config file), and batch_size "
@@ -183,22 +182,30 @@ READ_AT_RUN_TIME = (
     "where nothing overrides it, give the default as a number, a name assigned once or an argparse option "
     "with a literal default (`batch_size = at.batch_size(12)`)"
 )
+LOADER_READ_AT_RUN_TIME = (
+    "its DataLoader's batch_size cannot be read from the source ({why}): in a search, trial 0 runs the script "
+    "as written and reports the batch its loaders deliver, and batch_size is searched from then on; to search "
+    "it from the start, pass --baseline '{{\"batch_size\": N}}' with the batch the script runs"
+)
 
 
 def own_batch(uses: Uses, global_batch: int | None, recorded: int | None = None) -> int | str:
-    """The script's own micro-batch (batch_size is then searchable), or why batch_size stays fixed.
-    recorded: the study's baseline batch (trial 0's report, or --baseline), the script's own where its
-    source cannot say (a configurator, a config file, a name assigned twice)."""
+    """The script's own micro-batch (batch_size is then searchable), or why batch_size stays fixed: handed
+    over by at.batch_size(), else its DataLoader's (through_loader). recorded: the study's baseline batch
+    (trial 0's report, or --baseline), the script's own where its source cannot say (a configurator, a
+    config file, a name assigned twice)."""
     batch, accum = uses.own_value("batch_size"), uses.own_value("accumulation")
+    read_at = READ_AT_RUN_TIME
+    if batch is None:
+        if not uses.dataloader:
+            return BATCH_WHY
+        batch, read_at = uses.own_value("loader_batch_size"), LOADER_READ_AT_RUN_TIME
+        if batch is None:
+            batch = "it is built outside the script's own file"
     if isinstance(batch, str) and recorded is not None:
         batch = recorded
-    if batch is None:
-        loader = uses.own_value("loader_batch_size")
-        if isinstance(loader, int):
-            return BATCH_WHY.format(own=KEPT_OWN.format(batch=loader))
-        return BATCH_WHY.format(own=KEPT_UNREAD.format(why=loader) if isinstance(loader, str) else "")
     if isinstance(batch, str):
-        return READ_AT_RUN_TIME.format(why=batch)
+        return read_at.format(why=batch)
     if isinstance(accum, str) and global_batch is not None:  # else its runtime default sets the lr's scale
         return (
             f"at.accumulation()'s default cannot be read from the source ({accum}), and the study fixes "
@@ -210,6 +217,11 @@ def own_batch(uses: Uses, global_batch: int | None, recorded: int | None = None)
             "per optimizer step are its own"
         )
     return batch
+
+
+def through_loader(uses: Uses) -> bool:
+    """The trial hands the batch over through the script's DataLoaders (it calls no at.batch_size())."""
+    return uses.own_value("batch_size") is None and uses.dataloader
 
 
 NOT_REPRODUCIBLE = (
@@ -285,7 +297,9 @@ class ScriptJob(OwnLoopJob):
         # Its repeated blocks are found when its model is first called: none known before (stage_count).
         self.stages = None if "checkpoint_segments" in self.routed else ()
         self.recorded = recorded
-        self.read_at_run_time = isinstance(uses.own_value("batch_size"), str) and recorded is None
+        self.through_loader = through_loader(uses)
+        read = uses.own_value("loader_batch_size" if self.through_loader else "batch_size")
+        self.read_at_run_time = isinstance(read, str) and recorded is None
         batch = own_batch(uses, global_batch, recorded)
         # The script's own (micro-batch, accumulation) when it hands its batch over; None: it keeps its own.
         self.own: tuple[int, int] | None = None

@@ -64,6 +64,9 @@ class Trial:
     # its calls hand over their defaults.
     own_batch_size: int | None = None
     own_accumulation: int = 1
+    # The micro-batch reaches the script through its DataLoaders' batch_size (it calls no at.batch_size()):
+    # the trial's seam hands it over there, as at.batch_size() would.
+    through_loader: bool = False
     # The factor on the script's own lr for the global batch the trial runs, given the script's own
     # (micro-batch, accumulation); None: the lr is the script's.
     lr_scale: Callable[[int, int], float] | None = None

@@ -248,6 +248,26 @@ def test_the_diff_of_a_trial_holds_what_it_ran(classifier: Path) -> None:
     assert {k.arg: ast.unparse(k.value) for k in call.keywords} == {"lr": "lr", "weight_decay": "0.1", "fused": "True"}
 
 
+UNEDITED = Path(__file__).parents[2] / "trial" / "loop" / "script" / "scripts" / "unedited" / "train.py"
+
+
+@needs_patch
+def test_the_batch_of_an_unedited_script_is_written_where_its_dataloader_takes_it(tmp_path: Path) -> None:
+    """A script with no at.batch_size(): the trial handed its batch over through its DataLoader, and the diff
+    writes it there: batch_size=args.batch_size stays, the option's default becomes the measured batch."""
+    target = tmp_path / "train.py"
+    shutil.copy(UNEDITED, target)
+    cfg = TrialConfig(
+        pipeline=script.spec_of(str(target), ["--steps", "20"]), warmup_steps=1, timed_steps=2, window=1, batch_size=16
+    )
+    e = Export.from_result(cfg, worker.run(cfg), environment={"device": "cpu"})
+    diff = to_diff(e, device="cpu", cwd=str(tmp_path))
+    _apply(tmp_path, diff)
+    after = target.read_text()
+    assert 'parser.add_argument("--batch-size", type=int, default=16)' in after, diff
+    assert "DataLoader(data, batch_size=args.batch_size, shuffle=True, drop_last=True)" in after
+
+
 def test_an_lr_the_script_sets_itself_each_step_is_named_with_the_factor(tmp_path: Path) -> None:
     """The trial scaled the lr the script set before each step (its own schedule, trial/loop/script/batch.py);
     the diff scales the constructor's lr, which that schedule overwrites, so it names what to multiply."""

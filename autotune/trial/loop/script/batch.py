@@ -48,6 +48,7 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "accumulation": cfg.grad_accum if fixed else None,
         "own_batch_size": job.own[0],
         "own_accumulation": job.own[1],
+        "through_loader": job.through_loader,
         "lr_scale": scale,
     }
 
@@ -113,7 +114,11 @@ def own_as_run(trial: api.Trial, step_samples: list[int], step_batches: list[int
     own = trial.defaults
     samples, batches = per_step(step_samples), per_step(step_batches)
     if "batch_size" in own:
-        said = "at.batch_size()'s default as the run handed it over"
+        said = (
+            "its DataLoader's batch_size as the run built it"
+            if trial.through_loader
+            else "at.batch_size()'s default as the run handed it over"
+        )
         if "accumulation" in own:
             accumulation, said = (
                 int(own["accumulation"]),
@@ -134,6 +139,11 @@ def own_as_run(trial: api.Trial, step_samples: list[int], step_batches: list[int
     }
 
 
+def through(trial: api.Trial) -> str:
+    """How the trial handed its micro-batch over."""
+    return "through its DataLoader's batch_size, no edit" if trial.through_loader else "through at.batch_size()"
+
+
 def seen(seams: Seams, trial: api.Trial) -> Seen:
     """The micro-batch the script ran: its own as its loaders delivered it, else the one handed over, else
     its first DataLoader's; nothing when none shows one."""
@@ -142,7 +152,7 @@ def seen(seams: Seams, trial: api.Trial) -> Seen:
     if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
         return {"batch_size": (ran["batch_size"], f"the script's own batch: {ran['from']}")}
     if "batch_size" in trial.returned:  # handed over (batch_and_lr says more where the study knows its own)
-        return {"batch_size": (trial.returned["batch_size"], "through at.batch_size()")}
+        return {"batch_size": (trial.returned["batch_size"], through(trial))}
     if loader:
         return {"batch_size": (loader["batch_size"], "the script's own DataLoader batch size")}
     return {}
@@ -155,7 +165,7 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
     out: dict[str, Any] = {}
     got, own = trial.returned, trial.defaults
     if job.own is not None and "batch_size" in got:
-        why = "through at.batch_size()"
+        why = through(trial)
         if own["batch_size"] != job.own[0]:  # the source was read wrong: the baseline is not the script's own
             why += f"; the script's own default is {own['batch_size']}, not the {job.own[0]} its source reads"
         out["batch_size"] = knob_effect(cfg.batch_size, got["batch_size"], why)

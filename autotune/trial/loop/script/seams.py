@@ -31,7 +31,7 @@ from autotune.trial.loop.script.batch import (
     world_size,
 )
 from autotune.trial.loop.script.compiled import dynamo_graphs
-from autotune.trial.loop.script.loader import UNMEASURED, loader_overrides, shuffled
+from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, loader_overrides, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.optimizer import fusion_of
 from autotune.trial.loop.script.sites import call_site, record_site
@@ -145,21 +145,21 @@ class Seams:
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             bound = signature.bind(loader, *args, **kwargs)
-            own = {k: bound.arguments.get(k, signature.parameters[k].default) for k in LOADER_KNOBS}
+            own = {k: bound.arguments.get(k, signature.parameters[k].default) for k in ("batch_size", *LOADER_KNOBS)}
             # An IterableDataset yields its whole stream in every worker unless it shards itself: more
             # workers than the script chose would change what it trains on, so its loader keeps its own.
             iterable = isinstance(bound.arguments.get("dataset"), IterableDataset)
             where = call_site()
             unmeasured = seams.measured is not None and (where["file"], where["line"]) not in seams.measured
             if not seams.as_written and not iterable and not unmeasured:
-                bound.arguments |= loader_overrides(seams.cfg)
+                bound.arguments |= loader_overrides(seams.cfg) | handed_batch(seams.trial, bound.arguments, own)
             if seams.cfg.data_seed is not None:  # parity's data-order twin: another order, the same weights
                 bound.arguments["generator"] = torch.Generator().manual_seed(seams.cfg.data_seed)
             original(*bound.args, **bound.kwargs)
             record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
             kept = ITERABLE_KEPT if iterable else UNMEASURED if unmeasured else None
             seams.loaders.append(record | ({"kept": kept} if kept else {}))
-            ran = {k: record[k] for k in LOADER_KNOBS}
+            ran = {k: record[k] for k in ("batch_size", *LOADER_KNOBS)}
             loader._autotune_site = record_site(seams.sites, "loaders", loader, own, ran, iterated=False)
 
         return __init__

@@ -1,5 +1,6 @@
-"""trial/loop/script (model, precision, channels_last, checkpointing): precision, channels_last and checkpoint_segments reach a script with no autotune
-line in it, through the model its optimizer trains, and each is recorded as observed; a script whose own
+"""trial/loop/script (model, precision, channels_last, checkpointing, loader): precision, channels_last and
+checkpoint_segments reach a script with no autotune line in it, through the model its optimizer trains, and
+the batch through its DataLoader, each recorded as observed; a script whose own
 autocast runs bf16 has bf16 as its baseline; a script with two optimizers keeps them, with the reason."""
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
     assert {"precision", "channels_last", "checkpoint_segments"} <= job.routed
     assert not {"precision", "channels_last", "checkpoint_segments"} & set(job.unsupported)
     assert "fp16" in job.unsupported.values["precision"]  # no GradScaler handed over: fp16 is not searched
-    a = trial(tmp_path, precision="bf16", checkpoint_segments=2, channels_last=True)
+    assert "batch_size" not in job.unsupported and job.own == (8, 1)  # its DataLoader's, searched with no edit
+    a = trial(tmp_path, precision="bf16", checkpoint_segments=2, channels_last=True, batch_size=32)
     assert a["precision"]["in_effect"] == "bf16" and "autocast around its forward" in a["precision"]["why"]
     assert a["channels_last"]["in_effect"] is True
     assert a["checkpoint_segments"]["in_effect"] == ["blocks.0", "blocks.1"]
@@ -49,6 +51,11 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
     }
     log = (tmp_path / "trial" / "trial.log").read_text()
     assert "torch.float32" in log and "torch.bfloat16" not in log  # the loss outside the model ran in fp32
+    # The batch through its DataLoader: 32 samples a step, its own 8 recorded, the lr by AdamW's sqrt rule.
+    assert a["batch_size"]["in_effect"] == 32 and "its DataLoader's batch_size, no edit" in a["batch_size"]["why"]
+    assert a["script"]["samples_per_step"] == 32 and a["global_batch"]["in_effect"] == 32
+    assert a["script"]["own"]["batch_size"] == 8
+    assert a["lr"]["requested"] == pytest.approx(1e-3) and a["lr"]["in_effect"] == pytest.approx(2e-3)
 
 
 def test_the_baseline_is_watched_and_an_own_autocast_is_its_precision(tmp_path: Path) -> None:
