@@ -156,7 +156,14 @@ def main(loader_kw):
 @needs_patch
 def test_call_arguments_are_rewritten_where_they_stand(tmp_path: Path) -> None:
     diff, patched = _patched(
-        tmp_path, _SOURCE, "NVIDIA H200", num_workers=3, pin_memory=True, optimizer_fusion="fused", set_to_none=False
+        tmp_path,
+        _SOURCE,
+        "NVIDIA H200",
+        batch_size=4,  # the script's own (its DataLoaders'): the training is the script's
+        num_workers=3,
+        pin_memory=True,
+        optimizer_fusion="fused",
+        set_to_none=False,
     )
     tree = ast.parse(patched)
     a, b, c = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("DataLoader")]

@@ -143,8 +143,13 @@ def edit(rw: Rewrite) -> None:
                 _write(rw, site.src, site.call, changes(site.record["ran"], site.record["own"], rw.no_effect))
     if "batch_size" in rw.skip or rw.job.own is None:
         return
-    if rw.job.through_loader:
-        for site in rw.sites("loaders") or []:
+    if rw.job.through_loader:  # where the trial handed it over: the DataLoaders built with the script's own
+        sites = rw.sites("loaders")
+        if sites is None:
+            for call in rw.calls_to("DataLoader"):
+                if rw.own(rw, call, "batch_size", 1, POSITION["batch_size"]) == rw.job.own[0] != cfg.batch_size:
+                    _write(rw, rw, call, {"batch_size": cfg.batch_size})
+        for site in sites or []:
             own, ran = site.record["own"].get("batch_size"), site.record["ran"].get("batch_size")
             if site.used() and own == rw.job.own[0] and ran != own:
                 _write(rw, site.src, site.call, {"batch_size": ran})

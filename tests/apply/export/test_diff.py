@@ -24,6 +24,8 @@ needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patc
 
 
 def _export(path: Path, args: list[str] | None = None, sites: Any = None, **knobs: Any) -> Export:
+    # A script with no at.batch_size() has its DataLoader's batch searched: a test of other knobs gives
+    # the script's own batch_size, so the export changes only those.
     cfg = TrialConfig(pipeline=script.spec_of(str(path), args or []), **knobs)
     recorded = {} if sites is None else {"sites": sites}  # none: a study made before sites were recorded
     return Export(config=cfg, environment={"device": "cpu"}, speedup=1.25, **recorded)
@@ -101,12 +103,12 @@ def test_a_knob_fixed_as_a_no_op_here_is_never_written(tmp_path: Path) -> None:
     script's own True, and measured nothing of it. Only the knob whose measured value differs is written."""
     target = tmp_path / "train.py"
     target.write_text(_LOADERS.replace("num_workers=args.workers", "num_workers=0"))
-    diff = to_diff(_export(target, num_workers=2), device="cpu", cwd=str(tmp_path))
+    diff = to_diff(_export(target, batch_size=1, num_workers=2), device="cpu", cwd=str(tmp_path))
     changed = _changed(diff)
     assert changed and all("pin_memory=True" in line for line in changed)
     assert "+train = DataLoader([1, 2, 3], batch_size=1, num_workers=2, pin_memory=True)" in changed
     # measured on a GPU, pinning is a measured value: written where it differs
-    diff = to_diff(_export(target, num_workers=2), device="NVIDIA H200", cwd=str(tmp_path))
+    diff = to_diff(_export(target, batch_size=1, num_workers=2), device="NVIDIA H200", cwd=str(tmp_path))
     assert "+train = DataLoader([1, 2, 3], batch_size=1, num_workers=2, pin_memory=False)" in _changed(diff)
 
 
@@ -116,7 +118,7 @@ def test_an_argparse_value_changes_the_option_s_default(tmp_path: Path) -> None:
     so `-j` still works; the study's own `-j` is said, since it overrides the default."""
     target = tmp_path / "train.py"
     target.write_text(_LOADERS)
-    diff = to_diff(_export(target, num_workers=2), device="cpu", cwd=str(tmp_path))
+    diff = to_diff(_export(target, batch_size=1, num_workers=2), device="cpu", cwd=str(tmp_path))
     assert _changed(diff) == [
         '-parser.add_argument("-j", "--workers", type=int, default=4)',
         '+parser.add_argument("-j", "--workers", type=int, default=2)',
@@ -124,10 +126,10 @@ def test_an_argparse_value_changes_the_option_s_default(tmp_path: Path) -> None:
     _apply(tmp_path, diff)
     assert target.read_text().count("num_workers=args.workers") == 2
     # a best that ran the option's own value changes nothing
-    diff = to_diff(_export(target, num_workers=2), device="cpu", cwd=str(tmp_path))
+    diff = to_diff(_export(target, batch_size=1, num_workers=2), device="cpu", cwd=str(tmp_path))
     assert "\n@@ " not in diff
     target.write_text(_LOADERS)
-    diff = to_diff(_export(target, ["-j", "3"], num_workers=2), device="cpu", cwd=str(tmp_path))
+    diff = to_diff(_export(target, ["-j", "3"], batch_size=1, num_workers=2), device="cpu", cwd=str(tmp_path))
     assert "--workers: the study ran the script with -j, which overrides the default: run it with --workers 2" in (
         _notes(diff)
     )
@@ -266,6 +268,20 @@ def test_the_batch_of_an_unedited_script_is_written_where_its_dataloader_takes_i
     after = target.read_text()
     assert 'parser.add_argument("--batch-size", type=int, default=16)' in after, diff
     assert "DataLoader(data, batch_size=args.batch_size, shuffle=True, drop_last=True)" in after
+
+
+def test_a_study_without_sites_writes_the_batch_into_each_dataloader_built_with_the_script_s_own(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "train.py"
+    target.write_text(
+        _LOADERS.replace("val = DataLoader([1, 2, 3], batch_size=1", "val = DataLoader([1, 2, 3], batch_size=5")
+    )
+    diff = to_diff(_export(target, batch_size=4, num_workers=4, pin_memory=True), device="cpu", cwd=str(tmp_path))
+    assert _changed(diff) == [
+        "-train = DataLoader([1, 2, 3], batch_size=1, num_workers=args.workers, pin_memory=True)",
+        "+train = DataLoader([1, 2, 3], batch_size=4, num_workers=args.workers, pin_memory=True)",
+    ]  # the validation loader, built with another batch, keeps its own
 
 
 def test_an_lr_the_script_sets_itself_each_step_is_named_with_the_factor(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def test_the_batches_a_script_s_loader_made_ahead_are_consumed_before_the_clock_
 ) -> None:
     """As autotune's own loop does (tests/trial/loop/test_worker.py): timed, the batches the workers made
     while the first step was slow would come free and overstate a many-worker config."""
-    r = trial(HERE / "scripts" / "made_ahead.py", [str(tmp_path)], num_workers=2, prefetch_factor=2)
+    r = trial(HERE / "scripts" / "made_ahead.py", [str(tmp_path)], batch_size=4, num_workers=2, prefetch_factor=2)
     # Before the clock could start, the slow first step had let the workers make every batch they may make ahead.
     ahead = int((tmp_path / "by_first_step").read_text()) // 4 - 1  # batches of 4, less the first step's
     assert ahead == 2 * 2  # num_workers x prefetch_factor

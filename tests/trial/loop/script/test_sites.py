@@ -27,8 +27,9 @@ def test_the_trial_records_each_loader_and_optimizer_it_ran_where_the_script_bui
     train, val = sites["loaders"]
     assert source[train["line"] - 1].strip().startswith("train_loader = DataLoader(")
     assert train["file"] == str(classifier) and train["iterated"] is True
-    assert train["own"] == {"num_workers": 0, "pin_memory": True, "prefetch_factor": None, "persistent_workers": False}
-    assert train["ran"]["num_workers"] == 1 and train["ran"]["pin_memory"] is False
+    own = {"batch_size": 8, "num_workers": 0, "pin_memory": True, "prefetch_factor": None, "persistent_workers": False}
+    assert train["own"] == own
+    assert train["ran"]["num_workers"] == 1 and train["ran"]["pin_memory"] is False and train["ran"]["batch_size"] == 8
     # the validation loader is built, but the trial ends inside the first epoch: never iterated
     assert source[val["line"] - 1].strip().startswith("val_loader = DataLoader(") and val["iterated"] is False
     (optimizer,) = sites["optimizers"]

@@ -1,4 +1,4 @@
-"""A plain script whose DataLoader shows how far ahead its workers made batches (tests/trial/loop/test_script_trial.py).
+"""A plain script whose DataLoader shows how far ahead its workers made batches (tests/trial/loop/script/test_running.py).
 
 Usage: made_ahead.py FOLDER. Each item the dataset makes leaves a file in FOLDER/made (in the loader's
 worker processes). The first step waits, as a slow first step does on a GPU (cuDNN autotuning,
