@@ -110,8 +110,9 @@ def test_a_starved_trial_is_contended_requeued_and_never_best(
     )
 
     def started(number: int, role: str, cfg: TrialConfig) -> None:
-        if number == 1:  # starve the warm start: two busy strangers on a 2-core machine
-            burner.extend(subprocess.Popen(BURN, start_new_session=True) for _ in range(2))
+        if number == 1:  # starve the warm start: two busy strangers for each CPU (with one each, the
+            # kernel's share beside the trial and its loader workers left them as little as 0.1 CPU)
+            burner.extend(subprocess.Popen(BURN, start_new_session=True) for _ in range(2 * (os.cpu_count() or 1)))
 
     def finished(t: optuna.trial.FrozenTrial) -> None:
         while burner:
