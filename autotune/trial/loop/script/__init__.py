@@ -11,17 +11,18 @@ the trial records of it, is one module:
     optimizer's flags, so a flag switched inside step() would hand a foreach step a fused step's scale);
     zero_grad(set_to_none) on optimizers and modules. cudnn.benchmark and the thread count are set before
     the script runs (trial/loop/knobs.py);
-  - `batch`: the micro-batch and accumulation at.batch_size() and at.accumulation() hand over, and the lr
-    for the trial's global batch: the lr each optimizer's constructor is given, scaled by the study's rule
-    from the script's own global batch (Optimizer.__init__ wrapped, so a schedule built on it keeps its
-    shape); a script that calls at.lr() scales its own. Where the first step delivers another global batch
-    (a script that divides its accumulation by the world size), the lr and its schedules are set for the
-    batch run before that step updates anything. The samples of a step are what its loaders delivered,
-    else at.batch_size() x at.accumulation() as handed over;
+  - `loader` hands the trial's micro-batch to each DataLoader built with the script's own batch (a script
+    with none calls at.batch_size(), and at.accumulation() under a study's global batch); `batch`: what is
+    handed over, and the lr for the trial's global batch: the lr each optimizer's constructor is given,
+    scaled by the study's rule from the script's own global batch (Optimizer.__init__ wrapped, so a schedule
+    built on it keeps its shape); a script that calls at.lr() scales its own. Where the first step delivers
+    another global batch (a script that divides its accumulation by the world size), the lr and its
+    schedules are set for the batch run before that step updates anything. The samples of a step are what
+    its loaders delivered, else at.batch_size() x at.accumulation() as handed over;
   - the model its optimizer trains, with no edit (`model`, which finds it at its first call): in one fixed
     order `checkpointing` (checkpoint_segments), `channels_last` and `precision` applied to it in place,
     each observed, unless an at.* call routes the knob (at.autocast() precision, at.model() channels_last);
-    `compile` through at.model();
+    compile through at.model() (`compiled`);
   - gpus: a script that sets up its own process group runs under torchrun, one process per GPU; the trial
     sets up none itself, so the script's own DDP set-up runs untouched, and each rank runs these seams.
     The world size and the global batch are what the run showed.

@@ -1,6 +1,6 @@
-"""The batch and the lr for a script: the micro-batch and accumulation handed over (at.batch_size(),
-at.accumulation()), the global batch its ranks ran, the lr scaled for it by the study's rule, and the
-unit the trial's throughput counts.
+"""The batch and the lr for a script: the micro-batch and accumulation handed over (through its DataLoaders,
+loader.handed_batch, or at.batch_size() and at.accumulation()), the global batch its ranks ran, the lr
+scaled for it by the study's rule, and the unit the trial's throughput counts.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -32,9 +32,10 @@ OWN_SCHEDULE = "the script sets its optimizer's lr itself before its steps (a sc
 
 
 def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
-    """What at.batch_size(), at.accumulation() and the lr scale hand the script: the config's micro-batch,
-    and its micro-batches per step when the study fixes the global batch; nothing for a script whose
-    batch is its own (it never calls at.batch_size(), or its default cannot be read)."""
+    """What the batch seams (its DataLoaders', or at.batch_size() and at.accumulation()) and the lr scale hand
+    the script: the config's micro-batch, and its micro-batches per step when the study fixes the global
+    batch; nothing for a script whose batch is its own (no DataLoader and no at.batch_size(), or its own
+    batch cannot be read yet)."""
     if job.own is None:
         return {}
     fixed = cfg.global_batch is not None
