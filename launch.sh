@@ -36,6 +36,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] && [ "$(cat "$venv/.autotune-tes
     exit 1
   fi
   echo "$want" > "$stamp"
+  # Both stamps name one editable install: the other holds only if it names this same checkout, else
+  # a venv shared across clones would keep a stamp for a checkout it no longer points at.
+  for other in "$venv/.autotune-installed" "$venv/.autotune-test-installed"; do
+    [ "$(cat "$other" 2>/dev/null)" = "$want" ] || rm -f "$other"
+  done
 fi
 
 export HF_HUB_OFFLINE=1
