@@ -19,6 +19,7 @@ May import: autotune.core, autotune.search, autotune.trial, autotune.pipelines.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +47,21 @@ def config_for(config: str | os.PathLike[str], path: str, args: list[str]) -> tu
     spec = script.spec_of(path, args)
     if cfg.gpus > 1 and "WORLD_SIZE" not in os.environ:
         raise ConfigError(
-            f"{config}: gpus {cfg.gpus}: run one process per GPU, as the trials did: torchrun --nproc-per-node "
-            f"{cfg.gpus} -m autotune run --config {config} {path} ..."
+            f"{config}: gpus {cfg.gpus}: run one process per GPU, as the trials did: "
+            + shlex.join(
+                [
+                    "torchrun",
+                    "--nproc-per-node",
+                    str(cfg.gpus),
+                    "-m",
+                    "autotune",
+                    "run",
+                    "--config",
+                    str(config),
+                    path,
+                    *args,
+                ]
+            )
         )
     studied, _ = script.parse(cfg.pipeline)
     ran, _ = script.parse(spec)

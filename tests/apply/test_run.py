@@ -5,6 +5,7 @@ it writes is the trial's for the same config. Bad input is one line and exit 2."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import shutil
@@ -20,6 +21,8 @@ from autotune.pipelines.script import spec_of
 from autotune.pipelines.unet.data import make_data
 from autotune.trial.processes.launcher import run_trial
 from tests.pipelines.script_helpers import EXAMPLE
+
+UNEDITED = Path(__file__).parents[1] / "trial" / "loop" / "script" / "scripts" / "unedited" / "train.py"
 
 # The measured knobs: none of them the script's own (it builds its loader with 0 workers, SGD without
 # flags, zero_grad() to None, fp32, torch's threads).
@@ -169,3 +172,39 @@ def test_autotune_run_trains_the_numbers_python_trains(
     assert main(["run", "--config", str(config), "--out", str(tmp_path / "applied.json"), str(script), "8"]) == 0
     ran = [line for line in capsys.readouterr().out.splitlines() if line.startswith("loss ")]
     assert len(ran) == 8 and ran == alone.splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.side_by_side
+def test_autotune_run_under_torchrun_trains_a_script_with_no_process_group_on_two_ranks(
+    repo_on_path: Path, tmp_path: Path
+) -> None:
+    """The command the error above prints: the process group set up, the model replicated, the loader
+    sharded (the trial's seams, trial/loop/script/ranks.py); the script's checkpoint written once, its lines
+    printed once, the record written by rank 0."""
+    script = Path(shutil.copy(UNEDITED, tmp_path / "train.py"))
+    checkpoint = tmp_path / "checkpoint.pt"
+    args = ["--steps", "12", "--save", str(checkpoint)]
+    cfg = TrialConfig(
+        pipeline=spec_of(str(script), args), gpus=2, batch_size=16, warmup_steps=1, timed_steps=2, window=1
+    )
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(Export(cfg)))
+    out = tmp_path / "applied.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + ["-m", "autotune", "run", "--config", str(config), "--out", str(out), str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.stdout.count("step 11 loss") == 1 and run.stdout.count("step 0 loss") == 1, run.stdout
+    record = json.loads(out.read_text())
+    applied = record["applied"]
+    assert record["exit_code"] == 0 and applied["script"]["optimizer_steps"] == 12
+    assert applied["gpus"]["in_effect"] == 2 and "replicated Net in place" in applied["gpus"]["why"]
+    assert applied["observed"]["global_batch"] == 32
+    assert applied["observed"]["ranks"]["torch_save"] == {"written": [1, 0], "skipped": [0, 1]}
+    assert checkpoint.exists()

@@ -106,6 +106,7 @@ dist.init_process_group("gloo")
 model = torch.nn.parallel.DistributedDataParallel(model)
 """
 NO_GROUP = "loader = DataLoader(data, batch_size=8)\n"
+NO_LOADER = "for x, y in data:\n    pass\n"
 
 
 @pytest.fixture
@@ -139,12 +140,16 @@ def test_gpus_is_searched_for_a_script_that_sets_up_its_own_process_group(tmp_pa
     assert not any(n.startswith(("gpus not searched", "gpus fixed")) for n in notes), notes
     # Its DDP is its own: autotune does not swap it for FSDP.
     assert "wraps its own model" in note(notes, "parallel")
-    # A script without a process group runs as one process: gpus fixed, with what to add.
+    # A script without a process group: the trial sets it up and shards its DataLoader (trial/loop/script/ranks.py),
+    # so gpus is searched too; DDP, not FSDP.
     knobs, notes = searched(tmp_path, NO_GROUP)
+    assert spec_values(knobs["gpus"]) == [1, 2], knobs["gpus"]
+    assert "FSDP needs the script to shard its own model" in note(notes, "parallel")
+    # Without a DataLoader there is nothing to shard: gpus fixed, with what to add.
+    knobs, notes = searched(tmp_path, NO_LOADER)
     assert knobs["gpus"] == Fixed(1)
     said = note(notes, "gpus")
-    assert "the script sets up no process group: call torch.distributed.init_process_group()" in said, said
-    assert "under torchrun" in said
+    assert "without a torch DataLoader" in said and "every rank would train on the same batches" in said, said
 
 
 @pytest.mark.parametrize(
@@ -166,12 +171,12 @@ def test_the_process_group_is_read_from_the_source_in_any_spelling(source: str, 
     assert scan(ast.parse(source)).process_group is sets_up
 
 
-def test_a_trial_asking_gpus_of_a_script_without_a_process_group_exits_5(tmp_path: Path) -> None:
+def test_a_trial_asking_gpus_of_a_script_without_a_process_group_or_a_dataloader_exits_5(tmp_path: Path) -> None:
     from autotune.trial.loop import worker
 
     path = tmp_path / "train.py"
-    path.write_text(HEAD + NO_GROUP)
-    with pytest.raises(TrialUnsupported, match=r"gpus \(the script sets up no process group") as e:
+    path.write_text(HEAD + NO_LOADER)
+    with pytest.raises(TrialUnsupported, match=r"gpus \(the script sets up no process group and builds") as e:
         worker.run(TrialConfig(pipeline=script.spec_of(str(path)), gpus=2, warmup_steps=1, timed_steps=1))
     assert exit_code_for(e.value.reason) == 5
     path.write_text(HEAD + DDP)

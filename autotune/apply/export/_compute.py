@@ -256,6 +256,9 @@ def edit(rw: Rewrite) -> None:
     for knob in sorted(k for k in rw.job.routed if k not in rw.skip):
         if getattr(cfg, knob) != getattr(rw.base, knob):
             rw.notes.append(f"{knob} {getattr(cfg, knob)}: {UNEDITED_HOW[knob]}; {UNEDITED_RUN}")
+    if cfg.gpus > 1 and "gpus" not in skip and not rw.job.uses.process_group:
+        run = UNEDITED_RUN.replace("`autotune run", f"`torchrun --nproc-per-node {cfg.gpus} -m autotune run")
+        rw.notes.append(f"gpus {cfg.gpus}: {UNEDITED_HOW['gpus']}; {run}")
 
 
 # A knob the trial applied to the model the script's optimizer trains (trial/loop/script/model.py): no line of the
@@ -265,6 +268,8 @@ UNEDITED_HOW = {
     "precision": "autocast around the forward of the model the optimizer trains, its outputs back in fp32",
     "channels_last": "model.to(memory_format=torch.channels_last) on the model the optimizer trains",
     "checkpoint_segments": "torch.distributed._composable.checkpoint(block) on the model's first repeated blocks",
+    "gpus": "one process per GPU: the process group set up, the model replicated (DDP) and the training "
+    "DataLoaders given a DistributedSampler, with no edit",
 }
 
 

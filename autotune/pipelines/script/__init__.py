@@ -20,9 +20,10 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
     its speed wins by noise and its export would have no scaler; the precision the script runs alone is
     the argument it gives at.autocast() (`at.autocast("bf16")`, a torch dtype), else what trial 0's model
     returned;
-  - gpus needs the script to set up its own process group (a call to init_process_group or
-    init_device_mesh, by any spelling): it then runs under torchrun, one process per GPU, its own DDP
-    set-up untouched, each rank with the seams; a script that sets up none runs as one process;
+  - gpus: the script runs under torchrun, one process per GPU, each rank with the seams. One that sets up its
+    own process group (a call to init_process_group or init_device_mesh, by any spelling) keeps its own DDP
+    set-up untouched; for one that sets up none, the trial sets it up, replicates its model (DDP) and shards
+    its training DataLoaders (trial/loop/script/ranks.py), so it needs a DataLoader;
   - batch_size reaches a script that builds its batches with a torch DataLoader with no edit: the trial
     replaces the batch_size of the DataLoaders built with the script's own (trial/loop/script/loader.py),
     which is read from its DataLoader's batch_size (an int, a name assigned once, an argparse option's
@@ -80,15 +81,17 @@ BATCH_WHY = (
 )
 # The knobs the model seams apply to an unedited script (trial/loop/script/model.py), where no at.* call routes them.
 UNEDITED = ("precision", "channels_last", "checkpoint_segments")
-ONE_PROCESS = {
-    "gpus": (
-        "the script sets up no process group: call torch.distributed.init_process_group() in it (and wrap its "
-        "model in DistributedDataParallel) and autotune runs it under torchrun, one process per GPU"
-    ),
-    **{
-        k: "the script runs as one process: nothing to replicate or shard" for k in (LEADS["fsdp"], *dependents("fsdp"))
-    },
+# A script that sets up no process group: the trial sets it up and replicates its model (DDP) with no edit,
+# sharding its DataLoaders (trial/loop/script/ranks.py); FSDP would shard the model its own code builds.
+NO_GROUP = {
+    k: "the script sets up no process group: autotune runs its model data-parallel (DDP, torch's replicate) "
+    "with no edit; FSDP needs the script to shard its own model"
+    for k in (LEADS["fsdp"], *dependents("fsdp"))
 }
+NO_SHARDING = (
+    "the script sets up no process group and builds its batches without a torch DataLoader: with no sampler to "
+    "shard, every rank would train on the same batches: set up its process group and shard its data in it"
+)
 # A script that sets up its own process group wraps its own model too: DDP or FSDP is its choice.
 OWN_STRATEGY = {
     k: "the script sets up its own process group and wraps its own model: how it replicates or shards is its own"
@@ -238,7 +241,9 @@ def not_checkable(cfg: TrialConfig) -> str | None:
 
 def unsupported(uses: Uses, global_batch: int | None = None, recorded: int | None = None) -> dict[str, str]:
     """Knob -> why the script cannot take it, from what its source routes (recorded: own_batch's)."""
-    out = dict(OWN_STRATEGY if uses.process_group else ONE_PROCESS)
+    out = dict(OWN_STRATEGY if uses.process_group else NO_GROUP)
+    if not uses.process_group and not uses.dataloader:
+        out["gpus"] = NO_SHARDING
     if isinstance(why := own_batch(uses, global_batch, recorded), str):
         out["batch_size"] = why
     if fused := fusion.unroutable(uses.optimizers):

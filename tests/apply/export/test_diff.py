@@ -295,3 +295,19 @@ def test_an_lr_the_script_sets_itself_each_step_is_named_with_the_factor(tmp_pat
     assert any("sets its optimizer's lr itself" in n and "multiply what it sets by 1.41421" in n for n in notes), notes
     plain = _export(path, args, {"loaders": [], "optimizers": [_optimizer(path, 43, "none")]}, **mine)
     assert not any("sets its optimizer's lr itself" in n for n in _notes(to_diff(plain)))
+
+
+def test_gpus_for_a_script_with_no_process_group_is_said_with_the_torchrun_command(tmp_path: Path) -> None:
+    """No line of the script can make it data-parallel without a process group: the diff says what
+    `autotune run` under torchrun applies; the lr is scaled for the global batch of 2 ranks (AdamW: sqrt 2)."""
+    target = tmp_path / "train.py"
+    shutil.copy(UNEDITED, target)
+    diff = to_diff(_export(target, sites={"loaders": [], "optimizers": []}, batch_size=8, gpus=2), device="cpu")
+    notes = _notes(diff)
+    assert any(
+        n.startswith("gpus 2: one process per GPU")
+        and "`torchrun --nproc-per-node 2 -m autotune run --config best.yaml SCRIPT ARGS` applies it" in n
+        for n in notes
+    ), notes
+    assert "+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3 * 1.41421)" in _changed(diff), diff
+    assert not any("DataLoader" in line for line in _changed(diff)), diff

@@ -23,9 +23,10 @@ the trial records of it, is one module:
     order `checkpointing` (checkpoint_segments), `channels_last` and `precision` applied to it in place,
     each observed, unless an at.* call routes the knob (at.autocast() precision, at.model() channels_last);
     compile through at.model() (`compiled`);
-  - gpus: a script that sets up its own process group runs under torchrun, one process per GPU; the trial
-    sets up none itself, so the script's own DDP set-up runs untouched, and each rank runs these seams.
-    The world size and the global batch are what the run showed.
+  - gpus: the script runs under torchrun, one process per GPU, each rank with these seams. A script that
+    sets up its own process group keeps its own DDP set-up, untouched; for one that sets up none the trial
+    sets it up, replicates the model in place and shards its training DataLoaders, and other ranks than 0
+    print nothing and skip torch.save (`ranks`). The world size and the global batch are what the run showed.
 Measurement is the trial's one Clock, made when the script first fetches or steps, on the device its
 tensors live on: each loader the script starts iterating is told to it, a global optimizer-step post-hook
 ends each step, the time blocked in the DataLoader iterator's __next__ is the data wait, each backward()'s

@@ -24,6 +24,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.effects import knob_effect
 from autotune.core.errors import TrialUnsupported
 from autotune.trial.loop.script import channels_last, checkpointing, precision
+from autotune.trial.loop.script.ranks import Ranks
 
 
 OnFound = Callable[[torch.nn.Module, tuple[Any, ...]], tuple[Any, ...] | None]
@@ -84,8 +85,10 @@ class ModelSeams:
     """routed: the knobs this trial applies through the model (those the script hands no at.* call for);
     as_written: the baseline, whose model is only watched (its output dtype: the script's own precision)."""
 
-    def __init__(self, cfg: TrialConfig, routed: Collection[str], as_written: bool) -> None:
+    def __init__(self, cfg: TrialConfig, routed: Collection[str], as_written: bool, ranks: Ranks | None = None) -> None:
         self.cfg, self.routed, self.as_written = cfg, tuple(k for k in KNOBS if k in routed), as_written
+        # gpus for a script with no process group of its own: the model replicated (one process: nothing to do)
+        self.ranks = ranks or Ranks(torch.device("cpu"), 0, 1, own_group=False)
         self.finder = ModelFinder(self.found)
         self.handles: list[Any] = []
         self.autocast: precision.Autocast | None = None
@@ -98,7 +101,7 @@ class ModelSeams:
         return self.finder.model
 
     def arm(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.routed:
+        if self.routed or self.ranks.active:
             self.finder.arm(optimizer)
 
     def close(self) -> None:
@@ -108,9 +111,11 @@ class ModelSeams:
         self.handles = []
 
     def changed(self) -> list[str]:
-        """The routed knobs this trial sets away from the baseline's (the script's own run)."""
+        """The knobs this trial applies to the model away from the baseline's (the script's own run)."""
         base = baseline_of(self.cfg)
-        return [] if self.as_written else [k for k in self.routed if getattr(self.cfg, k) != getattr(base, k)]
+        if self.as_written:
+            return []
+        return [k for k in self.routed if getattr(self.cfg, k) != getattr(base, k)] + ["gpus"] * self.ranks.active
 
     def found(self, model: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's first call: what it is, then each knob applied to it, checkpointing first."""
@@ -138,6 +143,9 @@ class ModelSeams:
             channels_last.apply(model)
             self.handles.append(model.register_forward_pre_hook(lambda m, a: channels_last.inputs(a)))
             args = channels_last.inputs(args)
+        # Data-parallel after the weights take their final format (DDP's buckets view them), before autocast:
+        # its pre-hook then runs first, and its forward hook sees the model's own outputs.
+        args = self.ranks.replicate(model, args)
         if "precision" in self.changed():
             device = next(model.parameters()).device.type
             self.autocast = precision.Autocast(self.cfg.precision, device)

@@ -94,7 +94,9 @@ def model_seen(trial: api.Trial, final: dict[str, Any], as_written: bool, unsupp
     if "autocast" in trial.calls:
         out["precision"] = precision.handed_seen(trial, final, as_written)
     if "gpus" not in unsupported:
-        out["gpus"] = (final.get("world_size"), "the ranks of the script's own process group")
+        ranks = final.get("ranks")
+        why = f"{ranks['how']}; {ranks['others']}" if ranks else "the ranks of the script's own process group"
+        out["gpus"] = (final.get("world_size"), why)
     if "model" in trial.calls:
         out["channels_last"] = channels_last.handed_seen(trial)
         out["compile"] = compiled.handed_seen(trial, final)

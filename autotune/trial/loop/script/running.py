@@ -25,6 +25,7 @@ from autotune.pipelines.script import ScriptJob, api
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script.baseline import is_as_written
 from autotune.trial.loop.script.batch import batch_handover
+from autotune.trial.loop.script.ranks import Ranks
 from autotune.trial.loop.script.records import what_ran
 from autotune.trial.loop.script.seams import Seams, installed
 from autotune.trial.measurement import measure
@@ -44,9 +45,9 @@ def as_main(job: ScriptJob) -> Iterator[None]:
 
 
 def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult:
-    """One trial of a script pipeline: the script run until the trial's timed steps are done. No process
-    group is set up here: a script run under torchrun sets up its own, and the clock's collectives run
-    only once it exists."""
+    """One trial of a script pipeline: the script run until the trial's timed steps are done. Under torchrun
+    a script that sets up its own process group runs its own DDP set-up (the clock's collectives run once
+    it exists); for one that sets up none the trial sets it up first (trial/loop/script/ranks.py)."""
     return _run(cfg, progress, launched, whole=False)[0]
 
 
@@ -92,8 +93,19 @@ def _run(
         return Clock(cfg, device, rank, world, progress, launched)
 
     own_lr, routed = "lr" in job.uses.api, job.routed
+    ranks = Ranks(machine, rank, world, own_group=job.uses.process_group)
+    ranks.setup()  # a script with no process group of its own, on several ranks: the trial's (worker tears it down)
     seams = Seams(
-        cfg, clock_for, as_written, trial, own_lr, machine=machine, measured=measured, routed=routed, whole=whole
+        cfg,
+        clock_for,
+        as_written,
+        trial,
+        own_lr,
+        machine=machine,
+        measured=measured,
+        routed=routed,
+        whole=whole,
+        ranks=ranks,
     )
     finished, code = execute(job, seams, whole=whole)
     if whole and seams.clock is not None and not seams.final:  # it ended before the trial's window closed
@@ -116,6 +128,9 @@ def _run(
             raise
         # A whole run shorter than a trial's window trained all the same: what it applied, unmeasured.
         return TrialResult(status="ok", applied=applied, memory_total_bytes=memory, message=str(e)), code
+    finally:
+        if whole:
+            ranks.teardown()
 
 
 def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, int]:
@@ -125,7 +140,7 @@ def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, in
     a whole run (`whole`) hands the script's exit code back instead."""
     api.install(seams.trial)
     try:
-        with installed(seams), as_main(job):
+        with installed(seams), as_main(job), seams.ranks.quiet():
             runpy.run_path(job.path, run_name="__main__")
     except WindowOver:
         return True, 0

@@ -34,6 +34,7 @@ from autotune.trial.loop.script.compiled import dynamo_graphs
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, loader_overrides, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.optimizer import fusion_of
+from autotune.trial.loop.script.ranks import Ranks
 from autotune.trial.loop.script.sites import call_site, record_site
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
@@ -62,12 +63,15 @@ class Seams:
         measured: Collection[tuple[str, int]] | None = None,
         routed: Collection[str] = (),
         whole: bool = False,
+        ranks: Ranks | None = None,
     ) -> None:
         self.cfg, self.clock_for, self.as_written, self.measured = cfg, clock_for, as_written, measured
         self.whole = whole
-        # The knobs applied to the model the optimizer trains, with no at.* call (trial/loop/script/model.py).
-        self.model = ModelSeams(cfg, routed, as_written)
         self.machine = machine or torch.device("cpu")
+        # gpus for a script with no process group of its own: the trial's ranks (trial/loop/script/ranks.py).
+        self.ranks = ranks or Ranks(self.machine, 0, 1, own_group=False)
+        # The knobs applied to the model the optimizer trains, with no at.* call (trial/loop/script/model.py).
+        self.model = ModelSeams(cfg, routed, as_written, self.ranks)
         self.clock: Clock | None = None
         self.trial = trial or api.Trial(device_type=self.machine.type)
         self.trial.watch = self.watch
@@ -155,6 +159,13 @@ class Seams:
                 bound.arguments |= loader_overrides(seams.cfg) | handed_batch(seams.trial, bound.arguments, own)
             if seams.cfg.data_seed is not None:  # parity's data-order twin: another order, the same weights
                 bound.arguments["generator"] = torch.Generator().manual_seed(seams.cfg.data_seed)
+            trains = not seams.trial.through_loader or own["batch_size"] == seams.trial.own_batch_size
+            if trains and not unmeasured:  # sharded over the trial's ranks, as DDP scripts do
+                at = f"{where['file']}:{where['line']}"
+                if iterable:
+                    seams.ranks.unshardable(at)
+                else:
+                    bound.arguments |= seams.ranks.shard(bound.arguments, at)
             original(*bound.args, **bound.kwargs)
             record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
             kept = ITERABLE_KEPT if iterable else UNMEASURED if unmeasured else None
@@ -168,6 +179,7 @@ class Seams:
         seams = self
 
         def __init__(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+            seams.ranks.new_pass(loader)
             original(it, loader, *args, **kwargs)
             site = getattr(loader, "_autotune_site", None)
             if site is not None:
@@ -271,6 +283,7 @@ class Seams:
         self.begin()
         if getattr(optimizer, "_autotune_seen", False):
             return
+        self.ranks.check()
         optimizer._autotune_seen = True  # type: ignore[attr-defined]
         group = optimizer.param_groups[0]
         record: dict[str, Any] = {"type": type(optimizer).__name__}
@@ -386,6 +399,8 @@ class Seams:
         seen["device"] = str(self.at)
         if self.graphs_before is not None:
             seen["compiled_graphs"] = (dynamo_graphs() or 0) - self.graphs_before
+        if (ranks := self.ranks.record()) is not None:
+            seen["ranks"] = ranks
         self.final = seen
 
     # ---- zero_grad and backward ---------------------------------------------------------------
