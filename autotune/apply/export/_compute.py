@@ -268,6 +268,7 @@ UNEDITED_HOW = {
     "precision": "autocast around the forward of the model the optimizer trains, its outputs back in fp32",
     "channels_last": "model.to(memory_format=torch.channels_last) on the model the optimizer trains",
     "checkpoint_segments": "torch.distributed._composable.checkpoint(block) on the model's first repeated blocks",
+    "compile": "torch.compile of the forward of the model the optimizer trains, in place",
     "gpus": "one process per GPU: the process group set up, the model replicated (DDP) and the training "
     "DataLoaders given a DistributedSampler, with no edit",
 }

@@ -12,11 +12,11 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
     fused/foreach pair (fusion.py);
   - the loader knobs need a `DataLoader` in the script's source, or in a module it imports from its own
     folder (modules.py), as the optimizers below;
-  - precision, channels_last and checkpoint_segments reach the model the script's optimizer trains with
-    no edit (trial/loop/script/model.py: autocast around its forward, its weights in channels_last, torch's
-    checkpointing on its repeated blocks), unless the script routes them itself: `at.autocast()` for
-    precision, `at.model()` for channels_last (the cooperative API, autotune.script); compile needs
-    `at.model()`; fp16 needs `at.scaler()` too: without loss scaling fp16's small gradients flush to zero,
+  - precision, channels_last, checkpoint_segments and compile reach the model the script's optimizer trains
+    with no edit (trial/loop/script/model.py: autocast around its forward, its weights in channels_last,
+    torch's checkpointing on its repeated blocks, its forward compiled), unless the script routes them
+    itself: `at.autocast()` for precision, `at.model()` for channels_last and compile (the cooperative API,
+    autotune.script); fp16 needs `at.scaler()` too: without loss scaling fp16's small gradients flush to zero,
     its speed wins by noise and its export would have no scaler; the precision the script runs alone is
     the argument it gives at.autocast() (`at.autocast("bf16")`, a torch dtype), else what trial 0's model
     returned;
@@ -80,7 +80,7 @@ BATCH_WHY = (
     "(autotune.script) to search it"
 )
 # The knobs the model seams apply to an unedited script (trial/loop/script/model.py), where no at.* call routes them.
-UNEDITED = ("precision", "channels_last", "checkpoint_segments")
+UNEDITED = ("precision", "channels_last", "checkpoint_segments", "compile")
 # A script that sets up no process group: the trial sets it up and replicates its model (DDP) with no edit,
 # sharding its DataLoaders (trial/loop/script/ranks.py); FSDP would shard the model its own code builds.
 NO_GROUP = {

@@ -20,9 +20,9 @@ the trial records of it, is one module:
     schedules are set for the batch run before that step updates anything. The samples of a step are what
     its loaders delivered, else at.batch_size() x at.accumulation() as handed over;
   - the model its optimizer trains, with no edit (`model`, which finds it at its first call): in one fixed
-    order `checkpointing` (checkpoint_segments), `channels_last` and `precision` applied to it in place,
-    each observed, unless an at.* call routes the knob (at.autocast() precision, at.model() channels_last);
-    compile through at.model() (`compiled`);
+    order `checkpointing` (checkpoint_segments), `channels_last`, the ranks' replicate (`ranks`),
+    `precision` and compile (`compiled`: its forward) applied to it in place, each observed, unless an at.*
+    call routes the knob (at.autocast() precision, at.model() channels_last and compile);
   - gpus: the script runs under torchrun, one process per GPU, each rank with these seams. A script that
     sets up its own process group keeps its own DDP set-up, untouched; for one that sets up none the trial
     sets it up, replicates the model in place and shards its training DataLoaders, and other ranks than 0

@@ -1,15 +1,38 @@
-"""compile for a script: at.model() hands back the model torch.compile'd, and dynamo's graph count says
-whether the script ran it.
+"""compile for a script: at.model() hands back the model torch.compile'd, or, with no edit, the forward of
+the model its optimizer trains is compiled in place (`apply`); dynamo's graph count says whether the script
+ran it.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import torch
+
 from autotune.pipelines.script import api
+from autotune.trial.loop import knobs
 from autotune.trial.measurement import observe
+
+
+def apply(model: torch.nn.Module, mode: str) -> int:
+    """The model's forward compiled in place (the module, its parameters and its hooks stay the ones the
+    script and the optimizer hold): its hooks run eagerly around the compiled forward, as the trial's
+    autocast (entered in one hook, left in another) and DDP's must. Returns dynamo's graph count before."""
+    backend = os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor")
+    before = dynamo_graphs() or 0
+    model.forward = torch.compile(model.forward, backend=backend, mode=mode if backend == "inductor" else None)
+    return before
+
+
+def applied_seen(mode: str, before: int | None, where: str) -> tuple[str, str]:
+    """Whether the forward compiled in place ran compiled: dynamo compiled graphs since (`before`)."""
+    if before is None:
+        return "off", "the script's own: its model is not compiled"
+    graphs = (dynamo_graphs() or 0) - before
+    return (mode if graphs else "off"), f"{where}: its forward torch.compile'd in place, {graphs} graph(s) compiled"
 
 
 def handed_seen(trial: api.Trial, seen: dict[str, Any]) -> tuple[str, str]:

@@ -6,8 +6,9 @@ are removed once it is found, so no module call pays for them afterwards. Where 
 optimizers (a GAN, a teacher and a student), no one module is "the model": the finder says so and takes none.
 
 The model seams of one trial of an unedited script: the knobs it routes through the model its optimizer
-trains (precision, channels_last, checkpoint_segments), applied when the model is first called, in one fixed
-order (checkpointing, the memory format, autocast: torchtitan's), and what each showed (`effects`).
+trains (precision, channels_last, checkpoint_segments, compile; on several ranks the trial's replicate), applied
+when the model is first called, in one fixed order (checkpointing, the memory format, data-parallel, autocast:
+torchtitan's; compile last, of the forward only), and what each showed (`effects`).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -23,7 +24,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.effects import knob_effect
 from autotune.core.errors import TrialUnsupported
-from autotune.trial.loop.script import channels_last, checkpointing, precision
+from autotune.trial.loop.script import channels_last, checkpointing, compiled, precision
 from autotune.trial.loop.script.ranks import Ranks
 
 
@@ -73,7 +74,7 @@ class ModelFinder:
         self.depth -= 1
 
 
-KNOBS = ("precision", "channels_last", "checkpoint_segments")
+KNOBS = ("precision", "channels_last", "checkpoint_segments", "compile")
 SEVERAL = (
     "the script builds {n} optimizers (a GAN, a teacher and a student, an EMA copy): no one module is the model "
     "its optimizer trains, so {knobs} cannot be applied with no edit"
@@ -93,6 +94,7 @@ class ModelSeams:
         self.handles: list[Any] = []
         self.autocast: precision.Autocast | None = None
         self.seen: str | None = None  # the baseline's output dtype, watched
+        self.graphs_before: int | None = None  # dynamo's graph count when its forward was compiled
         self.facts: dict[str, Any] = {}
         self.applied: dict[str, Any] = {}
 
@@ -152,6 +154,8 @@ class ModelSeams:
             self.handles.append(model.register_forward_pre_hook(self.autocast.pre))
             self.handles.append(model.register_forward_hook(self.autocast.post))
             self.autocast.pre(model, args)  # this call's pre-hooks were listed before it was added
+        if "compile" in self.changed():  # this call runs eagerly (its forward was read before the hooks ran)
+            self.graphs_before = compiled.apply(model, self.cfg.compile)
         return args
 
     def record(self) -> dict[str, Any]:
@@ -161,6 +165,20 @@ class ModelSeams:
         if not self.facts:
             return {}
         return self.facts | {"routed": list(self.routed), **({"own_precision": self.seen} if self.seen else {})}
+
+    def observed(self) -> dict[str, Any]:
+        """What the model showed as it ran (`applied.observed`): its output's precision (inside the trial's
+        autocast, else as the baseline ran it), whether its 4-D weights are channels_last, how many of its
+        blocks carry checkpoint hooks, whether it runs data-parallel; {} when no model was found."""
+        model = self.model
+        if model is None:
+            return {}
+        return {
+            "model_output_precision": self.autocast.seen if self.autocast is not None else self.seen,
+            "model_weights_channels_last": channels_last.in_effect(model),
+            "model_checkpointed_blocks": len(checkpointing.wrapped(model)),
+            "model_replicated": self.ranks.model is not None,
+        }
 
     def _watch(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self.seen is None:
@@ -179,6 +197,10 @@ class ModelSeams:
             out["precision"] = self._precision(where)
         if "channels_last" in self.routed:
             out["channels_last"] = knob_effect(self.cfg.channels_last, channels_last.in_effect(model), where)
+        if "compile" in self.routed:
+            out["compile"] = knob_effect(
+                self.cfg.compile, *compiled.applied_seen(self.cfg.compile, self.graphs_before, where)
+            )
         if "checkpoint_segments" in self.routed:
             wrapped = checkpointing.wrapped(model)
             out["checkpoint_segments"] = knob_effect(

@@ -399,8 +399,9 @@ class Seams:
         seen["device"] = str(self.at)
         if self.graphs_before is not None:
             seen["compiled_graphs"] = (dynamo_graphs() or 0) - self.graphs_before
+        seen |= self.model.observed()
         if (ranks := self.ranks.record()) is not None:
-            seen["ranks"] = ranks
+            seen |= {"ranks": ranks, "sharded_loaders": self.ranks.sharded}
         self.final = seen
 
     # ---- zero_grad and backward ---------------------------------------------------------------

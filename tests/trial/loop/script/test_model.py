@@ -40,6 +40,9 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
     assert a["precision"]["in_effect"] == "bf16" and "autocast around its forward" in a["precision"]["why"]
     assert a["channels_last"]["in_effect"] is True
     assert a["checkpoint_segments"]["in_effect"] == ["blocks.0", "blocks.1"]
+    seen = a["observed"]  # what the model showed as it ran, in the record scripts/gpu_check.sh reads
+    assert seen["model_output_precision"] == "bf16" and seen["model_weights_channels_last"] is True
+    assert seen["model_checkpointed_blocks"] == 2 and seen["model_replicated"] is False
     assert "2 of its 4 Block block(s)" in a["checkpoint_segments"]["why"]
     assert a["script"]["model"] == {
         "model": "Net",
@@ -47,7 +50,7 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
         "convolutions": 5,
         "repeated_blocks": 4,
         "block": "Block",
-        "routed": ["precision", "channels_last", "checkpoint_segments"],
+        "routed": ["precision", "channels_last", "checkpoint_segments", "compile"],
     }
     log = (tmp_path / "trial" / "trial.log").read_text()
     assert "torch.float32" in log and "torch.bfloat16" not in log  # the loss outside the model ran in fp32
@@ -80,5 +83,23 @@ def test_two_optimizers_keep_the_model_knobs_with_the_reason(tmp_path: Path) -> 
     baseline = trial(tmp_path / "b", "--gan")
     space = load_space(DEFAULT_SPACE)
     kept, why = model_kept(space, cfg, baseline)
-    assert set(why) == {"precision", "channels_last", "checkpoint_segments"} & set(space.searched())
+    assert set(why) == {"precision", "channels_last", "checkpoint_segments", "compile"} & set(space.searched())
     assert all("2 optimizers" in reason for reason in why.values())
+
+
+def test_compile_reaches_the_unedited_script_s_model_and_is_observed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forward of the model its optimizer trains compiled in place, with no at.model(): in effect only
+    where dynamo compiled graphs as it ran. dynamo's eager backend: its graphs, without inductor's code."""
+    from autotune.trial.loop.knobs import COMPILE_BACKEND_ENV
+
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "eager")
+    job = script.load(TrialConfig(pipeline=script.spec_of(str(SCRIPT))))
+    assert "compile" in job.routed and "compile" not in job.unsupported
+    a = trial(tmp_path, compile="default", precision="bf16")
+    assert a["compile"]["in_effect"] == "default", a["compile"]
+    assert "its forward torch.compile'd in place" in a["compile"]["why"]
+    assert a["precision"]["in_effect"] == "bf16"  # the autocast hooks run eagerly around the compiled forward
+    baseline = trial(tmp_path / "b")
+    assert baseline["compile"] == {"requested": "off", "in_effect": "off", "why": baseline["compile"]["why"]}

@@ -33,6 +33,7 @@ def test_an_unedited_script_runs_data_parallel_on_two_ranks(tmp_path: Path) -> N
     assert seen["world_size"] == seen["process_group_size"] == 2 and seen["process_group_backend"] == "gloo"
     assert a["gpus"]["in_effect"] == 2 and "replicated Net in place" in a["gpus"]["why"]
     assert "sharded 1 training DataLoader(s) with a DistributedSampler" in a["gpus"]["why"]
+    assert seen["model_replicated"] is True and seen["sharded_loaders"] == 1
     # 16 samples a step on each rank: the global batch is 32, recorded as planned.
     assert seen["samples_per_step_per_rank"] == 16 and seen["global_batch"] == 32
     assert a["global_batch"]["requested"] == a["global_batch"]["in_effect"] == 32
