@@ -18,6 +18,9 @@
 #      cudnn_benchmark; bf16 + fused AdamW; a forced CUDA OOM. Then the user's paths: a plain script
 #      (tests/gpu_check/train_script.py) at bf16 through at.autocast(), a pinned loader with 2 workers and
 #      fused AdamW, all through the seams; the same script under torchrun on 2 ranks with its own DDP; a
+#      script with no autotune line and no process group (tests/gpu_check/unedited_script.py) on 2 ranks at
+#      bf16 with channels_last and 2 checkpointed blocks, all through the no-edit seams (autocast around its
+#      model's forward, torch's replicate, a DistributedSampler for its DataLoader); a
 #      Lightning and a transformers job (tests/pipelines/*_jobs.py) at bf16 (each skipped, not a MISS, where
 #      its library is not installed); FSDP2 on 2 ranks (the example language model, bf16 parameters,
 #      accumulating). The 2-rank rows are two gloo ranks sharing the one GPU, or nccl over two.
@@ -53,7 +56,8 @@
 #     CUDA allocation failure is forced-oom's row)
 #   - train --compare-baseline: tests/apply/test_train.py::test_compare_baseline_one_epoch
 #   - checkpoint_segments: tests/trial/loop/test_knobs.py::test_saved_activations_fall_as_checkpoint_segments_grow
-#     and ::test_checkpointed_unet_computes_the_same_output_and_gradients
+#     and ::test_checkpointed_unet_computes_the_same_output_and_gradients (on the GPU, script-unedited2
+#     checkpoints 2 blocks of a script's model)
 #   - single-process --global-batch accumulation: tests/trial/measurement/test_observe.py::
 #     test_micro_batches_per_step_are_counted_at_the_first_conv (fsdp2 accumulates on the GPU)
 #
@@ -152,6 +156,7 @@ STEPS=(
 # 1024 x 1024, is 1.9e9), so it fails as a plain allocation failure, not on an indexing limit.
 # A row whose framework is not installed (lightning, transformers) is skipped at once, not a MISS.
 SCRIPT='script:tests/gpu_check/train_script.py'
+UNEDITED='script:tests/gpu_check/unedited_script.py'
 LM='autotune.pipelines.examples.language_model:make'
 ROWS=(
   'server-start|25|-|-|the warm fork server imports torch, torchvision, smp and the pipeline once (the driver imports torch first)'
@@ -162,6 +167,7 @@ ROWS=(
   'forced-oom|20|3|{"batch_size": 112, "image_size": 1024}|exit 3, status oom: 112 x 1024 px needs ~213 GiB (64 x 1024 px peaked at 121.5 GiB of 139.8 on an H200)'
   'script-bf16|15|0|{"pipeline": "'"$SCRIPT"'", "precision": "bf16", "pin_memory": true, "num_workers": 2, "optimizer_fusion": "fused"}|a plain script through the seams: observed: the model handed to at.model() returned bfloat16 (its forward hook), its parameters on the GPU, a batch its DataLoader handed over is_pinned(), AdamW'"'"'s state["step"] on the GPU (fused)'
   'script-ddp2|25|0|{"pipeline": "'"$SCRIPT"'", "gpus": 2}|torchrun, cold: the script'"'"'s own DDP: observed: its process group of 2 (over gloo on one GPU, nccl over two), a global batch of 16 (2 ranks x its own 8) delivered per optimizer step, its parameters on the GPU'
+  'script-unedited2|25|0|{"pipeline": "'"$UNEDITED"'", "gpus": 2, "precision": "bf16", "channels_last": true, "checkpoint_segments": 2}|torchrun, cold: a script with no autotune line and no process group, through the no-edit seams: observed: its model returned bf16 (autocast around its forward), its weights channels_last, 2 of its blocks checkpointed, the model replicated (torch'"'"'s composable replicate) and its DataLoader sharded (a DistributedSampler) in the process group of 2 the trial set up (gloo on one GPU, nccl over two), a global batch of 16 (2 ranks x its own 8), its parameters on the GPU'
   'lightning-bf16|20|0|{"pipeline": "lightning:tests.pipelines.lightning_jobs:make", "precision": "bf16"}|Trainer.fit: observed: the first Linear returned bfloat16 (the Trainer'"'"'s bf16-mixed autocast), the LightningModule'"'"'s parameters on the GPU; skipped, not a MISS, without lightning'
   'hf-bf16-fused|25|0|{"pipeline": "hf:tests.pipelines.hf_jobs:make", "precision": "bf16", "optimizer_fusion": "fused"}|Trainer.train: observed: the first Linear (lm_head) returned bfloat16 (accelerate'"'"'s autocast), the model'"'"'s parameters on the GPU, AdamW'"'"'s state["step"] on the GPU (optim adamw_torch_fused); skipped, not a MISS, without transformers'
   'fsdp2|30|0|{"pipeline": "'"$LM"'", "image_size": 128, "gpus": 2, "parallel": "fsdp", "fsdp_param_dtype": "bf16", "global_batch": 32}|torchrun, cold: FSDP2 on the language model'"'"'s 2 blocks: observed on its first step: every parameter a DTensor, each rank holding a part of them, the shards on the GPU, a block computing in bfloat16 (the bf16 parameters), gradient sync off on the first micro-step of each (accumulation 2); a process group of 2 (gloo ranks sharing one GPU, nccl over two)'
@@ -524,6 +530,11 @@ OBSERVED = {
                     "optimizer_step_device": on_gpu},
     "script-ddp2": {"process_group_size": equals(2), "process_group_backend": BACKEND, "param_device": on_gpu,
                     "global_batch": equals(16)},  # the script keeps its own 8 a rank
+    # No autotune line, no process group: every effect is one of the seams' (the trial sets up the group).
+    "script-unedited2": {"model_output_precision": equals("bf16"), "model_weights_channels_last": equals(True),
+                         "model_checkpointed_blocks": equals(2), "model_replicated": equals(True),
+                         "sharded_loaders": equals(1), "process_group_size": equals(2),
+                         "process_group_backend": BACKEND, "global_batch": equals(16), "param_device": on_gpu},
     "lightning-bf16": {"output_dtype": equals("bfloat16"), "param_device": on_gpu},
     "hf-bf16-fused": {"output_dtype": equals("bfloat16"), "param_device": on_gpu, "optimizer_step_device": on_gpu},
     "fsdp2": {"fsdp.dtensor_params": above(0), "fsdp.shard_device": equals("cuda"),

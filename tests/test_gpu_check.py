@@ -3,7 +3,7 @@ asserts, runs nothing, and fits the 480 s guard by its own arithmetic; its resul
 the worker observed and fails a row whose config is merely echoed back; its trial driver runs rows through
 the warm fork server by their deadlines (on the CPU, with the tiny test pipelines), skips a framework row
 whose library is not installed, and runs the user's-path rows as planned (a script, a 2-rank script, a
-Lightning and a transformers job, FSDP2), whose results pass the checker once what only CUDA can show is
+2-rank script with no autotune line, a Lightning and a transformers job, FSDP2), whose results pass the checker once what only CUDA can show is
 put in."""
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def plan(tmp_path: Path) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[in
     return steps, rows, total
 
 
-# The user's paths: a script through the seams, the same script on 2 ranks, a Lightning and a transformers job,
-# FSDP2.
-USERS_PATHS = ("script-bf16", "script-ddp2", "lightning-bf16", "hf-bf16-fused", "fsdp2")
+# The user's paths: a script through the seams, the same script on 2 ranks, an unedited script on 2 ranks through
+# the no-edit seams, a Lightning and a transformers job, FSDP2.
+USERS_PATHS = ("script-bf16", "script-ddp2", "script-unedited2", "lightning-bf16", "hf-bf16-fused", "fsdp2")
 ROWS = {"fp32-baseline", "pin-workers8", "fp16-channels-last", "bf16-fused-adamw", "forced-oom", *USERS_PATHS}
 # Left out for time, each to the CPU tests the script's header names.
 DROPPED = ("compile-default", "ddp-accum", "parity-bf16")
@@ -82,6 +82,7 @@ def test_dry_run_prints_each_step_with_its_limit_and_the_limits_fit_the_guard(tm
         "forced-oom": "status oom",
         "script-bf16": "at.model()",
         "script-ddp2": "process group of 2",
+        "script-unedited2": "no autotune line and no process group",
         "lightning-bf16": "not a MISS, without lightning",
         "hf-bf16-fused": "not a MISS, without transformers",
         "fsdp2": "DTensor",
@@ -97,7 +98,7 @@ def test_dry_run_prints_each_step_with_its_limit_and_the_limits_fit_the_guard(tm
 def test_a_larger_search_budget_shows_in_the_plans_total(tmp_path: Path) -> None:
     env = {**os.environ, "GPU_CHECK_WORK": str(tmp_path / "w"), "GPU_CHECK_SEARCH_BUDGET": "200s"}
     out = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
-    assert re.search(r"^  search\s+245s", out.stdout, flags=re.M) and re.search(r"^  total\s+560s", out.stdout, re.M)
+    assert re.search(r"^  search\s+245s", out.stdout, flags=re.M) and re.search(r"^  total\s+585s", out.stdout, re.M)
 
 
 def test_a_budget_that_is_not_seconds_is_bad_input(tmp_path: Path) -> None:
@@ -173,6 +174,17 @@ HONEST: dict[str, dict[str, Any]] = {
         "param_device": "cuda:0",
         "global_batch": 16,
     },
+    "script-unedited2": {
+        "model_output_precision": "bf16",
+        "model_weights_channels_last": True,
+        "model_checkpointed_blocks": 2,
+        "model_replicated": True,
+        "sharded_loaders": 1,
+        "process_group_size": 2,
+        "process_group_backend": "gloo",
+        "param_device": "cuda:0",
+        "global_batch": 16,
+    },
     "lightning-bf16": {"output_dtype": "bfloat16", "output_of": "net.0 (Linear)", "param_device": "cuda:0"},
     "hf-bf16-fused": {
         "output_dtype": "bfloat16",
@@ -193,7 +205,11 @@ FSDP_SEEN = {  # sharding.Probe's record of FSDP2's first step on 2 ranks
     "sync_off_micro_steps": 6,
     "sync_on_micro_steps": 6,
 }
-EXTRA: dict[str, dict[str, Any]] = {"script-ddp2": {"world_size": 2}, "fsdp2": {"world_size": 2}}
+EXTRA: dict[str, dict[str, Any]] = {
+    "script-ddp2": {"world_size": 2},
+    "script-unedited2": {"world_size": 2},
+    "fsdp2": {"world_size": 2},
+}
 
 
 def honest(name: str) -> dict[str, Any]:
@@ -293,6 +309,11 @@ def test_no_row_passes_on_its_config_echoed_back(tmp_path: Path) -> None:
         ("script-ddp2", {"process_group_size": 1}, "process_group_size"),  # one process after all
         ("script-ddp2", {"global_batch": 8}, "global_batch"),  # one rank's batch counted
         ("script-ddp2", {"process_group_backend": "nccl"}, "process_group_backend"),  # not 2 ranks over gloo
+        ("script-unedited2", {"model_replicated": False}, "model_replicated"),  # every rank trains its own model
+        ("script-unedited2", {"sharded_loaders": 0}, "sharded_loaders"),  # every rank draws the same batches
+        ("script-unedited2", {"model_output_precision": "fp32"}, "model_output_precision"),  # no autocast
+        ("script-unedited2", {"model_checkpointed_blocks": 0}, "model_checkpointed_blocks"),  # none checkpointed
+        ("script-unedited2", {"model_weights_channels_last": False}, "model_weights_channels_last"),
         ("lightning-bf16", {"output_dtype": "float32"}, "output_dtype"),  # the Trainer ran fp32
         ("lightning-bf16", {"param_device": "cpu"}, "param_device"),
         ("hf-bf16-fused", {"output_dtype": "float32"}, "output_dtype"),
@@ -533,9 +554,10 @@ def on_gpu(r: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_the_users_path_rows_run_as_planned_and_pass_on_what_they_observed(tmp_path: Path) -> None:
-    """The script, 2-rank script, Lightning, transformers and FSDP2 rows, run by the driver on this CPU as the
-    plan has them (2 ranks over gloo); each result, with what only CUDA shows put in (on_gpu), passes the
-    checker: every key a row asserts is one its trial really writes, with the value the trial observed."""
+    """The script, 2-rank script, unedited 2-rank script, Lightning, transformers and FSDP2 rows, run by the
+    driver on this CPU as the plan has them (2 ranks over gloo); each result, with what only CUDA shows put in
+    (on_gpu), passes the checker: every key a row asserts is one its trial really writes, with the value the
+    trial observed."""
     rows = script_rows()
     done = run_driver(tmp_path, [rows["server-start"], *(rows[name] for name in USERS_PATHS)], 240)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -546,7 +568,7 @@ def test_the_users_path_rows_run_as_planned_and_pass_on_what_they_observed(tmp_p
         log = (trials / name / "trial.log").read_text(errors="replace")[-3000:]
         assert (trials / name / "rc").read_text() == "0", f"{name}: {log}"
         results[name] = json.loads((trials / name / "result.json").read_text())
-    assert results["script-ddp2"]["world_size"] == 2 and results["fsdp2"]["world_size"] == 2
+    assert all(results[name]["world_size"] == 2 for name in ("script-ddp2", "script-unedited2", "fsdp2"))
     gpu = tmp_path / "gpu"
     checked = run_check(gpu, {n: on_gpu(r, configs[n]) for n, r in results.items()}, *USERS_PATHS)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -555,5 +577,6 @@ def test_the_users_path_rows_run_as_planned_and_pass_on_what_they_observed(tmp_p
     cpu = run_check(tmp_path / "cpu", results, *USERS_PATHS)
     assert cpu.returncode == 1
     assert "observed param_device: 'cpu'" in row_line(cpu.stdout, "script-bf16")
+    assert "observed param_device: 'cpu'" in row_line(cpu.stdout, "script-unedited2")  # the model it found
     assert "observed optimizer_step_device: 'cpu'" in row_line(cpu.stdout, "hf-bf16-fused")
     assert "observed fsdp.shard_device: 'cpu'" in row_line(cpu.stdout, "fsdp2")

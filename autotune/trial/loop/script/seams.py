@@ -384,7 +384,7 @@ class Seams:
             t = torch.tensor([float(per_rank)], dtype=torch.float64, device=self.at)
             dist.all_reduce(t)  # SUM over ranks
             global_batch = int(t.item())
-        model = self.trial.models[0] if self.trial.models else None
+        model = self.trial.models[0] if self.trial.models else self.model.model  # at.model()'s, else the one found
         seen: dict[str, Any] = {}
         for output in self.outputs:
             seen.setdefault("output_dtype", output.seen.get("output_dtype"))

@@ -34,6 +34,7 @@ def test_an_unedited_script_runs_data_parallel_on_two_ranks(tmp_path: Path) -> N
     assert a["gpus"]["in_effect"] == 2 and "replicated Net in place" in a["gpus"]["why"]
     assert "sharded 1 training DataLoader(s) with a DistributedSampler" in a["gpus"]["why"]
     assert seen["model_replicated"] is True and seen["sharded_loaders"] == 1
+    assert seen["param_device"] == "cpu"  # the model found (no at.model()), its parameters where they live
     # 16 samples a step on each rank: the global batch is 32, recorded as planned.
     assert seen["samples_per_step_per_rank"] == 16 and seen["global_batch"] == 32
     assert a["global_batch"]["requested"] == a["global_batch"]["in_effect"] == 32
