@@ -9,6 +9,14 @@ sides; each round's ratio is `autotune run` / as written, and the figure to quot
 min..max and the load before and after.
 
     PYTHONPATH=. python benchmarks/seam_overhead.py [--script PATH] [--script-args "ARGS"] [--rounds 6]
+        [--in-process ROUNDS]
+
+Process to process, this 2-core machine's figure for one script is bimodal (one run ~355 steps/s, the next
+~410, whichever side it is): a ratio of two processes carries that +-15%. `--in-process N` adds rounds that
+cancel it: one process runs the script as written (runpy, as `python script.py` runs it) and then through
+`autotune run`'s own path (run_whole, the seams installed over the baseline's config), alternating, N times
+each, every run timed from its step lines as above; that process's ratios share its placement, and the
+figure to quote is their median.
 
 The default script is the unedited test script (a DataLoader, a conv stem, a ModuleList of blocks, AdamW,
 its loss outside the model): tests/trial/loop/script/scripts/unedited/train.py. Exit code 0; 1 a run
@@ -18,6 +26,7 @@ failed; 2 bad input (one line).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -70,6 +79,80 @@ def steps_per_s(cmd: list[str], skip: int, log: Path) -> float:
     return (n1 - n0) / (t1 - t0)
 
 
+IN_PROCESS = r"""
+import json, re, runpy, sys, time
+from pathlib import Path
+
+from autotune.core.configfile import load_config
+from autotune.pipelines import script as spec
+from autotune.trial.loop.script.running import run_whole
+
+path, config, skip, rounds, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+cfg = load_config(config).replace(pipeline=spec.spec_of(path, args))
+STEP = re.compile(r"^step (\d+)\b")
+
+
+class Stamped:
+    # The script's stdout, each step line stamped on arrival (as the two-process rounds stamp them).
+    def __init__(self):
+        self.stamps, self.part = [], ""
+
+    def write(self, text):
+        t, self.part = time.perf_counter(), self.part + text
+        *lines, self.part = self.part.split("\n")
+        self.stamps += [(int(m.group(1)), t) for line in lines if (m := STEP.match(line))]
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def timed(run):
+    out, sys.stdout = sys.stdout, Stamped()
+    try:
+        run()
+    finally:
+        stamped, sys.stdout = sys.stdout, out
+    steps = [(n, t) for n, t in stamped.stamps if n >= skip]
+    (n0, t0), (n1, t1) = steps[0], steps[-1]
+    return (n1 - n0) / (t1 - t0)
+
+
+def as_written():
+    argv, sys.argv = sys.argv, [path, *args]
+    sys.path.insert(0, str(Path(path).parent))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    finally:
+        sys.argv = argv
+        sys.path.pop(0)
+
+
+sides = {"as written": as_written, "autotune run": lambda: run_whole(cfg, time.time())}
+for r in range(rounds):
+    got = {side: timed(sides[side]) for side in (sides if r % 2 == 0 else reversed(list(sides)))}
+    print(json.dumps(got), flush=True)
+"""
+
+
+def in_process(script: Path, args: list[str], config: Path, skip: int, rounds: int) -> list[float]:
+    """Each in-process round's ratio, `autotune run`'s path / as written, both in one process."""
+    cmd = [sys.executable, "-c", IN_PROCESS, str(script), str(config), str(skip), str(rounds), *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if run.returncode != 0:
+        raise RuntimeError(f"the in-process rounds exited {run.returncode}: {run.stderr[-2000:]}")
+    ratios = []
+    for r, line in enumerate(line for line in run.stdout.splitlines() if line.startswith("{")):
+        got = json.loads(line)
+        ratios.append(got["autotune run"] / got["as written"])
+        print(
+            f"in-process round {r}: as written {got['as written']:.1f} steps/s, autotune run's path "
+            f"{got['autotune run']:.1f} steps/s, x{ratios[-1]:.3f}  load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+    return ratios
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
 
@@ -81,9 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--skip", type=int, default=300, help="steps left out at the start of each run")
     p.add_argument("--out", type=Path, default=None, help="a folder for the config and the logs")
+    p.add_argument("--in-process", type=int, default=0, metavar="N", help="in-process rounds too (default 0)")
     a = p.parse_args(argv)
-    if not a.script.is_file() or a.rounds < 1 or a.skip < 0:
-        print(f"seam_overhead: need an existing --script, --rounds >= 1, --skip >= 0 (got {a.script})", file=sys.stderr)
+    if not a.script.is_file() or a.rounds < 0 or a.skip < 0 or a.in_process < 0:
+        print(
+            f"seam_overhead: need an existing --script, --rounds, --skip, --in-process >= 0 (got {a.script})",
+            file=sys.stderr,
+        )
         return 2
     folder = a.out or Path(tempfile.mkdtemp(prefix="seam-overhead-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -110,10 +197,21 @@ def main(argv: list[str] | None = None) -> int:
             f"steps/s, x{ratios[-1]:.3f}  load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
-    print(
-        f"autotune run / as written: median x{statistics.median(ratios):.3f} (x{min(ratios):.3f}..x{max(ratios):.3f}) "
-        f"over {len(ratios)} rounds; load {load()}; logs in {folder}"
-    )
+    if ratios:
+        print(
+            f"autotune run / as written: median x{statistics.median(ratios):.3f} (x{min(ratios):.3f}..x{max(ratios):.3f}) "
+            f"over {len(ratios)} rounds; load {load()}; logs in {folder}"
+        )
+    if a.in_process:
+        try:
+            inside = in_process(a.script, args, config, a.skip, a.in_process)
+        except RuntimeError as e:
+            print(f"seam_overhead: {e}", file=sys.stderr)
+            return 1
+        print(
+            f"in one process, autotune run's path / as written: median x{statistics.median(inside):.3f} "
+            f"(x{min(inside):.3f}..x{max(inside):.3f}) over {len(inside)} rounds; load {load()}"
+        )
     return 0
 
 
