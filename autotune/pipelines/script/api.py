@@ -67,6 +67,10 @@ class Trial:
     # The micro-batch reaches the script through its DataLoaders' batch_size (it calls no at.batch_size()):
     # the trial's seam hands it over there, as at.batch_size() would.
     through_loader: bool = False
+    # The script's own option its DataLoader reads its batch from ("--batch-size"): the trial gives it on the
+    # script's command line, so every line that reads the option (a view(args.batch_size, ...)) sees the
+    # batch its DataLoader builds with, as the diff writes it (the option's default).
+    batch_option: str | None = None
     # The factor on the script's own lr for the global batch the trial runs, given the script's own
     # (micro-batch, accumulation); None: the lr is the script's.
     lr_scale: Callable[[int, int], float] | None = None
@@ -94,6 +98,13 @@ class Trial:
         self.defaults.setdefault(name, default)
         self.returned.setdefault(name, value)
         return value
+
+    def option_words(self) -> list[str]:
+        """What the trial adds to the script's command line: its batch option with the trial's batch, where
+        the batch is handed over through it; [] otherwise."""
+        if self.batch_option is None or self.batch_size is None or self.batch_size == self.own_batch_size:
+            return []
+        return [self.batch_option, str(self.batch_size)]
 
     def own(self) -> tuple[int, int] | None:
         """The script's own (micro-batch, accumulation): its calls' defaults, else what its source reads."""

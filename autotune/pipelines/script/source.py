@@ -46,7 +46,8 @@ class Uses:
     dataloader: bool
     api: frozenset[str]
     optimizers: tuple[str, ...] = ()
-    own: tuple[tuple[str, float | str], ...] = ()  # OWN's values, "lr", "loader_batch_size" and "precision"
+    # OWN's values, "lr", "loader_batch_size" (and the option it reads, "loader_batch_option") and "precision"
+    own: tuple[tuple[str, float | str], ...] = ()
     seeded: bool = False  # it seeds torch itself (manual_seed, seed_everything, set_seed) or takes at.seed()
     process_group: bool = False  # it sets up its own process group (init_process_group, init_device_mesh)
 
@@ -103,6 +104,8 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
         own.append(("lr", lr))
     if (loader_batch := _loader_batch(tree, args)) is not None:
         own.append(("loader_batch_size", loader_batch))
+    if (flag := _loader_batch_option(tree)) is not None:
+        own.append(("loader_batch_option", flag))
     if "autocast" in first:
         own.append(("precision", _own_precision(tree, first["autocast"], args)))
     return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api, process_group)
@@ -163,6 +166,37 @@ def _loader_batch(tree: ast.Module, args: list[str] | tuple[str, ...]) -> int | 
             if arg is None:
                 return "its DataLoader passes **kwargs" if any(k.arg is None for k in node.keywords) else 1
             return _resolve(tree, arg, args, 0, int)
+    return None
+
+
+def _loader_batch_option(tree: ast.Module) -> str | None:
+    """The long flag of the argparse option the script's first DataLoader(...) takes its batch_size from
+    (`batch_size=args.batch_size` -> "--batch-size"), or None: a batch from anything else."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _api_name(node) == "DataLoader":
+            arg = next((k.value for k in node.keywords if k.arg == "batch_size"), None)
+            if arg is None and len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
+                arg = node.args[1]
+            return _option_flag(tree, arg.attr) if isinstance(arg, ast.Attribute) else None
+    return None
+
+
+def _option_flag(tree: ast.Module, dest: str) -> str | None:
+    """The long flag of the argparse option whose dest is `dest`, or None."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            named = next((k.value for k in node.keywords if k.arg == "dest"), None)
+            longs = [f for f in flags if f.startswith("--")]
+            own = (
+                named.value
+                if isinstance(named, ast.Constant)
+                else longs[0].lstrip("-").replace("-", "_")
+                if longs
+                else None
+            )
+            if own == dest and longs:
+                return longs[0]
     return None
 
 

@@ -50,6 +50,7 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "own_batch_size": job.own[0],
         "own_accumulation": job.own[1],
         "through_loader": job.through_loader,
+        "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else None,
         "lr_scale": scale,
     }
 
@@ -142,6 +143,8 @@ def own_as_run(trial: api.Trial, step_samples: list[int], step_batches: list[int
 
 def through(trial: api.Trial) -> str:
     """How the trial handed its micro-batch over."""
+    if trial.option_words():
+        return f"through its DataLoader's batch_size, given as its own option {' '.join(trial.option_words())}, no edit"
     return "through its DataLoader's batch_size, no edit" if trial.through_loader else "through at.batch_size()"
 
 

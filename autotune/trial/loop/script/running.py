@@ -33,10 +33,11 @@ from autotune.trial.measurement.clock import Clock, WindowOver
 
 
 @contextlib.contextmanager
-def as_main(job: ScriptJob) -> Iterator[None]:
-    """sys.argv and sys.path[0] as `python script.py ARGS` has them, restored afterwards."""
+def as_main(job: ScriptJob, extra: list[str] | None = None) -> Iterator[None]:
+    """sys.argv and sys.path[0] as `python script.py ARGS` has them (`extra` after ARGS: the last of an
+    option wins in argparse), restored afterwards."""
     argv, path = sys.argv[:], sys.path[:]
-    sys.argv = [job.path, *job.args]
+    sys.argv = [job.path, *job.args, *(extra or [])]
     sys.path.insert(0, str(Path(job.path).parent))
     try:
         yield
@@ -140,7 +141,7 @@ def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, in
     a whole run (`whole`) hands the script's exit code back instead."""
     api.install(seams.trial)
     try:
-        with installed(seams), as_main(job), seams.ranks.quiet():
+        with installed(seams), as_main(job, seams.trial.option_words()), seams.ranks.quiet():
             runpy.run_path(job.path, run_name="__main__")
     except WindowOver:
         return True, 0

@@ -150,6 +150,8 @@ class Seams:
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             bound = signature.bind(loader, *args, **kwargs)
             own = {k: bound.arguments.get(k, signature.parameters[k].default) for k in ("batch_size", *LOADER_KNOBS)}
+            if seams.trial.option_words() and own["batch_size"] == seams.trial.batch_size:
+                own["batch_size"] = seams.trial.own_batch_size  # its own, before the trial gave its option
             # An IterableDataset yields its whole stream in every worker unless it shards itself: more
             # workers than the script chose would change what it trains on, so its loader keeps its own.
             iterable = isinstance(bound.arguments.get("dataset"), IterableDataset)

@@ -11,10 +11,12 @@ import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
-from autotune.pipelines import script
-from autotune.search.space.resolve import model_kept, rebased
+from autotune.core.settings import SearchSettings
+from autotune.pipelines import load_pipeline, script
+from autotune.search.space.machine import Hardware
+from autotune.search.space.resolve import model_kept, rebased, resolve
 from autotune.search.space.reading import load_space
-from autotune.search.space.spec import DEFAULT_SPACE
+from autotune.search.space.spec import DEFAULT_SPACE, Fixed
 from autotune.trial.processes import launcher
 
 pytestmark = [pytest.mark.usefixtures("repo_on_path"), pytest.mark.slow, pytest.mark.side_by_side]
@@ -55,7 +57,10 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
     log = (tmp_path / "trial" / "trial.log").read_text()
     assert "torch.float32" in log and "torch.bfloat16" not in log  # the loss outside the model ran in fp32
     # The batch through its DataLoader: 32 samples a step, its own 8 recorded, the lr by AdamW's sqrt rule.
-    assert a["batch_size"]["in_effect"] == 32 and "its DataLoader's batch_size, no edit" in a["batch_size"]["why"]
+    # Given as its own option too (--batch-size 32 on its command line), so its own view(args.batch_size)
+    # sees the batch its DataLoader builds with.
+    assert a["batch_size"]["in_effect"] == 32
+    assert "its DataLoader's batch_size, given as its own option --batch-size 32, no edit" in a["batch_size"]["why"]
     assert a["script"]["samples_per_step"] == 32 and a["global_batch"]["in_effect"] == 32
     assert a["script"]["own"]["batch_size"] == 8
     assert a["lr"]["requested"] == pytest.approx(1e-3) and a["lr"]["in_effect"] == pytest.approx(2e-3)
@@ -103,3 +108,15 @@ def test_compile_reaches_the_unedited_script_s_model_and_is_observed(
     assert a["precision"]["in_effect"] == "bf16"  # the autocast hooks run eagerly around the compiled forward
     baseline = trial(tmp_path / "b")
     assert baseline["compile"] == {"requested": "off", "in_effect": "off", "why": baseline["compile"]["why"]}
+
+
+def test_a_search_of_the_unedited_script_searches_its_batch_and_the_model_knobs() -> None:
+    """What `autotune search --script` searches on the unedited script on this CPU: its batch (through its
+    DataLoader), precision, channels_last and checkpoint_segments; compile fixed off without CUDA, as before."""
+    if Hardware.detect().cuda:
+        pytest.skip("compile is searched where CUDA is")
+    base = TrialConfig(pipeline=script.spec_of(str(SCRIPT)))
+    said: list[str] = []
+    space, _, _ = resolve(load_space(DEFAULT_SPACE), load_pipeline(base), SearchSettings(base=base), base, said.append)
+    assert {"batch_size", "precision", "channels_last", "checkpoint_segments"} <= set(space.searched()), said
+    assert space.knobs["compile"] == Fixed("off") and any("compile fixed to 'off': no CUDA" in s for s in said)

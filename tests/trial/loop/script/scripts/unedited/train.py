@@ -64,7 +64,7 @@ while step < args.steps:
         seen += index.tolist() if passes == 1 else []
         with ctx:
             out = model(x)
-        loss = nn.functional.mse_loss(out, y)  # outside the model
+        loss = nn.functional.mse_loss(out.view(args.batch_size), y.view(args.batch_size))  # outside the model
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
