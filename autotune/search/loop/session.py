@@ -285,6 +285,13 @@ class SearchSession:
         before anything is asked (`_stop`, then whether a listed space has anything left to run)."""
         s = self.settings
         budget = budget.trials_begin()  # the warm server is up: its start-up is not the trials' time
+        # A resumed study ran its trial 0 before: what it taught (a rebased batch, the knobs a script's model
+        # cannot take, longer windows) holds for the trials to come, as it did in the run that made it.
+        if (first := baseline_trial(self.study)) is not None and (
+            learned := trial0.lessons(s, self.space, TrialRecord.from_frozen(first), self.say)
+        ):
+            self._respace(*learned)
+            s = self.settings
         if isinstance(self.proposals.inner, CoordinateSampler):  # the pass prices its moves against what is left
             self.proposals.inner.budget_left = budget.search_left
             self.proposals.inner.check_reserve = budget.parity_reserve_s

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from autotune.core.config import TrialConfig
 from autotune.core.settings import SearchSettings
 from autotune.search.loop import trial0
@@ -11,6 +13,7 @@ from autotune.search.space.spec import DEFAULT_SPACE, SearchSpace
 from autotune.search.space.reading import load_space
 from autotune.search.store.records import TrialRecord
 
+KEEPS_16 = Path(__file__).parents[2] / "trial" / "loop" / "script" / "scripts" / "keeps_16.py"
 TINY = TrialConfig(pipeline="tests.fault_pipelines:tiny", image_size=64, seconds=15.0, window=3)
 
 
@@ -37,3 +40,24 @@ def test_windows_last_about_a_second_at_trial_0s_step_time(tmp_path: Path) -> No
     # A trial of a fixed step count keeps a window it can fill.
     fixed = settings(tmp_path, TINY.replace(seconds=None, timed_steps=40))
     assert trial0.window(fixed, {"step_time_p50": 0.001}, said.append).base.window == 40
+
+
+@pytest.mark.slow
+@pytest.mark.side_by_side
+def test_a_resumed_study_keeps_what_its_trial_0_taught(tmp_path: Path) -> None:
+    """Seen on pytorch/examples' VAE: a study resumed (the same --study again) sampled checkpoint_segments on a
+    model with no repeated blocks, trial after trial, each refused (exit 5): the space trial 0 had narrowed
+    was the run's, not the study's. The resumed run learns from the stored trial 0 again."""
+    from tests.pipelines.framework_helpers import autotune
+
+    def search(n: int) -> str:
+        run = autotune(
+            "search", "--script", str(KEEPS_16), "--budget", "60s", "--n-trials", str(n), "--trial-seconds", "1",
+            "--warmup-steps", "1", "--confirm-rounds", "0", "--parity-steps", "0", "--seed", "0", cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return run.stdout + run.stderr
+
+    kept = "checkpoint_segments not searched from here: its model (Sequential) has no repeated blocks"
+    assert kept in search(1)
+    assert kept in search(3)  # resumed: trial 0 is not run again, its lesson is
