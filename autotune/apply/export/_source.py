@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
+from autotune.pipelines.script.source import argparse_option
+
 
 @dataclass(frozen=True)
 class Edit:
@@ -150,18 +152,9 @@ class Source:
         if not isinstance(node, ast.Attribute):
             return None
         for call in self.calls:
-            if not (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"):
-                continue
-            flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            named = next((k.value for k in call.keywords if k.arg == "dest"), None)
-            longs = [f for f in flags if f.startswith("--")]
-            dest = (
-                named.value
-                if isinstance(named, ast.Constant)
-                else (longs[0] if longs else flags[0] if flags else "").lstrip("-").replace("-", "_")
-            )
-            if dest == node.attr and any(f.startswith("-") for f in flags):
-                return call, flags
+            option = argparse_option(call)
+            if option is not None and option[0] == node.attr and any(f.startswith("-") for f in option[1]):
+                return call, option[1]
         return None
 
 

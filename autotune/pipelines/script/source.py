@@ -184,20 +184,22 @@ def _loader_batch_option(tree: ast.Module) -> str | None:
 def _option_flag(tree: ast.Module, dest: str) -> str | None:
     """The long flag of the argparse option whose dest is `dest`, or None."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            named = next((k.value for k in node.keywords if k.arg == "dest"), None)
-            longs = [f for f in flags if f.startswith("--")]
-            own = (
-                named.value
-                if isinstance(named, ast.Constant)
-                else longs[0].lstrip("-").replace("-", "_")
-                if longs
-                else None
-            )
-            if own == dest and longs:
-                return longs[0]
+        if (option := argparse_option(node)) is not None and option[0] == dest:
+            return next((f for f in option[1] if f.startswith("--")), None)
     return None
+
+
+def argparse_option(node: ast.AST) -> tuple[str, list[str]] | None:
+    """An add_argument(...) call's dest and its literal flags, by argparse's rule (dest=, else the first long
+    flag, else the first, dashes made underscores); None for any other node."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
+        return None
+    flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    named = next((k.value for k in node.keywords if k.arg == "dest"), None)
+    longs = [f for f in flags if f.startswith("--")]
+    if isinstance(named, ast.Constant) and isinstance(named.value, str):
+        return named.value, flags
+    return (longs[0] if longs else flags[0] if flags else "").lstrip("-").replace("-", "_"), flags
 
 
 def _own_default(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...]) -> int | str:
@@ -253,21 +255,12 @@ def _argparse_default(tree: ast.Module, dest: str, args: list[str] | tuple[str, 
     """The value argparse gives `dest` for the command line `args`: the option's literal default, or its
     last `--opt V` / `--opt=V` in `args`; None when no add_argument in the source names that dest."""
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        option = argparse_option(node)
+        if option is None or option[0] != dest:
             continue
-        if node.func.attr != "add_argument":
-            continue
-        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        assert isinstance(node, ast.Call)
+        flags = option[1]
         kw = {k.arg: k.value for k in node.keywords if k.arg}
-        longs = [f for f in flags if f.startswith("--")]
-        named = kw.get("dest")
-        own_dest = (
-            named.value
-            if isinstance(named, ast.Constant)
-            else (longs[0] if longs else flags[0] if flags else "").lstrip("-").replace("-", "_")
-        )
-        if own_dest != dest:
-            continue
         if not any(f.startswith("-") for f in flags):
             return f"{dest!r} is a positional argument of the script"
         value = _number(kw.get("default"), kind)
