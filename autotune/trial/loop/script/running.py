@@ -78,36 +78,15 @@ def _run(
     assert isinstance(job, ScriptJob)
     refuse_unsupported(cfg, job.unsupported)
     as_written = is_as_written(cfg)
-    trial = api.Trial(
-        precision=cfg.precision,
-        channels_last=cfg.channels_last,
-        compile=cfg.compile,
-        compile_backend=os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor"),
-        seed=cfg.seed,
-        data_seed=cfg.data_seed,
-        device_type=machine.type,
-        as_written=as_written,
-        **batch_handover(cfg, job),
-    )
+    trial = trial_of(cfg, job, machine, as_written)
 
     def clock_for(device: torch.device) -> Clock:
         return Clock(cfg, device, rank, world, progress, launched)
 
-    own_lr, routed = "lr" in job.uses.api, job.routed
     ranks = Ranks(machine, rank, world, own_group=job.uses.process_group)
     ranks.setup()  # a script with no process group of its own, on several ranks: the trial's (worker tears it down)
-    seams = Seams(
-        cfg,
-        clock_for,
-        as_written,
-        trial,
-        own_lr,
-        machine=machine,
-        measured=measured,
-        routed=routed,
-        whole=whole,
-        ranks=ranks,
-    )
+    own_lr = "lr" in job.uses.api
+    seams = Seams(cfg, clock_for, as_written, trial, own_lr, machine, measured, job.routed, whole, ranks)
     finished, code = execute(job, seams, whole=whole)
     if whole and seams.clock is not None and not seams.final:  # it ended before the trial's window closed
         seams.finish()
@@ -132,6 +111,21 @@ def _run(
     finally:
         if whole:
             ranks.teardown()
+
+
+def trial_of(cfg: TrialConfig, job: ScriptJob, machine: torch.device, as_written: bool) -> api.Trial:
+    """The settings the script's at.* calls and the batch seams read in this process."""
+    return api.Trial(
+        precision=cfg.precision,
+        channels_last=cfg.channels_last,
+        compile=cfg.compile,
+        compile_backend=os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor"),
+        seed=cfg.seed,
+        data_seed=cfg.data_seed,
+        device_type=machine.type,
+        as_written=as_written,
+        **batch_handover(cfg, job),
+    )
 
 
 def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, int]:
