@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export import _strategy
 from autotune.apply.export._common import IN_SCRIPT
-from autotune.core.config import TrialConfig
+from autotune.core.config import LEADS, TrialConfig
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
@@ -256,9 +256,10 @@ def edit(rw: Rewrite) -> None:
     for knob in sorted(k for k in rw.job.routed if k not in rw.skip):
         if getattr(cfg, knob) != getattr(rw.base, knob):
             rw.notes.append(f"{knob} {getattr(cfg, knob)}: {UNEDITED_HOW[knob]}; {UNEDITED_RUN}")
-    if cfg.gpus > 1 and "gpus" not in skip and not rw.job.uses.process_group:
+    gpus = LEADS["processes"]  # the table's name: the knob is read from cfg, not spelled here
+    if cfg.gpus > 1 and gpus not in skip and not rw.job.uses.process_group:
         run = UNEDITED_RUN.replace("`autotune run", f"`torchrun --nproc-per-node {cfg.gpus} -m autotune run")
-        rw.notes.append(f"gpus {cfg.gpus}: {UNEDITED_HOW['gpus']}; {run}")
+        rw.notes.append(f"{gpus} {cfg.gpus}: {RANKS_HOW}; {run}")
 
 
 # A knob the trial applied to the model the script's optimizer trains (trial/loop/script/model.py): no line of the
@@ -269,9 +270,12 @@ UNEDITED_HOW = {
     "channels_last": "model.to(memory_format=torch.channels_last) on the model the optimizer trains",
     "checkpoint_segments": "torch.distributed._composable.checkpoint(block) on the model's first repeated blocks",
     "compile": "torch.compile of the forward of the model the optimizer trains, in place",
-    "gpus": "one process per GPU: the process group set up, the model replicated (DDP) and the training "
-    "DataLoaders given a DistributedSampler, with no edit",
 }
+# gpus for a script that sets up no process group (trial/loop/script/ranks.py): no line of it can say that.
+RANKS_HOW = (
+    "one process per GPU: the process group set up, the model replicated (DDP) and the training DataLoaders "
+    "given a DistributedSampler, with no edit"
+)
 
 
 def _globals(rw: Rewrite) -> None:
