@@ -45,7 +45,7 @@ class Ranks:
         self.backend: str | None = None
         self.model: str | None = None  # the class of the model replicated
         self.sharded = 0
-        self.unsharded: list[str] = []  # why a training loader the script iterated keeps its own order
+        self.unsharded: list[str] = []  # why a training loader the script built keeps its own order
         self.saves = {"written": 0, "skipped": 0}
 
     def setup(self) -> None:
