@@ -118,6 +118,10 @@ class TrialConfig:
     # Micro-batches a script accumulates per optimizer step on its own (it hands over no at.accumulation()):
     # trial 0 counts them from its loaders. Never searched; the global batch counts them. 1 for every other job.
     own_accumulation: int = 1
+    # Under a study's global batch, whether the job keeps own_accumulation whatever the config (a script that
+    # hands its batch over but calls no at.accumulation()): the batch seam then divides the global batch over
+    # the ranks, and only batch_size x gpus x own_accumulation = global_batch is run (admits).
+    keeps_accumulation: bool = False
     profile: bool = False
     # The knobs the user trains with today (--baseline), as sorted (knob, value) pairs so the config stays
     # hashable; None: plain PyTorch. Every speedup and training-math label is measured against it.
@@ -190,6 +194,14 @@ class TrialConfig:
         """Micro-batches per optimizer step: derived from the study's global batch, else the job's own
         accumulation (a script's, as trial 0 counted it); never searched on its own."""
         return self.global_batch // (self.batch_size * self.gpus) if self.global_batch else self.own_accumulation
+
+    def admits(self, batch_size: int, gpus: int) -> bool:
+        """Whether a micro-batch on a GPU count keeps the study's global batch: it divides it, into the job's
+        own accumulation where the job keeps it (keeps_accumulation); any pair without a global batch."""
+        if not self.global_batch:
+            return True
+        steps, rest = divmod(self.global_batch, batch_size * gpus)
+        return rest == 0 and (not self.keeps_accumulation or steps == self.own_accumulation)
 
     @property
     def global_batch_size(self) -> int:
@@ -375,19 +387,14 @@ def baseline_of(cfg: TrialConfig) -> TrialConfig:
     """The run `cfg` is compared with: the same workload with the user's baseline knobs (--baseline), or
     plain PyTorch. With a study's global batch and no batch size given, it trains at the plain batch
     (or the largest divisor of the global batch below it) and accumulates the rest: --global-batch is
-    for a batch that may not fit in one pass, so the reference must not be run in one."""
+    for a batch that may not fit in one pass, so the reference must not be run in one. A job that keeps its
+    own accumulation trains at the one micro-batch that keeps the global batch (admits)."""
     given = dict(cfg.baseline or ())
     knobs = {**BASELINE.knobs(), **given}
     if cfg.global_batch and "batch_size" not in given:
         per_process = max(1, cfg.global_batch // knobs["gpus"])
-        knobs["batch_size"] = max(
-            (
-                d
-                for d in range(1, min(BASELINE.batch_size, per_process) + 1)
-                if cfg.global_batch % (d * knobs["gpus"]) == 0
-            ),
-            default=1,
-        )
+        fits = [d for d in range(1, per_process + 1) if cfg.admits(d, knobs["gpus"])]
+        knobs["batch_size"] = max((d for d in fits if d <= BASELINE.batch_size), default=min(fits, default=1))
     return cfg.replace(**knobs)
 
 

@@ -247,7 +247,7 @@ def base_config(
     # The lr, the rule its optimizer scales by and its own accumulation, read from the job's own source (a
     # script's) unless given.
     changes |= kind_of(changes["pipeline"]).study_defaults(
-        cfg.global_batch, {k for k in ("lr", "lr_scaling", "own_accumulation") if k in extra}
+        cfg.global_batch, {k for k in ("lr", "lr_scaling", "own_accumulation", "keeps_accumulation") if k in extra}
     )
     if image_size:
         changes["image_size"] = image_size

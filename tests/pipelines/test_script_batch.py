@@ -72,10 +72,11 @@ def test_a_script_without_a_dataloader_has_its_batch_searched_only_when_it_hands
     assert "batch_size" not in unsupported_of(tokens) and tokens.own == (4, 2)
     plain = script.load(TrialConfig(pipeline=script.spec_of(str(SCRIPTS / "no_loader.py"))))
     assert plain.unsupported.why["batch_size"].startswith("the script builds its batches without a torch DataLoader")
-    # At a study's global batch the script must take its accumulation too, or its step is its own.
+    # At a study's global batch a script that takes no accumulation keeps its own: the batch is still
+    # handed over (the global batch divided over the ranks, TrialConfig.keeps_accumulation).
     source = "from autotune import script as at\nb = at.batch_size(8)\n"
     assert "batch_size" not in script.unsupported(scan(source))
-    assert "at.accumulation()" in script.unsupported(scan(source), global_batch=32)["batch_size"]
+    assert "batch_size" not in script.unsupported(scan(source), global_batch=32)
 
 
 def test_the_lr_rule_follows_the_optimizer_the_script_constructs(tmp_path: Path) -> None:
@@ -175,7 +176,7 @@ def test_a_script_with_no_dataloader_is_searched_and_its_parity_runs_its_own_loo
     space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
     hw = Hardware(cuda=False, gpu_count=0, cpu_count=2, cpu_bf16=True, apex=False, memory_bytes=None)
     narrowed, notes = for_hardware(space, hw, stages=0, unsupported=unsupported_of(job))
-    narrowed, _ = by_global_batch(narrowed, base.global_batch, base)
+    narrowed, _ = by_global_batch(narrowed, base)
     for knob in LOADER:
         assert any(n.startswith(knob) and "the script builds no torch DataLoader" in n for n in notes), notes
     searched = {k for k, v in narrowed.knobs.items() if not isinstance(v, Fixed)}

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.core.config import TrialConfig
+import optuna
+
+from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import PipelineError, TrialUnsupported, exit_code_for
 from autotune.core.settings import SearchSettings
-from autotune.pipelines import load_pipeline, own_baseline, script, unsupported_of
+from autotune.pipelines import base_config, load_pipeline, own_baseline, script, unsupported_of
 from autotune.pipelines.script import fusion
 from autotune.pipelines.script.source import scan
 from autotune.search.loop.study import warm_start
@@ -25,7 +27,9 @@ from autotune.search.space.reading import load_space
 from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import for_hardware, resolve
 from autotune.search.space.spec import Choices, Fixed, SearchSpace, spec_values
+from autotune.search.space.suggest import suggest
 from tests.conftest import REPO_ROOT
+from tests.pipelines.script_helpers import SCRIPTS
 from tests.fakes import UUID_A, UUID_B, FakeGpu, FakeNvml
 
 CPU = Hardware(cuda=False, gpu_count=0, cpu_count=2, cpu_bf16=True, apex=False, memory_bytes=None)
@@ -156,6 +160,38 @@ def test_gpus_is_searched_for_a_script_that_sets_up_its_own_process_group(tmp_pa
     assert knobs["gpus"] == Fixed(1)
     said = note(notes, "gpus")
     assert "without a torch DataLoader" in said and "every rank would train on the same batches" in said, said
+
+
+def test_a_global_batch_is_divided_over_the_ranks_of_a_script_that_keeps_its_accumulation(
+    tmp_path: Path, two_gpus: None
+) -> None:
+    """--global-batch 16 on an unedited DataLoader script of batch 8 with no at.accumulation(): it steps
+    once per batch, so each GPU count runs the global batch divided over its ranks (16 on one, 8 on each
+    of two), never a micro-batch that would need an accumulation the script does not run."""
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + NO_GROUP)
+    base = base_config(script.spec_of(str(path)), None, None, str(tmp_path), global_batch=16, batch_size=16)
+    assert base.keeps_accumulation and base.own_accumulation == 1
+    said: list[str] = []
+    space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
+    narrowed, _, _ = resolve(space, load_pipeline(base), SearchSettings(base=base), base, said.append)
+    assert spec_values(narrowed.knobs["gpus"]) == [1, 2] and spec_values(narrowed.knobs["batch_size"]) == [8, 16]
+    assert any("the global batch 16 divided over each GPU count's ranks" in s for s in said), said
+    for gpus, batch in ((1, 16), (2, 8)):
+        batch_and_gpus = SearchSpace(knobs={k: narrowed.knobs[k] for k in ("gpus", "batch_size")})
+        cfg = suggest(optuna.trial.FixedTrial({"gpus": gpus}), batch_and_gpus, base)  # batch_size: no param
+        assert (cfg.gpus, cfg.batch_size, cfg.grad_accum, cfg.global_batch_size) == (gpus, batch, 1, 16)
+    # The baseline is the one micro-batch that keeps it on one GPU, not the script's own 8 (2 steps of 8).
+    assert baseline_of(base.replace(baseline=own_baseline(load_pipeline(base), 16) or None)).batch_size == 16
+    # The script's own 8 is its baseline where the study's global batch is it.
+    at8 = base.replace(global_batch=8, batch_size=8)
+    assert own_baseline(load_pipeline(at8), 8) == {"batch_size": 8}
+    # A script that hands its accumulation over (at.accumulation()) takes any micro-batch that divides it.
+    handed = base_config(
+        script.spec_of(str(SCRIPTS / "tokens.py")), None, None, str(tmp_path), global_batch=16, batch_size=16
+    )
+    assert not handed.keeps_accumulation and handed.admits(2, 1) and handed.admits(4, 2)
+    assert not base.admits(4, 2) and not base.admits(8, 1) and base.admits(8, 2)
 
 
 @pytest.mark.parametrize(

@@ -28,8 +28,9 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
     replaces the batch_size of the DataLoaders built with the script's own (trial/loop/script/loader.py),
     which is read from its DataLoader's batch_size (an int, a name assigned once, an argparse option's
     default), else from what trial 0's loaders delivered; a script that builds its batches itself hands
-    them over with `at.batch_size(default)` (whose default is then its own), and under a study's
-    --global-batch either needs `at.accumulation()` too;
+    them over with `at.batch_size(default)` (whose default is then its own); under a study's
+    --global-batch, a script that calls no `at.accumulation()` keeps its own accumulation, and each GPU
+    count runs the global batch divided over its ranks (TrialConfig.keeps_accumulation);
   - the lr rule for a changed global batch follows the optimizer the script constructs: linear for
     SGD, sqrt for the Adam family (`lr_rule`), unless the user gives --lr-scaling.
 A static declaration is chosen over a probe run because it is free, known before the space is
@@ -42,6 +43,7 @@ May import: autotune.core, autotune.pipelines (never torch at import).
 from __future__ import annotations
 
 import ast
+from math import prod
 import dataclasses
 import shlex
 from pathlib import Path
@@ -214,11 +216,6 @@ def own_batch(uses: Uses, global_batch: int | None, recorded: int | None = None)
             f"at.accumulation()'s default cannot be read from the source ({accum}), and the study fixes "
             "--global-batch: give it as a number, a name assigned once or an argparse option with a literal default"
         )
-    if global_batch is not None and accum is None:
-        return (
-            "the study fixes --global-batch and the script never calls at.accumulation(): its micro-batches "
-            "per optimizer step are its own"
-        )
     return batch
 
 
@@ -318,6 +315,8 @@ class ScriptJob(OwnLoopJob):
         accumulation was read against the study's global batch when the job was loaded), and the precision
         it gives at.autocast() when not fp32, so trial 0's config says what the user ran."""
         own: dict[str, Any] = {} if self.own is None else {"batch_size": self.own[0]}
+        if global_batch and self.own and self.uses.own_value("accumulation") is None and prod(self.own) != global_batch:
+            own = {}  # it keeps its own accumulation: the baseline runs the one micro-batch that keeps the global batch
         if self.own is None and isinstance(kept := self.kept_batch(), int):
             own["batch_size"] = kept  # not searched: the batch it runs, so the records say it
         if "precision" not in self.unsupported and (precision := own_precision(self.uses)) != "fp32":
@@ -363,7 +362,9 @@ def study_defaults(spec: str, global_batch: int | None, given: Collection[str] =
     `lr_scaling`, the rule its optimizer follows (lr_rule), and `lr`, its own (read from at.lr() or its
     optimizer's constructor), which is meant for its own global batch: under a study's --global-batch
     it is scaled to that batch, the batch TrialConfig.lr is given for. Without --global-batch, the
-    accumulation at.accumulation()'s default reads (`own_accumulation`): every trial keeps it."""
+    accumulation at.accumulation()'s default reads (`own_accumulation`): every trial keeps it. With one,
+    whether the script keeps its own accumulation (`keeps_accumulation`: it hands its batch over but calls
+    no at.accumulation()), so the batch seam divides the global batch over the ranks."""
     path, args = parse(spec)
     uses = scan_script(path, args)
     job = ScriptJob(spec, path, args, uses, global_batch)
@@ -371,6 +372,8 @@ def study_defaults(spec: str, global_batch: int | None, given: Collection[str] =
     out: dict[str, Any] = {} if rule is None else {"lr_scaling": rule}
     if "own_accumulation" not in given and not global_batch and job.own is not None and job.own[1] != 1:
         out["own_accumulation"] = job.own[1]
+    if "keeps_accumulation" not in given and global_batch and job.own is not None:
+        out["keeps_accumulation"] = uses.own_value("accumulation") is None
     lr = uses.own_value("lr")
     if "lr" not in given and isinstance(lr, float) and lr > 0:
         if global_batch and job.own is not None:

@@ -53,7 +53,7 @@ def resolve(
         unsupported=pipelines.unsupported_of(pipeline),
         own=dict(base.baseline or ()),
     )
-    space, more = by_global_batch(space, base.global_batch, base)
+    space, more = by_global_batch(space, base)
     fit = memory.probe_fit(settings, base, hw, say)
     if fit is not None:
         space, dropped = by_memory(space, base, fit)
@@ -235,28 +235,42 @@ def _as_spec(values: list[int]) -> Spec:
     return Fixed(values[0]) if len(values) == 1 else Choices(tuple(values))
 
 
-def by_global_batch(space: SearchSpace, global_batch: int | None, base: Any) -> tuple[SearchSpace, list[str]]:
-    """`space` with batch_size and gpus kept to divisors of `global_batch`, and one note per drop.
-    A global batch nothing in the space divides is bad input (SearchSpaceError, exit 2)."""
+def by_global_batch(space: SearchSpace, base: TrialConfig) -> tuple[SearchSpace, list[str]]:
+    """`space` with batch_size and gpus kept to divisors of the study's global batch (base.admits), and one
+    note per drop; for a job that keeps its own accumulation, batch_size is the global batch divided over
+    each GPU count's ranks. A global batch nothing in the space divides is bad input (SearchSpaceError, exit 2)."""
+    global_batch = base.global_batch
     if global_batch is None:
         return space, []
     knobs = dict(space.knobs)
     batches = _values(knobs.get("batch_size"), base.batch_size)
     gpus_all = _values(knobs.get("gpus"), base.gpus)
-    gpus = [g for g in gpus_all if any(global_batch % (b * g) == 0 for b in batches)]
-    kept = [b for b in batches if any(global_batch % (b * g) == 0 for g in gpus)]
+    notes = []
+    if base.keeps_accumulation and "batch_size" in knobs:
+        # Not a free knob: each GPU count runs the global batch divided over its ranks.
+        per_step = base.own_accumulation
+        batches = sorted({global_batch // (g * per_step) for g in gpus_all if global_batch % (g * per_step) == 0})
+        if batches:
+            knobs["batch_size"] = _as_spec(batches)
+            notes.append(
+                f"batch_size: {', '.join(map(str, batches))}, the global batch {global_batch} divided over each GPU "
+                f"count's ranks (the script accumulates its own {per_step} micro-batch(es) per step: it calls no "
+                "at.accumulation())"
+            )
+    gpus = [g for g in gpus_all if any(base.admits(b, g) for b in batches)]
+    kept = [b for b in batches if any(base.admits(b, g) for g in gpus)]
     if not kept:
         raise SearchSpaceError(
             f"--global-batch {global_batch}: no micro-batch x GPU count in the space divides it "
             f"(batch_size {batches}, gpus {gpus_all})"
         )
-    notes = []
+    steps = f"its own {base.own_accumulation}" if base.keeps_accumulation else "a whole number of"
     for knob, before, after in (("gpus", gpus_all, gpus), ("batch_size", batches, kept)):
         if after != before and knob in knobs:
             dropped = [v for v in before if v not in after]
             notes.append(
                 f"{knob}: dropped {', '.join(map(str, dropped))} (global batch {global_batch} must be "
-                "batch_size x gpus x a whole number of accumulation steps, for some "
+                f"batch_size x gpus x {steps} accumulation steps, for some "
                 f"{'batch_size' if knob == 'gpus' else 'GPU count'} in the space)"
             )
             knobs[knob] = _as_spec(after)
@@ -339,7 +353,7 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
     accumulation (the batches its loaders delivered per optimizer step) and the lr its optimizer was built
     with, where the workload does not record them (the source could not say them: even where the batch
     is autotune's default 8, it is known only now), unless the study fixes the global batch (the trials
-    hand the batch and accumulation over); and the precision its model returned where no at.autocast()
+    hand the batch and accumulation over: only the accumulation of a script that keeps its own); and the precision its model returned where no at.autocast()
     says it (an unedited script's own autocast: trial/loop/script/model.py). None when nothing changes."""
     changes: dict[str, Any] = {}
     baseline = dict(base.baseline or ())
@@ -352,6 +366,8 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
         changes["own_accumulation"] = accumulation if _count(accumulation) else base.own_accumulation
         good = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0
         changes["lr"] = float(lr) if good and lr is not None else base.lr
+    elif isinstance(own, Mapping) and base.keeps_accumulation and _count(own.get("accumulation")):
+        changes["own_accumulation"] = own["accumulation"]  # the batch seam divides the global batch by it
     model = script.get("model") if isinstance(script, Mapping) else None
     routed = model.get("routed", ()) if isinstance(model, Mapping) else ()
     ran = model.get("own_precision") if isinstance(model, Mapping) and "precision" in routed else None

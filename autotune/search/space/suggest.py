@@ -49,7 +49,7 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace, base: TrialConfig) ->
             continue
         if k == "batch_size" and per_count:
             g = chosen["gpus"]
-            divisors = [b for b in spec_values(spec) if base.global_batch % (b * g) == 0]
+            divisors = [b for b in spec_values(spec) if base.admits(b, g)]
             chosen[k] = _ask(
                 trial, micro_batch_param(g), Choices(tuple(divisors)) if len(divisors) > 1 else Fixed(divisors[0])
             )

@@ -41,6 +41,17 @@ def test_nothing_to_rebase_when_the_baseline_says_it_or_the_run_reported_none() 
     assert rebased(TrialConfig(pipeline=SPEC, global_batch=32), _applied(8)) is None  # the study fixes it
 
 
+def test_a_script_that_keeps_its_accumulation_under_a_global_batch_has_it_counted() -> None:
+    """--global-batch 32 on a script that accumulates 2 micro-batches on its own loop (no at.accumulation()):
+    the batch stays the study's, the accumulation becomes the one trial 0 counted, so each GPU count's
+    micro-batch is 32 / (gpus x 2)."""
+    base = TrialConfig(pipeline=SPEC, global_batch=32, batch_size=32, keeps_accumulation=True)
+    got = rebased(base, _applied(8, accumulation=2))
+    assert got is not None and got.own_accumulation == 2 and got.baseline is None
+    assert baseline_of(got).batch_size == 16 and got.admits(8, 2) and not got.admits(16, 2)
+    assert rebased(base.replace(keeps_accumulation=False), _applied(8, accumulation=2)) is None
+
+
 def test_the_script_s_own_accumulation_and_lr_make_the_records_say_what_ran() -> None:
     """llama2.c's shape: batch 6 handed over, 2 micro-batches accumulated by the script's own loop, lr 0.005 set
     by its configurator. The study records them, so a trial at batch 12 says the global batch and lr that ran

@@ -13,7 +13,7 @@ import torch
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
-from autotune.pipelines import script
+from autotune.pipelines import base_config, script
 from autotune.trial.processes import launcher
 
 pytestmark = [pytest.mark.usefixtures("repo_on_path"), pytest.mark.slow, pytest.mark.side_by_side]
@@ -51,6 +51,21 @@ def test_an_unedited_script_runs_data_parallel_on_two_ranks(tmp_path: Path) -> N
     # Rank 1 printed nothing: the trial log has rank 0's step lines only.
     log = (tmp_path / "trial" / "trial.log").read_text()
     assert log.count("step 0 loss") == 1, log[-2000:]
+
+
+def test_a_study_s_global_batch_is_divided_over_the_ranks(tmp_path: Path) -> None:
+    """--global-batch 8, the script's own batch: on 2 ranks each loader delivers 4, so the 2 GPUs train the
+    script's own math (the global batch and the lr as it wrote them), though it calls no at.accumulation()."""
+    spec = script.spec_of(str(SCRIPTS / "unedited" / "train.py"))
+    base = base_config(spec, None, None, str(tmp_path), global_batch=8, batch_size=8)
+    assert base.keeps_accumulation and base.lr == pytest.approx(1e-3)
+    cfg = base.replace(gpus=2, batch_size=4, warmup_steps=1, timed_steps=3, window=1, num_threads=1)
+    r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    assert r.status == "ok", r.message
+    a, seen = r.applied, r.applied["observed"]
+    assert seen["samples_per_step_per_rank"] == 4 and seen["global_batch"] == 8
+    assert a["global_batch"]["requested"] == a["global_batch"]["in_effect"] == 8
+    assert a["batch_size"]["in_effect"] == 4 and a["lr"]["in_effect"] == pytest.approx(1e-3)
 
 
 def test_a_training_loader_with_its_own_sampler_cannot_be_sharded(tmp_path: Path) -> None:
