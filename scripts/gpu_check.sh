@@ -554,6 +554,10 @@ RELATIONS = {
         ("each rank holds a part of them", lambda s: whole(s.get("fsdp.local_numel")) and whole(s.get("fsdp.numel"))
          and 0 < s["fsdp.local_numel"] < s["fsdp.numel"]),
     ],
+    "script-unedited2": [
+        ("checkpointing freed activation memory", lambda s: isinstance(s.get("model_activation_bytes"), dict)
+         and above(0)(s["model_activation_bytes"].get("freed"))),
+    ],
 }
 # What the worker sets but cannot see take effect: said in the row, never asserted.
 NOT_OBSERVABLE = {"fp16-channels-last": "cudnn.benchmark: set, not observable (cuDNN keeps its benchmark cache to itself)"}

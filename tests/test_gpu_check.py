@@ -178,6 +178,7 @@ HONEST: dict[str, dict[str, Any]] = {
         "model_output_precision": "bf16",
         "model_weights_channels_last": True,
         "model_checkpointed_blocks": 2,
+        "model_activation_bytes": {"held": 65536, "freed": 131072},
         "model_replicated": True,
         "sharded_loaders": 1,
         "process_group_size": 2,
@@ -313,6 +314,7 @@ def test_no_row_passes_on_its_config_echoed_back(tmp_path: Path) -> None:
         ("script-unedited2", {"sharded_loaders": 0}, "sharded_loaders"),  # every rank draws the same batches
         ("script-unedited2", {"model_output_precision": "fp32"}, "model_output_precision"),  # no autocast
         ("script-unedited2", {"model_checkpointed_blocks": 0}, "model_checkpointed_blocks"),  # none checkpointed
+        ("script-unedited2", {"model_activation_bytes": {"held": 9, "freed": 0}}, "checkpointing freed"),
         ("script-unedited2", {"model_weights_channels_last": False}, "model_weights_channels_last"),
         ("lightning-bf16", {"output_dtype": "float32"}, "output_dtype"),  # the Trainer ran fp32
         ("lightning-bf16", {"param_device": "cpu"}, "param_device"),

@@ -95,8 +95,8 @@ class ModelSeams:
         self.autocast: precision.Autocast | None = None
         self.seen: str | None = None  # the baseline's output dtype, watched
         self.graphs_before: int | None = None  # dynamo's graph count when its forward was compiled
+        self.activations: checkpointing.ActivationBytes | None = None  # counted where blocks are checkpointed
         self.facts: dict[str, Any] = {}
-        self.applied: dict[str, Any] = {}
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -138,7 +138,8 @@ class ModelSeams:
             if not blocks:
                 why = checkpointing.NO_BLOCKS
                 raise TrialUnsupported(f"checkpoint_segments {self.cfg.checkpoint_segments}: {why}")
-            self.applied["checkpoint_segments"] = checkpointing.apply(model, self.cfg.checkpoint_segments)
+            chosen = checkpointing.apply(model, self.cfg.checkpoint_segments)
+            self.activations = checkpointing.ActivationBytes(model, chosen)
         if "channels_last" in self.changed():
             if not self.facts["convolutions"]:
                 raise TrialUnsupported(f"channels_last: {channels_last.NO_CONV}")
@@ -169,7 +170,8 @@ class ModelSeams:
     def observed(self) -> dict[str, Any]:
         """What the model showed as it ran (`applied.observed`): its output's precision (inside the trial's
         autocast, else as the baseline ran it), whether its 4-D weights are channels_last, how many of its
-        blocks carry checkpoint hooks, whether it runs data-parallel; {} when no model was found."""
+        blocks carry checkpoint hooks and, where some do, the activation bytes its first forward held and
+        freed (checkpointing.ActivationBytes), whether it runs data-parallel; {} when no model was found."""
         model = self.model
         if model is None:
             return {}
@@ -178,6 +180,7 @@ class ModelSeams:
             "model_weights_channels_last": channels_last.in_effect(model),
             "model_checkpointed_blocks": len(checkpointing.wrapped(model)),
             "model_replicated": self.ranks.model is not None,
+            **({"model_activation_bytes": self.activations.observed()} if self.activations else {}),
         }
 
     def _watch(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -203,11 +206,12 @@ class ModelSeams:
             )
         if "checkpoint_segments" in self.routed:
             wrapped = checkpointing.wrapped(model)
-            out["checkpoint_segments"] = knob_effect(
-                self.cfg.checkpoint_segments,
-                wrapped,
-                f"{where}: {len(wrapped)} of its {self.facts.get('repeated_blocks')} {self.facts.get('block')} block(s)",
+            said = (
+                f"{where}: {len(wrapped)} of its {self.facts.get('repeated_blocks')} {self.facts.get('block')} block(s)"
             )
+            if self.activations is not None and (counted := self.activations.observed()):
+                said += "; " + checkpointing.freed_said(counted)
+            out["checkpoint_segments"] = knob_effect(self.cfg.checkpoint_segments, wrapped, said)
         return out
 
     def _precision(self, where: str) -> dict[str, Any]:

@@ -46,6 +46,10 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
     assert seen["model_output_precision"] == "bf16" and seen["model_weights_channels_last"] is True
     assert seen["model_checkpointed_blocks"] == 2 and seen["model_replicated"] is False
     assert "2 of its 4 Block block(s)" in a["checkpoint_segments"]["why"]
+    # The activation memory it freed, counted at its first forward (at batch 32, inside the bf16 autocast).
+    freed = seen["model_activation_bytes"]
+    assert freed["freed"] > 0 and freed["held"] > 0, freed
+    assert "of the activations its first forward saved for backward freed" in a["checkpoint_segments"]["why"]
     assert a["script"]["model"] == {
         "model": "Net",
         "optimizers": 1,
