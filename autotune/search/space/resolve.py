@@ -399,8 +399,9 @@ def loaders_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, An
 
 def model_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]) -> tuple[SearchSpace, dict[str, str]]:
     """`space` with the knobs an unedited script's model cannot take fixed at the baseline's, from what trial
-    0 found of it (its record's `applied.script.model`, trial/loop/script/model.py): several optimizers (no one model),
-    no 4-D weights (channels_last), no repeated blocks (checkpoint_segments); and why, by knob."""
+    0 found of it (its record's `applied.script.model`, trial/loop/script/model.py): several optimizers (no one model,
+    nor one for the trial to replicate on several GPUs), no 4-D weights (channels_last), no repeated blocks
+    (checkpoint_segments); and why, by knob."""
     script = applied.get("script")
     facts = script.get("model") if isinstance(script, Mapping) else None
     if not isinstance(facts, Mapping):
@@ -408,6 +409,8 @@ def model_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]
     routed = {k for k in UNEDITED if k in space.searched() and k in facts.get("routed", ())}
     why: dict[str, str] = {}
     if int(facts.get("optimizers") or 0) > 1:
+        if facts.get("replicated_by_trial") and "gpus" in space.searched():
+            routed.add("gpus")  # the trial would replicate the model: none to replicate
         why = {
             k: f"the script builds {facts['optimizers']} optimizers: no one model is the one it trains" for k in routed
         }

@@ -128,6 +128,7 @@ class ModelSeams:
             "convolutions": len(channels_last.convolutions(model)),
             "repeated_blocks": len(blocks),
             "block": type(blocks[0]).__name__ if blocks else None,
+            "replicated_by_trial": not self.ranks.own_group,  # with gpus > 1: the trial's replicate, of this model
         }
         if self.as_written:
             self.handles.append(model.register_forward_hook(self._watch))

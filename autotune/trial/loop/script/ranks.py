@@ -40,7 +40,7 @@ class Ranks:
     script with its own process group)."""
 
     def __init__(self, machine: torch.device, rank: int, world: int, own_group: bool) -> None:
-        self.machine, self.rank, self.world = machine, rank, world
+        self.machine, self.rank, self.world, self.own_group = machine, rank, world, own_group
         self.active = world > 1 and not own_group
         self.backend: str | None = None
         self.model: str | None = None  # the class of the model replicated

@@ -56,6 +56,7 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
         "convolutions": 5,
         "repeated_blocks": 4,
         "block": "Block",
+        "replicated_by_trial": True,
         "routed": ["precision", "channels_last", "checkpoint_segments", "compile"],
     }
     log = (tmp_path / "trial" / "trial.log").read_text()
@@ -92,7 +93,9 @@ def test_two_optimizers_keep_the_model_knobs_with_the_reason(tmp_path: Path) -> 
     baseline = trial(tmp_path / "b", "--gan")
     space = load_space(DEFAULT_SPACE)
     kept, why = model_kept(space, cfg, baseline)
-    assert set(why) == {"precision", "channels_last", "checkpoint_segments", "compile"} & set(space.searched())
+    # gpus too: on several GPUs the trial would replicate the model, and there is no one model to replicate.
+    assert "gpus" in space.searched()
+    assert set(why) == {"precision", "channels_last", "checkpoint_segments", "compile", "gpus"} & set(space.searched())
     assert all("2 optimizers" in reason for reason in why.values())
 
 
