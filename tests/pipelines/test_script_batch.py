@@ -79,6 +79,36 @@ def test_a_script_without_a_dataloader_has_its_batch_searched_only_when_it_hands
     assert "batch_size" not in script.unsupported(scan(source), global_batch=32)
 
 
+def test_an_lr_that_reads_the_loader_s_batch_option_is_the_script_s_own_rule() -> None:
+    """lr = base * args.batch_size / 256: the trial gives --batch-size on the command line, so the script's own
+    arithmetic scales its lr already; its rule is the study's, and the trial divides it out (batch.py). A form
+    that is neither a product with the batch nor with its root keeps the batch fixed, with why."""
+    head = "import argparse, math, torch\nfrom torch.utils.data import DataLoader\np = argparse.ArgumentParser()\n"
+    head += "p.add_argument('--batch-size', type=int, default=16)\np.add_argument('--lr', type=float, default=0.1)\n"
+    head += "args = p.parse_args()\nloader = DataLoader([], batch_size=args.batch_size)\n"
+
+    def rule(lr: str, before: str = "") -> Any:
+        return scan(head + before + f"opt = torch.optim.AdamW([], lr={lr})\n").own_value("lr_batch_rule")
+
+    assert rule("args.lr * args.batch_size / 256") == "linear"
+    assert rule("lr", "base = args.lr / 256\nlr = base * args.batch_size\n") == "linear"  # through names
+    assert rule("args.lr * math.sqrt(args.batch_size / 256)") == "sqrt"
+    assert rule("args.lr * (args.batch_size / 256) ** 0.5") == "sqrt"
+    assert rule("args.lr") is None and rule("0.1") is None
+    assert rule("args.lr / args.batch_size") == script_source.OTHER_FORM  # inversely
+    assert rule("min(0.1, args.lr * args.batch_size)") == script_source.OTHER_FORM
+    linear = scan(head + "opt = torch.optim.AdamW([], lr=args.lr * args.batch_size / 256)\n")
+    assert script.lr_rule(linear) == (
+        "linear",
+        "the script's lr reads its --batch-size: it scales its lr with its batch itself, by the linear rule",
+    )
+    assert "batch_size" not in script.unsupported(linear)
+    other = scan(head + "opt = torch.optim.AdamW([], lr=min(0.1, args.lr * args.batch_size))\n")
+    why = script.unsupported(other)["batch_size"]
+    assert why.startswith("its lr reads --batch-size, which its DataLoader's batch_size is, in a form"), why
+    assert script.lr_rule(other)[0] == "sqrt"  # AdamW's: the batch is not searched anyway
+
+
 def test_the_lr_rule_follows_the_optimizer_the_script_constructs(tmp_path: Path) -> None:
     def rule(source: str) -> tuple[str, str]:
         return script.lr_rule(scan("import torch\n" + source))

@@ -155,7 +155,11 @@ def scan_script(path: str, args: list[str] | tuple[str, ...] = ()) -> Uses:
 
 
 def lr_rule(uses: Uses) -> tuple[str, str]:
-    """The lr rule for a changed global batch that fits the optimizer the script constructs, and why."""
+    """The lr rule for a changed global batch: the script's own where its lr reads the batch option its
+    DataLoader reads (it scales its lr itself), else the one that fits the optimizer it constructs; and why."""
+    if (own := option_lr_rule(uses)) is not None:
+        flag = uses.own_value("loader_batch_option")
+        return own, f"the script's lr reads its {flag}: it scales its lr with its batch itself, by the {own} rule"
     linear = [o for o in uses.optimizers if o in LINEAR_RULE]
     sqrt = [o for o in uses.optimizers if o in SQRT_RULE]
     if linear and not sqrt:
@@ -170,6 +174,13 @@ def lr_rule(uses: Uses) -> tuple[str, str]:
         )
     other = f"{', '.join(uses.optimizers)}, with no known rule" if uses.optimizers else "no optimizer autotune knows"
     return DEFAULT_RULE, f"the script's source constructs {other}: {DEFAULT_RULE}, the default (or give --lr-scaling)"
+
+
+def option_lr_rule(uses: Uses) -> str | None:
+    """The rule the script's own lr follows the batch option its DataLoader reads by ("linear", "sqrt"), where
+    the trial hands its batch over through that option; None where it reads no such option, or not so."""
+    rule = uses.own_value("lr_batch_rule")
+    return rule if through_loader(uses) and rule in ("linear", "sqrt") else None
 
 
 def rule_of(optimizer: str) -> str | None:
@@ -243,6 +254,17 @@ def unsupported(uses: Uses, global_batch: int | None = None, recorded: int | Non
         out["gpus"] = NO_SHARDING
     if isinstance(why := own_batch(uses, global_batch, recorded), str):
         out["batch_size"] = why
+    elif (
+        through_loader(uses)
+        and isinstance(form := uses.own_value("lr_batch_rule"), str)
+        and option_lr_rule(uses) is None
+    ):
+        flag = uses.own_value("loader_batch_option")
+        out["batch_size"] = (
+            f"its lr reads {flag}, which its DataLoader's batch_size is, {form}: a trial at another batch could not "
+            "tell its own lr from the study's rule (the two would scale it twice); write the lr as a product with "
+            "the batch or its square root (lr = base * args.batch_size / 256)"
+        )
     if fused := fusion.unroutable(uses.optimizers):
         out["optimizer_fusion"] = fused
     if not uses.dataloader:

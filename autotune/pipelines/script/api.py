@@ -71,6 +71,10 @@ class Trial:
     # script's command line, so every line that reads the option (a view(args.batch_size, ...)) sees the
     # batch its DataLoader builds with, as the diff writes it (the option's default).
     batch_option: str | None = None
+    # The factor the script's own arithmetic puts on its lr for (the batch given that option, its own batch),
+    # where its lr reads the option (lr = base * args.batch_size / 256): the trial divides it out; None: it
+    # does not read it.
+    option_lr_scale: Callable[[int, int], float] | None = None
     # The factor on the script's own lr for the global batch the trial runs, given the script's own
     # (micro-batch, accumulation); None: the lr is the script's.
     lr_scale: Callable[[int, int], float] | None = None
@@ -112,9 +116,18 @@ class Trial:
         return None if b is None else (int(b), int(self.defaults.get("accumulation", self.own_accumulation)))
 
     def lr_factor(self) -> float:
-        """The factor on the script's own lr for this trial's global batch (1: its own batch)."""
+        """The factor on the lr the script computes for this trial's global batch (1: its own batch): the
+        study's rule from its own global batch, over what its own arithmetic put on it (own_option_factor)."""
         own = self.own()
-        return 1.0 if own is None or self.lr_scale is None else self.lr_scale(*own)
+        return 1.0 if own is None or self.lr_scale is None else self.lr_scale(*own) / self.own_option_factor()
+
+    def own_option_factor(self) -> float:
+        """What the script's own lr arithmetic put on its lr for the batch the trial gives its batch option (its
+        lr reads the option: option_lr_scale); 1 where it reads none, or the option is not given."""
+        own = self.own()
+        if self.option_lr_scale is None or not self.option_words() or own is None or self.batch_size is None:
+            return 1.0
+        return self.option_lr_scale(self.batch_size, own[0])
 
     def tensor_device(self) -> Any:
         """Where the script's tensors live (a torch.device): the parameters of the model handed to

@@ -46,7 +46,8 @@ class Uses:
     dataloader: bool
     api: frozenset[str]
     optimizers: tuple[str, ...] = ()
-    # OWN's values, "lr", "loader_batch_size" (and the option it reads, "loader_batch_option") and "precision"
+    # OWN's values, "lr", "loader_batch_size" (and the option it reads, "loader_batch_option"; how the lr follows
+    # that option where it reads it, "lr_batch_rule": linear, sqrt or why neither) and "precision"
     own: tuple[tuple[str, float | str], ...] = ()
     seeded: bool = False  # it seeds torch itself (manual_seed, seed_everything, set_seed) or takes at.seed()
     process_group: bool = False  # it sets up its own process group (init_process_group, init_device_mesh)
@@ -100,12 +101,14 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
         if callee in LINEAR_RULE | SQRT_RULE | OTHER_OPTIMIZERS and callee not in optimizers:
             optimizers.append(callee)
     own: list[tuple[str, float | str]] = [(k, _own_default(tree, first[k], args)) for k in OWN if k in first]
-    if (lr := _own_lr(tree, first.get("lr"), optimizers, args)) is not None:
-        own.append(("lr", lr))
+    if (lr := _lr_node(tree, first.get("lr"), optimizers)) is not None:
+        own.append(("lr", _resolve(tree, lr, args, 0, float)))
     if (loader_batch := _loader_batch(tree, args)) is not None:
         own.append(("loader_batch_size", loader_batch))
-    if (flag := _loader_batch_option(tree)) is not None:
-        own.append(("loader_batch_option", flag))
+    if (option := _loader_batch_option(tree)) is not None:
+        own.append(("loader_batch_option", option[1]))
+        if lr is not None and (rule := _batch_rule(tree, lr, option[0])) is not None:
+            own.append(("lr_batch_rule", rule))
     if "autocast" in first:
         own.append(("precision", _own_precision(tree, first["autocast"], args)))
     return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api, process_group)
@@ -139,20 +142,60 @@ def _precision(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ..
     return f"{said!r} is not a precision, a name assigned once, or an argparse option's default in the source"
 
 
-def _own_lr(
-    tree: ast.Module, call: ast.Call | None, optimizers: list[str], args: list[str] | tuple[str, ...]
-) -> float | str | None:
-    """The script's own lr: at.lr()'s default, else the lr its optimizer's constructor is given."""
+def _lr_node(tree: ast.Module, call: ast.Call | None, optimizers: list[str]) -> ast.expr | None:
+    """The expression the script's own lr is: at.lr()'s default, else the lr its first optimizer's constructor
+    is given; None: neither is given one."""
     if call is not None:
-        arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
-        return None if arg is None else _resolve(tree, arg, args, 0, float)
+        return call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "default"), None)
     for node in ast.walk(tree):
         f = node.func if isinstance(node, ast.Call) else None
         callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
         if isinstance(node, ast.Call) and optimizers and callee == optimizers[0]:
-            arg = next((k.value for k in node.keywords if k.arg == "lr"), node.args[1] if len(node.args) > 1 else None)
-            return None if arg is None else _resolve(tree, arg, args, 0, float)
+            return next((k.value for k in node.keywords if k.arg == "lr"), node.args[1] if len(node.args) > 1 else None)
     return None
+
+
+# How an lr expression follows a batch it reads: lr = base * batch / 256 is linear in it, base * sqrt(batch) sqrt.
+OTHER_FORM = "in a form that is not a product with it or its square root"
+
+
+def _batch_rule(tree: ast.Module, node: ast.expr, dest: str, depth: int = 0) -> str | None:
+    """How `node` follows `<parsed args>.dest` (the batch option the DataLoader reads): "linear", "sqrt", why
+    neither (OTHER_FORM), or None where it does not read it (names followed where assigned once)."""
+    if not _reads(tree, node, dest, depth):
+        return None
+    if isinstance(node, ast.Attribute) and node.attr == dest:
+        return "linear"
+    if isinstance(node, ast.Name):
+        value = _assigned_once(tree, node.id)
+        return OTHER_FORM if value is None else _batch_rule(tree, value, dest, depth + 1)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+        left, right = (_batch_rule(tree, side, dest, depth) for side in (node.left, node.right))
+        if isinstance(node.op, ast.Div) and right is not None:
+            return OTHER_FORM  # inversely
+        return left if right is None else right if left is None else OTHER_FORM
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and _number(node.right, float) == 0.5:
+        return "sqrt" if _batch_rule(tree, node.left, dest, depth) == "linear" else OTHER_FORM
+    if isinstance(node, ast.Call) and len(node.args) == 1 and _api_name(node) in ("sqrt", "float"):
+        inner = _batch_rule(tree, node.args[0], dest, depth)
+        return inner if _api_name(node) == "float" else "sqrt" if inner == "linear" else OTHER_FORM
+    return OTHER_FORM
+
+
+def _reads(tree: ast.Module, node: ast.expr, dest: str, depth: int) -> bool:
+    """Whether `node` reads `<parsed args>.dest`, itself or through the names it reads (up to 5 deep)."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and n.attr == dest:
+            return True
+        if isinstance(n, ast.Name) and depth < 5:
+            values = [
+                a.value
+                for a in ast.walk(tree)
+                if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == n.id for t in a.targets)
+            ]
+            if any(_reads(tree, v, dest, depth + 1) for v in values):
+                return True
+    return False
 
 
 def _loader_batch(tree: ast.Module, args: list[str] | tuple[str, ...]) -> int | str | None:
@@ -169,15 +212,16 @@ def _loader_batch(tree: ast.Module, args: list[str] | tuple[str, ...]) -> int | 
     return None
 
 
-def _loader_batch_option(tree: ast.Module) -> str | None:
-    """The long flag of the argparse option the script's first DataLoader(...) takes its batch_size from
-    (`batch_size=args.batch_size` -> "--batch-size"), or None: a batch from anything else."""
+def _loader_batch_option(tree: ast.Module) -> tuple[str, str] | None:
+    """The dest and long flag of the argparse option the script's first DataLoader(...) takes its batch_size
+    from (`batch_size=args.batch_size` -> ("batch_size", "--batch-size")), or None: a batch from anything else."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _api_name(node) == "DataLoader":
             arg = next((k.value for k in node.keywords if k.arg == "batch_size"), None)
             if arg is None and len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
                 arg = node.args[1]
-            return _option_flag(tree, arg.attr) if isinstance(arg, ast.Attribute) else None
+            flag = _option_flag(tree, arg.attr) if isinstance(arg, ast.Attribute) else None
+            return None if flag is None or not isinstance(arg, ast.Attribute) else (arg.attr, flag)
     return None
 
 

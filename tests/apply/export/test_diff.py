@@ -270,6 +270,22 @@ def test_the_batch_of_an_unedited_script_is_written_where_its_dataloader_takes_i
     assert "DataLoader(data, batch_size=args.batch_size, shuffle=True, drop_last=True)" in after
 
 
+def test_an_lr_the_script_scales_with_its_batch_option_gets_no_factor_from_the_diff(tmp_path: Path) -> None:
+    """lr = 1e-3 * args.batch_size / 8: the diff sets --batch-size's default, and the script's own arithmetic
+    scales its lr for it, as in the trial; on 2 GPUs the per-rank batch is half the global batch, so the diff
+    puts the factor for the ranks on it (the linear rule: 2)."""
+    target = tmp_path / "train.py"
+    source = UNEDITED.read_text()
+    target.write_text(
+        source.replace("model.parameters(), lr=1e-3)", "model.parameters(), lr=1e-3 * args.batch_size / 8)")
+    )
+    diff = to_diff(_export(target, batch_size=32, lr_scaling="linear"), device="cpu", cwd=str(tmp_path))
+    assert not any("lr=" in line for line in _changed(diff)), diff
+    assert any("default=32" in line for line in _changed(diff)), diff
+    on_two = to_diff(_export(target, batch_size=16, gpus=2, lr_scaling="linear"), device="cpu", cwd=str(tmp_path))
+    assert any("lr=1e-3 * args.batch_size / 8 * 2)" in line for line in _changed(on_two)), on_two
+
+
 def test_a_study_without_sites_writes_the_batch_into_each_dataloader_built_with_the_script_s_own(
     tmp_path: Path,
 ) -> None:

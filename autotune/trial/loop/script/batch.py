@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.effects import Seen, knob_effect, lr_effect
-from autotune.pipelines.script import ScriptJob, api, rule_of
+from autotune.pipelines.script import ScriptJob, api, option_lr_rule, rule_of
 
 if TYPE_CHECKING:
     from autotune.trial.loop.script.seams import Seams
@@ -52,6 +52,9 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "through_loader": job.through_loader,
         "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else None,
         "lr_scale": scale,
+        "option_lr_scale": None
+        if (rule := option_lr_rule(job.uses)) is None
+        else lambda b, own: lr_factor(b / own, rule),
     }
 
 
@@ -179,7 +182,7 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
     rule: dict[str, Any] = {"rule": cfg.lr_scaling, "optimizer": stepped, "why": job.lr_rule_why}
     if cfg.lr_scaling != job.lr_rule:  # the user's --lr-scaling, over the rule read from the source
         rule["why"] = f"--lr-scaling {cfg.lr_scaling}, given (from the source: {job.lr_rule_why})"
-    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling):
+    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling) and not option_lr_rule(job.uses):
         rule["why"] += (
             f"; the optimizer that stepped is {stepped}, whose rule is {rule_of(stepped)}: "
             f"give --lr-scaling {rule_of(stepped)}"
@@ -188,6 +191,8 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
         before, after = own["lr"], got["lr"]
     else:
         before, after = (built["lr"], built["lr_set"]) if built else (None, None)
+    if (arithmetic := trial.own_option_factor()) != 1 and before is not None:
+        before /= arithmetic  # its own lr, at its own batch: what the study's rule scales from
     own_global = job.own[0] * job.own[1] if job.own else None
     planned = planned_global(cfg, int(own.get("accumulation", job.own[1] if job.own else 1)))
     ran = seams.final.get("global_batch")
@@ -196,6 +201,11 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
         lr_global = corrected["ran"] if corrected and "lr" not in got else planned
         out["lr"] = lr_effect(cfg.replace(batch_size=lr_global, gpus=1, global_batch=None), before, after, own_global)
         out["lr"]["rule"] = rule
+        if arithmetic != 1:
+            out["lr"]["why"] += (
+                f"; its own arithmetic gave {before * arithmetic:.4g} for {' '.join(trial.option_words())} (its lr "
+                f"reads the option: x{arithmetic:.4g}), which the trial's factor divides out"
+            )
         if corrected:
             out["lr"]["why"] += (
                 f"; planned for global batch {corrected['global_batch']}, the ranks ran {corrected['ran']}"

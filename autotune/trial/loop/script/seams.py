@@ -314,7 +314,7 @@ class Seams:
         planned, runs = planned_global(self.cfg, own[1]), consumed * world
         if world == 1 or runs == planned:  # one process runs the batch handed over
             return
-        factor = lr_factor(runs / (own[0] * own[1]), self.cfg.lr_scaling)
+        factor = lr_factor(runs / (own[0] * own[1]), self.cfg.lr_scaling) / self.trial.own_option_factor()
         if self.own_lr:  # at.lr() handed its lr already: said, not changed
             built["planned_for"] = {"global_batch": planned, "ran": runs, "rule_factor": factor}
             return

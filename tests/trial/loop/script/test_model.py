@@ -12,7 +12,7 @@ import pytest
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialUnsupported
 from autotune.core.settings import SearchSettings
-from autotune.pipelines import load_pipeline, script
+from autotune.pipelines import base_config, load_pipeline, script
 from autotune.search.space.machine import Hardware
 from autotune.search.space.resolve import model_kept, rebased, resolve
 from autotune.search.space.reading import load_space
@@ -69,6 +69,24 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
     assert a["script"]["samples_per_step"] == 32 and a["global_batch"]["in_effect"] == 32
     assert a["script"]["own"]["batch_size"] == 8
     assert a["lr"]["requested"] == pytest.approx(1e-3) and a["lr"]["in_effect"] == pytest.approx(2e-3)
+
+
+def test_an_lr_the_script_scales_with_its_batch_option_is_scaled_once(tmp_path: Path) -> None:
+    """lr = 1e-3 * args.batch_size / 8: at batch 32 the script's own arithmetic gives 4e-3 (--batch-size 32 is on
+    its command line), the linear rule it follows is the study's, and the trial scales it no further."""
+    path = tmp_path / "train.py"
+    source = SCRIPT.read_text()
+    scaled = source.replace("model.parameters(), lr=1e-3)", "model.parameters(), lr=1e-3 * args.batch_size / 8)")
+    assert scaled != source
+    path.write_text(scaled)
+    base = base_config(script.spec_of(str(path)), None, None, str(tmp_path))
+    assert base.lr_scaling == "linear"  # its own rule, not AdamW's sqrt
+    cfg = base.replace(batch_size=32, warmup_steps=1, timed_steps=3, window=1, num_threads=1)
+    r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    assert r.status == "ok", r.message
+    lr = r.applied["lr"]
+    assert lr["requested"] == pytest.approx(1e-3) and lr["in_effect"] == pytest.approx(4e-3), lr
+    assert "its own arithmetic gave 0.004 for --batch-size 32" in lr["why"], lr["why"]
 
 
 def test_the_baseline_is_watched_and_an_own_autocast_is_its_precision(tmp_path: Path) -> None:

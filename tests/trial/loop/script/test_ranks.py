@@ -68,6 +68,22 @@ def test_a_study_s_global_batch_is_divided_over_the_ranks(tmp_path: Path) -> Non
     assert a["batch_size"]["in_effect"] == 4 and a["lr"]["in_effect"] == pytest.approx(1e-3)
 
 
+def test_an_lr_the_script_scales_with_its_per_rank_batch_is_set_for_the_global_batch(tmp_path: Path) -> None:
+    """lr = 1e-3 * args.batch_size / 8 on 2 ranks of 16: the script's arithmetic sees its per-rank 16 (2e-3); the
+    2 ranks train 32 a step, so its own linear rule asks 4e-3, and the trial puts the missing x2 on it."""
+    path = tmp_path / "train.py"
+    source = (SCRIPTS / "unedited" / "train.py").read_text()
+    path.write_text(
+        source.replace("model.parameters(), lr=1e-3)", "model.parameters(), lr=1e-3 * args.batch_size / 8)")
+    )
+    base = base_config(script.spec_of(str(path)), None, None, str(tmp_path))
+    cfg = base.replace(gpus=2, batch_size=16, warmup_steps=1, timed_steps=3, window=1, num_threads=1)
+    r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    assert r.status == "ok", r.message
+    assert r.applied["global_batch"]["in_effect"] == 32
+    assert r.applied["lr"]["in_effect"] == pytest.approx(4e-3), r.applied["lr"]
+
+
 def test_a_training_loader_with_its_own_sampler_cannot_be_sharded(tmp_path: Path) -> None:
     """Every rank would train on the same batches: the trial stops with why (exit 5), never trains them."""
     path = tmp_path / "train.py"
