@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export import _strategy
 from autotune.apply.export._common import IN_SCRIPT
+from autotune.apply.export._source import Edit
 from autotune.core.config import LEADS, TrialConfig
 
 if TYPE_CHECKING:
@@ -253,17 +254,20 @@ def edit(rw: Rewrite) -> None:
     for call in rw.api("model"):
         if call.args:
             _model(rw, call)
-    for knob in sorted(k for k in rw.job.routed if k not in rw.skip):
-        if getattr(cfg, knob) != getattr(rw.base, knob):
-            rw.notes.append(f"{knob} {getattr(cfg, knob)}: {UNEDITED_HOW[knob]}; {UNEDITED_RUN}")
+    changed = [
+        k for k in UNEDITED_ORDER if k in rw.job.routed and k not in skip and getattr(cfg, k) != getattr(rw.base, k)
+    ]
+    written = _model_lines(rw, changed)
+    for knob in sorted(set(changed) - set(written)):
+        rw.notes.append(f"{knob} {getattr(cfg, knob)}: {UNEDITED_HOW[knob]}; {UNEDITED_RUN}")
     gpus = LEADS["processes"]  # the table's name: the knob is read from cfg, not spelled here
     if cfg.gpus > 1 and gpus not in skip and not rw.job.uses.process_group:
         run = UNEDITED_RUN.replace("`autotune run", f"`torchrun --nproc-per-node {cfg.gpus} -m autotune run")
         rw.notes.append(f"{gpus} {cfg.gpus}: {RANKS_HOW}; {run}")
 
 
-# A knob the trial applied to the model the script's optimizer trains (trial/loop/script/model.py): no line of the
-# script names that model for sure, so the diff does not write it; `autotune run` applies it as measured.
+# A knob the trial applied to the model the script's optimizer trains (trial/loop/script/model.py), where no line
+# of the script names that model for sure (_model_lines): the diff says it; `autotune run` applies it as measured.
 UNEDITED_RUN = "`autotune run --config best.yaml SCRIPT ARGS` applies it, with no edit, as the trials did"
 UNEDITED_HOW = {
     "precision": "autocast around the forward of the model the optimizer trains, its outputs back in fp32",
@@ -271,6 +275,108 @@ UNEDITED_HOW = {
     "checkpoint_segments": "torch.distributed._composable.checkpoint(block) on the model's first repeated blocks",
     "compile": "torch.compile of the forward of the model the optimizer trains, in place",
 }
+# The order the trial applies them in at the model's first call (trial/loop/script/model.py), the diff's too: its
+# forward pre-hooks then run in the same order (the inputs made channels_last before the autocast is entered).
+UNEDITED_ORDER = ("checkpoint_segments", "channels_last", "precision", "compile")
+# Plain torch for each, after the statement that builds the optimizer from MODEL.parameters() ({m}: that name).
+_MODEL_LINES = {
+    "checkpoint_segments": [
+        "from torch.distributed._composable import checkpoint as _checkpoint  # autotune: checkpoint_segments {k}",
+        "for _block in {blocks!r}:",
+        "    _checkpoint({m}.get_submodule(_block))",
+    ],
+    "channels_last": [
+        "{m}.to(memory_format=torch.channels_last)  # autotune: channels_last, its 4-D inputs too",
+        "{m}.register_forward_pre_hook(lambda _m, args: tuple(a.contiguous(memory_format=torch.channels_last) "
+        "if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args))",
+    ],
+    "precision": [
+        "def _autocast_in(module, args):  # autotune: precision {p}, autocast around {m}'s forward",
+        "    module._autotune_autocast = {autocast}",
+        "    module._autotune_autocast.__enter__()",
+        "def _autocast_out(module, args, output):  # its floating outputs back in fp32, for a loss outside it",
+        "    module._autotune_autocast.__exit__(None, None, None)",
+        "    low = (torch.bfloat16, torch.float16)",
+        "    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in low else t, output)",
+        "{m}.register_forward_pre_hook(_autocast_in)",
+        "{m}.register_forward_hook(_autocast_out)",
+    ],
+    "compile": ["{m}.forward = torch.compile({m}.forward, mode={mode!r})  # autotune: compile, its forward in place"],
+}
+# The calls that return the module they are called on, followed back to the class it was built as.
+_SAME_MODULE = frozenset({"to", "cuda", "cpu", "float", "train", "requires_grad_"})
+
+
+def _model_lines(rw: Rewrite, changed: list[str]) -> list[str]:
+    """The model knobs the best config changes, written as plain torch lines after the statement that builds
+    the stepped optimizer from `MODEL.parameters()`, where MODEL is assigned once an instance of the class
+    the trials found (Export.sites' model); the knobs written ([] where nothing names the model for sure:
+    the notes say those). fp16 is not written: it needs a GradScaler the script does not have."""
+    found = (rw.recorded or {}).get("model") or {}
+    knobs = [k for k in changed if not (k == "precision" and rw.cfg.precision == "fp16")]
+    optimizer = next((s.call for s in rw.sites("optimizers") or [] if s.used() and s.src is rw), None)
+    if not knobs or not found.get("class") or optimizer is None:
+        return []
+    params = (
+        optimizer.args[0] if optimizer.args else next((k.value for k in optimizer.keywords if k.arg == "params"), None)
+    )
+    if not (
+        isinstance(params, ast.Call)
+        and isinstance(params.func, ast.Attribute)
+        and params.func.attr == "parameters"
+        and isinstance(params.func.value, ast.Name)
+    ):
+        return []
+    name = params.func.value.id
+    assigned = [
+        n.value
+        for n in ast.walk(rw.tree)
+        if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [name]
+    ]
+    value = assigned[0] if len(assigned) == 1 else None
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _SAME_MODULE:
+        value = value.func.value
+    if not (isinstance(value, ast.Call) and rw.callee(value) == found["class"]):
+        return []
+    statement = _statement_of(rw.tree, optimizer)
+    if statement is None or statement.end_lineno is None:
+        return []
+    cfg = rw.cfg
+    autocast = (
+        f"torch.autocast({rw.device!r}, dtype={_DTYPE[cfg.precision]})"
+        if cfg.precision in _DTYPE
+        else f"torch.autocast({rw.device!r}, enabled=False)"  # fp32 measured inside the script's own AMP
+    )
+    fields = {
+        "m": name,
+        "k": cfg.checkpoint_segments,
+        "blocks": tuple(found.get("checkpointed") or ()),
+        "p": cfg.precision,
+        "autocast": autocast,
+        "mode": cfg.compile,
+    }
+    indent = " " * statement.col_offset
+    text = "".join(indent + line.format(**fields) + "\n" for k in knobs for line in _MODEL_LINES[k])
+    offset = rw.starts[statement.end_lineno]
+    if offset == len(rw.source) and not rw.source.endswith(b"\n"):
+        text = "\n" + text
+    rw.edits.append(Edit(offset, offset, text))
+    return knobs
+
+
+def _statement_of(tree: ast.Module, node: ast.AST) -> ast.stmt | None:
+    """The innermost statement that holds `node`."""
+    holder = None
+    for stmt in ast.walk(tree):
+        if isinstance(stmt, ast.stmt) and any(n is node for n in ast.walk(stmt)):
+            holder = stmt if holder is None or _within(stmt, holder) else holder
+    return holder
+
+
+def _within(inner: ast.stmt, outer: ast.stmt) -> bool:
+    return any(n is inner for n in ast.walk(outer))
+
+
 # gpus for a script that sets up no process group (trial/loop/script/ranks.py): no line of it can say that.
 RANKS_HOW = (
     "one process per GPU: the process group set up, the model replicated (DDP) and the training DataLoaders "

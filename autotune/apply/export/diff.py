@@ -19,7 +19,10 @@ positions, and in them only the knobs whose measured value differs from the scri
     whose knob stays as written are kept, so the script stays tunable for them. at.batch_size() and
     at.accumulation() keep their call and get the measured value as their default; the lr the trial
     scaled for a changed global batch is scaled in the source (at.lr()'s default, else the optimizer's
-    lr=) by the same factor.
+    lr=) by the same factor;
+  - an unedited script's model knobs (checkpointing, channels_last, precision, compile) as plain torch
+    lines after the statement that builds the stepped optimizer from MODEL.parameters(), where MODEL is
+    assigned once an instance of the class the trials found (_compute._model_lines).
 A knob that does nothing on the machine measured (pin_memory, cudnn_benchmark without CUDA: the search
 fixes them there, unsearched) is never written. A call given one **mapping gets the measured keywords
 merged over it (`**{**kw, 'num_workers': 2}`: added beside it, a keyword it holds would be passed twice).

@@ -7,12 +7,15 @@ the script's own flag keeps working. Each diff is applied with GNU patch, as the
 from __future__ import annotations
 
 import ast
+import runpy
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from autotune.apply.export.diff import to_diff
 from autotune.core.config import TrialConfig
@@ -327,3 +330,42 @@ def test_gpus_for_a_script_with_no_process_group_is_said_with_the_torchrun_comma
     ), notes
     assert "+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3 * 1.41421)" in _changed(diff), diff
     assert not any("DataLoader" in line for line in _changed(diff)), diff
+
+
+@needs_patch
+def test_the_model_knobs_of_an_unedited_script_are_written_as_plain_torch_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial of the unedited script at bf16, channels_last and 2 checkpointed blocks: the diff writes each as
+    torch lines after `optimizer = ...(model.parameters(), ...)`, where `model = Net()` is the class the trial
+    found; the patched script, run alone, runs them: its convolutions compute in bf16 on channels_last
+    weights, the first 2 blocks' run twice a step (recomputed in backward), and the model hands back fp32."""
+    target = tmp_path / "train.py"
+    shutil.copy(UNEDITED, target)
+    knobs = {"precision": "bf16", "channels_last": True, "checkpoint_segments": 2}
+    cfg = TrialConfig(pipeline=script.spec_of(str(target)), warmup_steps=1, timed_steps=2, window=1, **knobs)
+    e = Export.from_result(cfg, worker.run(cfg), environment={"device": "cpu"})
+    assert e.sites is not None and e.sites["model"] == {"class": "Net", "checkpointed": ["blocks.0", "blocks.1"]}
+    diff = to_diff(e, device="cpu", cwd=str(tmp_path))
+    assert not any(n.startswith(tuple(knobs)) for n in _notes(diff)), _notes(diff)
+    _apply(tmp_path, diff)
+    after = target.read_text()
+    assert (
+        "model.to(memory_format=torch.channels_last)" in after and "_checkpoint(model.get_submodule(_block))" in after
+    )
+    # Run alone, in this process: a global hook sees what each module ran.
+    convs: list[tuple[torch.dtype, bool]] = []
+
+    def watch(module: torch.nn.Module, args: Any, out: Any) -> None:
+        if isinstance(module, torch.nn.Conv2d):
+            convs.append((out.dtype, module.weight.is_contiguous(memory_format=torch.channels_last)))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(watch)
+    monkeypatch.setattr(sys, "argv", [str(target), "--steps", "1"])
+    try:
+        ran = runpy.run_path(str(target), run_name="__main__")
+    finally:
+        handle.remove()
+    assert convs and all(c == (torch.bfloat16, True) for c in convs), convs
+    assert len(convs) == 7  # the stem and 4 blocks forward, the 2 checkpointed blocks' again in backward
+    assert ran["model"](torch.randn(2, 3, 16, 16)).dtype == torch.float32  # handed back for the loss outside it

@@ -168,6 +168,13 @@ class ModelSeams:
             return {}
         return self.facts | {"routed": list(self.routed), **({"own_precision": self.seen} if self.seen else {})}
 
+    def site(self) -> dict[str, Any]:
+        """What the diff needs to write the model knobs as plain torch lines (apply/export/_compute.py): the
+        model's class, to find the variable that names it, and the blocks checkpointed; {} when none was found."""
+        if self.model is None:
+            return {}
+        return {"class": self.facts.get("model"), "checkpointed": checkpointing.wrapped(self.model)}
+
     def observed(self) -> dict[str, Any]:
         """What the model showed as it ran (`applied.observed`): its output's precision (inside the trial's
         autocast, else as the baseline ran it), whether its 4-D weights are channels_last, how many of its

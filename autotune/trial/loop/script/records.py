@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, as_written: bool) -> dict[str, Any]:
     """The trial's `applied` beyond the process set-up: each knob as the seams saw it in effect (the loaders,
-    the optimizer, the at.* calls, the model), the batch and lr that ran, the sites the diff edits, and
-    what the run showed (`observed`)."""
+    the optimizer, the at.* calls, the model), the batch and lr that ran, the sites the diff edits (the model
+    among them: its class and the blocks checkpointed), and what the run showed (`observed`)."""
     applied = unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
     extra = batch.batch_and_lr(cfg, seams, trial, job)
     applied["script"] |= extra.pop("script")
@@ -33,7 +33,7 @@ def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, a
     if model := seams.model.record():
         applied["script"]["model"] = model
     applied["observed"] = seams.final
-    applied["script"]["sites"] = seams.sites
+    applied["script"]["sites"] = seams.sites | ({"model": site} if (site := seams.model.site()) else {})
     if cfg.profile:
         applied["profile"] = knob_effect(True, False, "the script owns the loop: profile it with torch.profiler")
     return applied
