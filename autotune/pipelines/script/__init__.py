@@ -43,9 +43,9 @@ May import: autotune.core, autotune.pipelines (never torch at import).
 from __future__ import annotations
 
 import ast
-from math import prod
 import dataclasses
 import shlex
+from math import prod
 from pathlib import Path
 from collections.abc import Collection
 from typing import Any

@@ -178,15 +178,7 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
         out["batch_size"] = knob_effect(cfg.batch_size, got["batch_size"], why)
     accumulation = got.get("accumulation", own.get("accumulation", job.own[1] if job.own else 1))
     built = seams.constructed[0] if seams.constructed else None
-    stepped = seams.optimizers[0]["type"] if seams.optimizers else None
-    rule: dict[str, Any] = {"rule": cfg.lr_scaling, "optimizer": stepped, "why": job.lr_rule_why}
-    if cfg.lr_scaling != job.lr_rule:  # the user's --lr-scaling, over the rule read from the source
-        rule["why"] = f"--lr-scaling {cfg.lr_scaling}, given (from the source: {job.lr_rule_why})"
-    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling) and not option_lr_rule(job.uses):
-        rule["why"] += (
-            f"; the optimizer that stepped is {stepped}, whose rule is {rule_of(stepped)}: "
-            f"give --lr-scaling {rule_of(stepped)}"
-        )
+    rule = lr_rule_record(cfg, job, seams.optimizers[0]["type"] if seams.optimizers else None)
     if "lr" in got:
         before, after = own["lr"], got["lr"]
     else:
@@ -228,6 +220,20 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
         )
     out["script"] = {"accumulation": accumulation, "optimizers_built": seams.constructed}
     return out
+
+
+def lr_rule_record(cfg: TrialConfig, job: ScriptJob, stepped: str | None) -> dict[str, Any]:
+    """The lr rule the trial scaled by (the study's) and why, beside the optimizer that stepped: where that
+    optimizer's family follows another rule (and the script's own lr arithmetic sets none), what to give."""
+    rule: dict[str, Any] = {"rule": cfg.lr_scaling, "optimizer": stepped, "why": job.lr_rule_why}
+    if cfg.lr_scaling != job.lr_rule:  # the user's --lr-scaling, over the rule read from the source
+        rule["why"] = f"--lr-scaling {cfg.lr_scaling}, given (from the source: {job.lr_rule_why})"
+    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling) and not option_lr_rule(job.uses):
+        rule["why"] += (
+            f"; the optimizer that stepped is {stepped}, whose rule is {rule_of(stepped)}: "
+            f"give --lr-scaling {rule_of(stepped)}"
+        )
+    return rule
 
 
 def global_why(seams: Seams, planned: int | None, ran: int | None) -> str:
