@@ -11,6 +11,7 @@ from autotune.apply.export import _strategy
 from autotune.apply.export._common import IN_SCRIPT
 from autotune.apply.export._source import Edit
 from autotune.core.config import LEADS, TrialConfig
+from autotune.pipelines.script import source
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
@@ -328,12 +329,7 @@ def _model_lines(rw: Rewrite, changed: list[str]) -> list[str]:
     ):
         return []
     name = params.func.value.id
-    assigned = [
-        n.value
-        for n in ast.walk(rw.tree)
-        if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [name]
-    ]
-    value = assigned[0] if len(assigned) == 1 else None
+    value = source.assigned_once(rw.tree, name)
     while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _SAME_MODULE:
         value = value.func.value
     if not (isinstance(value, ast.Call) and rw.callee(value) == found["class"]):
@@ -366,15 +362,11 @@ def _model_lines(rw: Rewrite, changed: list[str]) -> list[str]:
 
 def _statement_of(tree: ast.Module, node: ast.AST) -> ast.stmt | None:
     """The innermost statement that holds `node`."""
-    holder = None
-    for stmt in ast.walk(tree):
-        if isinstance(stmt, ast.stmt) and any(n is node for n in ast.walk(stmt)):
-            holder = stmt if holder is None or _within(stmt, holder) else holder
-    return holder
-
-
-def _within(inner: ast.stmt, outer: ast.stmt) -> bool:
-    return any(n is inner for n in ast.walk(outer))
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    found: ast.AST | None = node
+    while found is not None and not isinstance(found, ast.stmt):
+        found = parents.get(found)
+    return found
 
 
 # gpus for a script that sets up no process group (trial/loop/script/ranks.py): no line of it can say that.

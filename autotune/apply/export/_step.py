@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig, lr_factor
-from autotune.pipelines.script import option_lr_rule, source
+from autotune.pipelines.script import option_lr_factor, source
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
@@ -232,8 +232,7 @@ def _lr(rw: Rewrite) -> None:
     accum = cfg.grad_accum if cfg.global_batch is not None else own[1]
     ran = cfg.batch_size * cfg.gpus * accum
     factor = lr_factor(ran / (own[0] * own[1]), cfg.lr_scaling)
-    if (rule := option_lr_rule(rw.job.uses)) is not None:  # its own lr arithmetic follows the option the diff sets
-        factor /= lr_factor(cfg.batch_size / own[0], rule)
+    factor /= option_lr_factor(rw.job.uses, cfg.batch_size, own[0])  # its own lr arithmetic follows the option set
     if math.isclose(factor, 1):
         return
     if any(site.get("own_schedule") for site in (rw.recorded or {}).get("optimizers", [])):

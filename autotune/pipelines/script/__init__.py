@@ -183,6 +183,13 @@ def option_lr_rule(uses: Uses) -> str | None:
     return rule if through_loader(uses) and rule in ("linear", "sqrt") else None
 
 
+def option_lr_factor(uses: Uses, batch: int, own_batch: int) -> float:
+    """What the script's own lr arithmetic puts on its lr when its batch option is given `batch` against its
+    own `own_batch` (option_lr_rule); 1 where its lr does not follow that option."""
+    rule = option_lr_rule(uses)
+    return 1.0 if rule is None else lr_factor(batch / own_batch, rule)
+
+
 def rule_of(optimizer: str) -> str | None:
     """The rule for one optimizer class, None when neither family's."""
     return "linear" if optimizer in LINEAR_RULE else "sqrt" if optimizer in SQRT_RULE else None

@@ -133,7 +133,7 @@ def _precision(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ..
         if node.attr in OWN_PRECISION and node.attr not in PRECISIONS:  # torch.bfloat16, not torch.bf16
             return OWN_PRECISION[node.attr]
     if isinstance(node, ast.Name) and depth < 5:
-        if (value := _assigned_once(tree, node.id)) is not None:
+        if (value := assigned_once(tree, node.id)) is not None:
             return _precision(tree, value, args, depth + 1)
     if isinstance(node, ast.Attribute):
         word = _argparse_default(tree, node.attr, args, str)  # the option's value, or why it has none
@@ -167,7 +167,7 @@ def _batch_rule(tree: ast.Module, node: ast.expr, dest: str, depth: int = 0) -> 
     if isinstance(node, ast.Attribute) and node.attr == dest:
         return "linear"
     if isinstance(node, ast.Name):
-        value = _assigned_once(tree, node.id)
+        value = assigned_once(tree, node.id)
         return OTHER_FORM if value is None else _batch_rule(tree, value, dest, depth + 1)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
         left, right = (_batch_rule(tree, side, dest, depth) for side in (node.left, node.right))
@@ -187,14 +187,12 @@ def _reads(tree: ast.Module, node: ast.expr, dest: str, depth: int) -> bool:
     for n in ast.walk(node):
         if isinstance(n, ast.Attribute) and n.attr == dest:
             return True
-        if isinstance(n, ast.Name) and depth < 5:
-            values = [
-                a.value
-                for a in ast.walk(tree)
-                if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == n.id for t in a.targets)
-            ]
-            if any(_reads(tree, v, dest, depth + 1) for v in values):
-                return True
+        if (
+            isinstance(n, ast.Name)
+            and depth < 5
+            and any(_reads(tree, v, dest, depth + 1) for v in _assigned(tree, n.id))
+        ):
+            return True
     return False
 
 
@@ -268,14 +266,19 @@ def _number(node: ast.expr | None, kind: type) -> Any:
     return None
 
 
-def _assigned_once(tree: ast.Module, name: str) -> ast.expr | None:
-    """The value `name` is assigned, where the source assigns it exactly once (else None: which one runs
-    depends on the run)."""
-    values = [
+def _assigned(tree: ast.Module, name: str) -> list[ast.expr]:
+    """Every value the source assigns to the plain name `name`."""
+    return [
         n.value
         for n in ast.walk(tree)
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
     ]
+
+
+def assigned_once(tree: ast.Module, name: str) -> ast.expr | None:
+    """The value `name` is assigned, where the source assigns it exactly once (else None: which one runs
+    depends on the run)."""
+    values = _assigned(tree, name)
     return values[0] if len(values) == 1 else None
 
 
@@ -286,7 +289,7 @@ def _resolve(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...]
     if (value := _number(node, kind)) is not None:
         return value
     if isinstance(node, ast.Name) and depth < 5:
-        if (value := _assigned_once(tree, node.id)) is not None:
+        if (value := assigned_once(tree, node.id)) is not None:
             return _resolve(tree, value, args, depth + 1, kind)
     if isinstance(node, ast.Attribute):
         got = _argparse_default(tree, node.attr, args, kind)

@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.effects import Seen, knob_effect, lr_effect
-from autotune.pipelines.script import ScriptJob, api, option_lr_rule, rule_of
+from autotune.pipelines.script import ScriptJob, api, option_lr_factor, option_lr_rule, rule_of
 
 if TYPE_CHECKING:
     from autotune.trial.loop.script.seams import Seams
@@ -53,8 +53,8 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else None,
         "lr_scale": scale,
         "option_lr_scale": None
-        if (rule := option_lr_rule(job.uses)) is None
-        else lambda b, own: lr_factor(b / own, rule),
+        if option_lr_rule(job.uses) is None
+        else lambda b, own: option_lr_factor(job.uses, b, own),
     }
 
 
