@@ -17,6 +17,9 @@ PARALLELS = ("ddp", "fsdp")
 FSDP_DTYPES = ("fp32", "bf16")
 
 LR_RULES = ("sqrt", "linear", "none")
+# What a script's run shows of it (TrialConfig.shown): how many DataLoaders it built (anywhere), the classes of
+# the optimizers that stepped, whether a process group existed when its model first ran (its own).
+SHOWN = ("loaders", "optimizers", "own_group")
 # The baseline's global batch (batch_size 8 on one process): the batch `lr` is meant for when the
 # study fixes none (--global-batch), so a config with another global batch trains with a scaled lr.
 REFERENCE_BATCH = 8
@@ -126,6 +129,10 @@ class TrialConfig:
     # The knobs the user trains with today (--baseline), as sorted (knob, value) pairs so the config stays
     # hashable; None: plain PyTorch. Every speedup and training-math label is measured against it.
     baseline: tuple[tuple[str, Any], ...] | None = None
+    # What trial 0's run of a script showed of it, wherever in the script or its libraries it happened (sorted
+    # (fact, value) pairs, as `baseline`; SHOWN names the facts): the script's knobs and their reasons follow
+    # it over its source's first guess. None: no run has shown anything yet (the source decides).
+    shown: tuple[tuple[str, Any], ...] | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -141,6 +148,16 @@ class TrialConfig:
             unknown = sorted(map(str, set(pairs) - set(KNOBS)))  # type: ignore[arg-type]
             need(not unknown, f"baseline: unknown knob(s) {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
             object.__setattr__(self, "baseline", tuple(sorted(pairs.items())))  # type: ignore[union-attr]
+        if self.shown is not None:
+            try:
+                facts = dict(self.shown) if isinstance(self.shown, (Mapping, list, tuple)) else None
+            except (TypeError, ValueError):
+                facts = None
+            need(facts is not None and set(facts) <= set(SHOWN), f"shown must be a mapping of {', '.join(SHOWN)}")
+            assert facts is not None
+            # YAML and JSON hand a sequence back as a list: a tuple, so the config stays hashable
+            facts = {k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()}
+            object.__setattr__(self, "shown", tuple(sorted(facts.items())))
         for k, allowed in CHOICES.items():
             v = getattr(self, k)
             need(v in allowed, f"{k} must be one of {'|'.join(allowed)}, got {v!r}")
@@ -251,6 +268,7 @@ class TrialConfig:
     def workload(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in WORKLOAD}
         out["baseline"] = dict(self.baseline) if self.baseline is not None else None  # a mapping in YAML
+        out["shown"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.shown} if self.shown else None
         return out
 
     def to_dict(self) -> dict[str, Any]:

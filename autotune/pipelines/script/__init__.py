@@ -47,7 +47,7 @@ import dataclasses
 import shlex
 from math import prod
 from pathlib import Path
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from autotune.core.config import LEADS, PRECISIONS, TrialConfig, dependents, lr_factor
@@ -99,6 +99,9 @@ OWN_STRATEGY = {
     k: "the script sets up its own process group and wraps its own model: how it replicates or shards is its own"
     for k in (LEADS["fsdp"], *dependents("fsdp"))
 }
+# Why the loader knobs stay out: before trial 0, a guess from the source, which the run's record replaces.
+NO_LOADER = "the script builds no torch DataLoader (none in its source; trial 0's run shows one built anywhere)"
+NO_LOADER_RAN = "the script builds no torch DataLoader (its run built none)"
 NO_SCALER = "fp16 needs loss scaling: hand your GradScaler over with at.scaler() (autotune.script)"
 
 
@@ -154,6 +157,23 @@ def scan_script(path: str, args: list[str] | tuple[str, ...] = ()) -> Uses:
     )
 
 
+def as_shown(uses: Uses, shown: Mapping[str, Any] | None) -> Uses:
+    """The source's reading with what a run showed in its place (TrialConfig.shown, trial 0's record): the
+    DataLoaders it built wherever it built them (a library's factory, a subclass), the optimizers that
+    stepped, whether a process group existed when its model first ran. The source stays the first guess,
+    and the diff's map of where to edit."""
+    if not shown:
+        return uses
+    changes: dict[str, Any] = {}
+    if isinstance(loaders := shown.get("loaders"), int):
+        changes["dataloader"] = loaders > 0
+    if isinstance(stepped := shown.get("optimizers"), (tuple, list)) and stepped:
+        changes["optimizers"] = tuple(str(o) for o in stepped)
+    if isinstance(own_group := shown.get("own_group"), bool):
+        changes["process_group"] = own_group
+    return dataclasses.replace(uses, **changes)
+
+
 def lr_rule(uses: Uses) -> tuple[str, str]:
     """The lr rule for a changed global batch: the script's own where its lr reads the batch option its
     DataLoader reads (it scales its lr itself), else the one that fits the optimizer it constructs; and why."""
@@ -173,7 +193,7 @@ def lr_rule(uses: Uses) -> tuple[str, str]:
             "(give --lr-scaling for the one it runs)"
         )
     other = f"{', '.join(uses.optimizers)}, with no known rule" if uses.optimizers else "no optimizer autotune knows"
-    return DEFAULT_RULE, f"the script's source constructs {other}: {DEFAULT_RULE}, the default (or give --lr-scaling)"
+    return DEFAULT_RULE, f"the script's optimizer is {other}: {DEFAULT_RULE}, the default (or give --lr-scaling)"
 
 
 def option_lr_rule(uses: Uses) -> str | None:
@@ -254,8 +274,11 @@ def not_checkable(cfg: TrialConfig) -> str | None:
     return None if kind_of(cfg.pipeline).loop != "script" or load(cfg).uses.seeded else NOT_REPRODUCIBLE
 
 
-def unsupported(uses: Uses, global_batch: int | None = None, recorded: int | None = None) -> dict[str, str]:
-    """Knob -> why the script cannot take it, from what its source routes (recorded: own_batch's)."""
+def unsupported(
+    uses: Uses, global_batch: int | None = None, recorded: int | None = None, ran: bool = False
+) -> dict[str, str]:
+    """Knob -> why the script cannot take it, from what its source routes (recorded: own_batch's), and what
+    its run showed where one has (`ran`: as_shown's)."""
     out = dict(OWN_STRATEGY if uses.process_group else NO_GROUP)
     if not uses.process_group and not uses.dataloader:
         out["gpus"] = NO_SHARDING
@@ -275,7 +298,7 @@ def unsupported(uses: Uses, global_batch: int | None = None, recorded: int | Non
     if fused := fusion.unroutable(uses.optimizers):
         out["optimizer_fusion"] = fused
     if not uses.dataloader:
-        out |= {k: "the script builds no torch DataLoader (none in its source)" for k in LOADER_KNOBS}
+        out |= {k: NO_LOADER_RAN if ran else NO_LOADER for k in LOADER_KNOBS}
     for knob, call in COOPERATIVE.items():
         if call not in uses.api and knob not in UNEDITED:
             out[knob] = f"the script never calls at.{call}() ({API_MODULE})"
@@ -316,11 +339,13 @@ class ScriptJob(OwnLoopJob):
         global_batch: int | None = None,
         recorded: int | None = None,
         recorded_accumulation: int = 1,
+        ran: bool = False,
     ) -> None:
         """recorded: the study's baseline batch_size, the script's own where its source cannot say which
         (trial 0 reported the value at.batch_size() was handed, or --baseline gave it); recorded_accumulation:
-        the micro-batches per step trial 0 saw it accumulate, where no at.accumulation() default says."""
-        super().__init__(spec, unsupported(uses, global_batch, recorded))
+        the micro-batches per step trial 0 saw it accumulate, where no at.accumulation() default says; ran:
+        `uses` holds what a run showed (as_shown), not only the source's guess."""
+        super().__init__(spec, unsupported(uses, global_batch, recorded, ran))
         self.unsupported = Unsupported(self.unsupported.why, refused_values(uses))
         self.path, self.args, self.uses = path, list(args), uses
         # What the model seams apply (trial/loop/script/model.py): the knobs it takes that no at.* call routes.
@@ -338,6 +363,16 @@ class ScriptJob(OwnLoopJob):
             accum = uses.own_value("accumulation")
             self.own = (batch, accum if isinstance(accum, int) else recorded_accumulation)
         self.lr_rule, self.lr_rule_why = lr_rule(uses)
+        # What only the source's guess keeps out, before any run has shown the script: a trial given one of
+        # these lets its run decide (the loader seams apply to any DataLoader built; ranks.py refuses gpus
+        # with nothing to shard), where a study drops them until trial 0 shows otherwise.
+        guesses = () if ran else (NO_LOADER, NO_SHARDING)
+        self.guessed = frozenset(k for k, why in self.unsupported.why.items() if why in guesses)
+
+    def refused(self) -> Unsupported:
+        """What a trial refuses up front (exit 5): the unsupported knobs, less those its run decides (guessed)."""
+        keep = {k: why for k, why in self.unsupported.why.items() if k not in self.guessed}
+        return Unsupported(keep, self.unsupported.values)
 
     def own_baseline(self, global_batch: int | None = None) -> dict[str, Any]:
         """The script run as written: the batch it hands to at.batch_size(), where it hands one over (its
@@ -374,7 +409,7 @@ def load(cfg: TrialConfig) -> ScriptJob:
     if not Path(path).is_absolute():
         path = str(Path(path).resolve())
     recorded = dict(cfg.baseline or ()).get("batch_size")
-    uses = scan_script(path, args)
+    uses = as_shown(scan_script(path, args), dict(cfg.shown or ()))
     return ScriptJob(
         cfg.pipeline,
         path,
@@ -383,6 +418,7 @@ def load(cfg: TrialConfig) -> ScriptJob:
         cfg.global_batch,
         recorded if isinstance(recorded, int) else None,
         cfg.own_accumulation,
+        bool(cfg.shown),
     )
 
 

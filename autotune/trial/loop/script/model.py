@@ -89,7 +89,7 @@ class ModelSeams:
     def __init__(self, cfg: TrialConfig, routed: Collection[str], as_written: bool, ranks: Ranks | None = None) -> None:
         self.cfg, self.routed, self.as_written = cfg, tuple(k for k in KNOBS if k in routed), as_written
         # gpus for a script with no process group of its own: the model replicated (one process: nothing to do)
-        self.ranks = ranks or Ranks(torch.device("cpu"), 0, 1, own_group=False)
+        self.ranks = ranks or Ranks(torch.device("cpu"), 0, 1)
         self.finder = ModelFinder(self.found)
         self.handles: list[Any] = []
         self.autocast: precision.Autocast | None = None
@@ -103,7 +103,7 @@ class ModelSeams:
         return self.finder.model
 
     def arm(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.routed or self.ranks.active:
+        if self.routed or self.ranks.world > 1:
             self.finder.arm(optimizer)
 
     def close(self) -> None:
@@ -121,6 +121,7 @@ class ModelSeams:
 
     def found(self, model: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's first call: what it is, then each knob applied to it, checkpointing first."""
+        self.ranks.decide()
         blocks = checkpointing.blocks(model)
         self.facts = {
             "model": type(model).__name__,

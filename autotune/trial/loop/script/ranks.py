@@ -1,10 +1,14 @@
 """gpus for a script that sets up no process group of its own: under torchrun, one process per GPU, the trial
-sets the group up before the script runs, makes the model its optimizer trains data-parallel in place (torch's
+sets the group up where the run shows none (no group exists when the script builds its first DataLoader, first
+calls the model its optimizer trains, or first steps, whatever its source contains: a call under a flag it was
+not given sets up nothing), makes the model its optimizer trains data-parallel in place (torch's
 composable `replicate`: DDP, with the module's own names and class kept, so its state_dict is the script's),
 hands each training DataLoader a DistributedSampler (its epoch set at each pass, its seed drawn from the
 script's own RNG and agreed on by rank 0, so the order follows the script's seeding and the ranks' shards are
 disjoint), and keeps ranks other than 0 quiet: they print nothing and skip torch.save, so the script's
-checkpoint is written once. A script that sets up its own process group keeps it (none of this runs).
+checkpoint is written once. A script whose group exists by then keeps it (none of this runs); one that sets it
+up later, over the trial's, is refused with why, as is a group of another size than the ranks torchrun started:
+a rank count that was not realised never counts as a run on that many GPUs.
 
 A rank that cannot shard what it trains on (a DataLoader with its own sampler, an IterableDataset, no model
 found before the first step) would train every rank on the same batches: the trial stops with why (exit 5).
@@ -36,22 +40,49 @@ QUIET = "ranks other than 0 print nothing and skip torch.save: the script's file
 
 
 class Ranks:
-    """One rank of a script run on several processes by the trial (`active`), or nothing to do (world 1, or a
-    script with its own process group)."""
+    """One rank of a script run on several processes: by the trial (`active`, once `decide` has found no
+    process group), by the script's own group (`own_group`), or nothing to do (world 1)."""
 
-    def __init__(self, machine: torch.device, rank: int, world: int, own_group: bool) -> None:
-        self.machine, self.rank, self.world, self.own_group = machine, rank, world, own_group
-        self.active = world > 1 and not own_group
+    def __init__(self, machine: torch.device, rank: int, world: int) -> None:
+        self.machine, self.rank, self.world = machine, rank, world
+        self.decided = False
+        self.own_group = False  # a process group existed when the run first needed one: the script's
+        self.active = False
         self.backend: str | None = None
         self.model: str | None = None  # the class of the model replicated
         self.sharded = 0
         self.unsharded: list[str] = []  # why a training loader the script built keeps its own order
         self.saves = {"written": 0, "skipped": 0}
+        self.group_seen = False  # a process group existed at the first step (the model has run by then)
+        self._restore: list[Any] = []  # what quiet() put in place for the trial's ranks, undone at its end
 
-    def setup(self) -> None:
-        if self.active and not dist.is_initialized():
+    def decide(self) -> None:
+        """Once, at the first DataLoader, model call or step: a process group that exists now is the script's
+        own; where none does and torchrun started several ranks, the trial sets one up and runs them."""
+        if self.decided:
+            return
+        self.decided = True
+        self.own_group = dist.is_available() and dist.is_initialized()
+        self.active = self.world > 1 and not self.own_group
+        if self.active:
             self.backend = knobs.ddp_backend(self.machine)
             dist.init_process_group(self.backend)
+            self._quiet()
+
+    def group_call(self, original: Any) -> Any:
+        """torch.distributed.init_process_group while the script runs: a group set up after the trial set up
+        its own (the script built its loader or called its model first) is refused with why."""
+        ranks = self
+
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            if ranks.active:
+                raise TrialUnsupported(
+                    f"gpus {ranks.world}: the script set up its process group after it built its DataLoader or "
+                    "called its model, where the trial had set up its own: set it up first"
+                )
+            return original(*args, **kwargs)
+
+        return init_process_group
 
     def teardown(self) -> None:
         """The group the trial set up, taken down once every rank is done with it (`autotune run`: a trial's
@@ -65,6 +96,7 @@ class Ranks:
         """The model made data-parallel in place at its first call: its parameters broadcast from rank 0, its
         gradients averaged over the ranks in backward. replicate's pre-hook is added while this call's pre-hooks
         already run, so it is called here for this call (its forward hook is read after the forward: it runs)."""
+        self.decide()
         if not self.active:
             return args
         self.model = type(model).__name__
@@ -99,6 +131,7 @@ class Ranks:
 
     def unshardable(self, where: str) -> None:
         """A training loader the trial cannot shard (an IterableDataset): said, and refused at the first step."""
+        self.decide()
         if self.active:
             self.unsharded.append(f"the DataLoader at {where} loads an IterableDataset")
 
@@ -114,7 +147,13 @@ class Ranks:
 
     def check(self) -> None:
         """Before the first optimizer step: every rank trains a replicated model on its own shard, or the trial
-        stops with why."""
+        stops with why; a group the script set up has the ranks torchrun started."""
+        self.decide()
+        self.group_seen = dist.is_available() and dist.is_initialized()
+        if self.own_group and self.world > 1 and (size := dist.get_world_size()) != self.world:
+            raise TrialUnsupported(
+                f"gpus {self.world}: the script's own process group has {size} rank(s), not the {self.world} started"
+            )
         if not self.active:
             return
         if self.model is None:
@@ -132,10 +171,16 @@ class Ranks:
     # ---- what other ranks write ---------------------------------------------------------------
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
-        """Ranks other than 0 print nothing and skip torch.save while the script runs; rank 0 counts its saves."""
-        if not self.active:
+        """While the script runs: once the trial runs the ranks (decide), ranks other than 0 print nothing and
+        skip torch.save, and rank 0 counts its saves; all as it was afterwards."""
+        try:
             yield
-            return
+        finally:
+            for owner, name, value in reversed(self._restore):
+                setattr(owner, name, value)
+            self._restore = []
+
+    def _quiet(self) -> None:
         original = torch.save
 
         def save(*args: Any, **kwargs: Any) -> None:
@@ -145,15 +190,14 @@ class Ranks:
             else:
                 self.saves["skipped"] += 1
 
-        stdout = sys.stdout
+        self._restore = [(torch, "save", original), (sys, "stdout", sys.stdout)]
         torch.save = save
-        with open(os.devnull, "w") as devnull:
-            if self.rank != 0:
-                sys.stdout = devnull
-            try:
-                yield
-            finally:
-                sys.stdout, torch.save = stdout, original
+        if self.rank != 0:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (closed with the process)
+
+    def process_group(self) -> str | None:
+        """Whose process group the run had: "own" (the script's), "trial" (the trial's), None (none)."""
+        return "trial" if self.active else "own" if self.group_seen or self.own_group else None
 
     def record(self) -> dict[str, Any] | None:
         """What the trial did to run the script on several ranks, with each rank's saves (gathered: a

@@ -26,7 +26,8 @@ def what_ran(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob, a
     """The trial's `applied` beyond the process set-up: each knob as the seams saw it in effect (the loaders,
     the optimizer, the at.* calls, the model), the batch and lr that ran, the sites the diff edits (the model
     among them: its class and the blocks checkpointed), and what the run showed (`observed`)."""
-    applied = unsupported_effects(cfg, job.unsupported) | observed(cfg, seams, trial, as_written, job.unsupported)
+    refused = job.refused()  # the knobs the run decides (a guess from the source) are recorded as they ran
+    applied = unsupported_effects(cfg, refused) | observed(cfg, seams, trial, as_written, refused)
     extra = batch.batch_and_lr(cfg, seams, trial, job)
     applied["script"] |= extra.pop("script")
     applied |= extra | seams.model.effects()
@@ -70,6 +71,7 @@ def script_record(seams: Seams, trial: api.Trial) -> dict[str, Any]:
         "samples_per_step": seams.clock.samples_per_step if seams.clock is not None else None,
         "device": seen.get("device"),
         "world_size": seen.get("world_size"),
+        "process_group": seams.ranks.process_group(),  # whose: "own", "trial", None (what trial 0 teaches)
         "global_batch": seen.get("global_batch"),
         "batches_per_step": batch.per_step(seams.step_batches) or None,
         "own": batch.own_as_run(trial, seams.step_samples, seams.step_batches),

@@ -76,15 +76,14 @@ def _run(
     applied: dict[str, Any] = knobs.setup_process(cfg, machine)
     job = load_pipeline(cfg)
     assert isinstance(job, ScriptJob)
-    refuse_unsupported(cfg, job.unsupported)
+    refuse_unsupported(cfg, job.refused())
     as_written = is_as_written(cfg)
     trial = trial_of(cfg, job, machine, as_written)
 
     def clock_for(device: torch.device) -> Clock:
         return Clock(cfg, device, rank, world, progress, launched)
 
-    ranks = Ranks(machine, rank, world, own_group=job.uses.process_group)
-    ranks.setup()  # a script with no process group of its own, on several ranks: the trial's (worker tears it down)
+    ranks = Ranks(machine, rank, world)  # whose process group is decided as the script runs (ranks.py)
     own_lr = "lr" in job.uses.api
     seams = Seams(cfg, clock_for, as_written, trial, own_lr, machine, measured, job.routed, whole, ranks)
     finished, code = execute(job, seams, whole=whole)

@@ -69,7 +69,7 @@ class Seams:
         self.whole = whole
         self.machine = machine or torch.device("cpu")
         # gpus for a script with no process group of its own: the trial's ranks (trial/loop/script/ranks.py).
-        self.ranks = ranks or Ranks(self.machine, 0, 1, own_group=False)
+        self.ranks = ranks or Ranks(self.machine, 0, 1)
         # The knobs applied to the model the optimizer trains, with no at.* call (trial/loop/script/model.py).
         self.model = ModelSeams(cfg, routed, as_written, self.ranks)
         self.clock: Clock | None = None
@@ -148,6 +148,7 @@ class Seams:
         seams = self
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            seams.ranks.decide()  # whose process group: the script's, if it exists by its first loader
             bound = signature.bind(loader, *args, **kwargs)
             own = {k: bound.arguments.get(k, signature.parameters[k].default) for k in ("batch_size", *LOADER_KNOBS)}
             if seams.trial.option_words() and own["batch_size"] == seams.trial.batch_size:
@@ -450,6 +451,8 @@ def installed(seams: Seams) -> Iterator[None]:
         (torch.amp.GradScaler, "step", seams.scaler_call(torch.amp.GradScaler.step)),
     ]
     patches += [(module, "manual_seed", seams.seed_call(torch.random.manual_seed)) for module in (torch, torch.random)]
+    if dist.is_available():
+        patches.append((dist, "init_process_group", seams.ranks.group_call(dist.init_process_group)))
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     for owner, name, new in patches:
         setattr(owner, name, new)
