@@ -8,7 +8,9 @@ config's batch, precision, lr, model), and no edit to the script: what runs is w
 the knobs a diff cannot write (an optimizer built in another module, a value computed at run time). The
 loader knobs go where the exported trial iterated a DataLoader (best.yaml's `sites:`), as the diff writes
 them: a validation loader no trial measured keeps the script's own arguments. The trial's window is measured on the way, and the `applied` record a trial writes (each knob's requested
-value beside the one in effect) is written to a JSON file, so the run can be checked against the trial.
+value beside the one in effect) is written to a JSON file, so the run can be checked against the trial;
+after Ctrl-C too, with what ran so far (exit 130). A run is no trial: it says first what it applies from
+best.yaml (the knobs that are not the script's own), its figure in the study's unit, and no trial's warm-up.
 
 A config on several GPUs runs under torchrun, one process per rank, as the study's trials did:
 `torchrun --nproc-per-node N -m autotune run --config best.yaml train.py ARGS`; rank 0 writes the file.
@@ -25,11 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.configfile import load_config, load_sites
-from autotune.core.errors import ConfigError
+from autotune.core.errors import ConfigError, ExitCode
 from autotune.core.files import write_json_atomic
 from autotune.pipelines import kind_of, script
+from autotune.trial.loop.worker import unit_said
 
 Say = Callable[[str], None]
 
@@ -81,14 +84,39 @@ def measured_loaders(config: str | os.PathLike[str]) -> frozenset[tuple[str, int
     return frozenset((str(s.get("file")), int(s.get("line") or 0)) for s in loaders if s.get("iterated"))
 
 
-def run(cfg: TrialConfig, out: Path, say: Say, measured: frozenset[tuple[str, int]] | None = None) -> int:
+def applying(cfg: TrialConfig, source: str) -> str:
+    """What a run applies from `source` (best.yaml), knob by knob in the knob table's order: the knobs whose
+    value is not the script's own (the study's baseline); a run applies nothing else."""
+    own = baseline_of(cfg).knobs()
+    changed = [f"{k} {_as_yaml(v)}" for k, v in cfg.knobs().items() if v != own[k]]
+    if not changed:
+        return f"applying nothing from {source}: its config is the script's own, which runs as `python` runs it"
+    return f"applying from {source}: {', '.join(changed)} (the rest as the script runs)"
+
+
+def _as_yaml(value: Any) -> str:
+    """A knob's value as best.yaml spells it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def run(
+    cfg: TrialConfig,
+    out: Path,
+    say: Say,
+    measured: frozenset[tuple[str, int]] | None = None,
+    source: str = "best.yaml",
+) -> int:
     """Train `cfg`'s script to its end with `cfg` applied through the trial's seams (the loader knobs at the
-    `measured` DataLoaders only); what was applied, and the trial's window measured on the way, written to
-    `out` (rank 0). Returns the script's exit code."""
+    `measured` DataLoaders only), said first (`source`: the file it came from); what was applied, and the
+    trial's window measured on the way, written to `out` (rank 0), after Ctrl-C too (what ran so far, exit
+    130). Returns the script's exit code."""
     from autotune.trial.loop.script.running import run_whole
 
+    first = int(os.environ.get("RANK", 0)) == 0
+    if first:
+        say(f"autotune run: {applying(cfg, source)}")
     result, code = run_whole(cfg, time.time(), measured)
-    if int(os.environ.get("RANK", 0)) != 0:
+    if not first:
         return code
     record: dict[str, Any] = {
         "config": cfg.to_dict(),
@@ -98,10 +126,14 @@ def run(cfg: TrialConfig, out: Path, say: Say, measured: frozenset[tuple[str, in
     }
     write_json_atomic(out, record)
     steps = (result.applied.get("script") or {}).get("optimizer_steps")
-    figure = (
-        f"the trial's window measured on the way: {result.samples_per_s:.2f} samples/s"
+    figure = (  # in the unit the study counted: a script that hands over no batch is timed in optimizer steps
+        f"the trial's window measured on the way: {result.samples_per_s:.2f} {unit_said(result.applied)}"
         if result.samples_per_s
         else f"too short to measure a trial's window ({result.message})"
     )
-    say(f"autotune run: {steps} optimizer step(s), exit code {code}; {figure}; what was applied -> {out}")
+    stopped, so_far = ("interrupted after ", " so far") if code == ExitCode.INTERRUPTED else ("", "")
+    say(
+        f"autotune run: {stopped}{steps} optimizer step(s), exit code {code}; {figure}; "
+        f"what was applied{so_far} -> {out}"
+    )
     return code

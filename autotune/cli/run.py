@@ -95,10 +95,12 @@ def register(sub: Any) -> None:
         "timed stop, no step limit), with best.yaml applied through the same seams the study's trials used "
         "(the DataLoader's and optimizer's arguments, zero_grad, cudnn, threads, and what the at.* calls hand "
         "over), and no edit to the script: what runs is what was measured, including the knobs the diff "
-        "cannot write. The trial's window is measured on the way, and the `applied` record a trial writes "
-        "(each knob asked for beside the one in effect) goes to --out. A config on several GPUs runs under "
-        "torchrun: torchrun --nproc-per-node N -m autotune run --config best.yaml SCRIPT ARGS. Exit codes: "
-        "the script's own; 2 bad input (one line), 3 out of memory, 4 non-finite loss, 5 knob unsupported.",
+        "cannot write. It says first which knobs it applies (those best.yaml changes from the script's own). "
+        "The trial's window is measured on the way, in the study's unit, and the `applied` record a trial writes "
+        "(each knob asked for beside the one in effect) goes to --out, after Ctrl-C too. A config on several "
+        "GPUs runs under torchrun: torchrun --nproc-per-node N -m autotune run --config best.yaml SCRIPT ARGS. "
+        "Exit codes: the script's own; 2 bad input (one line), 3 out of memory, 4 non-finite loss, 5 knob "
+        "unsupported, 130 interrupted.",
     )
     r.add_argument("--config", required=True, help="a script study's best.yaml (autotune search --script ...)")
     r.add_argument(
@@ -197,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         # The loaders the exported trial iterated, where the script run is the one it measured.
         measured = measured_loaders(args.config) if note is None else None
-        return run(cfg, out, lambda s: print(s, file=sys.stderr), measured)
+        return run(cfg, out, lambda s: print(s, file=sys.stderr), measured, Path(args.config).name)
     except errors.AutotuneError:
         raise
     except Exception as e:  # a failure a trial names (out of memory, a non-finite loss): its exit code

@@ -79,7 +79,8 @@ class Kind:
         return (
             None
             if self.builds_model_apart
-            else f"{self.noun} trains in its own loop; the compute-only step needs autotune's"
+            else f"{self.noun} trains in its own loop; the compute-only step needs autotune's own loop, "
+            "which steps the model on a few cached batches"
         )
 
     @property

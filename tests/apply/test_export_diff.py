@@ -100,9 +100,20 @@ def test_the_patched_example_trains_with_the_measured_loader_and_optimizer(
     assert loss == loss and loss > 0  # a finite loss: it trained
 
 
-def test_a_best_that_is_the_baseline_is_one_no_change_line() -> None:
-    text = render("diff", _export(EXAMPLE))
-    assert text == f"# autotune: no change: the fastest configuration measured is {EXAMPLE} as written\n"
+@needs_patch
+def test_a_best_that_is_the_baseline_is_an_empty_diff_patch_applies_as_nothing(tmp_path: Path) -> None:
+    """README's `autotune export --format diff -o tuned.diff && patch -p0 < tuned.diff` for a study whose best
+    is the script as written: a diff of comments alone is "Only garbage" to patch (exit 2); an empty one is
+    applied as nothing."""
+    target = Path(shutil.copy(EXAMPLE, tmp_path / "train.py"))
+    before = target.read_text()
+    text = render("diff", _export(target))
+    assert text == ""
+    (tmp_path / "tuned.diff").write_text(text)
+    with (tmp_path / "tuned.diff").open() as diff:
+        run = subprocess.run(["patch", "-p0"], stdin=diff, cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert target.read_text() == before
 
 
 def test_a_diff_that_changes_the_training_says_so_before_it_is_applied() -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
-import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +210,128 @@ def test_autotune_run_under_torchrun_trains_a_script_with_no_process_group_on_tw
     assert applied["observed"]["global_batch"] == 32
     assert applied["observed"]["ranks"]["torch_save"] == {"written": [1, 0], "skipped": [0, 1]}
     assert checkpoint.exists()
+
+
+def _run_seeded(tmp_path: Path, capsys: pytest.CaptureFixture[str], **knobs: Any) -> tuple[str, dict[str, Any]]:
+    """`autotune run` of seeded.py (8 steps, no DataLoader, no at.batch_size: a study of it counts optimizer
+    steps) with `knobs` measured: what it said on stderr, and its record."""
+    script = Path(shutil.copy(SEEDED, tmp_path / "seeded.py"))
+    cfg = TrialConfig(pipeline=spec_of(str(script), ["8"]), warmup_steps=1, timed_steps=2, window=1, **knobs)
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(Export(cfg)))
+    out = tmp_path / "applied.json"
+    assert main(["run", "--config", str(config), "--out", str(out), str(script), "8"]) == 0
+    return capsys.readouterr().err, json.loads(out.read_text())
+
+
+def test_a_run_says_first_what_it_applies_from_best_yaml_knob_by_knob(
+    repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the knobs best.yaml changes from the script's own, in the knob table's order; the rest is the
+    script's."""
+    err, _ = _run_seeded(tmp_path, capsys, set_to_none=False, optimizer_fusion="foreach")
+    said = [line for line in err.splitlines() if line.startswith("autotune run:")]
+    assert said[0] == (
+        "autotune run: applying from best.yaml: optimizer_fusion foreach, set_to_none false "
+        "(the rest as the script runs)"
+    ), err
+
+
+def test_a_run_of_the_script_as_written_says_it_applies_nothing(
+    repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err, _ = _run_seeded(tmp_path, capsys)
+    said = [line for line in err.splitlines() if line.startswith("autotune run:")]
+    assert said[0].startswith("autotune run: applying nothing from best.yaml: "), err
+
+
+def test_a_run_of_a_study_counted_in_optimizer_steps_says_steps_per_s(
+    repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """seeded.py hands over no batch and iterates no DataLoader: its study measured steps/s, and so does the
+    run's window; a figure labelled samples/s would be the wrong unit."""
+    err, record = _run_seeded(tmp_path, capsys, set_to_none=False)
+    assert record["applied"]["throughput"]["unit"] == "steps/s"
+    last = err.strip().splitlines()[-1]
+    assert "steps/s" in last and "samples/s" not in err, err
+
+
+def test_the_threads_a_run_sets_are_said_as_set_not_as_torch_default(
+    repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, record = _run_seeded(tmp_path, capsys, num_threads=1)
+    assert record["applied"]["num_threads"] == {"requested": 1, "in_effect": 1, "why": "torch.set_num_threads(1)"}
+    _, record = _run_seeded(tmp_path, capsys, set_to_none=False)  # 0: torch's own count
+    assert record["applied"]["num_threads"]["why"] == "0 = torch default"
+
+
+def test_a_run_says_no_trial_warm_up(repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial says the extra warm-up steps that drain its loader's prefetched batches; a run is not a trial,
+    its window is measured on the way, silently."""
+    script = tmp_path / "train.py"
+    script.write_text(TWO_LOADERS)
+    cfg = TrialConfig(pipeline=spec_of(str(script), []), warmup_steps=1, timed_steps=2, window=1, num_workers=1)
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(Export(cfg)))
+    assert main(["run", "--config", str(config), "--out", str(tmp_path / "applied.json"), str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "autotune trial" not in err and "warm-up" not in err, err
+
+
+INTERRUPTIBLE = """import sys, time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+started = Path(sys.argv[1])
+data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+step, deadline = 0, time.monotonic() + 120
+while time.monotonic() < deadline:  # trains until Ctrl-C (or two minutes: a test that never sends it ends)
+    for x, y in DataLoader(data, batch_size=4):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        step += 1
+        if step == 8:
+            started.write_text("training")
+        time.sleep(0.01)
+"""
+
+
+def test_an_interrupted_run_writes_what_it_applied_so_far_and_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C in the script's training: `autotune run` still writes its record (the steps so far, each knob's
+    effect) and ends with 130, the interrupted code of every command."""
+    script = tmp_path / "train.py"
+    script.write_text(INTERRUPTIBLE)
+    started = tmp_path / "started"
+    cfg = TrialConfig(pipeline=spec_of(str(script), [str(started)]), warmup_steps=1, timed_steps=2, window=1)
+    cfg = cfg.replace(set_to_none=False)
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(Export(cfg)))
+    out = tmp_path / "applied.json"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", "--config", str(config), "--out", str(out), str(script)]
+        + [str(started)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), run.communicate(timeout=60)
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err
+    record = json.loads(out.read_text())
+    assert record["exit_code"] == 130 and record["applied"]["script"]["optimizer_steps"] >= 8
+    assert record["applied"]["set_to_none"]["in_effect"] is False
+    assert "interrupted" in err.strip().splitlines()[-1] and str(out) in err, err

@@ -82,10 +82,12 @@ def test_a_framework_job_reads_its_library_from_its_kind() -> None:
 
 def test_the_ceiling_says_which_kind_trains_in_its_own_loop() -> None:
     assert kind_of("lightning:m:f").why_no_ceiling == (
-        "a framework pipeline trains in its own loop; the compute-only step needs autotune's"
+        "a framework pipeline trains in its own loop; the compute-only step needs autotune's own loop, "
+        "which steps the model on a few cached batches"
     )
     assert kind_of("script:/x.py").why_no_ceiling == (
-        "a user's script trains in its own loop; the compute-only step needs autotune's"
+        "a user's script trains in its own loop; the compute-only step needs autotune's own loop, "
+        "which steps the model on a few cached batches"
     )
 
 

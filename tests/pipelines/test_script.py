@@ -57,7 +57,7 @@ def test_a_script_without_a_dataloader_has_the_loader_knobs_fixed_with_why() -> 
     space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
     hw = Hardware(cuda=False, gpu_count=0, cpu_count=2, cpu_bf16=True, apex=False, memory_bytes=None)
     narrowed, notes = for_hardware(space, hw, stages=0, unsupported=off)
-    why = "not supported by this pipeline: the script builds no torch DataLoader (none in its source)"
+    why = "not supported by this pipeline: the script builds no torch DataLoader (none in its source;"
     assert any(n.startswith("num_workers") and why in n for n in notes), notes
     assert narrowed.knobs["num_workers"] == Fixed(0)
 

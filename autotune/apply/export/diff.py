@@ -30,7 +30,8 @@ What cannot be written (a call given several **mappings, a value computed at run
 the folder the diff is applied from, apex) is said in a comment above the diff with the file, line and
 what to write there, never guessed. A study without sites (made
 before they were recorded) has every DataLoader and fusable optimizer call in the script edited, said.
-A best that is the baseline is one line, "no change".
+A best that is the baseline is an empty diff (NO_CHANGE): `patch -p0` applies it as nothing, where a
+comment alone would be "Only garbage" to it (`--format script` says "no change").
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ from autotune.core.errors import ConfigError, PipelineError
 from autotune.pipelines import kind_of, script
 from autotune.search.space.resolve import NO_EFFECT_WITHOUT_CUDA
 
-NO_CHANGE = "# autotune: no change: the fastest configuration measured is {path} as written"
+# The export of a best that is the baseline: nothing to apply. Empty, because patch reads a file of
+# comments alone as "Only garbage was found in the patch input" (exit 2), and an empty one as no change.
+NO_CHANGE = ""
 
 
 def renders(e: Export) -> bool:
@@ -78,7 +81,7 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
     except PipelineError as err:
         raise ConfigError(f"--format diff: the study's script is not readable on this machine: {err}") from None
     if cfg.knobs() == baseline_of(cfg).knobs():
-        return NO_CHANGE.format(path=path) + "\n"
+        return NO_CHANGE
     source = Path(path).read_bytes()
     name, where = header_name(path, cwd or os.getcwd())
     home = str(Path(path).parent) if where else cwd or os.getcwd()

@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune import pipelines
-from autotune.core.config import baseline_of
+from autotune.pipelines import script as script_job
+from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.settings import SearchSettings
 from autotune.search.space.reading import load_space
 from autotune.search.space.resolve import batch_said, loaders_kept, model_kept, rebased, resolve
@@ -102,8 +103,40 @@ def own_batch(
         changed.append(f"accumulation {base.own_accumulation} (global batch {baseline_of(base).global_batch_size})")
     if base.lr != settings.base.lr:
         changed.append(f"lr {base.lr:.4g}")
-    say(
-        f"baseline: trial 0 ran the script's own {', '.join(changed)}, which its source could not say"
-        + (f": {', '.join(new)} searched from here" if new else ": kept, the script's own")
-    )
+    gone = sorted(set(space.searched()) - set(again.searched()))
+    said = [k for k in new if k == "batch_size" or not shown_opens(settings.base, base, k)] if changed else []
+    if changed:
+        say(
+            f"baseline: trial 0 ran the script's own {', '.join(changed)}, which its source could not say"
+            + (f": {', '.join(said)} searched from here" if said else ": kept, the script's own" if not new else "")
+        )
+    rest = [k for k in new if k not in said]
+    if rest or gone or base.lr_scaling != settings.base.lr_scaling:
+        say(shown_said(settings.base, base, rest, gone, pipelines.load_pipeline(base)))
     return dataclasses.replace(settings, base=base), again
+
+
+def shown_opens(before: TrialConfig, after: TrialConfig, knob: str) -> bool:
+    """Whether what the run showed (TrialConfig.shown) is what lets the script take `knob`."""
+    if before.shown == after.shown:
+        return False
+    return knob in script_job.load(after.replace(shown=before.shown)).unsupported
+
+
+def shown_said(before: TrialConfig, after: TrialConfig, new: list[str], gone: list[str], job: Any) -> str:
+    """One line: what trial 0's run showed of the script, and the knobs that follow it from here."""
+    shown = dict(after.shown or ())
+    said = [
+        f"{shown.get('loaders', 0)} DataLoader(s) built",
+        f"optimizer {', '.join(shown.get('optimizers') or ()) or 'none'} stepped",
+        f"{'its own' if shown.get('own_group') else 'no'} process group",
+    ]
+    line = f"space: trial 0's run showed {'; '.join(said)} (wherever it built them; its source was a first guess)"
+    if new:
+        line += f": {', '.join(new)} searched from here"
+    why = getattr(getattr(job, "unsupported", None), "why", {})
+    if gone:
+        line += "; " + ", ".join(f"{k} not searched from here ({why.get(k, 'the run shows it')})" for k in gone)
+    if after.lr_scaling != before.lr_scaling:
+        line += f"; lr rule {before.lr_scaling} -> {after.lr_scaling} ({getattr(job, 'lr_rule_why', '')})"
+    return line

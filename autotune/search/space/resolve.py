@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune import pipelines
+from autotune.pipelines import script as script_job
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, UNEDITED
 from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, PRECISIONS, TABLE, TrialConfig, baseline_of, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
@@ -368,6 +369,15 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
         changes["lr"] = float(lr) if good and lr is not None else base.lr
     elif isinstance(own, Mapping) and base.keeps_accumulation and _count(own.get("accumulation")):
         changes["own_accumulation"] = own["accumulation"]  # the batch seam divides the global batch by it
+    if (shown := shown_of(applied)) is not None and dict(base.shown or ()) != shown:
+        changes |= shown_changes(base, shown)
+    for k in LOADER_KNOBS:  # its loaders' own arguments (a `-j 2`, pinning): what its baseline runs
+        effect = applied.get(k)
+        ran = effect.get("in_effect") if isinstance(effect, Mapping) else None
+        own = getattr(baseline_of(base), k)
+        if isinstance(effect, Mapping) and not str(effect.get("why")).startswith(ITERABLE_KEPT) and ran != own:
+            if _knob_value(k, ran):
+                baseline[k] = ran
     model = script.get("model") if isinstance(script, Mapping) else None
     routed = model.get("routed", ()) if isinstance(model, Mapping) else ()
     ran = model.get("own_precision") if isinstance(model, Mapping) and "precision" in routed else None
@@ -376,6 +386,39 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
     changes["baseline"] = tuple(sorted(baseline.items())) or None
     after = base.replace(**changes)
     return None if after == base else after
+
+
+def shown_of(applied: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a script's run showed of it (TrialConfig.shown), from its record's `applied`: the DataLoaders it
+    built wherever it built them, the classes of the optimizers that stepped, whether its own process group
+    existed; None: not a script's record."""
+    script = applied.get("script")
+    if not isinstance(script, Mapping) or not isinstance(script.get("loaders"), list):
+        return None
+    stepped = [o.get("type") for o in script.get("optimizers") or () if isinstance(o, Mapping)]
+    return {
+        "loaders": len(script["loaders"]),
+        "optimizers": tuple(dict.fromkeys(str(t) for t in stepped if t)),
+        "own_group": script.get("process_group") == "own",
+    }
+
+
+def shown_changes(base: TrialConfig, shown: Mapping[str, Any]) -> dict[str, Any]:
+    """The workload's `shown`, and the lr rule of the optimizer that stepped where the study's rule was the one
+    its source's guess gave (not one the user chose)."""
+    changes: dict[str, Any] = {"shown": tuple(sorted(shown.items()))}
+    guess = script_job.load(base.replace(shown=None)).lr_rule
+    if base.lr_scaling == guess:
+        changes["lr_scaling"] = script_job.load(base.replace(**changes)).lr_rule
+    return changes
+
+
+def _knob_value(knob: str, value: Any) -> bool:
+    """A value of the knob's own type, as a record may hold one (a bool knob's True, an int knob's 2)."""
+    default = getattr(TrialConfig(), knob)
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    return (value is None and default is None) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _count(value: Any) -> bool:

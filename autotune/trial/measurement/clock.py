@@ -105,7 +105,8 @@ class Clock:
     samples_per_step: the samples one optimizer step trains on, over all its micro-batches, on one rank:
     the config's (0 for a Span); a script's seams set what its loaders delivered. batches_per_step: the
     loader batches one step takes (the config's accumulation; a script's seams set what they counted),
-    which the drain divides the batches made ahead by."""
+    which the drain divides the batches made ahead by. quiet: say nothing on stderr (the extra warm-up
+    steps a trial's log names): `autotune run` measures a trial's window on the way, and is no trial."""
 
     def __init__(
         self,
@@ -115,9 +116,11 @@ class Clock:
         world: int = 1,
         progress: Path | None = None,
         launched: float | None = None,
+        quiet: bool = False,
     ) -> None:
         self._span = cfg if isinstance(cfg, Span) else Span.of(cfg)
         self._device, self._rank, self._world = device, rank, world
+        self._quiet = quiet
         self._progress, self._launched = progress, launched
         self.samples_per_step: float = 0.0 if isinstance(cfg, Span) else cfg.batch_size * cfg.grad_accum
         self.batches_per_step = 1 if isinstance(cfg, Span) else cfg.grad_accum
@@ -325,7 +328,7 @@ class Clock:
         """Decided once the warm-up's own steps are done: the loaders are known, and so is a step's take."""
         ahead = sum(_made_ahead(loader) for loader in self._loaders)
         drain = drain_steps(ahead, self.batches_per_step, self._span.warmup)
-        if drain and self._rank == 0:
+        if drain and self._rank == 0 and not self._quiet:
             print(
                 f"autotune trial: {drain} more warm-up step(s): {_ahead_why(self._loaders)}",
                 file=sys.stderr,

@@ -63,10 +63,10 @@ class Ranks:
             return
         self.decided = True
         self.own_group = dist.is_available() and dist.is_initialized()
-        self.active = self.world > 1 and not self.own_group
-        if self.active:
+        if self.world > 1 and not self.own_group:
             self.backend = knobs.ddp_backend(self.machine)
             dist.init_process_group(self.backend)
+            self.active = True  # after: a call to init_process_group from here on is the script's (group_call)
             self._quiet()
 
     def group_call(self, original: Any) -> Any:

@@ -47,7 +47,7 @@ def observed(
     recorded against the config in one place (an unsupported knob keeps its record, and why)."""
     why = AS_WRITTEN if as_written else ""
     seen = batch.seen(seams, trial) | loader.seen(seams, unsupported, why) | optimizer.seen(seams, why)
-    seen |= process_seen(why) | model_seen(trial, seams.final, as_written, unsupported)
+    seen |= process_seen(why, cfg.num_threads) | model_seen(trial, seams.final, as_written, unsupported)
     out: dict[str, Any] = {
         "script": script_record(seams, trial) | precision.amp_record(trial),
         "throughput": batch.throughput(trial, seams.step_samples),
@@ -81,11 +81,15 @@ def script_record(seams: Seams, trial: api.Trial) -> dict[str, Any]:
     }
 
 
-def process_seen(why: str) -> Seen:
-    """The process's cudnn.benchmark and thread count, as the script ran under them (set before it ran)."""
+def process_seen(why: str, threads: int) -> Seen:
+    """The process's cudnn.benchmark and thread count, as the script ran under them (set before it ran:
+    `threads` by torch.set_num_threads, 0 left to torch)."""
     return {
         "cudnn_benchmark": (torch.backends.cudnn.benchmark, why),
-        "num_threads": (torch.get_num_threads(), why or "0 = torch default"),
+        "num_threads": (
+            torch.get_num_threads(),
+            why or (f"torch.set_num_threads({threads})" if threads else "0 = torch default"),
+        ),
     }
 
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig, TrialResult, baseline_of
 from autotune.core.effects import refuse_unsupported
-from autotune.core.errors import ConfigError
+from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
 from autotune.pipelines import load_pipeline
-from autotune.pipelines.script import ScriptJob, api
+from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script.baseline import is_as_written
 from autotune.trial.loop.script.batch import batch_handover
@@ -60,7 +60,8 @@ def run_whole(
     measures it, and what was applied is read as a trial reads it; the script then trains on with the
     seams still installed and the clock idle; the loader knobs only at the `measured` DataLoaders (Seams).
     The result (that window's figures, the `applied` record of the whole run), and the script's exit code
-    (its own sys.exit's; 0 when it ran to its end)."""
+    (its own sys.exit's; 0 when it ran to its end; 130 when Ctrl-C stopped it: the record is of the steps
+    so far)."""
     return _run(cfg, None, launched, whole=True, measured=measured)
 
 
@@ -81,7 +82,7 @@ def _run(
     trial = trial_of(cfg, job, machine, as_written)
 
     def clock_for(device: torch.device) -> Clock:
-        return Clock(cfg, device, rank, world, progress, launched)
+        return Clock(cfg, device, rank, world, progress, launched, quiet=whole)  # a run is no trial: no trial's log
 
     ranks = Ranks(machine, rank, world)  # whose process group is decided as the script runs (ranks.py)
     own_lr = "lr" in job.uses.api
@@ -96,6 +97,10 @@ def _run(
             f"the script ended after {seams.hook_steps} optimizer step(s), before {untimed} warm-up "
             f"and {need} step(s): give it more steps in its arguments"
         )
+    if not seams.loaders and (given := [k for k in sorted(job.guessed) if k in LOADER_KNOBS and not as_written]):
+        changed = [k for k in given if getattr(cfg, k) != getattr(baseline_of(cfg), k)]
+        if changed:  # the source's guess, and the run agreed: no DataLoader to give them to
+            raise TrialUnsupported("the pipeline does not support: " + ", ".join(f"{k} ({NO_LOADER_RAN})" for k in changed))
     applied |= what_ran(cfg, seams, trial, job, as_written)
     memory = measure.memory_total_bytes(seams.at)
     try:
@@ -146,6 +151,10 @@ def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, in
                 "its own message is in the trial log"
             ) from None
         return False, code
+    except KeyboardInterrupt:  # Ctrl-C: a whole run still records what it applied so far, and ends with 130
+        if not whole:
+            raise
+        return False, ExitCode.INTERRUPTED
     finally:
         api.install(None)
     return False, 0

@@ -1,0 +1,143 @@
+"""What the run shows decides: a script whose DataLoader and optimizer are built by factories (in a package
+beside it, or in an installed library, the loader a subclass there), whose model is a task wrapper, and whose
+`init_process_group` sits under a flag it was not given. Its source is a first guess (no DataLoader, no
+optimizer known, its own process group); trial 0's record (TrialConfig.shown) decides what it takes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.core.config import TrialConfig
+from autotune.core.settings import SearchSettings
+from autotune.pipelines import base_config, load_pipeline, script
+from autotune.search.loop import trial0
+from autotune.search.space.reading import load_space
+from autotune.search.space.resolve import resolve, shown_of
+from autotune.search.space.spec import DEFAULT_SPACE
+from autotune.trial.loop import worker
+from autotune.trial.processes import launcher
+
+FACTORY = Path(__file__).parent / "scripts" / "factory"
+LIB = FACTORY / "lib"
+LOADER_KNOBS = {"num_workers", "pin_memory", "prefetch_factor", "persistent_workers"}
+SHORT = {"warmup_steps": 1, "timed_steps": 3, "window": 1}  # num_threads kept: a baseline runs as written
+
+
+@pytest.fixture
+def library(monkeypatch: pytest.MonkeyPatch, repo_on_path: Path) -> Path:
+    """The installed library on the path, in this process and in the trials' (as pip would put it)."""
+    monkeypatch.setenv("PYTHONPATH", f"{LIB}:{repo_on_path}")
+    monkeypatch.syspath_prepend(str(LIB))
+    return LIB
+
+
+def run(args: list[str], **knobs: Any) -> Any:
+    cfg = TrialConfig(pipeline=script.spec_of(str(FACTORY / "train.py"), args), **{**SHORT, **knobs})
+    return worker.run(cfg)
+
+
+@pytest.mark.parametrize("lib", ["beside", "installed"])
+def test_trial_0_shows_the_loader_and_optimizer_a_factory_built(lib: str, library: Path) -> None:
+    args = ["--lib", lib, "-j", "1", "--pin-mem"]
+    spec = script.spec_of(str(FACTORY / "train.py"), args)
+    guess = script.load(TrialConfig(pipeline=spec))
+    # The source names no DataLoader (a factory builds it, `tud.` or a library's subclass) and no optimizer.
+    assert LOADER_KNOBS <= guess.unsupported and "batch_size" in guess.unsupported
+    assert guess.lr_rule == "sqrt" and "no optimizer autotune knows" in guess.lr_rule_why
+    r = run(args)
+    assert r.status == "ok", r.message
+    shown = shown_of(r.applied)
+    assert shown == {"loaders": 1, "optimizers": ("SGD",), "own_group": False}
+    # The run's loader ran the script's own -j 1 with pinning: recorded as it ran, not "no DataLoader".
+    assert r.applied["num_workers"]["in_effect"] == 1 and r.applied["pin_memory"]["in_effect"] is True
+    job = script.load(TrialConfig(pipeline=spec, shown=tuple(shown.items()), baseline={"batch_size": 8}))
+    assert not (LOADER_KNOBS | {"batch_size", "gpus"}) & job.unsupported
+    assert job.lr_rule == "linear" and "SGD" in job.lr_rule_why  # the optimizer that stepped
+    # Handed the knobs through the same seams, wherever the loader was built.
+    cfg = {"shown": tuple(shown.items()), "baseline": {"batch_size": 8, "num_workers": 1, "pin_memory": True}}
+    r = run(args, num_workers=2, pin_memory=False, batch_size=16, **cfg)
+    assert r.status == "ok", r.message
+    assert r.applied["num_workers"]["in_effect"] == 2 and r.applied["pin_memory"]["in_effect"] is False
+    assert r.applied["batch_size"]["in_effect"] == 16 and r.applied["script"]["samples_per_step"] == 16
+
+
+def test_a_standalone_trial_lets_the_run_decide_what_the_source_guessed(library: Path) -> None:
+    """No study, no trial 0: `autotune trial` with a loader knob on a script whose source names no DataLoader
+    runs it where the run builds one (one that builds none is refused: test_running.py)."""
+    r = run(["--lib", "installed"], num_workers=1)
+    assert r.status == "ok" and r.applied["num_workers"]["in_effect"] == 1
+
+
+def test_the_search_follows_what_trial_0_showed(library: Path, tmp_path: Path) -> None:
+    args = ["--lib", "installed", "-j", "1"]
+    spec = script.spec_of(str(FACTORY / "train.py"), args)
+    base = base_config(spec, None, None, str(tmp_path))
+    assert base.lr_scaling == "sqrt" and base.shown is None
+    settings = SearchSettings(storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path), base=base)
+    space, _, _ = resolve(load_space(DEFAULT_SPACE), load_pipeline(base), settings, base, lambda line: None)
+    assert "num_workers" not in space.searched() and "batch_size" not in space.searched()  # the source's guess
+    r = worker.run(base.replace(**SHORT))
+    said: list[str] = []
+    learned = trial0.script_lessons(settings, space, r.applied, said.append)
+    assert learned is not None
+    after, searched = learned
+    assert {"num_workers", "batch_size"} <= set(searched.searched()), said
+    assert dict(after.base.shown or ()) == {"loaders": 1, "optimizers": ("SGD",), "own_group": False}
+    # The baseline is what the script ran: its own -j 1, its batch 8, read from the run.
+    assert dict(after.base.baseline or ()) == {"batch_size": 8, "num_workers": 1, "prefetch_factor": 2}
+    assert after.base.lr_scaling == "linear"  # SGD stepped: its rule, not the default guess
+    line = next(s for s in said if s.startswith("space: trial 0's run showed"))
+    assert "1 DataLoader(s) built; optimizer SGD stepped; no process group" in line
+    assert "num_workers" in line and "lr rule sqrt -> linear" in line
+
+
+def test_a_task_wrapper_s_inner_blocks_are_checkpointed(library: Path) -> None:
+    r = run(["--lib", "installed"], checkpoint_segments=2)
+    assert r.status == "ok", r.message
+    assert r.applied["script"]["model"]["model"] == "Task" and r.applied["script"]["model"]["repeated_blocks"] == 3
+    assert r.applied["observed"]["model_checkpointed_blocks"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.side_by_side
+def test_a_group_its_flags_leave_off_is_set_up_by_the_trial_on_two_ranks(library: Path, tmp_path: Path) -> None:
+    """`init_process_group` under `if args.distributed:`, a flag not given: the run sets up no group, so the
+    trial does: one model trained on 2 gloo ranks (equal parameters after each step), sharded, the global
+    batch 2x and the lr for it (SGD: linear)."""
+    record = tmp_path / "record"
+    record.mkdir()
+    args = ["--lib", "installed", "--record", str(record)]
+    spec = script.spec_of(str(FACTORY / "train.py"), args)
+    guess = script.load(TrialConfig(pipeline=spec))
+    assert guess.uses.process_group  # the source's guess: it sets up its own
+    shown = (("loaders", 1), ("optimizers", ("SGD",)), ("own_group", False))
+    cfg = TrialConfig(
+        pipeline=spec, gpus=2, batch_size=8, shown=shown, baseline={"batch_size": 8}, lr=0.01, lr_scaling="linear",
+        **SHORT,
+    )  # fmt: skip
+    r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    assert r.status == "ok", r.message
+    a, seen = r.applied, r.applied["observed"]
+    assert seen["world_size"] == 2 and seen["model_replicated"] is True and seen["sharded_loaders"] == 1
+    assert a["script"]["process_group"] == "trial" and a["gpus"]["in_effect"] == 2
+    assert seen["global_batch"] == 16 and a["global_batch"]["in_effect"] == 16
+    assert a["lr"]["in_effect"] == pytest.approx(0.02)  # 0.01 for 8, x2 by the linear rule for 16
+    ranks = [json.loads((record / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["step"] == ranks[1]["step"] >= 2 and ranks[0]["batch"] == 8
+    assert ranks[0]["params"] == pytest.approx(ranks[1]["params"], rel=1e-9)  # one model, not two
+
+
+@pytest.mark.slow
+@pytest.mark.side_by_side
+def test_a_group_the_script_sets_up_is_its_own_on_two_ranks(library: Path, tmp_path: Path) -> None:
+    """The same script given --distributed: its own group and DDP are kept (the trial replicates nothing)."""
+    spec = script.spec_of(str(FACTORY / "train.py"), ["--lib", "installed", "--distributed"])
+    cfg = TrialConfig(pipeline=spec, gpus=2, **SHORT)
+    r = launcher.run_trial(cfg, tmp_path / "trial", timeout_s=300)
+    assert r.status == "ok", r.message
+    assert r.applied["script"]["process_group"] == "own" and r.applied["observed"]["model_replicated"] is False
+    assert r.applied["observed"]["world_size"] == 2
