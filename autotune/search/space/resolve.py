@@ -334,6 +334,9 @@ def as_ran(cfg: TrialConfig, applied: Mapping[str, Any], as_written: bool) -> Tr
     run showed as the script's own is recorded too: every trial keeps it. `cfg` otherwise, and under a
     study's global batch, whose micro-batch the baseline picks."""
     script = applied.get("script")
+    if as_written and isinstance(script, Mapping) and (loaders := own_loader(cfg, applied)):
+        # its own `-j 2`, its pinning: what the baseline ran, as every knob its run did not change
+        cfg = cfg.replace(**loaders, baseline=tuple(sorted({**dict(cfg.baseline or ()), **loaders}.items())))
     own = script.get("own") if isinstance(script, Mapping) else None
     batch = own.get("batch_size") if isinstance(own, Mapping) else None
     if not _count(batch) or cfg.global_batch is not None:
@@ -371,13 +374,8 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
         changes["own_accumulation"] = own["accumulation"]  # the batch seam divides the global batch by it
     if (shown := shown_of(applied)) is not None and dict(base.shown or ()) != shown:
         changes |= shown_changes(base, shown)
-    for k in LOADER_KNOBS:  # its loaders' own arguments (a `-j 2`, pinning): what its baseline runs
-        effect = applied.get(k)
-        ran = effect.get("in_effect") if isinstance(effect, Mapping) else None
-        own = getattr(baseline_of(base), k)
-        if isinstance(effect, Mapping) and not str(effect.get("why")).startswith(ITERABLE_KEPT) and ran != own:
-            if _knob_value(k, ran):
-                baseline[k] = ran
+    if isinstance(script, Mapping):
+        baseline |= own_loader(base, applied)
     model = script.get("model") if isinstance(script, Mapping) else None
     routed = model.get("routed", ()) if isinstance(model, Mapping) else ()
     ran = model.get("own_precision") if isinstance(model, Mapping) and "precision" in routed else None
@@ -411,6 +409,20 @@ def shown_changes(base: TrialConfig, shown: Mapping[str, Any]) -> dict[str, Any]
     if base.lr_scaling == guess:
         changes["lr_scaling"] = script_job.load(base.replace(**changes)).lr_rule
     return changes
+
+
+def own_loader(cfg: TrialConfig, applied: Mapping[str, Any]) -> dict[str, Any]:
+    """The loader knobs a script's run as written showed in effect away from `cfg`'s baseline (its own `-j 2`,
+    its pinning), where its loader takes them (not an IterableDataset's, which every trial keeps)."""
+    out: dict[str, Any] = {}
+    own = baseline_of(cfg)
+    for k in LOADER_KNOBS:
+        effect = applied.get(k)
+        ran = effect.get("in_effect") if isinstance(effect, Mapping) else None
+        if isinstance(effect, Mapping) and not str(effect.get("why")).startswith(ITERABLE_KEPT):
+            if ran != getattr(own, k) and _knob_value(k, ran):
+                out[k] = ran
+    return out
 
 
 def _knob_value(knob: str, value: Any) -> bool:
