@@ -218,8 +218,10 @@ def test_a_trial_asking_gpus_of_a_script_without_a_process_group_or_a_dataloader
 
     path = tmp_path / "train.py"
     path.write_text(HEAD + NO_LOADER)
+    # Once a run has shown it (trial 0's record): no group, no DataLoader. Before one, its run decides (ranks.py).
+    shown = (("loaders", 0), ("optimizers", ("SGD",)), ("own_group", False))
     with pytest.raises(TrialUnsupported, match=r"gpus \(the script sets up no process group and builds") as e:
-        worker.run(TrialConfig(pipeline=script.spec_of(str(path)), gpus=2, warmup_steps=1, timed_steps=1))
+        worker.run(TrialConfig(pipeline=script.spec_of(str(path)), gpus=2, warmup_steps=1, timed_steps=1, shown=shown))
     assert exit_code_for(e.value.reason) == 5
     path.write_text(HEAD + DDP)
     assert "gpus" not in unsupported_of(load_pipeline(TrialConfig(pipeline=script.spec_of(str(path)), gpus=2)))

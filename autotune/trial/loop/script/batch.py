@@ -110,11 +110,14 @@ def per_step(samples: list[int]) -> int:
     return counted.most_common(1)[0][0] if counted else 0
 
 
-def own_as_run(trial: api.Trial, step_samples: list[int], step_batches: list[int]) -> dict[str, Any] | None:
+def own_as_run(
+    trial: api.Trial, step_samples: list[int], step_batches: list[int], fed: int | None = None, backwards: int = 0
+) -> dict[str, Any] | None:
     """The script's own micro-batch and accumulation as this run handed them over: at.batch_size()'s and
     at.accumulation()'s defaults as the script passed them (a configurator or a config file has set
     them by then), else what its loaders delivered (samples per batch, batches per optimizer step);
-    None when neither shows one. A script that hands its batch over but accumulates on its own (no
+    else, with no loader, the batch its model was fed (`fed`) x its backward passes per optimizer step;
+    None when none shows one. A script that hands its batch over but accumulates on its own (no
     at.accumulation()) has its accumulation counted from its loaders: the batches per optimizer step."""
     own = trial.defaults
     samples, batches = per_step(step_samples), per_step(step_batches)
@@ -135,6 +138,12 @@ def own_as_run(trial: api.Trial, step_samples: list[int], step_batches: list[int
         else:
             accumulation = trial.own_accumulation
         return {"batch_size": int(own["batch_size"]), "accumulation": accumulation, "from": said}
+    if not samples and fed:
+        return {
+            "batch_size": fed,
+            "accumulation": max(1, backwards),
+            "from": f"what its model was fed: {fed} a call, {max(1, backwards)} backward pass(es) per optimizer step",
+        }
     if not samples or not batches or samples % batches:
         return None
     return {
@@ -155,7 +164,7 @@ def seen(seams: Seams, trial: api.Trial) -> Seen:
     """The micro-batch the script ran: its own as its loaders delivered it, else the one handed over, else
     its first DataLoader's; nothing when none shows one."""
     loader = seams.loaders[0] if seams.loaders else None
-    ran = own_as_run(trial, seams.step_samples, seams.step_batches)
+    ran = own_as_run(trial, seams.step_samples, seams.step_batches, seams.model.fed, per_step(seams.step_backwards))
     if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
         return {"batch_size": (ran["batch_size"], f"the script's own batch: {ran['from']}")}
     if "batch_size" in trial.returned:  # handed over (batch_and_lr says more where the study knows its own)
@@ -243,7 +252,8 @@ def global_why(seams: Seams, planned: int | None, ran: int | None) -> str:
     world, per_rank = seen.get("world_size", 1), seen.get("samples_per_step_per_rank")
     said = f"{per_rank} sample(s) per optimizer step on each of {world} rank(s), summed"
     if not per_step(seams.step_samples):
-        said = f"no loader counted: {per_rank} handed over per step on each of {world} rank(s), summed"
+        how = "handed over" if "batch_size" in seams.trial.returned or not seams.model.fed else "fed to its model"
+        said = f"no loader counted: {per_rank} {how} per step on each of {world} rank(s), summed"
     if planned is not None and ran is not None and ran != planned:
         said += (
             f"; the trial planned {planned} (the micro-batch x the accumulation it handed over, on every rank): "
@@ -252,13 +262,15 @@ def global_why(seams: Seams, planned: int | None, ran: int | None) -> str:
     return said
 
 
-def throughput(trial: api.Trial, step_samples: list[int]) -> dict[str, str]:
+def throughput(trial: api.Trial, step_samples: list[int], fed: int | None = None) -> dict[str, str]:
     """The unit the trial's figure counts: samples when its loaders delivered them or the script handed its
     batch over, else optimizer steps (the figure is then steps/s, and said so)."""
     if per_step(step_samples):
         return {"unit": "samples/s", "why": "the samples its loaders delivered per optimizer step"}
     if "batch_size" in trial.returned:
         return {"unit": "samples/s", "why": "at.batch_size() as handed over x the backward passes of each step"}
+    if fed:
+        return {"unit": "samples/s", "why": "the batch its model was fed x the backward passes of each step"}
     return {
         "unit": "steps/s",
         "why": "no loader delivered batches and the script hands over no batch (at.batch_size()): optimizer "

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.utils._pytree import tree_leaves
 
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.effects import knob_effect
@@ -74,6 +75,15 @@ class ModelFinder:
         self.depth -= 1
 
 
+def fed_batch(args: tuple[Any, ...]) -> int | None:
+    """The batch a model call was given: the first dimension of its first tensor of one dimension or more
+    (tuples, lists, dicts, nested); None where it was given none (its inputs passed by keyword)."""
+    for leaf in tree_leaves(args):
+        if isinstance(leaf, torch.Tensor) and leaf.dim():
+            return int(leaf.shape[0])
+    return None
+
+
 KNOBS = ("precision", "channels_last", "checkpoint_segments", "compile")
 SEVERAL = (
     "the script builds {n} optimizers (a GAN, a teacher and a student, an EMA copy): no one module is the model "
@@ -97,14 +107,16 @@ class ModelSeams:
         self.graphs_before: int | None = None  # dynamo's graph count when its forward was compiled
         self.activations: checkpointing.ActivationBytes | None = None  # counted where blocks are checkpointed
         self.facts: dict[str, Any] = {}
+        self.fed: int | None = None  # the first dimension of the first tensor its first call was given
 
     @property
     def model(self) -> torch.nn.Module | None:
         return self.finder.model
 
     def arm(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.routed or self.ranks.world > 1:
-            self.finder.arm(optimizer)
+        """Watch for the model (its first call pays for the hooks, none after): the knobs routed to it, the
+        ranks that replicate it, and, in any run, the batch it is fed (`fed`)."""
+        self.finder.arm(optimizer)
 
     def close(self) -> None:
         self.finder.disarm()
@@ -122,6 +134,7 @@ class ModelSeams:
     def found(self, model: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's first call: what it is, then each knob applied to it, checkpointing first."""
         self.ranks.decide()
+        self.fed = fed_batch(args)
         blocks = checkpointing.blocks(model)
         self.facts = {
             "model": type(model).__name__,

@@ -50,7 +50,7 @@ def observed(
     seen |= process_seen(why, cfg.num_threads) | model_seen(trial, seams.final, as_written, unsupported)
     out: dict[str, Any] = {
         "script": script_record(seams, trial) | precision.amp_record(trial),
-        "throughput": batch.throughput(trial, seams.step_samples),
+        "throughput": batch.throughput(trial, seams.step_samples, seams.model.fed),
     }
     return out | seen_effects(cfg, seen)
 
@@ -74,7 +74,9 @@ def script_record(seams: Seams, trial: api.Trial) -> dict[str, Any]:
         "process_group": seams.ranks.process_group(),  # whose: "own", "trial", None (what trial 0 teaches)
         "global_batch": seen.get("global_batch"),
         "batches_per_step": batch.per_step(seams.step_batches) or None,
-        "own": batch.own_as_run(trial, seams.step_samples, seams.step_batches),
+        "own": batch.own_as_run(
+            trial, seams.step_samples, seams.step_batches, seams.model.fed, batch.per_step(seams.step_backwards)
+        ),
         "seeded": bool(seams.seeds),
         "seeds": seams.seeds[:3],
         "data_order": loader.data_order(seams, trial),

@@ -78,6 +78,8 @@ def _run(
     job = load_pipeline(cfg)
     assert isinstance(job, ScriptJob)
     refuse_unsupported(cfg, job.refused())
+    if world != cfg.gpus:  # a rank count not realised is never measured as that many GPUs
+        raise TrialUnsupported(f"gpus {cfg.gpus}: this process is one of {world} rank(s): run it under torchrun")
     as_written = is_as_written(cfg)
     trial = trial_of(cfg, job, machine, as_written)
 

@@ -351,9 +351,13 @@ class Seams:
                 self.clock.raise_if_over()  # WindowOver ends the script, caught where it was run
 
     def consumed_without_loaders(self) -> int:
-        """A rank's samples per optimizer step where no loader counted them: the handed-over micro-batch x
-        the backward passes its steps ran (the most common count: what its steps consumed, observed)."""
-        return handed_samples(self.trial, per_step(self.step_backwards))
+        """A rank's samples per optimizer step where no loader counted them: the handed-over micro-batch, else
+        the batch its model was fed, x the backward passes its steps ran (the most common count: what its
+        steps consumed, observed)."""
+        backwards = per_step(self.step_backwards)
+        if "batch_size" not in self.trial.returned and self.model.fed:  # its own batch, as its model was fed
+            return self.model.fed * max(1, backwards)
+        return handed_samples(self.trial, backwards)
 
     def seed_call(self, original: Any) -> Any:
         """torch.manual_seed: recorded, so the trial says whether this run started from the seed's weights

@@ -141,3 +141,26 @@ def test_a_group_the_script_sets_up_is_its_own_on_two_ranks(library: Path, tmp_p
     assert r.status == "ok", r.message
     assert r.applied["script"]["process_group"] == "own" and r.applied["observed"]["model_replicated"] is False
     assert r.applied["observed"]["world_size"] == 2
+
+
+CONFIGURED = Path(__file__).parent / "scripts" / "configured" / "no_loader.py"
+
+
+def test_a_batch_its_configurator_sets_is_what_its_model_was_fed(tmp_path: Path) -> None:
+    """nanoGPT's `--batch_size=12`, no DataLoader: the run records the 12 sequences its model was fed each
+    step (x its 2 micro-batches), never autotune's placeholder 8, and the study's baseline is rebased on it."""
+    spec = script.spec_of(str(CONFIGURED), ["--batch_size=12", "--gradient_accumulation_steps=2"])
+    base = base_config(spec, None, None, str(tmp_path))
+    r = worker.run(base.replace(**SHORT))
+    assert r.status == "ok", r.message
+    a = r.applied
+    assert a["batch_size"]["in_effect"] == 12 and "what its model was fed" in a["batch_size"]["why"]
+    assert a["script"]["own"]["batch_size"] == 12 and a["script"]["own"]["accumulation"] == 2
+    assert a["script"]["samples_per_step"] == 24 and a["global_batch"]["in_effect"] == 24
+    assert a["throughput"]["unit"] == "samples/s"
+    settings = SearchSettings(storage=str(tmp_path / "studies.db"), studies_dir=str(tmp_path), base=base)
+    space, _, _ = resolve(load_space(DEFAULT_SPACE), load_pipeline(base), settings, base, lambda line: None)
+    said: list[str] = []
+    learned = trial0.script_lessons(settings, space, a, said.append)
+    assert learned is not None and dict(learned[0].base.baseline or ())["batch_size"] == 12, said
+    assert learned[0].base.own_accumulation == 2
