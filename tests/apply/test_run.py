@@ -213,8 +213,7 @@ def test_autotune_run_under_torchrun_trains_a_script_with_no_process_group_on_tw
 
 
 def _run_seeded(tmp_path: Path, capsys: pytest.CaptureFixture[str], **knobs: Any) -> tuple[str, dict[str, Any]]:
-    """`autotune run` of seeded.py (8 steps, no DataLoader, no at.batch_size: a study of it counts optimizer
-    steps) with `knobs` measured: what it said on stderr, and its record."""
+    """`autotune run` of seeded.py (8 steps) with `knobs` measured: what it said on stderr, and its record."""
     script = Path(shutil.copy(SEEDED, tmp_path / "seeded.py"))
     cfg = TrialConfig(pipeline=spec_of(str(script), ["8"]), warmup_steps=1, timed_steps=2, window=1, **knobs)
     config = tmp_path / "best.yaml"
@@ -245,12 +244,30 @@ def test_a_run_of_the_script_as_written_says_it_applies_nothing(
     assert said[0].startswith("autotune run: applying nothing from best.yaml: "), err
 
 
+NO_BATCH = """import torch
+
+w = torch.zeros(4, requires_grad=True)  # no DataLoader, no model called with a batch: nothing to count but steps
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(8):
+    ((w - 1) ** 2).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
 def test_a_run_of_a_study_counted_in_optimizer_steps_says_steps_per_s(
     repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """seeded.py hands over no batch and iterates no DataLoader: its study measured steps/s, and so does the
-    run's window; a figure labelled samples/s would be the wrong unit."""
-    err, record = _run_seeded(tmp_path, capsys, set_to_none=False)
+    """A script that trains on no batch autotune can count: its study measured steps/s, and so does the run's
+    window; a figure labelled samples/s would be the wrong unit."""
+    script = tmp_path / "train.py"
+    script.write_text(NO_BATCH)
+    cfg = TrialConfig(pipeline=spec_of(str(script), []), warmup_steps=1, timed_steps=2, window=1, set_to_none=False)
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(Export(cfg)))
+    out = tmp_path / "applied.json"
+    assert main(["run", "--config", str(config), "--out", str(out), str(script)]) == 0
+    err, record = capsys.readouterr().err, json.loads(out.read_text())
     assert record["applied"]["throughput"]["unit"] == "steps/s"
     last = err.strip().splitlines()[-1]
     assert "steps/s" in last and "samples/s" not in err, err

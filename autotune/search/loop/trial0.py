@@ -104,7 +104,7 @@ def own_batch(
     if base.lr != settings.base.lr:
         changed.append(f"lr {base.lr:.4g}")
     gone = sorted(set(space.searched()) - set(again.searched()))
-    said = [k for k in new if k == "batch_size" or not shown_opens(settings.base, base, k)] if changed else []
+    said = [k for k in new if not shown_opens(settings.base, base, k)] if changed else []
     if changed:
         say(
             f"baseline: trial 0 ran the script's own {', '.join(changed)}, which its source could not say"

@@ -51,13 +51,33 @@ def test_the_script_s_own_batch_and_accumulation_are_read_at_run_time() -> None:
     assert a["script"]["seeded"] and a["script"]["data_order"].startswith("a DataLoader that shuffles")
 
 
-def test_a_script_that_counts_no_samples_is_measured_in_steps_per_second() -> None:
-    """No DataLoader and no at.batch_size(): the figure is optimizer steps per second, and says so; the
-    data seed reaches nothing (no at.data_seed(), no loader)."""
+def test_a_script_with_no_loader_is_measured_in_the_samples_its_model_was_fed() -> None:
+    """No DataLoader and no at.batch_size(): the samples are what its model was fed (8 a call) x the backward
+    passes of a step (its 2 micro-batches); the data seed reaches nothing (no at.data_seed(), no loader)."""
     no_loader = Path(__file__).parents[3] / "pipelines" / "scripts" / "no_loader.py"
     a = worker.run(baseline_of(study_base(no_loader, ["--steps", "50"]))).applied
-    assert a["throughput"]["unit"] == "steps/s" and "optimizer steps are counted" in a["throughput"]["why"]
+    assert a["throughput"]["unit"] == "samples/s" and "its model was fed" in a["throughput"]["why"]
+    assert a["script"]["samples_per_step"] == 16 and a["batch_size"]["in_effect"] == 8
     assert a["script"]["data_order"] is None and a["script"]["seeded"]
+
+
+KEYWORDS = """import torch
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(40):
+    loss = torch.nn.functional.linear(input=torch.randn(5, 4), weight=model.weight).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_script_that_shows_no_batch_is_measured_in_steps_per_second(tmp_path: Path) -> None:
+    """No loader, no batch handed over, and no model called with a tensor: optimizer steps per second, said."""
+    path = tmp_path / "train.py"
+    path.write_text(KEYWORDS)
+    a = worker.run(baseline_of(study_base(path, []))).applied
+    assert a["throughput"]["unit"] == "steps/s" and "optimizer steps are counted" in a["throughput"]["why"]
 
 
 @pytest.mark.slow

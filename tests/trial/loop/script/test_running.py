@@ -55,9 +55,9 @@ def test_the_baseline_runs_the_script_s_own_settings() -> None:
     assert r.applied["num_workers"]["in_effect"] == 0 and r.applied["optimizer_fusion"]["in_effect"] == "none"
 
 
-def test_a_script_without_a_loader_counts_optimizer_steps_and_refuses_loader_knobs() -> None:
+def test_a_script_without_a_loader_counts_what_its_model_was_fed_and_refuses_loader_knobs() -> None:
     r = trial(SCRIPTS / "no_loader.py", ["--steps", "50"], precision="bf16")
-    assert r.status == "ok" and r.applied["script"]["samples_per_step"] == 1
+    assert r.status == "ok" and r.applied["script"]["samples_per_step"] == 16  # 8 a call, 2 micro-batches
     assert r.applied["num_workers"]["why"] == "the script built no DataLoader in this run"  # what ran, not a guess
     assert r.applied["precision"]["in_effect"] == "bf16" and r.applied["script"]["optimizer_steps"] == 6
     with pytest.raises(TrialUnsupported, match="num_workers"):
