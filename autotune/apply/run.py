@@ -127,7 +127,7 @@ def run(
     write_json_atomic(out, record)
     steps = (result.applied.get("script") or {}).get("optimizer_steps")
     figure = (  # in the unit the study counted: a script that hands over no batch is timed in optimizer steps
-        f"the trial's window measured on the way: {result.samples_per_s:.2f} samples/s"
+        f"the trial's window measured on the way: {result.samples_per_s:.2f} {unit_said(result.applied)}"
         if result.samples_per_s
         else f"too short to measure a trial's window ({result.message})"
     )
