@@ -121,6 +121,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         write_atomic(out, text)
         print(f"autotune: wrote {out}")
+    if not text:  # the best is the script as written: an empty diff, which patch applies as nothing
+        print("autotune: no change to apply: the export is the script as written", file=sys.stderr)
     return ExitCode.OK
 
 

@@ -18,8 +18,9 @@ FSDP_DTYPES = ("fp32", "bf16")
 
 LR_RULES = ("sqrt", "linear", "none")
 # What a script's run shows of it (TrialConfig.shown): how many DataLoaders it built (anywhere), the classes of
-# the optimizers that stepped, whether a process group existed when its model first ran (its own).
-SHOWN = ("loaders", "optimizers", "own_group")
+# the optimizers that stepped, whether a process group existed when its model first ran (its own), whether it
+# seeded torch (in its file or a library's helper).
+SHOWN = ("loaders", "optimizers", "own_group", "seeded")
 # The baseline's global batch (batch_size 8 on one process): the batch `lr` is meant for when the
 # study fixes none (--global-batch), so a config with another global batch trains with a scaled lr.
 REFERENCE_BATCH = 8

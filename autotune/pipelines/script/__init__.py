@@ -160,8 +160,8 @@ def scan_script(path: str, args: list[str] | tuple[str, ...] = ()) -> Uses:
 def as_shown(uses: Uses, shown: Mapping[str, Any] | None) -> Uses:
     """The source's reading with what a run showed in its place (TrialConfig.shown, trial 0's record): the
     DataLoaders it built wherever it built them (a library's factory, a subclass), the optimizers that
-    stepped, whether a process group existed when its model first ran. The source stays the first guess,
-    and the diff's map of where to edit."""
+    stepped, whether a process group existed when its model first ran, whether it seeded torch. The source
+    stays the first guess, and the diff's map of where to edit."""
     if not shown:
         return uses
     changes: dict[str, Any] = {}
@@ -171,6 +171,8 @@ def as_shown(uses: Uses, shown: Mapping[str, Any] | None) -> Uses:
         changes["optimizers"] = tuple(str(o) for o in stepped)
     if isinstance(own_group := shown.get("own_group"), bool):
         changes["process_group"] = own_group
+    if isinstance(seeded := shown.get("seeded"), bool):
+        changes["seeded"] = seeded
     return dataclasses.replace(uses, **changes)
 
 
@@ -263,7 +265,7 @@ def through_loader(uses: Uses) -> bool:
 
 
 NOT_REPRODUCIBLE = (
-    "the script never seeds torch (no torch.manual_seed(at.seed(0)) or other manual_seed call), so no two "
+    "the script never seeds torch (no torch.manual_seed call in its source or its run), so no two "
     "runs start from the same weights and its loss trajectory cannot be compared with the baseline's"
 )
 

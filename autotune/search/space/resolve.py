@@ -398,6 +398,7 @@ def shown_of(applied: Mapping[str, Any]) -> dict[str, Any] | None:
         "loaders": len(script["loaders"]),
         "optimizers": tuple(dict.fromkeys(str(t) for t in stepped if t)),
         "own_group": script.get("process_group") == "own",
+        "seeded": bool(script.get("seeded")),
     }
 
 

@@ -102,7 +102,9 @@ def _run(
     if not seams.loaders and (given := [k for k in sorted(job.guessed) if k in LOADER_KNOBS and not as_written]):
         changed = [k for k in given if getattr(cfg, k) != getattr(baseline_of(cfg), k)]
         if changed:  # the source's guess, and the run agreed: no DataLoader to give them to
-            raise TrialUnsupported("the pipeline does not support: " + ", ".join(f"{k} ({NO_LOADER_RAN})" for k in changed))
+            raise TrialUnsupported(
+                "the pipeline does not support: " + ", ".join(f"{k} ({NO_LOADER_RAN})" for k in changed)
+            )
     applied |= what_ran(cfg, seams, trial, job, as_written)
     memory = measure.memory_total_bytes(seams.at)
     try:

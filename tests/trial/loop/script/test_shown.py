@@ -51,9 +51,12 @@ def test_trial_0_shows_the_loader_and_optimizer_a_factory_built(lib: str, librar
     r = run(args)
     assert r.status == "ok", r.message
     shown = shown_of(r.applied)
-    assert shown == {"loaders": 1, "optimizers": ("SGD",), "own_group": False}
+    assert shown == {"loaders": 1, "optimizers": ("SGD",), "own_group": False, "seeded": True}
     # The run's loader ran the script's own -j 1 with pinning: recorded as it ran, not "no DataLoader".
     assert r.applied["num_workers"]["in_effect"] == 1 and r.applied["pin_memory"]["in_effect"] is True
+    # Seeded by the library's helper: reproducible, so parity can check it (the source's guess: not so).
+    assert script.not_checkable(TrialConfig(pipeline=spec)) is not None
+    assert script.not_checkable(TrialConfig(pipeline=spec, shown=tuple(shown.items()))) is None
     job = script.load(TrialConfig(pipeline=spec, shown=tuple(shown.items()), baseline={"batch_size": 8}))
     assert not (LOADER_KNOBS | {"batch_size", "gpus"}) & job.unsupported
     assert job.lr_rule == "linear" and "SGD" in job.lr_rule_why  # the optimizer that stepped
@@ -86,7 +89,7 @@ def test_the_search_follows_what_trial_0_showed(library: Path, tmp_path: Path) -
     assert learned is not None
     after, searched = learned
     assert {"num_workers", "batch_size"} <= set(searched.searched()), said
-    assert dict(after.base.shown or ()) == {"loaders": 1, "optimizers": ("SGD",), "own_group": False}
+    assert dict(after.base.shown or ()) == {"loaders": 1, "optimizers": ("SGD",), "own_group": False, "seeded": True}
     # The baseline is what the script ran: its own -j 1, its batch 8, read from the run.
     assert dict(after.base.baseline or ()) == {"batch_size": 8, "num_workers": 1, "prefetch_factor": 2}
     assert after.base.lr_scaling == "linear"  # SGD stepped: its rule, not the default guess

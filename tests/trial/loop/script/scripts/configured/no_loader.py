@@ -50,8 +50,8 @@ class GPT(nn.Module):
 
 model = GPT()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-for it in range(max_iters):
-    for micro in range(gradient_accumulation_steps):
+for _it in range(max_iters):
+    for _micro in range(gradient_accumulation_steps):
         X, Y = get_batch()
         loss = model(X, Y) / gradient_accumulation_steps
         loss.backward()

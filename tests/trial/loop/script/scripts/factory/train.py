@@ -28,9 +28,9 @@ args = parser.parse_args()
 
 if args.lib == "beside":
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "src"))
-    from helpers.data import create_loader, create_optimizer
+    from helpers.data import create_loader, create_optimizer, random_seed
 else:
-    from fastdata import create_loader, create_optimizer
+    from fastdata import create_loader, create_optimizer, random_seed
 
 if args.distributed:
     torch.distributed.init_process_group("gloo")
@@ -65,7 +65,7 @@ class Task(nn.Module):
         return self.loss(self.model(x), y)
 
 
-torch.manual_seed(0)
+random_seed(0)  # torch seeded by the library's helper
 images = torch.randn(256, 3, 16, 16, generator=torch.Generator().manual_seed(0))
 data = TensorDataset(images, images.mean((1, 2, 3)).unsqueeze(1))
 loader = create_loader(data, args.batch_size, workers=args.workers, pin=args.pin_mem)

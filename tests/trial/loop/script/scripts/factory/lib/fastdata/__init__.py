@@ -29,3 +29,8 @@ class Task(torch.nn.Module):
 
     def forward(self, x, y):  # type: ignore[no-untyped-def]
         return self.loss(self.model(x), y)
+
+
+def random_seed(seed=42, rank=0):  # type: ignore[no-untyped-def]
+    """As timm.utils.random_seed: torch seeded inside the library, not in the script's source."""
+    torch.manual_seed(seed + rank)

@@ -6,8 +6,15 @@ import torch.utils.data as tud
 
 
 def create_loader(dataset, batch_size, workers=0, pin=False):  # type: ignore[no-untyped-def]
-    return tud.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=pin)
+    return tud.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=pin
+    )
 
 
 def create_optimizer(model, lr):  # type: ignore[no-untyped-def]
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def random_seed(seed=42, rank=0):  # type: ignore[no-untyped-def]
+    """As timm.utils.random_seed: torch seeded inside the library, not in the script's source."""
+    torch.manual_seed(seed + rank)
