@@ -115,6 +115,33 @@ def _write(rw: Rewrite, src: Any, call: Any, knobs: dict[str, Any]) -> None:
         rw.write(src, call, name, value, POSITION.get(name))
 
 
+# A loader built where the diff edits nothing (a library): what `autotune run` does instead.
+BY_RUN = "`autotune run` applies {what} there with no edit, through the same seams the trials used"
+
+
+def _write_site(rw: Rewrite, site: Any, knobs: dict[str, Any]) -> None:
+    """A loader's knobs at its site; for one a library builds (a file the diff does not edit), where the
+    script's own call into the library passes them (`create_loader(num_workers=args.workers)`: the option's
+    default, so its `-j` keeps working), and the rest said: `autotune run` applies them."""
+    if site.src.editable or not knobs:
+        _write(rw, site.src, site.call, knobs)
+        return
+    via = site.record.get("via")
+    src = rw.source_at(str(via["file"])) if isinstance(via, dict) else None
+    call = src.call_at(via) if src is not None and src.editable else None
+    passed = {}
+    if src is not None and call is not None:
+        passed = {k: v for k, v in knobs.items() if src.argument(call, k, None) is not None}
+        _write(rw, src, call, passed)
+    if rest := {k: v for k, v in knobs.items() if k not in passed}:
+        what = ", ".join(f"{k}={v!r}" for k, v in rest.items())
+        rw.notes.append(
+            f"{site.record.get('file')}:{site.record.get('line')}: the {site.record.get('type')} is built in a "
+            f"library, which the diff does not edit, and the script's call passes no {', '.join(rest)}: "
+            + BY_RUN.format(what=what)
+        )
+
+
 def script_lines(cfg: TrialConfig, skip: frozenset[str]) -> list[str]:
     """The script's DataLoader arguments, unless the script builds none."""
     if "num_workers" in skip:
@@ -140,7 +167,7 @@ def edit(rw: Rewrite) -> None:
                 _write(rw, rw, call, changes(ran, own, rw.no_effect))
         for site in sites or []:
             if site.used():
-                _write(rw, site.src, site.call, changes(site.record["ran"], site.record["own"], rw.no_effect))
+                _write_site(rw, site, changes(site.record["ran"], site.record["own"], rw.no_effect))
     if "batch_size" in rw.skip or rw.job.own is None:
         return
     if rw.job.through_loader:  # where the trial handed it over: the DataLoaders built with the script's own
@@ -152,7 +179,7 @@ def edit(rw: Rewrite) -> None:
         for site in sites or []:
             own, ran = site.record["own"].get("batch_size"), site.record["ran"].get("batch_size")
             if site.used() and own == rw.job.own[0] and ran != own:
-                _write(rw, site.src, site.call, {"batch_size": ran})
+                _write_site(rw, site, {"batch_size": ran})
         return
     for call in rw.api("batch_size"):
         if cfg.batch_size != rw.job.own[0]:

@@ -194,8 +194,16 @@ def lr_rule(uses: Uses) -> tuple[str, str]:
             f"the script constructs {', '.join(uses.optimizers)}, whose rules differ: {DEFAULT_RULE}, the default "
             "(give --lr-scaling for the one it runs)"
         )
-    other = f"{', '.join(uses.optimizers)}, with no known rule" if uses.optimizers else "no optimizer autotune knows"
-    return DEFAULT_RULE, f"the script's optimizer is {other}: {DEFAULT_RULE}, the default (or give --lr-scaling)"
+    if not uses.optimizers:
+        return DEFAULT_RULE, (
+            f"the script's source names no optimizer autotune knows: {DEFAULT_RULE}, the default until trial 0 "
+            "shows the one that steps (or give --lr-scaling)"
+        )
+    other = ", ".join(uses.optimizers)
+    return (
+        DEFAULT_RULE,
+        f"the script's optimizer is {other}, with no known rule: {DEFAULT_RULE}, the default (or give --lr-scaling)",
+    )
 
 
 def option_lr_rule(uses: Uses) -> str | None:

@@ -211,8 +211,9 @@ class Seams:
             if seams.batch_pinned is None:
                 seams.batch_pinned = observe.pinned(batch)
             seams.shuffles.setdefault(id(it), shuffled(it))
-            seams.pending_samples += batch_len(batch)
-            seams.pending_batches += 1
+            if torch.is_grad_enabled():  # under no_grad or inference_mode: an evaluation's batch, trains nothing
+                seams.pending_samples += batch_len(batch)
+                seams.pending_batches += 1
             return batch
 
         return __next__

@@ -30,11 +30,25 @@ def record_site(
 def call_site() -> dict[str, Any]:
     """The user's call that is constructing a DataLoader or optimizer: the first frame out of torch and
     autotune (a subclass's own __init__ is the user's), its file and line, and the call's columns where
-    Python says them (3.11+: the instruction's position)."""
+    Python says them (3.11+: the instruction's position); where that is not the script's own file (a module
+    beside it, a library's factory), also `via`: the script's own call that led there, where the diff can
+    reach an option it passes."""
     inside = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (torch, sys.modules["autotune"]))
     frame = sys._getframe(1)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
         frame = frame.f_back
+    where = _position(frame)
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    via = frame.f_back
+    while where["file"] != script and via is not None and os.path.abspath(via.f_code.co_filename) != script:
+        via = via.f_back
+    if where["file"] != script and via is not None:  # built in a library: the script's own call into it
+        where["via"] = _position(via)
+    return where
+
+
+def _position(frame: Any) -> dict[str, Any]:
+    """A frame's file and line, and the columns of the call it is making where Python says them."""
     where: dict[str, Any] = {"file": os.path.abspath(frame.f_code.co_filename), "line": frame.f_lineno}
     positions = getattr(frame.f_code, "co_positions", None)
     if positions is not None:

@@ -22,7 +22,7 @@ from autotune.trial.loop import worker
 from autotune.trial.processes import launcher
 
 FACTORY = Path(__file__).parent / "scripts" / "factory"
-LIB = FACTORY / "lib"
+LIB = FACTORY.parent / "factory_lib"
 LOADER_KNOBS = {"num_workers", "pin_memory", "prefetch_factor", "persistent_workers"}
 SHORT = {"warmup_steps": 1, "timed_steps": 3, "window": 1}  # num_threads kept: a baseline runs as written
 
@@ -167,3 +167,32 @@ def test_a_batch_its_configurator_sets_is_what_its_model_was_fed(tmp_path: Path)
     learned = trial0.script_lessons(settings, space, a, said.append)
     assert learned is not None and dict(learned[0].base.baseline or ())["batch_size"] == 12, said
     assert learned[0].base.own_accumulation == 2
+
+
+def test_the_diff_writes_a_library_loader_s_knobs_through_the_script_s_own_options(
+    library: Path, tmp_path: Path
+) -> None:
+    """The diff cannot edit a library: it writes each knob where the script's call into it passes one (its
+    `-b` and `-j`: the options' defaults), and says the rest (`autotune run` applies them)."""
+    from autotune.apply.export.diff import to_diff
+    from autotune.core.configfile import Export
+
+    shown = (("loaders", 1), ("optimizers", ("SGD",)), ("own_group", False), ("seeded", True))
+    spec = script.spec_of(str(FACTORY / "train.py"), ["--lib", "installed"])
+    cfg = TrialConfig(
+        pipeline=spec, shown=shown, baseline={"batch_size": 8}, num_workers=1, batch_size=16, persistent_workers=True,
+        **SHORT,
+    )  # fmt: skip
+    r = worker.run(cfg)
+    assert r.status == "ok", r.message
+    sites = r.applied["script"]["sites"]
+    (loader,) = sites["loaders"]
+    assert loader["file"].startswith(str(LIB)) and loader["type"] == "FastLoader"
+    assert loader["via"]["file"] == str(FACTORY / "train.py")  # the script's own create_loader(...) call
+    diff = to_diff(Export(cfg, sites=sites), device="cpu", cwd=str(FACTORY))
+    body = [line for line in diff.splitlines() if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
+    assert '+parser.add_argument("-b", "--batch-size", type=int, default=16)' in body, diff
+    assert '+parser.add_argument("-j", "--workers", type=int, default=1)' in body, diff
+    assert not any(line.startswith("+++") and "fastdata" in line for line in diff.splitlines())  # not edited
+    note = next(line for line in diff.splitlines() if "built in a library" in line)
+    assert "persistent_workers=True" in note and "`autotune run` applies" in note

@@ -1,6 +1,6 @@
 """A training script whose DataLoader and optimizer are built by factories it imports, not in its own file:
 from a package beside it (`--lib beside`: src/helpers/data.py, its folder put on sys.path as a src layout
-does) or from an installed library (`--lib installed`: lib/fastdata, put on the path by whoever runs it), the
+does) or from an installed library (`--lib installed`: ../factory_lib/fastdata, on the path as pip would put it), the
 loader a subclass there. Its model is a task wrapper
 (the model and its loss in one module) around a net with repeated blocks. `-j`, `-b` and `--pin-mem` are its
 own options, as timm's train.py has them; `--distributed` sets up its process group and DDP, which its flags
@@ -68,7 +68,7 @@ class Task(nn.Module):
 random_seed(0)  # torch seeded by the library's helper
 images = torch.randn(256, 3, 16, 16, generator=torch.Generator().manual_seed(0))
 data = TensorDataset(images, images.mean((1, 2, 3)).unsqueeze(1))
-loader = create_loader(data, args.batch_size, workers=args.workers, pin=args.pin_mem)
+loader = create_loader(data, batch_size=args.batch_size, num_workers=args.workers, pin_memory=args.pin_mem)
 task = Task(Net())
 if args.distributed:
     task = nn.parallel.DistributedDataParallel(task)

@@ -5,9 +5,9 @@ import torch
 import torch.utils.data as tud
 
 
-def create_loader(dataset, batch_size, workers=0, pin=False):  # type: ignore[no-untyped-def]
+def create_loader(dataset, batch_size, num_workers=0, pin_memory=False):  # type: ignore[no-untyped-def]
     return tud.DataLoader(
-        dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=pin
+        dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=num_workers, pin_memory=pin_memory
     )
 
 

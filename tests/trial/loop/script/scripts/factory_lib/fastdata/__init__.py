@@ -12,8 +12,8 @@ class FastLoader(data.DataLoader):
         super().__init__(dataset, batch_size=batch_size, shuffle=True, drop_last=True, **kwargs)
 
 
-def create_loader(dataset, batch_size, workers=0, pin=False):  # type: ignore[no-untyped-def]
-    return FastLoader(dataset, batch_size, num_workers=workers, pin_memory=pin)
+def create_loader(dataset, batch_size, num_workers=0, pin_memory=False):  # type: ignore[no-untyped-def]
+    return FastLoader(dataset, batch_size, num_workers=num_workers, pin_memory=pin_memory)
 
 
 def create_optimizer(model, lr):  # type: ignore[no-untyped-def]
