@@ -196,3 +196,38 @@ def test_the_diff_writes_a_library_loader_s_knobs_through_the_script_s_own_optio
     assert not any(line.startswith("+++") and "fastdata" in line for line in diff.splitlines())  # not edited
     note = next(line for line in diff.splitlines() if "built in a library" in line)
     assert "persistent_workers=True" in note and "`autotune run` applies" in note
+
+
+@pytest.mark.slow
+@pytest.mark.side_by_side
+def test_torchrun_autotune_run_trains_one_model_where_the_flags_leave_the_group_off(
+    library: Path, tmp_path: Path
+) -> None:
+    """`torchrun -m autotune run` on the script whose `init_process_group` its flags leave off: the run sets up
+    the group, as the trial did: one model, equal parameters on both ranks after each step."""
+    import os
+    import subprocess
+    import sys
+
+    from autotune.core.configfile import Export, to_yaml
+
+    record = tmp_path / "record"
+    record.mkdir()
+    args = ["--lib", "installed", "--steps", "8", "--record", str(record)]
+    shown = (("loaders", 1), ("optimizers", ("SGD",)), ("own_group", False), ("seeded", True))
+    spec = script.spec_of(str(FACTORY / "train.py"), args)
+    cfg = TrialConfig(pipeline=spec, gpus=2, shown=shown, baseline={"batch_size": 8}, **SHORT)
+    config = tmp_path / "best.yaml"
+    config.write_text(to_yaml(Export(cfg)))
+    out = tmp_path / "applied.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + ["-m", "autotune", "run", "--config", str(config), "--out", str(out), str(FACTORY / "train.py"), *args],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    applied = json.loads(out.read_text())["applied"]
+    assert applied["script"]["process_group"] == "trial" and applied["observed"]["model_replicated"] is True
+    ranks = [json.loads((record / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["step"] == ranks[1]["step"] == 7
+    assert ranks[0]["params"] == pytest.approx(ranks[1]["params"], rel=1e-9)

@@ -65,7 +65,7 @@ class Task(nn.Module):
         return self.loss(self.model(x), y)
 
 
-random_seed(0)  # torch seeded by the library's helper
+random_seed(0, int(os.environ.get("RANK", "0")))  # seeded by the library, per rank as timm does
 images = torch.randn(256, 3, 16, 16, generator=torch.Generator().manual_seed(0))
 data = TensorDataset(images, images.mean((1, 2, 3)).unsqueeze(1))
 loader = create_loader(data, batch_size=args.batch_size, num_workers=args.workers, pin_memory=args.pin_mem)
