@@ -122,8 +122,8 @@ def register(sub: Any) -> None:
         default=None,
         choices=LR_RULES,
         help="how the learning rate follows a global batch that differs from the baseline's "
-        "(default sqrt, the rule for Adam-family optimizers; for --script, the rule of the optimizer the "
-        "script constructs: linear for SGD, sqrt for the Adam family; none)",
+        "(default sqrt, the rule for Adam-family optimizers; for --script, the rule of the optimizer that "
+        "stepped in trial 0: linear for SGD, sqrt for the Adam family; none)",
     )
     s.add_argument(
         "--parity-steps",
