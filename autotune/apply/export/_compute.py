@@ -259,6 +259,7 @@ def edit(rw: Rewrite) -> None:
         k for k in UNEDITED_ORDER if k in rw.job.routed and k not in skip and getattr(cfg, k) != getattr(rw.base, k)
     ]
     written = _model_lines(rw, changed)
+    rw.model_written = written  # the alone copy applies the rest through the seams, never these again
     for knob in sorted(set(changed) - set(written)):
         rw.notes.append(f"{knob} {getattr(cfg, knob)}: {UNEDITED_HOW[knob]}; {UNEDITED_RUN}")
     gpus = LEADS["processes"]  # the table's name: the knob is read from cfg, not spelled here

@@ -168,6 +168,7 @@ class Rewrite(Source):
         self.flags: dict[tuple[str, ...], Any] = {}
         self.merged_notes: list[str] = []  # the keywords written over a call's **mapping
         self.top: list[str] = []  # lines added after the script's imports
+        self.model_written: list[str] = []  # the model knobs written as torch lines (_compute._model_lines)
         self.files: dict[str, Source | None] = {os.path.realpath(job.path): self}
         # What does nothing where the best was measured (a device the Export does not name: unknown).
         cpu = measured_on is not None and measured_on.startswith("cpu")

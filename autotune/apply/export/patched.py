@@ -71,7 +71,9 @@ def patched_copy(
         others = {folder / other.name: other.patched() for other in rewrite.others()}  # names inside its folder
         copy_args = with_flags(tuple(args), rewrite.flags)
         base = baseline_of(cfg)
-        if routed := sorted(k for k in job.routed if getattr(cfg, k) != getattr(base, k)):
+        changed = [k for k in job.routed if getattr(cfg, k) != getattr(base, k)]
+        # A knob the diff wrote as torch lines runs in the copy already: applied again, it would run twice.
+        if routed := sorted(k for k in changed if k not in rewrite.model_written):
             model = folder / "model.json"
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / original.name

@@ -146,3 +146,50 @@ def test_the_model_knobs_no_diff_writes_are_applied_in_the_copys_runs(tmp_path: 
     got = measure(patched.copy, list(patched.copy_args), 1, 4, model=patched.model)
     assert got["model"]["precision"]["in_effect"] == "bf16"
     assert got["model"]["checkpoint_segments"]["in_effect"] == ["blocks.0", "blocks.1"]
+
+
+def test_the_alone_copy_applies_each_model_knob_once_where_the_diff_writes_it(tmp_path: Path, monkeypatch: Any) -> None:
+    """Where the diff names the model (the stepped optimizer built from `model.parameters()`), it writes the model
+    knobs as torch lines; the copy's alone runs must not apply them again through the seams: each block is
+    checkpointed once, and each forward of the model enters one bf16 autocast."""
+    import torch
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    from autotune.apply.export.diff import to_diff
+    from autotune.core.configfile import Export
+    from autotune.trial.loop import worker
+    from autotune.trial.probes.alone import measure
+
+    path = Path(shutil.copy(UNEDITED, tmp_path / "train.py"))
+    spec = script.spec_of(str(path), ["--steps", "12"])
+    cfg = TrialConfig(pipeline=spec, precision="bf16", checkpoint_segments=2, warmup_steps=1, timed_steps=3, window=1)
+    monkeypatch.chdir(tmp_path)
+    sites = worker.run(cfg).applied["script"]["sites"]
+    diff = to_diff(Export(cfg, sites=sites), device="cpu", cwd=str(tmp_path))
+    assert "checkpoint(" in diff and "torch.autocast" in diff, diff  # the diff wrote both
+    patched = patched_copy(cfg, tmp_path / "alone", "cpu", sites)
+    assert patched.model is None  # nothing left for the seams to apply
+    entered: list[Any] = []
+    inside: list[int] = []  # the autocast entries made while each forward of the model ran (not backward's)
+    enter = torch.amp.autocast_mode.autocast.__enter__
+
+    def counting(self: Any) -> Any:
+        entered.append(self.fast_dtype)
+        return enter(self)
+
+    def pre(module: Any, args: Any) -> None:
+        if type(module).__name__ == "Net":
+            inside.append(-len(entered))
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        if type(module).__name__ == "Net":
+            inside[-1] += len(entered)
+
+    monkeypatch.setattr(torch.amp.autocast_mode.autocast, "__enter__", counting)
+    hooks = [register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True)]
+    try:
+        measure(patched.copy, list(patched.copy_args), 1, 4, model=patched.model)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert inside and set(inside) == {1}, inside  # one autocast per forward: the diff's, not the seams' too
