@@ -184,3 +184,7 @@ def edit(rw: Rewrite) -> None:
     for call in rw.api("batch_size"):
         if cfg.batch_size != rw.job.own[0]:
             rw.default(call, cfg.batch_size)
+    flag = rw.job.batch_option
+    if flag is not None and cfg.batch_size != rw.job.own[0]:  # its command line's option, not its source
+        rw.flags[(flag.rstrip("="),)] = cfg.batch_size
+        rw.notes.append(f"batch_size {cfg.batch_size}: run the script with {flag.rstrip('=')}={cfg.batch_size}")

@@ -267,6 +267,23 @@ def own_batch(uses: Uses, global_batch: int | None, recorded: int | None = None)
     return batch
 
 
+# A command-line option that may set a script's batch (nanoGPT's configurator: `--batch_size=12`).
+BATCH_FLAGS = ("--batch_size", "--batch-size", "--bs", "-b")
+
+
+def batch_flag(args: list[str] | tuple[str, ...]) -> tuple[str, int] | None:
+    """The script's own batch option as its arguments give it, and its value: ("--batch_size=", 12) for the
+    joined form, ("--batch-size", 12) for the spaced one (the last given wins, as in argparse); None."""
+    found = None
+    for i, word in enumerate(args):
+        flag, joined, value = word.partition("=")
+        if flag in BATCH_FLAGS and joined and value.isdigit():
+            found = (flag + "=", int(value))
+        elif word in BATCH_FLAGS and i + 1 < len(args) and args[i + 1].isdigit():
+            found = (word, int(args[i + 1]))
+    return found
+
+
 def through_loader(uses: Uses) -> bool:
     """The trial hands the batch over through the script's DataLoaders (it calls no at.batch_size())."""
     return uses.own_value("batch_size") is None and uses.dataloader
@@ -373,6 +390,15 @@ class ScriptJob(OwnLoopJob):
             accum = uses.own_value("accumulation")
             self.own = (batch, accum if isinstance(accum, int) else recorded_accumulation)
         self.lr_rule, self.lr_rule_why = lr_rule(uses)
+        # With no DataLoader and no at.batch_size(): where trial 0's model was fed the batch its own option gives
+        # (a configurator's `--batch_size=12`), the trial hands its batch over through that option (the run
+        # checks that the batch moved: running.py).
+        self.batch_option: str | None = None
+        flag = batch_flag(args)
+        if self.unsupported.why.get("batch_size") == BATCH_WHY and flag is not None and recorded == flag[1]:
+            self.batch_option, self.own = flag[0], (flag[1], recorded_accumulation)
+            why = {k: v for k, v in self.unsupported.why.items() if k != "batch_size"}
+            self.unsupported = Unsupported(why, self.unsupported.values)
         # What only the source's guess keeps out, before any run has shown the script: a trial given one of
         # these lets its run decide (the loader seams apply to any DataLoader built; ranks.py refuses gpus
         # with nothing to shard), where a study drops them until trial 0 shows otherwise.

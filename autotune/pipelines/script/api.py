@@ -108,6 +108,8 @@ class Trial:
         the batch is handed over through it; [] otherwise."""
         if self.batch_option is None or self.batch_size is None or self.batch_size == self.own_batch_size:
             return []
+        if self.batch_option.endswith("="):  # a configurator's joined `--batch_size=16`
+            return [f"{self.batch_option}{self.batch_size}"]
         return [self.batch_option, str(self.batch_size)]
 
     def own(self) -> tuple[int, int] | None:

@@ -50,7 +50,7 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "own_batch_size": job.own[0],
         "own_accumulation": job.own[1],
         "through_loader": job.through_loader,
-        "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else None,
+        "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else job.batch_option,
         "lr_scale": scale,
         "option_lr_scale": None
         if option_lr_rule(job.uses) is None
@@ -155,6 +155,8 @@ def own_as_run(
 
 def through(trial: api.Trial) -> str:
     """How the trial handed its micro-batch over."""
+    if trial.option_words() and not trial.through_loader:
+        return f"through its own option {' '.join(trial.option_words())} on its command line, no edit"
     if trial.option_words():
         return f"through its DataLoader's batch_size, given as its own option {' '.join(trial.option_words())}, no edit"
     return "through its DataLoader's batch_size, no edit" if trial.through_loader else "through at.batch_size()"

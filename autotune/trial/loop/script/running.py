@@ -82,6 +82,9 @@ def _run(
         raise TrialUnsupported(f"gpus {cfg.gpus}: this process is one of {world} rank(s): run it under torchrun")
     as_written = is_as_written(cfg)
     trial = trial_of(cfg, job, machine, as_written)
+    handed = trial.option_words() if job.batch_option is not None and job.own is not None else []
+    if handed:  # its batch handed over through its own option: recorded as at.batch_size() records one
+        trial.defaults["batch_size"], trial.returned["batch_size"] = job.own[0], cfg.batch_size
 
     def clock_for(device: torch.device) -> Clock:
         return Clock(cfg, device, rank, world, progress, launched, quiet=whole)  # a run is no trial: no trial's log
@@ -98,6 +101,12 @@ def _run(
         raise ConfigError(
             f"the script ended after {seams.hook_steps} optimizer step(s), before {untimed} warm-up "
             f"and {need} step(s): give it more steps in its arguments"
+        )
+    if handed and seams.model.fed != cfg.batch_size:  # the option must move the batch its model is fed
+        fed = "nothing the trial could count" if seams.model.fed is None else f"batches of {seams.model.fed}"
+        raise TrialUnsupported(
+            f"batch_size {cfg.batch_size}: handed over as {' '.join(handed)}, but its model was fed {fed}: "
+            "that option does not set the batch it trains on"
         )
     if not seams.loaders and (given := [k for k in sorted(job.guessed) if k in LOADER_KNOBS and not as_written]):
         changed = [k for k in given if getattr(cfg, k) != getattr(baseline_of(cfg), k)]

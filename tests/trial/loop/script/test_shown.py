@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from autotune.core.config import TrialConfig
+from autotune.core.errors import TrialUnsupported
 from autotune.core.settings import SearchSettings
 from autotune.pipelines import base_config, load_pipeline, script
 from autotune.search.loop import trial0
@@ -167,6 +168,7 @@ def test_a_batch_its_configurator_sets_is_what_its_model_was_fed(tmp_path: Path)
     learned = trial0.script_lessons(settings, space, a, said.append)
     assert learned is not None and dict(learned[0].base.baseline or ())["batch_size"] == 12, said
     assert learned[0].base.own_accumulation == 2
+    assert "batch_size" in learned[1].searched(), said  # through its own option, from here
 
 
 def test_the_diff_writes_a_library_loader_s_knobs_through_the_script_s_own_options(
@@ -231,3 +233,34 @@ def test_torchrun_autotune_run_trains_one_model_where_the_flags_leave_the_group_
     ranks = [json.loads((record / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["step"] == ranks[1]["step"] == 7
     assert ranks[0]["params"] == pytest.approx(ranks[1]["params"], rel=1e-9)
+
+
+def test_a_configurator_batch_option_hands_the_trial_s_batch_over(tmp_path: Path) -> None:
+    """Once trial 0 showed that `--batch_size=12` is what its model is fed, batch_size is searched through that
+    option (no edit): a trial at 16 gives `--batch_size=16`, its model is fed 16, and the lr follows the rule."""
+    args = ["--batch_size=12", "--gradient_accumulation_steps=2"]
+    spec = script.spec_of(str(CONFIGURED), args)
+    guess = script.load(TrialConfig(pipeline=spec))
+    assert "batch_size" in guess.unsupported  # before a run: no DataLoader, no at.batch_size()
+    base = base_config(spec, None, None, str(tmp_path)).replace(baseline={"batch_size": 12}, own_accumulation=2)
+    job = script.load(base)
+    assert "batch_size" not in job.unsupported and job.own == (12, 2) and job.batch_option == "--batch_size="
+    r = worker.run(base.replace(batch_size=16, **SHORT))
+    assert r.status == "ok", r.message
+    a = r.applied
+    assert a["batch_size"]["in_effect"] == 16 and "--batch_size=16" in a["batch_size"]["why"]
+    assert a["script"]["samples_per_step"] == 32 and a["global_batch"]["in_effect"] == 32
+    assert a["lr"]["in_effect"] == pytest.approx(base.lr * (32 / 24) ** 0.5)  # AdamW: sqrt
+
+
+def test_an_option_that_does_not_move_the_batch_fails_the_trial(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    source = CONFIGURED.read_text().replace(
+        "torch.manual_seed(1337)", "batch_size = 12  # set again, after its options\n"
+    )
+    path.write_text(
+        source.replace('os.path.dirname(__file__), "configurator.py"', f'"{CONFIGURED.parent}", "configurator.py"')
+    )
+    base = base_config(script.spec_of(str(path), ["--batch_size=12"]), None, None, str(tmp_path))
+    with pytest.raises(TrialUnsupported, match="that option does not set the batch it trains on"):
+        worker.run(base.replace(baseline={"batch_size": 12}, batch_size=16, **SHORT))
