@@ -25,7 +25,9 @@ def convolutions(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def apply(model: torch.nn.Module) -> None:
-    model.to(memory_format=torch.channels_last)
+    # torch's own Module.to: a wrapper that overrides `to` for its device and dtype (timm's training task)
+    # may not take a memory format; its children are converted by _apply, whatever they override.
+    torch.nn.Module.to(model, memory_format=torch.channels_last)
 
 
 def inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:

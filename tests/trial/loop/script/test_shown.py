@@ -99,11 +99,13 @@ def test_the_search_follows_what_trial_0_showed(library: Path, tmp_path: Path) -
     assert "num_workers" in line and "lr rule sqrt -> linear" in line
 
 
-def test_a_task_wrapper_s_inner_blocks_are_checkpointed(library: Path) -> None:
-    r = run(["--lib", "installed"], checkpoint_segments=2)
+def test_a_task_wrapper_s_inner_blocks_are_checkpointed_and_channels_last(library: Path) -> None:
+    """A task wrapper (the model and its loss in one module) whose `to` takes no memory format, as timm's."""
+    r = run(["--lib", "installed"], checkpoint_segments=2, channels_last=True)
     assert r.status == "ok", r.message
     assert r.applied["script"]["model"]["model"] == "Task" and r.applied["script"]["model"]["repeated_blocks"] == 3
     assert r.applied["observed"]["model_checkpointed_blocks"] == 2
+    assert r.applied["channels_last"]["in_effect"] is True
 
 
 @pytest.mark.slow

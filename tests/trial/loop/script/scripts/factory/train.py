@@ -64,6 +64,11 @@ class Task(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.loss(self.model(x), y)
 
+    def to(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # As timm's training task: its own `to`, which reads a device and dtype and takes no memory format.
+        dummy = torch.empty(0).to(*args, **kwargs)
+        return super().to(device=dummy.device, dtype=dummy.dtype)
+
 
 random_seed(0, int(os.environ.get("RANK", "0")))  # seeded by the library, per rank as timm does
 images = torch.randn(256, 3, 16, 16, generator=torch.Generator().manual_seed(0))
