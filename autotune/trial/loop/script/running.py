@@ -82,8 +82,8 @@ def _run(
         raise TrialUnsupported(f"gpus {cfg.gpus}: this process is one of {world} rank(s): run it under torchrun")
     as_written = is_as_written(cfg)
     trial = trial_of(cfg, job, machine, as_written)
-    handed = trial.option_words() if job.batch_option is not None and job.own is not None else []
-    if handed:  # its batch handed over through its own option: recorded as at.batch_size() records one
+    handed = trial.option_words() if job.batch_option is not None else []
+    if handed and job.own is not None:  # its batch handed over through its own option, recorded as handed
         trial.defaults["batch_size"], trial.returned["batch_size"] = job.own[0], cfg.batch_size
 
     def clock_for(device: torch.device) -> Clock:
