@@ -161,9 +161,12 @@ def leaderboard_rows(study: optuna.Study, top: int) -> list[tuple[str, ...]]:
 
 
 def checked(check: Mapping[str, Any] | None) -> str:
-    """A check's verdict in a cell: "; parity pass", or "; to target x1.50 (pass)" for a changed step."""
+    """A check's verdict in a cell: "; parity pass", or "; to target x1.50 (pass)" for a changed step; a check
+    that did not run, by its own name: "; time to target not checked"."""
     if not check or not check.get("verdict"):
         return ""
+    if check["verdict"] not in (Verdict.PASS, Verdict.FAIL):
+        return f"; {check.get('kind') or 'parity'} {check['verdict']}"
     if check.get("kind") == "time to target":
         x = check.get("speedup_to_target")
         return f"; to target {f'x{x:.2f}' if x else 'not reached'} ({check['verdict']})"
@@ -296,7 +299,7 @@ def _fastest(summary: records.ConfirmationSummary) -> str:
         return f"measurably faster: {gained[0]['label']}, {Paired.of_row(gained[0]).statement()}"
     if not rows:
         return "no config was measured in a round"
-    best = max(rows, key=lambda r: r["speedup_median"])
+    best = max(rows, key=lambda r: (len(r.get("ratios") or ()), r["speedup_median"]))  # more rounds first
     return (
         f"none measurably faster than the baseline (best by median: {best['label']}, {Paired.of_row(best).statement()})"
     )
@@ -329,7 +332,8 @@ def order_note(study: optuna.Study) -> str | None:
 
 def export_notes(study: optuna.Study) -> list[str]:
     """The final lines on what was exported: what its confirmation rounds say (or that the baseline was
-    kept), and each faster config it was chosen over, with why (best.yaml's `passed_over:`)."""
+    kept), and each faster config it was chosen over, with why (best.yaml's `passed_over:`), one whose
+    training math was not checked last: its why names the budget that would pay for the check."""
     choice = final(study)
     best = choice.trial
     if best is None:
@@ -341,7 +345,8 @@ def export_notes(study: optuna.Study) -> list[str]:
             lines.append("no change exported: the export is the baseline's own config")
         elif rounds is not None:
             lines.append(f"the exported trial {best.number}: {rounds.statement()}")
-    for p in choice.passed_over:
+    # An unchecked faster class last: its reason ends with the budget that would pay for its check.
+    for p in sorted(choice.passed_over, key=lambda p: str(p["why"]).startswith("its training math")):
         speed = f" (x{p['speedup']:.2f})" if p.get("speedup") else ""
         lines.append(f"trial {p['trial']}{speed} was faster but is not exported: {p['why']}")
     return lines

@@ -16,6 +16,7 @@ without one (search/store/results.choose). So the rounds are never fewer than 3,
 cannot pay for 3 rounds of every candidate, the lowest-ranked candidates are left out of the remaining
 rounds, so the ones kept reach 3, rather than every candidate ending with a round or two that decide
 nothing; when the budget cannot pay for 3 rounds of even the top one beside the baseline, none run.
+Which configs are measured is the end's plan (search/loop/plan.py): only ones that may then be exported.
 """
 
 from __future__ import annotations
@@ -83,14 +84,16 @@ def run(
     settings: SearchSettings,
     budget: Budget | None = None,
     *,
+    pool: list[Candidate] | None = None,
     server: WarmServer | None = None,
     say: Callable[[str], None] = print,
 ) -> ConfirmationSummary | None:
-    """Measure the top --confirm-top candidates in up to --confirm-rounds interleaved rounds, only whole
-    rounds that end by the budget's end (none: no limit); store and return the summary. None if there is
-    nothing to compare (no feasible trial besides the baseline, rounds == 0, or not one round fits)."""
-    top, rounds = settings.confirm_top, confirm_rounds(settings)
-    pool = candidates(study, settings.base, top)
+    """Measure `pool` (the end's plan, search/loop/plan.py; None: the top --confirm-top candidates) in up to
+    --confirm-rounds interleaved rounds, only whole rounds that end by the budget's end (none: no limit);
+    store and return the summary. None if there is nothing to compare (no feasible trial besides the
+    baseline, rounds == 0, or not one round fits)."""
+    rounds = confirm_rounds(settings)
+    pool = candidates(study, settings.base, settings.confirm_top) if pool is None else pool
     if rounds == 0 or not any(c.label != "baseline" for c in pool):
         return None
     if rounds > settings.confirm_rounds:
@@ -291,7 +294,8 @@ def summarize(
 ) -> ConfirmationSummary:
     """Medians and ranges over the rounds; each config's speedup the median of its per-round ratios to
     the baseline (`tally`) with the sign test's interval for it and its verdict (core/paired.py); the
-    winner by that median, and whether the order of the search's figures held."""
+    winner by that median among the configs measured in the most rounds, and whether the order of the
+    search's figures held."""
     base = statistics.median(samples["baseline"]) if samples.get("baseline") else None
     # The baseline's own spread in these rounds: a gain thinner than it is no gain at 3-4 rounds (Paired).
     noise = spread(samples["baseline"])[1] if base else 1.0
@@ -322,9 +326,11 @@ def summarize(
                 "noise": noise,
             }
         )
+    # More rounds first: a config the budget left out after a round or two never ranks above one measured
+    # in more, however its median reads (one round ranked trial 2 above trial 7's three: a false reorder).
     ranked = sorted(
         (r for r in rows if r["label"] != "baseline" and r["speedup_median"]),
-        key=lambda r: -r["speedup_median"],
+        key=lambda r: (-len(r["ratios"]), -r["speedup_median"]),
     )
     search_order = [c.label for c in pool if c.label != "baseline"]
     confirmed_order = [r["label"] for r in ranked]

@@ -1,7 +1,8 @@
-"""The end of a search, once its trials are spent: confirmation (the top configs and the baseline
-re-measured side by side in interleaved rounds), the parity gate (the export candidates checked to train
-like the baseline), the extension rounds (a config the gate passed that the rounds did not measure), and
-the export's ceiling (its compute-only rate and FLOPs utilisation).
+"""The end of a search, once its trials are spent: the plan (search/loop/plan.py: a leading class checked
+before its rounds, no round on a config that could not then be exported), confirmation (the planned
+configs and the baseline re-measured side by side in interleaved rounds), the parity gate (the export
+candidates checked to train like the baseline), the extension rounds (a config the gate passed that the
+rounds did not measure), and the export's ceiling (its compute-only rate and FLOPs utilisation).
 The trial loop never uses it; `confirm_and_gate` is the one sequence, each step spending what the `Budget`
 allows. The export itself (best.yaml) is the session's (`SearchSession.export_best`), after it.
 
@@ -19,7 +20,7 @@ from autotune.search.store.records import ConfirmationSummary
 from autotune.core.paired import MIN_ROUNDS
 from autotune.search.budget import Budget, confirm_rounds, least_confirming_budget_s
 from autotune.search.loop import confirm, export_ceiling
-from autotune.search.loop import gate
+from autotune.search.loop import gate, plan
 from autotune.search.store.results import choose
 from autotune.trial.processes.warm_client import WarmServer
 
@@ -69,13 +70,17 @@ def confirm_and_gate(
     server: WarmServer | None = None,
     say: Callable[[str], None] = print,
 ) -> ConfirmationSummary | None:
-    """Confirm, check parity, confirm the export too when the gate passed a config the rounds did not
-    measure, and measure how far the export is from its ceiling. Returns the confirmation summary
-    (search/store/records.py), None when confirmation did not run or had nothing to compare."""
+    """Plan the end (checking a leading class first where that pays), confirm, check parity, confirm the
+    export too when the gate passed a config the rounds did not measure, and measure how far the export is
+    from its ceiling. Returns the confirmation summary (search/store/records.py), None when confirmation
+    did not run or had nothing to compare."""
     confirmation = None
-    if settings.confirm_rounds:
-        confirmation = confirm.run(study, settings, budget, server=server, say=say)
-    gate.run(study, settings, budget, server=server, say=say)
+    unpaid: dict[str, plan.Unpaid] = {}
+    if settings.confirm_rounds:  # without rounds, the gate alone decides, in the search's order
+        planned = plan.ahead(study, settings, budget, server=server, say=say)
+        unpaid = planned.unpaid
+        confirmation = confirm.run(study, settings, budget, pool=planned.pool, server=server, say=say)
+    gate.run(study, settings, budget, server=server, say=say, unpaid=unpaid)
     # The gate may have passed a config the rounds did not measure: exported only once its own rounds
     # show a gain, so it is confirmed beside the baseline now.
     best = choose(study, gain=False).trial if confirmation else None
@@ -85,4 +90,4 @@ def confirm_and_gate(
     return confirmation
 
 
-__all__ = ["confirm", "confirm_and_gate", "export_ceiling", "gate", "reserve_note", "short_note", "wanted"]
+__all__ = ["confirm", "confirm_and_gate", "export_ceiling", "gate", "plan", "reserve_note", "short_note", "wanted"]

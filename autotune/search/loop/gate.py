@@ -7,16 +7,16 @@ candidate that fails is recorded in the study, said, and skipped, and the next o
 already checked (during the search, or for an earlier candidate) is not checked again: its check
 stands for every config in it. A config computing the baseline's own training needs no check: its
 optimizer step is the baseline's by construction (core/training.SAME_MEANS), so the gate stops at it,
-as the export does (results.choose). A check that
-does not fit in the budget left is not started (`not checked`) and a cheaper candidate is tried: a
-config that passed is exported before one that could not be checked (results.exported). The
-baseline's reference trajectory is measured once per study and kept in the study, so a resumed
-search or another worker reuses it.
+as the export does (results.choose). A check that does not fit in the budget left is not started (`not
+checked`), said once for its class (what it would cost, what is left, the configs it holds, the budget
+that would pay: search/loop/plan.Unpaid), and a cheaper candidate is tried: a config that passed is
+exported before one that could not be checked (results.exported). The baseline's reference trajectory
+is measured once per study and kept in the study, so a resumed search or another worker reuses it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -28,7 +28,7 @@ from autotune.core.outcomes import Role, Verdict
 from autotune.search.checks import classes
 from autotune.search.store import records
 from autotune.search.budget import Budget
-from autotune.search.loop import confirm
+from autotune.search.loop import confirm, plan
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import CheckRecord, TrialRecord
 from autotune.search.store.results import class_check, class_label, confirmed_figures, export_order, needs_check
@@ -42,19 +42,23 @@ def run(
     *,
     server: WarmServer | None = None,
     say: Callable[[str], None] = print,
+    unpaid: Mapping[str, plan.Unpaid] | None = None,
 ) -> dict[str, CheckRecord] | None:
     """Check candidates until one passes; returns the checks by trial number (also stored in the
-    study), or None when parity is off or there is nothing but the baseline to export."""
+    study), or None when parity is off or there is nothing but the baseline to export. `unpaid`: the
+    classes the end's plan found the budget cannot check (said there): their configs are recorded not
+    checked, with no line."""
     steps, order = settings.parity_steps, _worth_checking(study)
     if not steps or not order:
         return None
     checks = records.gate_checks(study)
     folder = end_folder(settings, study, "parity")
-    say(
-        f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when "
-        "its optimizer step differs), from the same weights on the same data, in fresh processes "
-        "(--parity-steps 0: off)"
-    )
+    short = dict(unpaid or {})  # by class: a class the budget cannot check is said once, not once per config
+    for unpaid_class in short.values():  # each of its configs says why it is not exported, and what budget pays
+        for n in unpaid_class.trials:
+            if (checks.get(str(n)) or {}).get("verdict") in (None, Verdict.NOT_CHECKED):
+                checks[str(n)] = unpaid_class.record()
+    said = False
     for t in order:
         key = str(t.number)
         if not needs_check(study, t, settings.base):
@@ -67,10 +71,20 @@ def run(
                 break
             continue
         cfg = TrialRecord.of(t).config_for(settings.base)
-        unpaid = _unpaid(study, settings, budget, t, cfg, say)
-        if unpaid is not None:
-            checks[key] = unpaid
+        k = plan.key(t)
+        if k not in short and (lacking := _unpaid(study, settings, budget, t, cfg)) is not None:
+            short[k] = lacking
+            say(lacking.line())
+        if k in short:
+            checks[key] = short[k].record()
             continue
+        if not said:  # said once a check runs, not before a search's end that checks nothing
+            say(
+                f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss "
+                "when its optimizer step differs), from the same weights on the same data, in fresh processes "
+                "(--parity-steps 0: off)"
+            )
+            said = True
         try:
             check = classes.run_check(study, settings, t, cfg, folder, server)
         except TrialFailure as e:  # the baseline itself failed to train: nothing can be judged against it
@@ -92,21 +106,25 @@ def _unpaid(
     budget: Budget | None,
     t: FrozenTrial,
     cfg: TrialConfig,
-    say: Callable[[str], None],
-) -> CheckRecord | None:
-    """The not-checked record of a check the budget left cannot pay for, said; None when it fits."""
-    need = classes.cost_s(study, settings, t, cfg)
-    if confirmed_figures(study, t.number) is None:  # exported, it is confirmed beside the baseline first
-        need += confirm.extension_s(study)
-    if Budget.fits(need, budget.checks_end if budget else None):
+) -> plan.Unpaid | None:
+    """The class of `t` when the budget left cannot pay for its check (and the rounds that confirm `t` beside
+    the baseline, when the confirmation did not measure it: it is exported only once they show a gain); None
+    when they fit."""
+    check_s = classes.cost_s(study, settings, t, cfg)
+    after_s = confirm.extension_s(study) if confirmed_figures(study, t.number) is None else 0.0
+    deadline = budget.checks_end if budget else None
+    if Budget.fits(check_s + after_s, deadline):
         return None
-    say(
-        f"parity: the check of trial {t.number} (about {need:.0f} s) does not fit in the budget left: not checked, so not exported"
+    k = plan.key(t)
+    return plan.Unpaid(
+        k,
+        plan.check_name(settings, t),
+        plan.class_trials(study, k),
+        check_s,
+        after_s,
+        plan.seconds_to(deadline),
+        settings.budget_s,
     )
-    return {
-        "verdict": Verdict.NOT_CHECKED,
-        "reason": f"the budget left was shorter than the check (about {need:.0f} s)",
-    }
 
 
 def _say_verdict(t: FrozenTrial, check: CheckRecord, say: Callable[[str], None]) -> None:
@@ -127,10 +145,12 @@ def _worth_checking(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def _standing(study: optuna.Study, t: FrozenTrial, checks: dict[str, CheckRecord]) -> CheckRecord | None:
-    """A check of `t` made before: its own (a resumed study), or its class's (checked during the search,
-    or for an earlier candidate); None when it has to be checked."""
-    if str(t.number) in checks:
-        return checks[str(t.number)]
+    """A check of `t` made before: its own verdict (a resumed study), or its class's (checked during the
+    search, or for an earlier candidate); None when it has to be checked. Its own `not checked` is no verdict
+    (the budget of the run that wrote it was short, or its baseline failed): it stands only as its class's."""
+    own = checks.get(str(t.number))
+    if own is not None and own.get("verdict") != Verdict.NOT_CHECKED:
+        return own
     known = class_check(study, t)
     if known is None or known.get("trial") == t.number:  # none, or its own: no other trial to point to
         return known

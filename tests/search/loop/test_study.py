@@ -157,11 +157,14 @@ def test_search_end_to_end(tmp_path: Path, tiny_data: Path) -> None:
     # Every search ends with a confirmation, and nothing but the baseline is exported without 3 rounds of
     # its own beside it. How many rounds 45 s pays for depends on how fast the machine forks a trial, so
     # that is not asserted: at 0 rounds the search says why (the end's rounds may still confirm a config
-    # the parity gate passes, in the grace).
-    assert "confirmed:" in run.stdout, run.stdout[-3000:]
+    # the parity gate passes, in the grace). Where only configs of an unchecked class (the bf16 warm start)
+    # beat the baseline and their check cannot fit, the end's plan says so and spends no round on them.
     summary = records.confirmation(study)
-    assert summary is not None
-    if summary["rounds"] == 0:
+    if summary is None:
+        assert "confirmation: no round runs" in run.stdout, run.stdout[-3000:]
+    else:
+        assert "confirmed:" in run.stdout, run.stdout[-3000:]
+    if summary is not None and summary["rounds"] == 0:
         assert "fewer than 3 rounds cannot show a gain, so none run" in run.stdout, run.stdout[-3000:]
     number = exported["study"]["trial"]
     baseline = study.trials[number].user_attrs["role"] == "baseline"  # trial 0, or its re-run when contended
