@@ -29,6 +29,11 @@ GROUP_LRS = ("lr", "initial_lr", "max_lr", "min_lr")
 SCHEDULE_LRS = ("base_lrs", "_last_lr", "max_lrs")
 
 OWN_SCHEDULE = "the script sets its optimizer's lr itself before its steps (a schedule of its own)"
+# A batch nothing in the run showed: recorded as unknown, never as the config's placeholder.
+UNSEEN = (
+    "not seen: no DataLoader delivered it, none was handed over (at.batch_size()), and its model was never "
+    "called with a tensor"
+)
 
 
 def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
@@ -163,8 +168,8 @@ def through(trial: api.Trial) -> str:
 
 
 def seen(seams: Seams, trial: api.Trial) -> Seen:
-    """The micro-batch the script ran: its own as its loaders delivered it, else the one handed over, else
-    its first DataLoader's; nothing when none shows one."""
+    """The micro-batch the script ran: its own as its loaders delivered it (or its model was fed), else the one
+    handed over, else its first DataLoader's; unknown (None) when none shows one."""
     loader = seams.loaders[0] if seams.loaders else None
     ran = own_as_run(trial, seams.step_samples, seams.step_batches, seams.model.fed, per_step(seams.step_backwards))
     if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
@@ -173,7 +178,7 @@ def seen(seams: Seams, trial: api.Trial) -> Seen:
         return {"batch_size": (trial.returned["batch_size"], through(trial))}
     if loader:
         return {"batch_size": (loader["batch_size"], "the script's own DataLoader batch size")}
-    return {}
+    return {"batch_size": (None, UNSEEN)}
 
 
 def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob) -> dict[str, Any]:

@@ -78,6 +78,7 @@ def test_a_script_that_shows_no_batch_is_measured_in_steps_per_second(tmp_path: 
     path.write_text(KEYWORDS)
     a = worker.run(baseline_of(study_base(path, []))).applied
     assert a["throughput"]["unit"] == "steps/s" and "optimizer steps are counted" in a["throughput"]["why"]
+    assert a["batch_size"]["in_effect"] is None and a["batch_size"]["why"].startswith("not seen")  # no placeholder
 
 
 @pytest.mark.slow
