@@ -171,6 +171,10 @@ class Seams:
                     bound.arguments |= seams.ranks.shard(bound.arguments, at)
             original(*bound.args, **bound.kwargs)
             record = {k: getattr(loader, k, None) for k in ("batch_size", *LOADER_KNOBS)}
+            batches = loader.batch_sampler
+            record["sampler"] = type(
+                loader.sampler if batches is None else getattr(batches, "sampler", batches)
+            ).__name__
             kept = ITERABLE_KEPT if iterable else UNMEASURED if unmeasured else None
             seams.loaders.append(record | ({"kept": kept} if kept else {}))
             ran = {k: record[k] for k in ("batch_size", *LOADER_KNOBS)}

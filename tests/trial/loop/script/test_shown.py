@@ -54,6 +54,11 @@ def test_trial_0_shows_the_loader_and_optimizer_a_factory_built(lib: str, librar
     shown = shown_of(r.applied)
     assert shown == {"loaders": 1, "optimizers": ("SGD",), "own_group": False, "seeded": True}
     # The run's loader ran the script's own -j 1 with pinning: recorded as it ran, not "no DataLoader".
+    (loader,) = r.applied["script"]["loaders"]
+    assert loader == {
+        "batch_size": 8, "num_workers": 1, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False,
+        "sampler": "RandomSampler",
+    }  # fmt: skip
     assert r.applied["num_workers"]["in_effect"] == 1 and r.applied["pin_memory"]["in_effect"] is True
     # Seeded by the library's helper: reproducible, so parity can check it (the source's guess: not so).
     assert script.not_checkable(TrialConfig(pipeline=spec)) is not None
