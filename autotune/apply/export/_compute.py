@@ -288,7 +288,8 @@ _MODEL_LINES = {
         "    _checkpoint({m}.get_submodule(_block))",
     ],
     "channels_last": [
-        "{m}.to(memory_format=torch.channels_last)  # autotune: channels_last, its 4-D inputs too",
+        # torch's own Module.to: a wrapper that overrides `to` (timm's training task) may take no memory format
+        "torch.nn.Module.to({m}, memory_format=torch.channels_last)  # autotune: channels_last, its 4-D inputs too",
         "{m}.register_forward_pre_hook(lambda _m, args: tuple(a.contiguous(memory_format=torch.channels_last) "
         "if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args))",
     ],
