@@ -351,7 +351,8 @@ def test_the_model_knobs_of_an_unedited_script_are_written_as_plain_torch_lines(
     _apply(tmp_path, diff)
     after = target.read_text()
     assert (
-        "torch.nn.Module.to(model, memory_format=torch.channels_last)" in after and "_checkpoint(model.get_submodule(_block))" in after
+        "torch.nn.Module.to(model, memory_format=torch.channels_last)" in after
+        and "_checkpoint(model.get_submodule(_block))" in after
     )
     # Run alone, in this process: a global hook sees what each module ran.
     convs: list[tuple[torch.dtype, bool]] = []
