@@ -9,6 +9,8 @@ whatever the gradient's scale) moves it GAIN times faster, so that 30 steps at t
 take the loss from ~0.69 to ~0.41 and a stall stands out.
 
 healthy: the net as it should be.
+fast_in_bf16: the healthy net, whose fp32 steps each wait SLOW_FP32_S more (a step bound by fp32 work): under
+         bf16 autocast the same net trains as `healthy` does, and many times faster by construction.
 offset:  the same net with a numerically naive step between its layers, h -> (h + OFFSET) - OFFSET,
          like a running total taken relative to a large base. In fp32 it is the identity up to
          OFFSET x 2^-24 (~2.4e-4), and the net trains as `healthy` does (the same losses to 3 decimals
@@ -21,6 +23,7 @@ offset:  the same net with a numerically naive step between its layers, h -> (h 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -29,6 +32,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 OFFSET = 4096.0
 GAIN = 10.0
+SLOW_FP32_S = 0.1
 
 
 class Gain(nn.Module):
@@ -74,6 +78,20 @@ class RulePipeline:
         return nn.functional.binary_cross_entropy_with_logits(output.float(), target)
 
 
+class SlowInFp32(nn.Module):
+    """Waits SLOW_FP32_S outside autocast: fast_in_bf16's built-in speedup, whatever this CPU's bf16."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda"):
+            time.sleep(SLOW_FP32_S)
+        return h
+
+
+class FastInBf16(RulePipeline):
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(*super().build_model(), SlowInFp32())  # the same layers and weights as healthy
+
+
 class OffsetPipeline(RulePipeline):
     offset = True
 
@@ -89,6 +107,10 @@ class CrashesInBf16(RulePipeline):
 
 def healthy(cfg: Any) -> RulePipeline:
     return RulePipeline(cfg)
+
+
+def fast_in_bf16(cfg: Any) -> FastInBf16:
+    return FastInBf16(cfg)
 
 
 def offset(cfg: Any) -> OffsetPipeline:

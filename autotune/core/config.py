@@ -114,6 +114,10 @@ class TrialConfig:
     timed_steps: int = 20
     seconds: float | None = None  # time-boxed measurement instead of timed_steps
     window: int = 5  # steps per throughput window, reported for pruning
+    # Optimizer steps from the first whose losses the run records, going on untimed after its window until it
+    # has them: set on the runs a class's check rides on (trial 0, the baseline's second draw, a class's first
+    # trial: search/checks/riding.py); 0: it stops with its window.
+    record_steps: int = 0
     seed: int = 0  # initial weights (and the data order unless data_seed is given)
     data_seed: int | None = None  # the data order; None: seed
     lr: float = 1e-3  # for the reference global batch: global_batch, else REFERENCE_BATCH
@@ -189,6 +193,7 @@ class TrialConfig:
         )
         need(self.warmup_steps >= 0 and self.timed_steps >= 1, "warmup_steps must be >= 0 and timed_steps >= 1")
         need(self.window >= 1, f"window must be >= 1, got {self.window}")
+        need(self.record_steps >= 0, f"record_steps must be >= 0, got {self.record_steps}")
         need(self.own_accumulation >= 1, f"own_accumulation must be >= 1, got {self.own_accumulation}")
         need(
             self.seconds is None or (_number(self.seconds) and self.seconds > 0),

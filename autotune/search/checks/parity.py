@@ -291,12 +291,41 @@ def check(
         runs += 2
         if reference.not_checkable:
             return _not_checkable(reference, steps, samples, t0, c_steps, b_steps, runs)
-    dev = deviation(losses, g_c, reference.losses, g_b, samples, grid)
+    return judge(candidate, baseline, steps, losses, reference, time.monotonic() - t0, runs)
+
+
+def judge(
+    candidate: TrialConfig,
+    baseline: TrialConfig,
+    steps: int,
+    losses: Sequence[float],
+    reference: Reference,
+    seconds: float = 0.0,
+    runs: int = 0,
+) -> ParityResult:
+    """What the candidate's losses from its first step (at least candidate_steps(...) of them) show against a
+    reference that covers the comparison (covers(...)): check()'s candidate run, or the losses a class's
+    first trial recorded (search/checks/riding.py)."""
+    g_c, g_b = candidate.global_batch_size, baseline.global_batch_size
+    samples, grid = steps * max(g_c, g_b), max(g_c, g_b)
+    c_steps, b_steps = steps_for(samples, g_c), steps_for(samples, g_b)
+    dev = deviation(losses[:c_steps], g_c, reference.losses, g_b, samples, grid)
     noise = reference_noise(reference, samples, grid)
     tol = tolerance_for(noise)
     passed = dev <= tol
     reason = _reason(candidate, baseline, dev, tol, noise)
-    return ParityResult(steps, samples, dev, tol, noise, passed, reason, time.monotonic() - t0, c_steps, b_steps, runs)
+    return ParityResult(steps, samples, dev, tol, noise, passed, reason, seconds, c_steps, b_steps, runs)
+
+
+def candidate_steps(candidate: TrialConfig, baseline: TrialConfig, steps: int) -> int:
+    """The candidate's optimizer steps a check of `steps` compares (its own K at the larger global batch)."""
+    g_c, g_b = candidate.global_batch_size, baseline.global_batch_size
+    return steps_for(steps * max(g_c, g_b), g_c)
+
+
+def covers(reference: Reference, candidate: TrialConfig, baseline: TrialConfig, steps: int) -> bool:
+    """Whether `reference` spans the samples a check of `candidate` over `steps` compares."""
+    return reference.samples >= steps * max(candidate.global_batch_size, baseline.global_batch_size)
 
 
 def _not_checkable(
@@ -333,7 +362,9 @@ def steps_for(samples: float, global_batch: int) -> int:
 
 def as_run(cfg: TrialConfig, steps: int) -> TrialConfig:
     """The config as parity runs it: `steps` optimizer steps, all recorded, no warm-up, no time box."""
-    return cfg.replace(warmup_steps=0, timed_steps=steps, seconds=None, profile=False, window=min(cfg.window, steps))
+    return cfg.replace(
+        warmup_steps=0, timed_steps=steps, seconds=None, profile=False, window=min(cfg.window, steps), record_steps=0
+    )
 
 
 def same_training(a: TrialConfig, b: TrialConfig) -> bool:

@@ -1,6 +1,8 @@
 """The baseline's further draws: trial 0's config measured once more, in a process of its own, before any
 other trial, so that no speedup the search prints rests on one draw of the reference; and once more at the
-middle of a long trial loop (LONG_S or more), since a machine's speed drifts over a long search.
+middle of a long trial loop (LONG_S or more), since a machine's speed drifts over a long search. The first
+further draw runs with the data seed + 1: the data-order twin that, with trial 0, is the reference every
+class's check compares against (search/checks/riding.py), so the reference costs no run of its own.
 
 On a machine whose processes each run at their own speed (a VM's steal time, a CPU's boost), one process
 of a config can run 20-30% below another of the same config: an A/A control of a public script measured
@@ -23,6 +25,8 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailure
 from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
+from autotune.search.checks import riding
+from autotune.search.loop.runner import trial_dir
 from autotune.search.store import records
 from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import baseline_figures, baseline_sps, baseline_spread
@@ -70,8 +74,16 @@ def draw(
         say(f"baseline: no further draw (about {need:.0f} s): the trials' share of the budget left is shorter")
         return None
     cfg = record.config_for(settings.base)
+    where = folder / f"draw-{1 + len(records.baseline_draws(study))}"
+    # The second draw is also the data-order twin of the classes' checks, when trial 0 recorded its half.
+    first = riding.recorded(trial_dir(settings, trial0.number))
+    twin = riding.twin(study, settings, cfg, first)
     try:
-        figure = measure(cfg, folder / f"draw-{1 + len(records.baseline_draws(study))}", settings, server)
+        if twin is None:
+            figure = measure(cfg, where, settings, server)
+        else:
+            second, _ = locked_trial(twin, where, settings.trial_timeout, server=server)
+            figure = float(second.samples_per_s or 0.0)
     except TrialFailure as e:
         say(f"baseline: a further draw failed ({e.reason}); speedups rest on the draws before it")
         return None
@@ -79,6 +91,11 @@ def draw(
         return None
     records.write_baseline_draw(study, figure)
     say(statement(study, figure))
+    if twin is not None and first is not None and riding.store_reference(study, settings, first, second):
+        say(
+            f"check: trial 0 and this draw (data seed + 1) are the reference of every class's check "
+            f"({settings.parity_steps} steps each, no run of their own)"
+        )
     return figure
 
 

@@ -72,8 +72,10 @@ def run_one(
     """Run `cfg` as `trial` and tell the study how it went: its figures, or why it failed."""
     role = TrialRecord.of(trial).role
     events.started(trial.number, role, cfg)
-    trial_dir = Path(settings.studies_dir) / settings.study / f"trial-{trial.number}"
-    watch = _Watch(trial, role, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}, events)
+    folder = trial_dir(settings, trial.number)
+    # A trial that carries its class's check (search/checks/riding.py) is not pruned before its verdict.
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    watch = _Watch(trial, role, owner, events, carries=cfg.record_steps > 0)
     write(trial, TrialRecord(role=role, config=cfg.knobs(), owner=watch.owner))
     launched = time.monotonic()
     try:
@@ -81,7 +83,7 @@ def run_one(
         with _optuna.heartbeat_thread(study, trial):
             result, lease = locked_trial(
                 cfg,
-                trial_dir,
+                folder,
                 timeout_s,
                 on_window=watch.window,
                 on_start=watch.started,
@@ -101,15 +103,20 @@ def run_one(
         raise
     except BaseException:
         write_reason(trial, Reason.INTERRUPTED)
-        _upload(trial, trial_dir)
+        _upload(trial, folder)
         tell(study, trial, state=TrialState.FAIL)
         raise
     else:
         # The wall time beside the cost estimate made before launch (search/loop/cost.py reads it back).
         write(trial, TrialRecord(role=role, wall_s=round(time.monotonic() - launched, 2)))
         state, value = TrialState.COMPLETE, _measured(study, trial, role, cfg, result, settings, lease.contended)
-    _upload(trial, trial_dir)
+    _upload(trial, folder)
     return tell(study, trial, value, state=state if value is None else None)
+
+
+def trial_dir(settings: SearchSettings, number: int) -> Path:
+    """Where trial `number` of the session's study runs and leaves its config, result and log."""
+    return Path(settings.studies_dir) / settings.study / f"trial-{number}"
 
 
 @dataclass
@@ -120,6 +127,7 @@ class _Watch:
     role: str
     owner: dict[str, Any]  # controller pid/host/started, then its heartbeat and the trial's process groups
     events: Events
+    carries: bool = False  # it records the losses of its class's check: never pruned before its verdict
     beat: float = field(default_factory=time.time)
     windows: int = 0
 
@@ -133,7 +141,7 @@ class _Watch:
             self.owner["heartbeat"] = self.beat
             write_owner(self.trial, self.owner)
         self.events.window(sps)
-        return self.role == Role.SEARCH and self.trial.should_prune()
+        return self.role == Role.SEARCH and not self.carries and self.trial.should_prune()
 
     def started(self, pgid: int) -> None:
         self.owner["pgid"] = pgid

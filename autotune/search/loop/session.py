@@ -29,9 +29,9 @@ from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
-from autotune.core.outcomes import Role
+from autotune.core.outcomes import Role, Verdict
 from autotune.search.store import _optuna, fleet, records
-from autotune.search.checks import classes
+from autotune.search.checks import classes, riding
 from autotune.search.loop import alone, draws, finish, stops, trial0
 from autotune.search.loop.stops import Stop
 from autotune.search.space import memory
@@ -39,8 +39,8 @@ from autotune.search.budget import Budget
 from autotune.search.space.machine import differences, fingerprint
 from autotune.search.store.folders import end_folder
 from autotune.search.store.records import ConfirmationSummary, StudyRecord, TrialRecord
-from autotune.search.store.results import baseline_trial, best_export, leaderboard
-from autotune.search.loop.runner import Events, run_one
+from autotune.search.store.results import baseline_trial, best_export, class_label, leaderboard
+from autotune.search.loop.runner import Events, run_one, trial_dir
 from autotune.search.loop import admission
 from autotune.search.loop.admission import Admission, Limits, Sizer
 from autotune.search.loop.proposals import Proposals
@@ -314,6 +314,8 @@ class SearchSession:
             if why is not None:
                 tally.told_unrun(trial.number, why)
                 continue
+            # trial 0 and a class's first trial record the losses its check reads (search/checks/riding.py)
+            cfg = riding.carry(self.study, s, cfg, TrialRecord.of(trial).role)
             t0 = time.monotonic()
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(tally.left_s), events, server)
             record = TrialRecord.from_frozen(frozen)
@@ -330,6 +332,8 @@ class SearchSession:
                 draws.draw(self.study, s, first, end_folder(s, self.study, "baseline"), budget, server, self.say)
             self.sizer.calibrate(frozen)
             _retry_if_contended(self.study, frozen)
+            if cfg.record_steps and record.role != Role.BASELINE:
+                _verdict_of_its_own(self.study, s, frozen, self.say)
             classes.check_if_it_matters(
                 self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say, budget
             )
@@ -399,6 +403,20 @@ class SearchSession:
     @property
     def searched(self) -> tuple[str, ...]:
         return tuple(self.space.searched())
+
+
+def _verdict_of_its_own(
+    study: optuna.Study, settings: SearchSettings, frozen: optuna.trial.FrozenTrial, say: Say
+) -> None:
+    """The verdict of a class's first trial, from the losses it recorded (search/checks/riding.py); said."""
+    result = riding.recorded(trial_dir(settings, frozen.number))
+    check = riding.judge(study, settings, frozen, result.losses) if result is not None else None
+    if check is not None:
+        words: dict[str, str] = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}
+        say(
+            f"check: {class_label(frozen)}: {words.get(check['verdict'], check['verdict'])}: {check['reason']}"
+            + ("; its configs are not run again" if check["verdict"] == Verdict.FAIL else "")
+        )
 
 
 def _retry_if_contended(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:

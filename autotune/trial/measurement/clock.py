@@ -13,7 +13,9 @@ What it owns:
     enough (agreed over ranks: a rank that stopped alone would leave the others in an all-reduce): the
     decision to stop is the clock's (`over`; `raise_if_over` for a driver inside a loop it does not own);
   * the samples the loaders handed over during the timed steps, counted one way (samples.batch_len);
-  * every optimizer step's loss, warm-up included (parity and time to target read them);
+  * every optimizer step's loss, warm-up included (parity and time to target read them); a run that
+    carries a check (`record`: TrialConfig.record_steps) goes on, untimed, after its window until it has
+    that many, so the check reads them from the trial instead of a process of its own;
   * peak memory and GPU utilisation over the timed window, and other processes' CPU use meanwhile (a
     trial's meters; a probe's Span may leave them off);
   * the figures over ranks (the slowest rank's time, the device's peak, the mean utilisation) and the
@@ -77,19 +79,22 @@ class Span:
     `steps` and until `seconds` have passed. `every`: steps per throughput window (0: none). `meters`: the
     peak memory (reset when the timed steps begin), NVML utilisation and other processes' CPU use over
     the timed steps; off, the clock only counts and times (a reset of the peak empties CUDA's cache,
-    which a run that must run as written does not do)."""
+    which a run that must run as written does not do). `record`: the optimizer steps, warm-up included,
+    whose losses the run must record: it goes on, untimed, after its window until it has them (0: it stops
+    with its window)."""
 
     warmup: int
     steps: int
     seconds: float | None = None
     every: int = 0
     meters: bool = True
+    record: int = 0
 
     @classmethod
     def of(cls, cfg: TrialConfig) -> Span:
         """A trial's: its warm-up, its timed steps or, time-boxed, a window at least and its seconds."""
         steps = cfg.timed_steps if cfg.seconds is None else cfg.window
-        return cls(cfg.warmup_steps, steps, cfg.seconds, cfg.window, meters=True)
+        return cls(cfg.warmup_steps, steps, cfg.seconds, cfg.window, meters=True, record=cfg.record_steps)
 
 
 def _made_ahead(loader: Any) -> int:
@@ -142,7 +147,7 @@ class Clock:
         self._window_start = 0.0
         self._util: measure.GpuUtilSampler | None = None
         self._others: OtherCpu | None = None
-        self._over = False  # the window closed on its steps or seconds: the driver stops
+        self._over = False  # the window closed on its steps or seconds, the losses to record are in: it stops
         self._batches = 0  # told to `delivered`, since the clock was made
         self._pending = 0  # samples delivered since the last step's end (or begin)
         self._samples = 0  # samples delivered during the timed steps
@@ -191,16 +196,18 @@ class Clock:
             self._waits.append(self._wait)
             self._samples += self._pending
             self._window(t)
-            done = self._finished(t)
-            if done:
-                self._over = True
+            if self._finished(t):
                 self._stop(measure.now(self._device))
+                done = self._recorded()
         elif self.warming:
             if self._untimed is None and self._steps >= self._span.warmup:
                 self._untimed = self._span.warmup + self._drain()
             if self._untimed is not None and self._steps >= self._untimed:
                 self._warmup_s = t - self._started
                 self._start_timing()
+        elif not self._over:  # the window closed; the run goes on, untimed, for the losses a check reads
+            done = self._recorded()
+        self._over = self._over or done
         self._wait, self._pending = 0.0, 0
         self._step_start = self._mark = measure.now(self._device)  # the clock's own work is no step's
         return done
@@ -365,6 +372,11 @@ class Clock:
         if self._rank == 0 and self._progress is not None:
             with self._progress.open("a") as f:
                 f.write(json.dumps({"step": n, "samples_per_s": self._windows[-1], "seconds": took}) + "\n")
+
+    def _recorded(self) -> bool:
+        """Every loss the run must record is in: its steps are counted alike on every rank, so no rank stops
+        alone."""
+        return self._steps >= self._span.record
 
     def _finished(self, t: float) -> bool:
         assert self._t_begin is not None

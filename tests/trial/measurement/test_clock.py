@@ -374,3 +374,21 @@ def _rank_peak(rank: int, folder: str, uuids: tuple[str, ...] | None) -> None:
 def test_ranks_on_one_gpu_add_their_peaks(tmp_path: Path, uuids: tuple[str, ...] | None, peaks: list[int]) -> None:
     assert _fork_ranks(_rank_peak, tmp_path, uuids) == [0, 0]
     assert [int((tmp_path / str(r)).read_text()) for r in range(2)] == peaks
+
+
+def test_a_run_that_carries_a_check_records_its_losses_on_untimed_past_the_window(fake: FakeTime) -> None:
+    """record_steps (search/checks/riding.py): the window times what it always did; the run goes on, untimed, until
+    the losses a class's check reads are in, and only then is it over."""
+    clock = Clock(cfg(record_steps=8), GPU)
+    clock.begin()
+    n, over_at = 0, []
+    while not step(clock, fake, 0.25, 0.75 if n < 5 else 9.0, loss=1.0 / (n + 1)):  # untimed steps: slow, unseen
+        n += 1
+        over_at.append(clock.over)
+    clock.close(losses_per_rank=False)
+    r = clock.result({}, memory_total=None)
+    assert n + 1 == 8 and not any(over_at) and clock.over  # over once the 8th loss is in, not at the window's end
+    assert r.timed_steps == 4 and r.samples_per_s == 4.0 and r.step_time_p90 == 1.0  # the window is unchanged
+    assert len(r.losses) == 8
+    # A run that has them when its window closes stops there.
+    assert run(Clock(cfg(record_steps=3), GPU), fake) == 1 + 4
