@@ -132,6 +132,10 @@ def test_search_end_to_end(tmp_path: Path, tiny_data: Path) -> None:
         # a round of four slow trials could overrun the budget's grace on a busy machine
         "--confirm-top",
         "1",
+        # the checks ride on the trials: trial 0, its twin and a class's first trial run on, untimed, to K
+        # steps from step 0; a short K keeps them within this budget
+        "--parity-steps",
+        "8",
     ]
     t0 = time.monotonic()
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
