@@ -49,6 +49,14 @@ def knob(
     return field(default=default, metadata={"knob": meta})
 
 
+def _mapping(value: object) -> dict[Any, Any] | None:
+    """A mapping, or a list of (key, value) pairs as JSON hands one back, as a dict; None for anything else."""
+    try:
+        return dict(value) if isinstance(value, (Mapping, list, tuple)) else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -144,25 +152,7 @@ class TrialConfig:
             if not ok:
                 raise ConfigError(msg)
 
-        if self.baseline is not None:  # a mapping (YAML, --baseline) or JSON's list of pairs: one form
-            try:
-                pairs = dict(self.baseline) if isinstance(self.baseline, (Mapping, list, tuple)) else None
-            except (TypeError, ValueError):
-                pairs = None
-            need(pairs is not None, f"baseline must be a mapping of knobs, got {self.baseline!r}")
-            unknown = sorted(map(str, set(pairs) - set(KNOBS)))  # type: ignore[arg-type]
-            need(not unknown, f"baseline: unknown knob(s) {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
-            object.__setattr__(self, "baseline", tuple(sorted(pairs.items())))  # type: ignore[union-attr]
-        if self.shown is not None:
-            try:
-                facts = dict(self.shown) if isinstance(self.shown, (Mapping, list, tuple)) else None
-            except (TypeError, ValueError):
-                facts = None
-            need(facts is not None and set(facts) <= set(SHOWN), f"shown must be a mapping of {', '.join(SHOWN)}")
-            assert facts is not None
-            # YAML and JSON hand a sequence back as a list: a tuple, so the config stays hashable
-            facts = {k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()}
-            object.__setattr__(self, "shown", tuple(sorted(facts.items())))
+        self._pairs(need)
         for k, allowed in CHOICES.items():
             v = getattr(self, k)
             need(v in allowed, f"{k} must be one of {'|'.join(allowed)}, got {v!r}")
@@ -209,6 +199,22 @@ class TrialConfig:
                 f"global_batch {self.global_batch} is not a multiple of batch_size x gpus "
                 f"({self.batch_size} x {self.gpus})",
             )
+
+    def _pairs(self, need: Callable[[bool, str], None]) -> None:
+        """`baseline` and `shown` in one form, sorted pairs (a mapping from YAML or --baseline, JSON's list of
+        pairs), their keys checked."""
+        if self.baseline is not None:  # a mapping (YAML, --baseline) or JSON's list of pairs: one form
+            pairs = _mapping(self.baseline)
+            need(pairs is not None, f"baseline must be a mapping of knobs, got {self.baseline!r}")
+            unknown = sorted(map(str, set(pairs) - set(KNOBS)))  # type: ignore[arg-type]
+            need(not unknown, f"baseline: unknown knob(s) {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
+            object.__setattr__(self, "baseline", tuple(sorted(pairs.items())))  # type: ignore[union-attr]
+        if self.shown is not None:
+            facts = _mapping(self.shown)
+            need(facts is not None and set(facts) <= set(SHOWN), f"shown must be a mapping of {', '.join(SHOWN)}")
+            # YAML and JSON hand a sequence back as a list: a tuple, so the config stays hashable
+            facts = {k: tuple(v) if isinstance(v, list) else v for k, v in (facts or {}).items()}
+            object.__setattr__(self, "shown", tuple(sorted(facts.items())))
 
     # ---- the training this config computes -------------------------------------------------------
 

@@ -35,6 +35,20 @@ from autotune.search.store.results import class_check, class_label, confirmed_fi
 from autotune.trial.processes.warm_client import WarmServer
 
 
+INTRO = (
+    "parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss when its "
+    "optimizer step differs), from the same weights on the same data, in fresh processes (--parity-steps 0: off)"
+)
+
+
+def _record_unpaid(short: Mapping[str, plan.Unpaid], checks: dict[str, CheckRecord]) -> None:
+    """Each config of a class the budget cannot check records why it is not exported, and what budget pays."""
+    for unpaid_class in short.values():
+        for n in unpaid_class.trials:
+            if (checks.get(str(n)) or {}).get("verdict") in (None, Verdict.NOT_CHECKED):
+                checks[str(n)] = unpaid_class.record()
+
+
 def run(
     study: optuna.Study,
     settings: SearchSettings,
@@ -54,10 +68,7 @@ def run(
     checks = records.gate_checks(study)
     folder = end_folder(settings, study, "parity")
     short = dict(unpaid or {})  # by class: a class the budget cannot check is said once, not once per config
-    for unpaid_class in short.values():  # each of its configs says why it is not exported, and what budget pays
-        for n in unpaid_class.trials:
-            if (checks.get(str(n)) or {}).get("verdict") in (None, Verdict.NOT_CHECKED):
-                checks[str(n)] = unpaid_class.record()
+    _record_unpaid(short, checks)
     said = False
     for t in order:
         key = str(t.number)
@@ -79,11 +90,7 @@ def run(
             checks[key] = short[k].record()
             continue
         if not said:  # said once a check runs, not before a search's end that checks nothing
-            say(
-                f"parity: each candidate trains {steps} optimizer steps beside the baseline (to the baseline's loss "
-                "when its optimizer step differs), from the same weights on the same data, in fresh processes "
-                "(--parity-steps 0: off)"
-            )
+            say(INTRO.format(steps=steps))
             said = True
         try:
             check = classes.run_check(study, settings, t, cfg, folder, server)

@@ -102,18 +102,7 @@ def _run(
             f"the script ended after {seams.hook_steps} optimizer step(s), before {untimed} warm-up "
             f"and {need} step(s): give it more steps in its arguments"
         )
-    if handed and seams.model.fed != cfg.batch_size:  # the option must move the batch its model is fed
-        fed = "nothing the trial could count" if seams.model.fed is None else f"batches of {seams.model.fed}"
-        raise TrialUnsupported(
-            f"batch_size {cfg.batch_size}: handed over as {' '.join(handed)}, but its model was fed {fed}: "
-            "that option does not set the batch it trains on"
-        )
-    if not seams.loaders and (given := [k for k in sorted(job.guessed) if k in LOADER_KNOBS and not as_written]):
-        changed = [k for k in given if getattr(cfg, k) != getattr(baseline_of(cfg), k)]
-        if changed:  # the source's guess, and the run agreed: no DataLoader to give them to
-            raise TrialUnsupported(
-                "the pipeline does not support: " + ", ".join(f"{k} ({NO_LOADER_RAN})" for k in changed)
-            )
+    refuse_unrealised(cfg, job, seams, handed, as_written)
     applied |= what_ran(cfg, seams, trial, job, as_written)
     memory = measure.memory_total_bytes(seams.at)
     try:
@@ -128,6 +117,22 @@ def _run(
     finally:
         if whole:
             ranks.teardown()
+
+
+def refuse_unrealised(cfg: TrialConfig, job: ScriptJob, seams: Seams, handed: list[str], as_written: bool) -> None:
+    """Exit 5 for what the config asked and the run did not realise: a batch handed through the script's own
+    option that its model was not fed, loader knobs where the run (as the source guessed) built no DataLoader."""
+    if handed and seams.model.fed != cfg.batch_size:  # the option must move the batch its model is fed
+        fed = "nothing the trial could count" if seams.model.fed is None else f"batches of {seams.model.fed}"
+        raise TrialUnsupported(
+            f"batch_size {cfg.batch_size}: handed over as {' '.join(handed)}, but its model was fed {fed}: "
+            "that option does not set the batch it trains on"
+        )
+    if seams.loaders or as_written:
+        return
+    changed = [k for k in sorted(job.guessed) if k in LOADER_KNOBS and getattr(cfg, k) != getattr(baseline_of(cfg), k)]
+    if changed:  # the source's guess, and the run agreed: no DataLoader to give them to
+        raise TrialUnsupported("the pipeline does not support: " + ", ".join(f"{k} ({NO_LOADER_RAN})" for k in changed))
 
 
 def trial_of(cfg: TrialConfig, job: ScriptJob, machine: torch.device, as_written: bool) -> api.Trial:
