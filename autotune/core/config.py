@@ -452,6 +452,7 @@ class TrialResult:
     memory_total_bytes: int | None = None  # what the peak is measured against: device memory, or RAM
     startup_s: float | None = None
     warmup_s: float | None = None  # the warm-up steps' wall time (torch.compile compiles there); not timed
+    record_s: float = 0.0  # after the window, the untimed steps run for the losses a check reads (record_steps)
     timed_steps: int = 0
     world_size: int = 1
     device: str = "cpu"
@@ -480,6 +481,7 @@ class TrialResult:
             "loss_last",
             "startup_s",
             "warmup_s",
+            "record_s",
             "timed_steps",
             "world_size",
             "device",

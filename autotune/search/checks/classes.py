@@ -28,9 +28,10 @@ from autotune.core.settings import SearchSettings
 from autotune.core.outcomes import Reason, Role, Verdict
 from autotune.core.training import changes_step
 from autotune.pipelines import kind_of
-from autotune.search.checks import parity, target
+from autotune.search.checks import parity, riding, target
 from autotune.search.store import records
 from autotune.search.budget import Budget
+from autotune.search.store.folders import trial_dir
 from autotune.search.store.records import CheckRecord, TrialRecord
 from autotune.search.store.results import (
     baseline_sps,
@@ -137,6 +138,11 @@ def cost_s(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, cfg: T
     return need + samples / max(float(t.value or 0), 1e-9) + start
 
 
+def separate_why(study: optuna.Study, settings: SearchSettings, t: FrozenTrial) -> str:
+    """Why `t`'s class is checked by a run of its own rather than by its trial (riding.why_separate)."""
+    return riding.why_separate(study, settings, t, riding.recorded(trial_dir(settings, t.number)))
+
+
 def check_if_it_matters(
     study: optuna.Study,
     settings: SearchSettings,
@@ -161,8 +167,8 @@ def check_if_it_matters(
         return  # the end-of-search gate checks it if it still leads and the budget allows
     kind = "time to target" if changes_step(cfg) else "parity"
     say(
-        f"check: trial {frozen.number}'s training math ({label}) entered the top {len(top)}: {kind} check now "
-        f"(about {need:.0f} s)"
+        f"check: trial {frozen.number}'s training math ({label}) entered the top {len(top)}: {kind} check now, "
+        f"a run of its own (about {need:.0f} s): {separate_why(study, settings, frozen)}"
     )
     try:
         check = run_check(study, settings, frozen, cfg, folder, server)

@@ -106,16 +106,17 @@ def store_reference(
         return None
     losses, twin_losses = tuple(first.losses[:k]), tuple(second.losses[:k])
     why = parity.why_not_checkable(first.applied, losses, twin_losses)
-    ref = parity.Reference(parity.as_run(baseline_of(settings.base), k), k, losses, twin_losses, 0.0, why)
-    records.write_parity_reference(study, ref.to_dict())
+    seconds = round(first.record_s + second.record_s, 1)  # their steps past the windows: the reference's cost
+    ref = parity.Reference(parity.as_run(baseline_of(settings.base), k), k, losses, twin_losses, seconds, why)
+    records.write_parity_reference(study, {**ref.to_dict(), "carried": True})  # by trials: no check paid for it
     return ref
 
 
-def judge(
-    study: optuna.Study, settings: SearchSettings, frozen: FrozenTrial, losses: tuple[float, ...]
-) -> CheckRecord | None:
-    """The verdict of `frozen`'s class from the losses its own run recorded, stored as the class's check;
-    None when it carries none (no class, checked already, no reference, too few losses)."""
+def judge(study: optuna.Study, settings: SearchSettings, frozen: FrozenTrial, run: TrialResult) -> CheckRecord | None:
+    """The verdict of `frozen`'s class from the losses its own `run` recorded, stored as the class's check with
+    what it cost (the run's steps past its window); None when it carries none (no class, checked already, no
+    reference, too few losses)."""
+    losses = run.losses
     label = class_label(frozen) if feasible(frozen) else None
     ref = stored(study, settings)
     if not settings.parity_steps or label is None or label in records.class_checks(study) or ref is None:
@@ -136,10 +137,40 @@ def judge(
         if not parity.covers(ref, cfg, baseline, k) or len(losses) < parity.candidate_steps(cfg, baseline, k):
             return None
         check = parity.judge(cfg, baseline, k, losses, ref).to_dict()
-    check["trial"], check["seconds"] = frozen.number, 0.0
-    check["reason"] += f" (from trial {frozen.number}'s own run: no check run of its own)"
+    check["trial"], check["seconds"] = frozen.number, round(run.record_s, 1)
+    check["reason"] += (
+        f" (from trial {frozen.number}'s own run, {run.record_s:.0f} s of steps past its window: no check run of its own)"
+    )
     records.write_class_check(study, label, check)
     return check
+
+
+def why_separate(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, run: TrialResult | None) -> str:
+    """Why `t`'s class needs a check run of its own: what kept its trial (`run`, what it recorded) from carrying
+    its verdict."""
+    ref = stored(study, settings)
+    if ref is None:
+        why = "trial 0 and the baseline's second draw stored no reference"
+        return f"{why} (the draw did not fit, failed, or this study began before checks rode on trials)"
+    if ref.not_checkable:
+        return f"the reference cannot judge it: {ref.not_checkable}"
+    cfg, baseline = TrialRecord.of(t).config_for(settings.base), baseline_of(settings.base)
+    if changes_step(cfg):
+        if target.thin(ref):
+            return "the baseline's reference is too short to set a target"
+        need = parity.steps_for(target.CAP * ref.samples, cfg.global_batch_size)
+    elif not parity.covers(ref, cfg, baseline, settings.parity_steps):
+        return (
+            f"the reference's {ref.samples} samples do not span its check's "
+            f"({settings.parity_steps} steps of global batch {cfg.global_batch_size})"
+        )
+    else:
+        need = parity.candidate_steps(cfg, baseline, settings.parity_steps)
+    got = len(run.losses) if run is not None else 0
+    return (
+        f"trial {t.number} recorded {got} of the {need} losses its verdict needs "
+        "(its run came out in a class its knobs did not predict, or it ended early)"
+    )
 
 
 def recorded(trial_dir: Path) -> TrialResult | None:

@@ -112,7 +112,8 @@ def of_record(number: int, r: TrialRecord, base: TrialConfig) -> Measured | None
     step = cfg.batch_size * cfg.grad_accum * int(r.metrics.get("world_size") or 1) / float(sps)
     warm = float(r.metrics.get("warmup_s") or 0.0)
     timed = int(r.metrics["timed_steps"]) * step
-    overhead = max(0.0, r.wall_s - float(startup) - warm - timed) if r.wall_s else 0.0
+    past = float(r.metrics.get("record_s") or 0.0)  # steps a check read past the window: no trial's own cost
+    overhead = max(0.0, r.wall_s - float(startup) - warm - timed - past) if r.wall_s else 0.0
     return Measured(number, cfg, float(startup), warm, step, overhead)
 
 

@@ -26,7 +26,7 @@ from autotune.core.errors import TrialFailure
 from autotune.core.settings import SearchSettings
 from autotune.search.budget import Budget
 from autotune.search.checks import riding
-from autotune.search.loop.runner import trial_dir
+from autotune.search.store.folders import trial_dir
 from autotune.search.store import records
 from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import baseline_figures, baseline_sps, baseline_spread
@@ -91,10 +91,10 @@ def draw(
         return None
     records.write_baseline_draw(study, figure)
     say(statement(study, figure))
-    if twin is not None and first is not None and riding.store_reference(study, settings, first, second):
+    if twin is not None and first is not None and (ref := riding.store_reference(study, settings, first, second)):
         say(
             f"check: trial 0 and this draw (data seed + 1) are the reference of every class's check "
-            f"({settings.parity_steps} steps each, no run of their own)"
+            f"({settings.parity_steps} steps each, {ref.seconds:.0f} s of steps past their windows, no run of their own)"
         )
     return figure
 

@@ -225,8 +225,8 @@ def _check_first(
     k, kind = key(t), check_name(settings, t)
     cfg = TrialRecord.of(t).config_for(settings.base)
     say(
-        f"{kind}: {k} ({held(class_trials(study, k))}) leads: checked before its rounds "
-        f"(about {classes.cost_s(study, settings, t, cfg):.0f} s)"
+        f"{kind}: {k} ({held(class_trials(study, k))}) leads: checked before its rounds by a run of its own "
+        f"(about {classes.cost_s(study, settings, t, cfg):.0f} s): {classes.separate_why(study, settings, t)}"
     )
     try:
         check = classes.run_check(study, settings, t, cfg, end_folder(settings, study, "parity"), server)

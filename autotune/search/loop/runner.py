@@ -28,6 +28,7 @@ from autotune.core.errors import (
     TrialUnsupported,
 )
 from autotune.search.store import _optuna
+from autotune.search.store.folders import trial_dir
 from autotune.trial.processes.locks import locked_trial
 from autotune.search.store.records import FEASIBLE_KEY, TrialRecord, of_result, write, write_owner, write_reason
 from autotune.search.store.results import baseline_sps
@@ -112,11 +113,6 @@ def run_one(
         state, value = TrialState.COMPLETE, _measured(study, trial, role, cfg, result, settings, lease.contended)
     _upload(trial, folder)
     return tell(study, trial, value, state=state if value is None else None)
-
-
-def trial_dir(settings: SearchSettings, number: int) -> Path:
-    """Where trial `number` of the session's study runs and leaves its config, result and log."""
-    return Path(settings.studies_dir) / settings.study / f"trial-{number}"
 
 
 @dataclass

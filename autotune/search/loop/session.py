@@ -37,10 +37,10 @@ from autotune.search.loop.stops import Stop
 from autotune.search.space import memory
 from autotune.search.budget import Budget
 from autotune.search.space.machine import differences, fingerprint
-from autotune.search.store.folders import end_folder
+from autotune.search.store.folders import end_folder, trial_dir
 from autotune.search.store.records import ConfirmationSummary, StudyRecord, TrialRecord
 from autotune.search.store.results import baseline_trial, best_export, class_label, leaderboard
-from autotune.search.loop.runner import Events, run_one, trial_dir
+from autotune.search.loop.runner import Events, run_one
 from autotune.search.loop import admission
 from autotune.search.loop.admission import Admission, Limits, Sizer
 from autotune.search.loop.proposals import Proposals
@@ -410,7 +410,7 @@ def _verdict_of_its_own(
 ) -> None:
     """The verdict of a class's first trial, from the losses it recorded (search/checks/riding.py); said."""
     result = riding.recorded(trial_dir(settings, frozen.number))
-    check = riding.judge(study, settings, frozen, result.losses) if result is not None else None
+    check = riding.judge(study, settings, frozen, result) if result is not None else None
     if check is not None:
         words: dict[str, str] = {Verdict.PASS: "passes", Verdict.FAIL: "FAILS"}
         say(

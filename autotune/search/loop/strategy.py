@@ -113,15 +113,17 @@ class MovePrices:
         if not walls:
             return None
         trial_s = statistics.median(walls)
-        # A check's measured seconds, in the order they ran: the first also measured the baseline's
-        # reference, which is stored and not run again, so with it stored the later ones are the price.
+        # A check's measured seconds, in the order they ran (one that rode on its trial: its steps past the
+        # window). A check run of its own that found no reference measured it first, and it is stored and not
+        # run again, so with it stored the later ones are the price; trials' own reference was no check's.
         checks = [
             float(v["seconds"])
             for v in sorted(records.class_checks(study).values(), key=lambda v: v.get("trial") or 0)
-            if v.get("seconds")
+            if v.get("seconds") is not None
         ]
-        if records.parity_reference(study):
-            later = checks[1:]
+        reference = records.parity_reference(study)
+        if reference:
+            later = checks if reference.get("carried") else checks[1:]
             check_s = statistics.median(later) if later else CHECK_RUNS_STORED * trial_s
         else:
             check_s = statistics.median(checks) if checks else CHECK_RUNS * trial_s

@@ -23,3 +23,8 @@ def end_folder(settings: SearchSettings, study: optuna.Study, kind: str) -> Path
     """studies/<study>/<kind>/<this process's run>: where confirmation ("confirm") or parity ("parity")
     trials of this run go."""
     return Path(settings.studies_dir) / study.study_name / kind / END_RUN
+
+
+def trial_dir(settings: SearchSettings, number: int) -> Path:
+    """Where trial `number` of the session's study runs and leaves its config, result and log."""
+    return Path(settings.studies_dir) / settings.study / f"trial-{number}"

@@ -136,6 +136,8 @@ class Clock:
         self._steps = 0  # optimizer steps, warm-up included
         self._startup_s = self._warmup_s = 0.0
         self._elapsed: float | None = None  # the timed window's length, once closed
+        self._closed_at = 0.0  # when the timed window closed
+        self._record_s = 0.0  # after it, the untimed steps whose losses a check reads
         self._peak = 0
         self._gpu_util: float | None = None
         self._gpu_util_errors = 0
@@ -207,6 +209,7 @@ class Clock:
                 self._start_timing()
         elif not self._over:  # the window closed; the run goes on, untimed, for the losses a check reads
             done = self._recorded()
+            self._record_s = t - self._closed_at
         self._over = self._over or done
         self._wait, self._pending = 0.0, 0
         self._step_start = self._mark = measure.now(self._device)  # the clock's own work is no step's
@@ -319,6 +322,7 @@ class Clock:
             memory_total_bytes=memory_total,
             startup_s=self._startup_s,
             warmup_s=self._warmup_s,
+            record_s=self._record_s,
             timed_steps=len(self._step_times),
             world_size=self._world,
             device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
@@ -352,7 +356,7 @@ class Clock:
 
     def _stop(self, t: float) -> None:
         assert self._t_begin is not None
-        self._elapsed = t - self._t_begin
+        self._elapsed, self._closed_at = t - self._t_begin, t
         if self._span.meters:
             self._peak = measure.peak_memory_bytes(self._device)
         for ctx in (self._util, self._others):

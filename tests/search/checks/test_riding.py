@@ -23,6 +23,7 @@ from autotune.search.loop import runner
 from autotune.search.loop.session import SearchSession
 from autotune.search.space.machine import cpu_bf16_native
 from autotune.search.store import records
+from autotune.search.store.records import TrialRecord
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("repo_on_path")]
 BASE = TrialConfig(
@@ -90,11 +91,14 @@ def test_a_precision_class_is_checked_from_its_own_trial_and_exported_with_no_ch
     first = next(n for n, cfg in enumerate(trials) if cfg.precision == "bf16")
     assert trials[first].record_steps == K
     reference = records.parity_reference(study)
-    assert reference is not None and reference["steps"] == K and reference["seconds"] == 0.0
+    # what the reference cost is its runs' steps past their windows (none where a window held K); no check paid
+    assert reference is not None and reference["steps"] == K and reference["seconds"] >= 0.0 and reference["carried"]
     assert reference["losses"] != reference["twin_losses"]  # the twin trained another data order
     check = records.class_checks(study)["precision fp32 -> bf16"]
     assert check["kind"] == "parity" and check["verdict"] == Verdict.PASS, check
     assert check["runs"] == 0 and check["trial"] == first and "own run" in check["reason"]
+    # what the verdict cost: the steps its trial ran past its window
+    assert check["seconds"] == pytest.approx(TrialRecord.from_frozen(study.trials[first]).metrics["record_s"], abs=0.1)
     assert any(line.startswith("check: precision fp32 -> bf16: passes") for line in said), said
     # confirmed in 3 rounds beside the baseline, and exported
     assert report.confirmation is not None and report.confirmation["rounds"] >= 3

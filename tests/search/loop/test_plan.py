@@ -186,8 +186,12 @@ def test_a_leading_class_is_checked_before_its_rounds_and_the_same_math_config_s
     round; the fastest same-math config (trial 3, outside the top 2) is measured either way."""
     study, settings = leading_class(tmp_path), the_settings(tmp_path)
     ran = fakes(monkeypatch, clock, verdict)
-    finish.confirm_and_gate(study, settings, budget_with(settings, clock, 300.0), say=lambda s: None)
+    said: list[str] = []
+    finish.confirm_and_gate(study, settings, budget_with(settings, clock, 300.0), say=said.append)
     assert ran[0] == "check trial 1" and ran.count("check trial 1") == 1, ran
+    # a run of its own, and why its trial could not carry it: this study stored no reference
+    (line,) = [line for line in said if "checked before its rounds" in line]
+    assert "by a run of its own" in line and "stored no reference" in line, line
     assert ran.count("measure trial 3") == 3, ran
     if verdict == Verdict.PASS:
         assert ran.count("measure trial 1") == 3 and exported(study).number == 1

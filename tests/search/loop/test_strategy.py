@@ -308,6 +308,20 @@ def test_the_prices_count_a_check_as_the_study_measured_it() -> None:
     assert MovePrices.of(new_study(), 100.0) is None  # nothing measured: nothing to price, the declared order
 
 
+def test_a_check_that_rode_on_its_trial_is_priced_at_its_steps_past_the_window() -> None:
+    """Trials carried the reference (search/checks/riding.py): no check paid for it, so every check's seconds,
+    a ridden one's few seconds past its window included, is the price of the next."""
+    study = new_study()
+    priced_run(study, 2, wall_s=10.0)
+    study.set_user_attr(REFERENCE, {"losses": [1.0], "carried": True})
+    assert MovePrices.of(study, 100.0).check_s == 10.0  # type: ignore[union-attr]  # none yet: a trial's length
+    ridden = {"verdict": "pass", "seconds": 3.0, "trial": 1, "runs": 0}
+    study.set_user_attr(CLASSES, {"precision fp32 -> bf16": ridden})
+    assert MovePrices.of(study, 100.0).check_s == 3.0  # type: ignore[union-attr]
+    study.set_user_attr(CLASSES, {"precision fp32 -> bf16": {**ridden, "seconds": 0.0}})
+    assert MovePrices.of(study, 100.0).check_s == 0.0  # type: ignore[union-attr]  # its window held them all
+
+
 def test_a_math_move_whose_check_fits_in_the_export_reserve_is_still_proposed() -> None:
     """60 s left and 60 s kept to check the export: a math move (20 s + a 60 s check) can still be run and
     checked by the gate if it wins, so the declared order stands; with no reserve it would not be."""

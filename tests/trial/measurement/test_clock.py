@@ -390,5 +390,9 @@ def test_a_run_that_carries_a_check_records_its_losses_on_untimed_past_the_windo
     assert n + 1 == 8 and not any(over_at) and clock.over  # over once the 8th loss is in, not at the window's end
     assert r.timed_steps == 4 and r.samples_per_s == 4.0 and r.step_time_p90 == 1.0  # the window is unchanged
     assert len(r.losses) == 8
-    # A run that has them when its window closes stops there.
-    assert run(Clock(cfg(record_steps=3), GPU), fake) == 1 + 4
+    assert r.record_s == pytest.approx(3 * (0.25 + 9.0))  # what carrying the check cost: the 3 steps past the window
+    # A run that has them when its window closes stops there, and carrying them cost nothing.
+    again = Clock(cfg(record_steps=3), GPU)
+    assert run(again, fake) == 1 + 4
+    again.close(losses_per_rank=False)
+    assert again.result({}, memory_total=None).record_s == 0.0
