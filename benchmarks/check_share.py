@@ -72,7 +72,8 @@ def one(checkout: Path, folder: Path, budget: str, extra: list[str], venv: str |
     storage = folder / "studies.db"
     cmd = ["./launch.sh", "search", "--budget", budget, "--storage", str(storage)]
     cmd += ["--studies-dir", str(folder / "studies"), *extra]
-    env = {**os.environ, **({"AUTOTUNE_VENV": venv} if venv else {})}
+    # the checkout's own code: this reader's PYTHONPATH must not reach the search it measures
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ({"AUTOTUNE_VENV": venv} if venv else {})
     before, t0 = load(), time.monotonic()
     with (folder / "search.log").open("w") as log:
         rc = subprocess.run(cmd, cwd=checkout, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
