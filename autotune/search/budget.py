@@ -83,18 +83,20 @@ def confirm_reserve_s(settings: SearchSettings) -> float:
     return min((settings.confirm_top + 1) * confirm_rounds(settings) * confirm_trial_s(settings), settings.budget_s / 2)
 
 
-def least_confirming_budget_s(settings: SearchSettings, trial_s: float | None = None) -> float | None:
+def least_confirming_budget_s(
+    settings: SearchSettings, trial_s: float | None = None, *, alone_kept: bool = False
+) -> float | None:
     """The shortest budget, in whole minutes, whose end share pays for MIN_ROUNDS rounds of one config
-    beside the baseline (confirmation's rounds may run to `confirm_end`, so the whole of what the trials
-    leave them): below it nothing but the baseline can be exported, whatever the trials find. `trial_s`: a
-    confirmation trial's measured seconds (confirm_trial_s). None: confirmation is off, or no budget up to a
-    day pays for it."""
+    beside the baseline (rounds that need it take the alone rounds' share: confirm.deadline): below it
+    nothing but the baseline can be exported, whatever the trials find. `alone_kept`: rounds that leave a
+    script study's alone rounds their share, so both run. `trial_s`: a confirmation trial's measured seconds
+    (confirm_trial_s). None: confirmation is off, or no budget up to a day pays for it."""
     if settings.confirm_rounds == 0:
         return None
     need = 2 * MIN_ROUNDS * confirm_trial_s(settings, trial_s)
     for minutes in range(1, 24 * 60 + 1):
         b = Budget.of(dataclasses.replace(settings, budget_s=60.0 * minutes), 0.0)
-        if b.reserve_s + b.alone_reserve_s >= need:  # rounds that need it take the alone share (confirm.deadline)
+        if b.reserve_s + (0.0 if alone_kept else b.alone_reserve_s) >= need:
             return 60.0 * minutes
     return None
 

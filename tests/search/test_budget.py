@@ -160,3 +160,25 @@ def test_a_budget_too_short_to_confirm_anything_is_said_after_trial_0_with_the_o
     assert short_note(enough, Budget.of(enough), 25.0) is None
     assert short_note(s, Budget.of(s), 8.0) is None  # trials of 8 s: 3 rounds of one config fit in 180 s
     assert least_confirming_budget_s(dataclasses.replace(s, confirm_rounds=0)) is None
+
+
+def test_a_script_study_whose_rounds_would_take_its_alone_share_says_so_after_trial_0(tmp_path: Path) -> None:
+    """Seen on three public scripts at 6 minutes: "alone: 90 s kept ...", then "confirmation: takes the alone
+    rounds' share", and the change exported was never run alone against the script. Where the rounds fit only
+    with that share, it is said once trial 0 has shown a trial's cost, with the budget that pays for both."""
+    from autotune.search.loop.finish import short_note
+
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    s = SearchSettings(budget_s=360.0, base=TINY.replace(pipeline=f"script:{script}", seconds=15.0))
+    least = least_confirming_budget_s(s, 25.0)
+    both = least_confirming_budget_s(s, 25.0, alone_kept=True)
+    assert least is not None and both is not None and least < both  # the alone share is what lies between
+    at = dataclasses.replace(s, budget_s=least)
+    note = short_note(at, Budget.of(at), 25.0)
+    assert note is not None and note.startswith("alone: at 25 s a trial") and f"--budget {both / 60:.0f}m" in note
+    paid = dataclasses.replace(s, budget_s=both)
+    assert Budget.of(paid).reserve_s >= 2 * MIN_ROUNDS * 25.0  # the rounds fit and leave the alone share whole
+    assert short_note(paid, Budget.of(paid), 25.0) is None
+    plain = dataclasses.replace(at, base=TINY.replace(seconds=15.0))  # no alone rounds: nothing to say
+    assert short_note(plain, Budget.of(plain), 25.0) is None

@@ -168,8 +168,8 @@ def why_separate(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, 
         need = parity.candidate_steps(cfg, baseline, settings.parity_steps)
     got = len(run.losses) if run is not None else 0
     return (
-        f"trial {t.number} recorded {got} of the {need} losses its verdict needs "
-        "(its run came out in a class its knobs did not predict, or it ended early)"
+        f"trial {t.number} recorded {got} of the {need} losses its verdict needs (they would not fit in the time "
+        "a trial had, or its run came out in a class its knobs did not predict)"
     )
 
 

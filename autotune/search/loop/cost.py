@@ -69,16 +69,19 @@ class WallTimeEstimate:
     overhead_s: float
     step_s: float
     source: int  # the trial it was scaled from
+    record_s: float = 0.0  # the untimed steps past the window for the losses a check reads (record_steps)
 
     @property
     def seconds(self) -> float:
-        return self.startup_s + self.warmup_s + self.timed_s + self.overhead_s
+        return self.startup_s + self.warmup_s + self.timed_s + self.overhead_s + self.record_s
 
     def figures(self) -> str:
         """The estimate's parts in one line, for a message."""
         return (
             f"start-up {self.startup_s:.1f} s + {self.warm_steps} warm-up step(s) {self.warmup_s:.1f} s + "
-            f"{self.timed_steps} timed step(s) {self.timed_s:.1f} s + {self.overhead_s:.1f} s around them, at "
+            f"{self.timed_steps} timed step(s) {self.timed_s:.1f} s + "
+            + (f"{self.record_s:.1f} s of steps past them for a check + " if self.record_s else "")
+            + f"{self.overhead_s:.1f} s around them, at "
             f"{self.step_s:.2f} s a step (scaled from trial {self.source})"
         )
 
@@ -126,7 +129,10 @@ def estimate(cfg: TrialConfig, measured: Sequence[Measured]) -> WallTimeEstimate
     warm = cfg.untimed_steps
     one_off = ref.one_off_s if ref.cfg.compile == cfg.compile else 0.0
     n = timed_steps(cfg, step)
-    return WallTimeEstimate(ref.startup_s, warm * step + one_off, warm, n * step, n, ref.overhead_s, step, ref.number)
+    past = max(0, cfg.record_steps - warm - n) * step
+    return WallTimeEstimate(
+        ref.startup_s, warm * step + one_off, warm, n * step, n, ref.overhead_s, step, ref.number, past
+    )
 
 
 def step_time(cfg: TrialConfig, ref: Measured, same: Sequence[Measured]) -> float:

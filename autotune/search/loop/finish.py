@@ -46,19 +46,36 @@ def reserve_note(settings: SearchSettings, budget: Budget) -> str | None:
 def short_note(settings: SearchSettings, budget: Budget, trial_s: float | None) -> str | None:
     """After trial 0, at its measured launch-to-result seconds (`trial_s`: what a confirmation trial costs):
     the line that says the end share cannot pay for MIN_ROUNDS rounds of one config beside the baseline, so
-    only the baseline's own config can be exported, with the budget that can; None when the rounds fit (a
-    guess made before any trial ran said so at 6 minutes, and 3 rounds then ran and exported a change)."""
+    only the baseline's own config can be exported, with the budget that can; for a script study whose
+    rounds fit only with its alone rounds' share, that line (_alone_note); None when the rounds fit (a guess
+    made before any trial ran said so at 6 minutes, and 3 rounds then ran and exported a change)."""
     if not trial_s or not budget.reserve_s or settings.budget_s is None:
         return None
     least = least_confirming_budget_s(settings, trial_s)
-    if least is None or least <= settings.budget_s:
+    if least is None:
         return None
+    if least <= settings.budget_s:
+        return _alone_note(settings, budget, trial_s)
     return (
         f"confirmation: at {trial_s:.0f} s a trial (trial 0's, launch to result), the "
         f"{budget.reserve_s + budget.alone_reserve_s:.0f} s kept "
         f"pay for fewer than {MIN_ROUNDS} rounds of even one config beside the baseline, and fewer cannot show a "
         f"gain: this search can export only the baseline's own config; --budget {least / 60:.0f}m or more pays "
         "for them"
+    )
+
+
+def _alone_note(settings: SearchSettings, budget: Budget, trial_s: float) -> str | None:
+    """For a script study whose rounds fit only with the alone rounds' share: a change would be exported on
+    the rounds' figure, the script never run alone against it; said after trial 0 with the budget that pays
+    for both. None where both fit, or where no alone rounds are kept."""
+    both = least_confirming_budget_s(settings, trial_s, alone_kept=True) if budget.alone_reserve_s else None
+    if both is None or settings.budget_s is None or both <= settings.budget_s:
+        return None
+    return (
+        f"alone: at {trial_s:.0f} s a trial, {MIN_ROUNDS} rounds of a config beside the baseline fit only in the "
+        f"alone rounds' share too: a change would be exported on the rounds' figure, your script not run alone "
+        f"against it; --budget {both / 60:.0f}m or more pays for both"
     )
 
 

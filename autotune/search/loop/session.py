@@ -26,6 +26,7 @@ import optuna
 
 from autotune import pipelines
 from autotune.core.settings import SearchSettings
+from autotune.core.config import TrialConfig
 from autotune.core.configfile import to_yaml
 from autotune.core.errors import AutotuneError, ExitCode
 from autotune.core.files import disk_error, write_atomic
@@ -315,7 +316,7 @@ class SearchSession:
                 tally.told_unrun(trial.number, why)
                 continue
             # trial 0 and a class's first trial record the losses its check reads (search/checks/riding.py)
-            cfg = riding.carry(self.study, s, cfg, TrialRecord.of(trial).role)
+            cfg = self._carried(trial, riding.carry(self.study, s, cfg, TrialRecord.of(trial).role), admit)
             t0 = time.monotonic()
             frozen = run_one(self.study, trial, cfg, s, budget.trial_timeout(tally.left_s), events, server)
             record = TrialRecord.from_frozen(frozen)
@@ -338,6 +339,23 @@ class SearchSession:
                 self.study, s, frozen, end_folder(s, self.study, "parity"), server, self.say, budget
             )
             yield frozen
+
+    def _carried(self, trial: optuna.Trial, cfg: TrialConfig, admit: Admission) -> TrialConfig:
+        """`cfg` with the losses its check reads when, with the steps past its window, it still ends within the
+        time a trial is given now; else `cfg` as a plain trial, said (killed at its timeout, it would leave
+        neither a figure nor a verdict: a class of small batches runs many steps to the time-to-target cap)."""
+        est = admit.cost(cfg) if cfg.record_steps else None
+        if est is None:
+            return cfg
+        role = TrialRecord.of(trial).role
+        if admit.limits.short(est) is None:
+            records.write(trial, TrialRecord(role=role, cost_estimate_s=round(est.seconds, 2)))
+            return cfg
+        self.say(
+            f"check: trial {trial.number} carries no check: its {cfg.record_steps} steps for one (about "
+            f"{est.seconds:.0f} s to a result) would run past the {admit.limits.given_s:.0f} s a trial is given now"
+        )
+        return cfg.replace(record_steps=0)
 
     def _respace(self, settings: SearchSettings, space: SearchSpace) -> None:
         """The rest of the search on `space` and `settings`' workload: the sampler's proposals, and the study's

@@ -105,3 +105,24 @@ def test_a_time_box_runs_at_least_its_seconds_and_a_window(tmp_path: Path) -> No
     assert est is not None and est.timed_steps == 150 and est.timed_s == pytest.approx(15.0)
     counted = cost.estimate(WORK.replace(seconds=None, timed_steps=20), cost.measurements(study, WORK))
     assert counted is not None and counted.timed_steps == 20
+
+
+def test_a_trial_that_carries_a_check_is_estimated_with_its_steps_past_the_window(tmp_path: Path) -> None:
+    """Seen at README's 10 minutes: batch 4's first trial was to record the time-to-target cap (180 steps), was
+    estimated at 18 s, ran past its 46 s timeout and left neither a figure nor a verdict. The steps past the
+    window are in the estimate; and trial 0's own, past its window, are not taken for time around its steps."""
+    wall = 0.6 + 3 * 8 / 9 + 17 * 8 / 9 + 0.5
+    study = study_of(tmp_path, [("baseline", {}, timing(8, 9.0, record_s=12.0), {"wall_s": wall + 12.0})])
+    measured = cost.measurements(study, WORK)
+    assert measured[0].overhead_s == pytest.approx(0.5)  # not 12.5: the 12 s past the window were a check's
+    plain = cost.estimate(WORK.replace(batch_size=4), measured)
+    carrying = cost.estimate(WORK.replace(batch_size=4, record_steps=180), measured)
+    assert plain is not None and carrying is not None and plain.record_s == 0.0
+    step = 4 / 9
+    past = 180 - plain.warm_steps - plain.timed_steps
+    assert carrying.record_s == pytest.approx(past * step) and carrying.seconds == pytest.approx(
+        plain.seconds + past * step
+    )
+    assert "of steps past them for a check" in carrying.figures()
+    # a window that holds the steps adds nothing
+    assert cost.estimate(WORK.replace(batch_size=4, record_steps=10), measured).record_s == 0.0  # type: ignore[union-attr]
