@@ -716,7 +716,7 @@ headroom() {
 import json, sys
 from pathlib import Path
 import torch
-from autotune.core.config import TrialResult
+from autotune.core.result import TrialResult
 from autotune.search.loop.runner import headroom_short
 
 try:

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 import yaml
 
-from autotune.core.config import KNOBS, TrialConfig, TrialResult, bare_off, baseline_of
+from autotune.core.config import KNOBS, TrialConfig, bare_off, baseline_of
+from autotune.core.result import TrialResult
 from autotune.core.errors import ConfigError
 from autotune.core.paired import spread
 from autotune.core.urls import mask_url

@@ -24,7 +24,8 @@ from autotune.apply.display import (
     leaderboard_rows,
     leaderboard_table,
 )
-from autotune.core.config import BASELINE, TrialConfig, TrialResult
+from autotune.core.config import BASELINE, TrialConfig
+from autotune.core.result import TrialResult
 from autotune.search.budget import Budget
 from autotune.search.store.records import TrialRecord, of_result, write
 from autotune.search.store.records import CONFIRMATION

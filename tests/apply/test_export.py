@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.core.config import KNOBS, WORKLOAD, TrialConfig, TrialResult
+from autotune.core.config import KNOBS, WORKLOAD, TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.errors import AutotuneError, ConfigError
 from autotune.apply.export import FORMATS, render, to_accelerate, to_hf, to_lightning
 from autotune.core.configfile import Export, load_config, to_yaml

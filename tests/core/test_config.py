@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from autotune.core.config import KNOBS, WORKLOAD, TrialConfig, TrialResult
+from autotune.core.config import KNOBS, WORKLOAD, TrialConfig
 from autotune.core.settings import SearchSettings, parse_duration
 from autotune.core.errors import ConfigError
 
@@ -169,23 +169,6 @@ def test_from_dict_rejects_a_non_mapping() -> None:
 def test_replace_validates() -> None:
     with pytest.raises(ConfigError):
         TrialConfig().replace(batch_size=0)
-
-
-def test_trial_result_round_trip_and_loss_finite() -> None:
-    r = TrialResult(
-        status="ok",
-        samples_per_s=10.0,
-        loss_first=1.0,
-        loss_last=0.5,
-        windows=(9.0, 11.0),
-        applied={"batch_size": {"requested": 2, "in_effect": 2}},
-    )
-    d = r.to_dict()
-    assert d["loss_finite"] is True and d["windows"] == [9.0, 11.0]
-    assert TrialResult.from_dict(d) == r
-    assert not TrialResult(status="ok", loss_first=1.0, loss_last=math.nan).loss_finite
-    assert not TrialResult(status="oom").loss_finite
-    assert set(r.metrics()) >= {"samples_per_s", "step_time_p50", "data_wait_fraction", "peak_memory_bytes"}
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ from typing import Any
 import yaml
 
 from autotune.apply.export import render
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.configfile import Export, to_yaml
 
 LIGHTNING = {

@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("lightning")
 
 from autotune.apply.export import render  # noqa: E402
-from autotune.core.config import TrialConfig, TrialResult  # noqa: E402
+from autotune.core.config import TrialConfig  # noqa: E402
+from autotune.core.result import TrialResult  # noqa: E402
 from autotune.core.configfile import Export  # noqa: E402
 from benchmarks import lightning_export as bench  # noqa: E402
 

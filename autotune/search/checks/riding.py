@@ -29,7 +29,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.core.config import TrialConfig, TrialResult, baseline_of
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.result import TrialResult
 from autotune.core.outcomes import Role
 from autotune.core.settings import SearchSettings
 from autotune.core.training import changes_step, shown, training_math

@@ -16,7 +16,8 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import (
     TrialBadConfig,

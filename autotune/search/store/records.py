@@ -19,7 +19,8 @@ import optuna
 from optuna.study import StudySummary
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import KNOBS, TrialConfig, TrialResult
+from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.errors import AutotuneError
 from autotune.core.training import training_math
 from autotune.core.outcomes import NOT_RUN, Outcome, Role

@@ -53,7 +53,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotune.core.config import TrialConfig, TrialResult, drain_steps
+from autotune.core.config import TrialConfig, drain_steps
+from autotune.core.result import TrialResult
 from autotune.core.errors import ConfigError
 from autotune.trial.measurement import measure
 from autotune.trial.measurement.contention import OtherCpu

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 import psutil
 
 from autotune.core import errors
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.files import write_json_atomic
 from autotune.core.procs import CONTROLLER_ENV, die_with_parent, process_identity, signal_groups
 from autotune.core.outcomes import Reason

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.trial.processes import launcher
 from autotune.trial.measurement.contention import allotted_cpus
 from autotune.trial.processes.placement import Placement

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import optuna
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.outcomes import Role, Verdict
 from autotune.core.settings import SearchSettings
 from autotune.pipelines import script

@@ -11,7 +11,8 @@ import optuna
 import pytest
 import yaml
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.pipelines import preload_modules
 from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml

@@ -12,7 +12,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.outcomes import Reason, Role
 from autotune.core.settings import SearchSettings
 from autotune.search.loop.admission import DEFERRED, FAILED_CLASS, MEASURED, TOO_SLOW

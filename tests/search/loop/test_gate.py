@@ -10,7 +10,8 @@ import optuna
 import pytest
 import yaml
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.errors import AutotuneError
 from autotune.core.settings import SearchSettings
 from autotune.core.configfile import to_yaml

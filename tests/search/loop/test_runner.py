@@ -9,7 +9,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.settings import SearchSettings
 from autotune.search.store.records import TrialRecord
 from autotune.search.store.results import feasible

@@ -12,7 +12,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.errors import AutotuneError
 from autotune.search.store import records
 from autotune.search.store.records import StudyRecord, TrialRecord, of_result, write

@@ -17,7 +17,8 @@ import torch
 from autotune.trial.loop import harness, loading
 
 from autotune.trial.loop import worker as trial
-from autotune.core.config import KNOBS, TrialConfig, TrialResult
+from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.errors import ExitCode, PipelineError, TrialUnsupported
 from autotune.core.files import write_json_atomic
 from tests.conftest import REPO_ROOT

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from autotune.core import errors
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.trial.loop import harness, knobs
 from autotune.trial.processes import launcher
 from autotune.trial.loop import worker as trial

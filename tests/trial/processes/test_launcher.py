@@ -18,7 +18,8 @@ import pytest
 from autotune.core import errors
 
 from autotune.trial.processes import launcher
-from autotune.core.config import KNOBS, TrialConfig, TrialResult
+from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.result import TrialResult
 from tests.conftest import all_gone, live_processes, wait_until_gone
 from tests.fakes import fault_cfg
 from tests.fault_pipelines import WATCHDOG_LINE

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from autotune.core.config import TrialConfig, TrialResult
+from autotune.core.config import TrialConfig
+from autotune.core.result import TrialResult
 from autotune.core.effects import knob_effect, refuse_unsupported
 from autotune.core.errors import TrialUnsupported
 from autotune.pipelines import load_pipeline

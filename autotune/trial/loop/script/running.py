@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from autotune.core.config import TrialConfig, TrialResult, baseline_of
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.result import TrialResult
 from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
 from autotune.pipelines import load_pipeline
