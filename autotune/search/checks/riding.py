@@ -59,6 +59,13 @@ def _steps(study: optuna.Study, settings: SearchSettings, cfg: TrialConfig, role
     label = _predicted(study, cfg)
     if ref is None or ref.not_checkable or not label or label in records.class_checks(study):
         return 0
+    return needed(ref, cfg, baseline, k)
+
+
+def needed(ref: parity.Reference, cfg: TrialConfig, baseline: TrialConfig, k: int) -> int:
+    """The losses, from step 0, that `cfg`'s class verdict reads from its own trial against `ref`: the
+    time-to-target cap when its step differs, else K steps of parity; 0 when `ref` cannot judge it so (a
+    target too thin to tell, or a reference that does not span the samples parity compares)."""
     if changes_step(cfg):
         return 0 if target.thin(ref) else parity.steps_for(target.CAP * ref.samples, cfg.global_batch_size)
     return parity.candidate_steps(cfg, baseline, k) if parity.covers(ref, cfg, baseline, k) else 0
@@ -125,18 +132,16 @@ def judge(study: optuna.Study, settings: SearchSettings, frozen: FrozenTrial, ru
     if ref.not_checkable:
         return None  # classes.run_check says why, with no run
     cfg, baseline = TrialRecord.of(frozen).config_for(settings.base), baseline_of(settings.base)
-    g_c, k = cfg.global_batch_size, settings.parity_steps
+    k = settings.parity_steps
+    need = needed(ref, cfg, baseline, k)
+    if not need or len(losses) < need:
+        return None
     check: CheckRecord
     if changes_step(cfg):
-        need = parity.steps_for(target.CAP * ref.samples, g_c)
-        if target.thin(ref) or len(losses) < need:
-            return None
         base = float(baseline_sps(study) or 0.0)
-        check = target.judge(losses[:need], g_c, ref, float(frozen.value or 0.0), base).to_dict()
+        check = target.judge(losses[:need], cfg.global_batch_size, ref, float(frozen.value or 0.0), base).to_dict()
         check["runs"] = 0
     else:
-        if not parity.covers(ref, cfg, baseline, k) or len(losses) < parity.candidate_steps(cfg, baseline, k):
-            return None
         check = parity.judge(cfg, baseline, k, losses, ref).to_dict()
     check["trial"], check["seconds"] = frozen.number, round(run.record_s, 1)
     check["reason"] += (
@@ -156,17 +161,14 @@ def why_separate(study: optuna.Study, settings: SearchSettings, t: FrozenTrial, 
     if ref.not_checkable:
         return f"the reference cannot judge it: {ref.not_checkable}"
     cfg, baseline = TrialRecord.of(t).config_for(settings.base), baseline_of(settings.base)
-    if changes_step(cfg):
-        if target.thin(ref):
-            return "the baseline's reference is too short to set a target"
-        need = parity.steps_for(target.CAP * ref.samples, cfg.global_batch_size)
-    elif not parity.covers(ref, cfg, baseline, settings.parity_steps):
+    need = needed(ref, cfg, baseline, settings.parity_steps)
+    if not need and changes_step(cfg):
+        return "the baseline's reference is too short to set a target"
+    if not need:
         return (
             f"the reference's {ref.samples} samples do not span its check's "
             f"({settings.parity_steps} steps of global batch {cfg.global_batch_size})"
         )
-    else:
-        need = parity.candidate_steps(cfg, baseline, settings.parity_steps)
     got = len(run.losses) if run is not None else 0
     return (
         f"trial {t.number} recorded {got} of the {need} losses its verdict needs (they would not fit in the time "
