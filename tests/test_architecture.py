@@ -50,9 +50,9 @@ def test_study_attrs_are_read_and_written_only_through_the_records() -> None:
     assert own.is_file() and raw == [], raw
 
 
-# The knob table (core/config.py) and the worker code that applies the knobs: pipelines/, trial/, and
+# The knob table (core/config.py), the knob list's modules (core/knobs/), the worker code that applies the knobs: pipelines/, trial/, and
 # autotune.script, the cooperative calls (at.batch_size(), ...) through which a trial applies them to a script.
-APPLIERS = ("core/config.py", "pipelines/", "trial/", "script/")
+APPLIERS = ("core/config.py", "core/knobs/", "pipelines/", "trial/", "script/")
 
 
 def _spellings(tree: ast.AST, knobs: frozenset[str]) -> set[str]:

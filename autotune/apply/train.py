@@ -31,7 +31,7 @@ from autotune.trial.loop.loading import val_loader
 from autotune.trial.processes.nodes import python_for
 from autotune.trial.loop.outcome import TRACEBACK_WORTHY, named_failure, read_verdicts, status_of
 from autotune.trial.loop import harness, knobs
-from autotune.trial.loop.knobs import CheckpointedStage, ranks_share_gpus
+from autotune.trial.loop.knobs import ranks_share_gpus
 from autotune.trial.loop.sharding import full_state_dict, is_sharded
 from autotune.trial.measurement import measure
 
@@ -55,7 +55,7 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights as the pipeline's own build_model() names them: no DDP/compile/checkpoint wrappers.
     Under fsdp a collective: every rank calls it, and rank 0 gets the whole model (the others nothing)."""
     model = _unwrap(model)
-    wrapped = [f"{n}.inner." for n, m in model.named_modules() if isinstance(m, CheckpointedStage)]
+    wrapped = knobs.wrapper_prefixes(model)
     out = {}
     for key, value in (full_state_dict(model) if is_sharded(model) else model.state_dict()).items():
         for prefix in wrapped:

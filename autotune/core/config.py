@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 from collections.abc import Callable, Mapping
 
 from autotune.core.errors import ConfigError
+from autotune.core.knobs import channels_last, checkpoint_segments, compile, cudnn_benchmark, precision, tf32
+from autotune.core.knobs.row import Knob, knob
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = precision.VALUES
 FUSIONS = ("none", "foreach", "fused", "apex")
-COMPILES = ("off", "default", "max-autotune")
+COMPILES = compile.VALUES
 PARALLELS = ("ddp", "fsdp")
 FSDP_DTYPES = ("fp32", "bf16")
 
@@ -25,29 +27,6 @@ SHOWN = ("loaders", "optimizers", "own_group", "seeded")
 # The baseline's global batch (batch_size 8 on one process): the batch `lr` is meant for when the
 # study fixes none (--global-batch), so a config with another global batch trains with a scaled lr.
 REFERENCE_BATCH = 8
-
-
-def knob(
-    default: Any,
-    sets: str,
-    *,
-    choices: tuple[str, ...] | None = None,
-    needs: str | None = None,
-    visit: int | None = None,
-    math: str = "",
-    memory: bool = False,
-) -> Any:
-    """Declare one tuned knob, as a TrialConfig field: everything else about it (KNOBS, CHOICES, the space's
-    dependent knobs, the coordinate pass, the memory estimate's axes, `autotune knobs` and README's table) is
-    read from here.
-
-    sets: what it sets, in a user's words. choices: a string knob's values. needs: "workers", "processes" or
-    "fsdp": it means something only then, and is left at its default otherwise. visit: its place in the
-    coordinate pass (lowest first; None: left to TPE). math: what it can change in the training computed
-    (empty: speed only), as core/training.py labels it. memory: it changes the memory estimate
-    (search/space/memory.py); the others (loader, layout, compile...) are taken as not changing it."""
-    meta = {"sets": sets, "choices": choices, "needs": needs, "visit": visit, "math": math, "memory": memory}
-    return field(default=default, metadata={"knob": meta})
 
 
 def _mapping(value: object) -> dict[Any, Any] | None:
@@ -66,7 +45,7 @@ def _number(x: object) -> bool:
 class TrialConfig:
     """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
 
-    # knobs
+    # knobs: a knob with a module in core/knobs/ takes its row from there (`module.ROW`)
     num_workers: int = knob(0, "the DataLoader's worker processes", visit=2)
     pin_memory: bool = knob(False, "the DataLoader's page-locked host memory")
     batch_size: int = knob(
@@ -75,24 +54,18 @@ class TrialConfig:
         visit=1,
         math="the global batch and its lr; the batch-norm span",
     )
-    precision: str = knob(
-        "fp32",
-        "fp32, or bf16/fp16 autocast (fp16 with a GradScaler)",
-        choices=PRECISIONS,
-        visit=0,
-        math="precision",
-        memory=True,
-    )
+    precision: str = precision.ROW
     optimizer_fusion: str = knob(
         "none", "the optimizer's implementation (AdamW's fused/foreach)", choices=FUSIONS, visit=6
     )
-    checkpoint_segments: int = knob(0, "activation checkpointing of the first k stages (0 = off)", memory=True)
+    checkpoint_segments: int = checkpoint_segments.ROW
     gpus: int = knob(
         1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr", memory=True
     )
-    channels_last: bool = knob(False, "the memory format of the model and its inputs", visit=5)
-    cudnn_benchmark: bool = knob(False, "`torch.backends.cudnn.benchmark`", visit=7)
-    compile: str = knob("off", "`torch.compile` and its mode", choices=COMPILES, visit=4)
+    channels_last: bool = channels_last.ROW
+    cudnn_benchmark: bool = cudnn_benchmark.ROW
+    tf32: bool = tf32.ROW
+    compile: str = compile.ROW
     persistent_workers: bool = knob(False, "the DataLoader keeps its workers between epochs", needs="workers")
     prefetch_factor: int | None = knob(None, "batches each DataLoader worker loads ahead", needs="workers")
     # torch's own default since 2.0, so the baseline keeps it
@@ -271,6 +244,11 @@ class TrialConfig:
         and what the cost model prices untimed)."""
         return self.warmup_steps + drain_steps(self.batches_ahead, self.grad_accum, self.warmup_steps)
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP in effect: parallel fsdp on more than one process (one process trains the plain model)."""
+        return self.parallel == "fsdp" and self.gpus > 1
+
     def one_process(self) -> TrialConfig:
         """This config on one process: the same micro-batch, no strategy to run."""
         return self.replace(gpus=1)
@@ -302,21 +280,6 @@ class TrialConfig:
         if unknown:
             raise ConfigError(f"unknown config key(s): {', '.join(unknown)} (knobs are: {', '.join(KNOBS)})")
         return cls(**dict(d))
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One row of the knob table: a TrialConfig field declared with knob()."""
-
-    name: str
-    type: str
-    default: Any
-    sets: str
-    choices: tuple[str, ...] | None
-    needs: str | None
-    visit: int | None
-    math: str
-    memory: bool
 
 
 TABLE = tuple(

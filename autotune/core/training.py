@@ -1,12 +1,13 @@
 """What a config changes in the training it computes, next to its baseline: the global batch (and so the
 optimizer steps per epoch), the learning rate that follows it, the precision, and the span of batch-norm
 statistics, and FSDP's mixed-precision dtypes (a bf16 gradient reduce): the knobs the table declares with
-a `math` (core/config.py). The others only change speed (the loader, fusion, checkpointing, the memory
+a `math` (core/config.py; a knob with a module says its own change: its `math_change`). The others only change speed (the loader, fusion, checkpointing, the memory
 layout, cudnn, the strategy itself: DDP or FSDP at fp32, resharding, offload): they compute the same step,
 up to floating-point rounding, and are not listed."""
 
 from __future__ import annotations
 
+from autotune.core import knobs
 from autotune.core.config import TrialConfig, baseline_of, lr_factor
 
 SAME = "same"
@@ -33,8 +34,7 @@ def training_math(cfg: TrialConfig, batch_norm: bool, ran: float = 1.0) -> list[
     lr = cfg.effective_lr if ran == 1 else cfg.lr * lr_factor(global_batch / cfg.reference_batch, cfg.lr_scaling)
     if lr != base.effective_lr:
         out.append(f"lr {base.effective_lr:.3g} -> {lr:.3g} ({cfg.lr_scaling} rule)")
-    if cfg.precision != base.precision:
-        out.append(f"precision {base.precision} -> {cfg.precision}")
+    out += [said for k in knobs.ALL if (said := getattr(k, "math_change", lambda c, b: None)(cfg, base))]
     if batch_norm and cfg.batch_size != base.batch_size:
         out.append(f"batch-norm span {base.batch_size} -> {cfg.batch_size}")
     for what, knob in (("fsdp param dtype", "fsdp_param_dtype"), ("gradient reduce", "fsdp_reduce_dtype")):

@@ -7,7 +7,7 @@ autotune owns the loop and applies every knob around these three calls:
     loss    = pipeline.loss(model(x), target)   # a scalar tensor
 
 Optional attributes:
-    stages:      dotted names of submodules, in forward order, that checkpoint_segments may wrap
+    stages:      dotted names of submodules, in forward order, that activation checkpointing may wrap
     blocks:      dotted names of the repeated layers that parallel=fsdp shards one by one; default: stages
     unsupported: knob names this pipeline cannot honour (a token model has no memory layout to change)
     build_val_dataset() -> Dataset and metric(output, target) -> float: validation in `autotune train`
@@ -161,7 +161,7 @@ def stages_of(pipeline: Pipeline) -> tuple[str, ...]:
 
 
 def stage_count(pipeline: Pipeline) -> int | None:
-    """How many stages checkpoint_segments may wrap; None where the pipeline finds them only as it runs (an
+    """How many stages activation checkpointing may wrap; None where the pipeline finds them only as it runs (an
     unedited script's repeated blocks: trial 0 reports them, trial/loop/script/model.py)."""
     return None if getattr(pipeline, "stages", ()) is None else len(stages_of(pipeline))
 

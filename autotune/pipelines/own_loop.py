@@ -24,7 +24,7 @@ class OwnLoopJob(ABC):
     load_pipeline hands every kind back alike."""
 
     def __init__(self, spec: str, unsupported: Mapping[str, str], stages: tuple[str, ...] | None = ()) -> None:
-        """stages: what checkpoint_segments wraps; None: found only as the job runs (stage_count)."""
+        """stages: what activation checkpointing wraps; None: found only as the job runs (stage_count)."""
         self.spec, self.stages = spec, stages
         self.unsupported = Unsupported(unsupported)
 

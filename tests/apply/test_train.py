@@ -48,7 +48,7 @@ def test_help_is_honest_about_processes(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_plain_state_dict_strips_wrappers() -> None:
-    from autotune.trial.loop.knobs import CheckpointedStage
+    from autotune.trial.loop.knobs.checkpoint_segments import CheckpointedStage
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     model[0] = CheckpointedStage(model[0])

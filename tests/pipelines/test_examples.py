@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from autotune.trial.loop import harness, knobs
+from autotune.trial.loop.knobs import checkpoint_segments
 from autotune.cli import main
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.pipelines import Pipeline, load_pipeline, stages_of, unsupported_of
@@ -88,7 +89,7 @@ def test_one_step_with_every_stage_checkpointed(workdir: Path, name: str, precis
     pipeline = load_pipeline(cfg)
     model = pipeline.build_model().train()
     stages = stages_of(pipeline)
-    applied = knobs.wrap_checkpoints(model, stages, len(stages))
+    applied = checkpoint_segments.wrap_checkpoints(model, stages, len(stages))
     assert applied["checkpoint_segments"]["in_effect"] == list(stages)
     x, y = _batch(pipeline, 4)
     with knobs.Precision(cfg, torch.device("cpu")).autocast():

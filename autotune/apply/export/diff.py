@@ -10,17 +10,18 @@ positions, and in them only the knobs whose measured value differs from the scri
     (`num_workers=args.workers`) through the option's default, so the script's own flag keeps working;
   - the stepped optimizers' `fused`/`foreach` flags, in the script or in a module it imports (a second
     file of the diff, named from where it is applied); `zero_grad(set_to_none=...)`;
-  - `torch.backends.cudnn.benchmark = True` / `torch.set_num_threads(N)` added after the script's
-    imports, where the script sets neither itself (its own line runs after the trial's, so it won);
+  - the process flags of the knob list (`torch.backends.cudnn.benchmark = True`, TF32's) and
+    `torch.set_num_threads(N)` added after the script's imports, where the script sets none itself (its
+    own line runs after the trial's, so it won);
   - the cooperative calls (autotune.script) whose knob the best config changes become the plain torch
     calls they stand for (at.autocast() -> torch.autocast, at.scaler() -> GradScaler under fp16,
-    at.model() -> channels_last / torch.compile), because outside a trial each at.* call is the
+    at.model() -> the memory format / torch.compile: each knob's module says its call), because outside a trial each at.* call is the
     identity: left in place, the patched script run alone would not run what was measured. The calls
     whose knob stays as written are kept, so the script stays tunable for them. at.batch_size() and
     at.accumulation() keep their call and get the measured value as their default; the lr the trial
     scaled for a changed global batch is scaled in the source (at.lr()'s default, else the optimizer's
     lr=) by the same factor;
-  - an unedited script's model knobs (checkpointing, channels_last, precision, compile) as plain torch
+  - an unedited script's model knobs (the knob list's, in its order: each module's LINES) as plain torch
     lines after the statement that builds the stepped optimizer from MODEL.parameters(), where MODEL is
     assigned once an instance of the class the trials found (_compute._model_lines).
 A knob that does nothing on the machine measured (pin_memory, cudnn_benchmark without CUDA: the search

@@ -40,7 +40,7 @@ class Patched:
     # The arguments the copy runs with: the study's, with each flag the export tells the user to give
     # ("run it with --workers 0") given so, as the user will run it.
     copy_args: tuple[str, ...] = ()
-    # The config whose model knobs no diff writes (an unedited script's precision, channels_last,
+    # The config whose model knobs no diff writes (an unedited script's model knobs, the knob list's,
     # checkpointing), for the copy's runs to apply as `autotune run` does; None: none differ.
     model: Path | None = None
 

@@ -177,7 +177,7 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 class ClassifierPipeline:
     """torchvision resnet18(num_classes=K), no pretrained weights (nothing is downloaded)."""
 
-    # checkpoint_segments wraps the first k of these, in forward order.
+    # activation checkpointing wraps the first k of these, in forward order.
     stages = ("conv1", "layer1", "layer2", "layer3", "layer4")
     unsupported: frozenset[str] = frozenset()
 

@@ -12,7 +12,7 @@
 - Items are (input_ids[:-1], input_ids[1:]), both LongTensors of shape (seq_len,).
 - Model: token + position embeddings, 2 pre-norm nn.TransformerEncoderLayer blocks (d_model 128,
   4 heads) run with a causal mask, a final LayerNorm and a linear head over the vocabulary.
-- checkpoint_segments can wrap each block ("layers.0", "layers.1"). The blocks sit in a plain
+- activation checkpointing can wrap each block ("layers.0", "layers.1"). The blocks sit in a plain
   ModuleList rather than nn.TransformerEncoder because that class reads attributes of its first
   layer directly (layers[0].self_attn), which a checkpoint wrapper does not have.
 - Size: `make` builds the model above; `make_w<width>_d<depth>` (e.g. `language_model:make_w1024_d16`)

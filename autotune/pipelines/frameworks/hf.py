@@ -10,6 +10,7 @@ import math
 from typing import Any
 from collections.abc import Mapping
 
+from autotune.core import knobs
 from autotune.core.config import COMPILES, TrialConfig
 from autotune.core.config import lr_scale
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
@@ -20,7 +21,7 @@ OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_
 ADAMW = frozenset(OPTIM.values())
 
 UNSUPPORTED = {
-    "channels_last": "TrainingArguments has no memory-layout field: the model and the data collator own it",
+    **knobs.not_in("hf"),
     "set_to_none": "the Trainer zeroes gradients itself (model.zero_grad(), which frees them)",
     # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.
     **STRATEGY,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.core import knobs
 from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
@@ -24,8 +25,7 @@ PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 UNSUPPORTED = {
     "optimizer_fusion": "the LightningModule builds its own optimizer in configure_optimizers()",
     "set_to_none": "the LightningModule zeroes its own gradients (optimizer_zero_grad())",
-    "checkpoint_segments": "the Trainer has no activation-checkpointing argument: the module's forward owns it",
-    "channels_last": "the module's forward and batch transfer own the memory layout",
+    **knobs.not_in("lightning"),
     # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.
     **STRATEGY,
 }

@@ -12,10 +12,9 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
     fused/foreach pair (fusion.py);
   - the loader knobs need a `DataLoader` in the script's source, or in a module it imports from its own
     folder (modules.py), as the optimizers below;
-  - precision, channels_last, checkpoint_segments and compile reach the model the script's optimizer trains
-    with no edit (trial/loop/script/model.py: autocast around its forward, its weights in channels_last,
-    torch's checkpointing on its repeated blocks, its forward compiled), unless the script routes them
-    itself: `at.autocast()` for precision, `at.model()` for channels_last and compile (the cooperative API,
+  - the model knobs of the knob list (autotune/core/knobs/) reach the model the script's optimizer trains
+    with no edit (trial/loop/script/model.py, each by its module's torch side), unless the script routes one
+    itself through the at.* call its module names (`ROUTE`: at.autocast(), at.model(); the cooperative API,
     autotune.script); fp16 needs `at.scaler()` too: without loss scaling fp16's small gradients flush to zero,
     its speed wins by noise and its export would have no scaler; the precision the script runs alone is
     the argument it gives at.autocast() (`at.autocast("bf16")`, a torch dtype), else what trial 0's model
@@ -50,6 +49,7 @@ from pathlib import Path
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from autotune.core import knobs
 from autotune.core.config import LEADS, PRECISIONS, TrialConfig, dependents, lr_factor
 from autotune.core.errors import PipelineError
 from autotune.pipelines import Unsupported
@@ -72,8 +72,8 @@ OWN_RUN = (*LOADER_KNOBS, "batch_size")
 # Why a trial keeps a DataLoader's own arguments when it loads an IterableDataset: the stream is yielded
 # whole in every worker unless the dataset shards itself, so more workers would change what it trains on.
 ITERABLE_KEPT = "an IterableDataset: the script's own workers"
-# Knob -> the at.* call that routes it.
-COOPERATIVE = {"precision": "autocast", "channels_last": "model", "compile": "model"}
+# Knob -> the at.* call that routes it (the knob list's ROUTE).
+COOPERATIVE = {k.NAME: k.ROUTE for k in knobs.MODEL if k.ROUTE}
 # The lr rule for a script whose optimizers are in neither family (source.py), or in both: said.
 DEFAULT_RULE = "sqrt"
 # What no script takes yet, with why.
@@ -81,8 +81,9 @@ BATCH_WHY = (
     "the script builds its batches without a torch DataLoader: hand its batch over with at.batch_size() "
     "(autotune.script) to search it"
 )
-# The knobs the model seams apply to an unedited script (trial/loop/script/model.py), where no at.* call routes them.
-UNEDITED = ("precision", "channels_last", "checkpoint_segments", "compile")
+# The knobs the model seams apply to an unedited script (trial/loop/script/model.py), where no at.* call routes
+# them: the knob list's model knobs.
+UNEDITED = knobs.MODEL_NAMES
 # A script that sets up no process group: the trial sets it up and replicates its model (DDP) with no edit,
 # sharding its DataLoaders (trial/loop/script/ranks.py); FSDP would shard the model its own code builds.
 NO_GROUP = {

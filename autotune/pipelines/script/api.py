@@ -3,7 +3,7 @@
     with at.autocast():                 # the trial's precision (torch.autocast); fp32: nothing
         loss = criterion(model(x), y)
     scaler = at.scaler()                # a GradScaler, enabled only when the trial runs fp16
-    model = at.model(model)             # channels_last and torch.compile, when the trial asks
+    model = at.model(model)             # the memory format and torch.compile, when the trial asks
     torch.manual_seed(at.seed(0))       # the script's own seed, always: it says the script seeds
     order = torch.Generator().manual_seed(at.data_seed(0))  # the data order (a script with no DataLoader)
     batch = at.batch_size(args.batch_size)  # the trial's micro-batch (batch_size is then searched)
@@ -48,9 +48,12 @@ class Trial:
     """The settings of the trial running in this process, and what the script's calls did with them."""
 
     precision: str = "fp32"
-    channels_last: bool = False
-    compile: str = "off"
-    compile_backend: str = "inductor"
+    compile: str = "off"  # its mode, as the record of a model handed back compiled says it
+    # The trial's model knobs at.model() routes (the knob list's whose ROUTE is "model", by their torch side):
+    # `shaping` applied to the module handed over in place (its memory format), `wrapping` to what is handed
+    # back (torch.compile); the identity where a knob is off.
+    shaping: tuple[Callable[[Any], Any], ...] = ()
+    wrapping: tuple[Callable[[Any], Any], ...] = ()
     seed: int = 0
     data_seed: int | None = None  # parity's data-order twin: the data order shifted by data_seed - seed
     device_type: str = "cpu"  # the machine's: until the script's model (or optimizer) says where it lives
@@ -243,23 +246,21 @@ def scaler(own: bool = False, device_type: str | None = None) -> Any:
 
 
 def model(module: Any) -> Any:
-    """The model in the trial's memory format (channels_last) and compiled when the trial compiles."""
+    """The model with the trial's model knobs that at.model() routes applied (its memory format, compiled);
+    outside a trial, the model as it is."""
     global _model_outside
     t = _trial
     if t is None:
         _model_outside = weakref.ref(module)  # the device at.autocast() and at.scaler() run on
         return module
     t.called("model")
-    import torch
-
-    if t.channels_last:
-        module = module.to(memory_format=torch.channels_last)
+    for shape in t.shaping:
+        module = shape(module)
     t.models.append(module)
     if t.watch is not None:
         t.watch(module)
-    if t.compile != "off":
-        mode = t.compile if t.compile_backend == "inductor" else None
-        module = torch.compile(module, backend=t.compile_backend, mode=mode)
+    for wrap in t.wrapping:
+        module = wrap(module)
     t.handed_back.append(module)
     return module
 

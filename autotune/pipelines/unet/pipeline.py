@@ -116,7 +116,7 @@ class BceDiceLoss(nn.Module):
 class UnetPipeline:
     """smp.Unet('resnet34', encoder_weights=None). AUTOTUNE_ENCODER_WEIGHTS may name a local state_dict."""
 
-    # checkpoint_segments wraps the first k of these, in forward order.
+    # activation checkpointing wraps the first k of these, in forward order.
     stages = (
         "encoder.conv1",
         "encoder.layer1",

@@ -70,7 +70,7 @@ CHECKED = frozenset(k.name for k in TABLE if k.math)
 CHECK_RUNS, CHECK_RUNS_STORED = 3, 1
 
 # The knobs the pass visits, in their declared order (knob's visit in TrialConfig): the ones that usually
-# move throughput most first. The rest (pin_memory, set_to_none, num_threads, checkpoint_segments, the
+# move throughput most first. The rest (pin_memory, set_to_none, num_threads, activation checkpointing, the
 # worker-only knobs) are left to TPE.
 PASS = tuple(k.name for k in sorted((k for k in TABLE if k.visit is not None), key=lambda k: k.visit or 0))
 ORDERED_MOVES = 2  # values tried for a numeric knob (int range or numeric choices)

@@ -14,7 +14,9 @@ from typing import Any
 
 from autotune import pipelines
 from autotune.pipelines import script as script_job
-from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, UNEDITED
+from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS
+from autotune.core import knobs as described
+from autotune.core.knobs.row import Clip, Drop, Fix, Rule
 from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, PRECISIONS, TABLE, TrialConfig, baseline_of, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.core.settings import SearchSettings
@@ -34,10 +36,15 @@ from autotune.search.space.spec import (
 
 
 # The knobs that do nothing without CUDA: fixed off on such a machine, so never a measured value (the diff
-# never writes them from a study made there).
+# never writes them from a study made there): pinned memory, and the process flags the knob list fixes so.
 NO_EFFECT_WITHOUT_CUDA = {
     "pin_memory": "no CUDA, pinning memory is a no-op",
-    "cudnn_benchmark": "no CUDA, cudnn is not used",
+    **{
+        k.NAME: rule.why
+        for k in described.PROCESS
+        for rule in k.machine(Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False))
+        if isinstance(rule, Fix)
+    },
 }
 
 
@@ -77,10 +84,9 @@ def for_hardware(
     n = _Narrowing(space.source, dict(space.knobs))
     _by_pipeline(n, space, unsupported, own or {})
     _by_machine(n, hw)
-    if stages == 0:
-        n.fix("checkpoint_segments", 0, "pipeline declares no stages, so checkpointing is off")
-    elif stages is not None:
-        n.clip("checkpoint_segments", stages, f"the pipeline has {stages} stages")
+    for k in described.ALL:  # the pipeline's stages (checkpointing's)
+        for rule in getattr(k, "on_stages", lambda s: [])(stages):
+            n.follow(k.NAME, rule)
     _fix_inert(n, hw)
     return SearchSpace(knobs=singles(n.knobs), source=space.source), n.notes
 
@@ -110,18 +116,11 @@ def _by_machine(n: _Narrowing, hw: Hardware) -> None:
     """The devices, CPUs, native bf16 and apex this machine has."""
     n_gpus = max(1, hw.gpu_count)
     n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
+    for k in described.ALL:
+        for rule in getattr(k, "machine", lambda hw: [])(hw):
+            n.follow(k.NAME, rule)
     if not hw.cuda:
-        n.keep("precision", lambda p: p != "fp16", "fp16 needs CUDA")
-        if not hw.cpu_bf16:
-            n.keep(
-                "precision",
-                lambda p: p != "bf16",
-                "this CPU has no native bf16 (AVX512-BF16 or AMX): "
-                "autocast would emulate it, about 70x slower than fp32",
-            )
-        for name, why in NO_EFFECT_WITHOUT_CUDA.items():
-            n.fix(name, False, why)
-        n.fix("compile", "off", "no CUDA, compiling the model on CPU takes minutes and cannot pay for itself")
+        n.fix("pin_memory", False, NO_EFFECT_WITHOUT_CUDA["pin_memory"])
     n.clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
     n.clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
     if not hw.apex:
@@ -158,6 +157,15 @@ class _Narrowing:
         if knob in self.knobs and self.knobs[knob] != Fixed(value):
             self.knobs[knob] = Fixed(value)
             self.notes.append(f"{knob} fixed to {value!r}: {why}")
+
+    def follow(self, knob: str, rule: Rule) -> None:
+        """A knob's own rule (autotune/core/knobs/): fixed, values dropped, or clipped, and why."""
+        if isinstance(rule, Fix):
+            self.fix(knob, rule.value, rule.why)
+        elif isinstance(rule, Drop):
+            self.keep(knob, lambda v: v not in rule.values, rule.why)
+        elif isinstance(rule, Clip):
+            self.clip(knob, rule.high, rule.why)
 
     def leave(self, knob: str, value: Any, why: str) -> None:
         """Fix a knob the job keeps as its own: the value is only what the config records (autotune's
@@ -456,13 +464,13 @@ def loaders_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, An
 def model_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]) -> tuple[SearchSpace, dict[str, str]]:
     """`space` with the knobs an unedited script's model cannot take fixed at the baseline's, from what trial
     0 found of it (its record's `applied.script.model`, trial/loop/script/model.py): several optimizers (no one model,
-    nor one for the trial to replicate on several GPUs), no 4-D weights (channels_last), no repeated blocks
-    (checkpoint_segments); and why, by knob."""
+    nor one for the trial to replicate on several GPUs), or what each model knob's own rule finds missing (its
+    `model_why`: no 4-D weights, no repeated blocks); and why, by knob."""
     script = applied.get("script")
     facts = script.get("model") if isinstance(script, Mapping) else None
     if not isinstance(facts, Mapping):
         return space, {}
-    routed = {k for k in UNEDITED if k in space.searched() and k in facts.get("routed", ())}
+    routed = {k for k in described.MODEL_NAMES if k in space.searched() and k in facts.get("routed", ())}
     why: dict[str, str] = {}
     if int(facts.get("optimizers") or 0) > 1:
         if facts.get("replicated_by_trial") and "gpus" in space.searched():
@@ -470,10 +478,10 @@ def model_kept(space: SearchSpace, base: TrialConfig, applied: Mapping[str, Any]
         why = {
             k: f"the script builds {facts['optimizers']} optimizers: no one model is the one it trains" for k in routed
         }
-    elif facts.get("convolutions") == 0 and "channels_last" in routed:
-        why["channels_last"] = f"its model ({facts.get('model')}) has no 4-D (convolution) weights"
-    if facts.get("repeated_blocks") == 0 and "checkpoint_segments" in routed and not why.get("checkpoint_segments"):
-        why["checkpoint_segments"] = f"its model ({facts.get('model')}) has no repeated blocks to checkpoint"
+    else:
+        for k in described.MODEL:
+            if k.NAME in routed and (unfit := getattr(k, "model_why", lambda f: None)(facts)):
+                why[k.NAME] = unfit
     if not why:
         return space, {}
     own = baseline_of(base)

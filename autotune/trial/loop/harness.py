@@ -230,7 +230,7 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
     model = warm_model.build_model(pipeline, cfg)  # pipeline.build_model(), or a warm server's copy of it
     # Batch-norm statistics span one micro-batch on one process: a smaller micro-batch changes them.
     applied["batch_norm_layers"] = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    applied |= knobs.wrap_checkpoints(model, stages_of(pipeline), cfg.checkpoint_segments)
+    applied |= knobs.on_stages(model, stages_of(pipeline), cfg)
     if sharding.wanted(cfg, world):
         model, a = sharding.shard(model, cfg, device, world, blocks_of(pipeline))
     else:

@@ -31,6 +31,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.effects import knob_effect
 from autotune.core.errors import TrialUnsupported
 from autotune.trial.loop import knobs
+from autotune.trial.measurement import observe
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import OffloadPolicy
@@ -86,12 +87,6 @@ def torch_too_old() -> str:
     return ""
 
 
-CHANNELS_LAST_WHY = (
-    "activations only: FSDP shards contiguous parameters, so the weights stay NCHW; the 4-D inputs are "
-    "channels_last and each convolution keeps that layout for its output"
-)
-
-
 def shard(
     model: nn.Module, cfg: TrialConfig, device: torch.device, world: int, blocks: Sequence[str]
 ) -> tuple[nn.Module, dict[str, Any]]:
@@ -107,11 +102,8 @@ def shard(
     order = blocks_in_order(model, blocks)
     model = model.to(device)  # FSDP shards what is on the device (or moves shards to the host: offload)
     _same_weights_as_rank0(model)
-    # Not model.to(memory_format=channels_last): fully_shard refuses a non-contiguous parameter (any 4-D
-    # weight wider than 1x1). knobs.to_device still makes the 4-D inputs channels_last, and convolutions
-    # given a channels_last input return one (cuDNN and oneDNN take the layout from input or weight).
-    why = CHANNELS_LAST_WHY if cfg.channels_last else ""
-    applied: dict[str, Any] = {"channels_last": knob_effect(cfg.channels_last, cfg.channels_last, why)}
+    # The model knobs before data-parallel as FSDP takes them (the memory format: the inputs only).
+    applied: dict[str, Any] = {k.NAME: k.sharded(cfg) for k in knobs.BEFORE_PARALLEL if hasattr(k, "sharded")}
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.fsdp_param_dtype], reduce_dtype=DTYPES[cfg.fsdp_reduce_dtype])
     offload, offload_why = _offload(cfg, device)
@@ -190,18 +182,13 @@ class Probe:
     def _block_done(self, module: nn.Module, args: Any, output: Any) -> None:
         if "block_output_dtype" not in self.seen and isinstance(output, torch.Tensor):
             self.seen["block_output_dtype"] = str(output.dtype).removeprefix("torch.")
-            if output.dim() == 4:  # an image block: did channels_last reach its activations?
-                self.seen["block_output_channels_last"] = _channels_last(output)
+            if output.dim() == 4:  # an image block: did the memory format reach its activations?
+                self.seen["block_output_channels_last"] = observe.nhwc(output)
 
     def _root_done(self, module: nn.Module, args: Any, output: Any) -> None:
         # By the root's end every block has run its post-forward: True when it resharded its parameters.
         if "resharded_after_forward" not in self.seen:
             self.seen["resharded_after_forward"] = all(isinstance(p, self._dtensor) for p in self._block.parameters())
-
-
-def _channels_last(t: torch.Tensor) -> bool:
-    """Laid out NHWC and not also NCHW (a tensor with C == 1 or H * W == 1 is both, and says nothing)."""
-    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
 
 
 def is_sharded(model: nn.Module) -> bool:

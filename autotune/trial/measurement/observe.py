@@ -68,10 +68,10 @@ class FirstConv:
             return
         x = args[0] if args else None
         if isinstance(x, torch.Tensor):
-            self.seen["conv_input_channels_last"] = _channels_last(x)
+            self.seen["conv_input_channels_last"] = nhwc(x)
         if isinstance(output, torch.Tensor):
             self.seen["conv_output_dtype"] = str(output.dtype).removeprefix("torch.")
-            self.seen["conv_output_channels_last"] = _channels_last(output)
+            self.seen["conv_output_channels_last"] = nhwc(output)
 
     def close(self) -> None:
         if self._handle is not None:
@@ -79,7 +79,7 @@ class FirstConv:
             self._handle = None
 
 
-def _channels_last(t: torch.Tensor) -> bool:
+def nhwc(t: torch.Tensor) -> bool:
     # A 1-channel or 1x1 tensor is "contiguous" in both formats: only a real NHWC layout counts.
     return (
         t.dim() == 4

@@ -33,7 +33,7 @@ def write(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
 def test_default_has_every_knob() -> None:
     space = load_space(DEFAULT)
     assert set(space.knobs) == set(KNOBS)
-    assert space["compile"] == Choices(("off", "default", "max-autotune"))
+    assert space["compile"] == Choices(("off", "default", "reduce-overhead", "max-autotune"))
     assert space["num_workers"] == IntRange(0, 8)
     assert space["pin_memory"] == Choices((False, True))
     assert "apex" in space["optimizer_fusion"].values  # type: ignore[union-attr]
@@ -160,7 +160,7 @@ def test_resolve_gpu() -> None:
     space, notes = for_hardware(load_space(DEFAULT), GPU4)
     assert "fp16" in space["precision"].values  # type: ignore[union-attr]
     assert space["gpus"] == IntRange(1, 4)
-    assert space["compile"] == Choices(("off", "default", "max-autotune"))
+    assert space["compile"] == Choices(("off", "default", "reduce-overhead", "max-autotune"))
     assert space["pin_memory"] == Choices((False, True))
     assert space["num_workers"] == IntRange(0, 8)
     assert any("gpus" in n for n in notes)
@@ -235,6 +235,8 @@ def _check(cfg: TrialConfig, space: SearchSpace, params: dict) -> None:
 def test_suggest_30_trials(hw: Hardware) -> None:
     space, _ = for_hardware(load_space(DEFAULT), hw)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=10))
+    study.enqueue_trial({"num_workers": 0})  # both branches of the condition, whatever the sampler draws
+    study.enqueue_trial({"num_workers": 2})
     seen_workers = set()
     for i in range(30):
         trial = study.ask()

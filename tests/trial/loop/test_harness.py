@@ -10,7 +10,8 @@ import torch
 
 from autotune.core.config import KNOBS, TrialConfig
 from autotune.core.errors import TrialUnsupported
-from autotune.trial.loop import harness, knobs
+from autotune.trial.loop import harness
+from autotune.trial.loop.knobs import checkpoint_segments
 from autotune.trial.measurement.clock import NonFiniteLoss
 
 TINY = "tests.fault_pipelines:tiny"
@@ -93,7 +94,7 @@ def test_nan_loss_raises() -> None:
 
 def test_checkpointed_stages_still_train() -> None:
     h = harness.build(cfg(checkpoint_segments=2))
-    assert all(isinstance(h.model.get_submodule(s), knobs.CheckpointedStage) for s in ("0", "2"))
+    assert all(isinstance(h.model.get_submodule(s), checkpoint_segments.CheckpointedStage) for s in ("0", "2"))
     assert h.applied["checkpoint_segments"] == {"requested": 2, "in_effect": ["0", "2"]}
     before = params(h.model)
     assert math.isfinite(h.step(next(h.batches())))

@@ -19,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 from autotune.core import cpus as cpus_module
 from autotune.trial.loop import knobs
+from autotune.trial.loop.knobs import checkpoint_segments
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.pipelines.unet.pipeline import UnetPipeline
@@ -267,10 +268,10 @@ def test_compile_wraps_a_tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("k", [0, 3, len(UnetPipeline.stages)])
 def test_wrap_checkpoints_wraps_exactly_the_first_k_stages(k: int) -> None:
     model = unet()
-    applied = knobs.wrap_checkpoints(model, UnetPipeline.stages, k)
-    wrapped = [isinstance(model.get_submodule(s), knobs.CheckpointedStage) for s in UnetPipeline.stages]
+    applied = checkpoint_segments.wrap_checkpoints(model, UnetPipeline.stages, k)
+    wrapped = [isinstance(model.get_submodule(s), checkpoint_segments.CheckpointedStage) for s in UnetPipeline.stages]
     assert wrapped == [i < k for i in range(len(UnetPipeline.stages))]
-    assert sum(isinstance(m, knobs.CheckpointedStage) for m in model.modules()) == k
+    assert sum(isinstance(m, checkpoint_segments.CheckpointedStage) for m in model.modules()) == k
     assert applied["checkpoint_segments"] == {"requested": k, "in_effect": list(UnetPipeline.stages[:k])}
 
 
@@ -278,7 +279,7 @@ def test_wrap_checkpoints_wraps_exactly_the_first_k_stages(k: int) -> None:
 def test_checkpointed_unet_computes_the_same_output_and_gradients() -> None:
     plain = unet()
     ckpt = copy.deepcopy(plain)
-    knobs.wrap_checkpoints(ckpt, UnetPipeline.stages, 5)
+    checkpoint_segments.wrap_checkpoints(ckpt, UnetPipeline.stages, 5)
     x = torch.randn(2, 3, 32, 32)  # the smallest size the Unet takes: this is about equality, not speed
     outs = []
     for model in (plain, ckpt):
@@ -311,7 +312,7 @@ def bn_stages(momentum: float | None) -> nn.Module:
 def test_checkpointed_batch_norm_updates_its_running_stats_once_per_step(momentum: float | None) -> None:
     plain = bn_stages(momentum)
     ckpt = copy.deepcopy(plain)
-    knobs.wrap_checkpoints(ckpt, ["0", "1"], 2)
+    checkpoint_segments.wrap_checkpoints(ckpt, ["0", "1"], 2)
     x = torch.randn(4, 3, 8, 8)
     for model in (plain, ckpt):
         model.train()
@@ -330,7 +331,7 @@ def test_checkpointed_batch_norm_updates_its_running_stats_once_per_step(momentu
 def test_running_stats_kept_puts_the_same_buffers_back() -> None:
     bn = nn.BatchNorm1d(3).train()
     before = bn.running_mean
-    with knobs.running_stats_kept(bn):
+    with checkpoint_segments.running_stats_kept(bn):
         bn(torch.randn(5, 3))
     assert bn.running_mean is before and int(bn.num_batches_tracked) == 0
     assert torch.equal(before, torch.zeros(3))
@@ -338,13 +339,13 @@ def test_running_stats_kept_puts_the_same_buffers_back() -> None:
 
 def test_too_many_checkpoint_segments_is_unsupported() -> None:
     with pytest.raises(TrialUnsupported, match="declares 10 stages"):
-        knobs.wrap_checkpoints(unet(), UnetPipeline.stages, 11)
+        checkpoint_segments.wrap_checkpoints(unet(), UnetPipeline.stages, 11)
 
 
 def saved_activation_bytes(k: int) -> int:
     """Bytes autograd keeps for backward during one Unet forward, with the first k stages checkpointed."""
     model = unet()
-    knobs.wrap_checkpoints(model, UnetPipeline.stages, k)
+    checkpoint_segments.wrap_checkpoints(model, UnetPipeline.stages, k)
     model.train()
     storages: dict[int, int] = {}
 

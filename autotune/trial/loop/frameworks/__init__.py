@@ -21,7 +21,6 @@ import torch
 from autotune.core.config import TrialConfig
 from autotune.core.result import TrialResult
 from autotune.core.effects import knob_effect, refuse_unsupported
-from autotune.core.errors import TrialUnsupported
 from autotune.pipelines import load_pipeline
 from autotune.pipelines.frameworks import FrameworkJob
 from autotune.trial.loop import knobs
@@ -41,7 +40,7 @@ def run(cfg: TrialConfig, progress: Path | None, launched: float) -> TrialResult
     job = load_pipeline(cfg)
     assert isinstance(job, FrameworkJob)
     refuse_unsupported(cfg, job.unsupported)
-    _refuse_more_segments_than_stages(cfg, job)
+    knobs.refuse_past_stages(cfg, tuple(job.stages or ()))
     memory_total = measure.memory_total_bytes(device)
     clock = Clock(cfg, device, rank, world, progress, launched)
     if job.library == "lightning":
@@ -66,13 +65,3 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
-
-
-def _refuse_more_segments_than_stages(cfg: TrialConfig, job: FrameworkJob) -> None:
-    """checkpoint_segments past the stages the job declares: exit 5, naming them."""
-    stages = job.stages or ()
-    if cfg.checkpoint_segments > len(stages):
-        raise TrialUnsupported(
-            f"checkpoint_segments={cfg.checkpoint_segments} but the pipeline declares "
-            f"{len(stages)} stage(s) {list(stages)}"
-        )

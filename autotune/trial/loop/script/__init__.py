@@ -9,8 +9,8 @@ the trial records of it, is one module:
   - `optimizer`: the fused/foreach flags, set on its param groups before GradScaler or its first step sees
     it (GradScaler.unscale_/step wrapped, and a global step pre-hook: GradScaler picks its path by the
     optimizer's flags, so a flag switched inside step() would hand a foreach step a fused step's scale);
-    zero_grad(set_to_none) on optimizers and modules. cudnn.benchmark and the thread count are set before
-    the script runs (trial/loop/knobs.py);
+    zero_grad(set_to_none) on optimizers and modules. The process flags and the thread count are set before
+    the script runs (trial/loop/knobs/);
   - `loader` hands the trial's micro-batch to each DataLoader built with the script's own batch (a script
     with none calls at.batch_size(), and at.accumulation() under a study's global batch); `batch`: what is
     handed over, and the lr for the trial's global batch: the lr each optimizer's constructor is given,
@@ -19,10 +19,10 @@ the trial records of it, is one module:
     another global batch (a script that divides its accumulation by the world size), the lr and its
     schedules are set for the batch run before that step updates anything. The samples of a step are what
     its loaders delivered, else at.batch_size() x at.accumulation() as handed over;
-  - the model its optimizer trains, with no edit (`model`, which finds it at its first call): in one fixed
-    order `checkpointing` (checkpoint_segments), `channels_last`, the ranks' replicate (`ranks`),
-    `precision` and compile (`compiled`: its forward) applied to it in place, each observed, unless an at.*
-    call routes the knob (at.autocast() precision, at.model() channels_last and compile);
+  - the model its optimizer trains, with no edit (`model`, which finds it at its first call): the model
+    knobs of the knob list (autotune/core/knobs/), in its order, with the ranks' replicate (`ranks`) where
+    the list puts data-parallel, each applied in place by its torch side (trial/loop/knobs/) and observed,
+    unless the at.* call its module names routes it (at.autocast(), at.model());
   - gpus: the script runs under torchrun, one process per GPU, each rank with these seams. A script that
     sets up its own process group keeps its own DDP set-up, untouched; for one that sets up none the trial
     sets it up, replicates the model in place and shards its training DataLoaders, and other ranks than 0

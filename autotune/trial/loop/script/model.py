@@ -5,10 +5,10 @@ Found at the first forward after the optimizer is built, by a global forward pre
 are removed once it is found, so no module call pays for them afterwards. Where the script builds several
 optimizers (a GAN, a teacher and a student), no one module is "the model": the finder says so and takes none.
 
-The model seams of one trial of an unedited script: the knobs it routes through the model its optimizer
-trains (precision, channels_last, checkpoint_segments, compile; on several ranks the trial's replicate), applied
-when the model is first called, in one fixed order (checkpointing, the memory format, data-parallel, autocast:
-torchtitan's; compile last, of the forward only), and what each showed (`effects`).
+The model seams of one trial of an unedited script: the model knobs of the knob list (autotune/core/knobs/)
+that it routes through the model its optimizer trains, and on several ranks the trial's replicate, applied when
+the model is first called in the list's order, each by its torch side (autotune/trial/loop/knobs/, the module
+of its name: `unfit`, `seam`, `effect`, `observed`), and what each showed (`effects`).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -16,6 +16,7 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop a
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,7 +26,9 @@ from torch.utils._pytree import tree_leaves
 from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.effects import knob_effect
 from autotune.core.errors import TrialUnsupported
-from autotune.trial.loop.script import channels_last, checkpointing, compiled, precision
+from autotune.core.knobs import MODEL_NAMES
+from autotune.trial.loop import knobs
+from autotune.trial.loop.knobs import precision
 from autotune.trial.loop.script.ranks import Ranks
 
 
@@ -84,7 +87,6 @@ def fed_batch(args: tuple[Any, ...]) -> int | None:
     return None
 
 
-KNOBS = ("precision", "channels_last", "checkpoint_segments", "compile")
 SEVERAL = (
     "the script builds {n} optimizers (a GAN, a teacher and a student, an EMA copy): no one module is the model "
     "its optimizer trains, so {knobs} cannot be applied with no edit"
@@ -92,20 +94,29 @@ SEVERAL = (
 WHERE = "applied to the model its optimizer trains ({name}), no edit"
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a model knob's record reads of the model the trial found: the model, its facts, where the knobs
+    were applied (in words), and its output's precision as the baseline ran it (watched)."""
+
+    model: torch.nn.Module
+    facts: dict[str, Any]
+    where: str
+    seen: str | None
+
+
 class ModelSeams:
     """routed: the knobs this trial applies through the model (those the script hands no at.* call for);
     as_written: the baseline, whose model is only watched (its output dtype: the script's own precision)."""
 
     def __init__(self, cfg: TrialConfig, routed: Collection[str], as_written: bool, ranks: Ranks | None = None) -> None:
-        self.cfg, self.routed, self.as_written = cfg, tuple(k for k in KNOBS if k in routed), as_written
+        self.cfg, self.routed, self.as_written = cfg, tuple(k for k in MODEL_NAMES if k in routed), as_written
         # gpus for a script with no process group of its own: the model replicated (one process: nothing to do)
         self.ranks = ranks or Ranks(torch.device("cpu"), 0, 1)
         self.finder = ModelFinder(self.found)
         self.handles: list[Any] = []
-        self.autocast: precision.Autocast | None = None
         self.seen: str | None = None  # the baseline's output dtype, watched
-        self.graphs_before: int | None = None  # dynamo's graph count when its forward was compiled
-        self.activations: checkpointing.ActivationBytes | None = None  # counted where blocks are checkpointed
+        self.states: dict[str, Any] = {}  # each applied knob's state, for its record (an autocast, a count...)
         self.facts: dict[str, Any] = {}
         self.fed: int | None = None  # the first dimension of the first tensor its first call was given
 
@@ -135,43 +146,32 @@ class ModelSeams:
         """The model's first call: what it is, then each knob applied to it, checkpointing first."""
         self.ranks.decide()
         self.fed = fed_batch(args)
-        blocks = checkpointing.blocks(model)
-        self.facts = {
-            "model": type(model).__name__,
-            "optimizers": self.finder.optimizers,
-            "convolutions": len(channels_last.convolutions(model)),
-            "repeated_blocks": len(blocks),
-            "block": type(blocks[0]).__name__ if blocks else None,
-            "replicated_by_trial": not self.ranks.own_group,  # with gpus > 1: the trial's replicate, of this model
-        }
+        self.facts = {"model": type(model).__name__, "optimizers": self.finder.optimizers}
+        for knob in knobs.MODEL:  # what each knob's rules read of it (its 4-D weights, its repeated blocks)
+            self.facts |= knob.facts(model)
+        self.facts["replicated_by_trial"] = not self.ranks.own_group  # with gpus > 1: the trial's replicate
         if self.as_written:
             self.handles.append(model.register_forward_hook(self._watch))
             return None
-        if self.finder.optimizers > 1 and self.changed():
-            raise TrialUnsupported(SEVERAL.format(n=self.finder.optimizers, knobs=", ".join(self.changed())))
-        if "checkpoint_segments" in self.changed():
-            if not blocks:
-                why = checkpointing.NO_BLOCKS
-                raise TrialUnsupported(f"checkpoint_segments {self.cfg.checkpoint_segments}: {why}")
-            chosen = checkpointing.apply(model, self.cfg.checkpoint_segments)
-            self.activations = checkpointing.ActivationBytes(model, chosen)
-        if "channels_last" in self.changed():
-            if not self.facts["convolutions"]:
-                raise TrialUnsupported(f"channels_last: {channels_last.NO_CONV}")
-            channels_last.apply(model)
-            self.handles.append(model.register_forward_pre_hook(lambda m, a: channels_last.inputs(a)))
-            args = channels_last.inputs(args)
+        changed = self.changed()
+        if self.finder.optimizers > 1 and changed:
+            raise TrialUnsupported(SEVERAL.format(n=self.finder.optimizers, knobs=", ".join(changed)))
+        for knob in knobs.BEFORE_PARALLEL:
+            args = self._apply(knob, model, args, changed)
         # Data-parallel after the weights take their final format (DDP's buckets view them), before autocast:
         # its pre-hook then runs first, and its forward hook sees the model's own outputs.
         args = self.ranks.replicate(model, args)
-        if "precision" in self.changed():
-            device = next(model.parameters()).device.type
-            self.autocast = precision.Autocast(self.cfg.precision, device)
-            self.handles.append(model.register_forward_pre_hook(self.autocast.pre))
-            self.handles.append(model.register_forward_hook(self.autocast.post))
-            self.autocast.pre(model, args)  # this call's pre-hooks were listed before it was added
-        if "compile" in self.changed():  # this call runs eagerly (its forward was read before the hooks ran)
-            self.graphs_before = compiled.apply(model, self.cfg.compile)
+        for knob in knobs.AFTER_PARALLEL:
+            args = self._apply(knob, model, args, changed)
+        return args
+
+    def _apply(self, knob: Any, model: torch.nn.Module, args: tuple[Any, ...], changed: list[str]) -> tuple[Any, ...]:
+        name = knob.NAME
+        if name not in changed:
+            return args
+        if why := knob.unfit(model):
+            raise TrialUnsupported(f"{name} {getattr(self.cfg, name)}: {why}")
+        self.states[name], args = knob.seam(model, self.cfg, args, self.handles)
         return args
 
     def record(self) -> dict[str, Any]:
@@ -187,23 +187,28 @@ class ModelSeams:
         model's class, to find the variable that names it, and the blocks checkpointed; {} when none was found."""
         if self.model is None:
             return {}
-        return {"class": self.facts.get("model"), "checkpointed": checkpointing.wrapped(self.model)}
+        site: dict[str, Any] = {"class": self.facts.get("model")}
+        for knob in knobs.MODEL:
+            site |= knob.site(self.model)
+        return site
 
     def observed(self) -> dict[str, Any]:
-        """What the model showed as it ran (`applied.observed`): its output's precision (inside the trial's
-        autocast, else as the baseline ran it), whether its 4-D weights are channels_last, how many of its
-        blocks carry checkpoint hooks and, where some do, the activation bytes its first forward held and
-        freed (checkpointing.ActivationBytes), whether it runs data-parallel; {} when no model was found."""
-        model = self.model
-        if model is None:
+        """What the model showed as it ran (`applied.observed`): what each model knob's torch side observed of
+        it (its output's precision inside the trial's autocast, else as the baseline ran it; its 4-D weights'
+        format; the blocks that carry checkpoint hooks and the activation bytes they freed), whether it runs
+        data-parallel; {} when no model was found."""
+        found = self._found()
+        if found is None:
             return {}
-        return {
-            "model_output_precision": self.autocast.seen if self.autocast is not None else self.seen,
-            "model_weights_channels_last": channels_last.in_effect(model),
-            "model_checkpointed_blocks": len(checkpointing.wrapped(model)),
-            "model_replicated": self.ranks.model is not None,
-            **({"model_activation_bytes": self.activations.observed()} if self.activations else {}),
-        }
+        out: dict[str, Any] = {"model_replicated": self.ranks.model is not None}
+        for knob in knobs.MODEL:
+            out |= knob.observed(found, self.states.get(knob.NAME))
+        return out
+
+    def _found(self) -> Found | None:
+        if self.model is None:
+            return None
+        return Found(self.model, self.facts, WHERE.format(name=self.facts.get("model")), self.seen)
 
     def _watch(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self.seen is None:
@@ -212,35 +217,10 @@ class ModelSeams:
     def effects(self) -> dict[str, Any]:
         """Each routed knob as the model ran it: the output dtype inside the autocast, the weights' memory
         format, the blocks that carry checkpoint hooks; why, where the model was never found."""
-        model = self.model
-        if model is None:
+        found = self._found()
+        if found is None:
             why = "the script's optimizer never trained a module it called (no model found): as the script runs"
             return {k: knob_effect(getattr(self.cfg, k), None, why) for k in self.routed}
-        where = WHERE.format(name=self.facts.get("model"))
-        out: dict[str, Any] = {}
-        if "precision" in self.routed:
-            out["precision"] = self._precision(where)
-        if "channels_last" in self.routed:
-            out["channels_last"] = knob_effect(self.cfg.channels_last, channels_last.in_effect(model), where)
-        if "compile" in self.routed:
-            out["compile"] = knob_effect(
-                self.cfg.compile, *compiled.applied_seen(self.cfg.compile, self.graphs_before, where)
-            )
-        if "checkpoint_segments" in self.routed:
-            wrapped = checkpointing.wrapped(model)
-            said = (
-                f"{where}: {len(wrapped)} of its {self.facts.get('repeated_blocks')} {self.facts.get('block')} block(s)"
-            )
-            if self.activations is not None and (counted := self.activations.observed()):
-                said += "; " + checkpointing.freed_said(counted)
-            out["checkpoint_segments"] = knob_effect(self.cfg.checkpoint_segments, wrapped, said)
-        return out
-
-    def _precision(self, where: str) -> dict[str, Any]:
-        if self.autocast is None:  # the baseline (watched: the script's own precision), or its precision kept
-            seen = self.seen or baseline_of(self.cfg).precision
-            return knob_effect(self.cfg.precision, seen, f"the script's own: its model returned {seen}")
-        said = f"{where}: autocast around its forward, its outputs handed back in fp32"
-        if self.autocast.outer is not None:
-            said += f"; inside the script's own autocast ({self.autocast.outer}), which the trial's replaced there"
-        return knob_effect(self.cfg.precision, self.autocast.seen or "fp32", said)
+        return {
+            k.NAME: k.effect(found, self.cfg, self.states.get(k.NAME)) for k in knobs.MODEL if k.NAME in self.routed
+        }

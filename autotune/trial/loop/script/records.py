@@ -14,7 +14,10 @@ import torch
 from autotune.core.config import TrialConfig
 from autotune.core.effects import Seen, knob_effect, seen_effects, unsupported_effects
 from autotune.pipelines.script import ScriptJob, api
-from autotune.trial.loop.script import batch, channels_last, compiled, loader, optimizer, precision
+from autotune.core import knobs as described
+from autotune.trial.loop import knobs
+from autotune.trial.loop.knobs import precision
+from autotune.trial.loop.script import batch, loader, optimizer
 from autotune.trial.loop.script.baseline import AS_WRITTEN
 from autotune.trial.loop.script.sites import plain
 
@@ -84,10 +87,10 @@ def script_record(seams: Seams, trial: api.Trial) -> dict[str, Any]:
 
 
 def process_seen(why: str, threads: int) -> Seen:
-    """The process's cudnn.benchmark and thread count, as the script ran under them (set before it ran:
-    `threads` by torch.set_num_threads, 0 left to torch)."""
+    """The process's flags (the knob list's) and thread count, as the script ran under them (set before it
+    ran: `threads` by torch.set_num_threads, 0 left to torch)."""
     return {
-        "cudnn_benchmark": (torch.backends.cudnn.benchmark, why),
+        **{k.NAME: (knobs.flag(k.SEEN), why) for k in described.PROCESS},
         "num_threads": (
             torch.get_num_threads(),
             why or (f"torch.set_num_threads({threads})" if threads else "0 = torch default"),
@@ -96,16 +99,13 @@ def process_seen(why: str, threads: int) -> Seen:
 
 
 def model_seen(trial: api.Trial, final: dict[str, Any], as_written: bool, unsupported: frozenset[str]) -> Seen:
-    """The precision the model ran at through at.autocast(), the ranks, and the memory format and
-    compilation of the model at.model() got."""
-    out: Seen = {}
-    if "autocast" in trial.calls:
-        out["precision"] = precision.handed_seen(trial, final, as_written)
+    """Each model knob a script routes through its at.* call (at.autocast()'s precision, the memory format
+    and compilation of the model at.model() got), as the run showed it, and the ranks."""
+    out: Seen = {
+        k.NAME: k.handed_seen(trial, final, as_written) for call in trial.calls for k in knobs.routed_through(call)
+    }
     if "gpus" not in unsupported:
         ranks = final.get("ranks")
         why = f"{ranks['how']}; {ranks['others']}" if ranks else "the ranks of the script's own process group"
         out["gpus"] = (final.get("world_size"), why)
-    if "model" in trial.calls:
-        out["channels_last"] = channels_last.handed_seen(trial)
-        out["compile"] = compiled.handed_seen(trial, final)
     return out

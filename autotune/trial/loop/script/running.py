@@ -8,7 +8,7 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop a
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
 import runpy
 import sys
 from collections.abc import Collection, Iterator
@@ -140,9 +140,13 @@ def trial_of(cfg: TrialConfig, job: ScriptJob, machine: torch.device, as_written
     """The settings the script's at.* calls and the batch seams read in this process."""
     return api.Trial(
         precision=cfg.precision,
-        channels_last=cfg.channels_last,
         compile=cfg.compile,
-        compile_backend=os.environ.get(knobs.COMPILE_BACKEND_ENV, "inductor"),
+        shaping=tuple(
+            functools.partial(k.to_model, cfg=cfg) for k in knobs.routed_through("model", knobs.BEFORE_PARALLEL)
+        ),
+        wrapping=tuple(
+            functools.partial(k.to_model, cfg=cfg) for k in knobs.routed_through("model", knobs.AFTER_PARALLEL)
+        ),
         seed=cfg.seed,
         data_seed=cfg.data_seed,
         device_type=machine.type,

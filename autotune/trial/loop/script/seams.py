@@ -1,6 +1,6 @@
 """The seams a script trial installs in torch around the user's script, and what they see there (Seams),
 with `installed`, which puts them in torch for the run and takes them out afterwards. Each knob's part
-is in its own module (loader, batch, optimizer, precision, channels_last, checkpointing, compile, model);
+is in its own module (loader, batch, optimizer, model; the model knobs' torch side in trial/loop/knobs/);
 the seams drive the trial's Clock (the step hook ends the timed window).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
@@ -30,7 +30,7 @@ from autotune.trial.loop.script.batch import (
     rescale_lr,
     world_size,
 )
-from autotune.trial.loop.script.compiled import dynamo_graphs
+from autotune.trial.loop.knobs.compile import dynamo_graphs
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, loader_overrides, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.optimizer import fusion_of

@@ -1,4 +1,5 @@
-"""precision for an unedited script: autocast around the forward of the model its optimizer trains, entered
+"""precision's torch side (its story: autotune/core/knobs/precision.py). Autotune's pipelines: autocast and a
+GradScaler on every path, fp32 disabling both (`Precision`). An unedited script: autocast around the forward of the model its optimizer trains, entered
 at the model's forward pre-hook and left at its forward hook (one hook pair on one module, not a global hook
 on every module call). The model's floating outputs are handed back in fp32, so a loss the script computes
 outside the model runs in fp32, as it would under autocast. Inside a script's own autocast the trial's
@@ -13,16 +14,22 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop a
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.effects import knob_effect
+from autotune.core.knobs.precision import NAME as NAME
 from autotune.pipelines.script import api
 from autotune.trial.loop.script.baseline import AS_WRITTEN
 from autotune.trial.measurement import observe
 
+if TYPE_CHECKING:
+    from autotune.trial.loop.script.model import Found
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -63,7 +70,7 @@ class Autocast:
         if torch.is_autocast_enabled(self.device_type) and self.outer is None:
             self.outer = NAMES.get(torch.get_autocast_dtype(self.device_type), "?")
         on = self.precision != "fp32"
-        ctx = torch.autocast(self.device_type, dtype=DTYPES.get(self.precision, torch.bfloat16), enabled=on)
+        ctx = torch.autocast(self.device_type, dtype=DTYPES[self.precision] if on else torch.bfloat16, enabled=on)
         ctx.__enter__()
         self.entered.append(ctx)
 
@@ -73,6 +80,68 @@ class Autocast:
         if self.seen is None and (t := first_floating(output)) is not None:
             self.seen = NAMES.get(t.dtype, str(t.dtype).removeprefix("torch."))
         return to_fp32(output)
+
+
+class Precision:
+    """autocast + GradScaler, both present on every path; fp32 disables them."""
+
+    def __init__(self, cfg: TrialConfig, device: torch.device) -> None:
+        self.device_type = device.type
+        self.dtype = DTYPES[cfg.precision]
+        self.enabled = cfg.precision != "fp32"
+        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        why = ""
+        if cfg.precision == "fp16" and device.type != "cuda":
+            why = "no CUDA device: fp16 autocast runs on CPU, without tensor cores"
+        self.applied = {
+            "precision": knob_effect(
+                cfg.precision, f"autocast({device.type}, {cfg.precision})" if self.enabled else "fp32", why
+            ),
+            "grad_scaler": self.scaler.is_enabled(),
+        }
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+
+
+# ---- an unedited script's model (trial/loop/script/model.py calls these by the knob list) ----------------
+
+
+def facts(model: torch.nn.Module) -> dict[str, Any]:
+    return {}
+
+
+def site(model: torch.nn.Module) -> dict[str, Any]:
+    return {}
+
+
+def unfit(model: torch.nn.Module) -> str | None:
+    return None
+
+
+def seam(
+    model: torch.nn.Module, cfg: TrialConfig, args: tuple[Any, ...], hooks: list[Any]
+) -> tuple[Autocast, tuple[Any, ...]]:
+    """The hook pair on the model, entered for this call too (its pre-hooks were listed before it was added)."""
+    autocast = Autocast(cfg.precision, next(model.parameters()).device.type)
+    hooks.append(model.register_forward_pre_hook(autocast.pre))
+    hooks.append(model.register_forward_hook(autocast.post))
+    autocast.pre(model, args)
+    return autocast, args
+
+
+def effect(found: Found, cfg: TrialConfig, state: Autocast | None) -> dict[str, Any]:
+    if state is None:  # the baseline (watched: the script's own precision), or its precision kept
+        seen = found.seen or baseline_of(cfg).precision
+        return knob_effect(cfg.precision, seen, f"the script's own: its model returned {seen}")
+    said = f"{found.where}: autocast around its forward, its outputs handed back in fp32"
+    if state.outer is not None:
+        said += f"; inside the script's own autocast ({state.outer}), which the trial's replaced there"
+    return knob_effect(cfg.precision, state.seen or "fp32", said)
+
+
+def observed(found: Found, state: Autocast | None) -> dict[str, Any]:
+    return {"model_output_precision": state.seen if state is not None else found.seen}
 
 
 def observed_dtype(output: Any) -> str | None:

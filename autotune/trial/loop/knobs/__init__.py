@@ -1,27 +1,87 @@
-"""Apply each knob to a pipeline. Every function returns what it really put in effect.
+"""Apply each knob to a pipeline: the knobs' torch side. Every function returns what it really put in effect.
+
+A knob with a module in the knob list (autotune/core/knobs/) has its torch side in the module of the same name
+here, found by that name (`MODEL`, in the order the list applies them); a process flag is set by the name of
+the torch attribute its module gives (`setup_process`). The knobs with no module yet are applied below.
 
 Switches are built as no-ops where possible (GradScaler(enabled=...)), so the trial loop
 has one shape whatever the config.
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
+from types import ModuleType
 from typing import Any
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
 from autotune.core.effects import knob_effect, lr_effect
 from autotune.core.cpus import usable_cpus
 from autotune.core.errors import ConfigError, TrialUnsupported
+from autotune.trial.loop.knobs.compile import COMPILE_BACKEND_ENV
+from autotune.trial.loop.knobs.precision import DTYPES, Precision
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+__all__ = ["COMPILE_BACKEND_ENV", "DTYPES", "Precision"]
+
+
+def _torch_side(knob: ModuleType) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{knob.NAME}")
+
+
+# Each model knob's torch side, by its name in the knob list, in the order they apply; the split at
+# data-parallel, which the trial's replicate (or DDP) goes between.
+BEFORE_PARALLEL = tuple(map(_torch_side, described.BEFORE_PARALLEL))
+AFTER_PARALLEL = tuple(map(_torch_side, described.AFTER_PARALLEL))
+MODEL = BEFORE_PARALLEL + AFTER_PARALLEL
+
+
+def on_stages(model: nn.Module, stages: Iterable[str], cfg: TrialConfig) -> dict[str, Any]:
+    """Autotune's pipelines: the model knobs applied to the stages a pipeline declares (checkpointing)."""
+    applied: dict[str, Any] = {}
+    for knob in MODEL:
+        if (apply := getattr(knob, "on_stages", None)) is not None:
+            applied |= apply(model, list(stages), cfg)
+    return applied
+
+
+def refuse_past_stages(cfg: TrialConfig, stages: tuple[str, ...]) -> None:
+    """A job that applies the stages itself (a Trainer's): a knob asking for more than it declares is exit 5."""
+    for knob in MODEL:
+        if (refuse := getattr(knob, "refuse_past", None)) is not None:
+            refuse(cfg, stages)
+
+
+def wrapper_prefixes(model: nn.Module) -> list[str]:
+    """The state-dict prefixes the model knobs' wrappers add ("stage.inner."): the pipeline's own names less them."""
+    return [p for knob in MODEL for p in getattr(knob, "wrapper_prefixes", lambda m: [])(model)]
+
+
+def routed_through(call: str, among: tuple[ModuleType, ...] = MODEL) -> tuple[ModuleType, ...]:
+    """The torch side of the model knobs a script routes through at.`call`() itself, in the list's order."""
+    return tuple(k for k in among if described.BY_NAME[k.NAME].ROUTE == call)
+
+
+def flag(path: str) -> Any:
+    """A torch flag by its dotted name (`torch.backends.cudnn.benchmark`)."""
+    obj: Any = torch
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def set_flag(path: str, value: Any) -> None:
+    owner, _, attr = path.rpartition(".")
+    setattr(flag(owner), attr, value)
 
 
 def _ranks_on_this_node() -> int | None:
@@ -47,83 +107,22 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     else:
         why = "0 = torch default"
     applied["num_threads"] = knob_effect(cfg.num_threads, torch.get_num_threads(), why)
+    return applied | set_flags(cfg, device)
+
+
+def set_flags(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
+    """The process flags of the knob list, set by name before the job runs, each read back: in effect only on
+    CUDA, where what they switch runs."""
     cuda = device.type == "cuda"
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-    applied["cudnn_benchmark"] = knob_effect(
-        cfg.cudnn_benchmark,
-        cfg.cudnn_benchmark and cuda,
-        "" if cuda or not cfg.cudnn_benchmark else "no CUDA device: cudnn is unused",
-    )
+    applied: dict[str, Any] = {}
+    for knob in described.PROCESS:
+        value = getattr(cfg, knob.NAME)
+        for path, setting in knob.sets(value).items():
+            set_flag(path, setting)
+        applied[knob.NAME] = knob_effect(
+            value, bool(flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else ""
+        )
     return applied
-
-
-class CheckpointedStage(nn.Module):
-    """Recompute this stage's activations in backward instead of keeping them."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        # Parents may read attributes of the stage they hold (nn.TransformerEncoder reads
-        # layers[0].self_attn): the wrapper must stay transparent.
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(super().__getattr__("inner"), name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        # Non-reentrant: works with kwargs, with DDP, and with inputs that need no grad.
-        if torch.compiler.is_compiling():
-            # Compiled, the recompute is the partitioner's: it replays pure ops only, and the buffer
-            # updates (running stats) stay in the forward graph, once. Dynamo takes no custom context_fn.
-            return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
-        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=self._contexts, **kwargs)
-
-    def _contexts(self) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
-        return contextlib.nullcontext(), running_stats_kept(self.inner)
-
-
-_RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
-
-
-@contextlib.contextmanager
-def running_stats_kept(module: nn.Module) -> Iterator[None]:
-    """Batch norm's running statistics as they are, whatever runs inside: the checkpoint's recompute is a
-    second forward in train mode, which would update them (and num_batches_tracked) twice per step. The
-    recompute writes into throwaway copies instead; normalisation uses the batch's own statistics in
-    train mode, so its output (and the gradients) are unchanged. The original buffers are put back, not
-    overwritten in place: autograd and DDP's buffer broadcast hold references to them."""
-    kept: list[tuple[nn.Module, str, torch.Tensor]] = []
-    for m in module.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
-            for name in _RUNNING_STATS:
-                buf = m._buffers.get(name)
-                if buf is not None:
-                    kept.append((m, name, buf))
-                    m._buffers[name] = buf.clone()
-    try:
-        yield
-    finally:
-        for m, name, buf in kept:
-            m._buffers[name] = buf
-
-
-def wrap_checkpoints(model: nn.Module, stages: Iterable[str], k: int) -> dict[str, Any]:
-    stages = list(stages)
-    if k > len(stages):
-        raise TrialUnsupported(f"checkpoint_segments={k} but the pipeline declares {len(stages)} stages")
-    for name in stages[:k]:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, CheckpointedStage(getattr(parent, attr)))
-    return {"checkpoint_segments": knob_effect(k, stages[:k])}
-
-
-# torch.compile's backend: inductor unless set. aot_eager runs dynamo and its DDP optimizer (the graph split
-# at bucket boundaries, where higher-order ops such as checkpoint were once refused) without inductor's
-# minutes of code generation on a CPU, so the tests can prove compile + DDP + checkpointing trains.
-COMPILE_BACKEND_ENV = "AUTOTUNE_COMPILE_BACKEND"
 
 
 def prepare_model(
@@ -131,18 +130,18 @@ def prepare_model(
 ) -> tuple[nn.Module, dict[str, Any]]:
     applied: dict[str, Any] = {}
     model = model.to(device)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    applied["channels_last"] = knob_effect(cfg.channels_last, cfg.channels_last)
+    for knob in BEFORE_PARALLEL:
+        if (to_model := getattr(knob, "to_model", None)) is not None:  # the rest apply in the loop or by stage
+            model = to_model(model, cfg)
+            applied[knob.NAME] = knob.applied(model, cfg)
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     applied["gpus"] = knob_effect(cfg.gpus, world, _ddp_why(world, device))
-    if cfg.compile != "off":
-        # mode is inductor's; another backend (the tests' aot_eager) takes none.
-        backend = os.environ.get(COMPILE_BACKEND_ENV, "inductor")
-        model = torch.compile(model, backend=backend, mode=cfg.compile if backend == "inductor" else None)  # type: ignore[assignment]
-    applied["compile"] = knob_effect(cfg.compile, cfg.compile)
+    for knob in AFTER_PARALLEL:
+        if (to_model := getattr(knob, "to_model", None)) is not None:  # the rest apply in the loop or by stage
+            model = to_model(model, cfg)
+            applied[knob.NAME] = knob.applied(model, cfg)
     return model, applied
 
 
@@ -234,31 +233,11 @@ def zero_grad(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> None:
 
 
 def to_device(t: torch.Tensor, device: torch.device, cfg: TrialConfig) -> torch.Tensor:
-    # non_blocking only overlaps the copy when the source is pinned; harmless otherwise.
-    fmt = torch.channels_last if cfg.channels_last and t.dim() == 4 else torch.contiguous_format
-    return t.to(device, non_blocking=cfg.pin_memory, memory_format=fmt)
-
-
-class Precision:
-    """autocast + GradScaler, both present on every path; fp32 disables them."""
-
-    def __init__(self, cfg: TrialConfig, device: torch.device) -> None:
-        self.device_type = device.type
-        self.dtype = DTYPES[cfg.precision]
-        self.enabled = cfg.precision != "fp32"
-        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
-        why = ""
-        if cfg.precision == "fp16" and device.type != "cuda":
-            why = "no CUDA device: fp16 autocast runs on CPU, without tensor cores"
-        self.applied = {
-            "precision": knob_effect(
-                cfg.precision, f"autocast({device.type}, {cfg.precision})" if self.enabled else "fp32", why
-            ),
-            "grad_scaler": self.scaler.is_enabled(),
-        }
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+    """A batch's tensor on the device, in the format the model knobs give it."""
+    for knob in MODEL:
+        if (move := getattr(knob, "to_input", None)) is not None:
+            return move(t, device, cfg)
+    return t.to(device, non_blocking=cfg.pin_memory)
 
 
 def dist_env() -> tuple[int, int, int]:

@@ -1,4 +1,4 @@
-"""trial/loop/script/checkpointing.py: the activation memory checkpointing frees, counted at the model's first
+"""trial/loop/knobs/checkpoint_segments.py: the activation memory checkpointing frees, counted at the model's first
 forward. The bytes saved for backward split into held and freed exactly as the same model without checkpointing
 saves them, checkpointing still recomputes (the gradients are the plain model's), and only the first forward
 is counted."""
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from autotune.trial.loop.script import checkpointing
+from autotune.trial.loop.knobs import checkpoint_segments as checkpointing
 
 
 class Block(nn.Module):

@@ -1,0 +1,61 @@
+"""The knob list: one module a knob, each holding its whole story as pure description, and the ordered lists
+the trial, the diff, the alone copy and `autotune run` read, so no order or wording is copied by hand.
+
+A knob's module holds:
+  - its row (`ROW`: its TrialConfig field: default, values, what it sets, the training math it changes);
+  - its space rules: `machine(hw)` (fixed or dropped on this machine, and why), `model_why(facts)` (a script's
+    model that cannot take it, from trial 0's facts), `NOT_IN` (the Trainers that cannot express it);
+  - how it reaches an unedited script: `ROUTE` (the at.* call a script routes it through itself), `HOW` (what
+    the trial does with no edit), `sets(value)` (a process flag, set by name before the job runs, `SEEN` read
+    back after);
+  - the lines every export writes for it: `LINES` (the diff's plain torch after the optimizer's statement,
+    `line_fields` filling them), `api_lines`, `at_model`, `row`, and each target's `lightning_*`, `hf_*`,
+    `accelerate_*`, `script_lines` (apply/export/_compute.py joins them in this list's order).
+Its torch side, applied by name where the layers allow torch, is the module of the same name in
+autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place, and what it observes); a
+process flag needs none.
+
+The knobs with no module yet (the loader's, batch_size, gpus and its strategy, optimizer_fusion, set_to_none,
+num_threads) are declared by their TrialConfig field, their story where core/config.py's table points.
+
+To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = module.ROW`,
+the one line the type checker needs), and, for a model knob, its torch module in trial/loop/knobs/.
+
+May import: the stdlib and the rest of autotune.core.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from autotune.core.knobs import channels_last, checkpoint_segments, compile, cudnn_benchmark, precision, tf32
+
+# The model knobs, in the order they apply to a model (torchtitan's): checkpointing, the memory format, then
+# data-parallel (the trial's own, where it replicates the model: its buckets view the weights in their final
+# format, and its hooks run before autocast's), autocast, compile last (of the forward, around which the
+# others' hooks run eagerly).
+BEFORE_PARALLEL: tuple[ModuleType, ...] = (checkpoint_segments, channels_last)
+AFTER_PARALLEL: tuple[ModuleType, ...] = (precision, compile)
+MODEL = BEFORE_PARALLEL + AFTER_PARALLEL
+# The process flags, set before the job runs.
+PROCESS: tuple[ModuleType, ...] = (cudnn_benchmark, tf32)
+ALL: tuple[ModuleType, ...] = PROCESS + MODEL
+BY_NAME: dict[str, ModuleType] = {k.NAME: k for k in ALL}
+MODEL_NAMES = tuple(k.NAME for k in MODEL)
+
+
+def each(part: str, *args: Any, among: tuple[ModuleType, ...] = ALL) -> list[Any]:
+    """Every knob's `part` (a function returning lines), in the list's order, joined: the knobs without one
+    add nothing."""
+    return [line for k in among if (fn := getattr(k, part, None)) for line in fn(*args)]
+
+
+def routed_by(call: str) -> tuple[str, ...]:
+    """The model knobs a script routes through at.`call`() itself."""
+    return tuple(k.NAME for k in MODEL if k.ROUTE == call)
+
+
+def not_in(target: str) -> dict[str, str]:
+    """The knobs a Trainer (lightning, hf) cannot express, and why."""
+    return {k.NAME: k.NOT_IN[target] for k in ALL if target in getattr(k, "NOT_IN", {})}

@@ -1,0 +1,131 @@
+"""precision: fp32, or the model's forward under bf16 or fp16 autocast (fp16 with a GradScaler, whose loss
+scaling keeps fp16's small gradients from flushing to zero). It changes the rounding of the training math: a
+class that parity checks against the baseline's loss trajectory.
+
+- Its space rules: fp16 needs CUDA; bf16 on a CPU without native bf16 (AVX512-BF16 or AMX) is emulated, about
+  70x slower than fp32; a script whose fp16 has no GradScaler handed over cannot take fp16.
+- Autotune's pipelines: autocast around the forward and the loss, a GradScaler on every path, enabled for
+  fp16 only (trial/loop/knobs/precision.py).
+- An unedited script: autocast entered at a forward pre-hook of the model its optimizer trains and left at its
+  forward hook, its floating outputs handed back in fp32 (a loss outside it stays fp32); with `at.autocast()`
+  the script's own block takes the trial's precision. Observed: the dtype of the model's output.
+- The exports: the lines below, in each target's terms.
+
+May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.core.knobs.row import Drop, Machine, Rule, knob
+
+if TYPE_CHECKING:
+    from autotune.core.config import TrialConfig
+
+NAME = "precision"
+VALUES = ("fp32", "fp16", "bf16")
+ROW = knob(
+    "fp32",
+    "fp32, or bf16/fp16 autocast (fp16 with a GradScaler)",
+    choices=VALUES,
+    visit=0,
+    math="precision",
+    memory=True,
+)
+ROUTE = "autocast"
+NOT_IN: dict[str, str] = {}
+# Each value as the torch dtype autocast is given, and in each framework's terms.
+DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+LIGHTNING = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+ACCELERATE = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}
+
+HOW = "autocast around the forward of the model the optimizer trains, its outputs back in fp32"
+LINES = (
+    "def _autocast_in(module, args):  # autotune: precision {p}, autocast around {m}'s forward",
+    "    module._autotune_autocast = {autocast}",
+    "    module._autotune_autocast.__enter__()",
+    "def _autocast_out(module, args, output):  # its floating outputs back in fp32, for a loss outside it",
+    "    module._autotune_autocast.__exit__(None, None, None)",
+    "    low = (torch.bfloat16, torch.float16)",
+    "    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype in low else t, output)",
+    "{m}.register_forward_pre_hook(_autocast_in)",
+    "{m}.register_forward_hook(_autocast_out)",
+)
+
+
+def machine(hw: Machine) -> list[Rule]:
+    if hw.cuda:
+        return []
+    rules: list[Rule] = [Drop(("fp16",), "fp16 needs CUDA")]
+    if not hw.cpu_bf16:
+        rules.append(
+            Drop(
+                ("bf16",),
+                "this CPU has no native bf16 (AVX512-BF16 or AMX): autocast would emulate it, about 70x slower than fp32",
+            )
+        )
+    return rules
+
+
+def math_change(cfg: TrialConfig, base: TrialConfig) -> str | None:
+    """The training math it changes, as core/training.py labels a class."""
+    return f"precision {base.precision} -> {cfg.precision}" if cfg.precision != base.precision else None
+
+
+def autocast(cfg: TrialConfig, device: str) -> str:
+    """The torch autocast `cfg`'s precision runs under: fp32 measured over a script's own AMP is one disabled."""
+    if cfg.precision in DTYPE:
+        return f"torch.autocast({device!r}, dtype={DTYPE[cfg.precision]})"
+    return f"torch.autocast({device!r}, enabled=False)"
+
+
+def writes_lines(cfg: TrialConfig) -> bool:
+    """fp16 is not written as LINES: it needs a GradScaler the script does not have."""
+    return cfg.precision != "fp16"
+
+
+def line_fields(cfg: TrialConfig, site: dict[str, object], device: str) -> dict[str, object]:
+    return {"p": cfg.precision, "autocast": autocast(cfg, device)}
+
+
+def api_calls(cfg: TrialConfig, base: TrialConfig, device: str) -> dict[str, str]:
+    """The at.* calls a changed precision rewrites, as the torch calls they stand for: outside a trial
+    at.autocast(own) and at.scaler(own) run the script's own precision (`base`, fp32 unless it names one), so
+    only a measured precision that differs from it is written; the scaler goes on with fp16, or off from it."""
+    out = {"autocast": autocast(cfg, device)}
+    if "fp16" in (cfg.precision, base.precision):
+        on = "" if cfg.precision == "fp16" else ", enabled=False"
+        out["scaler"] = f"torch.amp.GradScaler({device!r}{on})"
+    return out
+
+
+def api_lines(cfg: TrialConfig, device: str) -> list[str]:
+    if cfg.precision == "fp32":
+        return []
+    out = [
+        f"with at.autocast():  # precision={cfg.precision}: torch.autocast({device!r}, dtype={DTYPE[cfg.precision]})"
+    ]
+    if cfg.precision == "fp16":
+        out.append(f"scaler = at.scaler()  # torch.amp.GradScaler({device!r})")
+    return out
+
+
+def row(cfg: TrialConfig, target: str) -> str:
+    if target == "lightning":
+        return f"trainer_kwargs['precision'] = {LIGHTNING[cfg.precision]!r}"
+    if target == "hf":
+        return "bf16 / fp16"
+    return f"mixed_precision: {ACCELERATE[cfg.precision]}"
+
+
+def lightning_trainer(cfg: TrialConfig) -> list[str]:
+    return [f"    precision={LIGHTNING[cfg.precision]!r},"]
+
+
+def hf_precision(cfg: TrialConfig) -> list[str]:
+    return [f"    bf16={cfg.precision == 'bf16'!r},", f"    fp16={cfg.precision == 'fp16'!r},"]
+
+
+def accelerate_conf(cfg: TrialConfig) -> dict[str, object]:
+    return {"mixed_precision": ACCELERATE[cfg.precision]}
