@@ -57,7 +57,7 @@ def test_the_unedited_script_takes_precision_channels_last_and_checkpointing(tmp
         "repeated_blocks": 4,
         "block": "Block",
         "replicated_by_trial": True,
-        "routed": ["precision", "channels_last", "checkpoint_segments", "compile"],
+        "routed": ["checkpoint_segments", "channels_last", "precision", "compile"],  # the knob list's order
     }
     log = (tmp_path / "trial" / "trial.log").read_text()
     assert "torch.float32" in log and "torch.bfloat16" not in log  # the loss outside the model ran in fp32
