@@ -3,7 +3,7 @@
 # 8 minutes on one GPU.
 #
 # The plan (STEPS and ROWS below; --dry-run prints it) gives every step a time limit and says what it
-# asserts. The limits add up to less than the 480 s time guard, and a CI test (tests/test_gpu_check.py)
+# asserts. The limits add up to less than the 520 s time guard, and a CI test (tests/test_gpu_check.py)
 # adds them up again. Each step must end by the sum of the limits up to and including its own, so a step
 # that overran takes its time from the next ones, never from after the guard; a step left under 3 s is
 # skipped and counted as a MISS. Every limit is an estimate for one H200 (see each row), most measured
@@ -85,7 +85,7 @@
 # is unset). With $OUT set, these come back too: gpu.db (the search's journal), best.yaml,
 # gpu_results.json (the trial table as data) and trial_logs.tar.gz (every trial's log).
 #
-# Knobs (environment): GPU_CHECK_BUDGET_S (default 480: the whole run's time guard), GPU_CHECK_WORK
+# Knobs (environment): GPU_CHECK_BUDGET_S (default 520: the whole run's time guard), GPU_CHECK_WORK
 # (default /tmp/gpu_check), GPU_CHECK_WHEELS (default .whl), GPU_CHECK_SEARCH_BUDGET (default 90s: the
 # search's --budget, in seconds; its step's limit is that plus 45 s), GPU_CHECK_MIN_TRIALS (default 3).
 #
@@ -99,7 +99,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
-BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-520}
 SEARCH_BUDGET=${GPU_CHECK_SEARCH_BUDGET:-90s}
 MIN_TRIALS=${GPU_CHECK_MIN_TRIALS:-3}
 SEARCH_S=${SEARCH_BUDGET%s}
@@ -162,7 +162,7 @@ ROWS=(
   'server-start|25|-|-|the warm fork server imports torch, torchvision, smp and the pipeline once (the driver imports torch first)'
   'fp32-baseline|20|0|{}|observed: conv output float32, the GradScaler scaled no loss (grad_scaler_scaled false: it never made a scale; a disabled scaler'"'"'s get_scale() of 1 is a constant); the first fork also starts CUDA on the device'
   'pin-workers8|15|0|{"pin_memory": true, "num_workers": 8}|observed: a batch drawn from the loader is_pinned(), 8 live loader worker processes (psutil children)'
-  'fp16-channels-last|15|0|{"precision": "fp16", "channels_last": true, "cudnn_benchmark": true}|observed: conv output float16 (autocast), conv input and output channels_last, the GradScaler scaled the loss (scale > 1); cudnn.benchmark: set, not observable'
+  'fp16-channels-last|15|0|{"precision": "fp16", "channels_last": true, "cudnn_benchmark": true, "tf32": true}|observed: conv output float16 (autocast), conv input and output channels_last, the GradScaler scaled the loss (scale > 1), torch.backends.cuda.matmul.allow_tf32 on as the run saw it after its steps; cudnn.benchmark: set, not observable'
   'bf16-fused-adamw|15|0|{"precision": "bf16", "optimizer_fusion": "fused"}|observed: conv output bfloat16 (autocast), AdamW'"'"'s state["step"] on the GPU (the fused kernel keeps it on the parameters'"'"' device; the for-loop and foreach ones keep a CPU tensor)'
   'forced-oom|20|3|{"batch_size": 112, "image_size": 1024}|exit 3, status oom: 112 x 1024 px needs ~213 GiB (64 x 1024 px peaked at 121.5 GiB of 139.8 on an H200)'
   'script-bf16|15|0|{"pipeline": "'"$SCRIPT"'", "precision": "bf16", "pin_memory": true, "num_workers": 2, "optimizer_fusion": "fused"}|a plain script through the seams: observed: the model handed to at.model() returned bfloat16 (its forward hook), its parameters on the GPU, a batch its DataLoader handed over is_pinned(), AdamW'"'"'s state["step"] on the GPU (fused)'
@@ -170,6 +170,7 @@ ROWS=(
   'script-unedited2|25|0|{"pipeline": "'"$UNEDITED"'", "gpus": 2, "precision": "bf16", "channels_last": true, "checkpoint_segments": 2}|torchrun, cold: a script with no autotune line and no process group, through the no-edit seams: observed: its model returned bf16 (autocast around its forward), its weights channels_last, 2 of its blocks checkpointed, the model replicated (torch'"'"'s composable replicate) and its DataLoader sharded (a DistributedSampler) in the process group of 2 the trial set up (gloo on one GPU, nccl over two), a global batch of 16 (2 ranks x its own 8), its parameters on the GPU'
   'lightning-bf16|20|0|{"pipeline": "lightning:tests.pipelines.lightning_jobs:make", "precision": "bf16"}|Trainer.fit: observed: the first Linear returned bfloat16 (the Trainer'"'"'s bf16-mixed autocast), the LightningModule'"'"'s parameters on the GPU; skipped, not a MISS, without lightning'
   'hf-bf16-fused|25|0|{"pipeline": "hf:tests.pipelines.hf_jobs:make", "precision": "bf16", "optimizer_fusion": "fused"}|Trainer.train: observed: the first Linear (lm_head) returned bfloat16 (accelerate'"'"'s autocast), the model'"'"'s parameters on the GPU, AdamW'"'"'s state["step"] on the GPU (optim adamw_torch_fused); skipped, not a MISS, without transformers'
+  'lm-cudagraphs|40|0|{"pipeline": "'"$LM"'", "image_size": 64, "compile": "reduce-overhead"}|compile reduce-overhead (CUDA graphs) on the language model: observed: the model compiled, dynamo compiled a graph or more, and inductor skipped CUDA graphs 0 times (its counter)'
   'fsdp2|30|0|{"pipeline": "'"$LM"'", "image_size": 128, "gpus": 2, "parallel": "fsdp", "fsdp_param_dtype": "bf16", "global_batch": 32}|torchrun, cold: FSDP2 on the language model'"'"'s 2 blocks: observed on its first step: every parameter a DTensor, each rank holding a part of them, the shards on the GPU, a block computing in bfloat16 (the bf16 parameters), gradient sync off on the first micro-step of each (accumulation 2); a process group of 2 (gloo ranks sharing one GPU, nccl over two)'
 )
 COMMON="status ok; device is the GPU; gpu_util recorded (n/a under MIG, never required there); loss finite; NVML lists the trial's pid among the compute processes of the device it sampled (its host pid; n/a, said, in a container whose pid namespace hides it)"
@@ -523,7 +524,9 @@ OBSERVED = {
     "pin-workers8": {"batch_pinned": equals(True), "child_processes": equals(8)},
     "fp16-channels-last": {"conv_output_dtype": equals("float16"), "conv_input_channels_last": equals(True),
                            "conv_output_channels_last": equals(True), "grad_scaler_scaled": equals(True),
-                           "grad_scale": above(1.0)},
+                           "grad_scale": above(1.0), "tf32": equals(True)},
+    # CUDA graphs replay what inductor compiled; a skip (a mutated input, a CPU tensor) would run it without.
+    "lm-cudagraphs": {"compiled": equals(True), "compiled_graphs": above(0), "cudagraph_skips": equals(0)},
     # Fused AdamW keeps state["step"] on the parameters' device; the for-loop and foreach ones a CPU tensor.
     "bf16-fused-adamw": {"conv_output_dtype": equals("bfloat16"), "optimizer_step_device": on_gpu},
     "script-bf16": {"output_dtype": equals("bfloat16"), "param_device": on_gpu, "batch_pinned": equals(True),

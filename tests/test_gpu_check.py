@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh without a GPU: its --dry-run plan names every step with its time limit and what it
-asserts, runs nothing, and fits the 480 s guard by its own arithmetic; its result checker passes effects
+asserts, runs nothing, and fits the 520 s guard by its own arithmetic; its result checker passes effects
 the worker observed and fails a row whose config is merely echoed back; its trial driver runs rows through
 the warm fork server by their deadlines (on the CPU, with the tiny test pipelines), skips a framework row
 whose library is not installed, and runs the user's-path rows as planned (a script, a 2-rank script, a
@@ -24,7 +24,7 @@ from autotune.trial.measurement.measure import MIG_NO_UTILISATION
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-GUARD_S = 480
+GUARD_S = 520
 
 
 def dry_run(tmp_path: Path) -> str:
@@ -56,7 +56,15 @@ def plan(tmp_path: Path) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[in
 # The user's paths: a script through the seams, the same script on 2 ranks, an unedited script on 2 ranks through
 # the no-edit seams, a Lightning and a transformers job, FSDP2.
 USERS_PATHS = ("script-bf16", "script-ddp2", "script-unedited2", "lightning-bf16", "hf-bf16-fused", "fsdp2")
-ROWS = {"fp32-baseline", "pin-workers8", "fp16-channels-last", "bf16-fused-adamw", "forced-oom", *USERS_PATHS}
+ROWS = {
+    "fp32-baseline",
+    "pin-workers8",
+    "fp16-channels-last",
+    "bf16-fused-adamw",
+    "forced-oom",
+    "lm-cudagraphs",
+    *USERS_PATHS,
+}
 # Left out for time, each to the CPU tests the script's header names.
 DROPPED = ("compile-default", "ddp-accum", "parity-bf16")
 
@@ -78,6 +86,7 @@ def test_dry_run_prints_each_step_with_its_limit_and_the_limits_fit_the_guard(tm
         "fp32-baseline": "scaled no loss",
         "pin-workers8": "is_pinned()",
         "fp16-channels-last": "set, not observable",
+        "lm-cudagraphs": "CUDA graphs 0 times",
         "bf16-fused-adamw": 'state["step"] on the GPU',
         "forced-oom": "status oom",
         "script-bf16": "at.model()",
@@ -98,7 +107,7 @@ def test_dry_run_prints_each_step_with_its_limit_and_the_limits_fit_the_guard(tm
 def test_a_larger_search_budget_shows_in_the_plans_total(tmp_path: Path) -> None:
     env = {**os.environ, "GPU_CHECK_WORK": str(tmp_path / "w"), "GPU_CHECK_SEARCH_BUDGET": "200s"}
     out = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
-    assert re.search(r"^  search\s+245s", out.stdout, flags=re.M) and re.search(r"^  total\s+585s", out.stdout, re.M)
+    assert re.search(r"^  search\s+245s", out.stdout, flags=re.M) and re.search(r"^  total\s+625s", out.stdout, re.M)
 
 
 def test_a_budget_that_is_not_seconds_is_bad_input(tmp_path: Path) -> None:
@@ -158,7 +167,9 @@ HONEST: dict[str, dict[str, Any]] = {
         "grad_scale": 65536.0,
         "grad_scaler_scaled": True,
         "cudnn_benchmark": True,
+        "tf32": True,
     },
+    "lm-cudagraphs": {"compiled": True, "compiled_graphs": 2, "cudagraph_skips": 0},
     "bf16-fused-adamw": {"conv_output_dtype": "bfloat16", "optimizer_fused": True, "optimizer_step_device": "cuda:0"},
     "script-bf16": {
         "output_dtype": "bfloat16",

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from autotune.core import knobs
 from autotune.trial.measurement.measure import nvml_pid
 
 
@@ -89,11 +90,13 @@ def nhwc(t: torch.Tensor) -> bool:
 
 
 def observed(model: nn.Module, device: torch.device, conv: FirstConv, nvml_uuid: str | None = None) -> dict[str, Any]:
-    """What the model and this process show: the first conv's record, compilation, cudnn's flag."""
+    """What the model and this process show: the first conv's record, compilation, the process flags."""
     out: dict[str, Any] = dict(conv.seen)
-    out["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+    out |= flags()
     out["compiled"] = is_compiled(model)
-    out["compiled_graphs"] = _dynamo_graphs() if out["compiled"] else 0
+    out["compiled_graphs"] = dynamo_graphs() if out["compiled"] else 0
+    if out["compiled"]:
+        out["cudagraph_skips"] = cudagraph_skips()
     if device.type == "cuda":
         out["nvml_uuid"] = nvml_uuid  # which device NVML sampled, for the log
     return out
@@ -123,7 +126,7 @@ def in_job(model: nn.Module | None, optimizer: Any, device: torch.device, util: 
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps torch's
     if isinstance(inner, torch.optim.Optimizer):
         out |= _optimizer(inner) | optimizer_state(inner)
-    out |= _process_group()
+    out |= _process_group() | flags()
     if device.type == "cuda" and util is not None:
         out |= nvml_pids(util)
     return out
@@ -258,10 +261,36 @@ def _leaves(x: Any) -> Iterator[Any]:
         yield x
 
 
-def _dynamo_graphs() -> int | None:
+def dynamo_graphs() -> int | None:
+    """The graphs dynamo has compiled in this process (a private counter: None where it is absent)."""
     try:
         from torch._dynamo.utils import counters
 
         return int(counters["stats"]["unique_graphs"])
     except Exception:  # a private counter: its absence must not fail a trial
         return None
+
+
+def cudagraph_skips() -> int | None:
+    """The times inductor fell back from CUDA graphs in this process (compile's reduce-overhead: a mutated
+    input, a CPU tensor...); None where the counter is absent."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"]["cudagraph_skips"])
+    except Exception:  # a private counter: its absence must not fail a trial
+        return None
+
+
+def torch_flag(path: str) -> Any:
+    """A torch flag by its dotted name (`torch.backends.cudnn.benchmark`), as the process has it now."""
+    obj: Any = torch
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def flags() -> dict[str, bool]:
+    """The knob list's process flags as this process has them after the steps (a script's own line may have
+    set one after the trial did)."""
+    return {k.NAME: bool(torch_flag(k.SEEN)) for k in knobs.PROCESS}

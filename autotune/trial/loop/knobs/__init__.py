@@ -29,6 +29,7 @@ from autotune.core.effects import knob_effect, lr_effect
 from autotune.core.cpus import usable_cpus
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.trial.loop.knobs.compile import COMPILE_BACKEND_ENV
+from autotune.trial.measurement import observe
 from autotune.trial.loop.knobs.precision import DTYPES, Precision
 
 __all__ = ["COMPILE_BACKEND_ENV", "DTYPES", "Precision"]
@@ -71,19 +72,6 @@ def routed_through(call: str, among: tuple[ModuleType, ...] = MODEL) -> tuple[Mo
     return tuple(k for k in among if described.BY_NAME[k.NAME].ROUTE == call)
 
 
-def flag(path: str) -> Any:
-    """A torch flag by its dotted name (`torch.backends.cudnn.benchmark`)."""
-    obj: Any = torch
-    for part in path.split(".")[1:]:
-        obj = getattr(obj, part)
-    return obj
-
-
-def set_flag(path: str, value: Any) -> None:
-    owner, _, attr = path.rpartition(".")
-    setattr(flag(owner), attr, value)
-
-
 def _ranks_on_this_node() -> int | None:
     """How many torchrun ranks share this machine's cores; None for a plain process."""
     n = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
@@ -110,6 +98,11 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     return applied | set_flags(cfg, device)
 
 
+def set_flag(path: str, value: Any) -> None:
+    owner, _, attr = path.rpartition(".")
+    setattr(observe.torch_flag(owner), attr, value)
+
+
 def set_flags(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     """The process flags of the knob list, set by name before the job runs, each read back: in effect only on
     CUDA, where what they switch runs."""
@@ -120,7 +113,7 @@ def set_flags(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
         for path, setting in knob.sets(value).items():
             set_flag(path, setting)
         applied[knob.NAME] = knob_effect(
-            value, bool(flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else ""
+            value, bool(observe.torch_flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else ""
         )
     return applied
 

@@ -46,26 +46,6 @@ def applied(model: torch.nn.Module, cfg: TrialConfig) -> dict[str, Any]:
     return knob_effect(cfg.compile, cfg.compile if observe.is_compiled(model) or cfg.compile == "off" else "off")
 
 
-def dynamo_graphs() -> int | None:
-    """The graphs dynamo has compiled in this process (a private counter: None where it is absent)."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
-    except Exception:  # noqa: BLE001 - an observation must not fail a trial
-        return None
-
-
-def cudagraph_skips() -> int:
-    """The times inductor fell back from CUDA graphs in this process (reduce-overhead): 0 where none or unknown."""
-    try:
-        from torch._dynamo.utils import counters
-
-        return int(counters["inductor"]["cudagraph_skips"])
-    except Exception:  # noqa: BLE001 - an observation must not fail a trial
-        return 0
-
-
 # ---- an unedited script's model (trial/loop/script/model.py calls these by the knob list) ----------------
 
 
@@ -88,7 +68,7 @@ def seam(
     script and the optimizer hold): its hooks run eagerly around the compiled forward, as the trial's
     autocast (entered in one hook, left in another) and DDP's must. The call that finds the model runs
     eagerly (its forward was read before the hooks ran). State: dynamo's graph count before."""
-    before = dynamo_graphs() or 0
+    before = observe.dynamo_graphs() or 0
     model.forward = _compiled(model.forward, cfg.compile)
     return before, args
 
@@ -97,9 +77,9 @@ def effect(found: Found, cfg: TrialConfig, state: int | None) -> dict[str, Any]:
     """Whether the forward compiled in place ran compiled: dynamo compiled graphs since (`state`)."""
     if state is None:
         return knob_effect(cfg.compile, "off", "the script's own: its model is not compiled")
-    graphs = (dynamo_graphs() or 0) - state
+    graphs = (observe.dynamo_graphs() or 0) - state
     said = f"{found.where}: its forward torch.compile'd in place, {graphs} graph(s) compiled"
-    if cfg.compile == "reduce-overhead" and (skips := cudagraph_skips()):
+    if cfg.compile == "reduce-overhead" and (skips := observe.cudagraph_skips()):
         said += f"; inductor skipped CUDA graphs {skips} time(s)"
     return knob_effect(cfg.compile, cfg.compile if graphs else "off", said)
 

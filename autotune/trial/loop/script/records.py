@@ -20,6 +20,7 @@ from autotune.trial.loop.knobs import precision
 from autotune.trial.loop.script import batch, loader, optimizer
 from autotune.trial.loop.script.baseline import AS_WRITTEN
 from autotune.trial.loop.script.sites import plain
+from autotune.trial.measurement import observe
 
 if TYPE_CHECKING:
     from autotune.trial.loop.script.seams import Seams
@@ -90,7 +91,7 @@ def process_seen(why: str, threads: int) -> Seen:
     """The process's flags (the knob list's) and thread count, as the script ran under them (set before it
     ran: `threads` by torch.set_num_threads, 0 left to torch)."""
     return {
-        **{k.NAME: (knobs.flag(k.SEEN), why) for k in described.PROCESS},
+        **{k.NAME: (observe.torch_flag(k.SEEN), why) for k in described.PROCESS},
         "num_threads": (
             torch.get_num_threads(),
             why or (f"torch.set_num_threads({threads})" if threads else "0 = torch default"),

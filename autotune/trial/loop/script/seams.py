@@ -30,7 +30,6 @@ from autotune.trial.loop.script.batch import (
     rescale_lr,
     world_size,
 )
-from autotune.trial.loop.knobs.compile import dynamo_graphs
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, loader_overrides, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.optimizer import fusion_of
@@ -133,7 +132,7 @@ class Seams:
         first forward. Not a model the trial compiles: dynamo would trace the hooks."""
         if self.trial.compile != "off":
             if self.graphs_before is None:
-                self.graphs_before = dynamo_graphs()
+                self.graphs_before = observe.dynamo_graphs()
             return
         if self.outputs:
             return
@@ -410,7 +409,7 @@ class Seams:
         seen["samples_per_step_per_rank"] = per_rank
         seen["device"] = str(self.at)
         if self.graphs_before is not None:
-            seen["compiled_graphs"] = (dynamo_graphs() or 0) - self.graphs_before
+            seen["compiled_graphs"] = (observe.dynamo_graphs() or 0) - self.graphs_before
         seen |= self.model.observed()
         if (ranks := self.ranks.record()) is not None:
             seen |= {"ranks": ranks, "sharded_loaders": self.ranks.sharded}
