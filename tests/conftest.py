@@ -74,9 +74,11 @@ def warm_server_on_repo(preload: tuple[str, ...]) -> Iterator[WarmServer]:
 def restore_torch_globals() -> Iterator[None]:
     """setup_process (and so trial.run) sets process-wide torch state; put it back after each test."""
     threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     yield
     torch.set_num_threads(threads)
     torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 @pytest.fixture

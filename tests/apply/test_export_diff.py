@@ -215,6 +215,21 @@ def test_global_lines_are_added_after_the_imports_only_where_the_script_sets_non
     assert "the script sets it itself (line 3)" in diff and "calls torch.set_num_threads itself (line 2)" in diff
 
 
+@needs_patch
+def test_tf32_is_written_as_its_two_flags_where_the_script_sets_neither(tmp_path: Path) -> None:
+    _, patched = _patched(tmp_path, "import torch\n\nprint(torch)\n", "NVIDIA H200", tf32=True)
+    assert patched.splitlines()[1:3] == [
+        "torch.backends.cuda.matmul.allow_tf32 = True  # autotune: tf32",
+        "torch.backends.cudnn.allow_tf32 = True  # autotune: tf32",
+    ]
+    own = "import torch\ntorch.backends.cuda.matmul.allow_tf32 = False\n"
+    diff, patched = _patched(tmp_path, own, "NVIDIA H200", tf32=True)
+    assert "tf32=True: the script sets it itself (line 2)" in diff
+    assert "torch.backends.cudnn.allow_tf32 = True  # autotune: tf32" in patched  # the flag it leaves alone
+    _, on_cpu = _patched(tmp_path, "import torch\n", "cpu", tf32=True)
+    assert "allow_tf32" not in on_cpu  # no effect where it was measured: never written
+
+
 _API = """import torch
 from autotune import script as at
 

@@ -151,7 +151,8 @@ def test_the_model_knobs_no_diff_writes_are_applied_in_the_copys_runs(tmp_path: 
 def test_the_alone_copy_applies_each_model_knob_once_where_the_diff_writes_it(tmp_path: Path, monkeypatch: Any) -> None:
     """Where the diff names the model (the stepped optimizer built from `model.parameters()`), it writes the model
     knobs as torch lines; the copy's alone runs must not apply them again through the seams: each block is
-    checkpointed once, and each forward of the model enters one bf16 autocast."""
+    checkpointed once (the calls to torch's composable checkpoint counted), and each forward of the model enters
+    one bf16 autocast."""
     import torch
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -186,6 +187,15 @@ def test_the_alone_copy_applies_each_model_knob_once_where_the_diff_writes_it(tm
             inside[-1] += len(entered)
 
     monkeypatch.setattr(torch.amp.autocast_mode.autocast, "__enter__", counting)
+    composable = torch.distributed._composable
+    checkpointed: list[str] = []  # each block torch's composable checkpoint was applied to, the diff's or the seams'
+    checkpoint = composable.checkpoint
+
+    def counting_checkpoint(module: Any, *args: Any, **kwargs: Any) -> Any:
+        checkpointed.append(type(module).__name__)
+        return checkpoint(module, *args, **kwargs)
+
+    monkeypatch.setattr(composable, "checkpoint", counting_checkpoint)
     hooks = [register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True)]
     try:
         measure(patched.copy, list(patched.copy_args), 1, 4, model=patched.model)
@@ -193,3 +203,4 @@ def test_the_alone_copy_applies_each_model_knob_once_where_the_diff_writes_it(tm
         for hook in hooks:
             hook.remove()
     assert inside and set(inside) == {1}, inside  # one autocast per forward: the diff's, not the seams' too
+    assert len(checkpointed) == 2, checkpointed  # checkpoint_segments 2: two blocks, each checkpointed once

@@ -132,3 +132,22 @@ def test_an_lr_the_script_sets_before_each_step_gets_the_trial_s_factor() -> Non
     assert "a schedule of its own): the trial scaled each value it set by 1.414" in run.applied["lr"]["why"]
     # Past the warm-up the script sets 0.005 before every step; the step ran at 0.005 x sqrt(2).
     assert run.applied["script"]["lr_last_step"] == [pytest.approx(0.005 * 2**0.5)]
+
+
+def test_a_process_flag_is_recorded_as_the_script_left_it(tmp_path: Path) -> None:
+    """The trial sets TF32's flags before the script runs; a script that sets one itself afterwards ran with
+    its own, and the record says that, not the config."""
+    unedited = SCRIPTS / "unedited" / "train.py"
+    own = tmp_path / "own_flag.py"
+    own.write_text(
+        unedited.read_text().replace(
+            "import torch\n", "import torch\n\ntorch.backends.cuda.matmul.allow_tf32 = False\n", 1
+        )
+    )
+    for path, seen in ((unedited, True), (own, False)):
+        cfg = TrialConfig(
+            pipeline=script.spec_of(str(path), ["--steps", "12"]), tf32=True, warmup_steps=1, timed_steps=3, window=1
+        )
+        a = worker.run(cfg).applied
+        assert a["tf32"]["requested"] is True and a["tf32"]["in_effect"] is seen
+        assert a["observed"]["tf32"] is seen

@@ -1,0 +1,61 @@
+"""core/knobs/__init__.py: the knob list is the one order the trial, the diff and the space read; each listed
+knob is one module, named by few others."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from autotune.core import knobs
+from autotune.core.config import KNOBS, TABLE, TrialConfig
+from autotune.trial.loop import knobs as torch_side
+
+PACKAGE = Path(__file__).resolve().parents[3] / "autotune"
+
+
+def test_each_listed_knob_is_a_config_field_with_its_modules_row() -> None:
+    rows = {k.name: k for k in TABLE}
+    for k in knobs.ALL:
+        assert k.NAME in KNOBS
+        assert rows[k.NAME].default == k.ROW.default and rows[k.NAME].sets == k.ROW.metadata["knob"]["sets"]
+
+
+def test_the_model_knobs_apply_in_torchtitans_order_and_their_torch_side_is_found_by_name() -> None:
+    assert knobs.MODEL_NAMES == ("checkpoint_segments", "channels_last", "precision", "compile")
+    assert [m.__name__ for m in torch_side.MODEL] == [f"autotune.trial.loop.knobs.{n}" for n in knobs.MODEL_NAMES]
+    assert [m.NAME for m in torch_side.BEFORE_PARALLEL] == ["checkpoint_segments", "channels_last"]
+
+
+def test_every_export_format_joins_the_knobs_lines_in_the_lists_order() -> None:
+    cfg = TrialConfig(tf32=True, cudnn_benchmark=True, channels_last=True, checkpoint_segments=2, num_threads=3)
+    lines = knobs.each("accelerate_code", cfg)
+    assert lines[0] == "torch.backends.cudnn.benchmark = True"  # the process flags first, as the trial sets them
+    assert lines[1:3] == [f"{flag} = True  # autotune: tf32" for flag in knobs.BY_NAME["tf32"].FLAGS]
+    assert lines[3].startswith("# checkpoint_segments=2") and "channels_last" in lines[4]  # then the model's, in order
+
+
+def test_the_trainers_cannot_express_what_the_knobs_say() -> None:
+    from autotune.pipelines.frameworks import hf, lightning
+
+    assert knobs.not_in("lightning") == {
+        "checkpoint_segments": knobs.BY_NAME["checkpoint_segments"].NOT_IN["lightning"],
+        "channels_last": knobs.BY_NAME["channels_last"].NOT_IN["lightning"],
+    }
+    assert knobs.not_in("lightning").items() <= lightning.UNSUPPORTED.items()
+    assert knobs.not_in("hf").items() <= hf.UNSUPPORTED.items()
+
+
+# The issue's measure of a knob's story having one owner: the product modules that name it as a word.
+OWNED = {"channels_last": 8, "checkpoint_segments": 8, "tf32": 3}
+
+
+def test_a_listed_knob_is_named_in_few_modules() -> None:
+    where: dict[str, list[str]] = {k: [] for k in OWNED}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        for knob in OWNED:
+            if re.search(rf"\b{knob}\b", text):
+                where[knob].append(str(path.relative_to(PACKAGE)))
+    over = {k: mods for k, mods in where.items() if len(mods) > OWNED[k]}
+    assert not over, over
+    assert where["tf32"] == ["core/config.py", "core/knobs/__init__.py", "core/knobs/tf32.py"]
