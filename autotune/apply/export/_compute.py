@@ -109,12 +109,7 @@ def script_lines(cfg: TrialConfig) -> list[str]:
 
 def api_lines(cfg: TrialConfig, skip: frozenset[str], device: str) -> list[str]:
     """The at.* calls a trial set, each with the torch call it stands for without autotune."""
-    return [
-        line
-        for k in knobs.MODEL
-        if k.NAME not in skip
-        for line in getattr(k, "api_lines", lambda c, d: [])(cfg, device)
-    ]
+    return knobs.each("api_lines", cfg, device, among=tuple(k for k in knobs.MODEL if k.NAME not in skip))
 
 
 def edit(rw: Rewrite) -> None:

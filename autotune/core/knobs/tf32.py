@@ -36,7 +36,7 @@ def sets(value: Any) -> dict[str, Any]:
 
 
 def machine(hw: Machine) -> list[Rule]:
-    return [] if hw.cuda else [Fix(False, "no CUDA: TF32 is a format of NVIDIA GPUs' tensor cores")]
+    return [] if hw.cuda else [Fix(False, "no CUDA, TF32 is a format of NVIDIA GPUs' tensor cores")]
 
 
 def math_change(cfg: TrialConfig, base: TrialConfig) -> str | None:

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.core import knobs
+from autotune.core.knobs.precision import LIGHTNING as PRECISION  # each value as the Trainer's precision= names it
 from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
-PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 
 # Knob -> why a Trainer cannot express it: these belong to the LightningModule's own code.
 UNSUPPORTED = {

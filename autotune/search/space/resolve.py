@@ -116,7 +116,7 @@ def _by_machine(n: _Narrowing, hw: Hardware) -> None:
     """The devices, CPUs, native bf16 and apex this machine has."""
     n_gpus = max(1, hw.gpu_count)
     n.clip("gpus", n_gpus, f"only {n_gpus} device{'s' if n_gpus > 1 else ''} present", strict=True)
-    for k in described.ALL:
+    for k in sorted(described.ALL, key=lambda k: KNOBS.index(k.NAME)):  # said in the table's order
         for rule in getattr(k, "machine", lambda hw: [])(hw):
             n.follow(k.NAME, rule)
     if not hw.cuda:

@@ -49,18 +49,6 @@ def applied(model: torch.nn.Module, cfg: TrialConfig) -> dict[str, Any]:
 # ---- an unedited script's model (trial/loop/script/model.py calls these by the knob list) ----------------
 
 
-def facts(model: torch.nn.Module) -> dict[str, Any]:
-    return {}
-
-
-def site(model: torch.nn.Module) -> dict[str, Any]:
-    return {}
-
-
-def unfit(model: torch.nn.Module) -> str | None:
-    return None
-
-
 def seam(
     model: torch.nn.Module, cfg: TrialConfig, args: tuple[Any, ...], hooks: list[Any]
 ) -> tuple[int, tuple[Any, ...]]:
@@ -82,10 +70,6 @@ def effect(found: Found, cfg: TrialConfig, state: int | None) -> dict[str, Any]:
     if cfg.compile == "reduce-overhead" and (skips := observe.cudagraph_skips()):
         said += f"; inductor skipped CUDA graphs {skips} time(s)"
     return knob_effect(cfg.compile, cfg.compile if graphs else "off", said)
-
-
-def observed(found: Found, state: int | None) -> dict[str, Any]:
-    return {}
 
 
 def handed_seen(trial: api.Trial, final: dict[str, Any], as_written: bool) -> tuple[str, str]:

@@ -107,18 +107,6 @@ class Precision:
 # ---- an unedited script's model (trial/loop/script/model.py calls these by the knob list) ----------------
 
 
-def facts(model: torch.nn.Module) -> dict[str, Any]:
-    return {}
-
-
-def site(model: torch.nn.Module) -> dict[str, Any]:
-    return {}
-
-
-def unfit(model: torch.nn.Module) -> str | None:
-    return None
-
-
 def seam(
     model: torch.nn.Module, cfg: TrialConfig, args: tuple[Any, ...], hooks: list[Any]
 ) -> tuple[Autocast, tuple[Any, ...]]:

@@ -94,6 +94,11 @@ SEVERAL = (
 WHERE = "applied to the model its optimizer trains ({name}), no edit"
 
 
+def _nothing(*args: Any) -> dict[str, Any]:
+    """A part a model knob's torch side leaves out: nothing to add."""
+    return {}
+
+
 @dataclass(frozen=True)
 class Found:
     """What a model knob's record reads of the model the trial found: the model, its facts, where the knobs
@@ -148,7 +153,7 @@ class ModelSeams:
         self.fed = fed_batch(args)
         self.facts = {"model": type(model).__name__, "optimizers": self.finder.optimizers}
         for knob in knobs.MODEL:  # what each knob's rules read of it (its 4-D weights, its repeated blocks)
-            self.facts |= knob.facts(model)
+            self.facts |= getattr(knob, "facts", _nothing)(model)
         self.facts["replicated_by_trial"] = not self.ranks.own_group  # with gpus > 1: the trial's replicate
         if self.as_written:
             self.handles.append(model.register_forward_hook(self._watch))
@@ -169,7 +174,7 @@ class ModelSeams:
         name = knob.NAME
         if name not in changed:
             return args
-        if why := knob.unfit(model):
+        if why := getattr(knob, "unfit", lambda m: None)(model):
             raise TrialUnsupported(f"{name} {getattr(self.cfg, name)}: {why}")
         self.states[name], args = knob.seam(model, self.cfg, args, self.handles)
         return args
@@ -189,7 +194,7 @@ class ModelSeams:
             return {}
         site: dict[str, Any] = {"class": self.facts.get("model")}
         for knob in knobs.MODEL:
-            site |= knob.site(self.model)
+            site |= getattr(knob, "site", _nothing)(self.model)
         return site
 
     def observed(self) -> dict[str, Any]:
@@ -202,7 +207,7 @@ class ModelSeams:
             return {}
         out: dict[str, Any] = {"model_replicated": self.ranks.model is not None}
         for knob in knobs.MODEL:
-            out |= knob.observed(found, self.states.get(knob.NAME))
+            out |= getattr(knob, "observed", _nothing)(found, self.states.get(knob.NAME))
         return out
 
     def _found(self) -> Found | None:
