@@ -10,7 +10,15 @@ from typing import Any
 from collections.abc import Callable, Mapping
 
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import channels_last, checkpoint_segments, compile, cudnn_benchmark, precision, tf32
+from autotune.core.knobs import (
+    channels_last,
+    checkpoint_segments,
+    compile,
+    cudnn_benchmark,
+    num_threads,
+    precision,
+    tf32,
+)
 from autotune.core.knobs.row import Knob, knob
 
 PRECISIONS = precision.VALUES
@@ -70,7 +78,7 @@ class TrialConfig:
     prefetch_factor: int | None = knob(None, "batches each DataLoader worker loads ahead", needs="workers")
     # torch's own default since 2.0, so the baseline keeps it
     set_to_none: bool = knob(True, "`zero_grad(set_to_none=...)`")
-    num_threads: int = knob(0, "`torch.set_num_threads` (0 = torch's default)")
+    num_threads: int = num_threads.ROW
     # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
     parallel: str = knob("ddp", "DDP or FSDP2 over the processes", choices=PARALLELS, needs="processes", memory=True)
     fsdp_reshard: bool = knob(

@@ -15,32 +15,15 @@ from typing import TYPE_CHECKING, Any
 from autotune.apply.export._source import Edit
 from autotune.core import knobs
 from autotune.core.config import LEADS, TrialConfig
-from autotune.core.knobs.row import IN_SCRIPT
 from autotune.pipelines.script import source
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
 
-_NO_THREADS = "0 = torch's default; nothing to set"
-
 
 def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
     """The knob table's rows for the compute knobs, in `target`'s terms."""
-    out = {k.NAME: k.row(cfg, target) for k in knobs.ALL}
-    if target == "lightning":
-        out["num_threads"] = "torch.set_num_threads (see below)" if cfg.num_threads else _NO_THREADS
-    elif target == "hf":
-        threads = "not a TrainingArguments field: torch.set_num_threads (below)"
-        out["num_threads"] = threads if cfg.num_threads else _NO_THREADS
-    else:
-        out["num_threads"] = (
-            f"{IN_SCRIPT}, torch.set_num_threads({cfg.num_threads})" if cfg.num_threads else _NO_THREADS
-        )
-    return out
-
-
-def _threads(cfg: TrialConfig, comment: str = "") -> list[str]:
-    return [f"torch.set_num_threads({cfg.num_threads!r}){comment}"] if cfg.num_threads else []
+    return {k.NAME: k.row(cfg, target) for k in knobs.ALL}
 
 
 # ---- Lightning ----------------------------------------------------------------------------------------
@@ -56,8 +39,8 @@ def lightning_hooks(cfg: TrialConfig) -> list[str]:
 
 
 def lightning_extra(cfg: TrialConfig) -> list[str]:
-    """What the Trainer has no flag for, after the hooks: the thread count, then each knob's."""
-    return _threads(cfg, "  # num_threads, before building the DataLoader") + knobs.each("lightning_extra", cfg)
+    """What the Trainer has no flag for, after the hooks."""
+    return knobs.each("lightning_extra", cfg)
 
 
 # ---- transformers -------------------------------------------------------------------------------------
@@ -73,7 +56,7 @@ def hf_args(cfg: TrialConfig) -> list[str]:
 
 
 def hf_notes(cfg: TrialConfig) -> list[str]:
-    return _around_threads("hf_notes", cfg, "  # num_threads")
+    return knobs.each("hf_notes", cfg)
 
 
 # ---- accelerate ---------------------------------------------------------------------------------------
@@ -88,23 +71,16 @@ def accelerate_conf(cfg: TrialConfig) -> dict[str, Any]:
 
 
 def accelerate_code(cfg: TrialConfig) -> list[str]:
-    """train.py's lines before the loader: the process flags, threads, then the model knobs'."""
-    return _around_threads("accelerate_code", cfg)
-
-
-def _around_threads(part: str, cfg: TrialConfig, comment: str = "") -> list[str]:
-    """Each knob's `part`: the process flags', the thread count's line, the model knobs'."""
-    return (
-        knobs.each(part, cfg, among=knobs.PROCESS) + _threads(cfg, comment) + knobs.each(part, cfg, among=knobs.MODEL)
-    )
+    """train.py's lines before the loader: the process's, then the model knobs'."""
+    return knobs.each("accelerate_code", cfg)
 
 
 # ---- a script study -----------------------------------------------------------------------------------
 
 
 def script_lines(cfg: TrialConfig) -> list[str]:
-    """The script's process flags and thread line, as the trial set them."""
-    return knobs.each("script_lines", cfg) + _threads(cfg)
+    """The script's process lines (its flags, its thread count), as the trial set them."""
+    return knobs.each("script_lines", cfg)
 
 
 def api_lines(cfg: TrialConfig, skip: frozenset[str], device: str) -> list[str]:
@@ -209,7 +185,7 @@ def _globals(rw: Rewrite) -> None:
     own that sets them ran after it and won; only where the script has none is one added (a flag only to
     turn it on: off is torch's default)."""
     cfg = rw.cfg
-    for k in knobs.PROCESS:
+    for k in knobs.FLAGS:
         if k.NAME in rw.skip | rw.no_effect:
             continue
         value = getattr(cfg, k.NAME)

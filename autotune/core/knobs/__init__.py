@@ -15,8 +15,8 @@ Its torch side, applied by name where the layers allow torch, is the module of t
 autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place, and what it observes); a
 process flag needs none.
 
-The knobs with no module yet (the loader's, batch_size, gpus and its strategy, optimizer_fusion, set_to_none,
-num_threads) are declared by their TrialConfig field, their story where core/config.py's table points.
+The knobs with no module yet (the loader's, batch_size, gpus and its strategy, optimizer_fusion, set_to_none)
+are declared by their TrialConfig field, their story where core/config.py's table points.
 
 To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = module.ROW`,
 the one line the type checker needs), and, for a model knob, its torch module in trial/loop/knobs/.
@@ -29,7 +29,15 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from autotune.core.knobs import channels_last, checkpoint_segments, compile, cudnn_benchmark, precision, tf32
+from autotune.core.knobs import (
+    channels_last,
+    checkpoint_segments,
+    compile,
+    cudnn_benchmark,
+    num_threads,
+    precision,
+    tf32,
+)
 
 # The model knobs, in the order they apply to a model (torchtitan's): checkpointing, the memory format, then
 # data-parallel (the trial's own, where it replicates the model: its buckets view the weights in their final
@@ -38,8 +46,10 @@ from autotune.core.knobs import channels_last, checkpoint_segments, compile, cud
 BEFORE_PARALLEL: tuple[ModuleType, ...] = (checkpoint_segments, channels_last)
 AFTER_PARALLEL: tuple[ModuleType, ...] = (precision, compile)
 MODEL = BEFORE_PARALLEL + AFTER_PARALLEL
-# The process flags, set before the job runs.
-PROCESS: tuple[ModuleType, ...] = (cudnn_benchmark, tf32)
+# What the process takes before the job runs: the flags (torch attributes, set and read back by name), the
+# thread count.
+FLAGS: tuple[ModuleType, ...] = (cudnn_benchmark, tf32)
+PROCESS: tuple[ModuleType, ...] = FLAGS + (num_threads,)
 ALL: tuple[ModuleType, ...] = PROCESS + MODEL
 BY_NAME: dict[str, ModuleType] = {k.NAME: k for k in ALL}
 MODEL_NAMES = tuple(k.NAME for k in MODEL)

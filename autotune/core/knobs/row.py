@@ -61,6 +61,9 @@ class Machine(Protocol):
     @property
     def cpu_bf16(self) -> bool: ...
 
+    @property
+    def cpu_count(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Fix:

@@ -41,7 +41,7 @@ NO_EFFECT_WITHOUT_CUDA = {
     "pin_memory": "no CUDA, pinning memory is a no-op",
     **{
         k.NAME: rule.why
-        for k in described.PROCESS
+        for k in described.FLAGS
         for rule in k.machine(Hardware(cuda=False, gpu_count=0, cpu_count=1, apex=False))
         if isinstance(rule, Fix)
     },
@@ -122,7 +122,6 @@ def _by_machine(n: _Narrowing, hw: Hardware) -> None:
     if not hw.cuda:
         n.fix("pin_memory", False, NO_EFFECT_WITHOUT_CUDA["pin_memory"])
     n.clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
-    n.clip("num_threads", hw.cpu_count, f"{hw.cpu_count} CPUs")
     if not hw.apex:
         n.keep("optimizer_fusion", lambda f: f != "apex", "apex.optimizers is not installed")
 

@@ -293,4 +293,4 @@ def torch_flag(path: str) -> Any:
 def flags() -> dict[str, bool]:
     """The knob list's process flags as this process has them after the steps (a script's own line may have
     set one after the trial did)."""
-    return {k.NAME: bool(torch_flag(k.SEEN)) for k in knobs.PROCESS}
+    return {k.NAME: bool(torch_flag(k.SEEN)) for k in knobs.FLAGS}

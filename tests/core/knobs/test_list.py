@@ -31,7 +31,8 @@ def test_every_export_format_joins_the_knobs_lines_in_the_lists_order() -> None:
     lines = knobs.each("accelerate_code", cfg)
     assert lines[0] == "torch.backends.cudnn.benchmark = True"  # the process flags first, as the trial sets them
     assert lines[1:3] == [f"{flag} = True  # autotune: tf32" for flag in knobs.BY_NAME["tf32"].FLAGS]
-    assert lines[3].startswith("# checkpoint_segments=2") and "channels_last" in lines[4]  # then the model's, in order
+    assert lines[3] == "torch.set_num_threads(3)"
+    assert lines[4].startswith("# checkpoint_segments=2") and "channels_last" in lines[5]  # then the model's, in order
 
 
 def test_the_trainers_cannot_express_what_the_knobs_say() -> None:

@@ -26,8 +26,8 @@ from torch import nn
 from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
 from autotune.core.effects import knob_effect, lr_effect
-from autotune.core.cpus import usable_cpus
 from autotune.core.errors import ConfigError, TrialUnsupported
+from autotune.trial.loop.knobs import num_threads as threads
 from autotune.trial.loop.knobs.compile import COMPILE_BACKEND_ENV
 from autotune.trial.measurement import observe
 from autotune.trial.loop.knobs.precision import DTYPES, Precision
@@ -72,30 +72,9 @@ def routed_through(call: str, among: tuple[ModuleType, ...] = MODEL) -> tuple[Mo
     return tuple(k for k in among if described.BY_NAME[k.NAME].ROUTE == call)
 
 
-def _ranks_on_this_node() -> int | None:
-    """How many torchrun ranks share this machine's cores; None for a plain process."""
-    n = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
-    return int(n) if n else None
-
-
 def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
-    applied: dict[str, Any] = {}
-    ranks = _ranks_on_this_node()
-    why = ""
-    if cfg.num_threads > 0:
-        torch.set_num_threads(cfg.num_threads)
-    elif ranks is not None:
-        # torchrun sets OMP_NUM_THREADS=1 in every rank when it is unset, so "torch's default" would
-        # mean all cores for gpus=1 but one thread per rank under DDP: a bias against DDP. Give the
-        # ranks on this node an equal share of the cores this process may run on instead: its affinity
-        # mask, capped by the container's CPU quota (two ranks in an 8-CPU pod on a 64-core host: 4 each).
-        cpus = usable_cpus()
-        torch.set_num_threads(max(1, cpus // ranks))
-        why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
-    else:
-        why = "0 = torch default"
-    applied["num_threads"] = knob_effect(cfg.num_threads, torch.get_num_threads(), why)
-    return applied | set_flags(cfg, device)
+    """The process knobs, before the job runs: the thread count, then the flags."""
+    return {threads.NAME: threads.set_up(cfg)} | set_flags(cfg, device)
 
 
 def set_flag(path: str, value: Any) -> None:
@@ -108,7 +87,7 @@ def set_flags(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     CUDA, where what they switch runs."""
     cuda = device.type == "cuda"
     applied: dict[str, Any] = {}
-    for knob in described.PROCESS:
+    for knob in described.FLAGS:
         value = getattr(cfg, knob.NAME)
         for path, setting in knob.sets(value).items():
             set_flag(path, setting)

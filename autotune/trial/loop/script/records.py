@@ -91,7 +91,7 @@ def process_seen(why: str, threads: int) -> Seen:
     """The process's flags (the knob list's) and thread count, as the script ran under them (set before it
     ran: `threads` by torch.set_num_threads, 0 left to torch)."""
     return {
-        **{k.NAME: (observe.torch_flag(k.SEEN), why) for k in described.PROCESS},
+        **{k.NAME: (observe.torch_flag(k.SEEN), why) for k in described.FLAGS},
         "num_threads": (
             torch.get_num_threads(),
             why or (f"torch.set_num_threads({threads})" if threads else "0 = torch default"),

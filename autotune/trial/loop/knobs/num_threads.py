@@ -1,0 +1,41 @@
+"""num_threads' torch side (its story: autotune/core/knobs/num_threads.py): the count set before the job runs,
+and the one it runs on read back.
+
+May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from autotune.core.config import TrialConfig
+from autotune.core.cpus import usable_cpus
+from autotune.core.effects import knob_effect
+from autotune.core.knobs.num_threads import NAME as NAME
+
+
+def _ranks_on_this_node() -> int | None:
+    """How many torchrun ranks share this machine's cores; None for a plain process."""
+    n = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
+    return int(n) if n else None
+
+
+def set_up(cfg: TrialConfig) -> dict[str, Any]:
+    ranks = _ranks_on_this_node()
+    why = ""
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    elif ranks is not None:
+        # torchrun sets OMP_NUM_THREADS=1 in every rank when it is unset, so "torch's default" would
+        # mean all cores for gpus=1 but one thread per rank under DDP: a bias against DDP. Give the
+        # ranks on this node an equal share of the cores this process may run on instead: its affinity
+        # mask, capped by the container's CPU quota (two ranks in an 8-CPU pod on a 64-core host: 4 each).
+        cpus = usable_cpus()
+        torch.set_num_threads(max(1, cpus // ranks))
+        why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
+    else:
+        why = "0 = torch default"
+    return knob_effect(cfg.num_threads, torch.get_num_threads(), why)
