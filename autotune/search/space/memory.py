@@ -153,9 +153,9 @@ def activations(cfg: TrialConfig, facts: ModelFacts) -> float:
     - Linear in the micro-batch (cfg.batch_size per rank): the probe measured a small one and divided.
     - Half precision (autocast fp16/bf16, or FSDP's bf16 compute parameters) halves them; in truth
       less than half, since norms and losses keep fp32 copies.
-    - k checkpointed stages (the first k, as trial/loop/knobs.py wraps them) keep only their inputs. Their
-      insides come back one stage at a time in backward, when everything saved after that stage is
-      freed: the peak is the larger of the end of forward and the worst stage's recomputation."""
+    - k checkpointed stages (the first k, as trial/loop/knobs/checkpoint_segments.py wraps them) keep only
+      their inputs. Their insides come back one stage at a time in backward, when everything saved after
+      that stage is freed: the peak is the larger of the end of forward and the worst stage's recomputation."""
     per_sample = _checkpointed(facts, cfg.checkpoint_segments)
     half = cfg.precision != "fp32" or (cfg.gpus > 1 and cfg.parallel == "fsdp" and cfg.fsdp_param_dtype == "bf16")
     return max(0.0, per_sample) * cfg.batch_size * (0.5 if half else 1.0)
