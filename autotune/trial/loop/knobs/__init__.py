@@ -29,8 +29,8 @@ from autotune.core.effects import knob_effect, lr_effect
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.trial.loop.knobs import num_threads as threads
 from autotune.trial.loop.knobs.compile import COMPILE_BACKEND_ENV
-from autotune.trial.measurement import observe
 from autotune.trial.loop.knobs.precision import DTYPES, Precision
+from autotune.trial.measurement import observe
 
 __all__ = ["COMPILE_BACKEND_ENV", "DTYPES", "Precision"]
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
 from autotune.core.effects import Seen, knob_effect, seen_effects, unsupported_effects
 from autotune.pipelines.script import ScriptJob, api
-from autotune.core import knobs as described
 from autotune.trial.loop import knobs
 from autotune.trial.loop.knobs import precision
 from autotune.trial.loop.script import batch, loader, optimizer
