@@ -10,20 +10,12 @@ from typing import Any
 from collections.abc import Callable, Mapping
 
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import (
-    channels_last,
-    checkpoint_segments,
-    compile,
-    cudnn_benchmark,
-    num_threads,
-    precision,
-    tf32,
-)
+from autotune.core import knobs as listed
 from autotune.core.knobs.row import Knob, knob
 
-PRECISIONS = precision.VALUES
+PRECISIONS = listed.precision.VALUES
 FUSIONS = ("none", "foreach", "fused", "apex")
-COMPILES = compile.VALUES
+COMPILES = listed.compile.VALUES
 PARALLELS = ("ddp", "fsdp")
 FSDP_DTYPES = ("fp32", "bf16")
 
@@ -53,7 +45,7 @@ def _number(x: object) -> bool:
 class TrialConfig:
     """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
 
-    # knobs: a knob with a module in core/knobs/ takes its row from there (`module.ROW`)
+    # knobs: a knob with a module in core/knobs/ (the list) takes its row from there (`listed.name.ROW`)
     num_workers: int = knob(0, "the DataLoader's worker processes", visit=2)
     pin_memory: bool = knob(False, "the DataLoader's page-locked host memory")
     batch_size: int = knob(
@@ -62,23 +54,23 @@ class TrialConfig:
         visit=1,
         math="the global batch and its lr; the batch-norm span",
     )
-    precision: str = precision.ROW
+    precision: str = listed.precision.ROW
     optimizer_fusion: str = knob(
         "none", "the optimizer's implementation (AdamW's fused/foreach)", choices=FUSIONS, visit=6
     )
-    checkpoint_segments: int = checkpoint_segments.ROW
+    checkpoint_segments: int = listed.checkpoint_segments.ROW
     gpus: int = knob(
         1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr", memory=True
     )
-    channels_last: bool = channels_last.ROW
-    cudnn_benchmark: bool = cudnn_benchmark.ROW
-    tf32: bool = tf32.ROW
-    compile: str = compile.ROW
+    channels_last: bool = listed.channels_last.ROW
+    cudnn_benchmark: bool = listed.cudnn_benchmark.ROW
+    tf32: bool = listed.tf32.ROW
+    compile: str = listed.compile.ROW
     persistent_workers: bool = knob(False, "the DataLoader keeps its workers between epochs", needs="workers")
     prefetch_factor: int | None = knob(None, "batches each DataLoader worker loads ahead", needs="workers")
     # torch's own default since 2.0, so the baseline keeps it
     set_to_none: bool = knob(True, "`zero_grad(set_to_none=...)`")
-    num_threads: int = num_threads.ROW
+    num_threads: int = listed.num_threads.ROW
     # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
     parallel: str = knob("ddp", "DDP or FSDP2 over the processes", choices=PARALLELS, needs="processes", memory=True)
     fsdp_reshard: bool = knob(

@@ -18,7 +18,7 @@ process flag needs none.
 The knobs with no module yet (the loader's, batch_size, gpus and its strategy, optimizer_fusion, set_to_none)
 are declared by their TrialConfig field, their story where core/config.py's table points.
 
-To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = module.ROW`,
+To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = listed.name.ROW`,
 the one line the type checker needs), and, for a model knob, its torch module in trial/loop/knobs/.
 
 May import: the stdlib and the rest of autotune.core.
