@@ -89,7 +89,7 @@ def confirm_and_gate(
 ) -> ConfirmationSummary | None:
     """Plan the end (checking a leading class first where that pays), confirm, check parity, confirm the
     export too when the gate passed a config the rounds did not measure, and measure how far the export is
-    from its ceiling. Returns the confirmation summary (search/store/records.py), None when confirmation
+    from its ceiling. Returns the confirmation summary (search/store/records/verdicts.py), None when confirmation
     did not run or had nothing to compare."""
     confirmation = None
     unpaid: dict[str, plan.Unpaid] = {}
