@@ -47,7 +47,7 @@ def sharded_dtype(cfg: TrialConfig, knob: str) -> str:
     """An fsdp mixed-precision dtype as training uses it: fp32 (DDP's, one process's) unless FSDP runs.
     A bf16 param dtype computes in bf16 like autocast; a bf16 reduce sums the ranks' gradients in bf16.
     Either keeps the optimizer step, so the class is checked for parity, as precision is."""
-    return str(getattr(cfg, knob)) if cfg.parallel == "fsdp" and cfg.gpus > 1 else "fp32"
+    return str(getattr(cfg, knob)) if cfg.sharded else "fp32"
 
 
 def changes_step(cfg: TrialConfig) -> bool:

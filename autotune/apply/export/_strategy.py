@@ -12,17 +12,12 @@ from autotune.core.config import TrialConfig
 _DTYPE = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 
 
-def fsdp_on(cfg: TrialConfig) -> bool:
-    """FSDP runs only with more than one process; one process trains the plain model."""
-    return cfg.parallel == "fsdp" and cfg.gpus > 1
-
-
 def where(cfg: TrialConfig, fields: dict[str, str]) -> dict[str, str]:
     """The knob table's rows for the strategy knobs: `fields` names the target's own field per knob (those
     it holds), every other row says where it goes or why nothing is to be done."""
     if cfg.gpus == 1:
         return {k: "one process: no strategy to set" for k in ("parallel", *_SUB)}
-    if not fsdp_on(cfg):
+    if not cfg.sharded:
         return {
             "parallel": "ddp: one process per device, each with the whole model (the default)",
             **{k: "parallel is ddp: not used" for k in _SUB},
@@ -60,7 +55,7 @@ def _fsdp_config(cfg: TrialConfig) -> dict[str, Any]:
 
 def hf_args(cfg: TrialConfig) -> list[str]:
     """TrainingArguments lines: fsdp=True with an FSDP2 fsdp_config (none without fsdp)."""
-    if not fsdp_on(cfg):
+    if not cfg.sharded:
         return []
     return [
         "    fsdp=True,  # parallel=fsdp: FSDP2, one fully_shard per transformer layer, then the root",
@@ -124,13 +119,13 @@ def rows(cfg: TrialConfig, target: str, on_cpu: bool = False) -> dict[str, str]:
 def _distributed_type(cfg: TrialConfig, on_cpu: bool) -> str:
     if cfg.gpus == 1:
         return "NO"
-    return "FSDP" if fsdp_on(cfg) else "MULTI_CPU" if on_cpu else "MULTI_GPU"
+    return "FSDP" if cfg.sharded else "MULTI_CPU" if on_cpu else "MULTI_GPU"
 
 
 def accelerate_conf(cfg: TrialConfig, on_cpu: bool) -> dict[str, Any]:
     """accelerate's process layout: distributed_type, num_processes, and under fsdp its `fsdp_config:`."""
     conf: dict[str, Any] = {"distributed_type": _distributed_type(cfg, on_cpu), "num_processes": cfg.gpus}
-    if fsdp_on(cfg):
+    if cfg.sharded:
         conf["fsdp_config"] = _fsdp_config(cfg)
     return conf
 
@@ -147,7 +142,7 @@ def _hf_launch(cfg: TrialConfig) -> str:
 def accelerate_plugin(cfg: TrialConfig) -> list[str]:
     """The script's Accelerator line; under fsdp with the plugin that holds the mixed-precision policy (the
     config file's fsdp_config has no field for the reduce dtype)."""
-    if not fsdp_on(cfg):
+    if not cfg.sharded:
         return [f"accelerator = Accelerator(gradient_accumulation_steps={cfg.grad_accum!r})"]
     return [
         "from accelerate.utils import FullyShardedDataParallelPlugin",
@@ -160,7 +155,7 @@ def accelerate_plugin(cfg: TrialConfig) -> list[str]:
 
 def hf_notes(cfg: TrialConfig) -> list[str]:
     launch = [f"# gpus={cfg.gpus}: launch with {_hf_launch(cfg)}"]
-    if not fsdp_on(cfg):
+    if not cfg.sharded:
         return launch
     return launch + [
         f"# parallel=fsdp: the trials used {mp_policy(cfg)}; TrainingArguments sets one dtype for both "
@@ -172,7 +167,7 @@ def hf_notes(cfg: TrialConfig) -> list[str]:
 def lightning_trainer(cfg: TrialConfig) -> list[str]:
     """trainer_kwargs' devices and strategy: FSDP2 through ModelParallelStrategy, DDP, or none for one process."""
     devices = [f"    devices={cfg.gpus!r},"]
-    if fsdp_on(cfg):
+    if cfg.sharded:
         return devices + [
             f"    strategy=ModelParallelStrategy(data_parallel_size={cfg.gpus!r}, tensor_parallel_size=1),"
             "  # parallel=fsdp: FSDP2, applied in configure_model"
@@ -184,7 +179,7 @@ def lightning_trainer(cfg: TrialConfig) -> list[str]:
 
 def lightning_hook(cfg: TrialConfig) -> list[str]:
     """AutotuneHooks.configure_model under fsdp: the trials' sharding, where Lightning wants it."""
-    if not fsdp_on(cfg):
+    if not cfg.sharded:
         return []
     return [
         "",

@@ -32,7 +32,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         knob_table(cfg, "lightning"),
         *_step.training_lines(cfg),
         "import torch",
-        *(["from lightning.pytorch.strategies import ModelParallelStrategy"] if _strategy.fsdp_on(cfg) else []),
+        *(["from lightning.pytorch.strategies import ModelParallelStrategy"] if cfg.sharded else []),
         *_step.imports(cfg),
         "",
         "trainer_kwargs = dict(",

@@ -157,7 +157,7 @@ def activations(cfg: TrialConfig, facts: ModelFacts) -> float:
       their inputs. Their insides come back one stage at a time in backward, when everything saved after
       that stage is freed: the peak is the larger of the end of forward and the worst stage's recomputation."""
     per_sample = _checkpointed(facts, cfg.checkpoint_segments)
-    half = cfg.precision != "fp32" or (cfg.gpus > 1 and cfg.parallel == "fsdp" and cfg.fsdp_param_dtype == "bf16")
+    half = cfg.precision != "fp32" or (cfg.sharded and cfg.fsdp_param_dtype == "bf16")
     return max(0.0, per_sample) * cfg.batch_size * (0.5 if half else 1.0)
 
 
