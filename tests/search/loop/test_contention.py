@@ -11,6 +11,7 @@ from pathlib import Path
 from collections.abc import Iterator
 
 import optuna
+import psutil
 import pytest
 
 from autotune.core.config import TrialConfig
@@ -21,7 +22,18 @@ from autotune.search.loop.runner import Events
 from autotune.search.loop.session import SearchSession
 from autotune.trial.measurement.contention import OtherCpu
 
-BURN = [sys.executable, "-c", "while True: pass"]
+BURN = [sys.executable, "-S", "-c", "while True: pass"]  # -S: no site import, so it burns at once
+
+
+def _burning(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """Wait until every burner has spent CPU: a slow interpreter start (a cold page cache) must not leave
+    the window it should starve unstarved."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(psutil.Process(p.pid).cpu_times().user > 0.05 for p in procs):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the burners never started burning")
 
 
 @pytest.fixture
@@ -113,6 +125,7 @@ def test_a_starved_trial_is_contended_requeued_and_never_best(
         if number == 1:  # starve the warm start: two busy strangers for each CPU (with one each, the
             # kernel's share beside the trial and its loader workers left them as little as 0.1 CPU)
             burner.extend(subprocess.Popen(BURN, start_new_session=True) for _ in range(2 * (os.cpu_count() or 1)))
+            _burning(burner)
 
     def finished(t: optuna.trial.FrozenTrial) -> None:
         while burner:
