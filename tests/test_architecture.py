@@ -50,6 +50,22 @@ def test_study_attrs_are_read_and_written_only_through_the_records() -> None:
     assert (own / "__init__.py").is_file() and raw == [], raw
 
 
+def test_only_the_run_holds_the_seams_every_record_reads_what_the_run_showed() -> None:
+    """The seams fill one record of what the run showed (trial/loop/script/shown.py); the parts that turn it
+    into each knob's record (batch, loader, optimizer, records) and the knobs' torch side never import the
+    seams, not even for a type: the one module that runs the script hands `seams.shown()` over."""
+    trial_loop = PACKAGE / "trial" / "loop"
+    importers = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in trial_loop.rglob("*.py")
+        if any(
+            isinstance(node, ast.ImportFrom) and node.module == "autotune.trial.loop.script.seams"
+            for node in ast.walk(ast.parse(p.read_text()))
+        )
+    )
+    assert importers == ["trial/loop/script/running.py"], importers
+
+
 # The knob table (core/config.py), the knob list's modules (core/knobs/), the worker code that applies the knobs: pipelines/, trial/, and
 # autotune.script, the cooperative calls (at.batch_size(), ...) through which a trial applies them to a script.
 APPLIERS = ("core/config.py", "core/knobs/", "pipelines/", "trial/", "script/")

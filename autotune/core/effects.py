@@ -19,9 +19,12 @@ from autotune.core.errors import TrialUnsupported
 Seen = dict[str, tuple[Any, str]]
 
 
-def seen_effects(cfg: TrialConfig, seen: Seen) -> dict[str, Any]:
-    """Each knob seen, recorded against what the config asked of it (`knob_effect`)."""
-    return {k: knob_effect(getattr(cfg, k), ran, why) for k, (ran, why) in seen.items()}
+def effects(cfg: TrialConfig, seen: Seen, unsupported: Collection[str] = ()) -> dict[str, Any]:
+    """Each knob seen, recorded against what the config asked of it (`knob_effect`); a knob the job cannot
+    express (`unsupported`) and that was not seen, at its (default) value, with why."""
+    return unsupported_effects(cfg, unsupported) | {
+        k: knob_effect(getattr(cfg, k), ran, why) for k, (ran, why) in seen.items()
+    }
 
 
 def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]:

@@ -133,7 +133,7 @@ def measure(
             f"the script ended after {run.steps} optimizer step(s), before the {warmup} warm-up and "
             f"{steps} timed ones: give it more steps in its arguments"
         )
-    return _figures(run, warmup, steps) | ({"model": seams.effects()} if seams is not None else {})
+    return _figures(run, warmup, steps) | ({"model": _model_effects(seams)} if seams is not None else {})
 
 
 def _device() -> Any:
@@ -142,6 +142,13 @@ def _device() -> Any:
     import torch
 
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _model_effects(seams: Any) -> dict[str, Any]:
+    """Each model knob as the copy's run showed it, recorded against the config applied."""
+    from autotune.core.effects import effects
+
+    return effects(seams.cfg, seams.knobs_seen())
 
 
 def _model_seams(model: Path | None) -> Any:

@@ -98,8 +98,8 @@ def seam(
     return None, inputs(args)
 
 
-def effect(found: Found, cfg: TrialConfig, state: None) -> dict[str, Any]:
-    return knob_effect(cfg.channels_last, in_effect(found.model), found.where)
+def seen(found: Found, cfg: TrialConfig, state: None) -> tuple[bool, str]:
+    return in_effect(found.model), found.where
 
 
 def observed(found: Found, state: None) -> dict[str, Any]:

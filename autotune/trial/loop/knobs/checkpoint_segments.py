@@ -156,12 +156,12 @@ def seam(
     return ActivationBytes(model, apply(model, cfg.checkpoint_segments)), args
 
 
-def effect(found: Found, cfg: TrialConfig, state: ActivationBytes | None) -> dict[str, Any]:
+def seen(found: Found, cfg: TrialConfig, state: ActivationBytes | None) -> tuple[list[str], str]:
     done = wrapped(found.model)
     said = f"{found.where}: {len(done)} of its {found.facts.get('repeated_blocks')} {found.facts.get('block')} block(s)"
     if state is not None and (counted := state.observed()):
         said += "; " + freed_said(counted)
-    return knob_effect(cfg.checkpoint_segments, done, said)
+    return done, said
 
 
 def observed(found: Found, state: ActivationBytes | None) -> dict[str, Any]:

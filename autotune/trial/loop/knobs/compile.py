@@ -61,15 +61,15 @@ def seam(
     return before, args
 
 
-def effect(found: Found, cfg: TrialConfig, state: int | None) -> dict[str, Any]:
+def seen(found: Found, cfg: TrialConfig, state: int | None) -> tuple[str, str]:
     """Whether the forward compiled in place ran compiled: dynamo compiled graphs since (`state`)."""
     if state is None:
-        return knob_effect(cfg.compile, "off", "the script's own: its model is not compiled")
+        return "off", "the script's own: its model is not compiled"
     graphs = (observe.dynamo_graphs() or 0) - state
     said = f"{found.where}: its forward torch.compile'd in place, {graphs} graph(s) compiled"
     if cfg.compile == "reduce-overhead" and (skips := observe.cudagraph_skips()):
         said += f"; inductor skipped CUDA graphs {skips} time(s)"
-    return knob_effect(cfg.compile, cfg.compile if graphs else "off", said)
+    return (cfg.compile if graphs else "off"), said
 
 
 def handed_seen(trial: api.Trial, final: dict[str, Any], as_written: bool) -> tuple[str, str]:

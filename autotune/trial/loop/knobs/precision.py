@@ -118,14 +118,14 @@ def seam(
     return autocast, args
 
 
-def effect(found: Found, cfg: TrialConfig, state: Autocast | None) -> dict[str, Any]:
+def seen(found: Found, cfg: TrialConfig, state: Autocast | None) -> tuple[str, str]:
     if state is None:  # the baseline (watched: the script's own precision), or its precision kept
-        seen = found.seen or baseline_of(cfg).precision
-        return knob_effect(cfg.precision, seen, f"the script's own: its model returned {seen}")
+        own = found.seen or baseline_of(cfg).precision
+        return own, f"the script's own: its model returned {own}"
     said = f"{found.where}: autocast around its forward, its outputs handed back in fp32"
     if state.outer is not None:
         said += f"; inside the script's own autocast ({state.outer}), which the trial's replaced there"
-    return knob_effect(cfg.precision, state.seen or "fp32", said)
+    return state.seen or "fp32", said
 
 
 def observed(found: Found, state: Autocast | None) -> dict[str, Any]:

@@ -7,8 +7,7 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop a
 
 from __future__ import annotations
 
-import collections
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,9 +16,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.effects import Seen, knob_effect, lr_effect
 from autotune.pipelines.script import ScriptJob, api, option_lr_factor, option_lr_rule, rule_of
-
-if TYPE_CHECKING:
-    from autotune.trial.loop.script.seams import Seams
+from autotune.trial.loop.script.shown import Shown
 
 
 # The lr values a param group or a schedule keeps, scaled together when the first step shows the global
@@ -108,24 +105,15 @@ def handed_samples(trial: api.Trial, backwards: int = 0) -> int:
     return int(got["batch_size"]) * (backwards or int(got.get("accumulation", 1)))
 
 
-def per_step(samples: list[int]) -> int:
-    """The samples a rank's loaders delivered per optimizer step: the most common count (an epoch's last,
-    smaller batch aside); 0 when no loader delivered any."""
-    counted = collections.Counter(n for n in samples if n)
-    return counted.most_common(1)[0][0] if counted else 0
-
-
-def own_as_run(
-    trial: api.Trial, step_samples: list[int], step_batches: list[int], fed: int | None = None, backwards: int = 0
-) -> dict[str, Any] | None:
+def own_as_run(trial: api.Trial, shown: Shown) -> dict[str, Any] | None:
     """The script's own micro-batch and accumulation as this run handed them over: at.batch_size()'s and
     at.accumulation()'s defaults as the script passed them (a configurator or a config file has set
     them by then), else what its loaders delivered (samples per batch, batches per optimizer step);
-    else, with no loader, the batch its model was fed (`fed`) x its backward passes per optimizer step;
+    else, with no loader, the batch its model was fed x its backward passes per optimizer step;
     None when none shows one. A script that hands its batch over but accumulates on its own (no
     at.accumulation()) has its accumulation counted from its loaders: the batches per optimizer step."""
     own = trial.defaults
-    samples, batches = per_step(step_samples), per_step(step_batches)
+    samples, batches, fed, backwards = shown.samples, shown.batches, shown.fed, shown.backwards
     if "batch_size" in own:
         said = (
             "its DataLoader's batch_size as the run built it"
@@ -167,11 +155,11 @@ def through(trial: api.Trial) -> str:
     return "through its DataLoader's batch_size, no edit" if trial.through_loader else "through at.batch_size()"
 
 
-def seen(seams: Seams, trial: api.Trial) -> Seen:
+def seen(shown: Shown, trial: api.Trial) -> Seen:
     """The micro-batch the script ran: its own as its loaders delivered it (or its model was fed), else the one
     handed over, else its first DataLoader's; unknown (None) when none shows one."""
-    loader = seams.loaders[0] if seams.loaders else None
-    ran = own_as_run(trial, seams.step_samples, seams.step_batches, seams.model.fed, per_step(seams.step_backwards))
+    loader = shown.loaders[0] if shown.loaders else None
+    ran = own_as_run(trial, shown)
     if ran is not None and "batch_size" not in trial.returned:  # its own batch, as its loaders delivered it
         return {"batch_size": (ran["batch_size"], f"the script's own batch: {ran['from']}")}
     if "batch_size" in trial.returned:  # handed over (batch_and_lr says more where the study knows its own)
@@ -181,7 +169,7 @@ def seen(seams: Seams, trial: api.Trial) -> Seen:
     return {"batch_size": (None, UNSEEN)}
 
 
-def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJob) -> dict[str, Any]:
+def batch_and_lr(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJob) -> dict[str, Any]:
     """The batch the script ran (handed over, or its own), its accumulation, the global batch its ranks
     ran per step, the lr each optimizer was built with, and the lr rule: the study's, next to the one the
     optimizer that stepped follows."""
@@ -193,8 +181,8 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
             why += f"; the script's own default is {own['batch_size']}, not the {job.own[0]} its source reads"
         out["batch_size"] = knob_effect(cfg.batch_size, got["batch_size"], why)
     accumulation = got.get("accumulation", own.get("accumulation", job.own[1] if job.own else 1))
-    built = seams.constructed[0] if seams.constructed else None
-    rule = lr_rule_record(cfg, job, seams.optimizers[0]["type"] if seams.optimizers else None)
+    built = shown.built[0] if shown.built else None
+    rule = lr_rule_record(cfg, job, shown.stepped[0]["type"] if shown.stepped else None)
     if "lr" in got:
         before, after = own["lr"], got["lr"]
     else:
@@ -203,7 +191,7 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
         before /= arithmetic  # its own lr, at its own batch: what the study's rule scales from
     own_global = job.own[0] * job.own[1] if job.own else None
     planned = planned_global(cfg, int(own.get("accumulation", job.own[1] if job.own else 1)))
-    ran = seams.final.get("global_batch")
+    ran = shown.final.get("global_batch")
     corrected = (built or {}).get("planned_for")
     if own_global is not None and "batch_size" in got and before is not None:
         lr_global = corrected["ran"] if corrected and "lr" not in got else planned
@@ -224,17 +212,17 @@ def batch_and_lr(cfg: TrialConfig, seams: Seams, trial: api.Trial, job: ScriptJo
                     else ": set for the batch run before the first step"
                 )
             )
-        out["global_batch"] = knob_effect(planned, ran, global_why(seams, planned, ran))
+        out["global_batch"] = knob_effect(planned, ran, global_why(shown, trial, planned, ran))
     else:
         out["lr"] = knob_effect(before, after, "the script's own lr (its batch is its own)") | {"rule": rule}
-        out["global_batch"] = knob_effect(None, ran, global_why(seams, None, ran))
+        out["global_batch"] = knob_effect(None, ran, global_why(shown, trial, None, ran))
     if built is not None and built.get("own_schedule"):
         out["lr"]["why"] += (
             "; "
             + OWN_SCHEDULE
             + (f": the trial scaled each value it set by {built['factor']:.4g}" if built["factor"] != 1 else "")
         )
-    out["script"] = {"accumulation": accumulation, "optimizers_built": seams.constructed}
+    out["script"] = {"accumulation": accumulation, "optimizers_built": list(shown.built)}
     return out
 
 
@@ -252,14 +240,13 @@ def lr_rule_record(cfg: TrialConfig, job: ScriptJob, stepped: str | None) -> dic
     return rule
 
 
-def global_why(seams: Seams, planned: int | None, ran: int | None) -> str:
+def global_why(shown: Shown, trial: api.Trial, planned: int | None, ran: int | None) -> str:
     """What the global batch the ranks ran is made of, and, when it is not the one planned, that the
     script splits its batch over its ranks its own way."""
-    seen = seams.final
-    world, per_rank = seen.get("world_size", 1), seen.get("samples_per_step_per_rank")
+    world, per_rank = shown.final.get("world_size", 1), shown.final.get("samples_per_step_per_rank")
     said = f"{per_rank} sample(s) per optimizer step on each of {world} rank(s), summed"
-    if not per_step(seams.step_samples):
-        how = "handed over" if "batch_size" in seams.trial.returned or not seams.model.fed else "fed to its model"
+    if not shown.samples:
+        how = "handed over" if "batch_size" in trial.returned or not shown.fed else "fed to its model"
         said = f"no loader counted: {per_rank} {how} per step on each of {world} rank(s), summed"
     if planned is not None and ran is not None and ran != planned:
         said += (
@@ -269,14 +256,14 @@ def global_why(seams: Seams, planned: int | None, ran: int | None) -> str:
     return said
 
 
-def throughput(trial: api.Trial, step_samples: list[int], fed: int | None = None) -> dict[str, str]:
+def throughput(trial: api.Trial, shown: Shown) -> dict[str, str]:
     """The unit the trial's figure counts: samples when its loaders delivered them or the script handed its
     batch over, else optimizer steps (the figure is then steps/s, and said so)."""
-    if per_step(step_samples):
+    if shown.samples:
         return {"unit": "samples/s", "why": "the samples its loaders delivered per optimizer step"}
     if "batch_size" in trial.returned:
         return {"unit": "samples/s", "why": "at.batch_size() as handed over x the backward passes of each step"}
-    if fed:
+    if shown.fed:
         return {"unit": "samples/s", "why": "the batch its model was fed x the backward passes of each step"}
     return {
         "unit": "steps/s",

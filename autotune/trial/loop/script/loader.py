@@ -6,16 +6,14 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import RandomSampler
 
 from autotune.core.config import TrialConfig
 from autotune.core.effects import Seen
 from autotune.pipelines.script import LOADER_KNOBS, api
-
-if TYPE_CHECKING:
-    from autotune.trial.loop.script.seams import Seams
+from autotune.trial.loop.script.shown import Shown
 
 
 # A loader `autotune run` left as written: the exported trial never iterated it (Seams.measured).
@@ -51,11 +49,11 @@ def shuffled(it: Any) -> bool:
     return isinstance(sampler, RandomSampler)
 
 
-def seen(seams: Seams, unsupported: frozenset[str], why: str) -> Seen:
+def seen(shown: Shown, unsupported: frozenset[str], why: str) -> Seen:
     """Each supported DataLoader knob as the script's first loader it was applied to ran it (`autotune run`
     leaves the loaders no trial measured as written), else its first."""
     loader = next(
-        (x for x in seams.loaders if x.get("kept") != UNMEASURED), seams.loaders[0] if seams.loaders else None
+        (x for x in shown.loaders if x.get("kept") != UNMEASURED), shown.loaders[0] if shown.loaders else None
     )
     out: Seen = {}
     for k in LOADER_KNOBS:
@@ -67,12 +65,12 @@ def seen(seams: Seams, unsupported: frozenset[str], why: str) -> Seen:
     return out
 
 
-def data_order(seams: Seams, trial: api.Trial) -> str | None:
+def data_order(shown: Shown, trial: api.Trial) -> str | None:
     """Where the trial's data seed reached the data this run trained on: at.data_seed() (a script that draws
     its batches itself), or a DataLoader that shuffles by its generator; None: nowhere, so parity's data-order
     twin would train on the baseline's own batches."""
     if "data_seed" in trial.calls:
         return "at.data_seed()"
-    if any(seams.shuffles.values()):
+    if shown.shuffled:
         return "a DataLoader that shuffles (the trial seeds its generator)"
     return None

@@ -8,7 +8,7 @@ optimizers (a GAN, a teacher and a student), no one module is "the model": the f
 The model seams of one trial of an unedited script: the model knobs of the knob list (autotune/core/knobs/)
 that it routes through the model its optimizer trains, and on several ranks the trial's replicate, applied when
 the model is first called in the list's order, each by its torch side (autotune/trial/loop/knobs/, the module
-of its name: `unfit`, `seam`, `effect`, `observed`), and what each showed (`effects`).
+of its name: `unfit`, `seam`, `seen`, `observed`), and what each showed (`knobs_seen`).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -24,7 +24,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._pytree import tree_leaves
 
 from autotune.core.config import TrialConfig, baseline_of
-from autotune.core.effects import knob_effect
+from autotune.core.effects import Seen
 from autotune.core.errors import TrialUnsupported
 from autotune.core.knobs import MODEL_NAMES
 from autotune.trial.loop import knobs
@@ -219,13 +219,12 @@ class ModelSeams:
         if self.seen is None:
             self.seen = precision.observed_dtype(output)
 
-    def effects(self) -> dict[str, Any]:
-        """Each routed knob as the model ran it: the output dtype inside the autocast, the weights' memory
-        format, the blocks that carry checkpoint hooks; why, where the model was never found."""
+    def knobs_seen(self) -> Seen:
+        """Each routed knob as the model ran it (each knob's `seen`): the output dtype inside the autocast,
+        the weights' memory format, the blocks that carry checkpoint hooks; why, where the model was never
+        found."""
         found = self._found()
         if found is None:
             why = "the script's optimizer never trained a module it called (no model found): as the script runs"
-            return {k: knob_effect(getattr(self.cfg, k), None, why) for k in self.routed}
-        return {
-            k.NAME: k.effect(found, self.cfg, self.states.get(k.NAME)) for k in knobs.MODEL if k.NAME in self.routed
-        }
+            return {k: (None, why) for k in self.routed}
+        return {k.NAME: k.seen(found, self.cfg, self.states.get(k.NAME)) for k in knobs.MODEL if k.NAME in self.routed}

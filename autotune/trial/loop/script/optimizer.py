@@ -6,13 +6,10 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.core.effects import Seen
-
-
-if TYPE_CHECKING:
-    from autotune.trial.loop.script.seams import Seams
+from autotune.trial.loop.script.shown import Shown
 
 
 def fusion_of(group: dict[str, Any]) -> str:
@@ -23,11 +20,11 @@ def fusion_of(group: dict[str, Any]) -> str:
     return "none" if "foreach" in group else "unknown"
 
 
-def seen(seams: Seams, why: str) -> Seen:
+def seen(shown: Shown, why: str) -> Seen:
     """The optimizer's fusion as its first step ran it, and zero_grad's set_to_none as last called."""
     out: Seen = {}
-    if seams.optimizers:
-        out["optimizer_fusion"] = (seams.optimizers[0]["fusion"], why)
-    if seams.zero_grads:
-        out["set_to_none"] = (seams.zero_grads[-1], why)
+    if shown.stepped:
+        out["optimizer_fusion"] = (shown.stepped[0]["fusion"], why)
+    if shown.zero_grads:
+        out["set_to_none"] = (shown.zero_grads[-1], why)
     return out

@@ -29,6 +29,7 @@ from autotune.trial.loop.script.batch import batch_handover
 from autotune.trial.loop.script.ranks import Ranks
 from autotune.trial.loop.script.records import what_ran
 from autotune.trial.loop.script.seams import Seams, installed
+from autotune.trial.loop.script.shown import Shown
 from autotune.trial.measurement import measure
 from autotune.trial.measurement.clock import Clock, WindowOver
 
@@ -103,8 +104,9 @@ def _run(
             f"the script ended after {seams.hook_steps} optimizer step(s), before {untimed} warm-up "
             f"and {need} step(s): give it more steps in its arguments"
         )
-    refuse_unrealised(cfg, job, seams, handed, as_written)
-    applied |= what_ran(cfg, seams, trial, job, as_written)
+    shown = seams.shown()
+    refuse_unrealised(cfg, job, shown, handed, as_written)
+    applied |= what_ran(cfg, shown, trial, job, as_written)
     memory = measure.memory_total_bytes(seams.at)
     try:
         if seams.clock is None:
@@ -120,16 +122,16 @@ def _run(
             ranks.teardown()
 
 
-def refuse_unrealised(cfg: TrialConfig, job: ScriptJob, seams: Seams, handed: list[str], as_written: bool) -> None:
+def refuse_unrealised(cfg: TrialConfig, job: ScriptJob, shown: Shown, handed: list[str], as_written: bool) -> None:
     """Exit 5 for what the config asked and the run did not realise: a batch handed through the script's own
     option that its model was not fed, loader knobs where the run (as the source guessed) built no DataLoader."""
-    if handed and seams.model.fed != cfg.batch_size:  # the option must move the batch its model is fed
-        fed = "nothing the trial could count" if seams.model.fed is None else f"batches of {seams.model.fed}"
+    if handed and shown.fed != cfg.batch_size:  # the option must move the batch its model is fed
+        fed = "nothing the trial could count" if shown.fed is None else f"batches of {shown.fed}"
         raise TrialUnsupported(
             f"batch_size {cfg.batch_size}: handed over as {' '.join(handed)}, but its model was fed {fed}: "
             "that option does not set the batch it trains on"
         )
-    if seams.loaders or as_written:
+    if shown.loaders or as_written:
         return
     changed = [k for k in sorted(job.guessed) if k in LOADER_KNOBS and getattr(cfg, k) != getattr(baseline_of(cfg), k)]
     if changed:  # the source's guess, and the run agreed: no DataLoader to give them to

@@ -22,19 +22,13 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
-from autotune.trial.loop.script.batch import (
-    group_lrs,
-    handed_samples,
-    per_step,
-    planned_global,
-    rescale_lr,
-    world_size,
-)
+from autotune.trial.loop.script.batch import group_lrs, handed_samples, planned_global, rescale_lr, world_size
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, loader_overrides, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.optimizer import fusion_of
 from autotune.trial.loop.script.ranks import Ranks
-from autotune.trial.loop.script.sites import call_site, record_site
+from autotune.trial.loop.script.shown import Shown, per_step
+from autotune.trial.loop.script.sites import call_site, plain, record_site
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
 from autotune.trial.measurement.samples import batch_len
@@ -414,6 +408,30 @@ class Seams:
         if (ranks := self.ranks.record()) is not None:
             seen |= {"ranks": ranks, "sharded_loaders": self.ranks.sharded}
         self.final = seen
+
+    def shown(self) -> Shown:
+        """What the run showed, handed over once it stopped: the one record each knob's part reads."""
+        return Shown(
+            loaders=tuple(self.loaders),
+            built=tuple(self.constructed),
+            stepped=tuple(self.optimizers),
+            zero_grads=tuple(self.zero_grads),
+            step_samples=tuple(self.step_samples),
+            step_batches=tuple(self.step_batches),
+            step_backwards=tuple(self.step_backwards),
+            fed=self.model.fed,
+            steps=self.hook_steps,
+            samples_per_step=self.clock.samples_per_step if self.clock is not None else None,
+            # the lr each stepped optimizer's first group ran its last step at (after the script's own schedule)
+            lr_last_step=tuple(plain(lrs[0]) for o in self.stepped if (lrs := getattr(o, "_autotune_lrs", None))),
+            seeds=tuple(self.seeds),
+            shuffled=any(self.shuffles.values()),
+            process_group=self.ranks.process_group(),  # whose: "own", "trial", None (what trial 0 teaches)
+            final=self.final,
+            sites=self.sites | ({"model": site} if (site := self.model.site()) else {}),
+            model=self.model.record(),
+            model_seen=self.model.knobs_seen(),
+        )
 
     # ---- zero_grad and backward ---------------------------------------------------------------
     def zero_grad(self, original: Any) -> Any:

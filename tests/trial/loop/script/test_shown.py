@@ -271,3 +271,32 @@ def test_an_option_that_does_not_move_the_batch_fails_the_trial(tmp_path: Path) 
     base = base_config(script.spec_of(str(path), ["--batch_size=12"]), None, None, str(tmp_path))
     with pytest.raises(TrialUnsupported, match="that option does not set the batch it trains on"):
         worker.run(base.replace(baseline={"batch_size": 12}, batch_size=16, **SHORT))
+
+
+# ---- the record of what the run showed (trial/loop/script/shown.py), read by the batch's record -----------
+
+
+def test_the_run_s_own_batch_is_read_from_its_loaders_else_from_what_its_model_was_fed() -> None:
+    from autotune.pipelines.script import api
+    from autotune.trial.loop.script import batch
+    from autotune.trial.loop.script.shown import Shown
+
+    trial = api.Trial(device_type="cpu")
+    # Loaders: 24 samples in 3 batches per optimizer step (an epoch's short last step aside).
+    loaders = Shown(step_samples=(24, 24, 24, 10), step_batches=(3, 3, 3, 2))
+    assert batch.own_as_run(trial, loaders) == {
+        "batch_size": 8,
+        "accumulation": 3,
+        "from": "its loaders: 24 sample(s) in 3 batch(es) per optimizer step",
+    }
+    assert batch.throughput(trial, loaders)["unit"] == "samples/s"
+    # No loader: the batch its model was fed, x its backward passes per step.
+    fed = Shown(step_samples=(0, 0), step_batches=(0, 0), step_backwards=(2, 2), fed=5)
+    own = batch.own_as_run(trial, fed)
+    assert own is not None and (own["batch_size"], own["accumulation"]) == (5, 2)
+    assert batch.seen(fed, trial)["batch_size"][0] == 5
+    # Nothing counted, nothing fed, nothing handed over: unknown, and the figure is in steps.
+    nothing = Shown()
+    assert batch.own_as_run(trial, nothing) is None
+    assert batch.seen(nothing, trial)["batch_size"] == (None, batch.UNSEEN)
+    assert batch.throughput(trial, nothing)["unit"] == "steps/s"
