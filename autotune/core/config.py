@@ -46,8 +46,8 @@ class TrialConfig:
     """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
 
     # knobs: a knob with a module in core/knobs/ (the list) takes its row from there (`listed.name.ROW`)
-    num_workers: int = knob(0, "the DataLoader's worker processes", visit=2)
-    pin_memory: bool = knob(False, "the DataLoader's page-locked host memory")
+    num_workers: int = listed.loader.ROWS["num_workers"]
+    pin_memory: bool = listed.loader.ROWS["pin_memory"]
     batch_size: int = knob(
         8,
         "samples per step and process (the micro-batch under `--global-batch`)",
@@ -66,8 +66,8 @@ class TrialConfig:
     cudnn_benchmark: bool = listed.cudnn_benchmark.ROW
     tf32: bool = listed.tf32.ROW
     compile: str = listed.compile.ROW
-    persistent_workers: bool = knob(False, "the DataLoader keeps its workers between epochs", needs="workers")
-    prefetch_factor: int | None = knob(None, "batches each DataLoader worker loads ahead", needs="workers")
+    persistent_workers: bool = listed.loader.ROWS["persistent_workers"]
+    prefetch_factor: int | None = listed.loader.ROWS["prefetch_factor"]
     # torch's own default since 2.0, so the baseline keeps it
     set_to_none: bool = knob(True, "`zero_grad(set_to_none=...)`")
     num_threads: int = listed.num_threads.ROW

@@ -1,5 +1,6 @@
-"""The DataLoader a trial built (its workers, pinning, persistence and prefetch) and the micro-batch it
-yields, in every export's terms: a framework's fields, the script's DataLoader line, the diff's edits."""
+"""The DataLoader a trial built and the micro-batch it yields, in every export's terms: the loader knobs'
+own lines are their module's (core/knobs/loader.py); here the micro-batch beside them, and the diff's edits
+of the script's own DataLoader(...) calls."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig
+from autotune.core.knobs import loader
 from autotune.pipelines import script
 
 if TYPE_CHECKING:
@@ -23,69 +25,20 @@ LIGHTNING_COMMENTS = {"batch_size": "per process"}
 
 def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
     """The knob table's rows for the loader knobs and the micro-batch, in `target`'s terms."""
-    if target == "lightning":
-        return {
-            "num_workers": "dataloader_kwargs['num_workers']",
-            "pin_memory": "dataloader_kwargs['pin_memory']",
-            "batch_size": "dataloader_kwargs['batch_size'] (per process)",
-            "persistent_workers": "dataloader_kwargs['persistent_workers']",
-            "prefetch_factor": "dataloader_kwargs['prefetch_factor']",
-        }
-    if target == "hf":
-        return {
-            "num_workers": "dataloader_num_workers",
-            "pin_memory": "dataloader_pin_memory",
-            "batch_size": "per_device_train_batch_size",
-            "persistent_workers": "dataloader_persistent_workers",
-            "prefetch_factor": "dataloader_prefetch_factor",
-        }
-    return {
-        "num_workers": f"{IN_SCRIPT}, DataLoader(num_workers=...)",
-        "pin_memory": f"{IN_SCRIPT}, DataLoader(pin_memory=...)",
-        "batch_size": f"{IN_SCRIPT}, DataLoader(batch_size=...) per process",
-        "persistent_workers": f"{IN_SCRIPT}, DataLoader(persistent_workers=...)",
-        "prefetch_factor": f"{IN_SCRIPT}, DataLoader(prefetch_factor=...)",
-    }
+    batch = {
+        "lightning": "dataloader_kwargs['batch_size'] (per process)",
+        "hf": "per_device_train_batch_size",
+    }.get(target, f"{IN_SCRIPT}, DataLoader(batch_size=...) per process")
+    return loader.rows(target) | {"batch_size": batch}
 
 
 def kwargs(cfg: TrialConfig, indent: str = "    ") -> list[str]:
     """The DataLoader keyword arguments, one per line: Lightning's dataloader_kwargs and accelerate's script."""
-    return [
-        f"{indent}batch_size={cfg.batch_size!r},  # per process",
-        f"{indent}num_workers={cfg.num_workers!r},",
-        f"{indent}pin_memory={cfg.pin_memory!r},",
-        f"{indent}persistent_workers={cfg.persistent_workers!r},",
-        f"{indent}prefetch_factor={cfg.prefetch_factor!r},",
-    ]
+    return [f"{indent}batch_size={cfg.batch_size!r},  # per process", *loader.kwargs_lines(cfg, indent)]
 
 
 def hf_batch(cfg: TrialConfig) -> list[str]:
     return [f"    per_device_train_batch_size={cfg.batch_size!r},"]
-
-
-def hf_args(cfg: TrialConfig) -> list[str]:
-    return [
-        f"    dataloader_num_workers={cfg.num_workers!r},",
-        f"    dataloader_pin_memory={cfg.pin_memory!r},",
-        f"    dataloader_persistent_workers={cfg.persistent_workers!r},",
-        f"    dataloader_prefetch_factor={cfg.prefetch_factor!r},",
-    ]
-
-
-# DataLoader's defaults for the knobs a trial sets (prefetch_factor None: 2 with workers).
-DEFAULTS: dict[str, Any] = {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None}
-
-
-def ran_by(cfg: TrialConfig) -> dict[str, Any]:
-    """The arguments a trial that is not the baseline gives every DataLoader (its loader_overrides:
-    DataLoader refuses persistence and a prefetch without workers)."""
-    workers = cfg.num_workers > 0
-    return {
-        "num_workers": cfg.num_workers,
-        "pin_memory": cfg.pin_memory,
-        "persistent_workers": cfg.persistent_workers if workers else False,
-        "prefetch_factor": cfg.loader_prefetch,
-    }
 
 
 def changes(ran: dict[str, Any], own: dict[str, Any], no_effect: frozenset[str]) -> dict[str, Any]:
@@ -144,12 +97,7 @@ def _write_site(rw: Rewrite, site: Any, knobs: dict[str, Any]) -> None:
 
 def script_lines(cfg: TrialConfig, skip: frozenset[str]) -> list[str]:
     """The script's DataLoader arguments, unless the script builds none."""
-    if "num_workers" in skip:
-        return []
-    kw = f"num_workers={cfg.num_workers}, pin_memory={cfg.pin_memory}"
-    if cfg.num_workers:
-        kw += f", persistent_workers={cfg.persistent_workers}, prefetch_factor={cfg.loader_prefetch}"
-    return [f"DataLoader(..., {kw})"]
+    return [] if "num_workers" in skip else loader.script_lines(cfg)
 
 
 def edit(rw: Rewrite) -> None:
@@ -161,9 +109,9 @@ def edit(rw: Rewrite) -> None:
     if not set(script.LOADER_KNOBS) & rw.skip:
         sites = rw.sites("loaders")
         if sites is None:
-            ran = ran_by(cfg)
+            ran = loader.arguments(cfg)  # what a trial that is not the baseline gives every DataLoader
             for call in rw.calls_to("DataLoader"):
-                own = {k: rw.own(rw, call, k, DEFAULTS[k], POSITION.get(k)) for k in ran}
+                own = {k: rw.own(rw, call, k, loader.DEFAULTS[k], POSITION.get(k)) for k in ran}
                 _write(rw, rw, call, changes(ran, own, rw.no_effect))
         for site in sites or []:
             if site.used():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from autotune.apply.export import _compute, _loader, _step, _strategy
 from autotune.apply.export._table import knob_table
 from autotune.core.config import TrialConfig
+from autotune.core.knobs import loader
 
 
 def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
@@ -12,7 +13,7 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
     args = [
         *_loader.hf_batch(cfg),
         *_step.hf_args(cfg),
-        *_loader.hf_args(cfg),
+        *loader.hf_lines(cfg),
         *_compute.hf_precision(cfg),
         *_step.hf_optim(cfg),
         *_compute.hf_args(cfg),

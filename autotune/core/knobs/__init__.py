@@ -15,8 +15,10 @@ Its torch side, applied by name where the layers allow torch, is the module of t
 autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place, and what it observes); a
 process flag needs none.
 
-The knobs with no module yet (the loader's, batch_size, gpus and its strategy, optimizer_fusion, set_to_none)
-are declared by their TrialConfig field, their story where core/config.py's table points.
+The DataLoader's four knobs share one module (`loader`: one call's arguments, with one rule between them),
+outside the lists below, which hold one knob a module. The knobs with no module yet (batch_size, gpus and its
+strategy, optimizer_fusion, set_to_none) are declared by their TrialConfig field, their story where
+core/config.py's table points.
 
 To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = listed.name.ROW`,
 the one line the type checker needs), and, for a model knob, its torch module in trial/loop/knobs/.
@@ -34,6 +36,7 @@ from autotune.core.knobs import (
     checkpoint_segments,
     compile,
     cudnn_benchmark,
+    loader as loader,  # the DataLoader's four knobs: one module, outside the one-knob lists
     num_threads,
     precision,
     tf32,

@@ -54,18 +54,13 @@ class HFJob(FrameworkJob):
         gradient_accumulation_steps is no knob: the study's --global-batch carries it (and the lr scaling
         already starts from the user's own global batch, `own_batch`), so global_batch is not read."""
         args = self.args
-        workers = int(args.dataloader_num_workers)
         out: dict[str, Any] = {
             "batch_size": int(args.per_device_train_batch_size),
             "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
-            "num_workers": workers,
-            "pin_memory": bool(args.dataloader_pin_memory),
-            # The loader takes these only with worker processes, as TrialConfig does.
-            "persistent_workers": bool(args.dataloader_persistent_workers) and workers > 0,
-            "prefetch_factor": args.dataloader_prefetch_factor if workers > 0 else None,
+            **knobs.loader.hf_own(args),
         }
         mode = (args.torch_compile_mode or "default") if args.torch_compile else "off"
-        if mode in COMPILES:  # another mode (reduce-overhead) is no value of the knob: left at its default
+        if mode in COMPILES:  # a mode the knob has no value for: left at its default
             out["compile"] = mode
         if "checkpoint_segments" not in self.unsupported:
             out["checkpoint_segments"] = int(bool(getattr(args, checkpointing_field(args))))
@@ -106,22 +101,18 @@ def optim_of(args: Any) -> str:
 
 def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset[str]) -> dict[str, Any]:
     """The TrainingArguments fields a config sets over the user's base arguments."""
-    workers = cfg.num_workers > 0
     out: dict[str, Any] = {
         "per_device_train_batch_size": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum,
         "bf16": cfg.precision == "bf16",
         "fp16": cfg.precision == "fp16",
-        "dataloader_num_workers": cfg.num_workers,
-        # TrainingArguments refuses these without worker processes.
-        "dataloader_persistent_workers": cfg.persistent_workers and workers,
-        "dataloader_prefetch_factor": cfg.loader_prefetch,
+        **knobs.loader.hf_fields(cfg),
         "torch_compile": cfg.compile != "off",
     }
-    if cuda:  # without CUDA pinning is a no-op: the user's setting stays as it is
-        out["dataloader_pin_memory"] = cfg.pin_memory
-    elif out["bf16"]:  # transformers refuses bf16 without a bf16 GPU unless told the run is on the CPU
-        out["use_cpu"] = True
+    if not cuda:
+        del out[knobs.loader.HF["pin_memory"]]  # pinning is a no-op: the user's setting stays as it is
+        if out["bf16"]:  # transformers refuses bf16 without a bf16 GPU unless told the run is on the CPU
+            out["use_cpu"] = True
     if cfg.compile != "off":
         out["torch_compile_mode"] = cfg.compile
     if "checkpoint_segments" not in unsupported:

@@ -110,24 +110,13 @@ def trainer_kwargs(cfg: TrialConfig, cuda: bool) -> dict[str, Any]:
 
 def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
     """The train DataLoader's arguments a config sets; the datamodule's dataset, sampler and collate_fn stay."""
-    kw: dict[str, Any] = {"batch_size": cfg.batch_size, "num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
-    if cfg.num_workers > 0:  # DataLoader refuses both without worker processes
-        kw |= {"persistent_workers": cfg.persistent_workers, "prefetch_factor": cfg.loader_prefetch}
-    return kw
+    return {"batch_size": cfg.batch_size} | knobs.loader.arguments(cfg)
 
 
 def _own_loader(job: LightningJob) -> dict[str, Any]:
     try:
         job.datamodule.setup("fit")
         loader = job.datamodule.train_dataloader()
-        batch, workers = int(loader.batch_size), int(loader.num_workers)
+        return {"batch_size": int(loader.batch_size)} | knobs.loader.own(loader)
     except Exception:  # any error of the user's code: the baseline is then the plain default, as before
         return {}
-    return {
-        "batch_size": batch,
-        "num_workers": workers,
-        "pin_memory": bool(loader.pin_memory),
-        # DataLoader holds these only with worker processes, as TrialConfig does.
-        "persistent_workers": bool(loader.persistent_workers) and workers > 0,
-        "prefetch_factor": loader.prefetch_factor if workers > 0 else None,
-    }

@@ -65,7 +65,7 @@ from autotune.pipelines.script.source import (
     scan,
 )
 
-LOADER_KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+LOADER_KNOBS = knobs.loader.NAMES
 # The knobs a job's own run may set away from autotune's defaults, as trial 0 records them in effect: its
 # loaders' arguments (a script's `-j 2`) and its batch (its own 12): what a trial is shown against.
 OWN_RUN = (*LOADER_KNOBS, "batch_size")

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
+from autotune.core.knobs import loader as loader_knobs
 from autotune.core.effects import knob_effect
 
 
@@ -99,15 +100,10 @@ def build_loader(
         )
         if getattr(dataset, "takes_seeds", False):
             sampler = SeededEpochs(sampler, data_seed)
-    pin = cfg.pin_memory and device.type == "cuda"
+    kwargs = loader_knobs.arguments(cfg)
+    kwargs["pin_memory"] = cfg.pin_memory and device.type == "cuda"
     # drop_last only for a measurement (endless: every batch is whole anyway); never for training.
-    kwargs: dict[str, Any] = dict(
-        batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.num_workers, pin_memory=pin, drop_last=endless
-    )
-    if cfg.num_workers > 0:
-        kwargs["persistent_workers"] = cfg.persistent_workers
-        kwargs["prefetch_factor"] = cfg.loader_prefetch
-    loader = DataLoader(dataset, **kwargs)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=endless, **kwargs)
     return loader, _applied(loader, cfg, world, endless)
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from torch.utils.data import RandomSampler
 
-from autotune.core.config import TrialConfig
 from autotune.core.effects import Seen
 from autotune.pipelines.script import LOADER_KNOBS, api
 from autotune.trial.loop.script.shown import Shown
@@ -18,15 +17,6 @@ from autotune.trial.loop.script.shown import Shown
 
 # A loader `autotune run` left as written: the exported trial never iterated it (Seams.measured).
 UNMEASURED = "no trial measured it (the exported trial never iterated it): the script's own"
-
-
-def loader_overrides(cfg: TrialConfig) -> dict[str, Any]:
-    """The DataLoader arguments a config sets over the script's own."""
-    kw: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
-    workers = cfg.num_workers > 0  # DataLoader refuses both without worker processes
-    kw["persistent_workers"] = cfg.persistent_workers if workers else False
-    kw["prefetch_factor"] = cfg.loader_prefetch
-    return kw
 
 
 def handed_batch(trial: api.Trial, arguments: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from autotune.core.config import TrialConfig, lr_factor
+from autotune.core.knobs import loader as loader_knobs
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
 from autotune.trial.loop.script.batch import group_lrs, handed_samples, planned_global, rescale_lr, world_size
-from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, loader_overrides, shuffled
+from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.optimizer import fusion_of
 from autotune.trial.loop.script.ranks import Ranks
@@ -152,7 +153,7 @@ class Seams:
             where = call_site()
             unmeasured = seams.measured is not None and (where["file"], where["line"]) not in seams.measured
             if not seams.as_written and not iterable and not unmeasured:
-                bound.arguments |= loader_overrides(seams.cfg) | handed_batch(seams.trial, bound.arguments, own)
+                bound.arguments |= loader_knobs.arguments(seams.cfg) | handed_batch(seams.trial, bound.arguments, own)
             if seams.cfg.data_seed is not None:  # parity's data-order twin: another order, the same weights
                 bound.arguments["generator"] = torch.Generator().manual_seed(seams.cfg.data_seed)
             trains = not seams.trial.through_loader or own["batch_size"] == seams.trial.own_batch_size
