@@ -28,6 +28,7 @@ May import: the stdlib and the rest of autotune.core.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from types import ModuleType
 from typing import Any
 
@@ -62,6 +63,17 @@ def each(part: str, *args: Any, among: tuple[ModuleType, ...] = ALL) -> list[Any
     """Every knob's `part` (a function returning lines), in the list's order, joined: the knobs without one
     add nothing."""
     return [line for k in among if (fn := getattr(k, part, None)) for line in fn(*args)]
+
+
+def merged(part: str, *args: Any, skip: Collection[str] = ()) -> dict[str, Any]:
+    """Every knob's `part` (a function returning a framework's fields), merged in the list's order: the knobs
+    without one, or in `skip` (the framework cannot express them), add nothing."""
+    return {f: v for k in ALL if k.NAME not in skip and (fn := getattr(k, part, None)) for f, v in fn(*args).items()}
+
+
+def own(part: str, *args: Any) -> dict[str, Any]:
+    """Each knob's own value as its `part` reads it from a job's arguments, by name (None: not said there)."""
+    return {k.NAME: v for k in ALL if (fn := getattr(k, part, None)) and (v := fn(*args)) is not None}
 
 
 def routed_by(call: str) -> tuple[str, ...]:

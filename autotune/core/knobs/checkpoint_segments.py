@@ -82,6 +82,22 @@ def lightning_extra(cfg: TrialConfig) -> list[str]:
     ]
 
 
+def hf_field(args: Any) -> str:
+    """transformers 5 renamed gradient_checkpointing to activation_checkpointing and keeps the old name as
+    an alias resolved once: a copy of resolved arguments that sets only the old name is silently undone."""
+    return "activation_checkpointing" if hasattr(args, "activation_checkpointing") else "gradient_checkpointing"
+
+
+def hf_fields(cfg: TrialConfig, args: Any) -> dict[str, Any]:
+    """The TrainingArguments field it sets (HF checkpoints every layer or none: 0 or 1)."""
+    return {hf_field(args): cfg.checkpoint_segments > 0}
+
+
+def hf_own(args: Any) -> int:
+    """The user's own, from their TrainingArguments."""
+    return int(bool(getattr(args, hf_field(args))))
+
+
 def hf_args(cfg: TrialConfig) -> list[str]:
     if cfg.checkpoint_segments:
         return [

@@ -72,11 +72,23 @@ def lightning_extra(cfg: TrialConfig) -> list[str]:
     return [f"# compile={cfg.compile}: {how}"]
 
 
+def hf_fields(cfg: TrialConfig, args: Any) -> dict[str, Any]:
+    """The TrainingArguments fields it sets."""
+    return {"torch_compile": cfg.compile != "off"} | (
+        {"torch_compile_mode": cfg.compile} if cfg.compile != "off" else {}
+    )
+
+
+def hf_own(args: Any) -> str | None:
+    """The user's own, from their TrainingArguments (None: a mode the knob has no value for, left at its
+    default)."""
+    mode = (args.torch_compile_mode or "default") if args.torch_compile else "off"
+    return mode if mode in VALUES else None
+
+
 def hf_args(cfg: TrialConfig) -> list[str]:
-    args = [f"    torch_compile={cfg.compile != 'off'!r},  # compile={cfg.compile}"]
-    if cfg.compile != "off":
-        args.append(f"    torch_compile_mode={cfg.compile!r},")
-    return args
+    lines = [f"    {field}={value!r}," for field, value in hf_fields(cfg, None).items()]
+    return [lines[0] + f"  # compile={cfg.compile}", *lines[1:]]
 
 
 def accelerate_conf(cfg: TrialConfig) -> dict[str, Any]:

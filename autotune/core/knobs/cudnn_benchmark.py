@@ -13,6 +13,7 @@ May import: the stdlib and the rest of autotune.core (TrialConfig only to name i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.knobs.row import IN_SCRIPT, Fix, Machine, Rule, knob
@@ -41,6 +42,16 @@ def row(cfg: TrialConfig, target: str) -> str:
     if target == "hf":
         return "not a TrainingArguments field: torch.backends.cudnn.benchmark (below)"
     return f"{IN_SCRIPT}, torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark}"
+
+
+def lightning_fields(cfg: TrialConfig) -> dict[str, Any]:
+    """The Trainer arguments it sets."""
+    return {"benchmark": cfg.cudnn_benchmark}
+
+
+def lightning_own(args: Mapping[str, Any]) -> bool | None:
+    """The user's own, from their Trainer arguments (None: they leave it to Lightning)."""
+    return None if args.get("benchmark") is None else bool(args["benchmark"])
 
 
 def lightning_trainer(cfg: TrialConfig) -> list[str]:

@@ -16,8 +16,10 @@ May import: the stdlib and the rest of autotune.core (TrialConfig only to name i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from autotune.core.errors import PipelineError
 from autotune.core.knobs.row import Drop, Machine, Rule, knob
 
 if TYPE_CHECKING:
@@ -123,8 +125,38 @@ def lightning_trainer(cfg: TrialConfig) -> list[str]:
     return [f"    precision={LIGHTNING[cfg.precision]!r},"]
 
 
+def lightning_fields(cfg: TrialConfig) -> dict[str, Any]:
+    """The Trainer arguments it sets."""
+    return {"precision": LIGHTNING[cfg.precision]}
+
+
+def lightning_own(args: Mapping[str, Any]) -> str | None:
+    """The user's own, from their Trainer arguments (None: they name none). One autotune cannot run
+    (bf16-true, transformer-engine, ...) is bad input: the baseline would not be the job the user runs."""
+    if "precision" not in args:
+        return None
+    named = {str(v): k for k, v in LIGHTNING.items()} | {"32": "fp32", "16": "fp16", "bf16": "bf16"}
+    own = named.get(str(args["precision"]))
+    if own is None:
+        raise PipelineError(
+            f"Trainer(precision={args['precision']!r}): autotune measures {', '.join(LIGHTNING.values())}; "
+            "pass one of them in your trainer_kwargs"
+        )
+    return own
+
+
+def hf_fields(cfg: TrialConfig, args: Any) -> dict[str, Any]:
+    """The TrainingArguments fields it sets."""
+    return {"bf16": cfg.precision == "bf16", "fp16": cfg.precision == "fp16"}
+
+
+def hf_own(args: Any) -> str:
+    """The user's own, from their TrainingArguments."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
 def hf_precision(cfg: TrialConfig) -> list[str]:
-    return [f"    bf16={cfg.precision == 'bf16'!r},", f"    fp16={cfg.precision == 'fp16'!r},"]
+    return [f"    {field}={value!r}," for field, value in hf_fields(cfg, None).items()]
 
 
 def accelerate_conf(cfg: TrialConfig) -> dict[str, object]:

@@ -11,7 +11,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from autotune.core import knobs
-from autotune.core.config import COMPILES, TrialConfig
+from autotune.core.config import TrialConfig
 from autotune.core.config import lr_scale
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
@@ -54,16 +54,8 @@ class HFJob(FrameworkJob):
         gradient_accumulation_steps is no knob: the study's --global-batch carries it (and the lr scaling
         already starts from the user's own global batch, `own_batch`), so global_batch is not read."""
         args = self.args
-        out: dict[str, Any] = {
-            "batch_size": int(args.per_device_train_batch_size),
-            "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
-            **knobs.loader.hf_own(args),
-        }
-        mode = (args.torch_compile_mode or "default") if args.torch_compile else "off"
-        if mode in COMPILES:  # a mode the knob has no value for: left at its default
-            out["compile"] = mode
-        if "checkpoint_segments" not in self.unsupported:
-            out["checkpoint_segments"] = int(bool(getattr(args, checkpointing_field(args))))
+        out: dict[str, Any] = {"batch_size": int(args.per_device_train_batch_size), **knobs.loader.hf_own(args)}
+        out |= knobs.own("hf_own", args)
         if "optimizer_fusion" not in self.unsupported:  # its optim is an AdamW kernel: the first knob naming it
             out["optimizer_fusion"] = next(k for k, v in OPTIM.items() if v == optim_of(args))
         return {k: v for k, v in out.items() if k not in self.unsupported}
@@ -104,31 +96,19 @@ def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset
     out: dict[str, Any] = {
         "per_device_train_batch_size": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum,
-        "bf16": cfg.precision == "bf16",
-        "fp16": cfg.precision == "fp16",
         **knobs.loader.hf_fields(cfg),
-        "torch_compile": cfg.compile != "off",
+        **knobs.merged("hf_fields", cfg, base, skip=unsupported),
     }
     if not cuda:
         del out[knobs.loader.HF["pin_memory"]]  # pinning is a no-op: the user's setting stays as it is
         if out["bf16"]:  # transformers refuses bf16 without a bf16 GPU unless told the run is on the CPU
             out["use_cpu"] = True
-    if cfg.compile != "off":
-        out["torch_compile_mode"] = cfg.compile
-    if "checkpoint_segments" not in unsupported:
-        out[checkpointing_field(base)] = cfg.checkpoint_segments > 0
     if "optimizer_fusion" not in unsupported:
         out["optim"] = OPTIM[cfg.optimizer_fusion]
     factor = lr_scale(cfg, own_batch(base))
     if factor != 1:  # another global batch than the user's: the user's lr, scaled by the study's rule
         out["learning_rate"] = base.learning_rate * factor
     return out
-
-
-def checkpointing_field(base: Any) -> str:
-    """transformers 5 renamed gradient_checkpointing to activation_checkpointing and keeps the old name as
-    an alias resolved once: a copy of resolved arguments that sets only the old name is silently undone."""
-    return "activation_checkpointing" if hasattr(base, "activation_checkpointing") else "gradient_checkpointing"
 
 
 def own_batch(base: Any) -> int:

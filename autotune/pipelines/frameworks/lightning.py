@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.core import knobs
-from autotune.core.knobs.precision import LIGHTNING as PRECISION  # each value as the Trainer's precision= names it
 from autotune.core.config import TrialConfig
 from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
@@ -70,21 +69,10 @@ def check(spec: str, pl: Any, returned: Any) -> LightningJob | None:
 
 
 def own_trainer(args: Mapping[str, Any], global_batch: int | None) -> dict[str, Any]:
-    """The knobs the user's Trainer arguments say: precision and benchmark. A precision autotune cannot
-    run (bf16-true, transformer-engine, ...) or an accumulation a study without --global-batch would
-    drop is bad input: the baseline would not be the job the user runs."""
-    out: dict[str, Any] = {}
-    if "precision" in args:
-        named = {str(v): k for k, v in PRECISION.items()} | {"32": "fp32", "16": "fp16", "bf16": "bf16"}
-        precision = named.get(str(args["precision"]))
-        if precision is None:
-            raise PipelineError(
-                f"Trainer(precision={args['precision']!r}): autotune measures {', '.join(PRECISION.values())}; "
-                "pass one of them in your trainer_kwargs"
-            )
-        out["precision"] = precision
-    if "benchmark" in args and args["benchmark"] is not None:
-        out["cudnn_benchmark"] = bool(args["benchmark"])
+    """The knobs the user's Trainer arguments say (each knob module's `lightning_own`: precision, benchmark).
+    An accumulation a study without --global-batch would drop is bad input: the baseline would not be the
+    job the user runs."""
+    out = knobs.own("lightning_own", args)
     accumulate = args.get("accumulate_grad_batches", 1)
     if accumulate != 1 and global_batch is None:
         raise PipelineError(
@@ -102,9 +90,8 @@ def trainer_kwargs(cfg: TrialConfig, cuda: bool) -> dict[str, Any]:
         "devices": cfg.gpus,
         # One process per device, as the trial runs under torchrun (Lightning reads its environment).
         "strategy": "ddp" if cfg.gpus > 1 else "auto",
-        "precision": PRECISION[cfg.precision],
         "accumulate_grad_batches": cfg.grad_accum,
-        "benchmark": cfg.cudnn_benchmark,
+        **knobs.merged("lightning_fields", cfg),
     }
 
 
