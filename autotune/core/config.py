@@ -14,7 +14,7 @@ from autotune.core import knobs as listed
 from autotune.core.knobs.row import Knob, knob
 
 PRECISIONS = listed.precision.VALUES
-FUSIONS = ("none", "foreach", "fused", "apex")
+FUSIONS = listed.optimizer_fusion.VALUES
 COMPILES = listed.compile.VALUES
 PARALLELS = ("ddp", "fsdp")
 FSDP_DTYPES = ("fp32", "bf16")
@@ -55,9 +55,7 @@ class TrialConfig:
         math="the global batch and its lr; the batch-norm span",
     )
     precision: str = listed.precision.ROW
-    optimizer_fusion: str = knob(
-        "none", "the optimizer's implementation (AdamW's fused/foreach)", choices=FUSIONS, visit=6
-    )
+    optimizer_fusion: str = listed.optimizer_fusion.ROW
     checkpoint_segments: int = listed.checkpoint_segments.ROW
     gpus: int = knob(
         1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr", memory=True

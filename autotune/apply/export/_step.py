@@ -10,15 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig, lr_factor
+from autotune.core.knobs import optimizer_fusion
 from autotune.pipelines.script import option_lr_factor, source
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
 
-_ADAMW_KW = {"none": "foreach=False", "foreach": "foreach=True", "fused": "fused=True"}
-_HF_OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_fused", "apex": "adamw_apex_fused"}
-# torch.optim classes that take both `fused` and `foreach`: the trial sets the flags only on those.
-FUSABLE = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 
 # The trials' weight decay (autotune.trial.loop.knobs.WEIGHT_DECAY, torch AdamW's default), written out in
 # every export: a framework whose default differs (HF's is 0) must still train what was measured.
@@ -35,7 +32,7 @@ def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
         }
     if target == "hf":
         return {
-            "optimizer_fusion": f"optim={_HF_OPTIM[cfg.optimizer_fusion]!r}",
+            "optimizer_fusion": f"optim={optimizer_fusion.HF[cfg.optimizer_fusion]!r}",
             "set_to_none": "not a TrainingArguments field (see below)",
         }
     return {
@@ -53,7 +50,7 @@ def optimizer_expr(cfg: TrialConfig, params: str) -> str:
         )
     return (
         f"torch.optim.AdamW({params}, lr={cfg.effective_lr!r}, weight_decay={WEIGHT_DECAY}, "
-        f"{_ADAMW_KW[cfg.optimizer_fusion]})"
+        f"{optimizer_fusion.flags(cfg.optimizer_fusion)})"
     )
 
 
@@ -117,7 +114,7 @@ def hf_args(cfg: TrialConfig) -> list[str]:
 
 
 def hf_optim(cfg: TrialConfig) -> list[str]:
-    return [f"    optim={_HF_OPTIM[cfg.optimizer_fusion]!r},  # optimizer_fusion={cfg.optimizer_fusion}"]
+    return [f"    optim={optimizer_fusion.HF[cfg.optimizer_fusion]!r},  # optimizer_fusion={cfg.optimizer_fusion}"]
 
 
 def hf_notes(cfg: TrialConfig) -> list[str]:
@@ -177,19 +174,23 @@ def _fusion(rw: Rewrite) -> None:
     sites = rw.sites("optimizers")
     names = source.LINEAR_RULE | source.SQRT_RULE | source.OTHER_OPTIMIZERS
     built = [rw.callee(c) for c in rw.calls] if sites is None else [s.record.get("type") for s in sites if s.used()]
-    flagless = sorted({str(n) for n in built if n in names - FUSABLE - {"FusedAdam", "FusedLAMB"}})
+    flagless = sorted({str(n) for n in built if n in names - optimizer_fusion.FUSABLE - {"FusedAdam", "FusedLAMB"}})
     if flagless and fusion != "none":
         rw.notes.append(
             f"optimizer_fusion={fusion}: {', '.join(flagless)} takes no fused/foreach pair, so the trial left "
             "its flags as written"
         )
     if sites is None:
-        for call in rw.calls_to(*FUSABLE):
+        for call in rw.calls_to(*optimizer_fusion.FUSABLE):
             _flags(rw, rw, call, fusion, written=True)
         return
     for site in sites:
         ran = site.record.get("ran") or fusion
-        if site.used() and site.record.get("type") in FUSABLE and ran != own_fusion(site.record.get("own"), rw.device):
+        if (
+            site.used()
+            and site.record.get("type") in optimizer_fusion.FUSABLE
+            and ran != own_fusion(site.record.get("own"), rw.device)
+        ):
             _flags(rw, site.src, site.call, ran, written=False)
 
 

@@ -8,6 +8,9 @@ A knob's module holds:
   - how it reaches an unedited script: `ROUTE` (the at.* call a script routes it through itself), `HOW` (what
     the trial does with no edit), `sets(value)` (a process flag, set by name before the job runs, `SEEN` read
     back after);
+  - its Trainers' terms, both ways: `hf_fields`/`lightning_fields` (what a trial sets over the user's
+    TrainingArguments or Trainer arguments, and the exports write), `hf_own`/`lightning_own` (the user's own,
+    read back for trial 0), joined by `merged` and `own`;
   - the lines every export writes for it: `LINES` (the diff's plain torch after the optimizer's statement,
     `line_fields` filling them), `api_lines`, `at_model`, `row`, and each target's `lightning_*`, `hf_*`,
     `accelerate_*`, `script_lines` (apply/export/_compute.py joins them in this list's order).
@@ -17,7 +20,7 @@ process flag needs none.
 
 The DataLoader's four knobs share one module (`loader`: one call's arguments, with one rule between them),
 outside the lists below, which hold one knob a module. The knobs with no module yet (batch_size, gpus and its
-strategy, optimizer_fusion, set_to_none) are declared by their TrialConfig field, their story where
+strategy, set_to_none) are declared by their TrialConfig field, their story where
 core/config.py's table points.
 
 To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = listed.name.ROW`,
@@ -39,6 +42,7 @@ from autotune.core.knobs import (
     cudnn_benchmark,
     loader as loader,  # the DataLoader's four knobs: one module, outside the one-knob lists
     num_threads,
+    optimizer_fusion,
     precision,
     tf32,
 )
@@ -54,7 +58,9 @@ MODEL = BEFORE_PARALLEL + AFTER_PARALLEL
 # thread count.
 FLAGS: tuple[ModuleType, ...] = (cudnn_benchmark, tf32)
 PROCESS: tuple[ModuleType, ...] = FLAGS + (num_threads,)
-ALL: tuple[ModuleType, ...] = PROCESS + MODEL
+# The optimizer step's.
+STEP: tuple[ModuleType, ...] = (optimizer_fusion,)
+ALL: tuple[ModuleType, ...] = PROCESS + MODEL + STEP
 BY_NAME: dict[str, ModuleType] = {k.NAME: k for k in ALL}
 MODEL_NAMES = tuple(k.NAME for k in MODEL)
 

@@ -64,6 +64,9 @@ class Machine(Protocol):
     @property
     def cpu_count(self) -> int: ...
 
+    @property
+    def apex(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Fix:

@@ -15,11 +15,6 @@ from autotune.core.config import TrialConfig
 from autotune.core.config import lr_scale
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
-# optimizer_fusion -> TrainingArguments.optim. "adamw_torch" lets torch choose its kernel (foreach on
-# CUDA, the for-loop on CPU): TrainingArguments cannot force either, so none and foreach both map there.
-OPTIM = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_fused", "apex": "adamw_apex_fused"}
-ADAMW = frozenset(OPTIM.values())
-
 UNSUPPORTED = {
     **knobs.not_in("hf"),
     "set_to_none": "the Trainer zeroes gradients itself (model.zero_grad(), which frees them)",
@@ -56,8 +51,6 @@ class HFJob(FrameworkJob):
         args = self.args
         out: dict[str, Any] = {"batch_size": int(args.per_device_train_batch_size), **knobs.loader.hf_own(args)}
         out |= knobs.own("hf_own", args)
-        if "optimizer_fusion" not in self.unsupported:  # its optim is an AdamW kernel: the first knob naming it
-            out["optimizer_fusion"] = next(k for k, v in OPTIM.items() if v == optim_of(args))
         return {k: v for k, v in out.items() if k not in self.unsupported}
 
 
@@ -77,18 +70,12 @@ def check(spec: str, transformers: Any, returned: Any) -> HFJob | None:
     ):
         return None
     unsupported = dict(UNSUPPORTED)
-    if optim_of(args) not in ADAMW:
-        unsupported["optimizer_fusion"] = (
-            f"the base TrainingArguments train with optim={optim_of(args)!r}; the knob chooses among AdamW kernels"
-        )
+    if why := knobs.optimizer_fusion.hf_unfit(args):
+        unsupported["optimizer_fusion"] = why
     stages = STAGES if getattr(model, "supports_gradient_checkpointing", False) else ()
     if not stages:
         unsupported["checkpoint_segments"] = "the model has no gradient_checkpointing_enable()"
     return HFJob(spec, returned, unsupported, stages)
-
-
-def optim_of(args: Any) -> str:
-    return str(getattr(args.optim, "value", args.optim))  # an OptimizerNames enum once parsed
 
 
 def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset[str]) -> dict[str, Any]:
@@ -103,8 +90,6 @@ def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset
         del out[knobs.loader.HF["pin_memory"]]  # pinning is a no-op: the user's setting stays as it is
         if out["bf16"]:  # transformers refuses bf16 without a bf16 GPU unless told the run is on the CPU
             out["use_cpu"] = True
-    if "optimizer_fusion" not in unsupported:
-        out["optim"] = OPTIM[cfg.optimizer_fusion]
     factor = lr_scale(cfg, own_batch(base))
     if factor != 1:  # another global batch than the user's: the user's lr, scaled by the study's rule
         out["learning_rate"] = base.learning_rate * factor

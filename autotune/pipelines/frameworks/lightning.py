@@ -22,7 +22,6 @@ from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
 # Knob -> why a Trainer cannot express it: these belong to the LightningModule's own code.
 UNSUPPORTED = {
-    "optimizer_fusion": "the LightningModule builds its own optimizer in configure_optimizers()",
     "set_to_none": "the LightningModule zeroes its own gradients (optimizer_zero_grad())",
     **knobs.not_in("lightning"),
     # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.

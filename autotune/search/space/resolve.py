@@ -122,8 +122,6 @@ def _by_machine(n: _Narrowing, hw: Hardware) -> None:
     if not hw.cuda:
         n.fix("pin_memory", False, NO_EFFECT_WITHOUT_CUDA["pin_memory"])
     n.clip("num_workers", hw.cpu_count, f"{hw.cpu_count} CPUs")
-    if not hw.apex:
-        n.keep("optimizer_fusion", lambda f: f != "apex", "apex.optimizers is not installed")
 
 
 def _fix_inert(n: _Narrowing, hw: Hardware) -> None:

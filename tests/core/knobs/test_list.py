@@ -41,9 +41,39 @@ def test_the_trainers_cannot_express_what_the_knobs_say() -> None:
     assert knobs.not_in("lightning") == {
         "checkpoint_segments": knobs.BY_NAME["checkpoint_segments"].NOT_IN["lightning"],
         "channels_last": knobs.BY_NAME["channels_last"].NOT_IN["lightning"],
+        "optimizer_fusion": knobs.BY_NAME["optimizer_fusion"].NOT_IN["lightning"],
     }
     assert knobs.not_in("lightning").items() <= lightning.UNSUPPORTED.items()
     assert knobs.not_in("hf").items() <= hf.UNSUPPORTED.items()
+
+
+def test_each_knob_maps_itself_onto_the_trainers_arguments_both_ways() -> None:
+    """What a trial sets over a Trainer's arguments is read back as the user's own: each knob's fields for a
+    config, read by its own reader, give that config's value."""
+    from types import SimpleNamespace
+
+    cfg = TrialConfig(precision="bf16", compile="reduce-overhead", checkpoint_segments=1, optimizer_fusion="fused")
+    hf_args = SimpleNamespace(
+        bf16=False, fp16=False, torch_compile=False, torch_compile_mode=None, gradient_checkpointing=False, optim="x"
+    )
+    for name, value in knobs.merged("hf_fields", cfg, hf_args).items():
+        setattr(hf_args, name, value)
+    assert knobs.own("hf_own", hf_args) == {
+        "precision": "bf16",
+        "compile": "reduce-overhead",
+        "checkpoint_segments": 1,
+        "optimizer_fusion": "fused",
+    }
+    trainer = knobs.merged("lightning_fields", TrialConfig(precision="bf16", cudnn_benchmark=True))
+    assert trainer == {"benchmark": True, "precision": "bf16-mixed"}
+    assert knobs.own("lightning_own", trainer) == {"cudnn_benchmark": True, "precision": "bf16"}
+    assert knobs.merged("hf_fields", cfg, hf_args, skip={"optimizer_fusion"}).keys() == {
+        "bf16",
+        "fp16",
+        "torch_compile",
+        "torch_compile_mode",
+        "gradient_checkpointing",
+    }
 
 
 # The issue's measure of a knob's story having one owner: the product modules that name it as a word.

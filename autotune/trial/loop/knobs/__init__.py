@@ -171,7 +171,7 @@ def build_optimizer(
             "optimizer_fusion": knob_effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})"),
         }
     # foreach=False forces the per-parameter for-loop: that is what "none" means.
-    kwargs = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_fusion]
+    kwargs = described.optimizer_fusion.FLAGS[cfg.optimizer_fusion]
     opt = torch.optim.AdamW(params, lr=cfg.effective_lr, weight_decay=WEIGHT_DECAY, **kwargs)  # type: ignore[arg-type]  # a dict of bools: mypy matches it to betas
     return opt, {
         "lr": lr_effect(cfg, cfg.lr, cfg.effective_lr),
