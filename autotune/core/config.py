@@ -66,8 +66,7 @@ class TrialConfig:
     compile: str = listed.compile.ROW
     persistent_workers: bool = listed.loader.ROWS["persistent_workers"]
     prefetch_factor: int | None = listed.loader.ROWS["prefetch_factor"]
-    # torch's own default since 2.0, so the baseline keeps it
-    set_to_none: bool = knob(True, "`zero_grad(set_to_none=...)`")
+    set_to_none: bool = listed.set_to_none.ROW
     num_threads: int = listed.num_threads.ROW
     # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
     parallel: str = knob("ddp", "DDP or FSDP2 over the processes", choices=PARALLELS, needs="processes", memory=True)

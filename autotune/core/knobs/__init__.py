@@ -20,7 +20,7 @@ process flag needs none.
 
 The DataLoader's four knobs share one module (`loader`: one call's arguments, with one rule between them),
 outside the lists below, which hold one knob a module. The knobs with no module yet (batch_size, gpus and its
-strategy, set_to_none) are declared by their TrialConfig field, their story where
+strategy) are declared by their TrialConfig field, their story where
 core/config.py's table points.
 
 To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = listed.name.ROW`,
@@ -44,6 +44,7 @@ from autotune.core.knobs import (
     num_threads,
     optimizer_fusion,
     precision,
+    set_to_none,
     tf32,
 )
 
@@ -59,7 +60,7 @@ MODEL = BEFORE_PARALLEL + AFTER_PARALLEL
 FLAGS: tuple[ModuleType, ...] = (cudnn_benchmark, tf32)
 PROCESS: tuple[ModuleType, ...] = FLAGS + (num_threads,)
 # The optimizer step's.
-STEP: tuple[ModuleType, ...] = (optimizer_fusion,)
+STEP: tuple[ModuleType, ...] = (optimizer_fusion, set_to_none)
 ALL: tuple[ModuleType, ...] = PROCESS + MODEL + STEP
 BY_NAME: dict[str, ModuleType] = {k.NAME: k for k in ALL}
 MODEL_NAMES = tuple(k.NAME for k in MODEL)

@@ -17,7 +17,6 @@ from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
 UNSUPPORTED = {
     **knobs.not_in("hf"),
-    "set_to_none": "the Trainer zeroes gradients itself (model.zero_grad(), which frees them)",
     # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.
     **STRATEGY,
 }

@@ -20,9 +20,8 @@ from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import STRATEGY, FrameworkJob
 
 
-# Knob -> why a Trainer cannot express it: these belong to the LightningModule's own code.
+# Knob -> why a Trainer cannot express it (each knob module's NOT_IN: the LightningModule's own code holds them).
 UNSUPPORTED = {
-    "set_to_none": "the LightningModule zeroes its own gradients (optimizer_zero_grad())",
     **knobs.not_in("lightning"),
     # autotune runs the Trainer's own DDP; handing it FSDP (and its sub-knobs) is not wired yet.
     **STRATEGY,

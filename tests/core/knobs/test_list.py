@@ -42,6 +42,7 @@ def test_the_trainers_cannot_express_what_the_knobs_say() -> None:
         "checkpoint_segments": knobs.BY_NAME["checkpoint_segments"].NOT_IN["lightning"],
         "channels_last": knobs.BY_NAME["channels_last"].NOT_IN["lightning"],
         "optimizer_fusion": knobs.BY_NAME["optimizer_fusion"].NOT_IN["lightning"],
+        "set_to_none": knobs.BY_NAME["set_to_none"].NOT_IN["lightning"],
     }
     assert knobs.not_in("lightning").items() <= lightning.UNSUPPORTED.items()
     assert knobs.not_in("hf").items() <= hf.UNSUPPORTED.items()
