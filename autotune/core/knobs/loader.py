@@ -18,6 +18,7 @@ May import: the stdlib and the rest of autotune.core (TrialConfig only to name i
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.knobs.row import IN_SCRIPT, knob
@@ -73,14 +74,8 @@ def hf_fields(cfg: TrialConfig) -> dict[str, Any]:
 
 
 def hf_own(args: Any) -> dict[str, Any]:
-    """The user's own values, read from their TrainingArguments."""
-    workers = int(args.dataloader_num_workers)
-    return {
-        "num_workers": workers,
-        "pin_memory": bool(args.dataloader_pin_memory),
-        "persistent_workers": bool(args.dataloader_persistent_workers) and workers > 0,
-        "prefetch_factor": args.dataloader_prefetch_factor if workers > 0 else None,
-    }
+    """The user's own values, read from their TrainingArguments' fields as from a DataLoader."""
+    return own(SimpleNamespace(**{k: getattr(args, field) for k, field in HF.items()}))
 
 
 def rows(target: str) -> dict[str, str]:
