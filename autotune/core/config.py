@@ -48,12 +48,7 @@ class TrialConfig:
     # knobs: a knob with a module in core/knobs/ (the list) takes its row from there (`listed.name.ROW`)
     num_workers: int = listed.loader.ROWS["num_workers"]
     pin_memory: bool = listed.loader.ROWS["pin_memory"]
-    batch_size: int = knob(
-        8,
-        "samples per step and process (the micro-batch under `--global-batch`)",
-        visit=1,
-        math="the global batch and its lr; the batch-norm span",
-    )
+    batch_size: int = listed.batch_size.ROW
     precision: str = listed.precision.ROW
     optimizer_fusion: str = listed.optimizer_fusion.ROW
     checkpoint_segments: int = listed.checkpoint_segments.ROW

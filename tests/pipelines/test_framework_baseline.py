@@ -203,7 +203,8 @@ def test_a_search_measures_the_users_job_and_exports_no_change(tmp_path: Path) -
         "search", "--pipeline", HF_SPEC, "--budget", "2m", "--n-trials", "1", *SHORT_SEARCH[2:], cwd=tmp_path
     )
     ok(run)
-    assert "baseline: your job as written: batch_size 16," in run.stdout and "optimizer_fusion fused" in run.stdout
+    said = next(line for line in run.stdout.splitlines() if line.startswith("baseline: your job as written: "))
+    assert "batch_size 16," in said and "optimizer_fusion fused" in said
     baseline = trials(tmp_path / "studies.db", "autotune")[0]  # trial 0 (the rest: enqueued, not run)
     assert TrialRecord.of(baseline).knob_values()["optimizer_fusion"] == "fused"
     export = autotune("export", "--format", "hf", cwd=tmp_path)

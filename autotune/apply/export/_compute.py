@@ -21,11 +21,6 @@ if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
 
 
-def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
-    """The knob table's rows for the compute knobs, in `target`'s terms."""
-    return {k.NAME: k.row(cfg, target) for k in knobs.ALL if hasattr(k, "row")}  # the step's: _step.py
-
-
 # ---- Lightning ----------------------------------------------------------------------------------------
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig
 from autotune.core.knobs import loader
 from autotune.pipelines import script
@@ -23,22 +22,9 @@ POSITION = {"batch_size": 1, "num_workers": 5, "pin_memory": 7}
 LIGHTNING_COMMENTS = {"batch_size": "per process"}
 
 
-def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
-    """The knob table's rows for the loader knobs and the micro-batch, in `target`'s terms."""
-    batch = {
-        "lightning": "dataloader_kwargs['batch_size'] (per process)",
-        "hf": "per_device_train_batch_size",
-    }.get(target, f"{IN_SCRIPT}, DataLoader(batch_size=...) per process")
-    return loader.rows(target) | {"batch_size": batch}
-
-
 def kwargs(cfg: TrialConfig, indent: str = "    ") -> list[str]:
     """The DataLoader keyword arguments, one per line: Lightning's dataloader_kwargs and accelerate's script."""
     return [f"{indent}batch_size={cfg.batch_size!r},  # per process", *loader.kwargs_lines(cfg, indent)]
-
-
-def hf_batch(cfg: TrialConfig) -> list[str]:
-    return [f"    per_device_train_batch_size={cfg.batch_size!r},"]
 
 
 def changes(ran: dict[str, Any], own: dict[str, Any], no_effect: frozenset[str]) -> dict[str, Any]:

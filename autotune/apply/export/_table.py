@@ -1,12 +1,15 @@
-"""The knob table every framework rendering opens with: each knob's row comes from the module of its
-concept (the loader, the optimizer step, the compute, the processes and strategy)."""
+"""The knob table every framework rendering opens with: each knob's row comes from its module in the knob list
+(core/knobs/), the DataLoader's four from theirs, the optimizer's construction and zero_grad with the step
+they are written in (_step.py), the processes and strategy from _strategy.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from autotune.apply.export import _compute, _loader, _step, _strategy
+from autotune.apply.export import _step, _strategy
+from autotune.core import knobs
 from autotune.core.config import KNOBS, TrialConfig
+from autotune.core.knobs import loader
 
 
 def knob_table(cfg: TrialConfig, target: str, on_cpu: bool = False) -> str:
@@ -14,9 +17,9 @@ def knob_table(cfg: TrialConfig, target: str, on_cpu: bool = False) -> str:
     concept module gives a row is a KeyError, on purpose: a new knob must be given a place in every target
     rather than vanish from it."""
     where = (
-        _loader.rows(cfg, target)
+        loader.rows(target)
         | _step.rows(cfg, target)
-        | _compute.rows(cfg, target)
+        | {k.NAME: k.row(cfg, target) for k in knobs.ALL if hasattr(k, "row")}
         | _strategy.rows(cfg, target, on_cpu)
     )
     width = max(len(k) for k in KNOBS)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from autotune.apply.export import _compute, _loader, _step, _strategy
+from autotune.apply.export import _compute, _step, _strategy
 from autotune.apply.export._table import knob_table
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import loader
+from autotune.core.knobs import batch_size, loader
 
 
 def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
     """Python for transformers.TrainingArguments, plus comments for what TrainingArguments cannot hold."""
     args = [
-        *_loader.hf_batch(cfg),
+        *batch_size.hf_lines(cfg),
         *_step.hf_args(cfg),
         *loader.hf_lines(cfg),
         *_compute.hf_precision(cfg),

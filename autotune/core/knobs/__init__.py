@@ -19,7 +19,7 @@ autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place
 process flag needs none.
 
 The DataLoader's four knobs share one module (`loader`: one call's arguments, with one rule between them),
-outside the lists below, which hold one knob a module. The knobs with no module yet (batch_size, gpus and its
+outside the lists below, which hold one knob a module. The knobs with no module yet (gpus and its
 strategy) are declared by their TrialConfig field, their story where
 core/config.py's table points.
 
@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from autotune.core.knobs import (
+    batch_size,
     channels_last,
     checkpoint_segments,
     compile,
@@ -59,8 +60,8 @@ MODEL = BEFORE_PARALLEL + AFTER_PARALLEL
 # thread count.
 FLAGS: tuple[ModuleType, ...] = (cudnn_benchmark, tf32)
 PROCESS: tuple[ModuleType, ...] = FLAGS + (num_threads,)
-# The optimizer step's.
-STEP: tuple[ModuleType, ...] = (optimizer_fusion, set_to_none)
+# The optimizer step's: its batch, its implementation, its zero_grad.
+STEP: tuple[ModuleType, ...] = (batch_size, optimizer_fusion, set_to_none)
 ALL: tuple[ModuleType, ...] = PROCESS + MODEL + STEP
 BY_NAME: dict[str, ModuleType] = {k.NAME: k for k in ALL}
 MODEL_NAMES = tuple(k.NAME for k in MODEL)

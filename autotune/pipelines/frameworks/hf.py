@@ -48,8 +48,7 @@ class HFJob(FrameworkJob):
         gradient_accumulation_steps is no knob: the study's --global-batch carries it (and the lr scaling
         already starts from the user's own global batch, `own_batch`), so global_batch is not read."""
         args = self.args
-        out: dict[str, Any] = {"batch_size": int(args.per_device_train_batch_size), **knobs.loader.hf_own(args)}
-        out |= knobs.own("hf_own", args)
+        out = knobs.loader.hf_own(args) | knobs.own("hf_own", args)
         return {k: v for k, v in out.items() if k not in self.unsupported}
 
 
@@ -80,7 +79,6 @@ def check(spec: str, transformers: Any, returned: Any) -> HFJob | None:
 def tuned_fields(cfg: TrialConfig, base: Any, cuda: bool, unsupported: frozenset[str]) -> dict[str, Any]:
     """The TrainingArguments fields a config sets over the user's base arguments."""
     out: dict[str, Any] = {
-        "per_device_train_batch_size": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum,
         **knobs.loader.hf_fields(cfg),
         **knobs.merged("hf_fields", cfg, base, skip=unsupported),

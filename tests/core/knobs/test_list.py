@@ -53,7 +53,9 @@ def test_each_knob_maps_itself_onto_the_trainers_arguments_both_ways() -> None:
     config, read by its own reader, give that config's value."""
     from types import SimpleNamespace
 
-    cfg = TrialConfig(precision="bf16", compile="reduce-overhead", checkpoint_segments=1, optimizer_fusion="fused")
+    cfg = TrialConfig(
+        precision="bf16", compile="reduce-overhead", checkpoint_segments=1, optimizer_fusion="fused", batch_size=24
+    )
     hf_args = SimpleNamespace(
         bf16=False, fp16=False, torch_compile=False, torch_compile_mode=None, gradient_checkpointing=False, optim="x"
     )
@@ -64,6 +66,7 @@ def test_each_knob_maps_itself_onto_the_trainers_arguments_both_ways() -> None:
         "compile": "reduce-overhead",
         "checkpoint_segments": 1,
         "optimizer_fusion": "fused",
+        "batch_size": 24,
     }
     trainer = knobs.merged("lightning_fields", TrialConfig(precision="bf16", cudnn_benchmark=True))
     assert trainer == {"benchmark": True, "precision": "bf16-mixed"}
@@ -74,6 +77,7 @@ def test_each_knob_maps_itself_onto_the_trainers_arguments_both_ways() -> None:
         "torch_compile",
         "torch_compile_mode",
         "gradient_checkpointing",
+        "per_device_train_batch_size",
     }
 
 
