@@ -52,9 +52,7 @@ class TrialConfig:
     precision: str = listed.precision.ROW
     optimizer_fusion: str = listed.optimizer_fusion.ROW
     checkpoint_segments: int = listed.checkpoint_segments.ROW
-    gpus: int = knob(
-        1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr", memory=True
-    )
+    gpus: int = listed.gpus.ROW
     channels_last: bool = listed.channels_last.ROW
     cudnn_benchmark: bool = listed.cudnn_benchmark.ROW
     tf32: bool = listed.tf32.ROW

@@ -19,8 +19,8 @@ autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place
 process flag needs none.
 
 The DataLoader's four knobs share one module (`loader`: one call's arguments, with one rule between them),
-outside the lists below, which hold one knob a module. The knobs with no module yet (gpus and its
-strategy) are declared by their TrialConfig field, their story where
+outside the lists below, which hold one knob a module. The knobs with no module yet (the strategy:
+parallel and FSDP's sub-knobs) are declared by their TrialConfig field, their story where
 core/config.py's table points.
 
 To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = listed.name.ROW`,
@@ -41,6 +41,7 @@ from autotune.core.knobs import (
     checkpoint_segments,
     compile,
     cudnn_benchmark,
+    gpus,
     loader as loader,  # the DataLoader's four knobs: one module, outside the one-knob lists
     num_threads,
     optimizer_fusion,
@@ -62,7 +63,9 @@ FLAGS: tuple[ModuleType, ...] = (cudnn_benchmark, tf32)
 PROCESS: tuple[ModuleType, ...] = FLAGS + (num_threads,)
 # The optimizer step's: its batch, its implementation, its zero_grad.
 STEP: tuple[ModuleType, ...] = (batch_size, optimizer_fusion, set_to_none)
-ALL: tuple[ModuleType, ...] = PROCESS + MODEL + STEP
+# The processes the trial runs.
+RANKS: tuple[ModuleType, ...] = (gpus,)
+ALL: tuple[ModuleType, ...] = PROCESS + MODEL + STEP + RANKS
 BY_NAME: dict[str, ModuleType] = {k.NAME: k for k in ALL}
 MODEL_NAMES = tuple(k.NAME for k in MODEL)
 

@@ -65,6 +65,9 @@ class Machine(Protocol):
     def cpu_count(self) -> int: ...
 
     @property
+    def gpu_count(self) -> int: ...
+
+    @property
     def apex(self) -> bool: ...
 
 
@@ -86,10 +89,12 @@ class Drop:
 
 @dataclass(frozen=True)
 class Clip:
-    """The knob's range clipped to `high` on this machine, and why."""
+    """The knob's range clipped to `high` on this machine, and why. strict: values above it are refused, not
+    clipped."""
 
     high: int
     why: str
+    strict: bool = False
 
 
 Rule = Fix | Drop | Clip

@@ -85,9 +85,6 @@ def trainer_kwargs(cfg: TrialConfig, cuda: bool) -> dict[str, Any]:
     hands back."""
     return {
         "accelerator": "gpu" if cuda else "cpu",
-        "devices": cfg.gpus,
-        # One process per device, as the trial runs under torchrun (Lightning reads its environment).
-        "strategy": "ddp" if cfg.gpus > 1 else "auto",
         "accumulate_grad_batches": cfg.grad_accum,
         **knobs.merged("lightning_fields", cfg),
     }

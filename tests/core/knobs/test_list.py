@@ -69,7 +69,7 @@ def test_each_knob_maps_itself_onto_the_trainers_arguments_both_ways() -> None:
         "batch_size": 24,
     }
     trainer = knobs.merged("lightning_fields", TrialConfig(precision="bf16", cudnn_benchmark=True))
-    assert trainer == {"benchmark": True, "precision": "bf16-mixed"}
+    assert trainer == {"benchmark": True, "precision": "bf16-mixed", "devices": 1, "strategy": "auto"}
     assert knobs.own("lightning_own", trainer) == {"cudnn_benchmark": True, "precision": "bf16"}
     assert knobs.merged("hf_fields", cfg, hf_args, skip={"optimizer_fusion"}).keys() == {
         "bf16",
@@ -95,3 +95,4 @@ def test_a_listed_knob_is_named_in_few_modules() -> None:
     over = {k: mods for k, mods in where.items() if len(mods) > OWNED[k]}
     assert not over, over
     assert where["tf32"] == ["core/config.py", "core/knobs/__init__.py", "core/knobs/tf32.py"]
+

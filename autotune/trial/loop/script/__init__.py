@@ -32,8 +32,9 @@ tensors live on: each loader the script starts iterating is told to it, a global
 ends each step, the time blocked in the DataLoader iterator's __next__ is the data wait, each backward()'s
 scalar (a copy) is the step's loss. After the timed steps the hook closes the clock, reads what the run
 showed, and the clock ends the script (WindowOver). The baseline (`baseline`) runs the script's own settings,
-overriding nothing. `records` reads each knob's effect, the construction sites the diff edits (`sites`)
-and what the run showed into the trial's `applied`. The static reading of the script (what it calls, its
+overriding nothing. The seams hand what the run showed over as one record (`shown`); `records` turns it into
+each knob's effect, the construction sites the diff edits (`sites`) and what the run showed, in the trial's
+`applied`. The static reading of the script (what it calls, its
 own batch and lr rule) is autotune.pipelines.script, which the search and the export read without torch.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.

@@ -1,5 +1,6 @@
 """The seams a script trial installs in torch around the user's script, and what they see there (Seams),
-with `installed`, which puts them in torch for the run and takes them out afterwards. Each knob's part
+handed over once the run stops as one record (`Seams.shown`, script/shown.py), with `installed`, which puts
+them in torch for the run and takes them out afterwards. Each knob's part
 is in its own module (loader, batch, optimizer, model; the model knobs' torch side in trial/loop/knobs/);
 the seams drive the trial's Clock (the step hook ends the timed window).
 
