@@ -95,4 +95,3 @@ def test_a_listed_knob_is_named_in_few_modules() -> None:
     over = {k: mods for k, mods in where.items() if len(mods) > OWNED[k]}
     assert not over, over
     assert where["tf32"] == ["core/config.py", "core/knobs/__init__.py", "core/knobs/tf32.py"]
-
