@@ -11,13 +11,13 @@ from collections.abc import Callable, Mapping
 
 from autotune.core.errors import ConfigError
 from autotune.core import knobs as listed
-from autotune.core.knobs.row import Knob, knob
+from autotune.core.knobs.row import Knob
 
 PRECISIONS = listed.precision.VALUES
 FUSIONS = listed.optimizer_fusion.VALUES
 COMPILES = listed.compile.VALUES
-PARALLELS = ("ddp", "fsdp")
-FSDP_DTYPES = ("fp32", "bf16")
+PARALLELS = listed.strategy.PARALLELS
+FSDP_DTYPES = listed.strategy.FSDP_DTYPES
 
 LR_RULES = ("sqrt", "linear", "none")
 # What a script's run shows of it (TrialConfig.shown): how many DataLoaders it built (anywhere), the classes of
@@ -45,7 +45,7 @@ def _number(x: object) -> bool:
 class TrialConfig:
     """Everything one trial needs. Defaults are a plain PyTorch script (the baseline)."""
 
-    # knobs: a knob with a module in core/knobs/ (the list) takes its row from there (`listed.name.ROW`)
+    # knobs: each takes its row from its module in the knob list, core/knobs/ (`listed.name.ROW`)
     num_workers: int = listed.loader.ROWS["num_workers"]
     pin_memory: bool = listed.loader.ROWS["pin_memory"]
     batch_size: int = listed.batch_size.ROW
@@ -61,23 +61,11 @@ class TrialConfig:
     prefetch_factor: int | None = listed.loader.ROWS["prefetch_factor"]
     set_to_none: bool = listed.set_to_none.ROW
     num_threads: int = listed.num_threads.ROW
-    # ddp | fsdp (FSDP2 fully_shard per block, then the root); one process: neither
-    parallel: str = knob("ddp", "DDP or FSDP2 over the processes", choices=PARALLELS, needs="processes", memory=True)
-    fsdp_reshard: bool = knob(
-        True, "FSDP's reshard_after_forward (true: ZeRO-3, false: ZeRO-2)", needs="fsdp", memory=True
-    )
-    fsdp_param_dtype: str = knob(
-        "fp32",
-        "FSDP's MixedPrecisionPolicy param_dtype",
-        choices=FSDP_DTYPES,
-        needs="fsdp",
-        math="param dtype",
-        memory=True,
-    )
-    fsdp_reduce_dtype: str = knob(
-        "fp32", "FSDP's MixedPrecisionPolicy reduce_dtype", choices=FSDP_DTYPES, needs="fsdp", math="gradient reduce"
-    )
-    fsdp_offload: bool = knob(False, "FSDP's CPUOffloadPolicy (state in host memory)", needs="fsdp", memory=True)
+    parallel: str = listed.strategy.ROWS["parallel"]
+    fsdp_reshard: bool = listed.strategy.ROWS["fsdp_reshard"]
+    fsdp_param_dtype: str = listed.strategy.ROWS["fsdp_param_dtype"]
+    fsdp_reduce_dtype: str = listed.strategy.ROWS["fsdp_reduce_dtype"]
+    fsdp_offload: bool = listed.strategy.ROWS["fsdp_offload"]
     # workload
     pipeline: str = "unet"
     data_dir: str | None = None

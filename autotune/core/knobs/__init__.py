@@ -18,10 +18,9 @@ Its torch side, applied by name where the layers allow torch, is the module of t
 autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place, and what it observes); a
 process flag needs none.
 
-The DataLoader's four knobs share one module (`loader`: one call's arguments, with one rule between them),
-outside the lists below, which hold one knob a module. The knobs with no module yet (the strategy:
-parallel and FSDP's sub-knobs) are declared by their TrialConfig field, their story where
-core/config.py's table points.
+The DataLoader's four knobs share one module (`loader`), and so do the strategy's five (`strategy`: parallel
+and FSDP's sub-knobs): each group is one call's arguments with rules between them, outside the lists below,
+which hold one knob a module.
 
 To add a knob: its module here, its line in the list below, its TrialConfig field (`name: type = listed.name.ROW`,
 the one line the type checker needs), and, for a model knob, its torch module in trial/loop/knobs/.
@@ -47,6 +46,7 @@ from autotune.core.knobs import (
     optimizer_fusion,
     precision,
     set_to_none,
+    strategy as strategy,  # parallel and FSDP's sub-knobs: one module, outside the one-knob lists
     tf32,
 )
 

@@ -1,5 +1,5 @@
 """One row of the knob table and one rule of a knob's on a machine: the pure description a knob's module
-(core/knobs/) declares, or a TrialConfig field for the knobs that have no module yet.
+(core/knobs/) declares, which its TrialConfig field takes.
 
 May import: the stdlib.
 """

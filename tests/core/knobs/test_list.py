@@ -20,6 +20,17 @@ def test_each_listed_knob_is_a_config_field_with_its_modules_row() -> None:
         assert rows[k.NAME].default == k.ROW.default and rows[k.NAME].sets == k.ROW.metadata["knob"]["sets"]
 
 
+def test_every_knob_of_the_table_has_its_module() -> None:
+    """Each TrialConfig knob takes its row from a module of the list, or of a group's (the DataLoader's four,
+    the strategy's five): the field's row is that module's object, not a copy."""
+    from dataclasses import fields
+
+    owned = {k.NAME: k.ROW for k in knobs.ALL} | knobs.loader.ROWS | knobs.strategy.ROWS
+    assert set(owned) == set(KNOBS)
+    by_name = {f.name: f for f in fields(TrialConfig)}
+    assert all(by_name[name].metadata is row.metadata for name, row in owned.items())
+
+
 def test_the_model_knobs_apply_in_torchtitans_order_and_their_torch_side_is_found_by_name() -> None:
     assert knobs.MODEL_NAMES == ("checkpoint_segments", "channels_last", "precision", "compile")
     assert [m.__name__ for m in torch_side.MODEL] == [f"autotune.trial.loop.knobs.{n}" for n in knobs.MODEL_NAMES]

@@ -1,8 +1,9 @@
 """Apply each knob to a pipeline: the knobs' torch side. Every function returns what it really put in effect.
 
-A knob with a module in the knob list (autotune/core/knobs/) has its torch side in the module of the same name
-here, found by that name (`MODEL`, in the order the list applies them); a process flag is set by the name of
-the torch attribute its module gives (`setup_process`). The knobs with no module yet are applied below.
+A model knob of the knob list (autotune/core/knobs/) has its torch side in the module of the same name here,
+found by that name (`MODEL`, in the order the list applies them); a process flag is set by the name of the
+torch attribute its module gives (`setup_process`). The optimizer's (its implementation, zero_grad) and the
+ranks' are applied below; the loader's in trial/loop/loading.py, the strategy's in trial/loop/sharding.py.
 
 Switches are built as no-ops where possible (GradScaler(enabled=...)), so the trial loop
 has one shape whatever the config.
