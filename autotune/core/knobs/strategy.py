@@ -41,4 +41,3 @@ ROWS = {
     ),
     "fsdp_offload": knob(False, "FSDP's CPUOffloadPolicy (state in host memory)", needs="fsdp", memory=True),
 }
-NAMES = tuple(ROWS)
