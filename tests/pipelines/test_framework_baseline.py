@@ -148,7 +148,7 @@ def test_the_lightning_baseline_is_the_users_trainer_and_loader(repo_on_path: Pa
     SEEN_CLIPS.clear()
     result = worker.run(baseline_of(TrialConfig(pipeline=spec, baseline=own, **SHORT)))
     assert result.status == "ok", result
-    assert result.applied["precision"]["in_effect"] == "Trainer(precision='bf16-mixed')"
+    assert result.applied["precision"]["in_effect"] == "bf16"
     assert SEEN_CLIPS == [0.5]
 
 

@@ -67,9 +67,14 @@ def test_a_trial_is_trainer_train_with_the_knobs(tmp_path: Path, repo_on_path: P
     # Read back from the Trainer's own objects: its DataLoader, its optimizer, the model it checkpoints.
     assert a["batch_size"]["in_effect"] == 4 and a["num_workers"]["in_effect"] == 1
     assert a["grad_accum"]["in_effect"] == 2
-    assert a["checkpoint_segments"]["in_effect"] is True
-    assert "AdamW" in a["optimizer_fusion"]["in_effect"] and "'fused': True" in a["optimizer_fusion"]["in_effect"]
-    assert a["precision"]["in_effect"] == "TrainingArguments(bf16=False, fp16=False)"
+    assert a["checkpoint_segments"]["in_effect"] == 1
+    assert a["optimizer_fusion"]["in_effect"] == "fused"
+    assert "AdamW" in a["optimizer_fusion"]["why"] and "'fused': True" in a["optimizer_fusion"]["why"]
+    assert a["precision"] == {
+        "requested": "fp32",
+        "in_effect": "fp32",
+        "why": "TrainingArguments(bf16=False, fp16=False)",
+    }
     base = transformers.TrainingArguments(
         output_dir="out", per_device_train_batch_size=8, learning_rate=3e-3, report_to="none"
     )

@@ -55,7 +55,7 @@ def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Pat
     a = result.applied
     assert a["batch_size"]["in_effect"] == 16 and a["num_workers"]["in_effect"] == 1  # the rebuilt loader's
     assert a["grad_accum"]["in_effect"] == 2  # the Trainer's accumulate_grad_batches
-    assert a["precision"]["in_effect"] == "Trainer(precision='32-true')"
+    assert a["precision"]["in_effect"] == "fp32" and a["precision"]["why"] == "Trainer(precision='32-true')"
     assert a["gpus"]["in_effect"] == 1 and a["lr"]["in_effect"] == [0.01]  # the datamodule's own batch: its own lr
     assert a["sampler"]["in_effect"] == "RandomSampler"
     assert a["framework"] == {
@@ -91,7 +91,7 @@ def test_a_trial_is_trainer_fit_with_the_knobs(tmp_path: Path, repo_on_path: Pat
 def test_precision_and_the_scaled_lr_reach_the_trainer(repo_on_path: Path) -> None:
     result = trial(batch_size=8, precision="bf16", warmup_steps=0, timed_steps=2)
     a = result.applied
-    assert a["precision"]["in_effect"] == "Trainer(precision='bf16-mixed')"
+    assert a["precision"]["in_effect"] == "bf16" and a["precision"]["why"] == "Trainer(precision='bf16-mixed')"
     # The module's lr is meant for its datamodule's batch of 32: at global batch 8, x sqrt(8 / 32) in its
     # live optimizer, and the export says so.
     assert a["lr"]["requested"] == [0.01] and a["lr"]["in_effect"] == pytest.approx([0.005])

@@ -3,8 +3,7 @@ config cannot hold, and the accelerator a trial ran on."""
 
 from __future__ import annotations
 
-# A knob accelerate's config file cannot hold stays in the training script, which its export shows.
-IN_SCRIPT = "not an accelerate setting: in train.py (below)"
+from autotune.core.knobs.row import IN_SCRIPT as IN_SCRIPT  # what accelerate's config file cannot hold
 
 
 def accelerator(device: str | None) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.apply.export._source import Edit
 from autotune.core import knobs
-from autotune.core.config import LEADS, TrialConfig
+from autotune.core.config import TrialConfig
 from autotune.pipelines.script import source
 
 if TYPE_CHECKING:
@@ -104,10 +104,9 @@ def edit(rw: Rewrite) -> None:
     for k in sorted(unedited, key=lambda k: k.NAME):
         if k.NAME not in written:
             rw.notes.append(f"{k.NAME} {getattr(cfg, k.NAME)}: {k.HOW}; {UNEDITED_RUN}")
-    gpus = LEADS["processes"]  # the table's name: the knob is read from cfg, not spelled here
-    if cfg.gpus > 1 and gpus not in skip and not rw.job.uses.process_group:
+    if cfg.gpus > 1 and "gpus" not in skip and not rw.job.uses.process_group:
         run = UNEDITED_RUN.replace("`autotune run", f"`torchrun --nproc-per-node {cfg.gpus} -m autotune run")
-        rw.notes.append(f"{gpus} {cfg.gpus}: {RANKS_HOW}; {run}")
+        rw.notes.append(f"gpus {cfg.gpus}: {knobs.gpus.HOW}; {run}")
 
 
 # A knob the trial applied to the model the script's optimizer trains (trial/loop/script/model.py), where no line
@@ -166,13 +165,6 @@ def _statement_of(tree: ast.Module, node: ast.AST) -> ast.stmt | None:
     while found is not None and not isinstance(found, ast.stmt):
         found = parents.get(found)
     return found
-
-
-# gpus for a script that sets up no process group (trial/loop/script/ranks.py): no line of it can say that.
-RANKS_HOW = (
-    "one process per GPU: the process group set up, the model replicated (DDP) and the training DataLoaders "
-    "given a DistributedSampler, with no edit"
-)
 
 
 def _globals(rw: Rewrite) -> None:

@@ -1,18 +1,18 @@
 """The knob table every framework rendering opens with: each knob's row comes from its module in the knob list
 (core/knobs/), the DataLoader's four from theirs, the optimizer's construction and zero_grad with the step
-they are written in (_step.py), the processes and strategy from _strategy.py."""
+they are written in (_step.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from autotune.apply.export import _step, _strategy
+from autotune.apply.export import _step
 from autotune.core import knobs
 from autotune.core.config import KNOBS, TrialConfig
-from autotune.core.knobs import loader
+from autotune.core.knobs import loader, strategy
 
 
-def knob_table(cfg: TrialConfig, target: str, on_cpu: bool = False) -> str:
+def knob_table(cfg: TrialConfig, target: str) -> str:
     """One comment line per knob, in KNOBS order, for target "lightning", "hf" or "accelerate". A knob no
     concept module gives a row is a KeyError, on purpose: a new knob must be given a place in every target
     rather than vanish from it."""
@@ -20,7 +20,7 @@ def knob_table(cfg: TrialConfig, target: str, on_cpu: bool = False) -> str:
         loader.rows(target)
         | _step.rows(cfg, target)
         | {k.NAME: k.row(cfg, target) for k in knobs.ALL if hasattr(k, "row")}
-        | _strategy.rows(cfg, target, on_cpu)
+        | strategy.rows(cfg, target)
     )
     width = max(len(k) for k in KNOBS)
     rows = [f"#   {k:<{width}} = {_show(getattr(cfg, k)):<12} -> {where[k]}" for k in KNOBS]

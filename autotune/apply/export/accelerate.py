@@ -6,9 +6,10 @@ from typing import Any
 
 import yaml
 
-from autotune.apply.export import _compute, _loader, _step, _strategy
+from autotune.apply.export import _compute, _loader, _step
 from autotune.apply.export._table import knob_table
 from autotune.core.config import TrialConfig
+from autotune.core.knobs import gpus, strategy
 
 
 def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
@@ -26,7 +27,7 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "same_network": True,
         "use_cpu": on_cpu,
         # distributed_type: safe_dump quotes 'NO', which YAML 1.1 would read as false
-        **_strategy.accelerate_conf(cfg, on_cpu),
+        **gpus.accelerate_layout(cfg, on_cpu),
         **_compute.accelerate_conf(cfg),
     }
     header = [
@@ -34,7 +35,7 @@ def to_accelerate(cfg: TrialConfig, *, device: str | None = None) -> str:
         "# Use: accelerate launch --config_file accelerate.yaml train.py",
         "# accelerate holds the process layout, mixed precision and torch.compile; the DataLoader and",
         "# optimizer knobs stay in your script. Every tuned knob, and where it goes:",
-        knob_table(cfg, "accelerate", on_cpu),
+        knob_table(cfg, "accelerate"),
         *_step.training_lines(cfg),
         *script_lines(cfg),
         "",
@@ -50,7 +51,7 @@ def script_lines(cfg: TrialConfig) -> list[str]:
         "from accelerate import Accelerator",
         *_step.imports(cfg),
         *_compute.accelerate_code(cfg),
-        *_strategy.accelerate_plugin(cfg),
+        *strategy.accelerate_plugin(cfg),
         "loader = torch.utils.data.DataLoader(",
         "    dataset, shuffle=True,",
         *_loader.kwargs(cfg),

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from autotune.apply.export import _compute, _step, _strategy
+from autotune.apply.export import _compute, _step
 from autotune.apply.export._table import knob_table
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import batch_size, loader
+from autotune.core.knobs import batch_size, loader, strategy
 
 
 def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
@@ -17,7 +17,7 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         *_compute.hf_precision(cfg),
         *_step.hf_optim(cfg),
         *_compute.hf_args(cfg),
-        *_strategy.hf_args(cfg),
+        *strategy.hf_args(cfg),
     ]
     if device is not None and device.startswith("cpu"):
         args.append("    use_cpu=True,  # autotune measured this on CPU")
@@ -33,7 +33,7 @@ def to_hf(cfg: TrialConfig, *, device: str | None = None) -> str:
         ")",
         "",
         *_compute.hf_notes(cfg),
-        *_strategy.hf_notes(cfg),
+        *strategy.hf_notes(cfg),
         *_step.hf_notes(cfg),
         "",
         "# args = transformers.TrainingArguments(output_dir='out', **training_args)",

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from autotune.apply.export import _compute, _loader, _step, _strategy
+from autotune.apply.export import _compute, _loader, _step
 from autotune.apply.export._common import accelerator
 from autotune.apply.export._table import knob_table
 from autotune.core.config import TrialConfig
+from autotune.core.knobs import strategy
 
 
 def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
     """Python for lightning.pytorch: Trainer kwargs, DataLoader kwargs, and the hooks for the rest."""
     trainer = [
         f"    accelerator={accelerator(device)!r},",
-        *_strategy.lightning_trainer(cfg),
         *_compute.lightning_trainer(cfg),
         f"    accumulate_grad_batches={cfg.grad_accum!r},  # global batch {cfg.global_batch_size}",
     ]
@@ -23,7 +23,7 @@ def to_lightning(cfg: TrialConfig, *, device: str | None = None) -> str:
         '    """',
         "",
         *_step.lightning_hooks(cfg),
-        *_strategy.lightning_hook(cfg),
+        *strategy.lightning_hook(cfg),
         *_compute.lightning_hooks(cfg),
     ]
     parts = [

@@ -4,7 +4,8 @@ the trial, the diff, the alone copy and `autotune run` read, so no order or word
 A knob's module holds:
   - its row (`ROW`: its TrialConfig field: default, values, what it sets, the training math it changes);
   - its space rules: `machine(hw)` (fixed or dropped on this machine, and why), `model_why(facts)` (a script's
-    model that cannot take it, from trial 0's facts), `NOT_IN` (the Trainers that cannot express it);
+    model that cannot take it, from trial 0's facts), `NOT_IN` (the Trainers that cannot express it); and
+    `guide(on)`, the published guides' value for it on this machine (the search's warm start, `guides`);
   - how it reaches an unedited script: `ROUTE` (the at.* call a script routes it through itself), `HOW` (what
     the trial does with no edit), `sets(value)` (a process flag, set by name before the job runs, `SEEN` read
     back after);
@@ -49,6 +50,7 @@ from autotune.core.knobs import (
     strategy as strategy,  # parallel and FSDP's sub-knobs: one module, outside the one-knob lists
     tf32,
 )
+from autotune.core.knobs.row import Guided
 
 # The model knobs, in the order they apply to a model (torchtitan's): checkpointing, the memory format, then
 # data-parallel (the trial's own, where it replicates the model: its buckets view the weights in their final
@@ -80,6 +82,16 @@ def merged(part: str, *args: Any, skip: Collection[str] = ()) -> dict[str, Any]:
     """Every knob's `part` (a function returning a framework's fields), merged in the list's order: the knobs
     without one, or in `skip` (the framework cannot express them), add nothing."""
     return {f: v for k in ALL if k.NAME not in skip and (fn := getattr(k, part, None)) for f, v in fn(*args).items()}
+
+
+def guides(on: Guided) -> dict[str, Any]:
+    """The published guides' value of every knob that has one, on this machine: the search's warm start."""
+    return merged("guide", on) | loader.guide(on)
+
+
+def fields(part: str, *args: Any) -> dict[str, tuple[str, ...]]:
+    """Each knob's fields in a framework's terms, as its `part` (hf_fields, lightning_fields) names them."""
+    return {k.NAME: tuple(fn(*args)) for k in ALL if (fn := getattr(k, part, None))}
 
 
 def own(part: str, *args: Any) -> dict[str, Any]:

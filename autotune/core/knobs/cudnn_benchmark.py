@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.core.knobs.row import IN_SCRIPT, Fix, Machine, Rule, knob
+from autotune.core.knobs.row import IN_SCRIPT, Fix, Guided, Machine, Rule, knob
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
@@ -34,6 +34,11 @@ def sets(value: Any) -> dict[str, Any]:
 
 def machine(hw: Machine) -> list[Rule]:
     return [] if hw.cuda else [Fix(False, "no CUDA, cudnn is not used")]
+
+
+def guide(on: Guided) -> dict[str, Any]:
+    """The guides' cuDNN autotuner: on wherever cuDNN runs."""
+    return {NAME: on.cuda}
 
 
 def row(cfg: TrialConfig, target: str) -> str:

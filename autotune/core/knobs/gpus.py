@@ -12,7 +12,8 @@ math: the global batch (the micro-batch x the ranks x the accumulation), and the
   recorded are what the run showed.
 - The Trainers: Lightning's `devices` and `strategy` (`lightning_fields`); HF's Trainer reads torchrun's
   environment.
-- The exports: the launch and each target's process settings (apply/export/_strategy.py).
+- The exports: its row and the launch in each target's terms (torchrun, accelerate's process layout, Lightning's
+  devices), and for an unedited script the note that `autotune run` starts the ranks (`HOW`).
 
 May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autotune.core.knobs import strategy
 from autotune.core.knobs.row import Clip, Machine, Rule, knob
 
 if TYPE_CHECKING:
@@ -28,6 +30,11 @@ if TYPE_CHECKING:
 
 NAME = "gpus"
 ROW = knob(1, "processes under torchrun, one per GPU", visit=3, math="the global batch and its lr", memory=True)
+# For a script that sets up no process group (trial/loop/script/ranks.py): no line of it can say that.
+HOW = (
+    "one process per GPU: the process group set up, the model replicated (DDP) and the training DataLoaders "
+    "given a DistributedSampler, with no edit"
+)
 
 
 def machine(hw: Machine) -> list[Rule]:
@@ -39,3 +46,47 @@ def lightning_fields(cfg: TrialConfig) -> dict[str, Any]:
     """The Trainer arguments it sets: one process per device, as the trial runs under torchrun (Lightning reads
     its environment)."""
     return {"devices": cfg.gpus, "strategy": "ddp" if cfg.gpus > 1 else "auto"}
+
+
+def row(cfg: TrialConfig, target: str) -> str:
+    if target == "lightning":
+        strategy = " + strategy (parallel)" if cfg.sharded else " + strategy='ddp'" if cfg.gpus > 1 else ""
+        return "trainer_kwargs['devices']" + strategy
+    if target == "hf":
+        return f"not a TrainingArguments field: launch with {launch(cfg)}"
+    return f"num_processes: {cfg.gpus} (distributed_type below)"
+
+
+def launch(cfg: TrialConfig) -> str:
+    """How a training run starts the processes."""
+    n = cfg.gpus
+    return (
+        f"torchrun --nproc-per-node {n} train.py  (or: accelerate launch --num_processes {n} train.py)"
+        if n > 1
+        else "python train.py (one process)"
+    )
+
+
+def hf_notes(cfg: TrialConfig) -> list[str]:
+    return [f"# gpus={cfg.gpus}: launch with {launch(cfg)}"]
+
+
+def lightning_trainer(cfg: TrialConfig) -> list[str]:
+    """trainer_kwargs' devices and strategy: FSDP2 through ModelParallelStrategy, DDP, or none for one process."""
+    devices = [f"    devices={cfg.gpus!r},"]
+    if cfg.sharded:
+        return devices + [
+            f"    strategy=ModelParallelStrategy(data_parallel_size={cfg.gpus!r}, tensor_parallel_size=1),"
+            "  # parallel=fsdp: FSDP2, applied in configure_model"
+        ]
+    return devices + (
+        ["    strategy='ddp',  # one process per device, as autotune measured it"] if cfg.gpus > 1 else []
+    )
+
+
+def accelerate_layout(cfg: TrialConfig, on_cpu: bool) -> dict[str, Any]:
+    """accelerate's process layout: distributed_type (on_cpu: measured on CPU, which accelerate runs as
+    MULTI_CPU), num_processes, and under fsdp its `fsdp_config:`."""
+    kind = "NO" if cfg.gpus == 1 else "FSDP" if cfg.sharded else "MULTI_CPU" if on_cpu else "MULTI_GPU"
+    conf: dict[str, Any] = {"distributed_type": kind, "num_processes": cfg.gpus}
+    return conf | ({"fsdp_config": strategy.fsdp_config(cfg)} if cfg.sharded else {})

@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from autotune.core.knobs.row import IN_SCRIPT, knob
+from autotune.core.knobs.row import IN_SCRIPT, Guided, knob
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
@@ -53,6 +53,18 @@ def arguments(cfg: TrialConfig) -> dict[str, Any]:
         "pin_memory": cfg.pin_memory,
         "persistent_workers": cfg.persistent_workers if workers else False,
         "prefetch_factor": cfg.loader_prefetch,
+    }
+
+
+def guide(on: Guided) -> dict[str, Any]:
+    """The guides' loader: a worker for each usable CPU, kept between epochs and loading two batches ahead,
+    into pinned memory where a GPU copies from it."""
+    workers = on.workers > 0
+    return {
+        "num_workers": on.workers,
+        "pin_memory": on.cuda,
+        "persistent_workers": workers,
+        "prefetch_factor": 2 if workers else None,
     }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.core.knobs.row import Drop, Machine, Rule, knob
+from autotune.core.knobs.row import Drop, Guided, Machine, Rule, knob
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
@@ -40,6 +40,11 @@ HF_ADAMW = frozenset(HF.values())
 
 def machine(hw: Machine) -> list[Rule]:
     return [] if hw.apex else [Drop(("apex",), "apex.optimizers is not installed")]
+
+
+def guide(on: Guided) -> dict[str, Any]:
+    """The guides' optimizer: torch's fused AdamW."""
+    return {NAME: "fused"}
 
 
 def flags(value: str) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.errors import PipelineError
-from autotune.core.knobs.row import Drop, Machine, Rule, knob
+from autotune.core.knobs.row import Drop, Guided, Machine, Rule, knob
 
 if TYPE_CHECKING:
     from autotune.core.config import TrialConfig
@@ -39,6 +39,12 @@ ROUTE = "autocast"
 NOT_IN: dict[str, str] = {}
 # Each value as the torch dtype autocast is given, and in each framework's terms.
 DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+# Each value as a script may spell it (to at.autocast(), in its source): autotune's name, or a torch dtype's
+# (torch.bfloat16 is "bfloat16").
+SPELLINGS = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+}  # fmt: skip
 LIGHTNING = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 ACCELERATE = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}
 
@@ -68,6 +74,12 @@ def machine(hw: Machine) -> list[Rule]:
             )
         )
     return rules
+
+
+def guide(on: Guided) -> dict[str, Any]:
+    """The guides' AMP: bf16 where the devices compute it natively, else fp16 on CUDA (its GradScaler on), and
+    fp32 on a CPU without bf16 kernels, where autocast would emulate it."""
+    return {NAME: "bf16" if on.bf16 else "fp16" if on.cuda else "fp32"}
 
 
 def math_change(cfg: TrialConfig, base: TrialConfig) -> str | None:

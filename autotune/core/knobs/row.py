@@ -72,6 +72,15 @@ class Machine(Protocol):
 
 
 @dataclass(frozen=True)
+class Guided:
+    """What a knob's `guide` (the published guides' value for it: the warm start) reads of the machine."""
+
+    cuda: bool
+    bf16: bool  # the trial's devices compute bf16 natively (compute capability 8.0+, AVX512-BF16 or AMX)
+    workers: int  # the usable CPUs shared by the trial's processes, as a worker count the space allows
+
+
+@dataclass(frozen=True)
 class Fix:
     """The knob fixed at `value` on this machine, and why."""
 

@@ -14,7 +14,9 @@ May import: the stdlib and the rest of autotune.core.
 
 from __future__ import annotations
 
-from autotune.core.knobs.row import knob
+from typing import Any
+
+from autotune.core.knobs.row import Guided, knob
 
 NAME = "set_to_none"
 ROW = knob(True, "`zero_grad(set_to_none=...)`")
@@ -22,3 +24,8 @@ NOT_IN = {
     "lightning": "the LightningModule zeroes its own gradients (optimizer_zero_grad())",
     "hf": "the Trainer zeroes gradients itself (model.zero_grad(), which frees them)",
 }
+
+
+def guide(on: Guided) -> dict[str, Any]:
+    """The guides' zero_grad: the gradients freed between steps."""
+    return {NAME: True}

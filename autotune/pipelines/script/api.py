@@ -32,15 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.core.knobs.precision import DTYPE, SPELLINGS, VALUES
+
 __all__ = ["accumulation", "autocast", "batch_size", "data_seed", "lr", "model", "scaler", "seed"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-# A precision as a script may spell it: autotune's name, or a torch dtype's (torch.bfloat16 is "bfloat16").
-_SPELLINGS = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-}  # fmt: skip
-_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+# The torch dtype's name autocast is given for each precision (torch.bfloat16 is "bfloat16").
+_DTYPE_NAMES = {p: dtype.removeprefix("torch.") for p, dtype in DTYPE.items()}
 
 
 @dataclass
@@ -165,13 +162,13 @@ def install(trial: Trial | None) -> None:
 
 
 def precision_of(own: Any) -> str:
-    """A precision as a script gives it (None, "bf16", "bfloat16", torch.bfloat16, ...) as one of PRECISIONS."""
+    """A precision as a script gives it (None, "bf16", "bfloat16", torch.bfloat16, ...) as one of its VALUES."""
     if own is None:
         return "fp32"
     name = own if isinstance(own, str) else str(own).removeprefix("torch.")
-    found = _SPELLINGS.get(name.lower())
+    found = SPELLINGS.get(name.lower())
     if found is None:
-        raise ValueError(f"at.autocast({own!r}): expected one of {', '.join(PRECISIONS)} or a torch dtype")
+        raise ValueError(f"at.autocast({own!r}): expected one of {', '.join(VALUES)} or a torch dtype")
     return found
 
 

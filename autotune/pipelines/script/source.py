@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.core.config import PRECISIONS
+from autotune.core.knobs.precision import SPELLINGS
 
 API_MODULE = "autotune.script"
 # Knobs read from the arguments of at.* calls: the script's own values, the baseline's.
@@ -28,11 +29,6 @@ SQRT_RULE = frozenset(
 OTHER_OPTIMIZERS = frozenset({"Lion", "Rprop", "ASGD", "LBFGS", "Muon", "Shampoo", "SophiaG", "Adan"})
 # Calls that set up the default process group: a script making one runs under torchrun, one process per GPU.
 PROCESS_GROUP = frozenset({"init_process_group", "init_device_mesh"})
-# The script's own precision, as at.autocast() is given it: a name, or torch's dtype (torch.bfloat16, ...).
-OWN_PRECISION = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-}  # fmt: skip
 # Calls that seed torch's global generator: a script making one starts each run from the same weights.
 # (A torch.Generator's manual_seed seeds only what draws from it, a sampler's order say, not the weights.)
 SEEDING = frozenset({"torch.manual_seed", "torch.random.manual_seed", "seed_everything", "set_seed"})
@@ -128,17 +124,17 @@ def _precision(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ..
     if isinstance(node, ast.Constant) and node.value is None:
         return "fp32"
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return OWN_PRECISION.get(node.value.lower(), f"{said} is not one of {', '.join(OWN_PRECISION)}")
+        return SPELLINGS.get(node.value.lower(), f"{said} is not one of {', '.join(SPELLINGS)}")
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
-        if node.attr in OWN_PRECISION and node.attr not in PRECISIONS:  # torch.bfloat16, not torch.bf16
-            return OWN_PRECISION[node.attr]
+        if node.attr in SPELLINGS and node.attr not in PRECISIONS:  # torch.bfloat16, not torch.bf16
+            return SPELLINGS[node.attr]
     if isinstance(node, ast.Name) and depth < 5:
         if (value := assigned_once(tree, node.id)) is not None:
             return _precision(tree, value, args, depth + 1)
     if isinstance(node, ast.Attribute):
         word = _argparse_default(tree, node.attr, args, str)  # the option's value, or why it has none
         if word is not None:
-            return OWN_PRECISION.get(str(word).lower(), f"{said}: {word}")
+            return SPELLINGS.get(str(word).lower(), f"{said}: {word}")
     return f"{said!r} is not a precision, a name assigned once, or an argparse option's default in the source"
 
 

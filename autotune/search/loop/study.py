@@ -11,7 +11,9 @@ from typing import Any
 import optuna
 
 from autotune import pipelines
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.core import knobs as described
+from autotune.core.config import TrialConfig, baseline_of, inert
+from autotune.core.knobs.row import Guided
 from autotune.core.settings import SearchSettings
 from autotune.core.errors import AutotuneError
 from autotune.core.outcomes import Role
@@ -51,33 +53,26 @@ def make_pruner() -> optuna.pruners.BasePruner:
 
 
 def warm_start(base: TrialConfig, hw: Hardware, space: SearchSpace | None = None) -> TrialConfig:
-    """The published guides' recommendation: workers = cores, pinned, AMP, fused AdamW, cudnn.benchmark.
+    """The published guides' recommendation (each knob's `guide`): workers = cores, pinned, AMP, fused AdamW,
+    cudnn.benchmark.
 
-    Cores are the usable ones (affinity, cgroup quota) shared by the trial's processes, one per GPU,
-    as a count the space allows: the warm start runs exactly as enqueued, in the space or not."""
+    Cores are the usable ones (affinity, cgroup quota) shared by the trial's processes, one per GPU, as a
+    count the space allows. A knob the space fixes keeps its fixed value (this machine cannot vary it, or the
+    pipeline cannot take it: a script that never calls at.autocast(), a Lightning module's own optimizer), and
+    one whose guide the space does not hold (fp16 for a script that hands over no GradScaler) the baseline's:
+    the guide's value would only be refused. Dependents not in effect (no workers: no persistence) are left
+    at their defaults."""
     bf16 = _bf16_supported(base.gpus) if hw.cuda else hw.cpu_bf16
-    precision = "bf16" if bf16 else "fp16" if hw.cuda else "fp32"  # a CPU without bf16 kernels: no AMP
-    if space is not None and "precision" in space.knobs and precision not in spec_values(space.knobs["precision"]):
-        precision = baseline_of(base).precision  # dropped: fp16 for a script that hands over no GradScaler
     workers = hw.workers_per_process(base.gpus, space.knobs.get("num_workers") if space else None)
-    guide: dict[str, Any] = dict(
-        num_workers=workers,
-        pin_memory=hw.cuda,
-        precision=precision,
-        optimizer_fusion="fused",
-        cudnn_benchmark=hw.cuda,
-        set_to_none=True,
-    )
-    # A knob the space fixes stays: this machine cannot vary it, or the pipeline cannot take it (a script
-    # that never calls at.autocast(), a Lightning module's own optimizer), so the guide's value would only
-    # be refused.
-    guide |= {
-        k: spec.value
-        for k, spec in (space.knobs.items() if space is not None else ())
-        if isinstance(spec, Fixed) and k in guide
-    }
-    on_workers = int(guide["num_workers"]) > 0  # both need workers
-    return baseline_of(base).replace(**guide, persistent_workers=on_workers, prefetch_factor=2 if on_workers else None)
+    own = baseline_of(base)
+    guide = described.guides(Guided(cuda=hw.cuda, bf16=bf16, workers=workers))
+    for k, spec in space.knobs.items() if space is not None else ():
+        if k in guide and isinstance(spec, Fixed):
+            guide[k] = spec.value
+        elif k in guide and guide[k] not in spec_values(spec):
+            guide[k] = getattr(own, k)
+    values = {**own.knobs(), **guide}
+    return own.replace(**(guide | inert(values)))
 
 
 def _bf16_supported(gpus: int = 1) -> bool:

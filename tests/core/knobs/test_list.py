@@ -106,3 +106,27 @@ def test_a_listed_knob_is_named_in_few_modules() -> None:
     over = {k: mods for k, mods in where.items() if len(mods) > OWNED[k]}
     assert not over, over
     assert where["tf32"] == ["core/config.py", "core/knobs/__init__.py", "core/knobs/tf32.py"]
+
+
+def test_the_guides_say_each_knobs_published_value_on_the_machine() -> None:
+    """The warm start is every knob's `guide`: AMP in the format the devices compute natively (fp16 on a GPU
+    without bf16, none on a CPU without it), a worker per usable CPU with persistence and a prefetch (none
+    without workers), pinned memory and cudnn.benchmark only on CUDA, fused AdamW, gradients freed."""
+    from autotune.core.knobs.row import Guided
+
+    cpu = knobs.guides(Guided(cuda=False, bf16=True, workers=2))
+    assert cpu == {
+        "cudnn_benchmark": False,
+        "precision": "bf16",
+        "optimizer_fusion": "fused",
+        "set_to_none": True,
+        "num_workers": 2,
+        "pin_memory": False,
+        "persistent_workers": True,
+        "prefetch_factor": 2,
+    }
+    old_gpu = knobs.guides(Guided(cuda=True, bf16=False, workers=0))
+    assert old_gpu["precision"] == "fp16" and old_gpu["pin_memory"] and old_gpu["cudnn_benchmark"]
+    assert old_gpu["persistent_workers"] is False and old_gpu["prefetch_factor"] is None
+    assert knobs.guides(Guided(cuda=False, bf16=False, workers=1))["precision"] == "fp32"
+    assert set(cpu) <= set(KNOBS)

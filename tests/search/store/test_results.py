@@ -336,6 +336,16 @@ def test_the_baselines_draws_are_every_speedups_denominator_and_their_spread_is_
     assert best["baseline"]["search_draws"] == [10.0, 8.0] and best["baseline"]["noise"].startswith("x0.889..x1.111")
 
 
+def test_a_no_change_export_is_x1_whatever_its_own_draw_measured(tmp_path: Path) -> None:
+    """The baseline exported (nothing faster): its trial drew 10.0 beside a second draw of 8.0, so its figure
+    over their median is x1.11; applying it trains at the user's own speed: x1, the draws' spread said apart."""
+    study = study_with(tmp_path, [("baseline", {}, 10.0), ("search", {"num_workers": 1}, 0.0)])
+    records.write_baseline_draw(study, 8.0)
+    best = yaml.safe_load(to_yaml(best_export(study, None, None)))
+    assert best["study"]["trial"] == 0 and best["speedup"] == 1.0
+    assert best["baseline"]["noise"].startswith("x0.889..x1.111")
+
+
 def test_a_config_of_the_baselines_training_is_never_passed_over_as_unchecked(tmp_path: Path) -> None:
     """Once a check passed (bf16, here), a checked config went before every unchecked one, and a faster config
     of the baseline's own training math was passed over as "not checked": it needs no check."""

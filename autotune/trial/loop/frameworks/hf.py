@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect, lr_effect, unsupported_effects
+from autotune.core import knobs as described
+from autotune.core.effects import effects as core_effects, knob_effect, lr_effect
 from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import threads
 from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, own_batch, tuned_fields
@@ -20,6 +21,9 @@ from autotune.trial.loop.frameworks import FOREVER
 from autotune.trial.loop.harness import checked
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
+
+
+NO_PINNING = "no CUDA device: pinning is a no-op, and dataloader_pin_memory stays as yours"
 
 
 def train(cfg: TrialConfig, job: HFJob, clock: Clock, device: torch.device, workdir: Path) -> dict[str, Any]:
@@ -124,52 +128,40 @@ def meter(transformers: Any, clock: Clock, seen: dict[str, Any]) -> Any:
 
 
 def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> dict[str, Any]:
-    """What the Trainer really ran with, read from its own objects where it has them."""
+    """What the Trainer really ran with: each knob as the TrainingArguments it took say it (each knob's
+    `hf_own`, as trial 0 reads the user's own), and as its own objects show it where they do: its DataLoader,
+    its optimizer, the model it checkpoints."""
     loader, model = seen.get("loader"), job.model
     optimizer = getattr(seen.get("optimizer"), "optimizer", seen.get("optimizer"))  # accelerate wraps it
     cuda = torch.cuda.is_available()
-    pinned = bool(getattr(loader, "pin_memory", args.dataloader_pin_memory)) and cuda
-    pin_why = "" if cuda else "no CUDA device: pinning is a no-op, and dataloader_pin_memory stays as yours"
-    fused = {k: optimizer.defaults.get(k) for k in ("fused", "foreach")} if optimizer is not None else {}
-    return {
-        "batch_size": knob_effect(
-            cfg.batch_size, getattr(loader, "batch_size", None) or args.per_device_train_batch_size
-        ),
+    ran = described.loader.hf_own(args) | described.own("hf_own", args)
+    named = described.fields("hf_fields", cfg, args) | {k: (f,) for k, f in described.loader.HF.items()}
+    why = {k: f"TrainingArguments({said(args, fields)})" for k, fields in named.items()}
+    if isinstance(loader, torch.utils.data.DataLoader):
+        ran |= described.loader.own(loader) | {"batch_size": loader.batch_size or ran["batch_size"]}
+        why |= dict.fromkeys([*described.loader.NAMES, "batch_size"], "")
+    if not cuda:
+        ran["pin_memory"], why["pin_memory"] = False, NO_PINNING
+    if optimizer is not None:
+        fused = {k: optimizer.defaults.get(k) for k in ("fused", "foreach")}
+        why["optimizer_fusion"] = f"{said(args, ['optim'])} -> {type(optimizer).__name__}({fused})"
+    ran["checkpoint_segments"] = int(checkpointing(model))
+    why["checkpoint_segments"] = "activation (gradient) checkpointing of the model: every layer, or none"
+    ranks = (args.world_size, "one process per device, under torchrun" if args.world_size > 1 else "")
+    return core_effects(
+        cfg,
+        {k: (v, why.get(k, "")) for k, v in ran.items() if k not in job.unsupported} | {"gpus": ranks},
+        job.unsupported,
+    ) | {
         "grad_accum": knob_effect(cfg.grad_accum, args.gradient_accumulation_steps),
-        "precision": knob_effect(cfg.precision, f"TrainingArguments(bf16={args.bf16}, fp16={args.fp16})"),
-        "num_workers": knob_effect(cfg.num_workers, getattr(loader, "num_workers", args.dataloader_num_workers)),
-        "pin_memory": knob_effect(cfg.pin_memory, pinned, pin_why),
-        "persistent_workers": knob_effect(cfg.persistent_workers, getattr(loader, "persistent_workers", None)),
-        "prefetch_factor": knob_effect(cfg.prefetch_factor, getattr(loader, "prefetch_factor", None)),
-        "gpus": knob_effect(
-            cfg.gpus, args.world_size, "one process per device, under torchrun" if cfg.gpus > 1 else ""
-        ),
-        "compile": knob_effect(cfg.compile, f"torch_compile={args.torch_compile}, mode={args.torch_compile_mode}"),
-        **(
-            {
-                "optimizer_fusion": knob_effect(
-                    cfg.optimizer_fusion,
-                    f"optim={getattr(args.optim, 'value', args.optim)} -> {type(optimizer).__name__}({fused})",
-                )
-            }
-            if "optimizer_fusion" not in job.unsupported
-            else {}
-        ),
-        **(
-            {
-                "checkpoint_segments": knob_effect(
-                    cfg.checkpoint_segments,
-                    checkpointing(model),
-                    "activation (gradient) checkpointing: every layer, or none",
-                )
-            }
-            if "checkpoint_segments" not in job.unsupported
-            else {}
-        ),
-        **unsupported_effects(cfg, job.unsupported),
         "lr": lr_effect(cfg, job.args.learning_rate, args.learning_rate, own_batch(job.args)),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.model.modules()),
     }
+
+
+def said(args: Any, fields: Any) -> str:
+    """TrainingArguments' `fields` as the Trainer took them (an enum by its value)."""
+    return ", ".join(f"{f}={getattr(getattr(args, f), 'value', getattr(args, f))!r}" for f in fields)
 
 
 def checkpointing(model: Any) -> bool:

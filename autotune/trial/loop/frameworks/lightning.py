@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect, lr_effect, unsupported_effects
+from autotune.core import knobs as described
+from autotune.core.effects import effects as core_effects, knob_effect, lr_effect
 from autotune.core.errors import PipelineError
 from autotune.core.config import lr_scale
 from autotune.pipelines.frameworks import threads
@@ -215,14 +216,17 @@ def gpus_why(cfg: TrialConfig, trainer: Any, cuda: bool) -> str:
 
 def effects(cfg: TrialConfig, job: LightningJob, trainer: Any, cuda: bool) -> dict[str, Any]:
     """What the Trainer really ran with, knob by knob, and what the export hands back."""
-    return {
-        "precision": knob_effect(cfg.precision, f"Trainer(precision={trainer.precision!r})"),
-        "grad_accum": knob_effect(cfg.grad_accum, trainer.accumulate_grad_batches),
-        "gpus": knob_effect(cfg.gpus, trainer.world_size, gpus_why(cfg, trainer, cuda)),
-        "compile": knob_effect(
-            cfg.compile, cfg.compile, "torch.compile(module) before Trainer.fit" if cfg.compile != "off" else ""
+    compiled = "torch.compile(module) before Trainer.fit" if cfg.compile != "off" else ""
+    seen = {
+        "precision": (
+            described.precision.lightning_own({"precision": trainer.precision}),
+            f"Trainer(precision={trainer.precision!r})",
         ),
-        **unsupported_effects(cfg, job.unsupported),
+        "gpus": (trainer.world_size, gpus_why(cfg, trainer, cuda)),
+        "compile": (cfg.compile, compiled),
+    }
+    return core_effects(cfg, seen, job.unsupported) | {
+        "grad_accum": knob_effect(cfg.grad_accum, trainer.accumulate_grad_batches),
         "batch_norm_layers": sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in job.module.modules()),
         "framework": {
             "library": job.library,
