@@ -28,7 +28,7 @@ def test_outside_a_trial_the_script_s_own_amp_runs() -> None:
             assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
             assert model(torch.ones(1, 2)).dtype == torch.bfloat16
     assert at.scaler(own=True).is_enabled() and not at.scaler().is_enabled()
-    with pytest.raises(ValueError, match="expected one of fp32, bf16, fp16"):
+    with pytest.raises(ValueError, match="expected one of fp32, fp16, bf16"):
         at.autocast("int8")
 
 
