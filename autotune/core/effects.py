@@ -35,12 +35,16 @@ def knob_effect(requested: Any, in_effect: Any, why: str = "") -> dict[str, Any]
     return rec
 
 
-def lr_effect(cfg: TrialConfig, given: Any, trained: Any, own_batch: int | None = None) -> dict[str, Any]:
+def lr_effect(
+    cfg: TrialConfig, given: Any, trained: Any, own_batch: int | None = None, global_batch: int | None = None
+) -> dict[str, Any]:
     """The lr a trial trained with against the lr it was given, and the rule between them.
 
     own_batch None: autotune's own `lr`, given for the study's reference batch and scaled to the config's
     global batch. Otherwise the job's own lr (a framework's, a script's), meant for the job's own global
-    batch `own_batch`, which the rule scales from."""
+    batch `own_batch`, which the rule scales from to `global_batch`, the one the trained lr is for (the
+    config's unless given)."""
+    to = cfg.global_batch_size if global_batch is None else global_batch
     if own_batch is None:
         if trained == given:
             return knob_effect(given, given)
@@ -50,14 +54,14 @@ def lr_effect(cfg: TrialConfig, given: Any, trained: Any, own_batch: int | None 
             f"{cfg.lr_scaling} rule: global batch {cfg.global_batch_size} "
             f"vs the {cfg.reference_batch} that lr is given for",
         )
-    if cfg.global_batch_size == own_batch or cfg.lr_scaling == "none":
+    if to == own_batch or cfg.lr_scaling == "none":
         return knob_effect(given, trained, f"the pipeline's own learning rate (its global batch {own_batch})")
-    factor = lr_factor(cfg.global_batch_size / own_batch, cfg.lr_scaling)
+    factor = lr_factor(to / own_batch, cfg.lr_scaling)
     return knob_effect(
         given,
         trained,
         f"the pipeline's own lr, meant for its global batch {own_batch}, x "
-        f"{factor:.4g}: {cfg.lr_scaling} rule for global batch {cfg.global_batch_size}",
+        f"{factor:.4g}: {cfg.lr_scaling} rule for global batch {to}",
     )
 
 

@@ -195,7 +195,7 @@ def batch_and_lr(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJo
     corrected = (built or {}).get("planned_for")
     if own_global is not None and "batch_size" in got and before is not None:
         lr_global = corrected["ran"] if corrected and "lr" not in got else planned
-        out["lr"] = lr_effect(cfg.replace(batch_size=lr_global, gpus=1, global_batch=None), before, after, own_global)
+        out["lr"] = lr_effect(cfg, before, after, own_global, global_batch=lr_global)
         out["lr"]["rule"] = rule
         if arithmetic != 1:
             out["lr"]["why"] += (
