@@ -234,6 +234,11 @@ class TrialConfig:
     def knobs(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in KNOBS}
 
+    @property
+    def is_baseline(self) -> bool:
+        """Its knobs are the baseline's (baseline_of): the job as the user runs it, nothing overridden."""
+        return self.knobs() == baseline_of(self).knobs()
+
     def workload(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in WORKLOAD}
         out["baseline"] = dict(self.baseline) if self.baseline is not None else None  # a mapping in YAML

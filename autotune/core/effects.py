@@ -17,6 +17,8 @@ from autotune.core.errors import TrialUnsupported
 
 # What a job saw of each knob: the value in effect, and why it differs from the one asked for when it does.
 Seen = dict[str, tuple[Any, str]]
+# Why a script's baseline records each knob at the script's own value.
+AS_WRITTEN = "the baseline runs the script's own settings"
 
 
 def effects(cfg: TrialConfig, seen: Seen, unsupported: Collection[str] = ()) -> dict[str, Any]:

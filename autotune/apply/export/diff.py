@@ -81,7 +81,7 @@ def to_diff(e: Export, device: str | None = None, cwd: str | None = None) -> str
         job = script.load(cfg)
     except PipelineError as err:
         raise ConfigError(f"--format diff: the study's script is not readable on this machine: {err}") from None
-    if cfg.knobs() == baseline_of(cfg).knobs():
+    if cfg.is_baseline:
         return NO_CHANGE
     source = Path(path).read_bytes()
     name, where = header_name(path, cwd or os.getcwd())

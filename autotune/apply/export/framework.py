@@ -10,7 +10,6 @@ from typing import Any
 from collections.abc import Mapping
 
 from autotune.apply.export import _loader
-from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
 from autotune.pipelines import kind_of
 from autotune.pipelines.frameworks import hf, lightning
@@ -64,7 +63,7 @@ def _notes(e: Export, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> 
 def is_own_baseline(e: Export) -> bool:
     """Whether the best is the baseline and that baseline is the user's own settings (read from their job,
     or --baseline): then their settings were already the fastest measured, and nothing is to change."""
-    return e.config.baseline is not None and e.config.knobs() == baseline_of(e.config).knobs()
+    return e.config.baseline is not None and e.config.is_baseline
 
 
 def _lightning(e: Export, fw: Mapping[str, Any]) -> str:

@@ -64,7 +64,7 @@ def patched_copy(
     copy_args = tuple(args)
     model: Path | None = None
     routed: list[str] = []
-    if cfg.knobs() != baseline_of(cfg).knobs():
+    if not cfg.is_baseline:
         rewrite = Rewrite.measured(source, cfg, job, device, sites)
         source = rewrite.apply()
         notes = tuple(rewrite.notes)

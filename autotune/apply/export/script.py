@@ -12,7 +12,6 @@ from __future__ import annotations
 import shlex
 
 from autotune.apply.export import _compute, _loader, _step
-from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
 from autotune.core.errors import AutotuneError
 from autotune.pipelines import kind_of, script
@@ -28,7 +27,7 @@ def to_script(e: Export, device: str | None = None) -> str:
         raise AutotuneError(f"--format script needs a script study (--pipeline script:...), not {cfg.pipeline!r}")
     path, args = script.parse(cfg.pipeline)
     head = [f"# autotune export for {path}", f"# its arguments: {shlex.join(args) or '(none)'}"]
-    if cfg.knobs() == baseline_of(cfg).knobs():
+    if cfg.is_baseline:
         return "\n".join([*head, "# no change: the fastest configuration measured is the script as written", ""])
     if e.speedup is not None:
         head.append(f"# measured speedup over the script as written: x{e.speedup:.2f}")

@@ -20,7 +20,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.core.config import baseline_of
 from autotune.core.configfile import Export
 from autotune.search.store import records
 
@@ -77,7 +76,7 @@ def over(study: optuna.Study, export: Export) -> Export:
     if not record:
         return export
     number = export.study.get("trial")
-    as_written = export.config.knobs() == baseline_of(export.config).knobs()
+    as_written = export.config.is_baseline
     if record.get("trial") != number and not (as_written and overrules(record, record.get("trial", -1))):
         return export  # the rounds measured another config than this export (an older run's)
     section = {k: record[k] for k in SHOWN if k in record}

@@ -378,7 +378,7 @@ def unchanged(export: Export) -> Export:
     """`export`, whose speedup is x1 where it is the baseline's own config ("no change"): applying it trains at
     the speed the user has. Its own draw over the draws' median (x0.98, x1.05) is this machine's noise,
     which best.yaml's baseline section says, not a gain or a loss."""
-    if export.config.knobs() != baseline_of(export.config).knobs():
+    if not export.config.is_baseline:
         return export
     return dataclasses.replace(export, speedup=1.0)
 

@@ -23,7 +23,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.effects import knob_effect
 from autotune.core.knobs.precision import NAME as NAME
 from autotune.pipelines.script import api
-from autotune.trial.loop.script.baseline import AS_WRITTEN
+from autotune.core.effects import AS_WRITTEN
 from autotune.trial.measurement import observe
 
 if TYPE_CHECKING:

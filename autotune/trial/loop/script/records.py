@@ -13,12 +13,11 @@ import torch
 
 from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
-from autotune.core.effects import Seen, effects, knob_effect
+from autotune.core.effects import AS_WRITTEN, Seen, effects, knob_effect
 from autotune.pipelines.script import ScriptJob, api
 from autotune.trial.loop import knobs
 from autotune.trial.loop.knobs import precision
 from autotune.trial.loop.script import batch, loader, optimizer
-from autotune.trial.loop.script.baseline import AS_WRITTEN
 from autotune.trial.loop.script.shown import Shown
 from autotune.trial.measurement import observe
 

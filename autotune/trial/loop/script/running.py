@@ -24,7 +24,6 @@ from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
 from autotune.pipelines import load_pipeline
 from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api
 from autotune.trial.loop import knobs
-from autotune.trial.loop.script.baseline import is_as_written
 from autotune.trial.loop.script.batch import batch_handover
 from autotune.trial.loop.script.ranks import Ranks
 from autotune.trial.loop.script.records import what_ran
@@ -82,7 +81,7 @@ def _run(
     refuse_unsupported(cfg, job.refused())
     if world != cfg.gpus:  # a rank count not realised is never measured as that many GPUs
         raise TrialUnsupported(f"gpus {cfg.gpus}: this process is one of {world} rank(s): run it under torchrun")
-    as_written = is_as_written(cfg)
+    as_written = cfg.is_baseline
     trial = trial_of(cfg, job, machine, as_written)
     handed = trial.option_words() if job.batch_option is not None else []
     if handed and job.own is not None:  # its batch handed over through its own option, recorded as handed
