@@ -47,9 +47,13 @@ class HFJob(FrameworkJob):
         and gradient checkpointing. Knobs the job cannot express are left out (they stay at their defaults).
         gradient_accumulation_steps is no knob: the study's --global-batch carries it (and the lr scaling
         already starts from the user's own global batch, `own_batch`), so global_batch is not read."""
-        args = self.args
-        out = knobs.loader.hf_own(args) | knobs.own("hf_own", args)
-        return {k: v for k, v in out.items() if k not in self.unsupported}
+        return {k: v for k, v in said(self.args).items() if k not in self.unsupported}
+
+
+def said(args: Any) -> dict[str, Any]:
+    """Each knob as TrainingArguments say it: each knob module's `hf_own`, the loader's four by their fields.
+    Trial 0 reads the user's own so; a trial reads back the arguments the Trainer took."""
+    return knobs.loader.hf_own(args) | knobs.own("hf_own", args)
 
 
 def check(spec: str, transformers: Any, returned: Any) -> HFJob | None:

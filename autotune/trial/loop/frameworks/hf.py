@@ -15,7 +15,7 @@ from autotune.core import knobs as described
 from autotune.core.effects import effects as core_effects, knob_effect, lr_effect
 from autotune.core.errors import PipelineError
 from autotune.pipelines.frameworks import threads
-from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, own_batch, tuned_fields
+from autotune.pipelines.frameworks.hf import HFJob, changes, horizon, own_batch, said, tuned_fields
 from autotune.trial.loop import knobs
 from autotune.trial.loop.frameworks import FOREVER
 from autotune.trial.loop.harness import checked
@@ -128,15 +128,15 @@ def meter(transformers: Any, clock: Clock, seen: dict[str, Any]) -> Any:
 
 
 def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> dict[str, Any]:
-    """What the Trainer really ran with: each knob as the TrainingArguments it took say it (each knob's
-    `hf_own`, as trial 0 reads the user's own), and as its own objects show it where they do: its DataLoader,
-    its optimizer, the model it checkpoints."""
+    """What the Trainer really ran with: each knob as the TrainingArguments it took say it (`said`, as trial 0
+    reads the user's own), and as its own objects show it where they do: its DataLoader, its optimizer, the
+    model it checkpoints."""
     loader, model = seen.get("loader"), job.model
     optimizer = getattr(seen.get("optimizer"), "optimizer", seen.get("optimizer"))  # accelerate wraps it
     cuda = torch.cuda.is_available()
-    ran = described.loader.hf_own(args) | described.own("hf_own", args)
+    ran = said(args)
     named = described.fields("hf_fields", cfg, args) | {k: (f,) for k, f in described.loader.HF.items()}
-    why = {k: f"TrainingArguments({said(args, fields)})" for k, fields in named.items()}
+    why = {k: f"TrainingArguments({fields_as_taken(args, fields)})" for k, fields in named.items()}
     if isinstance(loader, torch.utils.data.DataLoader):
         ran |= described.loader.own(loader) | {"batch_size": loader.batch_size or ran["batch_size"]}
         why |= dict.fromkeys([*described.loader.NAMES, "batch_size"], "")
@@ -144,7 +144,7 @@ def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> di
         ran["pin_memory"], why["pin_memory"] = False, NO_PINNING
     if optimizer is not None:
         fused = {k: optimizer.defaults.get(k) for k in ("fused", "foreach")}
-        why["optimizer_fusion"] = f"{said(args, ['optim'])} -> {type(optimizer).__name__}({fused})"
+        why["optimizer_fusion"] = f"{fields_as_taken(args, ['optim'])} -> {type(optimizer).__name__}({fused})"
     ran["checkpoint_segments"] = int(checkpointing(model))
     why["checkpoint_segments"] = "activation (gradient) checkpointing of the model: every layer, or none"
     ranks = (args.world_size, "one process per device, under torchrun" if args.world_size > 1 else "")
@@ -159,7 +159,7 @@ def effects(cfg: TrialConfig, job: HFJob, args: Any, seen: dict[str, Any]) -> di
     }
 
 
-def said(args: Any, fields: Any) -> str:
+def fields_as_taken(args: Any, fields: Any) -> str:
     """TrainingArguments' `fields` as the Trainer took them (an enum by its value)."""
     return ", ".join(f"{f}={getattr(getattr(args, f), 'value', getattr(args, f))!r}" for f in fields)
 
