@@ -201,8 +201,11 @@ def test_bf16_autocast_on_cpu() -> None:
         assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
     assert lin.weight.dtype == torch.float32  # autocast casts per op; the master weights stay fp32
     assert not p.scaler.is_enabled()  # bf16 has fp32's range: no loss scaling
-    assert p.applied["precision"]["in_effect"] == "autocast(cpu, bf16)"
-    assert "why" not in p.applied["precision"]
+    assert p.applied["precision"] == {
+        "requested": "bf16",
+        "in_effect": "bf16",
+        "why": "autocast(cpu, bf16) around the forward and the loss",  # how, as every job kind says it
+    }
 
 
 def test_fp16_enables_grad_scaler_and_says_why_on_cpu() -> None:

@@ -90,13 +90,11 @@ class Precision:
         self.dtype = DTYPES[cfg.precision]
         self.enabled = cfg.precision != "fp32"
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
-        why = ""
+        why = f"autocast({device.type}, {cfg.precision}) around the forward and the loss" if self.enabled else ""
         if cfg.precision == "fp16" and device.type != "cuda":
-            why = "no CUDA device: fp16 autocast runs on CPU, without tensor cores"
+            why += "; no CUDA device: fp16 autocast runs on CPU, without tensor cores"
         self.applied = {
-            "precision": knob_effect(
-                cfg.precision, f"autocast({device.type}, {cfg.precision})" if self.enabled else "fp32", why
-            ),
+            "precision": knob_effect(cfg.precision, cfg.precision if self.enabled else "fp32", why),
             "grad_scaler": self.scaler.is_enabled(),
         }
 
