@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
+from autotune.core.effects import effects, knob_effect
 from autotune.core.errors import TrialUnsupported
 from autotune.trial.loop import knobs
 from autotune.trial.measurement import observe
@@ -103,7 +103,7 @@ def shard(
     model = model.to(device)  # FSDP shards what is on the device (or moves shards to the host: offload)
     _same_weights_as_rank0(model)
     # The model knobs before data-parallel as FSDP takes them (the memory format: the inputs only).
-    applied: dict[str, Any] = {k.NAME: k.sharded(cfg) for k in knobs.BEFORE_PARALLEL if hasattr(k, "sharded")}
+    applied = effects(cfg, {k.NAME: k.sharded(cfg) for k in knobs.BEFORE_PARALLEL if hasattr(k, "sharded")})
     mesh = init_device_mesh(device.type, (world,))
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.fsdp_param_dtype], reduce_dtype=DTYPES[cfg.fsdp_reduce_dtype])
     offload, offload_why = _offload(cfg, device)

@@ -26,7 +26,7 @@ from torch import nn
 
 from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect, lr_effect
+from autotune.core.effects import Seen, effects, knob_effect, lr_effect
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.trial.loop.knobs import num_threads as threads
 from autotune.trial.loop.knobs.compile import COMPILE_BACKEND_ENV
@@ -101,21 +101,21 @@ def set_flags(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
 def prepare_model(
     model: nn.Module, cfg: TrialConfig, device: torch.device, world: int
 ) -> tuple[nn.Module, dict[str, Any]]:
-    applied: dict[str, Any] = {}
+    seen: Seen = {}
     model = model.to(device)
     for knob in BEFORE_PARALLEL:
         if (to_model := getattr(knob, "to_model", None)) is not None:  # the rest apply in the loop or by stage
             model = to_model(model, cfg)
-            applied[knob.NAME] = knob.applied(model, cfg)
+            seen[knob.NAME] = knob.ran(model, cfg)
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    applied["gpus"] = knob_effect(cfg.gpus, world, _ddp_why(world, device))
+    seen["gpus"] = (world, _ddp_why(world, device))
     for knob in AFTER_PARALLEL:
         if (to_model := getattr(knob, "to_model", None)) is not None:  # the rest apply in the loop or by stage
             model = to_model(model, cfg)
-            applied[knob.NAME] = knob.applied(model, cfg)
-    return model, applied
+            seen[knob.NAME] = knob.ran(model, cfg)
+    return model, effects(cfg, seen)
 
 
 def _ddp_why(world: int, device: torch.device) -> str:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
 from autotune.core.knobs.channels_last import NO_CONV, NAME as NAME
 from autotune.pipelines.script import api
 
@@ -35,8 +34,9 @@ def to_model(model: torch.nn.Module, cfg: TrialConfig) -> torch.nn.Module:
     return model
 
 
-def applied(model: torch.nn.Module, cfg: TrialConfig) -> dict[str, Any]:
-    return knob_effect(cfg.channels_last, cfg.channels_last and in_effect(model))
+def ran(model: torch.nn.Module, cfg: TrialConfig) -> tuple[bool, str]:
+    """What autotune's own model showed of it: its 4-D weights in the format (a `seen` pair)."""
+    return cfg.channels_last and in_effect(model), ""
 
 
 def to_input(t: torch.Tensor, device: torch.device, cfg: TrialConfig) -> torch.Tensor:
@@ -55,9 +55,9 @@ SHARDED = (
 )
 
 
-def sharded(cfg: TrialConfig) -> dict[str, Any]:
+def sharded(cfg: TrialConfig) -> tuple[bool, str]:
     """Its effect under FSDP (the model left as it is)."""
-    return knob_effect(cfg.channels_last, cfg.channels_last, SHARDED if cfg.channels_last else "")
+    return cfg.channels_last, SHARDED if cfg.channels_last else ""
 
 
 def inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.core.config import TrialConfig
-from autotune.core.effects import knob_effect
 from autotune.core.knobs.compile import NAME as NAME
 from autotune.pipelines.script import api
 from autotune.trial.measurement import observe
@@ -42,8 +41,9 @@ def to_model(model: torch.nn.Module, cfg: TrialConfig) -> torch.nn.Module:
     return model if cfg.compile == "off" else _compiled(model, cfg.compile)
 
 
-def applied(model: torch.nn.Module, cfg: TrialConfig) -> dict[str, Any]:
-    return knob_effect(cfg.compile, cfg.compile if observe.is_compiled(model) or cfg.compile == "off" else "off")
+def ran(model: torch.nn.Module, cfg: TrialConfig) -> tuple[str, str]:
+    """What autotune's own model showed of it: compiled, or not (a `seen` pair)."""
+    return (cfg.compile if observe.is_compiled(model) or cfg.compile == "off" else "off"), ""
 
 
 # ---- an unedited script's model (trial/loop/script/model.py calls these by the knob list) ----------------
