@@ -50,7 +50,7 @@ ROWS = {
 
 SUB = ("fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")
 DTYPE = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
-# Each target's field for the five, where it has one.
+# Where each of the five goes in each target under fsdp: its field, or where instead.
 FIELDS = {
     "lightning": {
         "parallel": "trainer_kwargs['strategy'] = ModelParallelStrategy() (FSDP2) + AutotuneHooks.configure_model",
@@ -77,8 +77,8 @@ FIELDS = {
 
 
 def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
-    """The knob table's rows for the five in `target`'s terms: its own field for each it holds, every other
-    row says where it goes or why nothing is to be done."""
+    """The knob table's rows for the five in `target`'s terms: where each goes under fsdp, else why nothing
+    is to be done."""
     if cfg.gpus == 1:
         return {k: "one process: no strategy to set" for k in ("parallel", *SUB)}
     if not cfg.sharded:
@@ -86,11 +86,7 @@ def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
             "parallel": "ddp: one process per device, each with the whole model (the default)",
             **{k: "parallel is ddp: not used" for k in SUB},
         }
-    own = {
-        "fsdp_param_dtype": "the mixed-precision policy's param_dtype (see below)",
-        "fsdp_reduce_dtype": "the mixed-precision policy's reduce_dtype (see below)",
-    }
-    return {k: FIELDS[target].get(k, own.get(k, "see below")) for k in ("parallel", *SUB)}
+    return {k: FIELDS[target][k] for k in ("parallel", *SUB)}
 
 
 def mp_policy(cfg: TrialConfig) -> str:
