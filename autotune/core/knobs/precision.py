@@ -3,12 +3,14 @@ scaling keeps fp16's small gradients from flushing to zero). It changes the roun
 class that parity checks against the baseline's loss trajectory.
 
 - Its space rules: fp16 needs CUDA; bf16 on a CPU without native bf16 (AVX512-BF16 or AMX) is emulated, about
-  70x slower than fp32; a script whose fp16 has no GradScaler handed over cannot take fp16.
+  70x slower than fp32; a script whose fp16 has no GradScaler handed over cannot take fp16. The warm start
+  (`guide`): bf16 where the devices compute it natively, else fp16 on CUDA.
 - Autotune's pipelines: autocast around the forward and the loss, a GradScaler on every path, enabled for
   fp16 only (trial/loop/knobs/precision.py).
 - An unedited script: autocast entered at a forward pre-hook of the model its optimizer trains and left at its
   forward hook, its floating outputs handed back in fp32 (a loss outside it stays fp32); with `at.autocast()`
-  the script's own block takes the trial's precision. Observed: the dtype of the model's output.
+  the script's own block takes the trial's precision; its own precision, given to at.autocast() or read from
+  its source, is spelled as `SPELLINGS` allows. Observed: the dtype of the model's output.
 - The exports: the lines below, in each target's terms.
 
 May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).
