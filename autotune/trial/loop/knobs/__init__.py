@@ -75,7 +75,7 @@ def routed_through(call: str, among: tuple[ModuleType, ...] = MODEL) -> tuple[Mo
 
 def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     """The process knobs, before the job runs: the thread count, then the flags."""
-    return {threads.NAME: threads.set_up(cfg)} | set_flags(cfg, device)
+    return effects(cfg, {threads.NAME: threads.set_up(cfg)} | set_flags(cfg, device))
 
 
 def set_flag(path: str, value: Any) -> None:
@@ -83,19 +83,17 @@ def set_flag(path: str, value: Any) -> None:
     setattr(observe.torch_flag(owner), attr, value)
 
 
-def set_flags(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
+def set_flags(cfg: TrialConfig, device: torch.device) -> Seen:
     """The process flags of the knob list, set by name before the job runs, each read back: in effect only on
     CUDA, where what they switch runs."""
     cuda = device.type == "cuda"
-    applied: dict[str, Any] = {}
+    seen: Seen = {}
     for knob in described.FLAGS:
         value = getattr(cfg, knob.NAME)
         for path, setting in knob.sets(value).items():
             set_flag(path, setting)
-        applied[knob.NAME] = knob_effect(
-            value, bool(observe.torch_flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else ""
-        )
-    return applied
+        seen[knob.NAME] = (bool(observe.torch_flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else "")
+    return seen
 
 
 def prepare_model(

@@ -7,13 +7,11 @@ May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop a
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
 from autotune.core.config import TrialConfig
 from autotune.core.cpus import usable_cpus
-from autotune.core.effects import knob_effect
 from autotune.core.knobs.num_threads import NAME as NAME
 
 
@@ -23,7 +21,8 @@ def _ranks_on_this_node() -> int | None:
     return int(n) if n else None
 
 
-def set_up(cfg: TrialConfig) -> dict[str, Any]:
+def set_up(cfg: TrialConfig) -> tuple[int, str]:
+    """The thread count set, and what the process runs with (a `seen` pair)."""
     ranks = _ranks_on_this_node()
     why = ""
     if cfg.num_threads > 0:
@@ -38,4 +37,4 @@ def set_up(cfg: TrialConfig) -> dict[str, Any]:
         why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
     else:
         why = "0 = torch default"
-    return knob_effect(cfg.num_threads, torch.get_num_threads(), why)
+    return torch.get_num_threads(), why
