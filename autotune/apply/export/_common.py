@@ -1,9 +1,6 @@
-"""What the framework renderings and their concept modules share: where accelerate's export puts what its
-config cannot hold, and the accelerator a trial ran on."""
+"""What the framework renderings share: the accelerator a trial ran on."""
 
 from __future__ import annotations
-
-from autotune.core.knobs.row import IN_SCRIPT as IN_SCRIPT  # what accelerate's config file cannot hold
 
 
 def accelerator(device: str | None) -> str:

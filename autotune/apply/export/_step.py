@@ -8,9 +8,9 @@ import ast
 import math
 from typing import TYPE_CHECKING, Any
 
-from autotune.apply.export._common import IN_SCRIPT
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.knobs import optimizer_fusion
+from autotune.core.knobs.row import IN_SCRIPT
 from autotune.pipelines.script import option_lr_factor, source
 
 if TYPE_CHECKING:

@@ -48,7 +48,6 @@ ROWS = {
     "fsdp_offload": knob(False, "FSDP's CPUOffloadPolicy (state in host memory)", needs="fsdp", memory=True),
 }
 
-SUB = ("fsdp_reshard", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload")
 DTYPE = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 # Where each of the five goes in each target under fsdp: its field, or where instead.
 FIELDS = {
@@ -80,13 +79,13 @@ def rows(cfg: TrialConfig, target: str) -> dict[str, str]:
     """The knob table's rows for the five in `target`'s terms: where each goes under fsdp, else why nothing
     is to be done."""
     if cfg.gpus == 1:
-        return {k: "one process: no strategy to set" for k in ("parallel", *SUB)}
+        return dict.fromkeys(ROWS, "one process: no strategy to set")
     if not cfg.sharded:
         return {
             "parallel": "ddp: one process per device, each with the whole model (the default)",
-            **{k: "parallel is ddp: not used" for k in SUB},
+            **{k: "parallel is ddp: not used" for k in ROWS if k != "parallel"},
         }
-    return {k: FIELDS[target][k] for k in ("parallel", *SUB)}
+    return {k: FIELDS[target][k] for k in ROWS}
 
 
 def mp_policy(cfg: TrialConfig) -> str:
