@@ -73,6 +73,12 @@ def routed_through(call: str, among: tuple[ModuleType, ...] = MODEL) -> tuple[Mo
     return tuple(k for k in among if described.BY_NAME[k.NAME].ROUTE == call)
 
 
+def handed_records(trial: Any) -> dict[str, Any]:
+    """What the model knobs a script hands over through its at.* calls record of them (`handed_record`: what
+    at.autocast() entered, whether at.scaler()'s GradScaler scaled), in the list's order."""
+    return {k: v for knob in MODEL for k, v in getattr(knob, "handed_record", lambda t: {})(trial).items()}
+
+
 def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     """The process knobs, before the job runs: the thread count, then the flags."""
     return effects(cfg, {threads.NAME: threads.set_up(cfg)} | set_flags(cfg, device))

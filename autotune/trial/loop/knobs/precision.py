@@ -6,8 +6,8 @@ outside the model runs in fp32, as it would under autocast. Inside a script's ow
 precision runs in its place (fp32: autocast off), and that is said. Observed: the dtype of the model's
 output inside the autocast, before it is handed back.
 
-With at.autocast() the trial's precision is handed over instead (`amp_record`, `precision_effect`: what the
-model's forward showed).
+With at.autocast() the trial's precision is handed over instead (`handed_record`, `handed_seen`: what the
+model's forward showed). The baseline's model is only watched (`watch`): the precision the script runs at.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -77,9 +77,21 @@ class Autocast:
     def post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         if self.entered:
             self.entered.pop().__exit__(None, None, None)
-        if self.seen is None and (t := first_floating(output)) is not None:
-            self.seen = NAMES.get(t.dtype, str(t.dtype).removeprefix("torch."))
+        if self.seen is None:
+            self.seen = observed_dtype(output)
         return to_fp32(output)
+
+
+class Watched:
+    """The baseline's model, only watched (no autocast entered): the precision its first floating output came
+    in, the script's own."""
+
+    def __init__(self) -> None:
+        self.seen: str | None = None
+
+    def post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self.seen is None:
+            self.seen = observed_dtype(output)
 
 
 class Precision:
@@ -116,9 +128,16 @@ def seam(
     return autocast, args
 
 
-def seen(found: Found, cfg: TrialConfig, state: Autocast | None) -> tuple[str, str]:
-    if state is None:  # the baseline (watched: the script's own precision), or its precision kept
-        own = found.seen or baseline_of(cfg).precision
+def watch(model: torch.nn.Module, hooks: list[Any]) -> Watched:
+    """The baseline's model: a forward hook that reads the precision it runs at, as the script wrote it."""
+    watched = Watched()
+    hooks.append(model.register_forward_hook(watched.post))
+    return watched
+
+
+def seen(found: Found, cfg: TrialConfig, state: Autocast | Watched | None) -> tuple[str, str]:
+    if not isinstance(state, Autocast):  # the baseline (watched: the script's own precision), or its precision kept
+        own = (state.seen if state is not None else None) or baseline_of(cfg).precision
         return own, f"the script's own: its model returned {own}"
     said = f"{found.where}: autocast around its forward, its outputs handed back in fp32"
     if state.outer is not None:
@@ -126,8 +145,14 @@ def seen(found: Found, cfg: TrialConfig, state: Autocast | None) -> tuple[str, s
     return state.seen or "fp32", said
 
 
-def observed(found: Found, state: Autocast | None) -> dict[str, Any]:
-    return {"model_output_precision": state.seen if state is not None else found.seen}
+def observed(found: Found, state: Autocast | Watched | None) -> dict[str, Any]:
+    return {"model_output_precision": state.seen if state is not None else None}
+
+
+def recorded(state: Autocast | Watched | None) -> dict[str, Any]:
+    """What trial 0's lessons read of the model (search/space/resolve.py): the precision the script's own model
+    returned, watched in the baseline."""
+    return {"own_precision": state.seen} if isinstance(state, Watched) and state.seen else {}
 
 
 def observed_dtype(output: Any) -> str | None:
@@ -139,7 +164,7 @@ def observed_dtype(output: Any) -> str | None:
 PRECISION_OF_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def amp_record(trial: api.Trial) -> dict[str, Any]:
+def handed_record(trial: api.Trial) -> dict[str, Any]:
     """The script's own AMP: what at.autocast() entered (and an autocast of the script's around it), and
     whether at.scaler()'s GradScaler scaled."""
     out: dict[str, Any] = {}

@@ -1,5 +1,6 @@
-"""The DataLoader knobs for a script (num_workers, pin_memory, persistent_workers, prefetch_factor), and
-the data order: what a trial sets over the script's own DataLoader arguments, and what each loader ran.
+"""The DataLoader seam's parts for a script: the micro-batch handed over through its DataLoaders, whether a
+loader's order comes from the generator the trial seeds, and why `autotune run` keeps a loader as written.
+What each loader ran is recorded in records.py.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -10,9 +11,7 @@ from typing import Any
 
 from torch.utils.data import RandomSampler
 
-from autotune.core.effects import Seen
-from autotune.pipelines.script import LOADER_KNOBS, api
-from autotune.trial.loop.script.shown import Shown
+from autotune.pipelines.script import api
 
 
 # A loader `autotune run` left as written: the exported trial never iterated it (Seams.measured).
@@ -37,30 +36,3 @@ def shuffled(it: Any) -> bool:
     sampler = getattr(it, "_index_sampler", None)
     sampler = getattr(sampler, "sampler", sampler)
     return isinstance(sampler, RandomSampler)
-
-
-def seen(shown: Shown, unsupported: frozenset[str], why: str) -> Seen:
-    """Each supported DataLoader knob as the script's first loader it was applied to ran it (`autotune run`
-    leaves the loaders no trial measured as written), else its first."""
-    loader = next(
-        (x for x in shown.loaders if x.get("kept") != UNMEASURED), shown.loaders[0] if shown.loaders else None
-    )
-    out: Seen = {}
-    for k in LOADER_KNOBS:
-        if k in unsupported:
-            continue
-        out[k] = (
-            (loader[k], loader.get("kept", why)) if loader else (None, "the script built no DataLoader in this run")
-        )
-    return out
-
-
-def data_order(shown: Shown, trial: api.Trial) -> str | None:
-    """Where the trial's data seed reached the data this run trained on: at.data_seed() (a script that draws
-    its batches itself), or a DataLoader that shuffles by its generator; None: nowhere, so parity's data-order
-    twin would train on the baseline's own batches."""
-    if "data_seed" in trial.calls:
-        return "at.data_seed()"
-    if shown.shuffled:
-        return "a DataLoader that shuffles (the trial seeds its generator)"
-    return None

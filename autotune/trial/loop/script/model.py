@@ -8,7 +8,8 @@ optimizers (a GAN, a teacher and a student), no one module is "the model": the f
 The model seams of one trial of an unedited script: the model knobs of the knob list (autotune/core/knobs/)
 that it routes through the model its optimizer trains, and on several ranks the trial's replicate, applied when
 the model is first called in the list's order, each by its torch side (autotune/trial/loop/knobs/, the module
-of its name: `unfit`, `seam`, `seen`, `observed`), and what each showed (`knobs_seen`).
+of its name: `unfit`, `seam`, `watch` in the baseline, `seen`, `observed`, `recorded`), and what each showed
+(`knobs_seen`).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -28,7 +29,6 @@ from autotune.core.effects import Seen
 from autotune.core.errors import TrialUnsupported
 from autotune.core.knobs import MODEL_NAMES
 from autotune.trial.loop import knobs
-from autotune.trial.loop.knobs import precision
 from autotune.trial.loop.script.ranks import Ranks
 
 
@@ -101,18 +101,17 @@ def _nothing(*args: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Found:
-    """What a model knob's record reads of the model the trial found: the model, its facts, where the knobs
-    were applied (in words), and its output's precision as the baseline ran it (watched)."""
+    """What a model knob's record reads of the model the trial found: the model, its facts, and where the knobs
+    were applied (in words)."""
 
     model: torch.nn.Module
     facts: dict[str, Any]
     where: str
-    seen: str | None
 
 
 class ModelSeams:
     """routed: the knobs this trial applies through the model (those the script hands no at.* call for);
-    as_written: the baseline, whose model is only watched (its output dtype: the script's own precision)."""
+    as_written: the baseline, whose model each knob only watches (`watch`: the script's own settings)."""
 
     def __init__(self, cfg: TrialConfig, routed: Collection[str], as_written: bool, ranks: Ranks | None = None) -> None:
         self.cfg, self.routed, self.as_written = cfg, tuple(k for k in MODEL_NAMES if k in routed), as_written
@@ -120,8 +119,7 @@ class ModelSeams:
         self.ranks = ranks or Ranks(torch.device("cpu"), 0, 1)
         self.finder = ModelFinder(self.found)
         self.handles: list[Any] = []
-        self.seen: str | None = None  # the baseline's output dtype, watched
-        self.states: dict[str, Any] = {}  # each applied knob's state, for its record (an autocast, a count...)
+        self.states: dict[str, Any] = {}  # each applied (or watched) knob's state, for its record (an autocast...)
         self.facts: dict[str, Any] = {}
         self.fed: int | None = None  # the first dimension of the first tensor its first call was given
 
@@ -155,8 +153,10 @@ class ModelSeams:
         for knob in knobs.MODEL:  # what each knob's rules read of it (its 4-D weights, its repeated blocks)
             self.facts |= getattr(knob, "facts", _nothing)(model)
         self.facts["replicated_by_trial"] = not self.ranks.own_group  # with gpus > 1: the trial's replicate
-        if self.as_written:
-            self.handles.append(model.register_forward_hook(self._watch))
+        if self.as_written:  # only watched: what each knob shows of the script's own run
+            for knob in knobs.MODEL:
+                if (watch := getattr(knob, "watch", None)) is not None:
+                    self.states[knob.NAME] = watch(model, self.handles)
             return None
         changed = self.changed()
         if self.finder.optimizers > 1 and changed:
@@ -181,11 +181,14 @@ class ModelSeams:
 
     def record(self) -> dict[str, Any]:
         """What the trial records of the model (`applied.script.model`, which trial 0's lessons read): what
-        it is, the knobs routed to it, and, watched in the baseline, the precision its output came in (the
-        script's own); {} when no model was found."""
+        it is, the knobs routed to it, and what each knob recorded of it (watched in the baseline: the script's
+        own settings); {} when no model was found."""
         if not self.facts:
             return {}
-        return self.facts | {"routed": list(self.routed), **({"own_precision": self.seen} if self.seen else {})}
+        out = self.facts | {"routed": list(self.routed)}
+        for knob in knobs.MODEL:
+            out |= getattr(knob, "recorded", _nothing)(self.states.get(knob.NAME))
+        return out
 
     def site(self) -> dict[str, Any]:
         """What the diff needs to write the model knobs as plain torch lines (apply/export/_compute.py): the
@@ -213,11 +216,7 @@ class ModelSeams:
     def _found(self) -> Found | None:
         if self.model is None:
             return None
-        return Found(self.model, self.facts, WHERE.format(name=self.facts.get("model")), self.seen)
-
-    def _watch(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self.seen is None:
-            self.seen = precision.observed_dtype(output)
+        return Found(self.model, self.facts, WHERE.format(name=self.facts.get("model")))
 
     def knobs_seen(self) -> Seen:
         """Each routed knob as the model ran it (each knob's `seen`): the output dtype inside the autocast,

@@ -21,7 +21,7 @@ from autotune.core.config import TrialConfig, baseline_of
 from autotune.core.result import TrialResult
 from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
-from autotune.pipelines import load_pipeline
+from autotune.pipelines import checked, script
 from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script.batch import batch_handover
@@ -76,8 +76,7 @@ def _run(
     rank, world, local_rank = knobs.dist_env()
     machine = knobs.pick_device(local_rank)
     applied: dict[str, Any] = knobs.setup_process(cfg, machine)
-    job = load_pipeline(cfg)
-    assert isinstance(job, ScriptJob)
+    job: ScriptJob = checked(cfg, script.load(cfg))
     refuse_unsupported(cfg, job.refused())
     if world != cfg.gpus:  # a rank count not realised is never measured as that many GPUs
         raise TrialUnsupported(f"gpus {cfg.gpus}: this process is one of {world} rank(s): run it under torchrun")

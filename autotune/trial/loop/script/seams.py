@@ -1,8 +1,8 @@
 """The seams a script trial installs in torch around the user's script, and what they see there (Seams),
 handed over once the run stops as one record (`Seams.shown`, script/shown.py), with `installed`, which puts
-them in torch for the run and takes them out afterwards. Each knob's part
-is in its own module (loader, batch, optimizer, model; the model knobs' torch side in trial/loop/knobs/);
-the seams drive the trial's Clock (the step hook ends the timed window).
+them in torch for the run and takes them out afterwards. Their parts are in their own modules (loader, batch,
+model; the model knobs' torch side in trial/loop/knobs/); records.py turns Shown into the trial's record; the
+seams drive the trial's Clock (the step hook ends the timed window).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -27,13 +27,21 @@ from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
 from autotune.trial.loop.script.batch import group_lrs, handed_samples, planned_global, rescale_lr, world_size
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, shuffled
 from autotune.trial.loop.script.model import ModelSeams
-from autotune.trial.loop.script.optimizer import fusion_of
 from autotune.trial.loop.script.ranks import Ranks
 from autotune.trial.loop.script.shown import Shown, per_step
 from autotune.trial.loop.script.sites import call_site, plain, record_site
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
 from autotune.trial.measurement.samples import batch_len
+
+
+def fusion_of(group: dict[str, Any]) -> str:
+    """An optimizer's implementation as its param group's flags say: fused, foreach, the for-loop (none)."""
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach"):
+        return "foreach"
+    return "none" if "foreach" in group else "unknown"
 
 
 class Seams:

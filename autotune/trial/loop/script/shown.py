@@ -1,6 +1,6 @@
 """What a script trial's run showed (Shown): the one narrow record the seams fill as the script runs and
-hand over when it stops. Each knob's part (batch.py, loader.py, optimizer.py, records.py) turns it into its
-own record; none of them reads the seams themselves.
+hand over when it stops. records.py turns it into each knob's record; nothing there reads the seams
+themselves.
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """

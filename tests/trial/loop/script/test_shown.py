@@ -273,12 +273,12 @@ def test_an_option_that_does_not_move_the_batch_fails_the_trial(tmp_path: Path) 
         worker.run(base.replace(baseline={"batch_size": 12}, batch_size=16, **SHORT))
 
 
-# ---- the record of what the run showed (trial/loop/script/shown.py), read by the batch's record -----------
+# ---- the record of what the run showed (trial/loop/script/shown.py), read by records.py -----------------
 
 
 def test_the_run_s_own_batch_is_read_from_its_loaders_else_from_what_its_model_was_fed() -> None:
     from autotune.pipelines.script import api
-    from autotune.trial.loop.script import batch
+    from autotune.trial.loop.script import records as batch
     from autotune.trial.loop.script.shown import Shown
 
     trial = api.Trial(device_type="cpu")
@@ -294,9 +294,9 @@ def test_the_run_s_own_batch_is_read_from_its_loaders_else_from_what_its_model_w
     fed = Shown(step_samples=(0, 0), step_batches=(0, 0), step_backwards=(2, 2), fed=5)
     own = batch.own_as_run(trial, fed)
     assert own is not None and (own["batch_size"], own["accumulation"]) == (5, 2)
-    assert batch.seen(fed, trial)["batch_size"][0] == 5
+    assert batch.batch_seen(fed, trial, None)["batch_size"][0] == 5
     # Nothing counted, nothing fed, nothing handed over: unknown, and the figure is in steps.
     nothing = Shown()
     assert batch.own_as_run(trial, nothing) is None
-    assert batch.seen(nothing, trial)["batch_size"] == (None, batch.UNSEEN)
+    assert batch.batch_seen(nothing, trial, None)["batch_size"] == (None, batch.UNSEEN)
     assert batch.throughput(trial, nothing)["unit"] == "steps/s"
