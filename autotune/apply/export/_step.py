@@ -233,7 +233,9 @@ def _lr(rw: Rewrite) -> None:
     accum = cfg.grad_accum if cfg.global_batch is not None else own[1]
     ran = cfg.batch_size * cfg.gpus * accum
     factor = lr_factor(ran / (own[0] * own[1]), cfg.lr_scaling)
-    factor /= option_lr_factor(rw.job.uses, cfg.batch_size, own[0])  # its own lr arithmetic follows the option set
+    factor /= option_lr_factor(
+        rw.job.option_rule, cfg.batch_size, own[0]
+    )  # its own lr arithmetic follows the option set
     if math.isclose(factor, 1):
         return
     if any(site.get("own_schedule") for site in (rw.recorded or {}).get("optimizers", [])):

@@ -214,10 +214,9 @@ def option_lr_rule(uses: Uses) -> str | None:
     return rule if through_loader(uses) and rule in ("linear", "sqrt") else None
 
 
-def option_lr_factor(uses: Uses, batch: int, own_batch: int) -> float:
+def option_lr_factor(rule: str | None, batch: int, own_batch: int) -> float:
     """What the script's own lr arithmetic puts on its lr when its batch option is given `batch` against its
-    own `own_batch` (option_lr_rule); 1 where its lr does not follow that option."""
-    rule = option_lr_rule(uses)
+    own `own_batch`, by the `rule` it follows that option by (ScriptJob.option_rule); 1 where it follows none."""
     return 1.0 if rule is None else lr_factor(batch / own_batch, rule)
 
 
@@ -391,6 +390,9 @@ class ScriptJob(OwnLoopJob):
             accum = uses.own_value("accumulation")
             self.own = (batch, accum if isinstance(accum, int) else recorded_accumulation)
         self.lr_rule, self.lr_rule_why = lr_rule(uses)
+        # The rule its own lr follows the batch option its DataLoader reads by, where the trial hands its batch
+        # over through that option (option_lr_rule); None: its lr does not follow the option it is handed.
+        self.option_rule = option_lr_rule(uses)
         # With no DataLoader and no at.batch_size(): where trial 0's model was fed the batch its own option gives
         # (a configurator's `--batch_size=12`), the trial hands its batch over through that option (the run
         # checks that the batch moved: running.py).

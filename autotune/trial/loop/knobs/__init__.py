@@ -1,9 +1,10 @@
 """Apply each knob to a pipeline: the knobs' torch side. Every function returns what it really put in effect.
 
 A model knob of the knob list (autotune/core/knobs/) has its torch side in the module of the same name here,
-found by that name (`MODEL`, in the order the list applies them); a process flag is set by the name of the
-torch attribute its module gives (`setup_process`). The optimizer's (its implementation, zero_grad) and the
-ranks' are applied below; the loader's in trial/loop/loading.py, the strategy's in trial/loop/sharding.py.
+found by that name (`MODEL`, in the order the list applies them), and so has a process knob that is no flag
+(the thread count); a process flag is set by the name of the torch attribute its module gives
+(`setup_process`). The optimizer's (its implementation, zero_grad) and the ranks' are applied below; the
+loader's in trial/loop/loading.py, the strategy's in trial/loop/sharding.py.
 
 Switches are built as no-ops where possible (GradScaler(enabled=...)), so the trial loop
 has one shape whatever the config.
@@ -28,7 +29,6 @@ from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
 from autotune.core.effects import Seen, effects, knob_effect, lr_effect
 from autotune.core.errors import ConfigError, TrialUnsupported
-from autotune.trial.loop.knobs import num_threads as threads
 from autotune.trial.loop.knobs.compile import COMPILE_BACKEND_ENV
 from autotune.trial.loop.knobs.precision import DTYPES, Precision
 from autotune.trial.measurement import observe
@@ -80,26 +80,25 @@ def handed_records(trial: Any) -> dict[str, Any]:
 
 
 def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
-    """The process knobs, before the job runs: the thread count, then the flags."""
-    return effects(cfg, {threads.NAME: threads.set_up(cfg)} | set_flags(cfg, device))
+    """The process knobs of the list, in its order, before the job runs, each read back: a flag set by the
+    torch attributes its module names (`sets`, `SEEN`), in effect only on CUDA, where what it switches runs;
+    the others by their torch side (`set_up`: the thread count)."""
+    cuda = device.type == "cuda"
+    seen: Seen = {}
+    for knob in described.PROCESS:
+        if knob not in described.FLAGS:
+            seen[knob.NAME] = _torch_side(knob).set_up(cfg)
+            continue
+        value = getattr(cfg, knob.NAME)
+        for path, setting in knob.sets(value).items():
+            set_flag(path, setting)
+        seen[knob.NAME] = (bool(observe.torch_flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else "")
+    return effects(cfg, seen)
 
 
 def set_flag(path: str, value: Any) -> None:
     owner, _, attr = path.rpartition(".")
     setattr(observe.torch_flag(owner), attr, value)
-
-
-def set_flags(cfg: TrialConfig, device: torch.device) -> Seen:
-    """The process flags of the knob list, set by name before the job runs, each read back: in effect only on
-    CUDA, where what they switch runs."""
-    cuda = device.type == "cuda"
-    seen: Seen = {}
-    for knob in described.FLAGS:
-        value = getattr(cfg, knob.NAME)
-        for path, setting in knob.sets(value).items():
-            set_flag(path, setting)
-        seen[knob.NAME] = (bool(observe.torch_flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else "")
-    return seen
 
 
 def prepare_model(

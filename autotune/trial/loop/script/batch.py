@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LRScheduler
 
 from autotune.core.config import TrialConfig, lr_factor
-from autotune.pipelines.script import ScriptJob, api, option_lr_factor, option_lr_rule
+from autotune.pipelines.script import ScriptJob, api, option_lr_factor
 
 
 # The lr values a param group or a schedule keeps, scaled together when the first step shows the global
@@ -47,8 +47,8 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else job.batch_option,
         "lr_scale": scale,
         "option_lr_scale": None
-        if option_lr_rule(job.uses) is None
-        else lambda b, own: option_lr_factor(job.uses, b, own),
+        if job.option_rule is None
+        else lambda b, own: option_lr_factor(job.option_rule, b, own),
     }
 
 

@@ -16,7 +16,7 @@ import torch
 from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
 from autotune.core.effects import AS_WRITTEN, Seen, effects, knob_effect, lr_effect
-from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, option_lr_rule, rule_of
+from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script.batch import planned_global
 from autotune.trial.loop.script.loader import UNMEASURED
@@ -150,27 +150,28 @@ def model_seen(trial: api.Trial, final: dict[str, Any], as_written: bool, unsupp
 
 
 def batch_and_lr(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJob) -> dict[str, Any]:
-    """The script's accumulation, the global batch its ranks ran per step, the lr each optimizer was built with, and the lr rule: the study's, next to the one the
-    optimizer that stepped follows."""
+    """The script's accumulation, the global batch its ranks ran per step, the lr each optimizer was built
+    with, and the lr rule: the study's, next to the one the optimizer that stepped follows."""
     out: dict[str, Any] = {}
     got, own = trial.returned, trial.defaults
     accumulation = got.get("accumulation", own.get("accumulation", job.own[1] if job.own else 1))
     built = shown.built[0] if shown.built else None
-    rule = lr_rule_record(cfg, job, shown.stepped[0]["type"] if shown.stepped else None)
     if "lr" in got:
         before, after = own["lr"], got["lr"]
     else:
         before, after = (built["lr"], built["lr_set"]) if built else (None, None)
     if (arithmetic := trial.own_option_factor()) != 1 and before is not None:
         before /= arithmetic  # its own lr, at its own batch: what the study's rule scales from
-    own_global = job.own[0] * job.own[1] if job.own else None
-    planned = planned_global(cfg, int(own.get("accumulation", job.own[1] if job.own else 1)))
+    # The study's rule scaled its lr where the trial handed its batch over and its own lr is known.
+    scaled = job.own is not None and "batch_size" in got and before is not None
+    planned = planned_global(cfg, int(own.get("accumulation", job.own[1] if job.own else 1))) if scaled else None
     ran = shown.final.get("global_batch")
+    out["global_batch"] = knob_effect(planned, ran, global_why(shown, trial, planned, ran))
+    rule = lr_rule_record(cfg, job, shown.stepped[0]["type"] if shown.stepped else None)
     corrected = (built or {}).get("planned_for")
-    if own_global is not None and "batch_size" in got and before is not None:
+    if scaled and job.own is not None and planned is not None:
         lr_global = corrected["ran"] if corrected and "lr" not in got else planned
-        out["lr"] = lr_effect(cfg, before, after, own_global, global_batch=lr_global)
-        out["lr"]["rule"] = rule
+        out["lr"] = lr_effect(cfg, before, after, job.own[0] * job.own[1], global_batch=lr_global) | {"rule": rule}
         if arithmetic != 1:
             out["lr"]["why"] += (
                 f"; its own arithmetic gave {before * arithmetic:.4g} for {' '.join(trial.option_words())} (its lr "
@@ -186,10 +187,8 @@ def batch_and_lr(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJo
                     else ": set for the batch run before the first step"
                 )
             )
-        out["global_batch"] = knob_effect(planned, ran, global_why(shown, trial, planned, ran))
     else:
         out["lr"] = knob_effect(before, after, "the script's own lr (its batch is its own)") | {"rule": rule}
-        out["global_batch"] = knob_effect(None, ran, global_why(shown, trial, None, ran))
     if built is not None and built.get("own_schedule"):
         out["lr"]["why"] += (
             "; "
@@ -206,7 +205,7 @@ def lr_rule_record(cfg: TrialConfig, job: ScriptJob, stepped: str | None) -> dic
     rule: dict[str, Any] = {"rule": cfg.lr_scaling, "optimizer": stepped, "why": job.lr_rule_why}
     if cfg.lr_scaling != job.lr_rule:  # the user's --lr-scaling, over the rule read from the source
         rule["why"] = f"--lr-scaling {cfg.lr_scaling}, given (from the source: {job.lr_rule_why})"
-    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling) and not option_lr_rule(job.uses):
+    elif stepped is not None and rule_of(stepped) not in (None, cfg.lr_scaling) and not job.option_rule:
         rule["why"] += (
             f"; the optimizer that stepped is {stepped}, whose rule is {rule_of(stepped)}: "
             f"give --lr-scaling {rule_of(stepped)}"
