@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.config import TrialConfig
 from autotune.core.configfile import load_config, load_sites
 from autotune.core.errors import ConfigError, ExitCode
 from autotune.core.files import write_json_atomic
@@ -87,8 +87,7 @@ def measured_loaders(config: str | os.PathLike[str]) -> frozenset[tuple[str, int
 def applying(cfg: TrialConfig, source: str) -> str:
     """What a run applies from `source` (best.yaml), knob by knob in the knob table's order: the knobs whose
     value is not the script's own (the study's baseline); a run applies nothing else."""
-    own = baseline_of(cfg).knobs()
-    changed = [f"{k} {_as_yaml(v)}" for k, v in cfg.knobs().items() if v != own[k]]
+    changed = [f"{k} {_as_yaml(getattr(cfg, k))}" for k in cfg.changed]
     if not changed:
         return f"applying nothing from {source}: its config is the script's own, which runs as `python` runs it"
     return f"applying from {source}: {', '.join(changed)} (the rest as the script runs)"

@@ -235,9 +235,15 @@ class TrialConfig:
         return {k: getattr(self, k) for k in KNOBS}
 
     @property
+    def changed(self) -> tuple[str, ...]:
+        """The knobs it sets away from its baseline's (baseline_of), in the table's order."""
+        base = baseline_of(self)
+        return tuple(k for k in KNOBS if getattr(self, k) != getattr(base, k))
+
+    @property
     def is_baseline(self) -> bool:
         """Its knobs are the baseline's (baseline_of): the job as the user runs it, nothing overridden."""
-        return self.knobs() == baseline_of(self).knobs()
+        return not self.changed
 
     def workload(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in WORKLOAD}

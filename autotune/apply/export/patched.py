@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.apply.export.diff import Rewrite
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, PipelineError
 from autotune.core.files import write_atomic
 from autotune.pipelines import script
@@ -70,8 +70,7 @@ def patched_copy(
         notes = tuple(rewrite.notes)
         others = {folder / other.name: other.patched() for other in rewrite.others()}  # names inside its folder
         copy_args = with_flags(tuple(args), rewrite.flags)
-        base = baseline_of(cfg)
-        changed = [k for k in job.routed if getattr(cfg, k) != getattr(base, k)]
+        changed = [k for k in job.routed if k in cfg.changed]
         # A knob the diff wrote as torch lines runs in the copy already: applied again, it would run twice.
         if routed := sorted(k for k in changed if k not in rewrite.model_written):
             model = folder / "model.json"

@@ -24,7 +24,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._pytree import tree_leaves
 
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.config import TrialConfig
 from autotune.core.effects import Seen
 from autotune.core.errors import TrialUnsupported
 from autotune.core.knobs import MODEL_NAMES
@@ -140,10 +140,9 @@ class ModelSeams:
 
     def changed(self) -> list[str]:
         """The knobs this trial applies to the model away from the baseline's (the script's own run)."""
-        base = baseline_of(self.cfg)
         if self.as_written:
             return []
-        return [k for k in self.routed if getattr(self.cfg, k) != getattr(base, k)] + ["gpus"] * self.ranks.active
+        return [k for k in self.routed if k in self.cfg.changed] + ["gpus"] * self.ranks.active
 
     def found(self, model: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's first call: what it is, then each knob applied to it, checkpointing first."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from autotune.core.config import TrialConfig, baseline_of
+from autotune.core.config import TrialConfig
 from autotune.core.result import TrialResult
 from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
@@ -131,7 +131,7 @@ def refuse_unrealised(cfg: TrialConfig, job: ScriptJob, shown: Shown, handed: li
         )
     if shown.loaders or as_written:
         return
-    changed = [k for k in sorted(job.guessed) if k in LOADER_KNOBS and getattr(cfg, k) != getattr(baseline_of(cfg), k)]
+    changed = [k for k in sorted(job.guessed) if k in LOADER_KNOBS and k in cfg.changed]
     if changed:  # the source's guess, and the run agreed: no DataLoader to give them to
         raise TrialUnsupported("the pipeline does not support: " + ", ".join(f"{k} ({NO_LOADER_RAN})" for k in changed))
 
