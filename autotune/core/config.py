@@ -189,6 +189,14 @@ class TrialConfig:
         """Samples per optimizer step, over every process and accumulated micro-batch."""
         return self.batch_size * self.gpus * self.grad_accum
 
+    def global_batch_with(self, own_accumulation: int) -> int:
+        """The global batch it runs for a job that may keep its own accumulation (a script under torchrun that
+        keeps its per-rank batch): the study's when it fixes one, else the micro-batch x the ranks x
+        `own_accumulation`."""
+        if self.global_batch is not None:
+            return self.global_batch_size
+        return self.batch_size * self.gpus * own_accumulation
+
     @property
     def reference_batch(self) -> int:
         """The global batch `lr` is meant for: the study's, else the baseline's."""

@@ -78,7 +78,7 @@ def test_a_script_whose_dataloader_builds_its_batches_has_batch_size_searched_fr
     unread = note(notes_for(tmp_path, "loader = DataLoader(data, batch_size=args.batch_size // 2)\n")[1], "batch_size")
     assert "its DataLoader's batch_size cannot be read from the source" in unread, unread
     assert "trial 0 runs the script as written and reports the batch its loaders deliver" in unread, unread
-    # The option it reads is said too: a trial gives it on the script's command line (trial/loop/script/batch.py).
+    # The option it reads is said too: a trial gives it on the script's command line (trial/loop/script/running.py).
     option = [
         scan(ast.parse(HEAD + body)).own_value("loader_batch_option")
         for body in (loader, "loader = DataLoader(data, 8)\n", "loader = DataLoader(data, args.batch_size // 2)\n")

@@ -230,8 +230,7 @@ def _lr(rw: Rewrite) -> None:
     own, cfg = rw.job.own, rw.cfg
     if own is None:
         return
-    accum = cfg.grad_accum if cfg.global_batch is not None else own[1]
-    ran = cfg.batch_size * cfg.gpus * accum
+    ran = cfg.global_batch_with(own[1])
     factor = lr_factor(ran / (own[0] * own[1]), cfg.lr_scaling)
     factor /= option_lr_factor(
         rw.job.option_rule, cfg.batch_size, own[0]

@@ -11,8 +11,8 @@ statistics; a class that parity or time to target checks.
 - An unedited script: handed over where the run shows the script takes its batch: the DataLoaders built with
   its own batch, by the seams (trial/loop/script/loader.py's handed_batch), else its own command-line option
   that its DataLoader reads, else `at.batch_size()`; its lr scaled from its own global batch
-  (trial/loop/script/batch.py; trial/loop/script/records.py records the batch and lr the run showed). Under torchrun it is each
-  rank's.
+  (trial/loop/script/running.py's batch_handover; records.py there records the batch and lr the run
+  showed). Under torchrun it is each rank's.
 - The Trainers: Lightning's rebuilt train DataLoader's batch_size; HF's per_device_train_batch_size (`hf_fields`,
   the user's own from `hf_own`).
 - The exports: the knob table's `row`; a script's DataLoader(...) and at.batch_size() edits are the diff's

@@ -304,7 +304,7 @@ def test_a_study_without_sites_writes_the_batch_into_each_dataloader_built_with_
 
 
 def test_an_lr_the_script_sets_itself_each_step_is_named_with_the_factor(tmp_path: Path) -> None:
-    """The trial scaled the lr the script set before each step (its own schedule, trial/loop/script/batch.py);
+    """The trial scaled the lr the script set before each step (its own schedule, trial/loop/script/lr.py);
     the diff scales the constructor's lr, which that schedule overwrites, so it names what to multiply."""
     path = Path(__file__).parents[2] / "trial" / "loop" / "script" / "scripts" / "configured" / "accumulating.py"
     args = ["--batch_size=6", "--gradient_accumulation_steps=2", "--learning_rate=0.005"]

@@ -18,7 +18,6 @@ from autotune.core.config import TrialConfig
 from autotune.core.effects import AS_WRITTEN, Seen, effects, knob_effect, lr_effect
 from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
 from autotune.trial.loop import knobs
-from autotune.trial.loop.script.batch import planned_global
 from autotune.trial.loop.script.loader import UNMEASURED
 from autotune.trial.loop.script.shown import Shown
 from autotune.trial.measurement import observe
@@ -164,7 +163,7 @@ def batch_and_lr(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJo
         before /= arithmetic  # its own lr, at its own batch: what the study's rule scales from
     # The study's rule scaled its lr where the trial handed its batch over and its own lr is known.
     scaled = job.own is not None and "batch_size" in got and before is not None
-    planned = planned_global(cfg, int(own.get("accumulation", job.own[1] if job.own else 1))) if scaled else None
+    planned = cfg.global_batch_with(int(own.get("accumulation", job.own[1] if job.own else 1))) if scaled else None
     ran = shown.final.get("global_batch")
     out["global_batch"] = knob_effect(planned, ran, global_why(shown, trial, planned, ran))
     rule = lr_rule_record(cfg, job, shown.stepped[0]["type"] if shown.stepped else None)

@@ -1,6 +1,7 @@
 """Running the user's script in a trial's process: as written (runpy, with its own sys.argv and
 `__name__ == "__main__"`), with the seams installed in torch, until the trial's window is measured
-(`run`) or to its own end (`run_whole`, `autotune run`).
+(`run`) or to its own end (`run_whole`, `autotune run`); the settings its at.* calls and the batch seams
+read (`trial_of`: the model knobs it routes itself, the micro-batch, accumulation and lr scale handed over).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -17,14 +18,13 @@ from typing import Any
 
 import torch
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.result import TrialResult
 from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
 from autotune.pipelines import checked, script
-from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api
+from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api, option_lr_factor
 from autotune.trial.loop import knobs
-from autotune.trial.loop.script.batch import batch_handover
 from autotune.trial.loop.script.ranks import Ranks
 from autotune.trial.loop.script.records import what_ran
 from autotune.trial.loop.script.seams import Seams, installed
@@ -153,6 +153,33 @@ def trial_of(cfg: TrialConfig, job: ScriptJob, machine: torch.device, as_written
         as_written=as_written,
         **batch_handover(cfg, job),
     )
+
+
+def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
+    """What the batch seams (its DataLoaders', or at.batch_size() and at.accumulation()) and the lr scale hand
+    the script: the config's micro-batch, and its micro-batches per step when the study fixes the global
+    batch; nothing for a script whose batch is its own (no DataLoader and no at.batch_size(), or its own
+    batch cannot be read yet)."""
+    if job.own is None:
+        return {}
+    fixed = cfg.global_batch is not None
+
+    def scale(own_batch: int, own_accum: int) -> float:
+        # The user's lr is meant for the script's own global batch; the trial plans its own (below).
+        return lr_factor(cfg.global_batch_with(own_accum) / (own_batch * own_accum), cfg.lr_scaling)
+
+    return {
+        "batch_size": cfg.batch_size,
+        "accumulation": cfg.grad_accum if fixed else None,
+        "own_batch_size": job.own[0],
+        "own_accumulation": job.own[1],
+        "through_loader": job.through_loader,
+        "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else job.batch_option,
+        "lr_scale": scale,
+        "option_lr_scale": None
+        if job.option_rule is None
+        else lambda b, own: option_lr_factor(job.option_rule, b, own),
+    }
 
 
 def execute(job: ScriptJob, seams: Seams, whole: bool = False) -> tuple[bool, int]:

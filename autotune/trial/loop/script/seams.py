@@ -24,7 +24,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.knobs import loader as loader_knobs
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
-from autotune.trial.loop.script.batch import group_lrs, handed_samples, planned_global, rescale_lr, world_size
+from autotune.trial.loop.script.lr import group_lrs, rescale_lr, world_size
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.ranks import Ranks
@@ -33,6 +33,17 @@ from autotune.trial.loop.script.sites import call_site, plain, record_site
 from autotune.trial.measurement import observe
 from autotune.trial.measurement.clock import Clock
 from autotune.trial.measurement.samples import batch_len
+
+
+def handed_samples(trial: api.Trial, backwards: int = 0) -> int:
+    """Samples per optimizer step where no loader counted any: the micro-batch at.batch_size() handed over
+    x the backward passes the step ran (`backwards`, observed: a DDP script that divides its accumulation
+    by the world size runs fewer than at.accumulation() handed over), else x the micro-batches per step
+    handed over; 1 (steps/s) when the script hands over no batch."""
+    got = trial.returned
+    if "batch_size" not in got:
+        return 1
+    return int(got["batch_size"]) * (backwards or int(got.get("accumulation", 1)))
 
 
 def fusion_of(group: dict[str, Any]) -> str:
@@ -320,7 +331,7 @@ class Seams:
         if built is None or own is None or self.trial.lr_scale is None or not consumed:
             return
         world = world_size()
-        planned, runs = planned_global(self.cfg, own[1]), consumed * world
+        planned, runs = self.cfg.global_batch_with(own[1]), consumed * world
         if world == 1 or runs == planned:  # one process runs the batch handed over
             return
         factor = lr_factor(runs / (own[0] * own[1]), self.cfg.lr_scaling) / self.trial.own_option_factor()
