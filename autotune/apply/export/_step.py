@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.knobs import optimizer_fusion
 from autotune.core.knobs.row import IN_SCRIPT
-from autotune.pipelines.script import option_lr_factor, source
+from autotune.pipelines.script import source
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
@@ -232,9 +232,8 @@ def _lr(rw: Rewrite) -> None:
         return
     ran = cfg.global_batch_with(own[1])
     factor = lr_factor(ran / (own[0] * own[1]), cfg.lr_scaling)
-    factor /= option_lr_factor(
-        rw.job.option_rule, cfg.batch_size, own[0]
-    )  # its own lr arithmetic follows the option set
+    if rw.job.option_rule is not None:  # its own lr arithmetic follows the option set: divided out
+        factor /= lr_factor(cfg.batch_size / own[0], rw.job.option_rule)
     if math.isclose(factor, 1):
         return
     if any(site.get("own_schedule") for site in (rw.recorded or {}).get("optimizers", [])):

@@ -214,12 +214,6 @@ def option_lr_rule(uses: Uses) -> str | None:
     return rule if through_loader(uses) and rule in ("linear", "sqrt") else None
 
 
-def option_lr_factor(rule: str | None, batch: int, own_batch: int) -> float:
-    """What the script's own lr arithmetic puts on its lr when its batch option is given `batch` against its
-    own `own_batch`, by the `rule` it follows that option by (ScriptJob.option_rule); 1 where it follows none."""
-    return 1.0 if rule is None else lr_factor(batch / own_batch, rule)
-
-
 def rule_of(optimizer: str) -> str | None:
     """The rule for one optimizer class, None when neither family's."""
     return "linear" if optimizer in LINEAR_RULE else "sqrt" if optimizer in SQRT_RULE else None

@@ -23,7 +23,7 @@ from autotune.core.result import TrialResult
 from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
 from autotune.pipelines import checked, script
-from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api, option_lr_factor
+from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script.ranks import Ranks
 from autotune.trial.loop.script.records import what_ran
@@ -176,9 +176,8 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
         "through_loader": job.through_loader,
         "batch_option": job.uses.own_value("loader_batch_option") if job.through_loader else job.batch_option,
         "lr_scale": scale,
-        "option_lr_scale": None
-        if job.option_rule is None
-        else lambda b, own: option_lr_factor(job.option_rule, b, own),
+        # What its own lr arithmetic puts on its lr for the batch given its option, against its own batch.
+        "option_lr_scale": None if (rule := job.option_rule) is None else lambda b, own: lr_factor(b / own, rule),
     }
 
 
