@@ -54,8 +54,8 @@ if TYPE_CHECKING:
 SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
 
 __all__ = [
-    "BUILTIN", "NO_BLOCKS", "SKIP_BAD_DATA_ENV", "Kind", "Pipeline", "Unsupported", "base_config", "blocks_of", "default_data",
-    "checked", "is_regenerable", "kind_of", "load_pipeline", "own_baseline", "preload_modules", "resolve_factory",
+    "BUILTIN", "NO_BLOCKS", "SKIP_BAD_DATA_ENV", "Kind", "Pipeline", "Unsupported", "base_config", "blocks_of", "checked",
+    "default_data", "is_regenerable", "kind_of", "load_pipeline", "own_baseline", "preload_modules", "resolve_factory",
     "skip_bad_data_in_trials", "stages_of", "unsupported_of", "validate_data",
 ]  # fmt: skip
 

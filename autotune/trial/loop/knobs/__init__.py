@@ -45,6 +45,8 @@ def _torch_side(knob: ModuleType) -> ModuleType:
 BEFORE_PARALLEL = tuple(map(_torch_side, described.BEFORE_PARALLEL))
 AFTER_PARALLEL = tuple(map(_torch_side, described.AFTER_PARALLEL))
 MODEL = BEFORE_PARALLEL + AFTER_PARALLEL
+# Each process knob's torch side that is no flag (the thread count), by its name in the list.
+SET_UP = {k.NAME: _torch_side(k) for k in described.PROCESS if k not in described.FLAGS}
 
 
 def on_stages(model: nn.Module, stages: Iterable[str], cfg: TrialConfig) -> dict[str, Any]:
@@ -86,8 +88,8 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
     cuda = device.type == "cuda"
     seen: Seen = {}
     for knob in described.PROCESS:
-        if knob not in described.FLAGS:
-            seen[knob.NAME] = _torch_side(knob).set_up(cfg)
+        if knob.NAME in SET_UP:
+            seen[knob.NAME] = SET_UP[knob.NAME].set_up(cfg)
             continue
         value = getattr(cfg, knob.NAME)
         for path, setting in knob.sets(value).items():

@@ -165,7 +165,7 @@ def batch_handover(cfg: TrialConfig, job: ScriptJob) -> dict[str, Any]:
     fixed = cfg.global_batch is not None
 
     def scale(own_batch: int, own_accum: int) -> float:
-        # The user's lr is meant for the script's own global batch; the trial plans its own (below).
+        # The user's lr is meant for the script's own global batch; the trial plans its own (global_batch_with).
         return lr_factor(cfg.global_batch_with(own_accum) / (own_batch * own_accum), cfg.lr_scaling)
 
     return {
