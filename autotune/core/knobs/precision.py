@@ -10,7 +10,8 @@ class that parity checks against the baseline's loss trajectory.
 - An unedited script: autocast entered at a forward pre-hook of the model its optimizer trains and left at its
   forward hook, its floating outputs handed back in fp32 (a loss outside it stays fp32); with `at.autocast()`
   the script's own block takes the trial's precision; its own precision, given to at.autocast() or read from
-  its source, is spelled as `SPELLINGS` allows. Observed: the dtype of the model's output.
+  its source, is spelled as `SPELLINGS` allows. Observed: the dtype of the model's output; in the baseline, the
+  precision the script runs at (`watched_own`: trial 0's lesson).
 - The exports: the lines below, in each target's terms.
 
 May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).
@@ -82,6 +83,14 @@ def guide(on: Guided) -> dict[str, Any]:
     """The guides' AMP: bf16 where the devices compute it natively, else fp16 on CUDA (its GradScaler on), and
     fp32 on a CPU without bf16 kernels, where autocast would emulate it."""
     return {NAME: "bf16" if on.bf16 else "fp16" if on.cuda else "fp32"}
+
+
+def watched_own(model: Mapping[str, Any]) -> str | None:
+    """The script's own precision as trial 0's run showed it, where no at.autocast() says it (an autocast of its
+    own): what its model returned, watched in the baseline (`applied.script.model`, the record the model seams
+    make where the trial routes precision to the model); None where the run did not show one of VALUES."""
+    ran = model.get("own_precision") if NAME in model.get("routed", ()) else None
+    return ran if ran in VALUES else None
 
 
 def math_change(cfg: TrialConfig, base: TrialConfig) -> str | None:

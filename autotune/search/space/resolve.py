@@ -17,7 +17,7 @@ from autotune.pipelines import script as script_job
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS
 from autotune.core import knobs as described
 from autotune.core.knobs.row import Clip, Drop, Fix, Rule
-from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, PRECISIONS, TABLE, TrialConfig, baseline_of, dependents
+from autotune.core.config import INERT_BECAUSE, KNOBS, LEADS, TABLE, TrialConfig, baseline_of, dependents
 from autotune.core.errors import ConfigError, SearchSpaceError
 from autotune.core.settings import SearchSettings
 from autotune.search.space import memory
@@ -360,8 +360,9 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
     accumulation (the batches its loaders delivered per optimizer step) and the lr its optimizer was built
     with, where the workload does not record them (the source could not say them: even where the batch
     is autotune's default 8, it is known only now), unless the study fixes the global batch (the trials
-    hand the batch and accumulation over: only the accumulation of a script that keeps its own); and the precision its model returned where no at.autocast()
-    says it (an unedited script's own autocast: trial/loop/script/model.py). None when nothing changes."""
+    hand the batch and accumulation over: only the accumulation of a script that keeps its own); and what its
+    model showed of a model knob it sets itself (`watched_own`: the precision its own autocast ran). None when
+    nothing changes."""
     changes: dict[str, Any] = {}
     baseline = dict(base.baseline or ())
     script = applied.get("script")
@@ -380,10 +381,12 @@ def rebased(base: TrialConfig, applied: Mapping[str, Any]) -> TrialConfig | None
     if isinstance(script, Mapping):
         baseline |= own_loader(base, applied)
     model = script.get("model") if isinstance(script, Mapping) else None
-    routed = model.get("routed", ()) if isinstance(model, Mapping) else ()
-    ran = model.get("own_precision") if isinstance(model, Mapping) and "precision" in routed else None
-    if ran in PRECISIONS and ran != baseline_of(base).precision:
-        baseline["precision"] = ran
+    if isinstance(model, Mapping):  # what the baseline's model showed of each knob the script sets itself
+        kept = baseline_of(base)
+        for knob in described.MODEL:
+            read = getattr(knob, "watched_own", None)
+            if read is not None and (ran := read(model)) is not None and ran != getattr(kept, knob.NAME):
+                baseline[knob.NAME] = ran
     changes["baseline"] = tuple(sorted(baseline.items())) or None
     after = base.replace(**changes)
     return None if after == base else after

@@ -41,6 +41,22 @@ def test_nothing_to_rebase_when_the_baseline_says_it_or_the_run_reported_none() 
     assert rebased(TrialConfig(pipeline=SPEC, global_batch=32), _applied(8)) is None  # the study fixes it
 
 
+def test_the_precision_the_baseline_s_model_returned_becomes_the_baseline_s_precision() -> None:
+    """A script with an autocast of its own (no at.autocast() to say it): trial 0's model seams watched its model
+    return bf16, so the baseline runs bf16, as the script does; only where the trial routes precision to the
+    model, and only a precision it can run."""
+    base = TrialConfig(pipeline=SPEC, baseline={"batch_size": 8})
+
+    def watched(precision: str, routed: tuple[str, ...] = ("precision",)) -> dict[str, Any]:
+        return {"script": {"own": None, "model": {"routed": list(routed), "own_precision": precision}}}
+
+    got = rebased(base, watched("bf16"))
+    assert got is not None and baseline_of(got).precision == "bf16"
+    assert rebased(base, watched("fp32")) is None  # what the baseline runs already
+    assert rebased(base, watched("bf16", routed=("channels_last",))) is None  # not routed: at.autocast() says it
+    assert rebased(base, watched("float64")) is None  # not a precision a trial runs
+
+
 def test_a_script_that_keeps_its_accumulation_under_a_global_batch_has_it_counted() -> None:
     """--global-batch 32 on a script that accumulates 2 micro-batches on its own loop (no at.accumulation()):
     the batch stays the study's, the accumulation becomes the one trial 0 counted, so each GPU count's
