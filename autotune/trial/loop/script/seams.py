@@ -1,7 +1,7 @@
 """The seams a script trial installs in torch around the user's script, and what they see there (Seams),
 handed over once the run stops as one record (`Seams.shown`, script/shown.py), with `installed`, which puts
-them in torch for the run and takes them out afterwards. Their parts are in their own modules (loader, batch,
-model; the model knobs' torch side in trial/loop/knobs/); records.py turns Shown into the trial's record; the
+them in torch for the run and takes them out afterwards. Their parts are in their own modules (loader, lr,
+model, ranks; the model knobs' torch side in trial/loop/knobs/); records.py turns Shown into the trial's record; the
 seams drive the trial's Clock (the step hook ends the timed window).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
@@ -21,10 +21,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from autotune.core.config import TrialConfig, lr_factor
+from autotune.core.config import TrialConfig
 from autotune.core.knobs import loader as loader_knobs
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
-from autotune.trial.loop.script.lr import group_lrs, rescale_lr, world_size
+from autotune.trial.loop.script import lr
+from autotune.trial.loop.script.lr import group_lrs, world_size
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.ranks import Ranks
@@ -281,22 +282,9 @@ class Seams:
         return call
 
     def step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.scale_own_schedule(optimizer)
+        if not any(s.optimizer is optimizer for s in self.schedules):  # a torch schedule computes from the scaled lr
+            lr.scale_own_schedule(optimizer)
         self.prepare(optimizer)
-
-    def scale_own_schedule(self, optimizer: torch.optim.Optimizer) -> None:
-        """A script that sets its optimizer's lr itself between steps (a schedule of its own, as llama2.c's
-        get_lr, not a torch LRScheduler built on the scaled lr): each value it sets is meant for its own
-        batch, so it gets the trial's factor, as the lr the optimizer was built with did; and it is said."""
-        built, before = getattr(optimizer, "_autotune_built", None), getattr(optimizer, "_autotune_lrs", None)
-        if built is None or before is None or any(s.optimizer is optimizer for s in self.schedules):
-            return
-        factor = built["factor"]
-        for group, lr in zip(optimizer.param_groups, before):
-            if isinstance(group["lr"], (int, float)) and not isinstance(group["lr"], bool) and group["lr"] != lr:
-                built["own_schedule"] = True
-                optimizer._autotune_site["own_schedule"] = True  # type: ignore[attr-defined]
-                group["lr"] *= factor
 
     def prepare(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer, before its first step and before GradScaler sees it: the trial's fused /
@@ -317,35 +305,10 @@ class Seams:
         record["fusion"] = fusion_of(group)
         self.optimizers.append(record)
         self.stepped.append(optimizer)
-        self.lr_for_the_batch_run(optimizer)
-
-    def lr_for_the_batch_run(self, optimizer: torch.optim.Optimizer) -> None:
-        """The lr was scaled at construction for the global batch planned (the handed-over micro-batch x
-        accumulation on every rank); the first step shows the one run: its loaders' samples x the ranks.
-        Where they differ, the lr and the schedules built on it are set for the batch run, before the
-        step updates anything."""
-        built = getattr(optimizer, "_autotune_built", None)
-        own = self.trial.own()
         handed = "batch_size" in self.trial.returned
         consumed = self.pending_samples or (handed_samples(self.trial, self.pending_backwards) if handed else 0)
-        if built is None or own is None or self.trial.lr_scale is None or not consumed:
-            return
-        world = world_size()
-        planned, runs = self.cfg.global_batch_with(own[1]), consumed * world
-        if world == 1 or runs == planned:  # one process runs the batch handed over
-            return
-        factor = lr_factor(runs / (own[0] * own[1]), self.cfg.lr_scaling) / self.trial.own_option_factor()
-        if self.own_lr:  # at.lr() handed its lr already: said, not changed
-            built["planned_for"] = {"global_batch": planned, "ran": runs, "rule_factor": factor}
-            return
-        ratio = factor / built["factor"]
-        if ratio != 1:
-            rescale_lr(optimizer, [s for s in self.schedules if s.optimizer is optimizer], ratio)
-        built |= {
-            "factor": factor,
-            "lr_set": None if built["lr"] is None else built["lr"] * factor,
-            "planned_for": {"global_batch": planned, "ran": runs},
-        }
+        schedules = [s for s in self.schedules if s.optimizer is optimizer]
+        lr.set_for_the_batch_run(optimizer, schedules, self.trial, self.cfg, consumed, self.own_lr)
 
     def step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         assert self.clock is not None
