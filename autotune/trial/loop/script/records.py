@@ -161,16 +161,17 @@ def batch_and_lr(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJo
         before, after = (built["lr"], built["lr_set"]) if built else (None, None)
     if (arithmetic := trial.own_option_factor()) != 1 and before is not None:
         before /= arithmetic  # its own lr, at its own batch: what the study's rule scales from
+    own_global = job.own[0] * job.own[1] if job.own is not None else None
     # The study's rule scaled its lr where the trial handed its batch over and its own lr is known.
-    scaled = job.own is not None and "batch_size" in got and before is not None
+    scaled = own_global is not None and "batch_size" in got and before is not None
     planned = cfg.global_batch_with(int(own.get("accumulation", job.own[1] if job.own else 1))) if scaled else None
     ran = shown.final.get("global_batch")
     out["global_batch"] = knob_effect(planned, ran, global_why(shown, trial, planned, ran))
     rule = lr_rule_record(cfg, job, shown.stepped[0]["type"] if shown.stepped else None)
     corrected = (built or {}).get("planned_for")
-    if scaled and job.own is not None and planned is not None:
+    if own_global is not None and planned is not None:
         lr_global = corrected["ran"] if corrected and "lr" not in got else planned
-        out["lr"] = lr_effect(cfg, before, after, job.own[0] * job.own[1], global_batch=lr_global) | {"rule": rule}
+        out["lr"] = lr_effect(cfg, before, after, own_global, global_batch=lr_global) | {"rule": rule}
         if arithmetic != 1:
             out["lr"]["why"] += (
                 f"; its own arithmetic gave {before * arithmetic:.4g} for {' '.join(trial.option_words())} (its lr "

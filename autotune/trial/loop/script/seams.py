@@ -24,8 +24,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from autotune.core.config import TrialConfig
 from autotune.core.knobs import loader as loader_knobs
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
-from autotune.trial.loop.script import lr
-from autotune.trial.loop.script.lr import group_lrs, world_size
+from autotune.trial.loop.script.lr import group_lrs, scale_own_schedule, set_for_the_batch_run, world_size
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, shuffled
 from autotune.trial.loop.script.model import ModelSeams
 from autotune.trial.loop.script.ranks import Ranks
@@ -283,7 +282,7 @@ class Seams:
 
     def step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not any(s.optimizer is optimizer for s in self.schedules):  # a torch schedule computes from the scaled lr
-            lr.scale_own_schedule(optimizer)
+            scale_own_schedule(optimizer)
         self.prepare(optimizer)
 
     def prepare(self, optimizer: torch.optim.Optimizer) -> None:
@@ -308,7 +307,7 @@ class Seams:
         handed = "batch_size" in self.trial.returned
         consumed = self.pending_samples or (handed_samples(self.trial, self.pending_backwards) if handed else 0)
         schedules = [s for s in self.schedules if s.optimizer is optimizer]
-        lr.set_for_the_batch_run(optimizer, schedules, self.trial, self.cfg, consumed, self.own_lr)
+        set_for_the_batch_run(optimizer, schedules, self.trial, self.cfg, consumed, self.own_lr)
 
     def step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         assert self.clock is not None
