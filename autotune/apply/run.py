@@ -31,7 +31,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.configfile import load_config, load_sites
 from autotune.core.errors import ConfigError, ExitCode
 from autotune.core.files import write_json_atomic
-from autotune.pipelines import kind_of, script
+from autotune.pipelines import kind_of, load_pipeline, script
 from autotune.trial.loop.worker import unit_said
 
 Say = Callable[[str], None]
@@ -40,7 +40,8 @@ Say = Callable[[str], None]
 def config_for(config: str | os.PathLike[str], path: str, args: list[str]) -> tuple[TrialConfig, str | None]:
     """best.yaml's config and workload, for `path ARGS` in place of the study's script and arguments, and a
     note when that script is not the one the study measured. Bad input (a file that is not a script
-    study's export, a missing script, several GPUs without torchrun) is one ConfigError line."""
+    study's export, a missing script, several GPUs without torchrun, a baseline the script cannot run) is
+    one line (ConfigError, PipelineError)."""
     cfg = load_config(config)
     if not kind_of(cfg.pipeline).has_run_command:
         raise ConfigError(
@@ -69,7 +70,9 @@ def config_for(config: str | os.PathLike[str], path: str, args: list[str]) -> tu
     studied, _ = script.parse(cfg.pipeline)
     ran, _ = script.parse(spec)
     note = None if Path(studied).resolve() == Path(ran) else f"{config} was measured on {studied}; applied to {ran}"
-    return cfg.replace(pipeline=spec), note
+    applied = cfg.replace(pipeline=spec)
+    load_pipeline(applied)  # its baseline checked here, as a search checks it before any trial
+    return applied, note
 
 
 def measured_loaders(config: str | os.PathLike[str]) -> frozenset[tuple[str, int]] | None:

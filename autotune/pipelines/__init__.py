@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 SKIP_BAD_DATA_ENV = "AUTOTUNE_SKIP_BAD_DATA"
 
 __all__ = [
-    "BUILTIN", "NO_BLOCKS", "SKIP_BAD_DATA_ENV", "Kind", "Pipeline", "Unsupported", "base_config", "blocks_of", "checked",
+    "BUILTIN", "NO_BLOCKS", "SKIP_BAD_DATA_ENV", "Kind", "Pipeline", "Unsupported", "base_config", "blocks_of",
     "default_data", "is_regenerable", "kind_of", "load_pipeline", "own_baseline", "preload_modules", "resolve_factory",
     "skip_bad_data_in_trials", "stages_of", "unsupported_of", "validate_data",
 ]  # fmt: skip
@@ -107,12 +107,6 @@ def load_pipeline(cfg: TrialConfig) -> Pipeline:
             f"--pipeline {cfg.pipeline!r} returned {type(pipeline).__name__}, expected an object with "
             "build_model(), build_dataset() and loss(output, target)"
         )
-    return checked(cfg, pipeline)
-
-
-def checked(cfg: TrialConfig, pipeline: Any) -> Any:
-    """The job loaded for `cfg`, its baseline checked: one that sets a knob the job cannot honour is bad
-    input (PipelineError)."""
     _check_baseline(cfg, pipeline, unsupported_of(pipeline))
     return pipeline
 

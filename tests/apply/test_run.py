@@ -104,11 +104,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, data: Path, capsys: py
     unet.write_text(to_yaml(Export(TrialConfig())))
     several = tmp_path / "gpus.yaml"
     several.write_text(config.read_text().replace("gpus: 1", "gpus: 2"))
+    (tmp_path / "fsdp").mkdir()
+    fsdp, _ = best_yaml(tmp_path / "fsdp", script, data, baseline={"parallel": "fsdp"})  # hand-edited
     cases = [
         (["--config", str(tmp_path / "nope.yaml"), str(script)], "nope.yaml"),
         (["--config", str(unet), str(script)], "not a script"),
         (["--config", str(config), str(tmp_path / "missing.py")], "missing.py"),
         (["--config", str(several), str(script)], "torchrun --nproc-per-node 2 -m autotune run"),
+        (["--config", str(fsdp), str(script)], "--baseline sets parallel, which --pipeline"),
     ]
     for argv, said in cases:
         assert main(["run", *argv]) == 2

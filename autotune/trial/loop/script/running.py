@@ -22,7 +22,7 @@ from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.result import TrialResult
 from autotune.core.effects import refuse_unsupported
 from autotune.core.errors import ConfigError, TrialUnsupported, ExitCode
-from autotune.pipelines import checked, script
+from autotune.pipelines import script
 from autotune.pipelines.script import LOADER_KNOBS, NO_LOADER_RAN, ScriptJob, api
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script.ranks import Ranks
@@ -76,7 +76,7 @@ def _run(
     rank, world, local_rank = knobs.dist_env()
     machine = knobs.pick_device(local_rank)
     applied: dict[str, Any] = knobs.setup_process(cfg, machine)
-    job: ScriptJob = checked(cfg, script.load(cfg))
+    job = script.load(cfg)  # its --baseline was checked where the search loaded it (load_pipeline)
     refuse_unsupported(cfg, job.refused())
     if world != cfg.gpus:  # a rank count not realised is never measured as that many GPUs
         raise TrialUnsupported(f"gpus {cfg.gpus}: this process is one of {world} rank(s): run it under torchrun")
