@@ -299,7 +299,7 @@ def test_the_script_s_own_precision_is_read_from_at_autocast(
     path = tmp_path / "train.py"
     path.write_text(HEAD + OPTION + AMP.format(own=own) + SCALER)
     job = load_pipeline(TrialConfig(pipeline=script.spec_of(str(path), list(args))))
-    assert script.own_precision(job.uses) == want
+    assert script.own_values(job.uses)["precision"] == want
     assert own_baseline(job).get("precision", "fp32") == want  # trial 0's config says what the user ran
     assert "precision" not in unsupported_of(job)
 

@@ -8,7 +8,8 @@ A knob's module holds:
     `guide(on)`, the published guides' value for it on this machine (the search's warm start, `guides`);
   - how it reaches an unedited script: `ROUTE` (the at.* call a script routes it through itself), `HOW` (what
     the trial does with no edit), `sets(value)` (a process flag, set by name before the job runs, `SEEN` read
-    back after);
+    back after); a knob whose value a script gives its at.* call, as `SPELLINGS` allow, has its rules there:
+    `script_own(said)`, `script_why(own, calls)`, `script_refused(own, calls)` (pipelines/script/ reads them);
   - its Trainers' terms, both ways: `hf_fields`/`lightning_fields` (what a trial sets over the user's
     TrainingArguments or Trainer arguments, and the exports write), `hf_own`/`lightning_own` (the user's own,
     read back for trial 0), joined by `merged` and `own`;

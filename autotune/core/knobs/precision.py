@@ -10,8 +10,10 @@ class that parity checks against the baseline's loss trajectory.
 - An unedited script: autocast entered at a forward pre-hook of the model its optimizer trains and left at its
   forward hook, its floating outputs handed back in fp32 (a loss outside it stays fp32); with `at.autocast()`
   the script's own block takes the trial's precision; its own precision, given to at.autocast() or read from
-  its source, is spelled as `SPELLINGS` allows. Observed: the dtype of the model's output; in the baseline, the
-  precision the script runs at (`watched_own`: trial 0's lesson).
+  its source, is spelled as `SPELLINGS` allows. Its rules there (`script_own`, `script_why`, `script_refused`):
+  the precision its source gives at.autocast() is the baseline's, one the source cannot read keeps it fixed,
+  and fp16 needs its GradScaler handed over (at.scaler()). Observed: the dtype of the model's output; in the
+  baseline, the precision the script runs at (`watched_own`: trial 0's lesson).
 - The exports: the lines below, in each target's terms.
 
 May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).
@@ -19,7 +21,7 @@ May import: the stdlib and the rest of autotune.core (TrialConfig only to name i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.errors import PipelineError
@@ -48,6 +50,7 @@ SPELLINGS = {
     "fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
     "fp16": "fp16", "float16": "fp16", "half": "fp16",
 }  # fmt: skip
+NO_SCALER = "fp16 needs loss scaling: hand your GradScaler over with at.scaler() (autotune.script)"
 LIGHTNING = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 ACCELERATE = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}
 
@@ -83,6 +86,25 @@ def guide(on: Guided) -> dict[str, Any]:
     """The guides' AMP: bf16 where the devices compute it natively, else fp16 on CUDA (its GradScaler on), and
     fp32 on a CPU without bf16 kernels, where autocast would emulate it."""
     return {NAME: "bf16" if on.bf16 else "fp16" if on.cuda else "fp32"}
+
+
+def script_own(said: Any) -> str:
+    """The precision a script runs alone, as its source gives at.autocast() one (`said`; fp32 where it gives
+    none): one of VALUES, or why it cannot be read."""
+    return str(said or "fp32")
+
+
+def script_why(own: str, calls: Collection[str]) -> str | None:
+    """Why a script cannot take it at all: the precision it gives at.autocast() cannot be read, so no trial
+    could say which precision its baseline ran."""
+    return None if own in VALUES else f"the precision at.autocast() is given cannot be read: {own}"
+
+
+def script_refused(own: str, calls: Collection[str]) -> dict[str, str]:
+    """The values a script cannot take, and why: fp16 without a GradScaler handed over (at.scaler()), unless
+    fp16 is what it runs alone (its own scaler scales then). Without loss scaling fp16's small gradients flush
+    to zero: its speed would win by noise, and its export would have no scaler."""
+    return {"fp16": NO_SCALER} if "scaler" not in calls and own != "fp16" else {}
 
 
 def watched_own(model: Mapping[str, Any]) -> str | None:

@@ -15,10 +15,9 @@ Which knobs a script takes is decided statically, from its source (`ast`), befor
   - the model knobs of the knob list (autotune/core/knobs/) reach the model the script's optimizer trains
     with no edit (trial/loop/script/model.py, each by its module's torch side), unless the script routes one
     itself through the at.* call its module names (`ROUTE`: at.autocast(), at.model(); the cooperative API,
-    autotune.script); fp16 needs `at.scaler()` too: without loss scaling fp16's small gradients flush to zero,
-    its speed wins by noise and its export would have no scaler; the precision the script runs alone is
-    the argument it gives at.autocast() (`at.autocast("bf16")`, a torch dtype), else what trial 0's model
-    returned;
+    autotune.script); a knob whose value the script gives that call (at.autocast("bf16")) has its rules
+    there in its module (`script_own`, `script_why`, `script_refused`: fp16 needs `at.scaler()` too),
+    and a script that gives none runs as trial 0's model showed;
   - gpus: the script runs under torchrun, one process per GPU, each rank with the seams. One that sets up its
     own process group (a call to init_process_group or init_device_mesh, by any spelling) keeps its own DDP
     set-up untouched; for one that sets up none, the trial sets it up, replicates its model (DDP) and shards
@@ -50,7 +49,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from autotune.core import knobs
-from autotune.core.config import LEADS, PRECISIONS, TrialConfig, dependents, lr_factor
+from autotune.core.config import LEADS, TrialConfig, dependents, lr_factor
 from autotune.core.errors import PipelineError
 from autotune.pipelines import Unsupported
 from autotune.pipelines.kind import SCRIPT_PREFIX as PREFIX, kind_of
@@ -103,7 +102,6 @@ OWN_STRATEGY = {
 # Why the loader knobs stay out: before trial 0, a guess from the source, which the run's record replaces.
 NO_LOADER = "the script builds no torch DataLoader (none in its source; trial 0's run shows one built anywhere)"
 NO_LOADER_RAN = "the script builds no torch DataLoader (its run built none)"
-NO_SCALER = "fp16 needs loss scaling: hand your GradScaler over with at.scaler() (autotune.script)"
 
 
 def parse(spec: str) -> tuple[str, list[str]]:
@@ -323,8 +321,9 @@ def unsupported(
     for knob, call in COOPERATIVE.items():
         if call not in uses.api and knob not in UNEDITED:
             out[knob] = f"the script never calls at.{call}() ({API_MODULE})"
-    if "precision" not in out and (own := own_precision(uses)) not in PRECISIONS:
-        out["precision"] = f"the precision at.autocast() is given cannot be read: {own}"
+    for name, own in own_values(uses).items():
+        if name not in out and (why := knobs.BY_NAME[name].script_why(own, uses.api)):
+            out[name] = why
     return out
 
 
@@ -334,18 +333,17 @@ def routed_to_model(uses: Uses, unsupported: Collection[str]) -> frozenset[str]:
     return frozenset(k for k in UNEDITED if k not in unsupported and COOPERATIVE.get(k) not in uses.api)
 
 
-def own_precision(uses: Uses) -> str:
-    """The precision the script runs alone (one of PRECISIONS: fp32 when it gives at.autocast() none), or
-    why it cannot be read."""
-    return str(uses.own_value("precision") or "fp32")
+def own_values(uses: Uses) -> dict[str, str]:
+    """Each knob's value the script runs alone, where it gives that knob's at.* call one (each knob's
+    `script_own`: at.autocast()'s argument, fp32 when it gives none), or why it cannot be read."""
+    return {k.NAME: k.script_own(uses.own_value(k.NAME)) for k in knobs.ALL if hasattr(k, "script_own")}
 
 
 def refused_values(uses: Uses) -> dict[str, dict[Any, str]]:
-    """Knob -> {value the script cannot take: why}, for knobs it takes otherwise: fp16 without a GradScaler
-    handed over (at.scaler()), unless fp16 is what the script runs alone (its own scaler scales then)."""
-    if "scaler" not in uses.api and own_precision(uses) != "fp16":
-        return {"precision": {"fp16": NO_SCALER}}
-    return {}
+    """Knob -> {value the script cannot take: why}, for knobs it takes otherwise (each knob's
+    `script_refused`: fp16 without a GradScaler handed over)."""
+    refused = {name: knobs.BY_NAME[name].script_refused(own, uses.api) for name, own in own_values(uses).items()}
+    return {name: values for name, values in refused.items() if values}
 
 
 class ScriptJob(OwnLoopJob):
@@ -409,15 +407,17 @@ class ScriptJob(OwnLoopJob):
 
     def own_baseline(self, global_batch: int | None = None) -> dict[str, Any]:
         """The script run as written: the batch it hands to at.batch_size(), where it hands one over (its
-        accumulation was read against the study's global batch when the job was loaded), and the precision
-        it gives at.autocast() when not fp32, so trial 0's config says what the user ran."""
+        accumulation was read against the study's global batch when the job was loaded), and each knob's own
+        value given to its at.* call when not the default (own_values), so trial 0's config says what the user
+        ran."""
         own: dict[str, Any] = {} if self.own is None else {"batch_size": self.own[0]}
         if global_batch and self.own and self.uses.own_value("accumulation") is None and prod(self.own) != global_batch:
             own = {}  # it keeps its own accumulation: the baseline runs the one micro-batch that keeps the global batch
         if self.own is None and isinstance(kept := self.kept_batch(), int):
             own["batch_size"] = kept  # not searched: the batch it runs, so the records say it
-        if "precision" not in self.unsupported and (precision := own_precision(self.uses)) != "fp32":
-            own["precision"] = precision
+        for name, value in own_values(self.uses).items():  # at.autocast()'s own dtype, where not fp32
+            if name not in self.unsupported and value != knobs.BY_NAME[name].ROW.default:
+                own[name] = value
         return own
 
     def kept_batch(self) -> int | None:

@@ -1,8 +1,9 @@
 """What a script's source routes, read statically from its syntax tree (`ast`) before any trial: the
 DataLoader, the autotune.script (at.*) calls it makes, the optimizer classes it constructs, whether it seeds
 torch or sets up its own process group, and its own values (at.batch_size()'s and at.accumulation()'s
-defaults, its lr, its DataLoader's batch_size, the precision it gives at.autocast()), each followed through
-a name assigned once or an argparse option's literal default with the script's own arguments applied.
+defaults, its lr, its DataLoader's batch_size, the value it gives the at.* call that routes a knob spelled
+by its module's SPELLINGS: at.autocast()'s dtype), each followed through a name assigned once or an argparse
+option's literal default with the script's own arguments applied.
 
 May import: autotune.core (never torch at import).
 """
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-from autotune.core.config import PRECISIONS
-from autotune.core.knobs.precision import SPELLINGS
+from autotune.core import knobs
 
 API_MODULE = "autotune.script"
 # Knobs read from the arguments of at.* calls: the script's own values, the baseline's.
@@ -43,7 +44,8 @@ class Uses:
     api: frozenset[str]
     optimizers: tuple[str, ...] = ()
     # OWN's values, "lr", "loader_batch_size" (and the option it reads, "loader_batch_option"; how the lr follows
-    # that option where it reads it, "lr_batch_rule": linear, sqrt or why neither) and "precision"
+    # that option where it reads it, "lr_batch_rule": linear, sqrt or why neither) and each knob's given to the
+    # at.* call that routes it (_own_spelled)
     own: tuple[tuple[str, float | str], ...] = ()
     seeded: bool = False  # it seeds torch itself (manual_seed, seed_everything, set_seed) or takes at.seed()
     process_group: bool = False  # it sets up its own process group (init_process_group, init_device_mesh)
@@ -105,37 +107,39 @@ def scan(tree: ast.Module, args: list[str] | tuple[str, ...] = ()) -> Uses:
         own.append(("loader_batch_option", option[1]))
         if lr is not None and (rule := _batch_rule(tree, lr, option[0])) is not None:
             own.append(("lr_batch_rule", rule))
-    if "autocast" in first:
-        own.append(("precision", _own_precision(tree, first["autocast"], args)))
+    for knob in knobs.ALL:  # a knob the script gives its own value through the at.* call that routes it
+        if hasattr(knob, "SPELLINGS") and knob.ROUTE in first:
+            own.append((knob.NAME, _own_spelled(tree, first[knob.ROUTE], args, knob)))
     return Uses(loader, frozenset(api), tuple(optimizers), tuple(own), seeded or "seed" in api, process_group)
 
 
-def _own_precision(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...]) -> str:
-    """The precision the script runs alone, as its first at.autocast() is given it (fp32 when it gives none),
-    one of PRECISIONS; else why it cannot be read, in words."""
+def _own_spelled(tree: ast.Module, call: ast.Call, args: list[str] | tuple[str, ...], knob: ModuleType) -> str:
+    """The knob's value the script runs alone, as its first call routing it is given it (its default when it
+    gives none), one of the knob's VALUES; else why it cannot be read, in words."""
     arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "own"), None)
-    return "fp32" if arg is None else _precision(tree, arg, args, 0)
+    return str(knob.ROW.default) if arg is None else _spelled(tree, arg, args, 0, knob)
 
 
-def _precision(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...], depth: int) -> str:
-    """A precision as a script spells it: "bf16" (or "bfloat16"), torch.bfloat16, None (no autocast), a name
-    assigned once (followed), or an argparse option's literal default (the script's own arguments applied)."""
-    said = ast.unparse(node)
+def _spelled(tree: ast.Module, node: ast.expr, args: list[str] | tuple[str, ...], depth: int, knob: ModuleType) -> str:
+    """A value as a script spells it (the knob's SPELLINGS: "bf16" or "bfloat16", torch.bfloat16), None (the
+    knob's default: no autocast), a name assigned once (followed), or an argparse option's literal default
+    (the script's own arguments applied)."""
+    said, spellings = ast.unparse(node), knob.SPELLINGS
     if isinstance(node, ast.Constant) and node.value is None:
-        return "fp32"
+        return str(knob.ROW.default)
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return SPELLINGS.get(node.value.lower(), f"{said} is not one of {', '.join(SPELLINGS)}")
+        return spellings.get(node.value.lower(), f"{said} is not one of {', '.join(spellings)}")
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
-        if node.attr in SPELLINGS and node.attr not in PRECISIONS:  # torch.bfloat16, not torch.bf16
-            return SPELLINGS[node.attr]
+        if node.attr in spellings and node.attr not in knob.VALUES:  # torch.bfloat16, not torch.bf16
+            return spellings[node.attr]
     if isinstance(node, ast.Name) and depth < 5:
         if (value := assigned_once(tree, node.id)) is not None:
-            return _precision(tree, value, args, depth + 1)
+            return _spelled(tree, value, args, depth + 1, knob)
     if isinstance(node, ast.Attribute):
         word = _argparse_default(tree, node.attr, args, str)  # the option's value, or why it has none
         if word is not None:
-            return SPELLINGS.get(str(word).lower(), f"{said}: {word}")
-    return f"{said!r} is not a precision, a name assigned once, or an argparse option's default in the source"
+            return spellings.get(str(word).lower(), f"{said}: {word}")
+    return f"{said!r} is not a {knob.NAME}, a name assigned once, or an argparse option's default in the source"
 
 
 def _lr_node(tree: ast.Module, call: ast.Call | None, optimizers: list[str]) -> ast.expr | None:
