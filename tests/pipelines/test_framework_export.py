@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import yaml
 
 from autotune.apply.export import render
@@ -71,6 +72,33 @@ def test_hf_study_exports_the_fields_that_differ_from_the_base() -> None:
     code = render("hf", export(HF, batch_size=16, num_workers=2))
     assert run(code)["training_args"] == HF["training_args"]
     assert "per_device_train_batch_size=16,  # yours: 8" in code
+
+
+def test_the_process_knobs_a_framework_trial_set_are_written_beside_its_arguments() -> None:
+    """A framework trial sets TF32, cudnn.benchmark and the threads in its own process, and runs one per GPU:
+    the Trainer's arguments hold none of TF32 and the launch (TrainingArguments not cudnn's either), so the
+    export sets them as its code runs, and says the launch."""
+    flags = (
+        (torch.backends.cuda.matmul, "allow_tf32"),
+        (torch.backends.cudnn, "allow_tf32"),
+        (torch.backends.cudnn, "benchmark"),
+    )
+    before, threads = [getattr(o, a) for o, a in flags], torch.get_num_threads()
+    try:
+        for framework in (LIGHTNING, HF):
+            for o, a in flags:
+                setattr(o, a, False)
+            code = render(
+                framework["library"], export(framework, tf32=True, cudnn_benchmark=True, gpus=2, num_threads=1)
+            )
+            run(code)
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32, code
+            assert torch.backends.cudnn.benchmark is (framework is HF), code  # Lightning's is its Trainer's benchmark
+            assert torch.get_num_threads() == 1 and "torchrun --nproc-per-node 2" in code, code
+    finally:
+        for (o, a), value in zip(flags, before):
+            setattr(o, a, value)
+        torch.set_num_threads(threads)
 
 
 def test_another_format_or_a_plain_study_keeps_the_generic_rendering() -> None:

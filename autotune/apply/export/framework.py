@@ -10,6 +10,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from autotune.apply.export import _loader
+from autotune.core import knobs
 from autotune.core.configfile import Export
 from autotune.pipelines import kind_of
 from autotune.pipelines.frameworks import hf, lightning
@@ -42,7 +43,9 @@ def _kwargs(name: str, values: Mapping[str, Any], comments: Mapping[str, str] | 
     return [f"{name} = dict(", *rows, ")"]
 
 
-def _notes(e: Export, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> list[str]:
+def _notes(e: Export, target: str, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> list[str]:
+    """The lines beside the framework's arguments: the lr rescale, each knob's own (`framework_notes`, in the
+    knob list's order: what the framework's arguments cannot hold), and the knobs not tuned."""
     cfg = e.config
     out = []
     if lr_scale != 1:
@@ -50,14 +53,13 @@ def _notes(e: Export, unsupported: Mapping[str, str], lr_scale: float = 1.0) -> 
             f"# lr: multiply your learning rate by {lr_scale:.4g}, as the trials did ({cfg.lr_scaling} rule, "
             f"from your own batch to global batch {cfg.global_batch_size})"
         )
-    if cfg.num_threads:
-        out.append(f"torch.set_num_threads({cfg.num_threads})  # num_threads, at the start of your script")
-    if cfg.gpus > 1:
-        out.append(
-            f"# gpus={cfg.gpus}: one process per device (torchrun --nproc-per-node {cfg.gpus}, or the Trainer's own launch)"
-        )
+    out += knobs.each("framework_notes", cfg, target)
     out += [f"# {k}: not tuned, {why}" for k, why in unsupported.items()]
     return out
+
+
+def _imports(notes: list[str]) -> list[str]:
+    return ["import torch"] if any(line.startswith("torch.") for line in notes) else []
 
 
 def is_own_baseline(e: Export) -> bool:
@@ -76,9 +78,10 @@ def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
         if own
         else ["# your datamodule's train_dataloader(): the same dataset, sampler and collate_fn, with these"]
     )
+    notes = _notes(e, "lightning", lightning.UNSUPPORTED, float(fw.get("lr_scale") or 1.0))
     parts = [
         *_header(e, "Lightning Trainer and train DataLoader arguments for your LightningModule"),
-        *(["import torch"] if e.config.num_threads else []),
+        *_imports(notes),
         "",
         *_kwargs(
             "trainer_kwargs",
@@ -89,7 +92,7 @@ def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
         *loader,
         *_kwargs("dataloader_kwargs", {} if own else fw.get("dataloader_kwargs") or {}, _loader.LIGHTNING_COMMENTS),
         "",
-        *_notes(e, lightning.UNSUPPORTED, float(fw.get("lr_scale") or 1.0)),
+        *notes,
         "",
         "# these replace your own accelerator, devices, strategy, precision, accumulate_grad_batches, benchmark:",
         "# trainer = lightning.pytorch.Trainer(**{**your_trainer_kwargs, **trainer_kwargs})",
@@ -100,14 +103,11 @@ def _lightning(e: Export, fw: Mapping[str, Any]) -> str:
 
 def _hf(e: Export, fw: Mapping[str, Any]) -> str:
     changed, base = fw.get("training_args") or {}, fw.get("base") or {}
-    cfg = e.config
-    notes = _notes(e, hf.UNSUPPORTED)
-    if cfg.cudnn_benchmark:
-        notes.insert(0, "torch.backends.cudnn.benchmark = True  # cudnn_benchmark: not a TrainingArguments field")
+    notes = _notes(e, "hf", hf.UNSUPPORTED)
     parts = [
         *_header(e, "TrainingArguments fields that differ from your base arguments"),
         "import dataclasses",
-        *(["import torch"] if cfg.num_threads or cfg.cudnn_benchmark else []),
+        *_imports(notes),
         "",
         *(
             _kwargs("training_args", changed, {k: f"yours: {base.get(k)!r}" for k in changed})

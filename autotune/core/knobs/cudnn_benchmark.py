@@ -63,6 +63,13 @@ def lightning_trainer(cfg: TrialConfig) -> list[str]:
     return [f"    benchmark={cfg.cudnn_benchmark!r},  # cudnn_benchmark"]
 
 
+def framework_notes(cfg: TrialConfig, target: str) -> list[str]:
+    """Beside TrainingArguments, which have no field for it (Lightning's Trainer takes `benchmark`)."""
+    if target != "hf" or not cfg.cudnn_benchmark:
+        return []
+    return ["torch.backends.cudnn.benchmark = True  # cudnn_benchmark: not a TrainingArguments field"]
+
+
 def hf_notes(cfg: TrialConfig) -> list[str]:
     return [f"torch.backends.cudnn.benchmark = {cfg.cudnn_benchmark!r}  # cudnn_benchmark"]
 

@@ -71,6 +71,15 @@ def hf_notes(cfg: TrialConfig) -> list[str]:
     return [f"# gpus={cfg.gpus}: launch with {launch(cfg)}"]
 
 
+def framework_notes(cfg: TrialConfig, target: str) -> list[str]:
+    """Beside a Trainer's arguments: how the processes start (the trial ran under torchrun)."""
+    if cfg.gpus == 1:
+        return []
+    return [
+        f"# gpus={cfg.gpus}: one process per device (torchrun --nproc-per-node {cfg.gpus}, or the Trainer's own launch)"
+    ]
+
+
 def lightning_trainer(cfg: TrialConfig) -> list[str]:
     """trainer_kwargs' devices and strategy: FSDP2 through ModelParallelStrategy, DDP, or none for one process."""
     devices = [f"    devices={cfg.gpus!r},"]

@@ -49,6 +49,10 @@ def lightning_extra(cfg: TrialConfig) -> list[str]:
     return _line(cfg, "  # num_threads, before building the DataLoader")
 
 
+def framework_notes(cfg: TrialConfig, target: str) -> list[str]:
+    return _line(cfg, "  # num_threads, at the start of your script")
+
+
 def hf_notes(cfg: TrialConfig) -> list[str]:
     return _line(cfg, "  # num_threads")
 

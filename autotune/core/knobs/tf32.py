@@ -62,6 +62,11 @@ def lightning_extra(cfg: TrialConfig) -> list[str]:
     return _lines(cfg)
 
 
+def framework_notes(cfg: TrialConfig, target: str) -> list[str]:
+    """Beside a Trainer's arguments: a framework trial set the flags in its process, as a script's would."""
+    return _lines(cfg)
+
+
 def hf_args(cfg: TrialConfig) -> list[str]:
     return ["    tf32=True,  # tf32: sets both flags"] if cfg.tf32 else []
 
