@@ -104,9 +104,8 @@ def edit(rw: Rewrite) -> None:
     for k in sorted(unedited, key=lambda k: k.NAME):
         if k.NAME not in written:
             rw.notes.append(f"{k.NAME} {getattr(cfg, k.NAME)}: {k.HOW}; {UNEDITED_RUN}")
-    if cfg.gpus > 1 and "gpus" not in skip and not rw.job.uses.process_group:
-        run = UNEDITED_RUN.replace("`autotune run", f"`torchrun --nproc-per-node {cfg.gpus} -m autotune run")
-        rw.notes.append(f"gpus {cfg.gpus}: {knobs.gpus.HOW}; {run}")
+    others = tuple(k for k in knobs.ALL if k not in knobs.MODEL and k.NAME not in skip)
+    rw.notes += knobs.each("script_notes", cfg, rw.job.uses.process_group, UNEDITED_RUN, among=others)
 
 
 # A knob the trial applied to the model the script's optimizer trains (trial/loop/script/model.py), where no line

@@ -16,7 +16,8 @@ A knob's module holds:
   - the lines every export writes for it: `LINES` (the diff's plain torch after the optimizer's statement,
     `line_fields` filling them), `api_lines`, `at_model`, `row`, and each target's `lightning_*`, `hf_*`,
     `accelerate_*`, `script_lines` (apply/export/_compute.py joins them in this list's order), and
-    `framework_notes` (beside a framework study's own Trainer arguments: what they cannot hold).
+    `framework_notes` (beside a framework study's own Trainer arguments: what they cannot hold), and
+    `script_notes` (the diff's words for what no line of a script can say: gpus's replicate).
 Its torch side, applied by name where the layers allow torch, is the module of the same name in
 autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place, and what it observes); a
 process flag needs none.

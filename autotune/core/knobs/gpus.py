@@ -71,6 +71,15 @@ def hf_notes(cfg: TrialConfig) -> list[str]:
     return [f"# gpus={cfg.gpus}: launch with {launch(cfg)}"]
 
 
+def script_notes(cfg: TrialConfig, own_group: bool, run: str) -> list[str]:
+    """The diff's note for a script that sets up no process group of its own (`own_group` False): no line of
+    it can say what the trial did; `run` (autotune run's command) does it under torchrun."""
+    if cfg.gpus == 1 or own_group:
+        return []
+    run = run.replace("`autotune run", f"`torchrun --nproc-per-node {cfg.gpus} -m autotune run")
+    return [f"gpus {cfg.gpus}: {HOW}; {run}"]
+
+
 def framework_notes(cfg: TrialConfig, target: str) -> list[str]:
     """Beside a Trainer's arguments: how the processes start (the trial ran under torchrun)."""
     if cfg.gpus == 1:
