@@ -180,22 +180,22 @@ def fingerprint(base: TrialConfig) -> dict[str, Any]:
 
     from autotune.trial.measurement.measure import nvml  # lazy: torch, as above
 
-    gpus = (
+    names = (  # the machine's devices, whatever the config's count
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     )
-    pynvml = nvml() if gpus else None
-    memory, mig = _gpus(pynvml, len(gpus))
+    pynvml = nvml() if names else None
+    memory, mig = _gpus(pynvml, len(names))
     return {
-        "gpu_names": gpus,
-        "gpu_count": len(gpus),
+        "gpu_names": names,
+        "gpu_count": len(names),
         "gpu_memory": memory,
         "gpu_mig": mig,
         "driver": _driver(pynvml) if pynvml else None,
         "cpu_model": _cpu_model(),
         "cpu_cores": os.cpu_count(),
         "torch": torch.__version__,
-        "cuda": torch.version.cuda if gpus else None,
-        "cudnn": _cudnn() if gpus else None,  # its kernels and heuristics change the timings
+        "cuda": torch.version.cuda if names else None,
+        "cudnn": _cudnn() if names else None,  # its kernels and heuristics change the timings
         "pipeline": base.pipeline,
         "image_size": base.image_size,
         "nodes": Placement.from_env().nodes,  # the session's --nodes: a trial's ranks span that many machines
