@@ -18,6 +18,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.core.config import TrialConfig
+from autotune.core.knobs import cudnn_benchmark
 from autotune.core.configfile import Export, to_yaml
 from autotune.pipelines.script import spec_of
 from autotune.pipelines.unet.data import make_data
@@ -210,6 +211,7 @@ def test_autotune_run_under_torchrun_trains_a_script_with_no_process_group_on_tw
     applied = record["applied"]
     assert record["exit_code"] == 0 and applied["script"]["optimizer_steps"] == 12
     assert applied["gpus"]["in_effect"] == 2 and "replicated Net in place" in applied["gpus"]["why"]
+    assert "shared by the 2 ranks on this node" in applied["num_threads"]["why"], applied["num_threads"]
     assert applied["observed"]["global_batch"] == 32
     assert applied["observed"]["ranks"]["torch_save"] == {"written": [1, 0], "skipped": [0, 1]}
     assert checkpoint.exists()
@@ -283,6 +285,19 @@ def test_the_threads_a_run_sets_are_said_as_set_not_as_torch_default(
     assert record["applied"]["num_threads"] == {"requested": 1, "in_effect": 1, "why": "torch.set_num_threads(1)"}
     _, record = _run_seeded(tmp_path, capsys, set_to_none=False)  # 0: torch's own count
     assert record["applied"]["num_threads"]["why"] == "0 = torch default"
+
+
+def test_a_flag_is_recorded_as_a_trial_of_autotune_s_pipelines_records_it(
+    repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cudnn.benchmark set on a machine without CUDA: set, read back after the script ran, and recorded as not
+    in effect with the reason, as setup_process records it for every kind of job."""
+    _, record = _run_seeded(tmp_path, capsys, cudnn_benchmark=True)
+    assert record["applied"]["cudnn_benchmark"] == {
+        "requested": True,
+        "in_effect": False,
+        "why": cudnn_benchmark.NO_CUDA,
+    }
 
 
 def test_a_run_says_no_trial_warm_up(repo_on_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,8 @@ convolutions on tensor cores and oneDNN run fastest in. Speed only: the math is 
 - Autotune's pipelines: the model and each 4-D batch converted (trial/loop/knobs/channels_last.py); under
   FSDP the inputs only (fully_shard refuses a non-contiguous parameter).
 - An unedited script: `Module.to(memory_format=...)` in place on the model its optimizer trains, and a forward
-  pre-hook that converts its 4-D inputs; with `at.model()` the model handed over is converted. Observed: the
-  memory format of its 4-D weights.
+  pre-hook that converts its 4-D floating inputs (integer images stay as loaded, in the diff's lines too);
+  with `at.model()` the model handed over is converted. Observed: the memory format of its 4-D weights.
 - The exports: the lines below, in each target's terms.
 
 May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).
@@ -38,9 +38,9 @@ NO_CONV = "the model the optimizer trains has no 4-D (convolution) weights: chan
 # task) may take no memory format.
 HOW = "model.to(memory_format=torch.channels_last) on the model the optimizer trains"
 LINES = (
-    "torch.nn.Module.to({m}, memory_format=torch.channels_last)  # autotune: channels_last, its 4-D inputs too",
+    "torch.nn.Module.to({m}, memory_format=torch.channels_last)  # autotune: channels_last, its 4-D float inputs too",
     "{m}.register_forward_pre_hook(lambda _m, args: tuple(a.contiguous(memory_format=torch.channels_last) "
-    "if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args))",
+    "if isinstance(a, torch.Tensor) and a.dim() == 4 and a.is_floating_point() else a for a in args))",
 )
 
 

@@ -46,7 +46,7 @@ def unet() -> nn.Module:
 def test_num_threads_reaches_torch() -> None:
     applied = knobs.setup_process(TrialConfig(num_threads=1), CPU)
     assert torch.get_num_threads() == 1  # conftest restores the count after the test
-    assert applied["num_threads"] == {"requested": 1, "in_effect": 1}
+    assert applied["num_threads"] == {"requested": 1, "in_effect": 1, "why": "torch.set_num_threads(1)"}
 
 
 def test_num_threads_zero_keeps_torch_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,7 +118,11 @@ def test_num_threads_set_explicitly_wins_under_torchrun(monkeypatch: pytest.Monk
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(knobs.os, "sched_getaffinity", lambda pid: set(range(8)))
-    assert knobs.setup_process(TrialConfig(num_threads=3), CPU)["num_threads"] == {"requested": 3, "in_effect": 3}
+    assert knobs.setup_process(TrialConfig(num_threads=3), CPU)["num_threads"] == {
+        "requested": 3,
+        "in_effect": 3,
+        "why": "torch.set_num_threads(3)",
+    }
     assert torch.get_num_threads() == 3
 
 

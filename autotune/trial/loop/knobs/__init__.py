@@ -82,20 +82,31 @@ def handed_records(trial: Any) -> dict[str, Any]:
 
 
 def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
-    """The process knobs of the list, in its order, before the job runs, each read back: a flag set by the
-    torch attributes its module names (`sets`, `SEEN`), in effect only on CUDA, where what it switches runs;
-    the others by their torch side (`set_up`: the thread count)."""
+    """The process knobs of the list, in its order, set before the job runs: a flag by the torch attributes its
+    module names (`sets`), the others by their torch side (`set_up`: the thread count); then read back
+    (process_seen)."""
+    for knob in described.PROCESS:
+        if knob.NAME in SET_UP:
+            SET_UP[knob.NAME].set_up(cfg)
+            continue
+        for path, setting in knob.sets(getattr(cfg, knob.NAME)).items():
+            set_flag(path, setting)
+    return effects(cfg, process_seen(cfg, device))
+
+
+def process_seen(cfg: TrialConfig, device: torch.device) -> Seen:
+    """The process knobs as in effect now, each with why: a flag by the torch attribute its module reads
+    (`SEEN`), in effect only on CUDA, where what it switches runs; the others by their torch side (`seen`).
+    Read once the job is set up, and again after a script ran, which may set them itself."""
     cuda = device.type == "cuda"
     seen: Seen = {}
     for knob in described.PROCESS:
         if knob.NAME in SET_UP:
-            seen[knob.NAME] = SET_UP[knob.NAME].set_up(cfg)
+            seen[knob.NAME] = SET_UP[knob.NAME].seen(cfg)
             continue
         value = getattr(cfg, knob.NAME)
-        for path, setting in knob.sets(value).items():
-            set_flag(path, setting)
         seen[knob.NAME] = (bool(observe.torch_flag(knob.SEEN)) and cuda, knob.NO_CUDA if value and not cuda else "")
-    return effects(cfg, seen)
+    return seen
 
 
 def set_flag(path: str, value: Any) -> None:

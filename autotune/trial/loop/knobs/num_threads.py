@@ -1,5 +1,5 @@
-"""num_threads' torch side (its story: autotune/core/knobs/num_threads.py): the count set before the job runs,
-and the one it runs on read back.
+"""num_threads' torch side (its story: autotune/core/knobs/num_threads.py): the count set before the job runs
+(`set_up`), and the one it runs on read back (`seen`).
 
 May import: autotune.core, autotune.pipelines, the rest of autotune.trial.loop and trial.measurement.
 """
@@ -21,20 +21,35 @@ def _ranks_on_this_node() -> int | None:
     return int(n) if n else None
 
 
-def set_up(cfg: TrialConfig) -> tuple[int, str]:
-    """The thread count set, and what the process runs with (a `seen` pair)."""
-    ranks = _ranks_on_this_node()
-    why = ""
+def set_up(cfg: TrialConfig) -> None:
+    """The thread count set before the job runs: the config's, else under torchrun the ranks' share."""
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
-    elif ranks is not None:
-        # torchrun sets OMP_NUM_THREADS=1 in every rank when it is unset, so "torch's default" would
-        # mean all cores for gpus=1 but one thread per rank under DDP: a bias against DDP. Give the
-        # ranks on this node an equal share of the cores this process may run on instead: its affinity
-        # mask, capped by the container's CPU quota (two ranks in an 8-CPU pod on a 64-core host: 4 each).
-        cpus = usable_cpus()
-        torch.set_num_threads(max(1, cpus // ranks))
-        why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
+    elif (share := _share()) is not None:
+        torch.set_num_threads(share[0])
+
+
+def seen(cfg: TrialConfig) -> tuple[int, str]:
+    """The count the process runs on now, and why (a `seen` pair): read after the set-up, and again after a
+    script ran (it may set its own)."""
+    if cfg.num_threads > 0:
+        why = f"torch.set_num_threads({cfg.num_threads})"
+    elif (share := _share()) is not None:
+        why = share[1]
     else:
         why = "0 = torch default"
     return torch.get_num_threads(), why
+
+
+def _share() -> tuple[int, str] | None:
+    """Under torchrun, each rank's share of the cores, and why; None for a plain process. torchrun sets
+    OMP_NUM_THREADS=1 in every rank when it is unset, so "torch's default" would mean all cores for gpus=1
+    but one thread per rank under DDP: a bias against DDP. The ranks on this node get an equal share of the
+    cores this process may run on instead: its affinity mask, capped by the container's CPU quota (two ranks
+    in an 8-CPU pod on a 64-core host: 4 each)."""
+    if (ranks := _ranks_on_this_node()) is None:
+        return None
+    cpus = usable_cpus()
+    return max(
+        1, cpus // ranks
+    ), f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"

@@ -13,14 +13,12 @@ from typing import Any
 
 import torch
 
-from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
 from autotune.core.effects import AS_WRITTEN, Seen, effects, knob_effect, lr_effect
 from autotune.pipelines.script import LOADER_KNOBS, ScriptJob, api, rule_of
 from autotune.trial.loop import knobs
 from autotune.trial.loop.script.loader import UNMEASURED
 from autotune.trial.loop.script.shown import Shown
-from autotune.trial.measurement import observe
 
 
 OWN_SCHEDULE = "the script sets its optimizer's lr itself before its steps (a schedule of its own)"
@@ -39,7 +37,9 @@ def what_ran(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJob, a
     refused = job.refused()  # the knobs the run decides (a guess from the source) are recorded as they ran
     why = AS_WRITTEN if as_written else ""
     seen = batch_seen(shown, trial, job.own) | loader_seen(shown, refused, why) | optimizer_seen(shown, why)
-    seen |= process_seen(why, cfg.num_threads) | model_seen(trial, shown.final, as_written, refused)
+    # The process knobs as the script left them (it may set them itself), read as the set-up read them.
+    seen |= {k: (v, why or said) for k, (v, said) in knobs.process_seen(cfg, torch.device(trial.device_type)).items()}
+    seen |= model_seen(trial, shown.final, as_written, refused)
     applied = effects(cfg, seen | shown.model_seen, refused)
     extra = batch_and_lr(cfg, shown, trial, job)
     applied["script"] = script_record(shown, trial) | knobs.handed_records(trial) | extra.pop("script")
@@ -121,18 +121,6 @@ def optimizer_seen(shown: Shown, why: str) -> Seen:
     if shown.zero_grads:
         out["set_to_none"] = (shown.zero_grads[-1], why)
     return out
-
-
-def process_seen(why: str, threads: int) -> Seen:
-    """The process's flags (the knob list's) and thread count, as the script ran under them (set before it
-    ran: `threads` by torch.set_num_threads, 0 left to torch)."""
-    return {
-        **{k.NAME: (observe.torch_flag(k.SEEN), why) for k in described.FLAGS},
-        "num_threads": (
-            torch.get_num_threads(),
-            why or (f"torch.set_num_threads({threads})" if threads else "0 = torch default"),
-        ),
-    }
 
 
 def model_seen(trial: api.Trial, final: dict[str, Any], as_written: bool, unsupported: frozenset[str]) -> Seen:
