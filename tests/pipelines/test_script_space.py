@@ -6,6 +6,8 @@ GradScaler handed over, and the precision the script gives at.autocast() as its 
 
 from __future__ import annotations
 
+import dataclasses
+
 import ast
 import sys
 from pathlib import Path
@@ -263,6 +265,20 @@ def test_fp16_is_not_searched_for_a_script_that_hands_over_no_scaler(tmp_path: P
     for body in (AMP.format(own="") + SCALER, AMP.format(own='"fp16"')):
         knobs, notes, _ = on_gpu(tmp_path, body)
         assert knobs["precision"] == Choices(("fp32", "bf16", "fp16")), body
+
+
+def test_apex_is_not_searched_for_a_script_even_where_apex_is_installed(tmp_path: Path) -> None:
+    """A script builds its own optimizer: the trial sets its fused/foreach pair, and has no way to run apex's
+    FusedAdam in its place (a trial asking for it would record the for-loop under apex's name)."""
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + AMP.format(own="") + SCALER)
+    job = load_pipeline(TrialConfig(pipeline=script.spec_of(str(path))))
+    space = load_space(str(REPO_ROOT / "search_spaces" / "default.yaml"))
+    apex = dataclasses.replace(GPU, apex=True)
+    narrowed, notes = for_hardware(space, apex, stages=0, unsupported=unsupported_of(job))
+    assert narrowed.knobs["optimizer_fusion"] == Choices(("none", "foreach", "fused")), notes
+    said = next(n for n in notes if n.startswith("optimizer_fusion"))
+    assert "dropped apex" in said and "the script builds its own optimizer" in said, said
 
 
 def test_the_warm_start_takes_no_fp16_a_script_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

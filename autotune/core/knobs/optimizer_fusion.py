@@ -5,8 +5,9 @@ FusedAdam). Speed only: the update computed is AdamW's in each.
 - Its space rules: apex only where `apex.optimizers` imports.
 - Autotune's pipelines: torch's AdamW built with `FLAGS[value]` (apex's FusedAdam for apex), in
   trial/loop/knobs/__init__.py.
-- An unedited script: the fused/foreach pair set on each torch optimizer whose constructor takes both
-  (`FUSABLE`), before its first step, by the seams; an optimizer without the pair keeps its own.
+- An unedited script: the fused/foreach pair set on each torch optimizer whose param groups hold both, before
+  its first step, by the seams; an optimizer without the pair keeps its own; apex cannot reach it
+  (`script_refused`: its optimizer's class is its own).
 - Hugging Face's Trainer: TrainingArguments' `optim`, one AdamW kernel each (`HF`); a Trainer whose optim is
   no AdamW kernel cannot take it. Lightning: the LightningModule builds its own optimizer.
 - The exports: the optimizer's construction and its row in the knob table, written with the step they
@@ -17,6 +18,7 @@ May import: the stdlib and the rest of autotune.core (TrialConfig only to name i
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.knobs.row import Drop, Guided, Machine, Rule, knob
@@ -30,7 +32,8 @@ ROW = knob("none", "the optimizer's implementation (AdamW's fused/foreach)", cho
 NOT_IN = {"lightning": "the LightningModule builds its own optimizer in configure_optimizers()"}
 # The torch optimizer's flags for each value (apex is another optimizer): none forces the for-loop.
 FLAGS: dict[str, dict[str, bool]] = {"none": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-# torch.optim classes that take both `fused` and `foreach`: the trial sets the flags only on those.
+# torch.optim classes that take both `fused` and `foreach`: the diff writes the flags into their calls only (the
+# trial reads the pair off an optimizer's param groups, whatever its class).
 FUSABLE = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 # TrainingArguments.optim for each. "adamw_torch" lets torch choose its kernel (foreach on CUDA, the for-loop
 # on the CPU): TrainingArguments cannot force either, so none and foreach both map there.
@@ -40,6 +43,12 @@ HF_ADAMW = frozenset(HF.values())
 
 def machine(hw: Machine) -> list[Rule]:
     return [] if hw.apex else [Drop(("apex",), "apex.optimizers is not installed")]
+
+
+def script_refused(own: Any, calls: Collection[str]) -> dict[str, str]:
+    """An unedited script's optimizer is its own: the trial sets its fused/foreach pair, and cannot swap in
+    apex's FusedAdam for it."""
+    return {"apex": "the script builds its own optimizer: the trial sets its fused/foreach flags, not apex's class"}
 
 
 def guide(on: Guided) -> dict[str, Any]:

@@ -341,8 +341,9 @@ def own_values(uses: Uses) -> dict[str, str]:
 
 def refused_values(uses: Uses) -> dict[str, dict[Any, str]]:
     """Knob -> {value the script cannot take: why}, for knobs it takes otherwise (each knob's
-    `script_refused`: fp16 without a GradScaler handed over)."""
-    refused = {name: knobs.BY_NAME[name].script_refused(own, uses.api) for name, own in own_values(uses).items()}
+    `script_refused`: fp16 without a GradScaler handed over, apex's optimizer in place of its own)."""
+    own = own_values(uses)
+    refused = {k.NAME: k.script_refused(own.get(k.NAME), uses.api) for k in knobs.ALL if hasattr(k, "script_refused")}
     return {name: values for name, values in refused.items() if values}
 
 
