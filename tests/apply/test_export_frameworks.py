@@ -27,10 +27,8 @@ import yaml
 from torch import nn
 
 from autotune.apply.export import render, to_accelerate, to_hf, to_lightning
-from autotune.apply.export._step import WEIGHT_DECAY
 from autotune.core.config import TrialConfig
 from autotune.core.configfile import Export
-from autotune.trial.loop.knobs import WEIGHT_DECAY as TRIAL_WEIGHT_DECAY
 from tests.docs_pages import DOCS, python_block
 
 # Every knob a CPU can carry away from the frameworks' defaults: bf16, accumulation 2 (global batch 8 of
@@ -56,10 +54,6 @@ STEPS = 3  # optimizer steps each export trains
 
 def _cpu_export(cfg: TrialConfig) -> Export:
     return Export(config=cfg, environment={"device": "cpu"})  # what `autotune export` reads of a CPU study
-
-
-def test_exports_decay_as_the_trials_did() -> None:
-    assert WEIGHT_DECAY == TRIAL_WEIGHT_DECAY
 
 
 @pytest.fixture(autouse=True)

@@ -10,17 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.config import TrialConfig, lr_factor
 from autotune.core.knobs import optimizer_fusion
+from autotune.core.knobs.optimizer_fusion import WEIGHT_DECAY
 from autotune.core.knobs.row import IN_SCRIPT
 from autotune.pipelines.script import source
 
 if TYPE_CHECKING:
     from autotune.apply.export.diff import Rewrite
-
-
-# The trials' weight decay (autotune.trial.loop.knobs.WEIGHT_DECAY, torch AdamW's default), written out in
-# every export: a framework whose default differs (HF's is 0) must still train what was measured.
-# Not imported from there: that module imports torch, and `autotune export` should not.
-WEIGHT_DECAY = 0.01
 
 
 def rows(cfg: TrialConfig, target: str) -> dict[str, str]:

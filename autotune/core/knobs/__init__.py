@@ -19,7 +19,8 @@ A knob's module holds:
     `framework_notes` (beside a framework study's own Trainer arguments: what they cannot hold), and
     `script_notes` (the diff's words for what no line of a script can say: gpus's replicate).
 Its torch side, applied by name where the layers allow torch, is the module of the same name in
-autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place, and what it observes); a
+autotune/trial/loop/knobs/ (a model knob: how it is applied to a model, in place, and what it observes; the
+thread count: set and read back; the optimizer's implementation: the optimizer built, a script's pair set); a
 process flag needs none.
 
 The DataLoader's four knobs share one module (`loader`), and so do the strategy's five (`strategy`: parallel

@@ -3,8 +3,8 @@ kernel a step over lists of tensors), `fused` (one fused kernel: torch's fused A
 FusedAdam). Speed only: the update computed is AdamW's in each.
 
 - Its space rules: apex only where `apex.optimizers` imports.
-- Autotune's pipelines: torch's AdamW built with `FLAGS[value]` (apex's FusedAdam for apex), in
-  trial/loop/knobs/__init__.py.
+- Autotune's pipelines: torch's AdamW built with `FLAGS[value]` (apex's FusedAdam for apex), its torch side
+  trial/loop/knobs/optimizer_fusion.py, with the seam that sets an unedited script's pair.
 - An unedited script: the fused/foreach pair set on each torch optimizer whose param groups hold both, before
   its first step, by the seams; an optimizer without the pair keeps its own; apex cannot reach it
   (`script_refused`: its optimizer's class is its own).
@@ -35,6 +35,10 @@ FLAGS: dict[str, dict[str, bool]] = {"none": {"foreach": False}, "foreach": {"fo
 # torch.optim classes that take both `fused` and `foreach`: the diff writes the flags into their calls only (the
 # trial reads the pair off an optimizer's param groups, whatever its class).
 FUSABLE = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
+# The trials' weight decay: torch.optim.AdamW's own default. apex's FusedAdam defaults to 0, so it is passed to
+# both explicitly (apex vs torch must compare the same training), and every export writes it out: a framework
+# whose default differs (HF's is 0) must still train what was measured.
+WEIGHT_DECAY = 0.01
 # TrainingArguments.optim for each. "adamw_torch" lets torch choose its kernel (foreach on CUDA, the for-loop
 # on the CPU): TrainingArguments cannot force either, so none and foreach both map there.
 HF = {"none": "adamw_torch", "foreach": "adamw_torch", "fused": "adamw_torch_fused", "apex": "adamw_apex_fused"}

@@ -72,7 +72,7 @@ class Hardware:
     def detect(cls) -> Hardware:
         import torch  # lazy: loading a space file must stay cheap
 
-        from autotune.trial.loop.knobs import apex_available  # lazy: torch, as above
+        from autotune.trial.loop.knobs.optimizer_fusion import apex_available  # lazy: torch, as above
 
         cuda = bool(torch.cuda.is_available())
         return cls(

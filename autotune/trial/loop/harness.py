@@ -19,6 +19,7 @@ from autotune.core.effects import knob_effect, refuse_unsupported
 from autotune.core.errors import DataItemError
 from autotune.pipelines import Pipeline, blocks_of, stages_of, unsupported_of
 from autotune.trial.loop import knobs, loading, sharding, warm_model
+from autotune.trial.loop.knobs import optimizer_fusion
 from autotune.trial.measurement.clock import NonFiniteLoss
 
 
@@ -238,7 +239,7 @@ def build(cfg: TrialConfig, *, endless: bool = False) -> Harness:
         a |= sharding.inert_effects(cfg, world)
     applied |= a
     model.train()
-    optimizer, a = knobs.build_optimizer(model.parameters(), cfg, device)
+    optimizer, a = optimizer_fusion.build_optimizer(model.parameters(), cfg, device)
     applied |= a
     loader, a = loading.build_loader(checked(pipeline.build_dataset()), cfg, rank, world, device, endless)
     applied |= a

@@ -377,7 +377,7 @@ def test_memory_is_the_smallest_visible_gpus_or_the_ram(monkeypatch: pytest.Monk
 
 
 def test_apex_without_its_cuda_extension_is_not_available(fake_apex_python_only: Path) -> None:
-    from autotune.trial.loop.knobs import apex_available
+    from autotune.trial.loop.knobs.optimizer_fusion import apex_available
 
     assert importlib.util.find_spec("apex.optimizers") is not None  # the Python part is there
     assert apex_available() is False  # but FusedAdam would fail at its first step without amp_C
@@ -385,7 +385,7 @@ def test_apex_without_its_cuda_extension_is_not_available(fake_apex_python_only:
 
 
 def test_apex_with_its_cuda_extension_is_available(fake_apex_python_only: Path) -> None:
-    from autotune.trial.loop.knobs import apex_available
+    from autotune.trial.loop.knobs.optimizer_fusion import apex_available
 
     (fake_apex_python_only / "amp_C.py").write_text("")  # stands for the compiled amp_C extension
     importlib.invalidate_caches()

@@ -19,7 +19,7 @@ from torch.utils.data import TensorDataset
 
 from autotune.core import cpus as cpus_module
 from autotune.trial.loop import knobs
-from autotune.trial.loop.knobs import checkpoint_segments
+from autotune.trial.loop.knobs import checkpoint_segments, optimizer_fusion
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError, TrialUnsupported
 from autotune.pipelines.unet.pipeline import UnetPipeline
@@ -157,7 +157,7 @@ def test_to_device_channels_last() -> None:
 )
 def test_optimizer_fusion_reaches_adamw(fusion: str, key: str, value: bool, other: tuple[str, Any]) -> None:
     model = nn.Linear(4, 2)
-    opt, applied = knobs.build_optimizer(model.parameters(), TrialConfig(optimizer_fusion=fusion, lr=0.01))
+    opt, applied = optimizer_fusion.build_optimizer(model.parameters(), TrialConfig(optimizer_fusion=fusion, lr=0.01))
     assert isinstance(opt, torch.optim.AdamW)
     assert opt.defaults[key] is value and opt.defaults[other[0]] is other[1]
     assert opt.defaults["lr"] == 0.01
@@ -172,18 +172,18 @@ def test_optimizer_fusion_reaches_adamw(fusion: str, key: str, value: bool, othe
 def test_optimizer_skips_frozen_parameters() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     model[0].requires_grad_(False)
-    opt, _ = knobs.build_optimizer(model.parameters(), TrialConfig())
+    opt, _ = optimizer_fusion.build_optimizer(model.parameters(), TrialConfig())
     assert sum(len(g["params"]) for g in opt.param_groups) == 2
 
 
 def test_apex_without_apex_is_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(knobs, "apex_available", lambda: False)
+    monkeypatch.setattr(optimizer_fusion, "apex_available", lambda: False)
     with pytest.raises(TrialUnsupported, match="apex.*not installed"):
-        knobs.build_optimizer(nn.Linear(2, 2).parameters(), TrialConfig(optimizer_fusion="apex"))
+        optimizer_fusion.build_optimizer(nn.Linear(2, 2).parameters(), TrialConfig(optimizer_fusion="apex"))
 
 
 def test_apex_is_not_installed_here() -> None:
-    assert knobs.apex_available() is False  # so the subprocess tests see the same refusal
+    assert optimizer_fusion.apex_available() is False  # so the subprocess tests see the same refusal
 
 
 # --- precision ------------------------------------------------------------------------------------

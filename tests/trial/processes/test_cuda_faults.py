@@ -17,7 +17,8 @@ import torch
 from autotune.core import errors
 from autotune.core.config import TrialConfig
 from autotune.core.result import TrialResult
-from autotune.trial.loop import harness, knobs
+from autotune.trial.loop import harness
+from autotune.trial.loop.knobs import optimizer_fusion
 from autotune.trial.processes import launcher
 from autotune.trial.loop import worker as trial
 from tests.conftest import wait_until_gone
@@ -48,16 +49,16 @@ def inproc(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fake_apex_is_detected_and_only_with_its_kernels(fake_apex_python_only: Path) -> None:
     import importlib
 
-    assert knobs.apex_available() is False  # a Python-only build: no amp_C
+    assert optimizer_fusion.apex_available() is False  # a Python-only build: no amp_C
     (fake_apex_python_only / "amp_C.py").write_text("")
     importlib.invalidate_caches()
-    assert knobs.apex_available() is True
+    assert optimizer_fusion.apex_available() is True
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_apex_trains_through_the_harness(fake_apex: Path, monkeypatch: pytest.MonkeyPatch, set_to_none: bool) -> None:
     # The CUDA gate (this machine has none); raising=False: a knobs without the gate still gets here.
-    monkeypatch.setattr(knobs, "apex_runs_on", lambda device: True, raising=False)
+    monkeypatch.setattr(optimizer_fusion, "apex_runs_on", lambda device: True, raising=False)
     h = harness.build(cfg(optimizer_fusion="apex", set_to_none=set_to_none))
     stream = h.batches()
     before = [p.detach().clone() for p in h.model.parameters()]
@@ -80,8 +81,8 @@ def test_apex_trains_through_the_harness(fake_apex: Path, monkeypatch: pytest.Mo
 
 
 def test_torch_adamw_gets_the_same_weight_decay() -> None:
-    opt, _ = knobs.build_optimizer(torch.nn.Linear(2, 2).parameters(), TrialConfig())
-    assert opt.defaults["weight_decay"] == knobs.WEIGHT_DECAY == 0.01
+    opt, _ = optimizer_fusion.build_optimizer(torch.nn.Linear(2, 2).parameters(), TrialConfig())
+    assert opt.defaults["weight_decay"] == optimizer_fusion.WEIGHT_DECAY == 0.01
 
 
 def test_apex_without_cuda_is_unsupported(fake_apex: Path) -> None:

@@ -3,8 +3,9 @@
 A model knob of the knob list (autotune/core/knobs/) has its torch side in the module of the same name here,
 found by that name (`MODEL`, in the order the list applies them), and so has a process knob that is no flag
 (the thread count); a process flag is set by the name of the torch attribute its module gives
-(`setup_process`). The optimizer's (its implementation, zero_grad) and the ranks' are applied below; the
-loader's in trial/loop/loading.py, the strategy's in trial/loop/sharding.py.
+(`setup_process`). The optimizer's implementation has its own (optimizer_fusion.py: the optimizer autotune's
+pipelines build, the pair set on a script's); zero_grad and the ranks' are applied below; the loader's in
+trial/loop/loading.py, the strategy's in trial/loop/sharding.py.
 
 Switches are built as no-ops where possible (GradScaler(enabled=...)), so the trial loop
 has one shape whatever the config.
@@ -27,8 +28,8 @@ from torch import nn
 
 from autotune.core import knobs as described
 from autotune.core.config import TrialConfig
-from autotune.core.effects import Seen, effects, knob_effect, lr_effect
-from autotune.core.errors import ConfigError, TrialUnsupported
+from autotune.core.effects import Seen, effects
+from autotune.core.errors import ConfigError
 from autotune.trial.loop.knobs.compile import COMPILE_BACKEND_ENV
 from autotune.trial.loop.knobs.precision import DTYPES, Precision
 from autotune.trial.measurement import observe
@@ -142,63 +143,6 @@ def _ddp_why(world: int, device: torch.device) -> str:
     if ddp_backend(device) == "gloo":
         return f"{world} processes over gloo ({DDP_BACKEND_ENV}), rank r on GPU r mod {torch.cuda.device_count()}"
     return ""
-
-
-def apex_available() -> bool:
-    """NVIDIA apex with its CUDA extension built: `apex.optimizers` alone imports without it (a
-    Python-only build), and then FusedAdam fails at its first step."""
-    try:
-        if importlib.util.find_spec("apex.optimizers") is None:
-            return False
-        importlib.import_module("amp_C")  # the compiled kernels FusedAdam calls
-    except (ImportError, ValueError, OSError):  # ValueError: a half-installed package without __spec__
-        return False
-    return True
-
-
-# torch.optim.AdamW's own default; apex's FusedAdam defaults to 0, so it is passed to both explicitly:
-# apex vs torch must compare the same training.
-WEIGHT_DECAY = 0.01
-
-
-def apex_runs_on(device: torch.device) -> bool:
-    """apex's FusedAdam is GPU-only: its constructor and kernels need CUDA."""
-    return device.type == "cuda"
-
-
-def build_optimizer(
-    params: Iterable[nn.Parameter], cfg: TrialConfig, device: torch.device | None = None
-) -> tuple[torch.optim.Optimizer, dict[str, Any]]:
-    params = [p for p in params if p.requires_grad]
-    if cfg.optimizer_fusion == "apex":
-        if not apex_available():
-            raise TrialUnsupported("optimizer_fusion=apex but NVIDIA apex (apex.optimizers) is not installed")
-        if device is not None and not apex_runs_on(device):
-            raise TrialUnsupported(
-                f"optimizer_fusion=apex needs a CUDA device (apex's FusedAdam is GPU-only), not {device}"
-            )
-        from apex.optimizers import FusedAdam
-
-        # Its zero_grad() takes no argument: set_to_none is given here, as set_grad_none (see zero_grad).
-        opt = FusedAdam(
-            params, lr=cfg.effective_lr, adam_w_mode=True, weight_decay=WEIGHT_DECAY, set_grad_none=cfg.set_to_none
-        )
-        return opt, {
-            "lr": lr_effect(cfg, cfg.lr, cfg.effective_lr),
-            "optimizer_fusion": knob_effect("apex", f"apex.FusedAdam(adam_w_mode=True, weight_decay={WEIGHT_DECAY})"),
-        }
-    # foreach=False forces the per-parameter for-loop: that is what "none" means.
-    kwargs = described.optimizer_fusion.FLAGS[cfg.optimizer_fusion]
-    opt = torch.optim.AdamW(params, lr=cfg.effective_lr, weight_decay=WEIGHT_DECAY, **kwargs)  # type: ignore[arg-type]  # a dict of bools: mypy matches it to betas
-    return opt, {
-        "lr": lr_effect(cfg, cfg.lr, cfg.effective_lr),
-        "optimizer_fusion": knob_effect(
-            cfg.optimizer_fusion,
-            f"torch.optim.AdamW({next(iter(kwargs))}=True)"
-            if cfg.optimizer_fusion != "none"
-            else "torch.optim.AdamW(foreach=False)",
-        ),
-    }
 
 
 def no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:

@@ -24,6 +24,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from autotune.core.config import TrialConfig
 from autotune.core.knobs import loader as loader_knobs
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
+from autotune.trial.loop.knobs import optimizer_fusion
 from autotune.trial.loop.script.lr import group_lrs, scale_own_schedule, set_for_the_batch_run, world_size
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, shuffled
 from autotune.trial.loop.script.model import ModelSeams
@@ -44,15 +45,6 @@ def handed_samples(trial: api.Trial, backwards: int = 0) -> int:
     if "batch_size" not in got:
         return 1
     return int(got["batch_size"]) * (backwards or int(got.get("accumulation", 1)))
-
-
-def fusion_of(group: dict[str, Any]) -> str:
-    """An optimizer's implementation as its param group's flags say: fused, foreach, the for-loop (none)."""
-    if group.get("fused"):
-        return "fused"
-    if group.get("foreach"):
-        return "foreach"
-    return "none" if "foreach" in group else "unknown"
 
 
 class Seams:
@@ -296,12 +288,9 @@ class Seams:
         optimizer._autotune_seen = True  # type: ignore[attr-defined]
         group = optimizer.param_groups[0]
         record: dict[str, Any] = {"type": type(optimizer).__name__}
-        if {"fused", "foreach"} <= set(group) and not self.as_written:
-            fusion = self.cfg.optimizer_fusion
-            for g in optimizer.param_groups:
-                g["fused"], g["foreach"] = fusion == "fused", fusion == "foreach"
-            optimizer._step_supports_amp_scaling = fusion == "fused"  # type: ignore[attr-defined]
-        record["fusion"] = fusion_of(group)
+        if not self.as_written:
+            optimizer_fusion.seam(optimizer, self.cfg.optimizer_fusion)
+        record["fusion"] = optimizer_fusion.fusion_of(group)
         self.optimizers.append(record)
         self.stepped.append(optimizer)
         handed = "batch_size" in self.trial.returned
@@ -313,7 +302,7 @@ class Seams:
         assert self.clock is not None
         site = getattr(optimizer, "_autotune_site", None)
         if site is not None and not site["stepped"]:
-            site |= {"stepped": True, "ran": fusion_of(optimizer.param_groups[0])}
+            site |= {"stepped": True, "ran": optimizer_fusion.fusion_of(optimizer.param_groups[0])}
         optimizer._autotune_lrs = group_lrs(optimizer)  # type: ignore[attr-defined]
         self.hook_steps += 1
         self.step_samples.append(self.pending_samples)
