@@ -92,7 +92,8 @@ def setup_process(cfg: TrialConfig, device: torch.device) -> dict[str, Any]:
             continue
         for path, setting in knob.sets(getattr(cfg, knob.NAME)).items():
             set_flag(path, setting)
-    return effects(cfg, process_seen(cfg, device))
+    seen = process_seen(cfg, device)
+    return effects(cfg, seen)
 
 
 def process_seen(cfg: TrialConfig, device: torch.device) -> Seen:

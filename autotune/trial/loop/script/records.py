@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from autotune.core.config import TrialConfig
 from autotune.core.effects import AS_WRITTEN, Seen, effects, knob_effect, lr_effect
@@ -29,16 +28,17 @@ UNSEEN = (
 )
 
 
-def what_ran(cfg: TrialConfig, shown: Shown, trial: api.Trial, job: ScriptJob, as_written: bool) -> dict[str, Any]:
-    """The trial's `applied` beyond the process set-up, from what the run showed: each knob as it was in
-    effect (the loaders, the optimizer, the at.* calls, the model, the ranks) recorded against the config
-    once, the batch and lr that ran, the sites the diff edits (the model among them: its class and the
+def what_ran(
+    cfg: TrialConfig, shown: Shown, process: Seen, trial: api.Trial, job: ScriptJob, as_written: bool
+) -> dict[str, Any]:
+    """The trial's `applied` from what the run showed: each knob as it was in effect (the loaders, the
+    optimizer, the at.* calls, the model, the ranks, and `process`: the process knobs as the script left them)
+    recorded against the config once, the batch and lr that ran, the sites the diff edits (the model among them: its class and the
     blocks checkpointed), and what the run showed (`observed`)."""
     refused = job.refused()  # the knobs the run decides (a guess from the source) are recorded as they ran
     why = AS_WRITTEN if as_written else ""
     seen = batch_seen(shown, trial, job.own) | loader_seen(shown, refused, why) | optimizer_seen(shown, why)
-    # The process knobs as the script left them (it may set them itself), read as the set-up read them.
-    seen |= {k: (v, why or said) for k, (v, said) in knobs.process_seen(cfg, torch.device(trial.device_type)).items()}
+    seen |= {k: (v, why or said) for k, (v, said) in process.items()}
     seen |= model_seen(trial, shown.final, as_written, refused)
     applied = effects(cfg, seen | shown.model_seen, refused)
     extra = batch_and_lr(cfg, shown, trial, job)

@@ -104,7 +104,8 @@ def _run(
         )
     shown = seams.shown()
     refuse_unrealised(cfg, job, shown, handed, as_written)
-    applied |= what_ran(cfg, shown, trial, job, as_written)
+    process = knobs.process_seen(cfg, machine)  # read back as set up: the script may have set its own
+    applied |= what_ran(cfg, shown, process, trial, job, as_written)
     memory = measure.memory_total_bytes(seams.at)
     try:
         if seams.clock is None:
