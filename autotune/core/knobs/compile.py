@@ -6,8 +6,9 @@ from); `max-autotune`, which also searches kernel configurations. Speed only: th
   graphs need CUDA).
 - Autotune's pipelines: the model compiled after data-parallel wraps it (trial/loop/knobs/compile.py).
 - An unedited script: the forward of the model its optimizer trains compiled in place (its hooks run eagerly
-  around it); with `at.model()` the model handed back compiled. Observed: dynamo's graph count, and the
-  times inductor skipped CUDA graphs (reduce-overhead with a mutated input, a CPU tensor...).
+  around it); with `at.model()` the model handed back compiled. Recorded, in its reason: dynamo's graph count
+  (a model that compiled none ran eagerly: off in effect), and the times inductor skipped CUDA graphs
+  (reduce-overhead with a mutated input, a CPU tensor...).
 - The exports: the lines below, in each target's terms.
 
 May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).

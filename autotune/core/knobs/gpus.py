@@ -13,7 +13,8 @@ math: the global batch (the micro-batch x the ranks x the accumulation), and the
 - The Trainers: Lightning's `devices` and `strategy` (`lightning_fields`); HF's Trainer reads torchrun's
   environment.
 - The exports: its row and the launch in each target's terms (torchrun, accelerate's process layout, Lightning's
-  devices), and for an unedited script the note that `autotune run` starts the ranks (`HOW`).
+  devices, `framework_notes`), and for an unedited script with no process group the diff's note that
+  `torchrun ... -m autotune run` starts the ranks and does what no line can (`script_notes`, `HOW`).
 
 May import: the stdlib and the rest of autotune.core (TrialConfig only to name its type).
 """
