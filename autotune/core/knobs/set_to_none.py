@@ -3,9 +3,9 @@ allocates them anew, and an optimizer skips a parameter with none), False zeroes
 default since 2.0, so the baseline keeps it. Speed and memory only.
 
 - Autotune's pipelines: their optimizer's zero_grad (apex's FusedAdam takes it at construction, as
-  set_grad_none: trial/loop/knobs/__init__.py's zero_grad).
-- An unedited script: every zero_grad() it calls, on an optimizer or a module, takes the trial's value, by the
-  seams (trial/loop/script/seams.py); the record is the last call's.
+  set_grad_none), its torch side trial/loop/knobs/set_to_none.py.
+- An unedited script: every zero_grad() it calls, on an optimizer or a module, takes the trial's value, by its
+  seam there (installed with the others: trial/loop/script/seams.py); the record is the last call's.
 - The Trainers zero the gradients themselves: neither can take it (`NOT_IN`).
 - The exports: the zero_grad call, written with the step it belongs to (apply/export/_step.py).
 

@@ -19,7 +19,7 @@ from autotune.core.effects import knob_effect, refuse_unsupported
 from autotune.core.errors import DataItemError
 from autotune.pipelines import Pipeline, blocks_of, stages_of, unsupported_of
 from autotune.trial.loop import knobs, loading, sharding, warm_model
-from autotune.trial.loop.knobs import optimizer_fusion
+from autotune.trial.loop.knobs import optimizer_fusion, set_to_none
 from autotune.trial.measurement.clock import NonFiniteLoss
 
 
@@ -177,7 +177,7 @@ class Harness:
             total += loss.detach().float()
         self.precision.scaler.step(self.optimizer)
         self.precision.scaler.update()
-        knobs.zero_grad(self.optimizer, self.cfg)  # apex's zero_grad() takes no set_to_none
+        set_to_none.zero_grad(self.optimizer, self.cfg)  # apex's zero_grad() takes no set_to_none
         value = (total / n).item()  # a device sync too: the step is finished when this returns
         if not math.isfinite(value):
             raise NonFiniteLoss(f"loss became {value}")

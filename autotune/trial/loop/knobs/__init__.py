@@ -3,8 +3,8 @@
 A model knob of the knob list (autotune/core/knobs/) has its torch side in the module of the same name here,
 found by that name (`MODEL`, in the order the list applies them), and so has a process knob that is no flag
 (the thread count); a process flag is set by the name of the torch attribute its module gives
-(`setup_process`). The optimizer's implementation has its own (optimizer_fusion.py: the optimizer autotune's
-pipelines build, the pair set on a script's); zero_grad and the ranks' are applied below; the loader's in
+(`setup_process`). The optimizer step's have theirs (optimizer_fusion.py: the optimizer autotune's pipelines
+build, the pair set on a script's; set_to_none.py: zero_grad); the ranks' are applied below; the loader's in
 trial/loop/loading.py, the strategy's in trial/loop/sharding.py.
 
 Switches are built as no-ops where possible (GradScaler(enabled=...)), so the trial loop
@@ -153,17 +153,6 @@ def no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[A
     if last or not isinstance(inner, nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext()
     return inner.no_sync()
-
-
-def zero_grad(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> None:
-    if cfg.optimizer_fusion != "apex":
-        optimizer.zero_grad(set_to_none=cfg.set_to_none)
-    elif cfg.set_to_none:
-        optimizer.zero_grad()  # apex's own: no argument, it reads set_grad_none
-    else:
-        # apex's zero_grad() with set_grad_none=False calls torch's Optimizer.zero_grad() with its
-        # default, set_to_none=True since torch 2.0: the request would silently not take effect.
-        torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)
 
 
 def to_device(t: torch.Tensor, device: torch.device, cfg: TrialConfig) -> torch.Tensor:

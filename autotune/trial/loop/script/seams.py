@@ -24,7 +24,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from autotune.core.config import TrialConfig
 from autotune.core.knobs import loader as loader_knobs
 from autotune.pipelines.script import ITERABLE_KEPT, LOADER_KNOBS, api
-from autotune.trial.loop.knobs import optimizer_fusion
+from autotune.trial.loop.knobs import optimizer_fusion, set_to_none
 from autotune.trial.loop.script.lr import group_lrs, scale_own_schedule, set_for_the_batch_run, world_size
 from autotune.trial.loop.script.loader import UNMEASURED, handed_batch, shuffled
 from autotune.trial.loop.script.model import ModelSeams
@@ -405,18 +405,7 @@ class Seams:
             model_seen=self.model.knobs_seen(),
         )
 
-    # ---- zero_grad and backward ---------------------------------------------------------------
-    def zero_grad(self, original: Any) -> Any:
-        seams = self
-
-        def zero_grad(obj: Any, set_to_none: bool = True) -> None:
-            if not seams.as_written:
-                set_to_none = seams.cfg.set_to_none
-            seams.zero_grads.append(set_to_none)
-            original(obj, set_to_none=set_to_none)
-
-        return zero_grad
-
+    # ---- backward ---------------------------------------------------------------------------
     def backward(self, original: Any) -> Any:
         seams = self
 
@@ -436,12 +425,13 @@ class Seams:
 @contextlib.contextmanager
 def installed(seams: Seams) -> Iterator[None]:
     """The seams in torch for the script's run, and torch as it was afterwards."""
+    own = None if seams.as_written else seams.cfg.set_to_none  # zero_grad's: None, each call's own
     patches: list[tuple[Any, str, Any]] = [
         (DataLoader, "__init__", seams.loader_init(DataLoader.__init__)),
         (_BaseDataLoaderIter, "__init__", seams.loader_iter(_BaseDataLoaderIter.__init__)),
         (_BaseDataLoaderIter, "__next__", seams.loader_next(_BaseDataLoaderIter.__next__)),
-        (torch.optim.Optimizer, "zero_grad", seams.zero_grad(torch.optim.Optimizer.zero_grad)),
-        (torch.nn.Module, "zero_grad", seams.zero_grad(torch.nn.Module.zero_grad)),
+        (torch.optim.Optimizer, "zero_grad", set_to_none.seam(torch.optim.Optimizer.zero_grad, own, seams.zero_grads)),
+        (torch.nn.Module, "zero_grad", set_to_none.seam(torch.nn.Module.zero_grad, own, seams.zero_grads)),
         (torch.Tensor, "backward", seams.backward(torch.Tensor.backward)),
         (torch.optim.Optimizer, "__init__", seams.optimizer_init(torch.optim.Optimizer.__init__)),
         (LRScheduler, "__init__", seams.schedule_init(LRScheduler.__init__)),
