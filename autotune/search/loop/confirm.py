@@ -169,7 +169,8 @@ def extend(
         )
         return summary
     why = (
-        "the rounds did not fit it"
+        "the confirmation's rounds did not fit it; its own may run into the budget's grace (the search ends "
+        "within --budget + max(30 s, 2%))"
         if left_out
         else "it was not among the configs the rounds measured, none of which may be exported (no measurable gain, "
         "or training math that failed its check or was not checked)"
