@@ -50,6 +50,5 @@ def _share() -> tuple[int, str] | None:
     if (ranks := _ranks_on_this_node()) is None:
         return None
     cpus = usable_cpus()
-    return max(
-        1, cpus // ranks
-    ), f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
+    why = f"0 = the {cpus} usable cores (affinity, CPU quota) shared by the {ranks} ranks on this node"
+    return max(1, cpus // ranks), why
